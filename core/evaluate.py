@@ -1,0 +1,265 @@
+"""Agreement report: every embedding run in a workspace against the expert's triplets.
+
+``python -m core.evaluate [--workspace WS] [--vision RUN] [--text RUN]`` builds the
+TriDerm paper's Table 1 (§3.3) for a workspace: each finished run that has image
+embeddings or an image-distance matrix × balanced agreement, micro agreement,
+macro-F1 and Cohen's κ with 95 % bootstrap CIs over anchors, grouped by modality.
+It first computes the two fusions (uncertainty-aware, similarity-based; see
+:mod:`core.fusion`) of the latest — or named — vision and text runs and records them
+as ``fusion`` runs (an identical existing fusion run is reused). The report is
+written as Markdown, CSV and JSON under ``runs/report/`` and printed.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from annotations.workspace import Workspace, resolve_workspace
+from core.fusion import DEFAULT_ALPHA, METHODS, fuse
+from core.metrics import METRICS, evaluate
+from core.runs import image_distances, load_embeddings, save_embeddings
+
+MODALITY_ORDER = ("vision", "text", "fusion", "nested", "concept")
+PREFERRED_KIND = {"vision": "vision-triderm", "text": "text-soe"}
+# Paper Table 1 (real RDEB photos, 513 expert triplets), for orientation only.
+PAPER_TABLE1 = {
+    "TriDerm-T (text)": (67.4, 66.1, 66.1, 0.321),
+    "TriDerm-V (vision)": (71.6, 70.2, 70.1, 0.403),
+    "fusion, similarity": (72.5, 72.1, 72.1, 0.442),
+    "fusion, uncertainty": (73.5, 72.3, 72.3, 0.446),
+}
+
+
+def has_embeddings(ws: Workspace, run: dict) -> bool:
+    """Whether the run registered an embeddings file that is still on disk."""
+    rel = run["artifacts"].get("embeddings")
+    return bool(rel) and (ws.root / rel).exists()
+
+
+def run_image_distances(ws: Workspace, run: dict) -> tuple[list[str], np.ndarray] | None:
+    """(ids, D) of a finished run with image embeddings or distances; None when it has neither."""
+    if run["status"] != "done" or "modality" not in run["config"] or not has_embeddings(ws, run):
+        return None
+    emb = load_embeddings(ws, run["id"])
+    if emb.get("image_emb") is None and emb.get("distance") is None:
+        return None
+    ids, D = image_distances(emb)
+    return list(ids), np.asarray(D, dtype=np.float64)
+
+
+def embedding_runs(ws: Workspace) -> list[dict]:
+    """Finished runs (newest first) whose image distances can be evaluated."""
+    return [r for r in ws.store.runs(status="done")
+            if "modality" in r["config"] and has_embeddings(ws, r)]
+
+
+def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
+    """The named run, else the latest ``vision-triderm`` / ``text-soe`` run, else the latest of that modality."""
+    if run_id is not None:
+        run = ws.store.run(run_id)
+        if run is None:
+            raise ValueError(f"--{modality}: no run {run_id} in {ws.root}")
+        if run_image_distances(ws, run) is None:
+            raise ValueError(f"--{modality}: run {run_id} ({run['kind']}, status {run['status']}) "
+                             "is not a finished run with image embeddings")
+        return run
+    candidates = [r for r in embedding_runs(ws) if r["config"].get("modality") == modality]
+    preferred = [r for r in candidates if r["kind"] == PREFERRED_KIND[modality]]
+    return (preferred or candidates or [None])[0]
+
+
+def fusion_config(method: str, vision_id: int, text_id: int, alpha: float) -> dict[str, Any]:
+    config: dict[str, Any] = {"modality": "fusion", "method": method, "inputs": [int(vision_id), int(text_id)]}
+    if method == "uncertainty":
+        config["alpha"] = float(alpha)
+    return config
+
+
+def fusion_run(ws: Workspace, method: str, vision: dict, text: dict, alpha: float = DEFAULT_ALPHA,
+               expert: list[dict] | None = None) -> tuple[int, bool]:
+    """Record (or reuse) the ``method`` fusion of two runs; returns (run id, reused).
+
+    Images missing from either input are left out of the fused matrix, printed and
+    listed in the run's metrics (``missing``).
+    """
+    config = fusion_config(method, vision["id"], text["id"], alpha)
+    for run in ws.store.runs(kind="fusion", status="done"):
+        if run["config"] == config and has_embeddings(ws, run):
+            return run["id"], True
+    inputs = [run_image_distances(ws, vision), run_image_distances(ws, text)]
+    run_id = ws.store.start_run("fusion", config, name=f"{method} fusion of runs {vision['id']} + {text['id']}")
+    try:
+        fused = fuse(inputs, method=method, alpha=alpha, allow_missing=True)
+        missing = {("vision", "text")[m]: ids for m, ids in fused.missing.items()}
+        for modality, ids in missing.items():
+            print(f"warning: {len(ids)} image(s) missing from the {modality} run, left out of the "
+                  f"{method} fusion: {', '.join(ids)}")
+        save_embeddings(ws, run_id, fused.ids, distance=fused.D)
+        metrics: dict[str, Any] = {"n_images": len(fused.ids), "missing": missing}
+        if expert:
+            metrics.update({k: v for k, v in evaluate(fused.ids, fused.D, expert).items()})
+        ws.store.finish_run(run_id, metrics=metrics)
+    except Exception as exc:
+        ws.store.finish_run(run_id, status="failed", message=str(exc))
+        raise
+    return run_id, False
+
+
+def _label(run: dict) -> str:
+    cfg = run["config"]
+    detail = run.get("name") or cfg.get("backbone") or cfg.get("model") or ""
+    return f"#{run['id']} {run['kind']}" + (f" ({detail})" if detail else "")
+
+
+def build_rows(ws: Workspace, runs: list[dict], expert: list[dict], n_boot: int, seed: int) -> list[dict]:
+    """One result row per run: metrics, CIs, counts and the per-anchor breakdown."""
+    rows = []
+    for run in tqdm(runs, desc="evaluating runs", unit="run"):
+        pair = run_image_distances(ws, run)
+        if pair is None:
+            continue
+        result = evaluate(*pair, expert, ci=True, n_boot=n_boot, seed=seed)
+        rows.append({"run_id": run["id"], "kind": run["kind"], "modality": run["config"]["modality"],
+                     "label": _label(run), "n_images": len(pair[0]), **result})
+    order = {m: n for n, m in enumerate(MODALITY_ORDER)}
+    rows.sort(key=lambda r: (order.get(r["modality"], len(order)), r["modality"], r["run_id"]))
+    return rows
+
+
+def _fmt(value: float, metric: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:.3f}" if metric == "kappa" else f"{100 * value:.1f}"
+
+
+def _cell(row: dict, metric: str) -> str:
+    lo, hi = row["ci"][metric]
+    return f"{_fmt(row[metric], metric)} [{_fmt(lo, metric)}, {_fmt(hi, metric)}]"
+
+
+def title(ws: Workspace) -> str:
+    synthetic = " — SYNTHETIC phantom data" if ws.is_synthetic else ""
+    return f"Agreement with expert triplets: {ws.dataset_name}{synthetic}"
+
+
+def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str:
+    head = ["Run", "Bal. %", "Micro %", "Macro-F1 %", "κ", "triplets", "anchors"]
+    lines = [f"# {title(ws)}", "",
+             f"{n_expert} expert triplet rows; 95 % CIs from {n_boot} bootstrap resamples of anchors.", ""]
+    for modality in dict.fromkeys(r["modality"] for r in rows):
+        lines += [f"## {modality}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in (r for r in rows if r["modality"] == modality):
+            cells = [r["label"], *(_cell(r, m) for m in METRICS), str(r["n"]), str(r["n_anchors"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["Paper Table 1 (real RDEB photos, for orientation; Bal./Micro/Macro-F1/κ): "
+              + "; ".join(f"{k} {'/'.join(str(x) for x in v)}" for k, v in PAPER_TABLE1.items()), ""]
+    return "\n".join(lines)
+
+
+def text_table(ws: Workspace, rows: list[dict]) -> str:
+    head = f"{'run':44s} {'balanced':>20s} {'micro':>20s} {'macro-F1':>20s} {'kappa':>24s} {'n':>5s}"
+    lines = [title(ws), head]
+    for modality in dict.fromkeys(r["modality"] for r in rows):
+        lines.append(f"-- {modality}")
+        for r in (r for r in rows if r["modality"] == modality):
+            lines.append(f"{r['label'][:44]:44s} " + " ".join(f"{_cell(r, m):>{24 if m == 'kappa' else 20}s}"
+                                                             for m in METRICS) + f" {r['n']:5d}")
+    return "\n".join(lines)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> dict[str, str]:
+    """Write report.md / report.csv / report.json under runs/report/; return their paths."""
+    out = ws.runs_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "report.md", "csv": out / "report.csv", "json": out / "report.json"}
+    paths["markdown"].write_text(markdown(ws, rows, n_expert, n_boot), encoding="utf-8")
+    with paths["csv"].open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["modality", "run_id", "kind", "label", "n_images", "n", "n_anchors", "n_skipped",
+                         "n_missing"] + [f"{m}{s}" for m in METRICS for s in ("", "_lo", "_hi")])
+        for r in rows:
+            writer.writerow([r["modality"], r["run_id"], r["kind"], r["label"], r["n_images"], r["n"],
+                             r["n_anchors"], r["n_skipped"], r["n_missing"]]
+                            + [v for m in METRICS for v in (r[m], *r["ci"][m])])
+    report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),
+              "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows}
+    paths["json"].write_text(json.dumps(_json_safe(report), indent=1), encoding="utf-8")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def run_report(ws: Workspace, vision: int | None = None, text: int | None = None, alpha: float = DEFAULT_ALPHA,
+               n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Compute fusions, evaluate every embedding run, write the report; returns {rows, paths, run_id}."""
+    expert = ws.store.expert_triplets()
+    if not expert:
+        raise ValueError(f"workspace {ws.root} has no expert triplets to evaluate against")
+    if not embedding_runs(ws):
+        raise ValueError(f"workspace {ws.root} has no finished runs with image embeddings")
+    v, t = pick_input(ws, "vision", vision), pick_input(ws, "text", text)
+    config = {"vision": v and v["id"], "text": t and t["id"], "alpha": alpha, "n_boot": n_boot}
+    report_id = ws.store.start_run("report", config, seed=seed, name="agreement report")
+    try:
+        fusions = {}
+        if v is not None and t is not None:
+            for method in METHODS:
+                fusions[method], reused = fusion_run(ws, method, v, t, alpha, expert)
+                print(f"{method} fusion of runs {v['id']} (vision) + {t['id']} (text): "
+                      f"run {fusions[method]}{' (reused)' if reused else ''}")
+        else:
+            print(f"no fusion: need a vision and a text run (found vision={config['vision']}, text={config['text']})")
+        rows = build_rows(ws, embedding_runs(ws), expert, n_boot, seed)
+        paths = write_report(ws, rows, len(expert), n_boot)
+        summary = {str(r["run_id"]): {m: r[m] for m in METRICS} for r in rows}
+        ws.store.finish_run(report_id, metrics={"runs": summary, "fusion_runs": fusions,
+                                                "expert_triplets": len(expert)}, artifacts=paths)
+    except Exception as exc:
+        ws.store.finish_run(report_id, status="failed", message=str(exc))
+        raise
+    return {"rows": rows, "paths": paths, "run_id": report_id, "fusion_runs": fusions}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    parser.add_argument("--vision", type=int, default=None, help="vision run id to fuse (default: latest)")
+    parser.add_argument("--text", type=int, default=None, help="text run id to fuse (default: latest)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="vision prior of the uncertainty fusion")
+    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    args = parser.parse_args(argv)
+    if not 0 < args.alpha < 1:
+        parser.error(f"--alpha must be in (0, 1), got {args.alpha}")
+    if args.n_boot < 10:
+        parser.error(f"--n-boot must be at least 10, got {args.n_boot}")
+    root = resolve_workspace(args.workspace)
+    if not (root / "triderm.sqlite").exists():
+        parser.error(f"no workspace at {root} (no triderm.sqlite); import a dataset or train first")
+    ws = Workspace(root)
+    try:
+        result = run_report(ws, args.vision, args.text, args.alpha, args.n_boot, args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(text_table(ws, result["rows"]))
+    print("\nwritten: " + ", ".join(result["paths"].values()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""The agreement report (``python -m core.evaluate``) on a tiny hand-built workspace."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from annotations.workspace import Workspace
+from core.evaluate import main, run_report
+from core.fusion import fuse
+from core.metrics import evaluate
+from core.runs import pairwise_euclidean, save_embeddings
+
+N = 16
+
+
+def _tiny_workspace(root, synthetic: bool = True, triplets: int = 300) -> tuple[Workspace, np.ndarray]:
+    """16 images with a latent 2-d truth; an 'expert' answers triplets from it (10 % flipped)."""
+    ws = Workspace(root)
+    rng = np.random.default_rng(0)
+    truth = rng.normal(size=(N, 2))
+    ids = [f"img{n:02d}" for n in range(N)]
+    for image_id in ids:
+        ws.store.upsert_image(image_id, f"{image_id}.png", "0" * 64, 8, 8)
+    D = pairwise_euclidean(truth)
+    for _ in range(triplets):
+        i, j, k = rng.choice(N, 3, replace=False)
+        choice = "j" if D[i, j] < D[i, k] else "k"
+        if rng.random() < 0.1:
+            choice = {"j": "k", "k": "j"}[choice]
+        if rng.random() < 0.05:
+            choice = "skip"
+        ws.store.add_triplet(ids[i], ids[j], ids[k], choice, "expert:doc")
+    ws.store.set_meta("synthetic", synthetic)
+    return ws, truth
+
+
+def _add_run(ws: Workspace, kind: str, modality: str, emb: np.ndarray, ids: list[str]) -> int:
+    run_id = ws.store.start_run(kind, {"modality": modality})
+    save_embeddings(ws, run_id, ids, image_emb=emb)
+    ws.store.finish_run(run_id)
+    return run_id
+
+
+def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    rng = np.random.default_rng(1)
+    ids = [f"img{n:02d}" for n in range(N)]
+    baseline = _add_run(ws, "vision-baseline", "vision", rng.normal(size=(N, 4)), ids)
+    vision = _add_run(ws, "vision-triderm", "vision", truth + 0.4 * rng.normal(size=truth.shape), ids)
+    text = _add_run(ws, "text-soe", "text", (truth + 0.6 * rng.normal(size=truth.shape))[:-1], ids[:-1])
+    running = ws.store.start_run("vision-triderm", {"modality": "vision"})  # unfinished: not reported
+
+    result = run_report(ws, n_boot=200)
+    out = capsys.readouterr().out
+    assert "missing from the text run" in out and ids[-1] in out
+    by_id = {r["run_id"]: r for r in result["rows"]}
+    fusion_ids = result["fusion_runs"]
+    assert set(by_id) == {baseline, vision, text, *fusion_ids.values()} and running not in by_id
+    assert [r["modality"] for r in result["rows"]] == ["vision", "vision", "text", "fusion", "fusion"]
+
+    expert = ws.store.expert_triplets()
+    assert evaluate(ids, pairwise_euclidean(truth), expert)["micro"] > 0.8  # the expert is informative
+    fused_unc = fuse([(ids, pairwise_euclidean(_emb(ws, vision))), (ids[:-1], pairwise_euclidean(_emb(ws, text)))],
+                     method="uncertainty", allow_missing=True)
+    expected = evaluate(fused_unc.ids, fused_unc.D, expert, ci=True, n_boot=200)
+    row = by_id[fusion_ids["uncertainty"]]
+    for m in ("balanced", "micro", "macro_f1", "kappa"):
+        assert row[m] == pytest.approx(expected[m])
+        assert row["ci"][m] == pytest.approx(expected["ci"][m])
+        assert row["ci"][m][0] <= row[m] <= row["ci"][m][1]
+    assert row["n_skipped"] == sum(t["choice"] == "skip" for t in expert)
+    assert row["n_missing"] > 0  # triplets naming the image the text run lacks
+    assert by_id[vision]["balanced"] > by_id[baseline]["balanced"]
+
+    fusion_run = ws.store.run(fusion_ids["uncertainty"])
+    assert fusion_run["kind"] == "fusion" and fusion_run["config"]["modality"] == "fusion"
+    assert fusion_run["config"]["inputs"] == [vision, text] and fusion_run["config"]["alpha"] == 0.7
+    assert fusion_run["metrics"]["missing"] == {"text": [ids[-1]]}
+
+    paths = result["paths"]
+    md = open(paths["markdown"], encoding="utf-8").read()
+    assert "SYNTHETIC phantom data" in md and "## fusion" in md and f"#{vision} vision-triderm" in md
+    rows = list(csv.DictReader(open(paths["csv"], encoding="utf-8")))
+    assert len(rows) == 5 and float(rows[0]["balanced_lo"]) <= float(rows[0]["balanced"])
+    js = json.load(open(paths["json"], encoding="utf-8"))
+    assert js["synthetic"] is True and len(js["rows"]) == 5 and js["rows"][0]["per_anchor"]
+    report = ws.store.run(result["run_id"])
+    assert report["kind"] == "report" and report["status"] == "done"
+    assert report["artifacts"]["csv"] == paths["csv"]
+
+    again = run_report(ws, n_boot=200)  # identical fusions are reused, not duplicated
+    assert again["fusion_runs"] == fusion_ids
+    assert len(ws.store.runs(kind="fusion")) == 2
+
+    named = run_report(ws, vision=baseline, n_boot=50)  # a named vision run gives new fusions
+    assert ws.store.run(named["fusion_runs"]["similarity"])["config"]["inputs"] == [baseline, text]
+
+
+def _emb(ws: Workspace, run_id: int) -> np.ndarray:
+    from core.runs import load_embeddings
+
+    return load_embeddings(ws, run_id)["image_emb"]
+
+
+def test_cli_prints_table_and_real_title(tmp_path, capsys):
+    ws, truth = _tiny_workspace(tmp_path / "ws", synthetic=False)
+    ids = [f"img{n:02d}" for n in range(N)]
+    _add_run(ws, "vision-triderm", "vision", truth, ids)
+    assert main(["--workspace", str(ws.root), "--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "#1 vision-triderm" in out and "SYNTHETIC" not in out and "no fusion" in out
+    assert (ws.runs_dir / "report" / "report.md").exists()
+
+
+def test_cli_user_errors_exit_2_and_change_nothing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["--workspace", str(tmp_path / "nowhere")])
+    assert err.value.code == 2 and not (tmp_path / "nowhere").exists()
+    ws, truth = _tiny_workspace(tmp_path / "ws", triplets=0)
+    _add_run(ws, "vision-triderm", "vision", truth, [f"img{n:02d}" for n in range(N)])
+    n_runs = len(ws.store.runs())
+    with pytest.raises(SystemExit) as err:
+        main(["--workspace", str(ws.root)])
+    assert err.value.code == 2 and "no expert triplets" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        main(["--workspace", str(ws.root), "--vision", "99"])
+    assert err.value.code == 2
+    assert len(ws.store.runs()) == n_runs
