@@ -113,18 +113,23 @@ class WoundAugment:
             v2.RandomApply([v2.GaussianBlur(c.blur_kernel, sigma=c.blur_sigma)], p=c.blur_p),
         ])
 
-    def __call__(self, image: Image.Image | np.ndarray, labels: np.ndarray,
-                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        c = self.config
+    def prepare(self, image: Image.Image | np.ndarray, labels: np.ndarray) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
+        """Convert and resize once (shared by all views of a photo)."""
         img, mask = to_tensors(image, labels)
         if not (mask > 0).any():
             raise ValueError("cannot make a wound-keeping crop: the mask has no wound pixels")
+        return self.resize(img, mask)
+
+    def augment_prepared(self, img: tv_tensors.Image, mask: tv_tensors.Mask,
+                         generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """One random view of a :meth:`prepare`-d photo."""
+        c = self.config
         gen = generator if generator is not None else torch.Generator().manual_seed(
             int(torch.randint(2**62, (1,))))
-        # torchvision v2 draws from the global RNG: fork it and seed from our generator.
+        # torchvision v2 draws from the global RNG: fork it and seed it from ``gen``.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
-            img, mask = self.flips(*self.resize(img, mask))
+            img, mask = self.flips(img, mask)
             box = None
             for _ in range(c.max_tries):
                 a_img, a_mask = self.affine(img, mask)
@@ -139,3 +144,7 @@ class WoundAugment:
             mask = mask[:, y0:y0 + c.size, x0:x0 + c.size]
             out = self.photometric(tv_tensors.Image(img))
         return out.as_subclass(Tensor), mask[0].as_subclass(Tensor)
+
+    def __call__(self, image: Image.Image | np.ndarray, labels: np.ndarray,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        return self.augment_prepared(*self.prepare(image, labels), generator)

@@ -1,0 +1,269 @@
+"""Wound tokens on a backbone's feature grid, and the on-disk cache of augmented-view features.
+
+**Wound tokens** (TriDerm §2.2: "all spatial locations within the wound region"). A wound's
+label mask is area-averaged onto the H×W feature grid (``adaptive_avg_pool2d`` of its
+indicator), giving the fraction of every grid cell covered by the wound. A location is a
+token of the wound when that fraction is ≥ 0.5 (the cell is mostly wound). A wound too
+small to cover half of any cell still gets one token: the cell holding most of its pixels
+(its nearest location). Tokens of different wounds may share a cell only at exactly 0.5.
+
+**Feature cache.** For every photo, K augmented views (:mod:`core.augment`, view *v*
+seeded by image sha256 + augmentation hash + *v*) are run once through the frozen backbone.
+Each photo's file ``cache/features/<backbone>/<aug hash>/<image sha256>-<mask sha>.pt``
+holds, per view index, the fp16 feature map (K×C×H×W) and the downsampled label grid as
+per-wound area fractions (K×E×H×W, fp16), plus the un-augmented inference view
+(resize to the backbone's input size). The mask hash is part of the key because the
+wound-keeping crop and the grid depend on the outline. Asking for more views later
+computes only the missing ones.
+
+:class:`TokenBank` flattens all of it into tensors once, so a training step is a gather.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from annotations.workspace import Workspace
+from core.augment import AugmentConfig, WoundAugment, view_generator
+from core.backbones import Backbone
+
+TOKEN_THRESHOLD = 0.5
+CACHE_VERSION = 1
+
+
+def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], grid: tuple[int, int]) -> Tensor:
+    """E×H×W fraction of each grid cell covered by each wound (label value ``wound_indices[e]``)."""
+    lab = torch.as_tensor(np.asarray(labels) if not isinstance(labels, Tensor) else labels)
+    if lab.ndim != 2:
+        raise ValueError(f"labels must be H×W, got shape {tuple(lab.shape)}")
+    idx = torch.as_tensor(list(wound_indices), dtype=lab.dtype).view(-1, 1, 1)
+    onehot = (lab[None] == idx).float()
+    return F.adaptive_avg_pool2d(onehot[None], grid)[0]
+
+
+def token_mask(fractions: Tensor, threshold: float = TOKEN_THRESHOLD) -> Tensor:
+    """Boolean E×H×W token mask from area fractions; a present wound always gets ≥ 1 token."""
+    mask = fractions >= threshold
+    flat = fractions.flatten(1)
+    lonely = ~mask.flatten(1).any(1) & (flat.amax(1) > 0)
+    if lonely.any():
+        best = flat.argmax(1)
+        m = mask.flatten(1).clone()
+        m[lonely, best[lonely]] = True
+        mask = m.view_as(mask)
+    return mask
+
+
+def wound_tokens(labels: np.ndarray | Tensor, wound_indices: Sequence[int], grid: tuple[int, int],
+                 threshold: float = TOKEN_THRESHOLD) -> list[Tensor]:
+    """Per wound, the flat grid locations (row·W + col) that are its tokens (empty if absent)."""
+    mask = token_mask(wound_fractions(labels, wound_indices, grid), threshold)
+    return [torch.nonzero(m.flatten(), as_tuple=True)[0] for m in mask]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def mask_sha(labels: np.ndarray) -> str:
+    """Hash of a label map (shape and values)."""
+    lab = np.ascontiguousarray(labels, dtype=np.int32)
+    return hashlib.sha256(str(lab.shape).encode() + lab.tobytes()).hexdigest()[:16]
+
+
+@dataclass
+class PhotoFeatures:
+    """Cached features of one photo: augmented views and the inference view."""
+
+    wound_indices: list[int]
+    views: Tensor        # K×C×H×W fp16
+    view_frac: Tensor    # K×E×H×W fp16 area fractions
+    eval_feat: Tensor    # C×H×W fp16 (resize to the backbone input, no augmentation)
+    eval_frac: Tensor    # E×H×W fp32 area fractions from the full-resolution mask
+
+
+class FeatureCache:
+    """Augmented-view features of a workspace's photos for one backbone and augmentation."""
+
+    def __init__(self, ws: Workspace, backbone: Backbone, config: AugmentConfig | None = None,
+                 batch_size: int = 32) -> None:
+        self.ws = ws
+        self.backbone = backbone
+        self.config = config or AugmentConfig(size=backbone.input_size)
+        self.augment = WoundAugment(self.config)
+        self.batch_size = batch_size
+        self.root = ws.cache_dir / "features" / _safe(backbone.name) / self.config.key()
+
+    def path(self, sha256: str, labels: np.ndarray) -> Path:
+        return self.root / f"{sha256}-{mask_sha(labels)}.pt"
+
+    def _forward(self, images: list[Tensor]) -> Tensor:
+        out = [self.backbone(self.backbone.normalize(torch.stack(images[i:i + self.batch_size])))
+               for i in range(0, len(images), self.batch_size)]
+        return torch.cat(out).half().cpu()
+
+    def augmented_views(self, image, labels: np.ndarray, wound_indices: list[int], sha256: str,
+                        views: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices."""
+        img, mask = self.augment.prepare(image, labels)
+        pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v)) for v in views]
+        feats = self._forward([p[0] for p in pairs])
+        grid = tuple(feats.shape[-2:])
+        frac = torch.stack([wound_fractions(p[1], wound_indices, grid) for p in pairs]).half()
+        return feats, frac
+
+    def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
+        """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones)."""
+        row = self.ws.store.image(image_id)
+        if row is None:
+            raise KeyError(f"unknown image {image_id!r}")
+        labels = self.ws.load_mask(image_id)
+        wounds = [w["wound_index"] for w in self.ws.store.wounds(image_id)]
+        path = self.path(row["sha256"], labels)
+        cached = torch.load(path, weights_only=True) if use_cache and path.exists() else None
+        if cached is not None and (cached.get("version") != CACHE_VERSION or cached["wounds"] != wounds):
+            cached = None
+        have = 0 if cached is None else cached["views"].shape[0]
+        if cached is not None and have >= n_views:
+            return self._unpack(cached, n_views)
+        image = self.ws.load_image(image_id)
+        if cached is None:
+            eval_feat = self._forward([self._unit(image)])[0]
+            eval_frac = wound_fractions(labels, wounds, tuple(eval_feat.shape[-2:]))
+            cached = {"version": CACHE_VERSION, "wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
+                      "views": eval_feat.new_zeros((0, *eval_feat.shape)),
+                      "view_frac": eval_frac.half().new_zeros((0, *eval_frac.shape))}
+        feats, frac = self.augmented_views(image, labels, wounds, row["sha256"], range(have, n_views))
+        cached["views"] = torch.cat([cached["views"], feats])
+        cached["view_frac"] = torch.cat([cached["view_frac"], frac])
+        if use_cache:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save(cached, tmp)
+            tmp.replace(path)
+        return self._unpack(cached, n_views)
+
+    def _unit(self, image) -> Tensor:
+        """Un-augmented inference input in [0, 1]: square resize to the backbone input size."""
+        s = self.backbone.input_size
+        arr = np.asarray(image.convert("RGB").resize((s, s), resample=2))  # PIL bilinear
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1).float() / 255.0
+
+    @staticmethod
+    def _unpack(cached: dict, n_views: int) -> PhotoFeatures:
+        return PhotoFeatures(list(cached["wounds"]), cached["views"][:n_views], cached["view_frac"][:n_views],
+                             cached["eval_feat"], cached["eval_frac"].float())
+
+    def build(self, image_ids: Sequence[str], n_views: int, progress: bool = True) -> dict[str, PhotoFeatures]:
+        """Features of every photo (from disk when cached)."""
+        return {i: self.photo(i, n_views) for i in tqdm(image_ids, desc=f"features {self.backbone.name}",
+                                                        unit="photo", disable=not progress, leave=False)}
+
+
+class TokenBank:
+    """All wound tokens of all views as flat tensors, for vectorised gather + pooling.
+
+    ``tokens`` T×C float32; for wound e and view v its tokens are
+    ``tokens[start[e, v] : start[e, v] + length[e, v]]`` (length 0: wound not in that view).
+    The inference view is ``eval_tokens`` with ``eval_segment`` (wound row per token) and
+    ``eval_pos`` (grid row, col per token); ``grid`` is (H, W).
+    """
+
+    def __init__(self, photos: dict[str, PhotoFeatures], wound_keys: Sequence[tuple[str, int]],
+                 threshold: float = TOKEN_THRESHOLD) -> None:
+        self.wound_keys = list(wound_keys)
+        n_views = min(p.views.shape[0] for p in photos.values())
+        chunks, start, length = [], torch.zeros(len(wound_keys), n_views, dtype=torch.long), \
+            torch.zeros(len(wound_keys), n_views, dtype=torch.long)
+        ev_chunks, ev_seg, ev_pos = [], [], []
+        offset = 0
+        row_of = {k: r for r, k in enumerate(self.wound_keys)}
+        for image_id, p in photos.items():
+            rows = [row_of.get((image_id, w)) for w in p.wound_indices]
+            c, h, w = p.eval_feat.shape
+            self.grid = (h, w)
+            vmask = token_mask(p.view_frac[:n_views].float().flatten(0, 1), threshold).view(n_views, len(rows), h * w)
+            vfeat = p.views[:n_views].flatten(2).transpose(1, 2)  # K×HW×C
+            for v in range(n_views):
+                for j, r in enumerate(rows):
+                    if r is None:
+                        continue
+                    loc = torch.nonzero(vmask[v, j], as_tuple=True)[0]
+                    start[r, v], length[r, v] = offset, loc.numel()
+                    chunks.append(vfeat[v, loc])
+                    offset += loc.numel()
+            emask = token_mask(p.eval_frac, threshold).flatten(1)
+            efeat = p.eval_feat.flatten(1).T
+            for j, r in enumerate(rows):
+                if r is None:
+                    continue
+                loc = torch.nonzero(emask[j], as_tuple=True)[0]
+                if loc.numel() == 0:
+                    raise ValueError(f"wound {self.wound_keys[r]} has no pixels in its mask")
+                ev_chunks.append(efeat[loc])
+                ev_seg.append(torch.full((loc.numel(),), r, dtype=torch.long))
+                ev_pos.append(torch.stack([loc // w, loc % w], 1))
+        self.tokens = torch.cat(chunks).float() if chunks else torch.zeros(0, 0)
+        self.start, self.length = start, length
+        self.eval_tokens = torch.cat(ev_chunks).float()
+        self.eval_segment = torch.cat(ev_seg)
+        self.eval_pos = torch.cat(ev_pos)
+        self.n_views = n_views
+        self.valid = length > 0  # E×K: wound present in view
+
+    @property
+    def channels(self) -> int:
+        return self.eval_tokens.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.wound_keys)
+
+    def sample_views(self, wounds: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Two different valid view indices per wound (the same one if only one is valid;
+        -1 means "use the inference view" for a wound lost in every augmented view)."""
+        valid = self.valid[wounds].float()
+        none = valid.sum(1) == 0
+        valid[none] = 1.0
+        v1 = torch.multinomial(valid, 1, generator=generator)[:, 0]
+        rest = valid.clone()
+        rest[torch.arange(len(wounds)), v1] = 0.0
+        single = rest.sum(1) == 0
+        rest[single, v1[single]] = 1.0
+        v2 = torch.multinomial(rest, 1, generator=generator)[:, 0]
+        v1[none], v2[none] = -1, -1
+        return v1, v2
+
+    def gather(self, wounds: Tensor, views: Tensor) -> tuple[Tensor, Tensor]:
+        """Tokens of (wound, view) pairs and their segment ids 0..B-1 (view -1 → inference view)."""
+        starts = self.start[wounds, views.clamp(min=0)]
+        lens = self.length[wounds, views.clamp(min=0)]
+        lens = torch.where(views < 0, 0, lens)
+        seg = torch.repeat_interleave(torch.arange(len(wounds)), lens)
+        first = torch.repeat_interleave(starts - (torch.cumsum(lens, 0) - lens), lens)
+        idx = first + torch.arange(int(lens.sum()))
+        tokens, segment = self.tokens[idx], seg
+        if (views < 0).any():
+            extra_t, extra_s = [], []
+            for b in torch.nonzero(views < 0, as_tuple=True)[0].tolist():
+                sel = self.eval_segment == wounds[b]
+                extra_t.append(self.eval_tokens[sel])
+                extra_s.append(torch.full((int(sel.sum()),), b, dtype=torch.long))
+            tokens = torch.cat([tokens, *extra_t])
+            segment = torch.cat([segment, *extra_s])
+        return tokens, segment
+
+
+def workspace_wounds(ws: Workspace) -> tuple[list[str], list[tuple[str, int]]]:
+    """Image ids that have ≥ 1 wound, and all wound keys (image_id, wound_index), store order."""
+    keys = [(w["image_id"], w["wound_index"]) for w in ws.store.wounds()]
+    image_ids = sorted({k[0] for k in keys})
+    return image_ids, keys
