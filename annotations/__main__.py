@@ -1,0 +1,35 @@
+"""``python -m annotations import DIR`` / ``python -m annotations export OUT``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from annotations.dataset import DatasetError, export_dataset, import_dataset
+from annotations.workspace import Workspace
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m annotations",
+                                     description="Import or export a TriDerm dataset folder.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser("import", help="validate, then import a dataset folder (idempotent)")
+    imp.add_argument("dir", help="dataset folder (images/, masks/, wounds.csv, …)")
+    exp = sub.add_parser("export", help="write the workspace as a dataset folder")
+    exp.add_argument("out", help="output folder")
+    for p in (imp, exp):
+        p.add_argument("--workspace", default=None,
+                       help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    args = parser.parse_args(argv)
+    ws = Workspace(args.workspace)
+    try:
+        summary = import_dataset(ws, args.dir) if args.command == "import" else export_dataset(ws, args.out)
+    except DatasetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""Dataset folders: the one on-disk format for import, export and the demo.
+
+```
+images/<image_id>.(png|jpg|jpeg|tif|tiff)
+masks/<image_id>.png   label map (0 skin, 1..N wound) or binary (0/1, 0/255; L or RGB)
+wounds.csv             image_id, wound_index, description, [metadata…]
+images.csv             image_id, patient_id, [metadata…]             (optional)
+patients.csv           patient_id, [metadata…]                       (optional)
+triplets.csv           anchor, ref_j, ref_k, choice, annotator, [source, rep, latency_ms, created]
+dataset.json           {"name", "synthetic", "mask_format": "label"|"auto"}  (optional)
+truth/                 latent truth of synthetic datasets                (optional, copied as is)
+```
+Everything is validated before anything is written: bad input raises one
+:class:`DatasetError` naming the file, row and field, and leaves the workspace untouched.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from scipy import ndimage
+
+from annotations.store import CHOICES
+from annotations.workspace import Workspace
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class DatasetError(ValueError):
+    """Invalid dataset input; the message names the file, row and field."""
+
+
+@dataclass
+class _Image:
+    image_id: str
+    path: Path
+    sha256: str
+    width: int
+    height: int
+    patient_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    labels: np.ndarray | None = None
+
+
+@dataclass
+class DatasetPlan:
+    """A fully validated dataset, ready to be written."""
+
+    root: Path
+    images: dict[str, _Image]
+    patients: dict[str, dict[str, Any]]
+    wounds: dict[tuple[str, int], dict[str, Any]]
+    triplets: list[dict[str, Any]]
+    info: dict[str, Any]
+
+
+def valid_id(value: str) -> bool:
+    """Ids are file-name safe: letters, digits, ``_ . -``, no leading dot, no path parts."""
+    return bool(ID_PATTERN.match(value)) and ".." not in value
+
+
+def parse_value(text: str) -> Any:
+    """CSV cell → int, float or str; empty cells are missing (``None``)."""
+    text = text.strip()
+    if text == "":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _read_csv(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """Rows as (line number, dict); checks encoding and required columns."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise DatasetError(f"{path.name}: line {line}: not valid UTF-8 text (byte {err.start}); "
+                           "save the file as UTF-8") from None
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise DatasetError(f"{path.name}: missing required column(s) {', '.join(missing)} "
+                           f"(found: {', '.join(header) or 'no header'})")
+    if len(set(header)) != len(header):
+        dup = [h for h, n in Counter(header).items() if n > 1]
+        raise DatasetError(f"{path.name}: duplicate column(s) {', '.join(dup)}")
+    reader.fieldnames = header
+    rows = []
+    for row in reader:
+        if None in row:
+            raise DatasetError(f"{path.name}: line {reader.line_num}: more cells than columns")
+        rows.append((reader.line_num, {k: (v or "").strip() for k, v in row.items()}))
+    return rows
+
+
+def _metadata(row: dict[str, str], skip: tuple[str, ...]) -> dict[str, Any]:
+    return {k: parse_value(v) for k, v in row.items() if k not in skip and v.strip() != ""}
+
+
+def _check_id(value: str, where: str, what: str) -> str:
+    if not valid_id(value):
+        raise DatasetError(f"{where}: {what} {value!r} is not a valid id (letters, digits, "
+                           "'_', '.', '-'; no path separators or '..')")
+    return value
+
+
+def _load_image(path: Path) -> tuple[str, int, int]:
+    data = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+            width, height = im.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise DatasetError(f"images/{path.name}: cannot be read as an image ({err})") from None
+    return hashlib.sha256(data).hexdigest(), width, height
+
+
+def mask_to_labels(mask: np.ndarray, mask_format: str = "auto") -> np.ndarray:
+    """A mask image array → int32 label map.
+
+    ``auto``: masks whose values are only {0, 1} or {0, 255} are binary and are split into
+    4-connected components (one wound each); anything else is a label map. ``label``: the
+    values are wound indices as they are. RGB masks use their channel-wise maximum.
+    """
+    mask = np.asarray(mask)
+    if mask.ndim == 3:
+        mask = mask[..., :3].max(axis=2)
+    mask = mask.astype(np.int64)
+    values = set(np.unique(mask).tolist())
+    if mask_format == "auto" and (values <= {0, 1} or values <= {0, 255}):
+        labels, _ = ndimage.label(mask > 0)  # 4-connected, as the Medetec masks are counted
+        return labels.astype(np.int32)
+    return mask.astype(np.int32)
+
+
+def wound_geometry(labels: np.ndarray, index: int) -> tuple[int, list[int]]:
+    """Area in pixels and bounding box [x0, y0, x1, y1] (x1, y1 exclusive) of one wound."""
+    ys, xs = np.nonzero(labels == index)
+    if len(xs) == 0:
+        return 0, [0, 0, 0, 0]
+    return int(len(xs)), [int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1]
+
+
+def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> DatasetPlan:
+    """Read and check a whole dataset folder; raises :class:`DatasetError` on the first problem.
+
+    ``known_images`` are ids already in the target workspace (triplets may name them)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a folder")
+    images_dir = root / "images"
+    if not images_dir.is_dir():
+        raise DatasetError(f"{root}: no images/ folder")
+    info: dict[str, Any] = {}
+    if (root / "dataset.json").exists():
+        try:
+            info = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise DatasetError(f"dataset.json: not valid JSON ({err})") from None
+        if not isinstance(info, dict):
+            raise DatasetError("dataset.json: must hold a JSON object")
+    mask_format = info.get("mask_format", "auto")
+    if mask_format not in ("auto", "label"):
+        raise DatasetError(f"dataset.json: mask_format must be 'auto' or 'label', got {mask_format!r}")
+
+    images: dict[str, _Image] = {}
+    for path in sorted(images_dir.iterdir()):
+        if path.name.startswith(".") or path.is_dir():
+            continue
+        if path.suffix.lower() not in IMAGE_SUFFIXES:
+            raise DatasetError(f"images/{path.name}: unsupported file type "
+                               f"(expected {', '.join(IMAGE_SUFFIXES)})")
+        image_id = _check_id(path.stem, f"images/{path.name}", "image id")
+        if image_id in images:
+            raise DatasetError(f"images/{path.name}: a second image with id {image_id!r} "
+                               f"(also {images[image_id].path.name})")
+        sha, width, height = _load_image(path)
+        images[image_id] = _Image(image_id, path, sha, width, height)
+    if not images:
+        raise DatasetError(f"{images_dir}: no images")
+
+    masks_dir = root / "masks"
+    if masks_dir.is_dir():
+        for path in sorted(masks_dir.iterdir()):
+            if path.name.startswith(".") or path.is_dir():
+                continue
+            where = f"masks/{path.name}"
+            if path.suffix.lower() != ".png":
+                raise DatasetError(f"{where}: masks must be PNG files")
+            _check_id(path.stem, where, "image id")
+            if path.stem not in images:
+                raise DatasetError(f"{where}: mask for unknown image {path.stem!r} "
+                                   "(no matching file in images/)")
+            try:
+                with Image.open(path) as im:
+                    array = np.asarray(im)
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+                raise DatasetError(f"{where}: cannot be read as an image ({err})") from None
+            img = images[path.stem]
+            if array.shape[:2] != (img.height, img.width):
+                raise DatasetError(f"{where}: mask size {array.shape[1]}×{array.shape[0]} differs "
+                                   f"from image size {img.width}×{img.height}")
+            img.labels = mask_to_labels(array, mask_format)
+
+    wounds: dict[tuple[str, int], dict[str, Any]] = {}
+    for img in images.values():
+        if img.labels is not None:
+            for index in np.unique(img.labels):
+                if index > 0:
+                    area, bbox = wound_geometry(img.labels, int(index))
+                    wounds[(img.image_id, int(index))] = {
+                        "area": area, "bbox": bbox, "description": "", "metadata": {}}
+    if (root / "wounds.csv").exists():
+        seen: set[tuple[str, int]] = set()
+        for line, row in _read_csv(root / "wounds.csv", ("image_id", "wound_index", "description")):
+            where = f"wounds.csv: line {line}"
+            image_id = row["image_id"]
+            if image_id not in images:
+                raise DatasetError(f"{where}: image_id {image_id!r} is not in images/")
+            try:
+                index = int(row["wound_index"])
+            except ValueError:
+                raise DatasetError(f"{where}: wound_index {row['wound_index']!r} is not a whole "
+                                   "number") from None
+            if (image_id, index) in seen:
+                raise DatasetError(f"{where}: wound {index} of {image_id!r} is listed twice")
+            seen.add((image_id, index))
+            if (image_id, index) not in wounds:
+                raise DatasetError(f"{where}: wound_index {index} is not in the mask of "
+                                   f"{image_id!r} (masks/{image_id}.png)")
+            wounds[(image_id, index)].update(
+                description=row["description"],
+                metadata=_metadata(row, ("image_id", "wound_index", "description")))
+
+    patients: dict[str, dict[str, Any]] = {}
+    has_patients_csv = (root / "patients.csv").exists()
+    if has_patients_csv:
+        for line, row in _read_csv(root / "patients.csv", ("patient_id",)):
+            where = f"patients.csv: line {line}"
+            pid = _check_id(row["patient_id"], where, "patient_id")
+            if pid in patients:
+                raise DatasetError(f"{where}: patient_id {pid!r} is listed twice")
+            patients[pid] = _metadata(row, ("patient_id",))
+    if (root / "images.csv").exists():
+        seen_images: set[str] = set()
+        for line, row in _read_csv(root / "images.csv", ("image_id", "patient_id")):
+            where = f"images.csv: line {line}"
+            image_id = row["image_id"]
+            if image_id not in images:
+                raise DatasetError(f"{where}: image_id {image_id!r} is not in images/")
+            if image_id in seen_images:
+                raise DatasetError(f"{where}: image_id {image_id!r} is listed twice")
+            seen_images.add(image_id)
+            pid = row["patient_id"] or None
+            if pid is not None:
+                _check_id(pid, where, "patient_id")
+                if pid not in patients:
+                    if has_patients_csv:
+                        raise DatasetError(f"{where}: patient_id {pid!r} is not in patients.csv")
+                    patients[pid] = {}
+            images[image_id].patient_id = pid
+            images[image_id].metadata = _metadata(row, ("image_id", "patient_id"))
+
+    triplets: list[dict[str, Any]] = []
+    if (root / "triplets.csv").exists():
+        path = root / "triplets.csv"
+        rows = _read_csv(path, ("anchor", "ref_j", "ref_k", "choice"))
+        occurrences: Counter = Counter()
+        allowed = set(images) | set(known_images)
+        for line, row in rows:
+            where = f"triplets.csv: line {line}"
+            ids = [row["anchor"], row["ref_j"], row["ref_k"]]
+            for col, value in zip(("anchor", "ref_j", "ref_k"), ids):
+                if value not in allowed:
+                    raise DatasetError(f"{where}: {col} {value!r} is not a known image")
+            if len(set(ids)) != 3:
+                raise DatasetError(f"{where}: a triplet needs three different images, got "
+                                   f"{', '.join(ids)}")
+            if row["choice"] not in CHOICES:
+                raise DatasetError(f"{where}: choice must be one of {', '.join(CHOICES)}, got "
+                                   f"{row['choice']!r}")
+            source = row.get("source", "")
+            if not source:
+                annotator = row.get("annotator", "")
+                if not annotator:
+                    raise DatasetError(f"{where}: annotator is empty (or give a source column)")
+                source = f"expert:{annotator}"
+            key = (source, *ids)
+            rep_text = row.get("rep", "")
+            try:
+                rep = int(rep_text) if rep_text else occurrences[key]
+                latency = float(row["latency_ms"]) if row.get("latency_ms") else None
+            except ValueError:
+                raise DatasetError(f"{where}: rep/latency_ms must be numbers") from None
+            occurrences[key] += 1
+            triplets.append({"anchor": ids[0], "ref_j": ids[1], "ref_k": ids[2],
+                             "choice": row["choice"], "source": source, "rep": rep,
+                             "latency_ms": latency, "created": row.get("created") or None})
+        dup = [k for k, n in Counter((t["source"], t["anchor"], t["ref_j"], t["ref_k"], t["rep"])
+                                     for t in triplets).items() if n > 1]
+        if dup:
+            raise DatasetError(f"triplets.csv: the judgment {dup[0][1:4]} by {dup[0][0]} with "
+                               f"rep {dup[0][4]} is listed twice")
+    return DatasetPlan(root, images, patients, wounds, triplets, info)
+
+
+def import_dataset(ws: Workspace, root: str | Path) -> dict[str, Any]:
+    """Validate then import a dataset folder into ``ws``; idempotent. Returns a summary."""
+    store = ws.store
+    plan = validate_dataset(root, known_images={r["image_id"] for r in store.images()})
+    for img in plan.images.values():  # files first (atomic renames); the store in one transaction
+        target = ws.images_dir / f"{img.image_id}{img.path.suffix.lower()}"
+        if not target.exists() or hashlib.sha256(target.read_bytes()).hexdigest() != img.sha256:
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.copyfile(img.path, tmp)
+            tmp.replace(target)
+        if img.labels is not None:
+            ws.save_mask(img.image_id, img.labels)
+    if (plan.root / "truth").is_dir():
+        shutil.copytree(plan.root / "truth", ws.truth_dir, dirs_exist_ok=True)
+    new_triplets = 0
+    with store.transaction():
+        for pid, meta in plan.patients.items():
+            store.upsert_patient(pid, meta)
+        for img in plan.images.values():
+            store.upsert_image(img.image_id, f"{img.image_id}{img.path.suffix.lower()}", img.sha256,
+                               img.width, img.height, img.patient_id, img.metadata)
+            if img.labels is not None:
+                stale = {w["wound_index"] for w in store.wounds(img.image_id)} - {
+                    i for (iid, i) in plan.wounds if iid == img.image_id}
+                for index in stale:
+                    store.delete_wound(img.image_id, index)
+        for (image_id, index), w in plan.wounds.items():
+            store.upsert_wound(image_id, index, w["area"], w["bbox"], w["description"], w["metadata"])
+        for t in plan.triplets:
+            if t["source"].startswith("expert:"):
+                store.add_annotator(t["source"].split(":", 1)[1])
+            if store.add_triplet(t["anchor"], t["ref_j"], t["ref_k"], t["choice"], t["source"],
+                                 latency_ms=t["latency_ms"], rep=t["rep"], created=t["created"]):
+                new_triplets += 1
+        if "name" in plan.info:
+            store.set_meta("dataset_name", plan.info["name"])
+        if "synthetic" in plan.info:
+            store.set_meta("synthetic", bool(plan.info["synthetic"]))
+    return {"images": len(plan.images), "patients": len(plan.patients), "wounds": len(plan.wounds),
+            "triplets": len(plan.triplets), "new_triplets": new_triplets,
+            "synthetic": ws.is_synthetic, "workspace": str(ws.root)}
+
+
+def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]]) -> None:
+    extra = sorted({k for r in rows for k in r} - set(fixed))
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fixed + extra)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def export_dataset(ws: Workspace, out: str | Path) -> dict[str, Any]:
+    """Write the workspace as a dataset folder (label-map masks) that imports back losslessly."""
+    out = Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    (out / "masks").mkdir(exist_ok=True)
+    store = ws.store
+    images = store.images()
+    wounds = store.wounds()
+    with_wounds = {w["image_id"] for w in wounds}
+    for img in images:
+        shutil.copyfile(ws.images_dir / img["file"], out / "images" / img["file"])
+        if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
+            labels = ws.load_mask(img["image_id"])
+            dtype = np.uint8 if labels.max(initial=0) <= 255 else np.uint16
+            Image.fromarray(labels.astype(dtype)).save(out / "masks" / f"{img['image_id']}.png")
+    _write_csv(out / "wounds.csv", ["image_id", "wound_index", "description"],
+               [{"image_id": w["image_id"], "wound_index": w["wound_index"],
+                 "description": w["description"], **w["metadata"]} for w in wounds])
+    _write_csv(out / "images.csv", ["image_id", "patient_id"],
+               [{"image_id": i["image_id"], "patient_id": i["patient_id"], **i["metadata"]}
+                for i in images])
+    patients = store.patients()
+    _write_csv(out / "patients.csv", ["patient_id"],
+               [{"patient_id": p["patient_id"], **p["metadata"]} for p in patients])
+    triplets = store.triplets()
+    _write_csv(out / "triplets.csv",
+               ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms",
+                "created"],
+               [{"anchor": t["anchor"], "ref_j": t["ref_j"], "ref_k": t["ref_k"],
+                 "choice": t["choice"],
+                 "annotator": t["source"].split(":", 1)[1] if t["source"].startswith("expert:") else "",
+                 "source": t["source"], "rep": t["rep"],
+                 "latency_ms": "" if t["latency_ms"] is None else repr(t["latency_ms"]),
+                 "created": t["created"]} for t in triplets])
+    (out / "dataset.json").write_text(json.dumps(
+        {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label"}, indent=2))
+    if ws.truth_dir.is_dir():
+        shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
+    return {"images": len(images), "patients": len(patients), "wounds": len(wounds),
+            "triplets": len(triplets), "out": str(out)}

@@ -1,0 +1,404 @@
+"""The SQLite annotation store: patients, images, wounds, annotators, triplet judgments, LLM
+answers and run records.
+
+One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
+background jobs and several annotators can write at once. Natural-key unique constraints make
+every insert idempotent: a re-import or a double click never duplicates a row.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlite_utils
+
+SCHEMA_VERSION = 1
+CHOICES = ("j", "k", "skip")
+RUN_STATUSES = ("running", "done", "failed", "stopped")
+_JSON_COLUMNS = ("metadata", "bbox", "config", "metrics", "artifacts")
+
+_SCHEMA_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE patients (
+    patient_id TEXT PRIMARY KEY,
+    metadata TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE images (
+    image_id TEXT PRIMARY KEY,
+    file TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    patient_id TEXT REFERENCES patients(patient_id),
+    metadata TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE wounds (
+    id INTEGER PRIMARY KEY,
+    image_id TEXT NOT NULL REFERENCES images(image_id) ON DELETE CASCADE,
+    wound_index INTEGER NOT NULL CHECK (wound_index >= 1),
+    area INTEGER NOT NULL,
+    bbox TEXT NOT NULL,
+    description TEXT NOT NULL DEFAULT '',
+    metadata TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (image_id, wound_index)
+);
+CREATE TABLE annotators (name TEXT PRIMARY KEY, created TEXT NOT NULL);
+CREATE TABLE triplets (
+    id INTEGER PRIMARY KEY,
+    anchor TEXT NOT NULL REFERENCES images(image_id) ON DELETE CASCADE,
+    ref_j TEXT NOT NULL REFERENCES images(image_id) ON DELETE CASCADE,
+    ref_k TEXT NOT NULL REFERENCES images(image_id) ON DELETE CASCADE,
+    choice TEXT NOT NULL CHECK (choice IN ('j', 'k', 'skip')),
+    source TEXT NOT NULL,
+    rep INTEGER NOT NULL DEFAULT 0,
+    latency_ms REAL,
+    created TEXT NOT NULL,
+    CHECK (anchor <> ref_j AND anchor <> ref_k AND ref_j <> ref_k),
+    UNIQUE (source, anchor, ref_j, ref_k, rep)
+);
+CREATE INDEX triplets_source ON triplets (source);
+CREATE TABLE llm_queries (
+    id INTEGER PRIMARY KEY,
+    oracle TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    anchor TEXT NOT NULL,
+    ref_j TEXT NOT NULL,
+    ref_k TEXT NOT NULL,
+    choice TEXT NOT NULL CHECK (choice IN ('j', 'k', 'skip')),
+    raw TEXT,
+    latency_ms REAL,
+    tokens_in INTEGER,
+    tokens_out INTEGER,
+    created TEXT NOT NULL,
+    UNIQUE (oracle, model, prompt_version, anchor, ref_j, ref_k)
+);
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    name TEXT,
+    config TEXT NOT NULL DEFAULT '{}',
+    seed INTEGER,
+    git_sha TEXT,
+    status TEXT NOT NULL DEFAULT 'running',
+    progress REAL NOT NULL DEFAULT 0,
+    message TEXT,
+    metrics TEXT NOT NULL DEFAULT '{}',
+    artifacts TEXT NOT NULL DEFAULT '{}',
+    pid INTEGER,
+    created TEXT NOT NULL,
+    finished TEXT
+);
+CREATE INDEX runs_kind ON runs (kind);
+"""
+
+#: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
+MIGRATIONS: list[str] = [_SCHEMA_V1]
+
+
+def now() -> str:
+    """UTC timestamp in ISO 8601 with milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def git_sha() -> str:
+    """The source tree's git commit (``unknown`` outside a checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for col in _JSON_COLUMNS:
+        if col in row and isinstance(row[col], str):
+            row[col] = json.loads(row[col])
+    return row
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value if value is not None else {}, sort_keys=True, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+class Store:
+    """Typed access to a workspace's ``triderm.sqlite``."""
+
+    def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        conn = sqlite3.connect(self.path, timeout=timeout_s, check_same_thread=False,
+                               isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self.db = sqlite_utils.Database(conn)
+        self._migrate()
+
+    # -- schema --------------------------------------------------------------------------------
+    @property
+    def schema_version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see it done
+        try:
+            version = self.schema_version
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"{self.path}: schema version {version} is newer than this TriDerm Studio "
+                    f"({len(MIGRATIONS)}); upgrade the software")
+            for v in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[v].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {v + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def transaction(self):
+        """Context manager: one atomic write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``)."""
+        return _Transaction(self.db.conn)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # -- meta ----------------------------------------------------------------------------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
+                        "SET value = excluded.value", [key, json.dumps(value)])
+
+    # -- patients and images ---------------------------------------------------------------------
+    def upsert_patient(self, patient_id: str, metadata: dict | None = None) -> None:
+        self.db.execute(
+            "INSERT INTO patients (patient_id, metadata) VALUES (?, ?) ON CONFLICT(patient_id) "
+            "DO UPDATE SET metadata = excluded.metadata", [patient_id, _dumps(metadata)])
+
+    def patients(self) -> list[dict]:
+        return [_decode(r) for r in self.db.query("SELECT * FROM patients ORDER BY patient_id")]
+
+    def upsert_image(self, image_id: str, file: str, sha256: str, width: int, height: int,
+                     patient_id: str | None = None, metadata: dict | None = None) -> None:
+        self.db.execute(
+            "INSERT INTO images (image_id, file, sha256, width, height, patient_id, metadata) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(image_id) DO UPDATE SET file = excluded.file, "
+            "sha256 = excluded.sha256, width = excluded.width, height = excluded.height, "
+            "patient_id = excluded.patient_id, metadata = excluded.metadata",
+            [image_id, file, sha256, int(width), int(height), patient_id, _dumps(metadata)])
+
+    def images(self) -> list[dict]:
+        return [_decode(r) for r in self.db.query("SELECT * FROM images ORDER BY image_id")]
+
+    def image(self, image_id: str) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM images WHERE image_id = ?", [image_id]))
+        return _decode(rows[0]) if rows else None
+
+    # -- wounds --------------------------------------------------------------------------------
+    def upsert_wound(self, image_id: str, wound_index: int, area: int, bbox: Iterable[int],
+                     description: str = "", metadata: dict | None = None) -> int:
+        """Insert or update the wound ``wound_index`` of ``image_id``; returns its id."""
+        self.db.execute(
+            "INSERT INTO wounds (image_id, wound_index, area, bbox, description, metadata) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(image_id, wound_index) DO UPDATE SET "
+            "area = excluded.area, bbox = excluded.bbox, description = excluded.description, "
+            "metadata = excluded.metadata",
+            [image_id, int(wound_index), int(area), json.dumps([int(v) for v in bbox]),
+             description or "", _dumps(metadata)])
+        return self.db.execute("SELECT id FROM wounds WHERE image_id = ? AND wound_index = ?",
+                               [image_id, int(wound_index)]).fetchone()[0]
+
+    def delete_wound(self, image_id: str, wound_index: int) -> None:
+        self.db.execute("DELETE FROM wounds WHERE image_id = ? AND wound_index = ?",
+                        [image_id, int(wound_index)])
+
+    def wounds(self, image_id: str | None = None) -> list[dict]:
+        if image_id is None:
+            rows = self.db.query("SELECT * FROM wounds ORDER BY image_id, wound_index")
+        else:
+            rows = self.db.query("SELECT * FROM wounds WHERE image_id = ? ORDER BY wound_index",
+                                 [image_id])
+        return [_decode(r) for r in rows]
+
+    # -- annotators and triplets -----------------------------------------------------------------
+    def add_annotator(self, name: str) -> None:
+        if not name or not name.strip():
+            raise ValueError("annotator name is empty")
+        self.db.execute("INSERT OR IGNORE INTO annotators (name, created) VALUES (?, ?)",
+                        [name.strip(), now()])
+
+    def annotators(self) -> list[str]:
+        return [r["name"] for r in self.db.query("SELECT name FROM annotators ORDER BY name")]
+
+    def add_triplet(self, anchor: str, ref_j: str, ref_k: str, choice: str, source: str,
+                    latency_ms: float | None = None, rep: int = 0,
+                    created: str | None = None) -> int | None:
+        """Store one judgment; returns its id, or ``None`` when it is already stored."""
+        if choice not in CHOICES:
+            raise ValueError(f"choice must be one of {CHOICES}, got {choice!r}")
+        if len({anchor, ref_j, ref_k}) != 3:
+            raise ValueError(f"a triplet needs three different images, got {anchor}, {ref_j}, {ref_k}")
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO triplets (anchor, ref_j, ref_k, choice, source, rep, latency_ms,"
+            " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [anchor, ref_j, ref_k, choice, source, int(rep), latency_ms, created or now()])
+        return cur.lastrowid if cur.rowcount == 1 else None
+
+    def delete_triplet(self, triplet_id: int) -> None:
+        self.db.execute("DELETE FROM triplets WHERE id = ?", [int(triplet_id)])
+
+    def triplets(self, source: str | None = None, prefix: str | None = None) -> list[dict]:
+        """Judgments, oldest first; filter by exact ``source`` or by a source ``prefix``."""
+        if source is not None:
+            return list(self.db.query("SELECT * FROM triplets WHERE source = ? ORDER BY id", [source]))
+        if prefix is not None:
+            return list(self.db.query("SELECT * FROM triplets WHERE source LIKE ? ORDER BY id",
+                                      [prefix.replace("%", r"\%") + "%"]))
+        return list(self.db.query("SELECT * FROM triplets ORDER BY id"))
+
+    def expert_triplets(self) -> list[dict]:
+        return self.triplets(prefix="expert:")
+
+    def triplet_sources(self) -> dict[str, int]:
+        return {r["source"]: r["n"] for r in self.db.query(
+            "SELECT source, count(*) AS n FROM triplets GROUP BY source ORDER BY source")}
+
+    # -- LLM answers -----------------------------------------------------------------------------
+    def llm_cached(self, oracle: str, model: str, prompt_version: str, anchor: str, ref_j: str,
+                   ref_k: str) -> dict | None:
+        rows = list(self.db.query(
+            "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? AND "
+            "anchor = ? AND ref_j = ? AND ref_k = ?",
+            [oracle, model, prompt_version, anchor, ref_j, ref_k]))
+        return rows[0] if rows else None
+
+    def llm_answers(self, oracle: str, model: str, prompt_version: str) -> list[dict]:
+        return list(self.db.query(
+            "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? "
+            "ORDER BY id", [oracle, model, prompt_version]))
+
+    def add_llm_answer(self, oracle: str, model: str, prompt_version: str, anchor: str,
+                       ref_j: str, ref_k: str, choice: str, raw: str | None = None,
+                       latency_ms: float | None = None, tokens_in: int | None = None,
+                       tokens_out: int | None = None) -> bool:
+        """Cache one oracle answer and store it as a triplet with source ``llm:<model>``.
+
+        Returns False (and writes nothing) when that query is already cached."""
+        with self.transaction():
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO llm_queries (oracle, model, prompt_version, anchor, ref_j, "
+                "ref_k, choice, raw, latency_ms, tokens_in, tokens_out, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [oracle, model, prompt_version, anchor, ref_j, ref_k, choice, raw, latency_ms,
+                 tokens_in, tokens_out, now()])
+            if cur.rowcount != 1:
+                return False
+            self.add_triplet(anchor, ref_j, ref_k, choice, f"llm:{model}", latency_ms=latency_ms)
+        return True
+
+    # -- runs ----------------------------------------------------------------------------------
+    def start_run(self, kind: str, config: dict, seed: int | None = None,
+                  name: str | None = None) -> int:
+        """Open a run record (status ``running``) with its config, seed, git sha and pid."""
+        cur = self.db.execute(
+            "INSERT INTO runs (kind, name, config, seed, git_sha, status, pid, created) "
+            "VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+            [kind, name, _dumps(config), seed, git_sha(), os.getpid(), now()])
+        return int(cur.lastrowid)
+
+    def update_run(self, run_id: int, progress: float | None = None, metrics: dict | None = None,
+                   message: str | None = None, artifacts: dict | None = None) -> None:
+        """Update a run in place; ``metrics`` and ``artifacts`` are merged into the stored JSON."""
+        with self.transaction():
+            run = self.run(run_id)
+            if run is None:
+                raise KeyError(f"no run {run_id}")
+            updates: dict[str, Any] = {}
+            if progress is not None:
+                updates["progress"] = float(progress)
+            if message is not None:
+                updates["message"] = message
+            if metrics:
+                updates["metrics"] = _dumps({**run["metrics"], **metrics})
+            if artifacts:
+                updates["artifacts"] = _dumps({**run["artifacts"], **artifacts})
+            if updates:
+                cols = ", ".join(f"{c} = ?" for c in updates)
+                self.db.execute(f"UPDATE runs SET {cols} WHERE id = ?", [*updates.values(), run_id])
+
+    def finish_run(self, run_id: int, status: str = "done", metrics: dict | None = None,
+                   artifacts: dict | None = None, message: str | None = None) -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
+        self.update_run(run_id, progress=1.0 if status == "done" else None, metrics=metrics,
+                        artifacts=artifacts, message=message)
+        self.db.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?",
+                        [status, now(), run_id])
+
+    def runs(self, kind: str | None = None, status: str | None = None) -> list[dict]:
+        """Run records, newest first."""
+        where, args = [], []
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+        return [_decode(r) for r in self.db.query(sql + " ORDER BY id DESC", args)]
+
+    def run(self, run_id: int) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [int(run_id)]))
+        return _decode(rows[0]) if rows else None
+
+    def counts(self) -> dict[str, int]:
+        """Row counts for the workspace overview."""
+        q = lambda sql: self.db.execute(sql).fetchone()[0]  # noqa: E731
+        return {
+            "images": q("SELECT count(*) FROM images"),
+            "patients": q("SELECT count(*) FROM patients"),
+            "wounds": q("SELECT count(*) FROM wounds"),
+            "described_wounds": q("SELECT count(*) FROM wounds WHERE trim(description) <> ''"),
+            "images_with_wounds": q("SELECT count(DISTINCT image_id) FROM wounds"),
+            "expert_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'expert:%'"),
+            "llm_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'llm:%'"),
+            "runs": q("SELECT count(*) FROM runs"),
+        }
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (re-entrant: nested uses join the outer transaction)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.outer = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.outer = not self.conn.in_transaction
+        if self.outer:
+            self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.outer:
+            self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,100 @@
+"""A workspace: one folder holding a project's store, photos, label masks, caches and runs."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from annotations.store import Store
+
+ENV_VAR = "TRIDERM_WORKSPACE"
+DEFAULT_WORKSPACE = Path("workspace")
+DB_NAME = "triderm.sqlite"
+
+
+def resolve_workspace(path: str | Path | None = None) -> Path:
+    """``path`` if given, else ``$TRIDERM_WORKSPACE``, else ``./workspace``."""
+    if path:
+        return Path(path)
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_WORKSPACE)
+
+
+class Workspace:
+    """Folder layout ``triderm.sqlite``, ``images/``, ``masks/``, ``cache/``, ``runs/``."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = resolve_workspace(root).resolve()
+        for sub in ("images", "masks", "cache", "runs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.store = Store(self.root / DB_NAME)
+
+    def __repr__(self) -> str:
+        return f"Workspace({str(self.root)!r})"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.root / "images"
+
+    @property
+    def masks_dir(self) -> Path:
+        return self.root / "masks"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def truth_dir(self) -> Path:
+        """Latent truth of a synthetic (phantom) dataset, when imported."""
+        return self.root / "truth"
+
+    @property
+    def is_synthetic(self) -> bool:
+        return bool(self.store.get_meta("synthetic", False))
+
+    @property
+    def dataset_name(self) -> str:
+        return str(self.store.get_meta("dataset_name", self.root.name))
+
+    def run_dir(self, run_id: int) -> Path:
+        path = self.runs_dir / str(int(run_id))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def image_path(self, image_id: str) -> Path:
+        row = self.store.image(image_id)
+        if row is None:
+            raise KeyError(f"unknown image {image_id!r}")
+        return self.images_dir / row["file"]
+
+    def mask_path(self, image_id: str) -> Path:
+        return self.masks_dir / f"{image_id}.png"
+
+    def load_image(self, image_id: str) -> Image.Image:
+        with Image.open(self.image_path(image_id)) as im:
+            return im.convert("RGB")
+
+    def load_mask(self, image_id: str) -> np.ndarray:
+        """H×W int32 label map (0 = skin, n = wound n); all zeros when nothing is outlined."""
+        path = self.mask_path(image_id)
+        if path.exists():
+            with Image.open(path) as im:
+                return np.asarray(im).astype(np.int32)
+        row = self.store.image(image_id)
+        if row is None:
+            raise KeyError(f"unknown image {image_id!r}")
+        return np.zeros((row["height"], row["width"]), dtype=np.int32)
+
+    def save_mask(self, image_id: str, labels: np.ndarray) -> None:
+        """Write the label map atomically (uint8, or uint16 beyond 255 wounds)."""
+        labels = np.asarray(labels)
+        dtype = np.uint8 if labels.max(initial=0) <= 255 else np.uint16
+        tmp = self.mask_path(image_id).with_suffix(".tmp.png")
+        Image.fromarray(labels.astype(dtype)).save(tmp)
+        tmp.replace(self.mask_path(image_id))

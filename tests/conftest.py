@@ -1,0 +1,47 @@
+"""Shared fixtures: the phantom demo dataset, imported workspaces, the real Medetec photos."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from annotations.dataset import import_dataset
+from annotations.workspace import Workspace
+
+MEDETEC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medetec"
+
+
+@pytest.fixture(scope="session")
+def demo_dataset(tmp_path_factory) -> Path:
+    """The default phantom demo (53 photos, 120 wounds, 513 triplets), built once per session."""
+    from core.phantoms import build
+
+    out = tmp_path_factory.mktemp("phantoms") / "demo"
+    build(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def _demo_workspace_template(demo_dataset, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo_ws_template") / "ws"
+    ws = Workspace(root)
+    import_dataset(ws, demo_dataset)
+    ws.store.close()
+    return root
+
+
+@pytest.fixture
+def demo_workspace(_demo_workspace_template, tmp_path) -> Workspace:
+    """A fresh, writable copy of the imported demo workspace for one test."""
+    root = tmp_path / "ws"
+    shutil.copytree(_demo_workspace_template, root)
+    return Workspace(root)
+
+
+@pytest.fixture
+def medetec_dir() -> Path:
+    """The 38 real Medetec photos in ../shared (the test skips when they are absent)."""
+    if not (MEDETEC / "images").is_dir():
+        pytest.skip(f"Medetec data not found at {MEDETEC}")
+    return MEDETEC
