@@ -1,0 +1,308 @@
+"""Triplet scheduler for expert annotators.
+
+Serves "is the query more like the left or the right photo?" questions so that
+
+* an annotator never sees the same triplet (anchor + unordered reference pair) twice, except
+  for *planned repeats*: a configurable share of the questions re-asks an earlier answered
+  triplet with the sides swapped, to measure self-consistency;
+* a configurable share of the questions re-asks triplets that *other* annotators answered, so
+  inter-annotator κ has shared items;
+* anchors are balanced: new questions go to the anchor with the fewest questions so far;
+* in ``active`` mode (once an embedding run exists) the references are the candidate pair with
+  the smallest relative distance margin under that run's distances — the most informative
+  question for that embedding.
+
+Every question served is leased in a small SQLite file next to the store
+(``<workspace>/cache/scheduler.sqlite``) inside an ``IMMEDIATE`` transaction, so any number of
+threads, processes or browser tabs drawing at once never hand the same triplet to the same
+annotator twice. Answers go to the store, whose unique key stores each judgment once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from annotations.consistency import annotator_of, triplet_key
+
+MODES = ("random", "active")
+KINDS = ("new", "repeat", "shared")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS served (
+    annotator TEXT NOT NULL,
+    anchor TEXT NOT NULL,
+    ref_a TEXT NOT NULL,
+    ref_b TEXT NOT NULL,
+    rep INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    ref_j TEXT NOT NULL,
+    ref_k TEXT NOT NULL,
+    served_at REAL NOT NULL,
+    PRIMARY KEY (annotator, anchor, ref_a, ref_b, rep)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Question:
+    """One served triplet: show ``anchor`` as the query, ``ref_j`` left and ``ref_k`` right."""
+
+    anchor: str
+    ref_j: str
+    ref_k: str
+    rep: int
+    kind: str  # one of KINDS
+    served_at: float  # time.time() when served, for answer latency
+
+
+class TripletScheduler:
+    """Draws triplets for one annotator from a workspace's photos.
+
+    Parameters
+    ----------
+    ws : Workspace
+        The workspace (its store holds images and answers; its cache dir holds the leases).
+    annotator : str
+        Annotator name; answers are stored with source ``expert:<annotator>``.
+    repeat_share : float in [0, 0.5]
+        Share of questions that are planned repeats of this annotator's earlier answers.
+    shared_share : float in [0, 0.9]
+        Share of questions taken from triplets other annotators answered (for κ).
+    mode : "random" | "active"
+        How references are chosen for new questions.
+    distances : (ids, D) or None
+        Image ids and their n×n distance matrix from an embedding run; required for ``active``.
+    candidates : int
+        Unseen reference pairs scored per active question.
+    seed : int or None
+        Seed of this scheduler's random generator.
+    """
+
+    def __init__(
+        self,
+        ws: Any,
+        annotator: str,
+        repeat_share: float = 0.1,
+        shared_share: float = 0.2,
+        mode: str = "random",
+        distances: tuple[Sequence[str], np.ndarray] | None = None,
+        candidates: int = 256,
+        seed: int | None = None,
+    ) -> None:
+        if not annotator or not annotator.strip():
+            raise ValueError("annotator name must not be empty")
+        if not 0.0 <= repeat_share <= 0.5:
+            raise ValueError(f"repeat_share must be in [0, 0.5], got {repeat_share}")
+        if not 0.0 <= shared_share <= 0.9:
+            raise ValueError(f"shared_share must be in [0, 0.9], got {shared_share}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "active" and distances is None:
+            raise ValueError("active mode needs distances=(ids, D) from an embedding run")
+        self.ws = ws
+        self.annotator = annotator.strip()
+        self.source = f"expert:{self.annotator}"
+        self.repeat_share = repeat_share
+        self.shared_share = shared_share
+        self.mode = mode
+        self.candidates = candidates
+        self._rng = random.Random(seed)
+        self._dist: dict[str, int] = {}
+        self._D: np.ndarray | None = None
+        if distances is not None:
+            ids, D = distances
+            D = np.asarray(D, dtype=float)
+            if D.shape != (len(ids), len(ids)):
+                raise ValueError(f"distance matrix shape {D.shape} does not match {len(ids)} ids")
+            self._dist = {str(i): n for n, i in enumerate(ids)}
+            self._D = D
+        ws.store.add_annotator(self.annotator)
+        self.lease_path = Path(ws.cache_dir) / "scheduler.sqlite"
+        with self._connect() as con:
+            con.execute(_SCHEMA)
+
+    # -- leases -------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.lease_path, timeout=60, isolation_level=None)
+        con.execute("PRAGMA busy_timeout = 60000")
+        return con
+
+    def served(self) -> list[dict[str, Any]]:
+        """Every question served to this annotator, oldest first."""
+        with self._connect() as con:
+            con.row_factory = sqlite3.Row
+            rows = con.execute(
+                "SELECT * FROM served WHERE annotator = ? ORDER BY served_at, rowid", (self.annotator,)
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    # -- drawing ------------------------------------------------------------------------
+    def next(self) -> Question | None:
+        """Lease and return the next question, or None when every triplet has been served."""
+        image_ids = [im["image_id"] for im in self.ws.store.images()]
+        if len(image_ids) < 3:
+            return None
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            question = self._choose(con, image_ids)
+            if question is not None:
+                a, b = sorted((question.ref_j, question.ref_k))
+                con.execute(
+                    "INSERT INTO served VALUES (?,?,?,?,?,?,?,?,?)",
+                    (self.annotator, question.anchor, a, b, question.rep, question.kind,
+                     question.ref_j, question.ref_k, question.served_at),
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+        return question
+
+    def _choose(self, con: sqlite3.Connection, image_ids: list[str]) -> Question | None:
+        mine = con.execute(
+            "SELECT anchor, ref_a, ref_b, rep, kind, served_at FROM served WHERE annotator = ?",
+            (self.annotator,),
+        ).fetchall()
+        seen = {(r[0], r[1], r[2]) for r in mine}
+        repeated = {(r[0], r[1], r[2]) for r in mine if r[3] > 0}
+        kinds = Counter(r[4] for r in mine)
+        expert = self.ws.store.expert_triplets()
+        for row in expert:  # answers imported or given outside the scheduler count as seen
+            if row["source"] == self.source:
+                seen.add(triplet_key(row["anchor"], row["ref_j"], row["ref_k"]))
+        total = len(mine)
+        now = time.time()
+
+        if kinds["repeat"] < self.repeat_share * total:
+            question = self._repeat(mine, expert, repeated, now)
+            if question is not None:
+                return question
+        if kinds["shared"] < self.shared_share * total:
+            question = self._shared(expert, seen, now)
+            if question is not None:
+                return question
+        return self._new(con, image_ids, seen, now)
+
+    def _orient(self, anchor: str, a: str, b: str, rep: int, kind: str, now: float,
+                swap_of: tuple[str, str] | None = None) -> Question:
+        if swap_of is not None:  # a planned repeat shows the sides the other way round
+            j, k = swap_of[1], swap_of[0]
+        else:
+            j, k = (a, b) if self._rng.random() < 0.5 else (b, a)
+        return Question(anchor, j, k, rep, kind, now)
+
+    def _repeat(self, mine: list, expert: list[dict], repeated: set, now: float) -> Question | None:
+        recent = {(r[0], r[1], r[2]) for r in sorted(mine, key=lambda r: r[5])[-5:]}
+        pool = [
+            row for row in expert
+            if row["source"] == self.source and int(row.get("rep") or 0) == 0 and row["choice"] != "skip"
+            and triplet_key(row["anchor"], row["ref_j"], row["ref_k"]) not in repeated | recent
+        ]
+        if not pool:
+            return None
+        row = self._rng.choice(pool)
+        anchor, a, b = triplet_key(row["anchor"], row["ref_j"], row["ref_k"])
+        return self._orient(anchor, a, b, 1, "repeat", now, swap_of=(row["ref_j"], row["ref_k"]))
+
+    def _shared(self, expert: list[dict], seen: set, now: float) -> Question | None:
+        counts = Counter(
+            triplet_key(r["anchor"], r["ref_j"], r["ref_k"]) for r in expert
+            if r["source"] != self.source and int(r.get("rep") or 0) == 0 and r["choice"] != "skip"
+        )
+        pool = [key for key in counts if key not in seen]
+        if not pool:
+            return None
+        best = max(counts[k] for k in pool)  # most-shared first: κ needs items in common
+        anchor, a, b = self._rng.choice(sorted(k for k in pool if counts[k] == best))
+        return self._orient(anchor, a, b, 0, "shared", now)
+
+    def _new(self, con: sqlite3.Connection, image_ids: list[str], seen: set, now: float) -> Question | None:
+        load = Counter(r[0] for r in con.execute("SELECT anchor FROM served WHERE rep = 0"))
+        n_pairs = (len(image_ids) - 1) * (len(image_ids) - 2) // 2
+        per_anchor = Counter(k[0] for k in seen)
+        anchors = [i for i in image_ids if per_anchor[i] < n_pairs]
+        if not anchors:
+            return None
+        low = min(load[i] for i in anchors)
+        anchor = self._rng.choice([i for i in anchors if load[i] == low])
+        others = [i for i in image_ids if i != anchor]
+        pairs = self._unseen_pairs(anchor, others, seen, n_pairs - per_anchor[anchor])
+        if self.mode == "active" and anchor in self._dist:
+            scored = [p for p in pairs if p[0] in self._dist and p[1] in self._dist]
+            if scored:
+                pairs = [min(scored, key=lambda p: self._margin(anchor, *p))]
+        a, b = self._rng.choice(pairs)
+        return self._orient(anchor, a, b, 0, "new", now)
+
+    def _unseen_pairs(self, anchor: str, others: list[str], seen: set, n_unseen: int) -> list[tuple[str, str]]:
+        """Up to ``candidates`` unseen sorted reference pairs for ``anchor`` (rejection sampling,
+        falling back to enumeration when few remain)."""
+        want = self.candidates if self.mode == "active" else 1
+        found: set[tuple[str, str]] = set()
+        if n_unseen > 4 * want:
+            for _ in range(50 * want):
+                a, b = sorted(self._rng.sample(others, 2))
+                if (anchor, a, b) not in seen:
+                    found.add((a, b))
+                    if len(found) >= want:
+                        break
+        if not found:
+            found = {
+                (a, b) for x, a in enumerate(sorted(others)) for b in sorted(others)[x + 1:]
+                if (anchor, a, b) not in seen
+            }
+        return sorted(found)
+
+    def _margin(self, anchor: str, a: str, b: str) -> float:
+        """Relative distance margin |d(i,j) − d(i,k)| / (d(i,j) + d(i,k)); small = uncertain."""
+        D = self._D
+        i, j, k = self._dist[anchor], self._dist[a], self._dist[b]
+        total = D[i, j] + D[i, k]
+        return abs(D[i, j] - D[i, k]) / total if total > 0 else 0.0
+
+    # -- answering ----------------------------------------------------------------------
+    def answer(self, question: Question, choice: str, answered_at: float | None = None) -> int | None:
+        """Store the annotator's answer with its latency (served → answered, ms).
+
+        Returns the triplet row id, or None when this exact judgment was already stored.
+        """
+        if choice not in ("j", "k", "skip"):
+            raise ValueError(f"choice must be 'j', 'k' or 'skip', got {choice!r}")
+        answered_at = time.time() if answered_at is None else answered_at
+        latency_ms = max(0, int(round((answered_at - question.served_at) * 1000)))
+        return self.ws.store.add_triplet(
+            question.anchor, question.ref_j, question.ref_k, choice, self.source,
+            latency_ms=latency_ms, rep=question.rep,
+        )
+
+    def progress(self) -> dict[str, int]:
+        """This annotator's stored answers: total, skips, repeats."""
+        rows = self.ws.store.triplets(source=self.source)
+        return {
+            "answered": len(rows),
+            "skips": sum(r["choice"] == "skip" for r in rows),
+            "repeats": sum(int(r.get("rep") or 0) > 0 for r in rows),
+        }
+
+
+def annotators(store: Any) -> list[str]:
+    """Names of every annotator with at least one stored expert judgment, sorted."""
+    return sorted({a for r in store.expert_triplets() if (a := annotator_of(r["source"]))})
+
+
+def combinations_count(n_images: int) -> int:
+    """Number of distinct triplets (anchor, unordered reference pair) over n photos."""
+    return n_images * math.comb(max(n_images - 1, 0), 2)
