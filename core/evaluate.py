@@ -53,10 +53,15 @@ def run_image_distances(ws: Workspace, run: dict) -> tuple[list[str], np.ndarray
     return list(ids), np.asarray(D, dtype=np.float64)
 
 
-def embedding_runs(ws: Workspace) -> list[dict]:
-    """Finished runs (newest first) whose image distances can be evaluated."""
+def embedding_runs(ws: Workspace, include_ablation: bool = False) -> list[dict]:
+    """Finished runs (newest first) whose image distances can be evaluated.
+
+    Runs trained for an ablation cell (tagged ``metrics["ablation_cell"]`` by
+    :mod:`core.ablate`) are left out unless ``include_ablation``.
+    """
     return [r for r in ws.store.runs(status="done")
-            if "modality" in r["config"] and has_embeddings(ws, r)]
+            if "modality" in r["config"] and has_embeddings(ws, r)
+            and (include_ablation or "ablation_cell" not in r["metrics"])]
 
 
 def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
@@ -205,7 +210,7 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
 
 
 def run_report(ws: Workspace, vision: int | None = None, text: int | None = None, alpha: float = DEFAULT_ALPHA,
-               n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+               n_boot: int = 1000, seed: int = 0, include_ablation: bool = False) -> dict[str, Any]:
     """Compute fusions, evaluate every embedding run, write the report; returns {rows, paths, run_id}."""
     expert = ws.store.expert_triplets()
     if not expert:
@@ -213,7 +218,8 @@ def run_report(ws: Workspace, vision: int | None = None, text: int | None = None
     if not embedding_runs(ws):
         raise ValueError(f"workspace {ws.root} has no finished runs with image embeddings")
     v, t = pick_input(ws, "vision", vision), pick_input(ws, "text", text)
-    config = {"vision": v and v["id"], "text": t and t["id"], "alpha": alpha, "n_boot": n_boot}
+    config = {"vision": v and v["id"], "text": t and t["id"], "alpha": alpha, "n_boot": n_boot,
+              "include_ablation": include_ablation}
     report_id = ws.store.start_run("report", config, seed=seed, name="agreement report")
     try:
         fusions = {}
@@ -224,7 +230,7 @@ def run_report(ws: Workspace, vision: int | None = None, text: int | None = None
                       f"run {fusions[method]}{' (reused)' if reused else ''}")
         else:
             print(f"no fusion: need a vision and a text run (found vision={config['vision']}, text={config['text']})")
-        rows = build_rows(ws, embedding_runs(ws), expert, n_boot, seed)
+        rows = build_rows(ws, embedding_runs(ws, include_ablation), expert, n_boot, seed)
         paths = write_report(ws, rows, len(expert), n_boot)
         summary = {str(r["run_id"]): {m: r[m] for m in METRICS} for r in rows}
         ws.store.finish_run(report_id, metrics={"runs": summary, "fusion_runs": fusions,
@@ -243,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="vision prior of the uncertainty fusion")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--include-ablation", action="store_true",
+                        help="also list the runs trained by `python -m core.ablate`")
     args = parser.parse_args(argv)
     if not 0 < args.alpha < 1:
         parser.error(f"--alpha must be in (0, 1), got {args.alpha}")
@@ -253,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no workspace at {root} (no triderm.sqlite); import a dataset or train first")
     ws = Workspace(root)
     try:
-        result = run_report(ws, args.vision, args.text, args.alpha, args.n_boot, args.seed)
+        result = run_report(ws, args.vision, args.text, args.alpha, args.n_boot, args.seed,
+                            args.include_ablation)
     except ValueError as exc:
         parser.error(str(exc))
     print(text_table(ws, result["rows"]))

@@ -129,3 +129,80 @@ def test_cli_user_errors_exit_2_and_change_nothing(tmp_path, capsys):
         main(["--workspace", str(ws.root), "--vision", "99"])
     assert err.value.code == 2
     assert len(ws.store.runs()) == n_runs
+
+
+# ---------------------------------------------------------------------------------- ablation
+def _add_llm_source(ws: Workspace, truth: np.ndarray, model: str, flip: float, m: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ids = [f"img{n:02d}" for n in range(N)]
+    D = pairwise_euclidean(truth)
+    for _ in range(m):
+        i, j, k = rng.choice(N, 3, replace=False)
+        choice = "j" if (D[i, j] < D[i, k]) != (rng.random() < flip) else "k"
+        ws.store.add_triplet(ids[i], ids[j], ids[k], choice, f"llm:{model}")
+
+
+@pytest.mark.slow
+def test_text_ablation_rows_shared_cells_and_resume(tmp_path, capsys):
+    from core.ablate import main as ablate_main, run_ablation
+
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    _add_llm_source(ws, truth, "good", flip=0.05, m=600, seed=1)
+    _add_llm_source(ws, truth, "coin", flip=0.5, m=400, seed=2)
+    out = run_ablation(ws, seeds=2, tables=("text",))
+    rows = {s["label"]: s for s in out["summary"]}
+    assert list(rows) == ["dim 2", "dim 3", "dim 4", "dim 5", "dim 6", "budget 0.1%", "budget 1%",
+                          "budget 10%", "budget 100%", "oracle coin", "oracle good"]
+    # default source = the one with most triplets; dim 4 = budget 100 % = oracle good: one cell
+    assert rows["dim 4"]["balanced_mean"] == rows["budget 100%"]["balanced_mean"] == rows["oracle good"]["balanced_mean"]
+    assert out["computed"] == (5 + 3 + 1) * 2 and out["reused"] == 0
+    assert all(s["seeds"] == 2 and s["balanced_sd"] >= 0 for s in out["summary"])
+    assert rows["oracle good"]["balanced_mean"] > rows["oracle coin"]["balanced_mean"] + 0.15
+    assert rows["budget 100%"]["balanced_mean"] > rows["budget 0.1%"]["balanced_mean"] + 0.1
+    assert rows["dim 2"]["paper"] == 62.6
+
+    assert ablate_main(["--workspace", str(ws.root), "--tables", "text", "--seeds", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "cells computed 0, reused 18" in printed and "Table 2a" in printed and "SYNTHETIC" in printed
+    assert (ws.runs_dir / "ablation" / "ablation.md").exists()
+    assert ws.store.runs(kind="ablation")[0]["metrics"]["cells_reused"] == 18
+
+    _add_llm_source(ws, truth, "good", flip=0.05, m=50, seed=3)  # new data invalidates that source's cells
+    again = run_ablation(ws, seeds=2, tables=("text",))
+    assert again["computed"] == (5 + 3 + 1) * 2 - 2 and again["reused"] == 2  # only 'oracle coin' reused
+
+
+def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from core.ablate import run_ablation
+
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    ids = [f"img{n:02d}" for n in range(N)]
+    calls = []
+
+    def fake_train(ws_, progress, seed, pooling, loss, epochs):
+        assert progress is False
+        calls.append((pooling, loss, seed, epochs))
+        quality = {"mean": 0.8, "attention": 0.3}[pooling] + {"vicreg": 0.0, "contrastive": 0.5, "triplet": 0.2}[loss]
+        emb = truth + quality * np.random.default_rng(seed).normal(size=truth.shape)
+        return _add_run(ws_, "vision-triderm", "vision", emb, ids)
+
+    monkeypatch.setitem(sys.modules, "core.train_triderm", types.SimpleNamespace(train=fake_train))
+    out = run_ablation(ws, seeds=3, quick=True, tables=("vision",))
+    assert sorted(set(calls)) == sorted({(p, l, s, 10) for p, l in [("mean", "vicreg"), ("attention", "vicreg"),
+                                                                     ("attention", "contrastive"),
+                                                                     ("attention", "triplet")] for s in range(3)})
+    assert len(calls) == 12  # attention pooling and the VICReg loss row share their cells
+    rows = {s["label"]: s for s in out["summary"]}
+    assert rows["pooling attention"]["balanced_mean"] == rows["loss vicreg"]["balanced_mean"]
+    assert rows["pooling attention"]["balanced_mean"] > rows["pooling mean"]["balanced_mean"]
+    assert run_ablation(ws, seeds=3, quick=True, tables=("vision",))["computed"] == 0 and len(calls) == 12
+
+    # the report keeps ablation-trained runs out of Table 1 and of the fusion inputs
+    main_run = _add_run(ws, "vision-triderm", "vision", truth, ids)
+    _add_run(ws, "vision-triderm", "vision", truth, ids)
+    ws.store.update_run(ws.store.runs()[0]["id"], metrics={"ablation_cell": "x"})
+    assert [r["run_id"] for r in run_report(ws, n_boot=20)["rows"]] == [main_run]
+    assert len(run_report(ws, n_boot=20, include_ablation=True)["rows"]) == 14
