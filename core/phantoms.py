@@ -67,7 +67,7 @@ CONCEPTS = (
     "fibrotic_border", "scarring", "deep", "superficial",
 )
 # Presence thresholds shared by truth/concepts.csv and the description generator.
-THRESHOLDS = {"granulation": 0.35, "fibrin": 0.08, "crust": 0.08, "erythema": 0.35,
+THRESHOLDS = {"granulation": 0.2, "fibrin": 0.08, "crust": 0.08, "erythema": 0.35,
               "deep": 0.6, "superficial": 0.3}
 TARGET_AGREEMENT = 0.85
 TARGET_SKIP = 0.05
@@ -142,7 +142,7 @@ def _sample_population(rng: np.random.Generator, n_photos: int, n_patients: int,
     patients: list[dict[str, Any]] = []
     for p in range(n_patients):
         severity = float(rng.standard_normal())
-        age = int(np.clip(round(math.exp(math.log(14) + 0.25 * severity + 0.6 * rng.standard_normal())), 1, 68))
+        age = int(np.clip(round(math.exp(math.log(14) + 0.25 * severity + 0.55 * rng.standard_normal())), 1, 55))
         fitz = int(rng.choice(6, p=[0.14, 0.30, 0.26, 0.15, 0.10, 0.05])) + 1
         patients.append({
             "patient_id": f"pt{p + 1:02d}", "severity": severity, "age": age,
@@ -156,7 +156,7 @@ def _sample_population(rng: np.random.Generator, n_photos: int, n_patients: int,
         n_patients, size=n_photos - n_patients, p=rng.dirichlet(np.full(n_patients, 1.5)))])
     rng.shuffle(owner)
     counts = _counts_per_photo(rng, n_photos, n_wounds)
-    base = np.array([0.6, -1.0, -0.6, -0.3, -1.6])
+    base = np.array([1.4, -1.3, -0.6, -0.3, -2.0])
     load = np.array([-0.5, 0.7, 0.6, 0.4, 0.4])
     chron_load = np.array([-0.4, 0.5, 0.3, -0.2, 0.0])
     regions = list(_REGIONS)
@@ -179,6 +179,7 @@ def _sample_population(rng: np.random.Generator, n_photos: int, n_patients: int,
             f, cr = float(f), float(0.7 * cr)
             if f + cr > 0.9:
                 f, cr = f * 0.9 / (f + cr), cr * 0.9 / (f + cr)
+            g = float(g) * (1.0 - f - cr)  # visible granulation: a share of the uncovered bed
             blog = (np.array([0.5, -0.3 + 0.6 * s + 0.7 * chronic + hk_bonus, -0.5 + 0.5 * chronic,
                               -0.4 + 0.3 * s]) + pat["border_effect"])
             prob = np.exp(blog - blog.max())
@@ -380,11 +381,11 @@ def describe(w: _Wound, rng: np.random.Generator) -> str:
 
     g, f, c, e = a["granulation"], a["fibrin"], a["crust"], a["erythema"]
     clauses: list[tuple[float, str]] = []  # (mention probability, text)
-    if g >= 0.75:
+    if g >= 0.6:
         clauses.append((0.9, _pick(rng, ("bright red granulation tissue covering most of the bed",
                                          "beefy red granulation throughout", "well-granulating wound bed",
                                          "healthy granulation tissue over nearly the entire base"))))
-    elif g >= 0.5:
+    elif g >= 0.4:
         clauses.append((0.85, _pick(rng, ("red granulation tissue over much of the bed",
                                           "good granulation in large parts", "granulating base"))))
     elif g >= THRESHOLDS["granulation"]:
@@ -594,7 +595,11 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
         ys = slice(max(0, int(geo.cy - reach)), min(h, int(geo.cy + reach) + 1))
         xs = slice(max(0, int(geo.cx - reach)), min(w, int(geo.cx + reach) + 1))
         d = _wound_distance(geo, ys, xs, fine)
-        inside = (d < 1) & skin[ys, xs]
+        inside = (d < 1) & skin[ys, xs] & (labels[ys, xs] == 0)
+        comp, ncomp = ndimage.label(inside)
+        if ncomp > 1:  # an outline is one closed region: keep the largest piece
+            inside = comp == 1 + int(np.argmax(np.bincount(comp.ravel())[1:]))
+        inside = ndimage.binary_fill_holes(inside) & (labels[ys, xs] == 0)
         labels[ys, xs][inside] = n
         boxes.append((ys, xs))
         dists.append(d)
@@ -672,7 +677,9 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
             thr = np.quantile(n_f[free_bed], 1 - q)
             fib = expit((n_f - thr) / 0.12).astype(np.float32) * (1 - crust)
         n_g = _fractal(rng, bh, bw, max(3, geo.r / 2.5), 2)
-        thr = np.quantile(n_g[mine], 1 - a["granulation"]) if npx else 0.0
+        rest = mine & (fib < 0.5) & (crust < 0.5)
+        q = min(a["granulation"] * npx / max(int(rest.sum()), 1), 1.0)
+        thr = np.quantile(n_g[rest], 1 - q) if rest.any() else 0.0
         gra = expit((n_g - thr) / 0.25).astype(np.float32)
         granules = _fractal(rng, bh, bw, gran_px, 2)
         gran_col = np.array([0.74, 0.13, 0.13], np.float32) * rng.uniform(0.9, 1.1) \
