@@ -1,0 +1,180 @@
+"""Concept models on the wound phantoms (synthetic): AUROC, heatmap test, concept bottleneck.
+
+    python -m benchmarks.concepts [--workspace WS] [--epochs 40] [--seed 0]
+
+Without ``--workspace`` a phantom dataset is generated and imported into a temporary
+workspace. For the untrained heads and the CLIP, MAKE and ConceptCLIP objectives (towers
+frozen, same split/epochs/seed) it prints:
+
+1. held-out concept-annotation AUROC per phantom-truth concept and the mean (global,
+   local top-k and fused β = 0.5 scores);
+2. the heatmap test: over wounds whose planted fibrin patch is visible in the crop, how
+   often the fibrin heatmap's peak cell lies on that wound's fibrin (truth/fibrin/<id>.png)
+   vs chance (the fraction of cells on fibrin);
+3. the concept bottleneck (fused scores of the truth concepts → ``--target``), top 3
+   concepts per class next to the 3 concepts whose truth prevalence in the class most
+   exceeds their overall prevalence, with the overlap vs the 1/3 expected by chance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from core.concept_scores import ConceptBottleneck, ConceptScorer
+from core.concepts import ConceptTagger, load_vocab
+from core.train_concepts import (TrainConfig, Trainer, WoundPairs, build_text_inputs, concept_auroc, load_pairs,
+                                 split_holdout, target_values, truth_concepts)
+from core.vlm import load_vlm
+
+VARIANTS = ("untrained", "clip", "make", "conceptclip")
+
+
+def phantom_workspace(root: Path, seed: int):  # noqa: ANN201 — Workspace
+    """Generate the phantom demo and import it into a workspace under ``root``."""
+    from annotations.dataset import import_dataset
+    from annotations.workspace import Workspace
+    from core.phantoms import build
+
+    build(root / "dataset", seed=seed)
+    ws = Workspace(root / "ws")
+    import_dataset(ws, root / "dataset")
+    return ws
+
+
+def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> dict[str, float]:  # noqa: ANN001
+    """Fibrin heatmap peak inside the planted fibrin vs chance (see module docstring)."""
+    hits, chance, n = 0, [], 0
+    gh, gw = heat.shape[1:]
+    fib_dir = Path(ws.root) / "truth" / "fibrin"
+    masks: dict[str, np.ndarray] = {}
+    for i, (image_id, wi) in enumerate(pairs.keys):
+        if not truth[i]:
+            continue
+        if image_id not in masks:
+            masks[image_id] = np.asarray(Image.open(fib_dir / f"{image_id}.png"))
+        x0, y0, x1, y1 = pairs.boxes[i]
+        side = x1 - x0
+        ys = np.clip((y0 + (np.arange(gh) + 0.5) * side / gh).astype(int), 0, masks[image_id].shape[0] - 1)
+        xs = np.clip((x0 + (np.arange(gw) + 0.5) * side / gw).astype(int), 0, masks[image_id].shape[1] - 1)
+        on = masks[image_id][np.ix_(ys, xs)] == wi  # gh×gw cell centres on this wound's fibrin
+        if not on.any():
+            continue
+        n += 1
+        r, c = np.unravel_index(np.argmax(heat[i]), heat[i].shape)
+        hits += int(on[r, c])
+        chance.append(on.mean())
+    return {"n": n, "rate": hits / n if n else float("nan"), "chance": float(np.mean(chance)) if n else float("nan")}
+
+
+def truth_lift(labels: np.ndarray, names: list[str], ys: list[str | None], k: int = 3) -> dict[str, list[str]]:
+    """Per class, the k concepts whose truth prevalence most exceeds the overall prevalence."""
+    overall = labels.mean(0)
+    out = {}
+    for cls in sorted({y for y in ys if y is not None}):
+        sel = np.array([y == cls for y in ys])
+        out[cls] = [names[i] for i in np.argsort(-(labels[sel].mean(0) - overall))[:k]]
+    return out
+
+
+def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:  # noqa: ANN001
+    vocab = load_vocab(groups=("wound",))
+    tagger = ConceptTagger(vocab)
+    pairs = load_pairs(ws, size=size)
+    truth = truth_concepts(ws, pairs.keys)
+    if truth is None:
+        raise SystemExit(f"{ws.root}: no phantom truth (truth/concepts.csv) — this benchmark needs the phantom demo")
+    names, labels = truth
+    concepts = [c for c in vocab if c.name in names]
+    held = split_holdout(pairs.patient_ids, 0.3, seed)
+    texts = build_text_inputs(pairs, tagger)
+    model = load_vlm(seed=seed)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    ys = target_values(pairs, target)
+    results: dict[str, Any] = {"n_wounds": len(pairs), "n_heldout": int(held.sum()), "epochs": epochs, "seed": seed,
+                               "synthetic": True, "variants": {}}
+    for variant in VARIANTS:
+        t0 = time.perf_counter()
+        model.load_state_dict(init)
+        trainer = Trainer(model, pairs, texts, TrainConfig(objective="clip" if variant == "untrained" else variant,
+                                                           epochs=epochs, seed=seed))
+        if variant != "untrained":
+            trainer.fit(np.flatnonzero(~held), progress=True)
+        g, patches, grid = trainer.embed()
+        scorer = ConceptScorer(model, concepts)
+        sc = scorer.scores(g, patches)
+        order = [scorer.names.index(n) for n in names]
+        res = {kind: concept_auroc(sc[kind][held][:, order], labels[held], names) for kind in ("global", "local", "fused")}
+        heat = scorer.heatmaps(patches, grid)[:, scorer.names.index("fibrin")]
+        res["heatmap"] = heatmap_test(ws, pairs, heat, labels[:, names.index("fibrin")])
+        known = np.array([y is not None for y in ys])
+        cbm = ConceptBottleneck(names, seed=seed).fit(sc["fused"][known & ~held][:, order],
+                                                      [ys[i] for i in np.flatnonzero(known & ~held)])
+        res["bottleneck_top3"] = cbm.top_concepts(3)
+        res["bottleneck_heldout_accuracy"] = cbm.score(sc["fused"][known & held][:, order],
+                                                       [ys[i] for i in np.flatnonzero(known & held)])
+        res["seconds"] = round(time.perf_counter() - t0, 1)
+        results["variants"][variant] = res
+    results["truth_lift_top3"] = truth_lift(labels[np.array([y is not None for y in ys])], names,
+                                            [y for y in ys if y is not None])
+    results["names"] = names
+    return results
+
+
+def report(res: dict[str, Any]) -> None:
+    names = res["names"]
+    print(f"SYNTHETIC wound phantoms: {res['n_wounds']} wounds, {res['n_heldout']} held out; "
+          f"towers frozen, {res['epochs']} epochs, seed {res['seed']}")
+    print("\nHeld-out concept AUROC (fused β=0.5; global / local means below)")
+    head = f"{'concept':24s}" + "".join(f"{v:>12s}" for v in res["variants"])
+    print(head)
+    for n in [*names, "mean"]:
+        print(f"{n:24s}" + "".join(f"{r['fused'].get(n, float('nan')):12.3f}" for r in res["variants"].values()))
+    for kind in ("global", "local"):
+        print(f"{'mean ' + kind:24s}" + "".join(f"{r[kind].get('mean', float('nan')):12.3f}" for r in res["variants"].values()))
+    print("\nFibrin heatmap peak inside the planted fibrin patch")
+    for v, r in res["variants"].items():
+        h = r["heatmap"]
+        print(f"  {v:12s} {h['rate']:.3f} of {h['n']} wounds  (chance {h['chance']:.3f}, ratio {h['rate'] / h['chance']:.2f}×)")
+    lift = res["truth_lift_top3"]
+    for v, r in res["variants"].items():
+        overlaps = [len(set(n for n, _ in r["bottleneck_top3"][c]) & set(lift[c])) for c in lift]
+        print(f"\nConcept bottleneck ({v}) → target; held-out accuracy {r['bottleneck_heldout_accuracy']:.3f}; "
+              f"top-3 overlap with truth lift {np.mean(overlaps) / 3:.2f} (chance {3 / len(names):.2f})")
+        for c in lift:
+            top = ", ".join(f"{n} ({w:+.2f})" for n, w in r["bottleneck_top3"][c])
+            print(f"  {c:12s} {top:70s} truth: {', '.join(lift[c])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.concepts", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workspace", default=None, help="a phantom workspace (default: generate one in a temp dir)")
+    p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", default="body_region")
+    p.add_argument("--size", type=int, default=160)
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.workspace:
+            from annotations.workspace import Workspace
+
+            ws = Workspace(args.workspace)
+        else:
+            ws = phantom_workspace(Path(tmp), args.seed)
+        res = run(ws, args.epochs, args.seed, args.target, args.size)
+    report(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
