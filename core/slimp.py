@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,6 +340,10 @@ def photo_embeddings(keys: Sequence[tuple[str, int]], wound_emb: np.ndarray) -> 
     return ids, out / counts[:, None]
 
 
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
 def _label_subset(rng: np.random.Generator, y: np.ndarray, fraction: float) -> np.ndarray:
     """Stratified subset: ``fraction`` of the rows, at least one per class."""
     if fraction >= 1.0:
@@ -376,24 +381,26 @@ def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, fraction
     rng = np.random.default_rng(seed)
     scores: dict[str, dict[str, list[float]]] = {f"{f:g}": {"acc": [], "bacc": []} for f in fractions}
     knn: dict[str, list[float]] = {"acc": [], "bacc": []}
-    for train, test in splitter.split(X, y, g):
-        if len(np.unique(y[train])) < 2:
-            continue
-        for f in fractions:
-            for _ in range(1 if f >= 1.0 else draws):
-                sub = train[_label_subset(rng, y[train], f)]
-                if len(np.unique(y[sub])) < 2:
-                    continue
-                clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
-                pred = clf.fit(X[sub], y[sub]).predict(X[test])
-                scores[f"{f:g}"]["acc"].append(accuracy_score(y[test], pred))
-                scores[f"{f:g}"]["bacc"].append(balanced_accuracy_score(y[test], pred))
-        nn_clf = KNeighborsClassifier(n_neighbors=min(k, len(train)), metric="cosine").fit(X[train], y[train])
-        pred = nn_clf.predict(X[test])
-        knn["acc"].append(accuracy_score(y[test], pred))
-        knn["bacc"].append(balanced_accuracy_score(y[test], pred))
-    mean = lambda v: float(np.mean(v)) if v else float("nan")  # noqa: E731
+    with warnings.catch_warnings():  # tiny folds: a class may be absent from a test fold
+        warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
+        warnings.filterwarnings("ignore", message="A single label was found")
+        for train, test in splitter.split(X, y, g):
+            if len(np.unique(y[train])) < 2:
+                continue
+            for f in fractions:
+                for _ in range(1 if f >= 1.0 else draws):
+                    sub = train[_label_subset(rng, y[train], f)]
+                    if len(np.unique(y[sub])) < 2:
+                        continue
+                    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+                    pred = clf.fit(X[sub], y[sub]).predict(X[test])
+                    scores[f"{f:g}"]["acc"].append(accuracy_score(y[test], pred))
+                    scores[f"{f:g}"]["bacc"].append(balanced_accuracy_score(y[test], pred))
+            nn_clf = KNeighborsClassifier(n_neighbors=min(k, len(train)), metric="cosine").fit(X[train], y[train])
+            pred = nn_clf.predict(X[test])
+            knn["acc"].append(accuracy_score(y[test], pred))
+            knn["bacc"].append(balanced_accuracy_score(y[test], pred))
     return {"n": int(len(y)), "classes": {str(c): int(n) for c, n in zip(classes, counts)},
             "majority": float(counts.max() / counts.sum()),
-            "linear": {f: {m: mean(v) for m, v in s.items()} for f, s in scores.items()},
-            "knn": {m: mean(v) for m, v in knn.items()}, "k": k, "folds": int(max(n_folds, 2))}
+            "linear": {f: {m: _mean(v) for m, v in s.items()} for f, s in scores.items()},
+            "knn": {m: _mean(v) for m, v in knn.items()}, "k": k, "folds": int(max(n_folds, 2))}

@@ -411,14 +411,14 @@ def main(argv: list[str] | None = None) -> int:
                 if k in sums:
                     history[k].append(sums[k])
             if rank == 0:
-                bar.set_postfix(loss=f"{sums['loss']:.4f}", tau=f"{1 / float(model.criterion.logit_scale):.4f}")
+                bar.set_postfix(loss=f"{sums['loss']:.4f}", tau=f"{1 / model.criterion.logit_scale.item():.4f}")
                 torch.save({"args": {k: getattr(args, k) for k in TRAIN_KEYS}, "model_config": model.config,
                             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
                             "losses": losses, "history": history, "run_id": run_id}, run_dir / "checkpoint.tmp")
                 (run_dir / "checkpoint.tmp").replace(run_dir / "checkpoint.pt")
                 ws.store.update_run(run_id, progress=(epoch + 1) / args.epochs,
                                     metrics={"loss": losses, **history,
-                                             "temperature": 1 / float(model.criterion.logit_scale),
+                                             "temperature": 1 / model.criterion.logit_scale.item(),
                                              "epoch_seconds": round(time.perf_counter() - t0, 2)},
                                     artifacts={"checkpoint": str(run_dir / "checkpoint.pt")})
         if rank == 0:
