@@ -1,0 +1,249 @@
+"""Soft Ordinal Embedding (SOE) of triplet judgments.
+
+Terada & von Luxburg, "Local ordinal embedding", ICML 2014 (SOE objective), as used by
+TriDerm (paper §2.2 eq. 2, §3.2; METHODS.md §1 "Text"): for every triplet (i, j, k) meaning
+"i is closer to j than to k" the loss is the hinge on squared distances
+
+    L = Σ max(0, δ + ‖F_i − F_j‖² − ‖F_i − F_k‖²),
+
+minimised with Adam (AMSGrad), anchor-balanced so that every anchor weighs the same.
+
+Two protocols share one estimator:
+
+- ``SOE.paper_protocol()``: the paper's settings — δ = 0, lr 0.05, mini-batches of 2048
+  triplets resampled anchor-balanced each epoch, 50 epochs, init scale 0.1. With δ = 0
+  the collapsed embedding is a zero-loss solution, so this protocol underfits (the
+  embedding shrinks while it orders the triplets; see ``benchmarks/soe.py``).
+- the default: δ = 0.1 and full-batch steps. With full batches the anchor balancing is
+  exact (each triplet weighs 1 / (#anchors · #triplets of its anchor), which is the
+  expectation of the per-epoch resampling), every step is one vectorised pass over all
+  triplets, and the positive margin fixes the scale so the hinge keeps pushing
+  violated and barely satisfied triplets apart. ``benchmarks/soe.py`` measures both.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+
+from core.device import pick_device
+
+
+def hinge_sq(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, margin: float) -> torch.Tensor:
+    """Per-triplet SOE hinge max(0, δ + ‖x_a − x_b‖² − ‖x_a − x_c‖²) (TriDerm eq. 2)."""
+    d_ab = (x[a] - x[b]).pow(2).sum(1)
+    d_ac = (x[a] - x[c]).pow(2).sum(1)
+    return (margin + d_ab - d_ac).clamp_min(0)
+
+
+def hinge_sq_loss_and_grad(
+    x: torch.Tensor, ab: torch.Tensor, ac: torch.Tensor, w: torch.Tensor, margin: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted SOE hinge Σ_t w_t·max(0, δ + D[a,b] − D[a,c]) and its gradient w.r.t. ``x``.
+
+    Same loss as :func:`hinge_sq`, computed through the n×n squared-distance matrix D:
+    ``ab``/``ac`` are flat indices a·n + b and a·n + c, so each step gathers one scalar
+    per triplet and scatters the hinge's sub-gradient ±w_t into an n×n matrix G. With
+    S = G + Gᵀ, ∂L/∂x = 2·(diag(S·1) − S)·x. For the small n of triplet studies this
+    is several times cheaper than autograd through per-triplet coordinate gathers.
+    """
+    n = x.shape[0]
+    sq = x.pow(2).sum(1)
+    dist = (sq[:, None] + sq[None, :] - 2 * x @ x.T).reshape(-1)
+    viol = margin + dist[ab] - dist[ac]
+    wa = torch.where(viol > 0, w, torch.zeros((), dtype=w.dtype, device=w.device))
+    loss = (wa * viol).sum()
+    g = torch.zeros(n * n, dtype=x.dtype, device=x.device)
+    g.index_add_(0, ab, wa).index_add_(0, ac, -wa)
+    g = g.reshape(n, n)
+    s = g + g.T
+    grad = 2 * (s.sum(1, keepdim=True) * x - s @ x)
+    return loss, grad
+
+
+def validate_triplets(triplets: Any, n_objects: int | None = None, name: str = "triplets") -> np.ndarray:
+    """Return ``triplets`` as an int64 (m, 3) array; raise ValueError naming the first bad row."""
+    try:
+        t = np.asarray(triplets)
+    except Exception as exc:  # ragged nested lists
+        raise ValueError(f"{name} must be an (m, 3) array of integer object indices: {exc}") from exc
+    if t.size == 0:
+        raise ValueError(f"{name} is empty; need at least one triplet (i, j, k)")
+    if t.ndim != 2 or t.shape[1] != 3:
+        raise ValueError(f"{name} must have shape (m, 3) [anchor, closer, farther], got {t.shape}")
+    if not np.issubdtype(t.dtype, np.integer):
+        if not np.issubdtype(t.dtype, np.floating) or not np.all(np.isfinite(t)) or np.any(t != np.round(t)):
+            raise ValueError(f"{name} must hold integer object indices, got dtype {t.dtype}")
+    t = t.astype(np.int64)
+    if t.min() < 0:
+        row = int(np.flatnonzero((t < 0).any(1))[0])
+        raise ValueError(f"{name} row {row} has a negative index: {t[row].tolist()}")
+    if n_objects is not None and t.max() >= n_objects:
+        row = int(np.flatnonzero((t >= n_objects).any(1))[0])
+        raise ValueError(f"{name} row {row} = {t[row].tolist()} has an index ≥ n_objects={n_objects}")
+    same = (t[:, 0] == t[:, 1]) | (t[:, 0] == t[:, 2]) | (t[:, 1] == t[:, 2])
+    if same.any():
+        row = int(np.flatnonzero(same)[0])
+        raise ValueError(f"{name} row {row} = {t[row].tolist()} repeats an object; i, j, k must differ")
+    return t
+
+
+def triplet_margins(embedding: np.ndarray, triplets: np.ndarray) -> np.ndarray:
+    """‖x_i − x_k‖² − ‖x_i − x_j‖² per triplet: > 0 when the embedding satisfies it."""
+    x = np.asarray(embedding, dtype=np.float64)
+    t = np.asarray(triplets, dtype=np.int64)
+    return ((x[t[:, 0]] - x[t[:, 2]]) ** 2).sum(1) - ((x[t[:, 0]] - x[t[:, 1]]) ** 2).sum(1)
+
+
+class SOE(BaseEstimator):
+    """Soft Ordinal Embedding estimator (scikit-learn style).
+
+    Parameters
+    ----------
+    n_components : embedding dimension (TriDerm: 4).
+    margin : hinge margin δ on squared distances (paper: 0; default 0.1, see module doc).
+    lr : Adam learning rate (paper: 0.05).
+    batch_size : triplets per step; ``None`` = full batch (exact anchor weights).
+    epochs : passes over the triplets (full batch: optimisation steps).
+    anchor_balanced : weigh every anchor equally (paper: resampled each epoch).
+    init_scale : standard deviation of the Gaussian initial embedding (paper: 0.1).
+    random_state : seed; the same seed gives the same embedding on the same device.
+    device : ``"cpu"``, ``"cuda"`` or ``None`` (CUDA when available).
+
+    Attributes
+    ----------
+    embedding_ : (n_objects, n_components) float array.
+    loss_curve_ : mean hinge loss per epoch.
+    n_objects_ : number of embedded objects.
+    """
+
+    def __init__(
+        self,
+        n_components: int = 4,
+        margin: float = 0.1,
+        lr: float = 0.05,
+        batch_size: int | None = None,
+        epochs: int = 100,
+        anchor_balanced: bool = True,
+        init_scale: float = 0.1,
+        random_state: int | None = None,
+        device: str | None = None,
+    ) -> None:
+        self.n_components = n_components
+        self.margin = margin
+        self.lr = lr
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self.anchor_balanced = anchor_balanced
+        self.init_scale = init_scale
+        self.random_state = random_state
+        self.device = device
+
+    @classmethod
+    def paper_protocol(cls, **overrides: Any) -> "SOE":
+        """The TriDerm paper's settings (§3.2): δ = 0, lr 0.05, batch 2048, 50 epochs, init 0.1."""
+        params = dict(margin=0.0, lr=0.05, batch_size=2048, epochs=50, anchor_balanced=True, init_scale=0.1)
+        params.update(overrides)
+        return cls(**params)
+
+    def _check_params(self) -> None:
+        if not (isinstance(self.n_components, (int, np.integer)) and self.n_components >= 1):
+            raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
+        if not self.margin >= 0:
+            raise ValueError(f"margin must be ≥ 0, got {self.margin!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.batch_size is not None and not (isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1):
+            raise ValueError(f"batch_size must be a positive integer or None (full batch), got {self.batch_size!r}")
+        if not (isinstance(self.epochs, (int, np.integer)) and self.epochs >= 1):
+            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
+        if not self.init_scale > 0:
+            raise ValueError(f"init_scale must be > 0, got {self.init_scale!r}")
+
+    def fit(self, triplets: Any, n_objects: int | None = None, init: np.ndarray | None = None) -> "SOE":
+        """Fit the embedding to ``triplets`` rows (i, j, k) = "i closer to j than to k".
+
+        ``n_objects`` defaults to max index + 1. ``init`` (n_objects × n_components)
+        warm-starts the optimisation (used by active selection between refits).
+        """
+        self._check_params()
+        if n_objects is not None and not (isinstance(n_objects, (int, np.integer)) and n_objects >= 3):
+            raise ValueError(f"n_objects must be an integer ≥ 3, got {n_objects!r}")
+        t_np = validate_triplets(triplets, n_objects)
+        n = int(n_objects) if n_objects is not None else int(t_np.max()) + 1
+        device = torch.device(self.device) if self.device else pick_device()
+        gen = torch.Generator()
+        if self.random_state is None:
+            gen.seed()
+        else:
+            gen.manual_seed(int(self.random_state))
+        if init is not None:
+            x0 = torch.as_tensor(np.asarray(init, dtype=np.float32))
+            if tuple(x0.shape) != (n, self.n_components):
+                raise ValueError(f"init must have shape ({n}, {self.n_components}), got {tuple(x0.shape)}")
+        else:
+            x0 = torch.randn(n, self.n_components, generator=gen) * self.init_scale
+        x = x0.to(device).requires_grad_(True)
+        t = torch.as_tensor(t_np, device=device)
+        ab = t[:, 0] * n + t[:, 1]
+        ac = t[:, 0] * n + t[:, 2]
+        m = len(t_np)
+        counts = torch.bincount(t[:, 0], minlength=n).float()
+        if self.anchor_balanced:
+            w = 1.0 / (counts[t[:, 0]] * (counts > 0).sum())
+        else:
+            w = torch.full((m,), 1.0 / m, device=device)
+        opt = torch.optim.Adam([x], lr=self.lr, amsgrad=True)
+        full = self.batch_size is None or self.batch_size >= m
+        curve: list[float] = []
+        for _ in range(self.epochs):
+            if full:
+                loss, grad = hinge_sq_loss_and_grad(x.detach(), ab, ac, w, self.margin)
+                x.grad = grad
+                opt.step()
+                curve.append(float(loss))
+                continue
+            # Resampling: anchor-balanced draws triplet t with probability w_t (with replacement).
+            if self.anchor_balanced:
+                order = torch.multinomial(w.cpu(), m, replacement=True, generator=gen).to(device)
+            else:
+                order = torch.randperm(m, generator=gen).to(device)
+            total = torch.zeros((), device=device)
+            for start in range(0, m, self.batch_size):
+                idx = order[start:start + self.batch_size]
+                uniform = torch.full((len(idx),), 1.0 / len(idx), device=device)
+                loss, grad = hinge_sq_loss_and_grad(x.detach(), ab[idx], ac[idx], uniform, self.margin)
+                x.grad = grad
+                opt.step()
+                total += loss * len(idx)
+            curve.append(float(total) / m)
+        self.embedding_ = x.detach().cpu().numpy().astype(np.float64)
+        self.loss_curve_ = curve
+        self.n_objects_ = n
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "embedding_"):
+            raise ValueError("this SOE instance is not fitted yet; call fit(triplets, n_objects) first")
+
+    def transform(self, objects: Any = None) -> np.ndarray:
+        """Embedding rows of ``objects`` (indices; all objects when None). SOE is transductive."""
+        self._check_fitted()
+        if objects is None:
+            return self.embedding_.copy()
+        idx = np.asarray(objects, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.n_objects_):
+            raise ValueError(f"object indices must lie in [0, {self.n_objects_})")
+        return self.embedding_[idx]
+
+    def fit_transform(self, triplets: Any, n_objects: int | None = None) -> np.ndarray:
+        """Fit and return ``embedding_``."""
+        return self.fit(triplets, n_objects).embedding_.copy()
+
+    def score(self, triplets: Any) -> float:
+        """Fraction of ``triplets`` (i, j, k) the embedding satisfies strictly (d_ij < d_ik)."""
+        self._check_fitted()
+        t = validate_triplets(triplets, self.n_objects_)
+        return float((triplet_margins(self.embedding_, t) > 0).mean())
