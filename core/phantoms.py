@@ -700,7 +700,8 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
         bed = bed * (1 - crust[..., None]) + crust_col * crust[..., None]
         # Depth: a bowl with steep walls, darkened at the bottom (ambient occlusion).
         depth_px = 0.5 + a["depth"] * (0.28 * geo.r + 2)
-        bowl = np.clip((1 - d) / 0.35, 0, 1) ** 0.8
+        smooth_d = d - 0.045 * fine[ys, xs]  # the bowl follows the outline, not its pixel jitter
+        bowl = np.clip((1 - smooth_d) / 0.35, 0, 1) ** 0.8
         bed *= (1 - 0.3 * a["depth"] * bowl)[..., None]
         patch = col[ys, xs]
         col[ys, xs] = patch * (1 - alpha[..., None]) + bed * alpha[..., None]
@@ -802,8 +803,9 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
         raise ValueError(f"--patients must be in [1, photos={photos}], got {patients}")
     if not photos <= wounds <= MAX_WOUNDS_PER_PHOTO * photos or wounds > 255 * photos:
         raise ValueError(f"--wounds must be in [photos={photos}, {MAX_WOUNDS_PER_PHOTO * photos}], got {wounds}")
-    if triplets < 0:
-        raise ValueError(f"--triplets must be ≥ 0, got {triplets}")
+    capacity = photos * (photos - 1) * (photos - 2) // 2
+    if not 0 <= triplets <= capacity:
+        raise ValueError(f"--triplets must be in [0, {capacity}] (distinct triplets of {photos} photos), got {triplets}")
     t0 = time.perf_counter()
     out = Path(out)
     rng = np.random.default_rng([seed, 1])
@@ -941,10 +943,9 @@ def montage(dataset_dir: str | Path, n: int = 12, cols: int = 4, tile: tuple[int
         img = Image.open(path).convert("RGB")
         if outlines and (root / "masks" / path.name).is_file():
             lab = np.asarray(Image.open(root / "masks" / path.name))
-            edge = (lab > 0) & (ndimage.grey_erosion(lab, size=3) != lab) | \
-                   (ndimage.grey_dilation(lab, size=3) != lab) & (lab > 0)
+            edge = (lab > 0) & (ndimage.grey_erosion(lab, size=3) != lab)
             arr = np.asarray(img).copy()
-            arr[edge] = (arr[edge] * 0.3 + np.array([0, 230, 255]) * 0.7).astype(np.uint8)
+            arr[edge] = (arr[edge] * 0.45 + np.array([0, 230, 255]) * 0.55).astype(np.uint8)
             img = Image.fromarray(arr)
         img.thumbnail((tw, th), Image.LANCZOS)
         x = pad + (idx % cols) * (tw + pad) + (tw - img.width) // 2
@@ -986,7 +987,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.montage is not None:
         args.montage.parent.mkdir(parents=True, exist_ok=True)
-        montage(args.out).save(args.montage, format="PNG", optimize=True)
+        sheet = montage(args.out).quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.FLOYDSTEINBERG)
+        sheet.save(args.montage, format="PNG", optimize=True)  # a 256-colour palette keeps the docs file small
         summary["montage"] = str(args.montage)
     print(json.dumps(summary, indent=1))
     return 0

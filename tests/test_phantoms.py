@@ -1,0 +1,210 @@
+"""Wound phantoms (core.phantoms): layout, counts, determinism, masks, latent truth and oracle."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import ndimage
+
+from core.phantoms import (CONCEPTS, LATENT_FEATURES, build, calibrate_oracle, expert_rng, load_truth, main,
+                           montage)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("phantoms_small") / "d"
+    build(out, seed=3, photos=6, patients=3, wounds=14, triplets=40)
+    return out
+
+
+def test_default_counts_match_reference_study(demo_dataset: Path) -> None:
+    images, wounds = _rows(demo_dataset / "images.csv"), _rows(demo_dataset / "wounds.csv")
+    patients, triplets = _rows(demo_dataset / "patients.csv"), _rows(demo_dataset / "triplets.csv")
+    assert len(images) == 53 and len(patients) == 21 and len(wounds) == 120 and len(triplets) == 513
+    assert len(list((demo_dataset / "images").glob("*.png"))) == 53
+    assert {r["patient_id"] for r in images} == {r["patient_id"] for r in patients}
+    per_photo = np.bincount([int(r["image_id"][2:]) for r in wounds])[1:]
+    assert per_photo.min() >= 1 and per_photo.max() == 16 and per_photo.sum() == 120
+    meta = json.loads((demo_dataset / "dataset.json").read_text())
+    assert meta["synthetic"] is True and "synthetic" in meta["name"] and meta["seed"] == 0
+    assert list(triplets[0]) == ["anchor", "ref_j", "ref_k", "choice", "annotator", "latency_ms"]
+
+
+def test_triplets_unique_distinct_and_skip_rate(demo_dataset: Path) -> None:
+    trip = _rows(demo_dataset / "triplets.csv")
+    keys = [(r["anchor"], r["ref_j"], r["ref_k"]) for r in trip]
+    assert len(set(keys)) == len(keys)
+    assert all(len(set(k)) == 3 for k in keys)
+    assert {r["choice"] for r in trip} <= {"j", "k", "skip"}
+    assert {r["annotator"] for r in trip} == {"phantom-expert"}
+    skip = np.mean([r["choice"] == "skip" for r in trip])
+    assert 0.02 <= skip <= 0.09
+
+
+def test_masks_match_wounds_and_images(demo_dataset: Path) -> None:
+    wounds = _rows(demo_dataset / "wounds.csv")
+    by_image: dict[str, set[int]] = {}
+    for r in wounds:
+        by_image.setdefault(r["image_id"], set()).add(int(r["wound_index"]))
+    for image_id, idx in by_image.items():
+        img = Image.open(demo_dataset / "images" / f"{image_id}.png")
+        mask_img = Image.open(demo_dataset / "masks" / f"{image_id}.png")
+        assert img.mode == "RGB" and mask_img.mode == "L" and img.size == mask_img.size
+        mask = np.asarray(mask_img)
+        labels = set(np.unique(mask).tolist()) - {0}
+        assert labels == idx == set(range(1, len(idx) + 1)), image_id
+        counts = np.bincount(mask.ravel())
+        assert counts[1:].min() >= 60, image_id
+        for label in idx:  # one outline = one connected region (so binary-mask importers agree)
+            assert ndimage.label(mask == label)[1] == 1, (image_id, label)
+
+
+def test_images_look_like_photos_not_flat_fills(demo_dataset: Path) -> None:
+    img = np.asarray(Image.open(demo_dataset / "images" / "ph001.png")).astype(float)
+    mask = np.asarray(Image.open(demo_dataset / "masks" / "ph001.png"))
+    sizes = {Image.open(p).size for p in (demo_dataset / "images").glob("*.png")}
+    assert len(sizes) > 2  # varying photo sizes
+    wound, skin = img[mask > 0], img[mask == 0]
+    assert wound.std(axis=0).min() > 5 and skin.std(axis=0).min() > 3  # texture, lighting
+    assert wound[:, 0].mean() - wound[:, 1].mean() > skin[:, 0].mean() - skin[:, 1].mean()  # wounds redder
+
+
+def test_truth_agreement_of_perfect_embedding(demo_dataset: Path) -> None:
+    truth_rows = _rows(demo_dataset / "truth" / "images.csv")
+    ids = [r["image_id"] for r in truth_rows]
+    Z = np.array([[float(r[f"z_{f}"]) for f in LATENT_FEATURES] for r in truth_rows])
+    D = np.sqrt(((Z[:, None] - Z[None]) ** 2).sum(-1))
+    pos = {im: n for n, im in enumerate(ids)}
+    agree = [D[pos[r["anchor"]], pos[r["ref_j"]]] < D[pos[r["anchor"]], pos[r["ref_k"]]]
+             if r["choice"] == "j" else D[pos[r["anchor"]], pos[r["ref_k"]]] < D[pos[r["anchor"]], pos[r["ref_j"]]]
+             for r in _rows(demo_dataset / "triplets.csv") if r["choice"] != "skip"]
+    assert abs(np.mean(agree) - 0.85) <= 0.04
+    truth = load_truth(demo_dataset)
+    assert np.allclose(truth.distance_matrix(), D)
+    assert abs(truth.expected_agreement() - 0.85) < 0.01
+
+
+def test_oracle_reproduces_expert_answers(demo_dataset: Path) -> None:
+    truth = load_truth(demo_dataset / "truth")
+    rng = expert_rng(truth.seed)
+    trip = _rows(demo_dataset / "triplets.csv")
+    assert [truth.answer(r["anchor"], r["ref_j"], r["ref_k"], rng) for r in trip] == [r["choice"] for r in trip]
+    # Any new triplet is answered, deterministically per generator state.
+    a = [truth.answer(0, 1, 2, np.random.default_rng(9)) for _ in range(3)]
+    assert len(set(a)) == 1 and a[0] in {"j", "k", "skip"}
+    with pytest.raises(ValueError):
+        truth.answer("ph001", "ph001", "ph002", np.random.default_rng(0))
+    with pytest.raises(KeyError):
+        truth.answer("ph001", "nope", "ph002", np.random.default_rng(0))
+
+
+def test_oracle_follows_latent_distance(demo_dataset: Path) -> None:
+    truth = load_truth(demo_dataset)
+    D = truth.distance_matrix()
+    off = D + np.eye(len(D)) * 1e9
+    i = 0
+    near, far = int(np.argmin(off[i])), int(np.argmax(D[i]))
+    p_skip, p_j = truth.probabilities(i, near, far)
+    assert p_j > 0.95 and p_skip < 0.05
+    assert truth.probabilities(i, far, near)[1] < 0.05
+
+
+def test_calibration_hits_targets_on_random_latents() -> None:
+    latent = np.random.default_rng(1).normal(size=(40, 5))
+    for target in (0.75, 0.9):
+        sigma, skip_scale = calibrate_oracle(latent, target_agreement=target)
+        from core.phantoms import PhantomTruth
+        t = PhantomTruth([f"x{n}" for n in range(40)], latent, sigma, skip_scale, 0, [])
+        assert abs(t.expected_agreement() - target) < 0.01
+
+
+def test_truth_concepts_and_fibrin_masks(demo_dataset: Path) -> None:
+    concepts = _rows(demo_dataset / "truth" / "concepts.csv")
+    truth_w = _rows(demo_dataset / "truth" / "wounds.csv")
+    assert len(concepts) == len(truth_w) == 120
+    assert set(concepts[0]) == {"image_id", "wound_index", *CONCEPTS}
+    for c, w in zip(concepts, truth_w):
+        assert int(c["fibrin"]) == (float(w["fibrin"]) >= 0.08)
+        mask = np.asarray(Image.open(demo_dataset / "masks" / f"{w['image_id']}.png"))
+        fib = np.asarray(Image.open(demo_dataset / "truth" / "fibrin" / f"{w['image_id']}.png"))
+        k = int(w["wound_index"])
+        assert fib.shape == mask.shape and np.all(mask[fib == k] == k)
+        share = (fib == k).sum() / (mask == k).sum()
+        assert abs(share - float(w["fibrin"])) < 0.1, (w["image_id"], k)
+    assert all(sum(int(c[k]) for c in concepts) > 5 for k in CONCEPTS)  # every concept occurs
+
+
+def test_descriptions_follow_attributes(demo_dataset: Path) -> None:
+    wounds = _rows(demo_dataset / "wounds.csv")
+    concepts = _rows(demo_dataset / "truth" / "concepts.csv")
+    texts = [r["description"] for r in wounds]
+    assert len(set(texts)) == len(texts)
+    for text, c in zip(texts, concepts):
+        low = text.lower()
+        if "hyperkeratotic" in low:
+            assert c["hyperkeratotic_border"] == "1"
+        if "deep" in low:
+            assert c["deep"] == "1"
+        if ("fibrin" in low or "slough" in low) and not any(n in low for n in ("no fibrin", "without fibrin",
+                                                                              "free of slough", "no slough")):
+            assert c["fibrin"] == "1", text
+    assert any("no " in t.lower() or "without" in t.lower() for t in texts)  # negations occur
+    assert sum("hemorrhagic" in t.lower() for t in texts) > 5 and sum("erythema" in t.lower() for t in texts) > 10
+
+
+def test_metadata_has_realistic_missing_values(demo_dataset: Path) -> None:
+    wounds = _rows(demo_dataset / "wounds.csv")
+    patients = _rows(demo_dataset / "patients.csv")
+    cells = [r[k] for r in wounds for k in ("anatomical_site", "size_cm", "duration_weeks")]
+    cells += [r[k] for r in patients for k in ("age", "sex", "fitzpatrick")]
+    missing = np.mean([c == "" for c in cells])
+    assert 0.02 <= missing <= 0.12
+    sizes = [float(r["size_cm"]) for r in wounds if r["size_cm"]]
+    assert 0.3 <= min(sizes) and max(sizes) <= 14
+
+
+def test_deterministic_per_seed(small: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    build(again, seed=3, photos=6, patients=3, wounds=14, triplets=40)
+    files = sorted(p.relative_to(small) for p in small.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert all((small / f).read_bytes() == (again / f).read_bytes() for f in files)
+    other = tmp_path / "other"
+    build(other, seed=4, photos=6, patients=3, wounds=14, triplets=40)
+    assert (other / "images" / "ph001.png").read_bytes() != (small / "images" / "ph001.png").read_bytes()
+
+
+def test_small_build_counts(small: Path) -> None:
+    assert len(_rows(small / "wounds.csv")) == 14 and len(_rows(small / "triplets.csv")) == 40
+    assert len(_rows(small / "patients.csv")) == 3 and len(list((small / "images").iterdir())) == 6
+
+
+def test_montage_is_labelled_grid(small: Path) -> None:
+    sheet = montage(small, n=12)
+    assert sheet.mode == "RGB" and sheet.width > 600 and sheet.height > 200
+    assert np.asarray(sheet)[:40].std() > 5  # caption strip holds text
+
+
+def test_cli_rejects_bad_input(tmp_path: Path, capsys) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(foreign)])
+    assert exc.value.code == 2 and "refusing to overwrite" in capsys.readouterr().err
+    assert (foreign / "keep.txt").read_text() == "x" and not (foreign / "images").exists()
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x"), "--photos", "4", "--patients", "2", "--wounds", "5", "--triplets", "99"])
+    assert exc.value.code == 2 and "triplets" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "y"), "--photos", "4", "--wounds", "80"])
+    assert exc.value.code == 2
