@@ -1,0 +1,219 @@
+"""Page-independent logic behind the app: workspace choice, sign-in gate, overview, outlines.
+
+Nothing here imports Streamlit, so every rule the pages apply is testable on its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from annotations.dataset import wound_geometry
+from annotations.workspace import ENV_VAR, Workspace, resolve_workspace
+
+ACCESS_ENV = "TRIDERM_ACCESS_CODE"
+NAME_RE = re.compile(r"^[\w][\w .'-]{0,47}$")
+
+#: Overview targets (store meta keys, defaults). The paper's expert answered 513 triplets.
+TARGETS = {"target_expert_triplets": 513, "target_per_annotator": 100}
+
+
+# -- workspace and sign-in ----------------------------------------------------------------------
+def workspace_root(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> Path:
+    """The app's workspace: ``--workspace PATH`` after ``streamlit run app.py --``, else
+    ``$TRIDERM_WORKSPACE``, else ``./workspace``."""
+    path: str | None = None
+    args = list(argv)
+    for n, arg in enumerate(args):
+        if arg == "--workspace" and n + 1 < len(args):
+            path = args[n + 1]
+        elif arg.startswith("--workspace="):
+            path = arg.split("=", 1)[1]
+    if path is None:
+        path = environ.get(ENV_VAR) or None
+    return resolve_workspace(path).resolve()
+
+
+def required_access_code(environ: Mapping[str, str] = os.environ, secrets: Mapping[str, Any] | None = None) -> str | None:
+    """The access code every visitor must give: ``$TRIDERM_ACCESS_CODE``, else the
+    ``access_code`` Streamlit secret; None when neither is set (open access)."""
+    code = environ.get(ACCESS_ENV)
+    if not code and secrets is not None:
+        try:
+            code = secrets.get("access_code")
+        except Exception:  # no secrets file: Streamlit raises on access
+            code = None
+    return str(code) if code else None
+
+
+def access_granted(given: str | None, required: str | None) -> bool:
+    """Constant-time check of the code a visitor typed."""
+    if required is None:
+        return True
+    return given is not None and hmac.compare_digest(given.encode(), required.encode())
+
+
+def clean_annotator_name(name: str) -> str:
+    """A trimmed annotator name: letters, digits, space, ``.'-_``, at most 48 characters."""
+    name = " ".join((name or "").split())
+    if not name:
+        raise ValueError("Enter your name to sign in.")
+    if not NAME_RE.match(name):
+        raise ValueError("Names may use letters, digits, spaces and . ' - _ (at most 48 characters).")
+    return name
+
+
+# -- overview -----------------------------------------------------------------------------------
+def target(ws: Workspace, key: str) -> int:
+    return int(ws.store.get_meta(key, TARGETS[key]))
+
+
+def overview(ws: Workspace) -> dict[str, Any]:
+    """Counts and progress toward the workspace's targets for the home page."""
+    counts = ws.store.counts()
+    n = counts["images"]
+    combos = n * math.comb(max(n - 1, 0), 2)
+    sources = ws.store.triplet_sources()
+    return {
+        **counts,
+        "annotators": sorted(s.split(":", 1)[1] for s in sources if s.startswith("expert:")),
+        "llm_models": sorted(s.split(":", 1)[1] for s in sources if s.startswith("llm:")),
+        "progress": {
+            "photos outlined": (counts["images_with_wounds"], n),
+            "wounds described": (counts["described_wounds"], counts["wounds"]),
+            "expert triplets": (counts["expert_triplets"], target(ws, "target_expert_triplets")),
+            "LLM triplets (all combinations)": (counts["llm_triplets"], combos),
+        },
+    }
+
+
+# -- outlines from the drawing canvas -------------------------------------------------------------
+def _points_of_path(path: list) -> list[tuple[float, float]]:
+    """Vertices of a Fabric.js path (M/L/Q/C commands; curves by their end and control points)."""
+    pts: list[tuple[float, float]] = []
+    for cmd in path:
+        nums = [float(v) for v in cmd[1:]]
+        pts.extend(zip(nums[0::2], nums[1::2]))
+    return pts
+
+
+def canvas_outlines(json_data: Mapping[str, Any] | None) -> list[list[tuple[float, float]]]:
+    """Closed outlines (canvas pixels) of every polygon, freehand path or rectangle drawn."""
+    outlines = []
+    for obj in (json_data or {}).get("objects", []):
+        kind = str(obj.get("type", "")).lower()
+        if kind in ("polygon", "polyline"):
+            pts = [(float(p["x"]), float(p["y"])) for p in obj.get("points", [])]
+        elif kind == "path":
+            pts = _points_of_path(obj.get("path") or [])
+        elif kind == "rect":
+            x, y = float(obj["left"]), float(obj["top"])
+            w, h = float(obj["width"]) * obj.get("scaleX", 1), float(obj["height"]) * obj.get("scaleY", 1)
+            outlines.append([(x, y), (x + w, y), (x + w, y + h), (x, y + h)])
+            continue
+        else:
+            continue
+        if len(pts) < 3:
+            continue
+        # Points are scene coordinates when drawn; an edited (moved/scaled) object shifts them.
+        sw = float(obj.get("strokeWidth", 0) or 0)
+        sx, sy = float(obj.get("scaleX", 1) or 1), float(obj.get("scaleY", 1) or 1)
+        x0, y0 = min(p[0] for p in pts), min(p[1] for p in pts)
+        left = float(obj.get("left", x0 - sw / 2))
+        top = float(obj.get("top", y0 - sw / 2))
+        if obj.get("originX") == "center":
+            left -= (max(p[0] for p in pts) - x0 + sw) * sx / 2
+        if obj.get("originY") == "center":
+            top -= (max(p[1] for p in pts) - y0 + sw) * sy / 2
+        outlines.append([(left + (x - x0 + sw / 2) * sx, top + (y - y0 + sw / 2) * sy) for x, y in pts])
+    return outlines
+
+
+def rasterise(outline: Sequence[tuple[float, float]], shape: tuple[int, int], scale: float = 1.0) -> np.ndarray:
+    """Boolean H×W mask of the closed outline, its coordinates multiplied by ``scale``."""
+    h, w = shape
+    canvas = Image.new("L", (w, h), 0)
+    ImageDraw.Draw(canvas).polygon([(x * scale, y * scale) for x, y in outline], fill=1, outline=1)
+    return np.asarray(canvas, dtype=bool)
+
+
+def add_wound(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int | None = None,
+              description: str = "", metadata: dict | None = None) -> int:
+    """Write a drawn region into the photo's label mask and the store; returns the wound index.
+
+    A new wound (``wound_index`` None) takes the next free index and only claims skin pixels,
+    never another wound's; redrawing an existing wound replaces its outline. Raises
+    ValueError when the region is empty or lies entirely on other wounds.
+    """
+    labels = ws.load_mask(image_id).copy()
+    if region.shape != labels.shape:
+        raise ValueError(f"outline is {region.shape}, photo {image_id} is {labels.shape}")
+    existing = {w["wound_index"]: w for w in ws.store.wounds(image_id)}
+    if wound_index is None:
+        wound_index = max([*existing, int(labels.max(initial=0))], default=0) + 1
+    else:
+        labels[labels == wound_index] = 0
+    claim = region & (labels == 0)
+    if not claim.any():
+        raise ValueError("The outline is empty or lies entirely on wounds already outlined.")
+    labels[claim] = wound_index
+    area, bbox = wound_geometry(labels, wound_index)
+    old = existing.get(wound_index, {})
+    ws.save_mask(image_id, labels)
+    ws.store.upsert_wound(image_id, wound_index, area, bbox,
+                          description if description else old.get("description", ""),
+                          metadata if metadata is not None else old.get("metadata"))
+    return wound_index
+
+
+def update_wound_text(ws: Workspace, image_id: str, wound_index: int, description: str, metadata: dict) -> None:
+    """Save a wound's description and metadata, keeping its outline."""
+    wound = next((w for w in ws.store.wounds(image_id) if w["wound_index"] == wound_index), None)
+    if wound is None:
+        raise KeyError(f"photo {image_id} has no wound {wound_index}")
+    clean = {k: v for k, v in metadata.items() if v not in (None, "")}
+    ws.store.upsert_wound(image_id, wound_index, wound["area"], wound["bbox"], description.strip(), clean)
+
+
+def delete_wound(ws: Workspace, image_id: str, wound_index: int) -> None:
+    """Remove a wound from the label mask and the store (other wounds keep their numbers)."""
+    labels = ws.load_mask(image_id).copy()
+    labels[labels == wound_index] = 0
+    ws.save_mask(image_id, labels)
+    ws.store.delete_wound(image_id, wound_index)
+
+
+PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
+           (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (170, 110, 40)]
+
+
+def overlay(image: Image.Image, labels: np.ndarray, alpha: float = 0.4) -> Image.Image:
+    """The photo with every wound tinted and outlined in its colour and numbered at its centre."""
+    base = np.asarray(image.convert("RGB"), dtype=np.float32)
+    out = base.copy()
+    indices = [int(i) for i in np.unique(labels) if i > 0]
+    for i in indices:
+        colour = np.array(PALETTE[(i - 1) % len(PALETTE)], dtype=np.float32)
+        m = labels == i
+        out[m] = (1 - alpha) * base[m] + alpha * colour
+        edge = m & ~(np.roll(m, 1, 0) & np.roll(m, -1, 0) & np.roll(m, 1, 1) & np.roll(m, -1, 1))
+        out[edge] = colour
+    result = Image.fromarray(out.clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(result)
+    size = max(12, min(result.size) // 18)
+    for i in indices:
+        ys, xs = np.nonzero(labels == i)
+        cx, cy = float(xs.mean()), float(ys.mean())
+        r = size * 0.75
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=(255, 255, 255), outline=PALETTE[(i - 1) % len(PALETTE)],
+                     width=max(2, size // 8))
+        draw.text((cx, cy), str(i), fill=(0, 0, 0), anchor="mm", font_size=size)
+    return result

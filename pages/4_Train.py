@@ -1,0 +1,92 @@
+"""Train: launch the vision, text, evaluation and ablation jobs in the background; watch loss curves."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+import app_common as ac
+
+ws = ac.page("Train")
+st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
+           "Progress and losses come from each job's run record in the store.")
+
+counts = ws.store.counts()
+if counts["wounds"] == 0:
+    st.info("No wound is outlined yet: the vision model trains on wound outlines (Wound masks page).")
+
+vision, text, evaluation, ablation = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations"])
+
+with vision:
+    st.markdown("Wound attention pooling + predictor on a frozen backbone, VICReg on augmented views "
+                "(TriDerm-V, paper §2.2). The offline default backbone is EfficientNet-Lite0.")
+    c1, c2, c3, c4, c5 = st.columns(5)
+    pooling = c1.selectbox("Pooling", ["attention", "mean"])
+    loss = c2.selectbox("Loss", ["vicreg", "contrastive", "triplet"])
+    epochs = c3.number_input("Epochs", min_value=1, max_value=500, value=50)
+    batch = c4.number_input("Batch size", min_value=2, max_value=512, value=32)
+    lr = c5.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=1e-2, format="%.5f")
+    vision_args = ["--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)), "--batch-size", str(int(batch)),
+                   "--lr", repr(float(lr))]
+
+with text:
+    st.markdown("Soft Ordinal Embedding of the LLM's triplets (TriDerm-T). Needs LLM triplets (LLM oracle page).")
+    llm_sources = [s for s in ws.store.triplet_sources() if s.startswith("llm:")]
+    c1, c2 = st.columns(2)
+    source = c1.selectbox("Triplet source", llm_sources or ["(no LLM triplets yet)"], disabled=not llm_sources)
+    dim = c2.number_input("Dimensions", min_value=1, max_value=64, value=4)
+    soe_args = ["--source", source, "--dim", str(int(dim))]
+
+with evaluation:
+    st.markdown("Agreement of every finished embedding run (and the vision + text fusions) with the expert "
+                "triplets, with bootstrap CIs. Writes the report shown on the Report page.")
+    n_boot = st.number_input("Bootstrap resamples", min_value=100, max_value=10_000, value=1000, step=100)
+    eval_args = ["--n-boot", str(int(n_boot))]
+
+with ablation:
+    st.markdown("The paper's Table 2 ablations (SOE dimension/budget/oracle; pooling and loss) over seeds.")
+    c1, c2 = st.columns(2)
+    quick = c1.checkbox("Quick pass (10 vision epochs)", value=True)
+    seeds = c2.number_input("Seeds per cell", min_value=1, max_value=10, value=3)
+    ablate_args = (["--quick"] if quick else []) + ["--seeds", str(int(seeds))]
+
+
+@st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
+def panels() -> None:
+    with vision:
+        ac.job_panel(ws, "train-triderm", "train_triderm", vision_args, "training")
+    with text:
+        if llm_sources:
+            ac.job_panel(ws, "fit-soe", "fit_soe", soe_args, "SOE fit")
+        else:
+            st.info("Run the LLM oracle first: SOE needs LLM triplets.")
+    with evaluation:
+        ac.job_panel(ws, "evaluate", "evaluate", eval_args, "evaluation")
+    with ablation:
+        ac.job_panel(ws, "ablate", "ablate", ablate_args, "ablations")
+    loss_curves()
+
+
+def loss_curves() -> None:
+    st.subheader("Loss curves")
+    runs = [r for r in ws.store.runs() if isinstance(r["metrics"].get("loss"), list) and r["metrics"]["loss"]]
+    if not runs:
+        st.caption("No run has reported a loss yet. Curves appear here live while a job trains.")
+        return
+    labels = {f"run {r['id']} · {r['kind']} · {r['status']}": r for r in runs}
+    chosen = st.multiselect("Runs", list(labels), default=list(labels)[:3], key="loss_runs")
+    fig = go.Figure()
+    for label in chosen:
+        losses = labels[label]["metrics"]["loss"]
+        fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=losses, mode="lines+markers", name=label))
+    fig.update_layout(xaxis_title="epoch", yaxis_title="training loss", height=380, margin=dict(t=20, b=40),
+                      legend=dict(orientation="h", y=-0.25))
+    st.plotly_chart(fig, width="stretch")
+    st.dataframe(pd.DataFrame([{
+        "run": r["id"], "kind": r["kind"], "status": ac.status_badge(r["status"]), "epochs": len(r["metrics"]["loss"]),
+        "last loss": round(float(r["metrics"]["loss"][-1]), 5), "seed": r["seed"], "git": (r["git_sha"] or "")[:8],
+    } for r in runs]), hide_index=True, width="stretch")
+
+
+panels()

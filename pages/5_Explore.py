@@ -1,0 +1,222 @@
+"""Explore: UMAP of a run's embeddings, retrieval of similar / dissimilar photos, wound attention maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+from PIL import Image
+
+import app_common as ac
+from annotations.session import PALETTE
+
+ws = ac.page("Explore")
+
+try:
+    from core.evaluate import embedding_runs
+    from core.retrieval import neighbours, run_distances
+    from core.runs import load_embeddings, pairwise_euclidean
+except ImportError as err:  # the ML part of the product is not installed
+    st.info(f"The explorer needs the `core` models, which are not available here yet ({err}).", icon="🚧")
+    st.stop()
+
+
+@st.cache_data(show_spinner="Computing distances…", max_entries=32)
+def distances(root: str, run_ids: tuple[int, ...], method: str, stamp: str) -> tuple[list[str], np.ndarray]:
+    return run_distances(ws, list(run_ids) if len(run_ids) > 1 else run_ids[0], method=method)
+
+
+@st.cache_data(show_spinner="Loading wound embeddings…", max_entries=32)
+def wound_data(root: str, run_id: int, stamp: str):
+    emb = load_embeddings(ws, run_id)
+    return emb["wound_keys"], emb["wound_emb"]
+
+
+@st.cache_data(show_spinner="UMAP projection (the first one compiles numba; later ones are fast)…", max_entries=32)
+def umap_2d(D: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np.ndarray:
+    """2-d UMAP of a precomputed distance matrix."""
+    import umap
+
+    n = len(D)
+    if n < 4:
+        return np.c_[np.arange(n, dtype=float), np.zeros(n)]
+    reducer = umap.UMAP(n_neighbors=max(2, min(n_neighbors, n - 1)), min_dist=min_dist, metric="precomputed",
+                        init="random", random_state=seed, n_components=2)
+    return reducer.fit_transform(np.asarray(D, dtype=np.float64))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def clusters(D: np.ndarray, k: int) -> np.ndarray:
+    from sklearn.cluster import AgglomerativeClustering
+
+    k = max(1, min(k, len(D)))
+    return AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(D)
+
+
+runs = embedding_runs(ws)
+if not runs:
+    st.info("No finished embedding run yet. Train a vision model or fit a text embedding on the Train page; "
+            "its image embedding appears here as a map.")
+    st.stop()
+
+label = {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
+         + (f" · {r['name']}" if r.get("name") else "") for r in runs}
+c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
+source = c1.radio("Map of", ["one run", "fused runs"], horizontal=True,
+                  help="fused: two runs' min-max normalised distances combined (core.fusion)")
+if source == "one run":
+    run_ids: tuple[int, ...] = (c1.selectbox("Run", list(label), format_func=label.get, key="explore_run"),)
+    method = "uncertainty"
+else:
+    picked = c1.multiselect("Runs to fuse (vision first)", list(label), format_func=label.get,
+                            default=list(label)[:2], max_selections=2, key="explore_fuse")
+    method = c2.selectbox("Fusion", ["uncertainty", "similarity"])
+    if len(picked) != 2:
+        st.info("Pick two runs to fuse.")
+        st.stop()
+    run_ids = tuple(picked)
+run = ws.store.run(run_ids[0])
+stamp = str(run.get("finished") or run["created"])
+emb_level = "photos"
+wound_keys, wound_emb = (None, None)
+if len(run_ids) == 1:
+    wound_keys, wound_emb = wound_data(str(ws.root), run_ids[0], stamp)
+    if wound_keys:
+        emb_level = c2.radio("Points", ["photos", "wounds"], horizontal=True)
+colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
+    {k for im in ws.store.images() for k in (im["metadata"] or {})}
+    | {f"patient {k}" for p in ws.store.patients() for k in (p["metadata"] or {})}))
+show_thumbs = c4.toggle("Thumbnails on the map", value=False)
+
+try:
+    ids, D = distances(str(ws.root), run_ids, method, stamp)
+except Exception as err:  # e.g. fused runs that cover different photos
+    st.error(f"Cannot build distances for these runs: {err}")
+    st.stop()
+images = {im["image_id"]: im for im in ws.store.images()}
+patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
+
+if emb_level == "wounds":
+    point_ids = [f"{i} #{w}" for i, w in wound_keys]
+    point_images = [i for i, _ in wound_keys]
+    PD = pairwise_euclidean(wound_emb)
+else:
+    point_ids, point_images, PD = list(ids), list(ids), D
+with st.expander("UMAP settings"):
+    n_neighbors = st.slider("Neighbours", 2, 50, 15)
+    min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
+    k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
+xy = umap_2d(PD, n_neighbors, min_dist, 0)
+
+
+def colour_value(image_id: str, n: int) -> str:
+    im = images.get(image_id, {})
+    if colour_by == "patient":
+        return str(im.get("patient_id") or "unknown")
+    if colour_by == "cluster":
+        return f"cluster {cluster_labels[n] + 1}"
+    if colour_by.startswith("patient "):
+        return str(patients.get(im.get("patient_id"), {}).get(colour_by[8:], "unknown"))
+    return str((im.get("metadata") or {}).get(colour_by, "unknown"))
+
+
+cluster_labels = clusters(PD, k_clusters) if colour_by == "cluster" else None
+frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "point": point_ids, "image": point_images,
+                      "colour": [colour_value(i, n) for n, i in enumerate(point_images)]})
+
+fig = go.Figure()
+for n, (value, part) in enumerate(frame.groupby("colour", sort=True)):
+    fig.add_trace(go.Scatter(
+        x=part["x"], y=part["y"], mode="markers", name=value, customdata=part[["point", "image"]].to_numpy(),
+        marker=dict(size=12, color="rgb" + str(PALETTE[n % len(PALETTE)]), line=dict(width=1, color="white")),
+        hovertemplate="<b>%{customdata[0]}</b><br>" + colour_by + ": " + value.replace("<", "&lt;")
+                      + "<extra></extra>"))
+if show_thumbs:
+    span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
+    for x, y, image_id in zip(frame["x"], frame["y"], frame["image"]):
+        fig.add_layout_image(dict(source=ac.data_uri(ac.photo(ws, image_id, 96)), x=x, y=y, xref="x", yref="y",
+                                  sizex=span * 0.07, sizey=span * 0.07, xanchor="center", yanchor="middle",
+                                  layer="above"))
+title = " + ".join(f"run {r}" for r in run_ids)
+fig.update_layout(height=560, margin=dict(t=40, b=10, l=10, r=10), title=f"UMAP of {title} ({emb_level})",
+                  xaxis=dict(showticklabels=False, title=""), yaxis=dict(showticklabels=False, title=""),
+                  legend=dict(title=colour_by), dragmode="pan")
+if ws.is_synthetic:
+    fig.add_annotation(text="SYNTHETIC", xref="paper", yref="paper", x=0.99, y=0.01, showarrow=False,
+                       font=dict(size=14, color="#b00"))
+map_col, side_col = st.columns([3, 2], gap="large")
+with map_col:
+    event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
+    st.caption("Hover a point for its photo id; click a point to show it and its neighbours.")
+clicked = None
+try:
+    points = event.selection.points if event else []
+    if points:
+        clicked = points[0]["customdata"][1]
+except (AttributeError, KeyError, IndexError, TypeError):
+    clicked = None
+if clicked and clicked in ids and clicked != st.session_state.get("_explore_click"):
+    st.session_state["explore_photo"] = clicked  # a new click moves the photo picker
+st.session_state["_explore_click"] = clicked
+
+with side_col:
+    query = st.selectbox("Photo", list(ids), key="explore_photo")
+    st.image(ac.photo(ws, query, 480), caption=f"{query} · patient {images.get(query, {}).get('patient_id') or '—'}",
+             width="stretch")
+    for w in ws.store.wounds(query):
+        if w["description"]:
+            st.caption(f"Wound {w['wound_index']}: {ac.escape_md(w['description'])}")
+
+k = st.slider("Photos per row", 3, 10, 5)
+result = neighbours(ids, D, query, k=min(k, len(ids) - 1))
+st.subheader("Retrieval")
+st.caption("Distances are min-max normalised to [0, 1]" + (" after fusion" if len(run_ids) > 1 else "")
+           + "; TriDerm's figure shows similar photos below 0.35 and dissimilar ones above 0.8.")
+for title_, key in (("Most similar", "similar"), ("Most dissimilar", "dissimilar")):
+    st.markdown(f"**{title_}**")
+    cols = st.columns(len(result[key]))
+    for col, (image_id, dist) in zip(cols, result[key]):
+        col.image(ac.photo(ws, image_id, 240), caption=f"{image_id} · d = {dist:.2f}", width="stretch")
+
+
+def attention_maps(run_id: int, image_id: str) -> list[tuple[int, Image.Image]]:
+    """Per wound of the photo: its tokens' attention weights as a heat map over the photo."""
+    emb = load_embeddings(ws, run_id)
+    need = ("token_wound", "token_pos", "token_weight", "grid")
+    if emb.get("wound_keys") is None or any(k not in emb for k in need):
+        return []
+    gh, gw = (int(v) for v in emb["grid"])
+    photo = ws.load_image(image_id)
+    out = []
+    for row, (iid, index) in enumerate(emb["wound_keys"]):
+        if iid != image_id:
+            continue
+        sel = emb["token_wound"] == row
+        heat = np.zeros((gh, gw), dtype=np.float32)
+        pos = emb["token_pos"][sel].astype(int)
+        heat[pos[:, 0], pos[:, 1]] = emb["token_weight"][sel]
+        if heat.max() > 0:
+            heat /= heat.max()
+        big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.BILINEAR),
+                         dtype=np.float32) / 255.0
+        base = np.asarray(photo, dtype=np.float32)
+        red = np.zeros_like(base)
+        red[..., 0] = 255
+        mix = base * (1 - 0.6 * big[..., None]) + red * 0.6 * big[..., None]
+        out.append((index, Image.fromarray(mix.clip(0, 255).astype(np.uint8))))
+    return out
+
+
+if len(run_ids) == 1 and run["config"].get("modality") == "vision":
+    st.subheader("Wound attention")
+    maps = attention_maps(run_ids[0], query)
+    if maps:
+        st.caption("Attention weight of each feature-grid token inside the wound (red = high), from the run's "
+                   "attention pooling head.")
+        cols = st.columns(min(4, len(maps)))
+        for n, (index, picture) in enumerate(maps):
+            picture.thumbnail((480, 480))
+            cols[n % len(cols)].image(picture, caption=f"{query} · wound {index}", width="stretch")
+    else:
+        st.caption("This run stored no attention weights (mean pooling or a frozen baseline).")

@@ -1,0 +1,111 @@
+"""Report: agreement with the expert triplets (with CIs), ablation tables, benchmark charts; downloads."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+import app_common as ac
+
+METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %", "kappa": "κ"}
+
+ws = ac.page("Report")
+report_dir = ws.runs_dir / "report"
+ablation_dir = ws.runs_dir / "ablation"
+
+
+def fmt(value, metric: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.3f}" if metric == "kappa" else f"{100 * value:.1f}"
+
+
+def cell(row: dict, metric: str) -> str:
+    lo, hi = (row.get("ci") or {}).get(metric, (None, None))
+    ci = f" [{fmt(lo, metric)}, {fmt(hi, metric)}]" if lo is not None else ""
+    return fmt(row.get(metric), metric) + ci
+
+
+st.subheader("Agreement with the expert's triplets")
+report_json = report_dir / "report.json"
+if report_json.exists():
+    report = json.loads(report_json.read_text(encoding="utf-8"))
+    st.markdown(f"**{ac.escape_md(report.get('title', 'Agreement report'))}** — {report.get('expert_triplets', '?')} "
+                f"expert triplet rows, 95 % CIs from {report.get('n_boot', '?')} bootstrap resamples of anchors.")
+    if report.get("synthetic"):
+        st.caption("SYNTHETIC phantom data: these numbers describe the demo, not clinical performance.")
+    rows = report.get("rows", [])
+    table = pd.DataFrame([{
+        "modality": r.get("modality"), "run": r.get("run_id"), "method": r.get("label"),
+        **{label: cell(r, m) for m, label in METRICS.items()}, "triplets": r.get("n"), "anchors": r.get("n_anchors"),
+    } for r in rows])
+    st.dataframe(table, hide_index=True, width="stretch")
+    if rows:
+        chart = pd.DataFrame([{"method": f"{r.get('label')} (run {r.get('run_id')})", "modality": r.get("modality"),
+                               "balanced": 100 * (r.get("balanced") or 0),
+                               "lo": 100 * ((r.get("ci") or {}).get("balanced", [0, 0])[0] or 0),
+                               "hi": 100 * ((r.get("ci") or {}).get("balanced", [0, 0])[1] or 0)} for r in rows])
+        fig = px.bar(chart, x="balanced", y="method", color="modality", orientation="h",
+                     error_x=chart["hi"] - chart["balanced"], error_x_minus=chart["balanced"] - chart["lo"],
+                     labels={"balanced": "balanced agreement % (95 % CI)", "method": ""})
+        fig.add_vline(x=50, line_dash="dot", annotation_text="chance")
+        fig.update_layout(height=120 + 36 * len(rows), margin=dict(t=20, b=40), yaxis=dict(autorange="reversed"))
+        st.plotly_chart(fig, width="stretch")
+    c1, c2, c3 = st.columns(3)
+    for col, name, mime in ((c1, "report.csv", "text/csv"), (c2, "report.md", "text/markdown"),
+                            (c3, "report.json", "application/json")):
+        path = report_dir / name
+        if path.exists():
+            col.download_button(f"Download {name}", path.read_bytes(), file_name=name, mime=mime,
+                                key=f"dl_{name}")
+else:
+    st.info("No evaluation report yet. Start an evaluation on the Train page (`python -m core.evaluate`): it "
+            "compares every finished embedding run with the expert's triplets.")
+
+st.subheader("Ablations (paper Table 2)")
+ablation_json = ablation_dir / "ablation.json"
+if ablation_json.exists():
+    abl = json.loads(ablation_json.read_text(encoding="utf-8"))
+    if abl.get("synthetic"):
+        st.caption("SYNTHETIC phantom data.")
+    for table, title in (abl.get("titles") or {}).items():
+        rows = [r for r in abl.get("rows", []) if r.get("table") == table]
+        if not rows:
+            continue
+        st.markdown(f"**{ac.escape_md(title)}**")
+        st.dataframe(pd.DataFrame([{
+            "factor": r.get("factor"), "setting": r.get("label"), "seeds": r.get("seeds"),
+            "balanced % (mean ± sd)": f"{100 * (r.get('balanced_mean') or 0):.1f} ± {100 * (r.get('balanced_sd') or 0):.1f}",
+            "micro % (mean ± sd)": f"{100 * (r.get('micro_mean') or 0):.1f} ± {100 * (r.get('micro_sd') or 0):.1f}",
+            "paper %": r.get("paper"),
+        } for r in rows]), hide_index=True, width="stretch")
+    for note in abl.get("notes", []):
+        st.caption(note)
+    md = ablation_dir / "ablation.md"
+    if md.exists():
+        st.download_button("Download ablation.md", md.read_bytes(), file_name="ablation.md", mime="text/markdown")
+    table = pd.DataFrame(abl.get("rows", []))
+    if not table.empty:
+        st.download_button("Download ablation.csv", table.drop(columns=["config"], errors="ignore").to_csv(index=False),
+                           file_name="ablation.csv", mime="text/csv")
+else:
+    st.info("No ablation results yet. Start them on the Train page (`python -m core.ablate --quick`).")
+
+bench = [r for r in ws.store.runs(kind="bench-contrastive") if r["status"] == "done"]
+if bench:
+    st.subheader("Contrastive benchmark")
+    run = bench[0]
+    flat = {k: v for k, v in run["metrics"].items() if isinstance(v, (int, float))}
+    rows = [{"measure": k, "value": v} for k, v in flat.items()]
+    for key, value in run["metrics"].items():  # nested {setting: {metric: value}} tables
+        if isinstance(value, dict):
+            rows += [{"measure": f"{key} · {k}", "value": v} for k, v in value.items() if isinstance(v, (int, float))]
+    if rows:
+        frame = pd.DataFrame(rows)
+        st.plotly_chart(px.bar(frame, x="value", y="measure", orientation="h"), width="stretch")
+        st.download_button("Download benchmark CSV", frame.to_csv(index=False), file_name="bench_contrastive.csv",
+                           mime="text/csv")
