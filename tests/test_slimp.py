@@ -180,6 +180,7 @@ def _run(ws: Workspace, *extra: str) -> dict:
     return ws.store.runs("slimp")[0]
 
 
+@pytest.mark.slow
 def test_cli_trains_evaluates_and_resumes(tiny_ws, capsys):
     run = _run(tiny_ws, "--target", "subtype", "--ablation")
     assert run["status"] == "done" and run["config"]["modality"] == "nested"
@@ -217,6 +218,7 @@ def test_cli_bad_target_is_a_clean_error(tiny_ws, capsys):
     assert tiny_ws.store.runs("slimp") == []
 
 
+@pytest.mark.slow
 def test_continual_trains_only_stem_and_tabular_input_embeddings(tiny_ws):
     from core.backbones import load_backbone
 
