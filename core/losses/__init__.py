@@ -2,3 +2,4 @@
 from core.losses.contrastive import InfoNCELoss, info_nce
 from core.losses.triplet import TripletLoss
 from core.losses.vicreg import VICRegLoss, covariance_loss, invariance_loss, variance_loss
+from core.losses.nested import NestedContrastiveLoss, inner_losses, nested_total, outer_loss, symmetric_infonce
