@@ -129,7 +129,7 @@ def _counts_per_photo(rng: np.random.Generator, photos: int, wounds: int) -> np.
     others = [i for i in range(photos) if i != big]
     while counts.sum() != wounds:
         i = others[int(rng.integers(len(others)))]
-        if counts.sum() < wounds and counts[i] < MAX_WOUNDS_PER_PHOTO - 1:
+        if counts.sum() < wounds and counts[i] < MAX_WOUNDS_PER_PHOTO:
             counts[i] += 1
         elif counts.sum() > wounds and counts[i] > 1:
             counts[i] -= 1
@@ -297,6 +297,19 @@ class PhantomTruth:
         if image not in self._index:
             raise KeyError(f"unknown phantom image id {image!r}")
         return self._index[image]
+
+    def fibrin_mask(self, image: str | int) -> np.ndarray:
+        """H×W label map of the planted fibrin (wound index where fibrin is visible, 0 elsewhere)."""
+        if self.root is None:
+            raise ValueError("this PhantomTruth was not loaded from a folder; no fibrin masks")
+        return np.asarray(Image.open(self.root / "fibrin" / f"{self.image_ids[self.index(image)]}.png"))
+
+    def concepts(self) -> list[dict[str, Any]]:
+        """truth/concepts.csv rows: image_id, wound_index and 0/1 presence of each concept in CONCEPTS."""
+        if self.root is None:
+            raise ValueError("this PhantomTruth was not loaded from a folder; no concept table")
+        with open(self.root / "concepts.csv", newline="", encoding="utf-8") as fh:
+            return [{k: (v if k == "image_id" else int(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
 
     def distance_matrix(self) -> np.ndarray:
         """Euclidean distances between the photos' latent vectors (the perfect embedding)."""
@@ -510,7 +523,8 @@ def _place(rng: np.random.Generator, photo: _Photo, safe: np.ndarray, h: int, w:
     frac = rng.uniform(0.07, 0.3)
     ppc = math.sqrt(frac * safe.sum() / max(area_cm2, 1e-3))
     ppc = min(ppc, 0.6 * min(h, w) / sizes.max(), 90.0)
-    ppc = max(ppc, 9.0 / sizes.min(), 6.0)
+    floor = max(10.0 / sizes.min(), 7.0 / max(widths.min(), 0.2), 4.0)  # smallest wound ≥ ~10×7 px
+    ppc = max(ppc, floor)
     ys, xs = np.nonzero(safe)
     order = np.argsort(-sizes, kind="stable")
     for _attempt in range(40):
@@ -539,7 +553,7 @@ def _place(rng: np.random.Generator, photo: _Photo, safe: np.ndarray, h: int, w:
                 break
         if ok:
             return [g for g in geos if g is not None], ppc
-        ppc *= 0.88
+        ppc = max(ppc * 0.88, 0.8 * floor)
     raise RuntimeError(f"could not place the wounds of {photo.image_id}")
 
 
@@ -576,14 +590,14 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
     col = col * (1 - 0.4 * scar[..., None]) + scar_col * 0.4 * scar[..., None]
     pig = _smoothstep((_fractal(rng, h, w, 14, 2) - 2.0) * 2)
     col *= (1 - 0.2 * pig[..., None] * np.array([0.6, 0.85, 1.0], np.float32))
-    pores = _noise(rng, h, w, 1.3)
+    fine = _noise(rng, h, w, 1.6)  # one fine field: pores, milia, outline jitter, glints, weave
+    pores = fine
     col *= (1 + 0.03 * pores[..., None])
     height = 0.15 * pores + 3.0 * low
-    milia = (_noise(rng, h, w, 1.5) > 3.3) & (scar > 0.2)
+    milia = (np.roll(fine, (7, 11), (0, 1)) > 3.3) & (scar > 0.2)
     mil = ndimage.gaussian_filter(milia.astype(np.float32), 0.8) * 3
     col = col * (1 - np.clip(mil, 0, 0.7)[..., None]) + np.float32(0.97) * np.clip(mil, 0, 0.7)[..., None]
     height += 2 * mil
-    fine = _noise(rng, h, w, 2.0)
 
     labels = np.zeros((h, w), np.uint8)
     fibrin_map = np.zeros((h, w), np.uint8)
@@ -723,7 +737,7 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
         cyl = np.sqrt(np.clip(1 - (np.abs(signed) / half) ** 2, 0, 1))
         col *= (0.62 + 0.38 * cyl)[..., None]
     flash = rng.random() < 0.5
-    spec_field = _noise(rng, h, w, 1.6)
+    spec_field = np.roll(fine, (h // 3, w // 3), (0, 1))
     glint = np.clip(wet, 0, 1) * (np.clip(shade - 1.02, 0, None) * 2.5
                                    + (spec_field > (2.1 if flash else 2.6)) * 0.7)
     col += np.clip(glint, 0, 1)[..., None] * np.float32(0.9)
@@ -732,7 +746,7 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
     if has_bg:
         sheet = _SHEETS[int(rng.integers(len(_SHEETS)))] * rng.uniform(0.85, 1.05)
         folds = _fractal(rng, h, w, 70, 3)
-        weave = _noise(rng, h, w, 1.2)
+        weave = np.roll(fine, (h // 2, w // 5), (0, 1))
         bg = np.empty((h, w, 3), np.float32)
         bg[:] = sheet
         bg *= (1 + 0.12 * folds + 0.025 * weave)[..., None]
@@ -774,7 +788,7 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
 
 
 def _save_png(path: Path, array: np.ndarray, mode: str) -> None:
-    Image.fromarray(array, mode=mode).save(path, format="PNG", compress_level=3 if mode == "RGB" else 6)
+    Image.fromarray(array, mode=mode).save(path, format="PNG", compress_level=1 if mode == "RGB" else 6)
 
 
 def _sample_triplets(rng: np.random.Generator, n: int, m: int) -> np.ndarray:
