@@ -22,6 +22,8 @@ Two protocols share one estimator:
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -61,6 +63,23 @@ def hinge_sq_loss_and_grad(
     s = g + g.T
     grad = 2 * (s.sum(1, keepdim=True) * x - s @ x)
     return loss, grad
+
+
+@contextlib.contextmanager
+def _cpu_threads(device: torch.device, n: int = 1) -> Iterator[None]:
+    """Run torch CPU ops on ``n`` intra-op threads, then restore the previous setting.
+
+    A step touches ~10⁵ scalars: too little work to split across threads, and on a shared
+    machine the synchronisation makes two threads 10× slower than one (measured here)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def validate_triplets(triplets: Any, n_objects: int | None = None, name: str = "triplets") -> np.ndarray:
@@ -185,7 +204,15 @@ class SOE(BaseEstimator):
                 raise ValueError(f"init must have shape ({n}, {self.n_components}), got {tuple(x0.shape)}")
         else:
             x0 = torch.randn(n, self.n_components, generator=gen) * self.init_scale
-        x = x0.to(device).requires_grad_(True)
+        with _cpu_threads(device):
+            self._optimise(x0.to(device), t_np, n, device, gen)
+        self.n_objects_ = n
+        return self
+
+    def _optimise(self, x0: torch.Tensor, t_np: np.ndarray, n: int, device: torch.device,
+                  gen: torch.Generator) -> None:
+        """Adam/AMSGrad on the hinge; sets ``embedding_`` and ``loss_curve_``."""
+        x = x0.requires_grad_(True)
         t = torch.as_tensor(t_np, device=device)
         ab = t[:, 0] * n + t[:, 1]
         ac = t[:, 0] * n + t[:, 2]
@@ -221,8 +248,6 @@ class SOE(BaseEstimator):
             curve.append(float(total) / m)
         self.embedding_ = x.detach().cpu().numpy().astype(np.float64)
         self.loss_curve_ = curve
-        self.n_objects_ = n
-        return self
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "embedding_"):
