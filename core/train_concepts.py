@@ -194,10 +194,13 @@ class TextBank:
             self.hidden = torch.cat(parts)
 
     def get(self, rows: Tensor) -> tuple[Tensor | Tokens, Tensor]:
+        """Inputs for ``rows`` trimmed to their longest text (padding beyond is masked anyway)."""
         mask = self.mask[rows]
+        t = int(mask.sum(1).max())
+        mask = mask[:, :t]
         if self.hidden is None:
-            return Tokens(self.tokens.input_ids[rows], mask, None), mask
-        return self.hidden[rows], mask
+            return Tokens(self.tokens.input_ids[rows, :t], mask, None), mask
+        return self.hidden[rows, :t], mask
 
 
 def _augment(crops: Tensor, gen: torch.Generator) -> Tensor:
@@ -302,12 +305,12 @@ class Trainer:
         self.opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
         self.gen = torch.Generator().manual_seed(cfg.seed)
 
-    def _encode_rows(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Encode text rows once each → (global R×D, tokens R×T×D, mask R×T), in ``rows`` order."""
+    def _encode_rows(self, rows: Tensor, tokens: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Encode text rows once each → (global R×D, tokens R×T×D or None, mask R×T), in ``rows`` order."""
         uniq, inv = torch.unique(rows, return_inverse=True)
         h, mask = self.bank.get(uniq)
-        g, tok = self.model.encode_text_from(h, mask, self.txt_level)
-        return g[inv], tok[inv], mask[inv]
+        g, tok = self.model.encode_text_from(h, mask, self.txt_level, tokens=tokens)
+        return g[inv], tok[inv] if tok is not None else None, mask[inv]
 
     def loss(self, idx: Tensor) -> Tensor:
         m, cfg, t = self.model, self.cfg, self.texts
@@ -324,7 +327,7 @@ class Trainer:
             subs = g.new_zeros(n, k, g.shape[-1])
             subs[sub_mask] = g[3 * n:]
             return self.make(img, patches, raw, aspects, subs, sub_mask, scale, disease_slot=0)
-        g, tok, mask = self._encode_rows(torch.from_numpy(t.raw[idx.numpy()]))
+        g, tok, mask = self._encode_rows(torch.from_numpy(t.raw[idx.numpy()]), tokens=cfg.objective == "conceptclip")
         if cfg.objective == "clip":
             if cfg.unimodal:
                 pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen)[:2] for _ in idx])

@@ -291,12 +291,15 @@ class DualEncoder(nn.Module):
         g = F.normalize(self.image_head(patches.mean(dim=1)), dim=-1)
         return g, F.normalize(self.image_head(patches), dim=-1), (gh, gw)
 
-    def encode_text_from(self, h: Tensor | Tokens, mask: Tensor, level: int) -> tuple[Tensor, Tensor]:
+    def encode_text_from(self, h: Tensor | Tokens, mask: Tensor, level: int,
+                         tokens: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``tokens=False`` skips the per-token projection (returns None for it)."""
         mask = mask.to(self.device)
         states = self.text.forward_levels(h, mask, level, self.text.n_levels)
         m = mask[..., None].to(states.dtype)
         pooled = (states * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
-        return F.normalize(self.text_head(pooled), dim=-1), F.normalize(self.text_head(states), dim=-1)
+        g = F.normalize(self.text_head(pooled), dim=-1)
+        return g, F.normalize(self.text_head(states), dim=-1) if tokens else None
 
     def preprocess(self, images, size: int | None = None) -> Tensor:  # noqa: ANN001 — PIL list or uint8 array
         return self.image.backbone.preprocess(images, size)
@@ -317,7 +320,7 @@ class DualEncoder(nn.Module):
         out = []
         for i in range(0, len(texts), batch):
             tok = self.text.tokenize(texts[i:i + batch])
-            out.append(self.encode_text_from(tok, tok.attention_mask, 0)[0].cpu())
+            out.append(self.encode_text_from(tok, tok.attention_mask, 0, tokens=False)[0].cpu())
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
     def extra_state_dict(self) -> dict[str, Tensor]:

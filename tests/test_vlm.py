@@ -1,0 +1,67 @@
+"""Dual encoder: level-wise (cached) forward equals the full forward; freezing; offline dermlip."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.vlm import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
+
+pytestmark = pytest.mark.slow  # loads MiniLM + EfficientNet (> 20 s on 2 busy cores)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return load_vlm(device="cpu", pretrained=False, dim=32)
+
+
+def test_text_levels_match_full_bert(model) -> None:
+    tok = model.text.tokenize(["no fibrin here", "deep ulcer with fibrin and crust"])
+    with torch.no_grad():
+        full = model.text.bert(input_ids=tok.input_ids, attention_mask=tok.attention_mask).last_hidden_state
+        mid = model.text_levels(tok, tok.attention_mask, 0, 4)
+        top = model.text_levels(mid, tok.attention_mask, 4, model.text.n_levels)
+    m = tok.attention_mask.bool()
+    assert torch.allclose(full[m], top[m], atol=1e-5)
+    g, toks = model.encode_text_from(mid, tok.attention_mask, 4)
+    g0, _ = model.encode_text_from(tok, tok.attention_mask, 0, tokens=False)
+    assert torch.allclose(g, g0, atol=1e-5) and toks.shape == (2, tok.input_ids.shape[1], 32)
+    assert torch.allclose(g.norm(dim=-1), torch.ones(2))
+
+
+def test_image_levels_match_backbone(model) -> None:
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.image.backbone(x)
+        h = model.image_levels(x, 0, 2)
+        out = model.image_levels(h, 2, model.image.n_levels)
+        g, patches, grid = model.encode_image_from(h, 2)
+    assert torch.allclose(ref, out, atol=1e-5)
+    assert grid == (4, 4) and patches.shape == (2, 16, 32) and g.shape == (2, 32)
+
+
+def test_set_trainable_and_frozen_levels(model) -> None:
+    model.set_trainable(2, 1)
+    assert model.frozen_levels() == (model.image.n_levels - 2, model.text.n_levels - 1)
+    trainable = {id(p) for p in model.tower_parameters()}
+    assert all(id(p) in trainable for p in model.image.blocks[-1].parameters())
+    assert not any(id(p) in trainable for p in model.image.blocks[0].parameters())
+    assert all(id(p) in trainable for p in model.text.layers()[-1].parameters())
+    assert not any(id(p) in trainable for p in model.text.stem_parameters())
+    model.set_trainable(-1, 0)
+    assert model.frozen_levels() == (0, model.text.n_levels)
+    with pytest.raises(ValueError, match="unlock"):
+        model.set_trainable(99, 0)
+    model.set_trainable(0, 0)
+    assert model.tower_parameters() == []
+
+
+def test_dermlip_fails_fast_offline(monkeypatch) -> None:
+    import core.backbones as bb
+
+    monkeypatch.setattr(bb, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-triderm-cache")
+    with pytest.raises(VLMUnavailable, match=OFFLINE_DEFAULT):
+        load_vlm("dermlip", device="cpu")
+    with pytest.raises(ValueError, match="unknown"):
+        load_vlm("nope", device="cpu")
