@@ -242,7 +242,7 @@ def test_continual_trains_only_stem_and_tabular_input_embeddings(tiny_ws):
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_matches_single_process(tiny_ws, tmp_path):
+def test_torchrun_two_processes_matches_single_process(tiny_ws):
     args = ["--workspace", str(tiny_ws.root), *COMMON]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
