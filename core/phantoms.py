@@ -557,6 +557,43 @@ def _place(rng: np.random.Generator, photo: _Photo, safe: np.ndarray, h: int, w:
     raise RuntimeError(f"could not place the wounds of {photo.image_id}")
 
 
+def _add_ruler(rng: np.random.Generator, col: np.ndarray, labels: np.ndarray, ppc: float) -> bool:
+    """Lay a paper measuring tape (cm/mm ticks at the photo's true scale) on the scene where it
+    covers no wound; return whether one was placed."""
+    h, w = labels.shape
+    length_cm = float(np.clip(round(rng.uniform(0.3, 0.6) * max(h, w) / ppc), 2, 15))
+    lw, lh = int(length_cm * ppc) + 8, int(np.clip(1.2 * ppc, 14, 0.12 * min(h, w)))
+    if lw > 0.9 * max(h, w):
+        return False
+    tape = Image.new("L", (lw, lh), 0)
+    ink = Image.new("L", (lw, lh), 0)
+    ImageDraw.Draw(tape).rectangle((0, 0, lw - 1, lh - 1), fill=255)
+    draw = ImageDraw.Draw(ink)
+    step_mm = 1 if ppc >= 25 else 5
+    for mm in range(0, int(length_cm * 10) + 1, step_mm):
+        x = 4 + mm * ppc / 10
+        tick = lh * (0.45 if mm % 10 == 0 else 0.28 if mm % 5 == 0 else 0.16)
+        draw.line((x, 0, x, tick), fill=255, width=1)
+        if mm % 10 == 0 and 0 < mm < length_cm * 10 and lh >= 16:
+            draw.text((x - 3, lh * 0.5), str(mm // 10), fill=255, font=_font(max(8, int(lh * 0.35))))
+    angle = float(rng.uniform(0, 180))
+    tape_a = np.asarray(tape.rotate(angle, resample=Image.BILINEAR, expand=True), np.float32) / 255
+    ink_a = np.asarray(ink.rotate(angle, resample=Image.BILINEAR, expand=True), np.float32) / 255
+    th, tw = tape_a.shape
+    if th >= h or tw >= w:
+        return False
+    keep_out = ndimage.binary_dilation(labels > 0, iterations=6)
+    for _ in range(30):
+        y0, x0 = int(rng.integers(0, h - th)), int(rng.integers(0, w - tw))
+        if not np.any(keep_out[y0:y0 + th, x0:x0 + tw] & (tape_a > 0.01)):
+            paper = np.array([0.96, 0.95, 0.90], np.float32) * float(col[y0:y0 + th, x0:x0 + tw].mean() / 0.55) ** 0.3
+            patch = col[y0:y0 + th, x0:x0 + tw]
+            patch[:] = patch * (1 - tape_a[..., None]) + np.clip(paper, 0, 1) * tape_a[..., None]
+            patch *= (1 - 0.85 * ink_a[..., None])
+            return True
+    return False
+
+
 def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
     """RGB uint8 image, label map, fibrin label map and nuisance parameters of one photo."""
@@ -754,6 +791,8 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
         bg *= (1 - 0.35 * shadow)[..., None]
         col = col * skin_alpha[..., None] + bg * (1 - skin_alpha[..., None])
 
+    ruler = rng.random() < 0.35 and _add_ruler(rng, col, labels, ppc)
+
     # Camera: exposure gradient, vignetting, white balance, blur, sensor noise.
     gdir = rng.uniform(0, 2 * math.pi)
     grad = 1 + rng.uniform(0.05, 0.2) * (((xx - w / 2) * math.cos(gdir) + (yy - h / 2) * math.sin(gdir)) / (diag / 2))
@@ -769,7 +808,7 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
     img = (col * 255 + 0.5).astype(np.uint8)
     nuisance = {"width": w, "height": h, "px_per_cm": round(ppc, 3), "flash": int(flash),
                 "blur_sigma": round(blur, 3), "wb_red": round(float(wb[0]), 4), "wb_blue": round(float(wb[2]), 4),
-                "background": int(has_bg), "light_azimuth": round(light_dir, 4)}
+                "background": int(has_bg), "ruler": int(ruler), "light_azimuth": round(light_dir, 4)}
     return img, labels, fibrin_map, nuisance
 
 
@@ -856,7 +895,7 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
         truth_images.append([p.image_id, pat["patient_id"], len(p.wounds)]
                             + [f"{v:.6f}" for v in latent_arr[pi]]
                             + [nuis[k] for k in ("width", "height", "px_per_cm", "flash", "blur_sigma", "wb_red",
-                                                 "wb_blue", "background", "light_azimuth")])
+                                                 "wb_blue", "background", "ruler", "light_azimuth")])
         for wi, wd in enumerate(p.wounds, start=1):
             wound_rows.append([p.image_id, wi, describe(wd, text_rng), _maybe(meta_rng, wd.site),
                                _maybe(meta_rng, wd.size_cm), _maybe(meta_rng, wd.duration_weeks)])
@@ -891,7 +930,7 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
                 "anatomical_site", "area_px", "fibrin_px", *[f"z_{f}" for f in LATENT_FEATURES]], truth_wounds)
     _write_csv(out / "truth" / "images.csv",
                ["image_id", "patient_id", "n_wounds", *[f"z_{f}" for f in LATENT_FEATURES], "width", "height",
-                "px_per_cm", "flash", "blur_sigma", "wb_red", "wb_blue", "background", "light_azimuth"],
+                "px_per_cm", "flash", "blur_sigma", "wb_red", "wb_blue", "background", "ruler", "light_azimuth"],
                truth_images)
     _write_csv(out / "truth" / "patients.csv", ["patient_id", "severity", "age", "sex", "fitzpatrick", "rdeb_subtype"],
                [[p["patient_id"], f"{p['severity']:.4f}", p["age"], p["sex"], p["fitzpatrick"], p["subtype"]]
@@ -941,11 +980,13 @@ def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
 
 def montage(dataset_dir: str | Path, n: int = 12, cols: int = 4, tile: tuple[int, int] = (320, 240),
             outlines: bool = True) -> Image.Image:
-    """Grid of the first ``n`` phantoms (thin wound outlines optional) captioned SYNTHETIC."""
+    """Grid of ``n`` phantoms spread evenly over the dataset (thin wound outlines optional),
+    captioned SYNTHETIC."""
     root = Path(dataset_dir)
-    paths = sorted((root / "images").glob("*.png"))[:n]
-    if not paths:
+    every = sorted((root / "images").glob("*.png"))
+    if not every:
         raise FileNotFoundError(f"no images in {root / 'images'}")
+    paths = [every[int(i)] for i in np.unique(np.linspace(0, len(every) - 1, min(n, len(every))).round())]
     rows = math.ceil(len(paths) / cols)
     tw, th = tile
     pad, top = 6, 44
