@@ -858,7 +858,8 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
         raise ValueError(f"--wounds must be in [photos={photos}, {MAX_WOUNDS_PER_PHOTO * photos}], got {wounds}")
     capacity = photos * (photos - 1) * (photos - 2) // 2
     if not 0 <= triplets <= capacity:
-        raise ValueError(f"--triplets must be in [0, {capacity}] (distinct triplets of {photos} photos), got {triplets}")
+        raise ValueError(f"--triplets must be in [0, {capacity}] (distinct triplets of {photos} photos), "
+                         f"got {triplets}")
     t0 = time.perf_counter()
     out = Path(out)
     rng = np.random.default_rng([seed, 1])
@@ -920,7 +921,7 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
     for i, j, k in trip:
         choice = truth.answer(int(i), int(j), int(k), ans_rng)
         choices.append(choice)
-        p_skip, p_j = truth.probabilities(int(i), int(j), int(k))
+        p_j = truth.probabilities(int(i), int(j), int(k))[1]  # harder triplets take longer
         latency = int(round(math.exp(8.0 + 0.6 * (1 - abs(2 * p_j - 1)) + 0.35 * lat_rng.standard_normal())))
         trip_rows.append([phs[i].image_id, phs[j].image_id, phs[k].image_id, choice, ANNOTATOR, latency])
     _write_csv(out / "triplets.csv", ["anchor", "ref_j", "ref_k", "choice", "annotator", "latency_ms"], trip_rows)

@@ -216,3 +216,25 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "y"), "--photos", "4", "--wounds", "80"])
     assert exc.value.code == 2
+
+
+def test_patients_cluster_in_latent_space(demo_dataset: Path) -> None:
+    truth = load_truth(demo_dataset)
+    D = truth.distance_matrix()
+    owner = {r["image_id"]: r["patient_id"] for r in _rows(demo_dataset / "images.csv")}
+    pid = np.array([owner[i] for i in truth.image_ids])
+    same = (pid[:, None] == pid[None]) & ~np.eye(len(pid), dtype=bool)
+    assert same.any()
+    assert D[same].mean() < 0.85 * D[pid[:, None] != pid[None]].mean()
+
+
+def test_cli_builds_dataset_and_montage(tmp_path: Path, capsys) -> None:
+    out, png = tmp_path / "demo", tmp_path / "docs" / "m.png"
+    assert main(["--out", str(out), "--seed", "5", "--photos", "5", "--patients", "2", "--wounds", "7",
+                 "--triplets", "12", "--montage", str(png)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["synthetic"] is True and summary["images"] == 5 and summary["wounds"] == 7
+    assert Image.open(png).size[0] > 600
+    # Rebuilding into an existing phantom folder replaces it (no stale files from a larger build).
+    assert main(["--out", str(out), "--photos", "3", "--patients", "1", "--wounds", "3", "--triplets", "2"]) == 0
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["ph001.png", "ph002.png", "ph003.png"]
