@@ -320,12 +320,14 @@ class PhantomOracle(Oracle):
     Answers come from the latent truth in ``truth/`` with the simulated expert's noise model
     (:meth:`core.phantoms.PhantomTruth.answer`: a skip chance, then P(j) = Φ(Δ/σ)), drawn
     from a random stream seeded by (seed, i, j, k) so that an answer does not depend on the
-    order or the thread in which questions are asked. The texts are ignored.
+    order or the thread in which questions are asked. The texts are ignored. With
+    ``skips=False`` the skip draw is ignored and every question gets j or k (as an LLM's).
     """
 
     name = "phantom"
 
-    def __init__(self, truth_dir: str | Path, model: str = DEFAULT_MODELS["phantom"], seed: int = 0) -> None:
+    def __init__(self, truth_dir: str | Path, model: str = DEFAULT_MODELS["phantom"], seed: int = 0,
+                 skips: bool = True) -> None:
         from core.phantoms import load_truth
 
         try:
@@ -334,11 +336,14 @@ class PhantomOracle(Oracle):
             raise OracleUnavailable(f"the phantom oracle needs a synthetic workspace with truth/: {exc}") from exc
         self.model = model
         self.seed = seed
+        self.skips = skips
 
     def answer_question(self, q: Question) -> Answer:
         t0 = time.perf_counter()
         idx = [self.truth.index(x) for x in (q.anchor, q.ref_j, q.ref_k)]
-        choice = self.truth.answer(*idx, np.random.default_rng([self.seed, *idx]))
+        p_skip, p_j = self.truth.probabilities(*idx)
+        u_skip, u_choice = np.random.default_rng([self.seed, *idx]).random(2)  # PhantomTruth.answer's order
+        choice = "skip" if self.skips and u_skip < p_skip else ("j" if u_choice < p_j else "k")
         raw = json.dumps({"answer": choice, "synthetic": True})
         return Answer(choice, raw, (time.perf_counter() - t0) * 1000, None, None)
 
