@@ -18,6 +18,7 @@ usual choice for fine-tuning with small batches. Learnable logit scale/bias: CLI
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 from dataclasses import dataclass
@@ -62,24 +63,28 @@ class Tokens:
     offsets: Tensor | None
 
 
-class TextTower(nn.Module):
+class TextTower(nn.Module, abc.ABC):
     """A transformer text encoder run layer by layer. Level 0 is the token embeddings,
     level L the output of layer L; ``n_levels`` layers in all."""
 
     width: int
     n_levels: int
 
+    @abc.abstractmethod
     def tokenize(self, texts: list[str]) -> Tokens:
-        raise NotImplementedError
+        """Texts → padded token ids, mask (and char offsets when available)."""
 
+    @abc.abstractmethod
     def embed(self, tok: Tokens) -> Tensor:
-        raise NotImplementedError
+        """Token embeddings (level 0), B×T×width."""
 
+    @abc.abstractmethod
     def layers(self) -> list[nn.Module]:
-        raise NotImplementedError
+        """The transformer layers in forward order."""
 
+    @abc.abstractmethod
     def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
-        raise NotImplementedError
+        """One layer on hidden states ``h`` with padding ``mask`` (B×T, 1 = token)."""
 
     def finish(self, h: Tensor) -> Tensor:
         """Final normalisation after the last layer (identity for BERT)."""
@@ -94,8 +99,9 @@ class TextTower(nn.Module):
             h = self.run_layer(layer, h, mask)
         return self.finish(h) if stop == self.n_levels else h
 
+    @abc.abstractmethod
     def stem_parameters(self) -> list[nn.Parameter]:
-        raise NotImplementedError
+        """Embedding parameters (trainable only when the whole tower is unlocked)."""
 
 
 class MiniLMTower(TextTower):
@@ -181,12 +187,13 @@ class ImageTower(nn.Module):
     def __init__(self, backbone) -> None:  # noqa: ANN001 — core.backbones.Backbone
         super().__init__()
         self.backbone = backbone
-        self.net = backbone.model
+        self.is_cnn = backbone.arch == "efficientnet-lite0"
+        # ViT: only the visual trunk (an open_clip model also holds the text tower)
+        self.net = backbone.model if self.is_cnn else backbone._features
         self.blocks = nn.ModuleList(backbone.blocks())
         self.n_levels = len(self.blocks)
         self.width = backbone.channels
         self.input_size = backbone.input_size
-        self.is_cnn = backbone.arch == "efficientnet-lite0"
 
     def forward_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
         if not self.is_cnn:
