@@ -41,13 +41,24 @@ CACHE_VERSION = 1
 
 
 def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], grid: tuple[int, int]) -> Tensor:
-    """E×H×W fraction of each grid cell covered by each wound (label value ``wound_indices[e]``)."""
-    lab = torch.as_tensor(np.asarray(labels) if not isinstance(labels, Tensor) else labels)
+    """E×H×W fraction of each grid cell covered by each wound (label value ``wound_indices[e]``).
+
+    Pixel (y, x) of an Hm×Wm mask falls in cell (⌊y·H/Hm⌋, ⌊x·W/Wm⌋); one bincount, O(pixels).
+    """
+    lab = labels.cpu().numpy() if isinstance(labels, Tensor) else np.asarray(labels)
     if lab.ndim != 2:
-        raise ValueError(f"labels must be H×W, got shape {tuple(lab.shape)}")
-    idx = torch.as_tensor(list(wound_indices), dtype=lab.dtype).view(-1, 1, 1)
-    onehot = (lab[None] == idx).float()
-    return F.adaptive_avg_pool2d(onehot[None], grid)[0]
+        raise ValueError(f"labels must be H×W, got shape {lab.shape}")
+    gh, gw = grid
+    hm, wm = lab.shape
+    cell = ((np.arange(hm) * gh) // hm)[:, None] * gw + ((np.arange(wm) * gw) // wm)[None, :]
+    per_cell = np.bincount(cell.ravel(), minlength=gh * gw)
+    indices = np.asarray(list(wound_indices), dtype=np.int64)
+    lookup = np.full(int(max(lab.max(initial=0), indices.max(initial=0))) + 2, len(indices), dtype=np.int64)
+    lookup[indices] = np.arange(len(indices))
+    row = lookup[np.clip(lab, -1, None)]  # labels not listed (incl. 0) → dropped row E
+    counts = np.bincount((row * gh * gw + cell).ravel(), minlength=(len(indices) + 1) * gh * gw)
+    frac = counts[: len(indices) * gh * gw].reshape(len(indices), gh, gw) / per_cell.reshape(gh, gw)
+    return torch.from_numpy(frac.astype(np.float32))
 
 
 def token_mask(fractions: Tensor, threshold: float = TOKEN_THRESHOLD) -> Tensor:
@@ -142,9 +153,10 @@ class FeatureCache:
             cached = {"version": CACHE_VERSION, "wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
                       "views": eval_feat.new_zeros((0, *eval_feat.shape)),
                       "view_frac": eval_frac.half().new_zeros((0, *eval_frac.shape))}
-        feats, frac = self.augmented_views(image, labels, wounds, row["sha256"], range(have, n_views))
-        cached["views"] = torch.cat([cached["views"], feats])
-        cached["view_frac"] = torch.cat([cached["view_frac"], frac])
+        if n_views > have:
+            feats, frac = self.augmented_views(image, labels, wounds, row["sha256"], range(have, n_views))
+            cached["views"] = torch.cat([cached["views"], feats])
+            cached["view_frac"] = torch.cat([cached["view_frac"], frac])
         if use_cache:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
