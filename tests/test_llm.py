@@ -1,0 +1,114 @@
+"""Oracles through the real ``ollama`` client against a loopback Ollama stub; prompt; phantom oracle."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ollama_stub import OllamaStub  # noqa: E402
+
+from core.llm import (PROMPT_VERSION, SYSTEM_PROMPT, OllamaOracle, OracleAnswerError, OracleUnavailable,  # noqa: E402
+                      PhantomOracle, Question, build_messages, parse_answer)
+
+ANCHOR = "deep ulcer with red granulation tissue and fibrin"
+NEAR = "deep ulcer with granulation tissue and some fibrin"
+FAR = "healed scarred skin, hyperkeratotic border"
+
+
+@pytest.fixture
+def stub():
+    with OllamaStub(models=("stub-model:latest",)) as s:
+        yield s
+
+
+def oracle(stub: OllamaStub, **kw) -> OllamaOracle:
+    return OllamaOracle("stub-model", host=stub.host, **{"timeout": 2.0, "retries": 2, "backoff": 0.01, **kw})
+
+
+def test_prompt_is_versioned_and_holds_the_three_descriptions() -> None:
+    msgs = build_messages(ANCHOR, NEAR, FAR)
+    assert msgs[0] == {"role": "system", "content": SYSTEM_PROMPT} and "RDEB" in SYSTEM_PROMPT
+    user = msgs[1]["content"]
+    assert "Is wound i more similar to wound j or to wound k?" in user
+    assert user.index(ANCHOR) < user.index(NEAR) < user.index(FAR)
+    assert PROMPT_VERSION
+
+
+def test_parse_answer() -> None:
+    assert parse_answer('{"answer": "k"}') == "k"
+    for bad in ('{"answer": "maybe"}', "j", '["j"]', "{"):
+        with pytest.raises(ValueError):
+            parse_answer(bad)
+
+
+def test_normal_answers_through_real_client(stub: OllamaStub) -> None:
+    o = oracle(stub)
+    o.check()
+    a = o.answer(ANCHOR, NEAR, FAR)
+    b = o.answer(ANCHOR, FAR, NEAR)
+    assert (a.choice, b.choice) == ("j", "k")
+    assert json.loads(a.raw) == {"answer": "j"}
+    assert a.tokens_in and a.tokens_out == 5 and a.latency_ms > 0
+    body = stub.chats[0]
+    assert body["format"]["properties"]["answer"]["enum"] == ["j", "k"]
+    assert body["options"]["temperature"] == 0 and body["stream"] is False
+    assert stub.tags_requests == 1 and len(stub.chats) == 2
+
+
+@pytest.mark.parametrize("behaviour", ["error500", "malformed", "bad_content", "outside", "slow"])
+def test_transient_failures_are_retried(stub: OllamaStub, behaviour: str) -> None:
+    stub.slow_s = 3.0
+    stub.queue(behaviour, 2)
+    a = oracle(stub, timeout=1.0).answer(ANCHOR, NEAR, FAR)
+    assert a.choice == "j"
+    assert len(stub.chats) == 3  # two failures, then the answer
+
+
+@pytest.mark.parametrize("behaviour, reason", [("error500", "HTTP 500"), ("outside", "'j' or 'k'"),
+                                               ("malformed", "Error"), ("slow", "Timeout")])
+def test_persistent_failures_raise_after_retries(stub: OllamaStub, behaviour: str, reason: str) -> None:
+    stub.behaviour = behaviour
+    stub.slow_s = 2.0
+    with pytest.raises(OracleAnswerError, match=reason):
+        oracle(stub, timeout=0.5, retries=1).answer(ANCHOR, NEAR, FAR)
+    assert len(stub.chats) == 2
+
+
+def test_missing_model_fails_clearly(stub: OllamaStub) -> None:
+    with pytest.raises(OracleUnavailable, match="ollama pull other-model"):
+        OllamaOracle("other-model", host=stub.host).check()
+    stub.queue("missing")
+    with pytest.raises(OracleUnavailable, match="not there"):
+        oracle(stub).answer(ANCHOR, NEAR, FAR)
+    assert len(stub.chats) == 1  # a 404 is not retried
+
+
+def test_unreachable_server_fails_within_seconds() -> None:
+    with OllamaStub() as s:
+        host = s.host
+    t0 = time.perf_counter()
+    with pytest.raises(OracleUnavailable, match="cannot reach an Ollama server"):
+        OllamaOracle("stub-model", host=host, connect_timeout=2.0).check()
+    assert time.perf_counter() - t0 < 10
+
+
+def test_phantom_oracle_is_deterministic_and_follows_truth(demo_workspace) -> None:
+    o = PhantomOracle(demo_workspace.truth_dir, seed=0, skips=False)
+    truth = o.truth
+    D = truth.distance_matrix()
+    ids = truth.image_ids
+    agree = total = 0
+    for a in range(0, 40, 4):
+        for j, k in ((a + 1, a + 2), (a + 3, a + 5), (a + 7, a + 11)):
+            q = Question(ids[a], ids[j % 53], ids[k % 53], "", "", "")
+            first = o.answer_question(q).choice
+            assert o.answer_question(q).choice == first
+            total += 1
+            agree += (first == "j") == (D[a, j % 53] < D[a, k % 53])
+    assert agree / total > 0.6  # noisy (85 % expected) but informative
+    with pytest.raises(OracleUnavailable, match="truth"):
+        PhantomOracle(demo_workspace.root / "nowhere")
