@@ -630,7 +630,7 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
     fine = _noise(rng, h, w, 1.6)  # one fine field: pores, milia, outline jitter, glints, weave
     pores = fine
     col *= (1 + 0.03 * pores[..., None])
-    height = 0.15 * pores + 3.0 * low
+    height = 0.15 * pores + 2.0 * low
     milia = (np.roll(fine, (7, 11), (0, 1)) > 3.3) & (scar > 0.2)
     mil = ndimage.gaussian_filter(milia.astype(np.float32), 0.8) * 3
     col = col * (1 - np.clip(mil, 0, 0.7)[..., None]) + np.float32(0.97) * np.clip(mil, 0, 0.7)[..., None]
@@ -738,8 +738,8 @@ def _render_photo(rng: np.random.Generator, photo: _Photo, fitz: int
         pink_col = np.array([0.90, 0.56, 0.53], np.float32) * (1 + 0.05 * _noise(rng, bh, bw, 4)[..., None])
         ft = _fractal(rng, bh, bw, max(2, geo.r / 6), 2)
         tint = np.clip(0.5 + 0.35 * ft, 0, 1)[..., None]
-        fib_col = (np.array([0.84, 0.68, 0.34], np.float32) * (1 - tint)
-                   + np.array([0.96, 0.90, 0.64], np.float32) * tint)
+        fib_col = (np.array([0.89, 0.66, 0.37], np.float32) * (1 - tint)
+                   + np.array([0.97, 0.89, 0.68], np.float32) * tint)
         fib_col *= (1 + 0.03 * _noise(rng, bh, bw, 1.5)[..., None])
         cracks = np.abs(_noise(rng, bh, bw, max(2, geo.r / 5))) < 0.12
         ct = _fractal(rng, bh, bw, max(2, geo.r / 6), 2)
