@@ -12,7 +12,7 @@ from annotations import session
 TOOLS = {"Polygon (click points, click the first point to close)": "polygon",
          "Freehand (drag around the wound)": "freedraw",
          "Rectangle": "rect"}
-CANVAS_MAX_W = 820
+CANVAS_W = 600  # fits the drawing column of the wide layout on a 1366 px screen
 
 ws = ac.page("Wound masks")
 state = st.session_state
@@ -33,7 +33,7 @@ wounds = ws.store.wounds(pick)
 rev_key = f"canvas_rev_{pick}"
 state.setdefault(rev_key, 0)
 
-draw_col, list_col = st.columns([3, 2], gap="large")
+draw_col, list_col = st.columns([2, 1], gap="medium")
 with draw_col:
     c1, c2 = st.columns([3, 2])
     tool = TOOLS[c1.radio("Outline tool", list(TOOLS), horizontal=False, key="mask_tool")]
@@ -41,7 +41,7 @@ with draw_col:
     redraw = c2.selectbox("Draw", targets, key=f"mask_target_{pick}")
     photo = ws.load_image(pick)
     labels = ws.load_mask(pick)
-    width = CANVAS_MAX_W  # small photos are shown enlarged, large ones reduced
+    width = CANVAS_W  # small photos are shown enlarged, large ones reduced
     height = max(1, round(photo.height * width / photo.width))
     background = session.overlay(photo, labels).resize((width, height))
     result = st_canvas(

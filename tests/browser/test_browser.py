@@ -1,0 +1,147 @@
+"""The app in Debian Chromium through Playwright, against a live ``streamlit run app.py``."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+expect.set_options(timeout=60_000)
+
+from annotations.workspace import Workspace
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def sign_in(pg, url: str, name: str, code: str | None = None) -> None:
+    pg.goto(url)
+    box = pg.get_by_role("textbox", name="Your name (annotator)")
+    expect(box).to_be_visible()
+    box.fill(name)
+    if code is not None:
+        pg.get_by_label("Access code", exact=True).fill(code)
+    pg.get_by_role("button", name="Sign in").click()
+    expect(pg.get_by_text("Signed in as").first).to_be_visible()
+
+
+def idle(pg) -> None:
+    """Wait until the app's script run has finished (Streamlit marks the root element)."""
+    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
+
+
+def go(pg, page_name: str) -> None:
+    pg.get_by_role("link", name=page_name).click()
+    expect(pg.get_by_role("heading", name=page_name)).to_be_visible()
+    idle(pg)
+
+
+def test_triplets_click_keyboard_undo(app_server, page, screenshot):
+    name = "Dr Browser"
+    sign_in(page, app_server.url, name)
+    go(page, "Triplet judgments")
+    progress = page.get_by_text(re.compile(rf"^{name}: \d+ of"))
+
+    def expect_count(n: int) -> None:
+        expect(progress).to_contain_text(f"{name}: {n} of")
+        idle(page)
+
+    expect_count(0)
+    for n, label in enumerate(["More like left", "More like right", "Skip"], start=1):
+        page.get_by_role("button", name=re.compile(label)).click()
+        expect_count(n)
+    page.keyboard.press("1")
+    expect_count(4)
+    page.keyboard.press("ArrowRight")
+    expect_count(5)
+    page.get_by_role("button", name=re.compile("Undo last")).click()
+    expect_count(4)
+    screenshot(page, "triplets")
+
+    ws = Workspace(app_server.workspace)
+    rows = ws.store.triplets(source=f"expert:{name}")
+    assert len(rows) == 4
+    assert sorted(r["choice"] for r in rows) == ["j", "j", "k", "skip"]  # the undone "→" (k) is gone
+    assert all(r["latency_ms"] is not None and r["latency_ms"] > 0 for r in rows)
+
+
+def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
+    sign_in(page, app_server.url, "Dr Outline")
+    go(page, "Wound masks")
+    ws = Workspace(app_server.workspace)
+    photo = ws.store.images()[0]["image_id"]
+    before = {w["wound_index"] for w in ws.store.wounds(photo)}
+    canvas = page.locator("canvas.upper-canvas").first
+    expect(canvas).to_be_visible()
+    box = canvas.bounding_box()
+    # an empty corner of the photo, away from the phantom's wounds
+    pts = [(0.80, 0.78), (0.95, 0.78), (0.95, 0.95), (0.80, 0.95)]
+    free = ws.load_mask(photo)
+    h, w = free.shape
+    assert all(free[int(y * (h - 1)), int(x * (w - 1))] == 0 for x, y in pts)
+    for x, y in pts + [pts[0]]:  # clicking the first vertex again closes the polygon
+        page.mouse.click(box["x"] + x * box["width"], box["y"] + y * box["height"])
+        page.wait_for_timeout(250)
+    new_index = max(before, default=0) + 1
+    expect(page.get_by_text(f"Saved wound {new_index} of {photo}")).to_be_visible()
+    description = "Test wound: fibrin-covered base, hyperkeratotic border."
+    area = page.get_by_role("textbox", name="Description").nth(len(before))
+    area.fill(description)
+    page.get_by_role("heading", name="Wound masks").click()  # leaving the field saves it
+    expect(page.get_by_text("wounds described")).to_contain_text(f"{len(before) + 1} of {len(before) + 1}")
+    screenshot(page, "wound_masks")
+
+    wound = next(w for w in ws.store.wounds(photo) if w["wound_index"] == new_index)
+    assert wound["description"] == description
+    x0, y0, x1, y1 = wound["bbox"]
+    assert 0.75 * w < x0 < 0.85 * w and x1 > 0.9 * w and 0.73 * h < y0 < 0.83 * h and y1 > 0.9 * h
+    assert wound["area"] == int((ws.load_mask(photo) == new_index).sum()) > 0.01 * w * h
+
+
+def test_explorer_umap_and_retrieval(app_server, page, screenshot):
+    sign_in(page, app_server.url, "Dr Explore")
+    go(page, "Explore")
+    expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=240_000)
+    expect(page.get_by_text(re.compile(r"UMAP of run \d+"))).to_be_visible()
+    expect(page.get_by_text("Most similar")).to_be_visible()
+    expect(page.get_by_text("Most dissimilar")).to_be_visible()
+    expect(page.get_by_text(re.compile(r"· d = 0\.\d\d")).first).to_be_visible()
+    screenshot(page, "explore")
+
+
+def test_report_page(app_server, page, screenshot):
+    sign_in(page, app_server.url, "Dr Report")
+    go(page, "Report")
+    expect(page.get_by_text("Agreement with the expert's triplets")).to_be_visible()
+    expect(page.get_by_role("button", name="Download report.csv")).to_be_visible()
+    expect(page.get_by_test_id("stDataFrame").first).to_be_visible()
+    expect(page.locator(".js-plotly-plot").first).to_contain_text("balanced agreement")
+    screenshot(page, "report")
+
+
+def test_access_code_blocks_every_page(browser_workspace, chromium, start_app, screenshot, tmp_path):
+    server = start_app(browser_workspace, tmp_path / "streamlit.log", env={"TRIDERM_ACCESS_CODE": "s3cret-code"})
+    ws = Workspace(browser_workspace)
+    photo_ids = [im["image_id"] for im in ws.store.images()][:3]
+    context = chromium.new_context(viewport={"width": 1200, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    for path in ["", "Wound_masks", "Triplets", "LLM_oracle", "Train", "Explore", "Report"]:
+        pg.goto(f"{server.url}/{path}")
+        expect(pg.get_by_label("Access code", exact=True)).to_be_visible()
+        body = pg.locator("body").inner_text()
+        assert "Workspace" not in body and not any(i in body for i in photo_ids), path
+        for hidden in ["Wound masks", "Triplet judgments", "Explore", "Report"]:
+            assert pg.get_by_role("link", name=hidden).count() == 0
+    pg.goto(server.url)  # a direct link to a hidden page leaves a "page not found" dialog open
+    expect(pg.get_by_label("Access code", exact=True)).to_be_visible()
+    screenshot(pg, "access_gate")
+    pg.get_by_role("textbox", name="Your name (annotator)").fill("Intruder")
+    pg.get_by_label("Access code", exact=True).fill("wrong")
+    pg.get_by_role("button", name="Sign in").click()
+    expect(pg.get_by_text("Wrong access code.")).to_be_visible()
+    assert pg.get_by_role("link", name="Report").count() == 0
+    pg.get_by_label("Access code", exact=True).fill("s3cret-code")
+    pg.get_by_role("button", name="Sign in").click()
+    expect(pg.get_by_text("Signed in as").first).to_be_visible()
+    expect(pg.get_by_role("link", name="Report")).to_be_visible()
+    context.close()
