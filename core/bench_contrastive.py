@@ -169,11 +169,11 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.bench_contrastive", description=__doc__.split("\n\n")[0])
     p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
-    p.add_argument("--quick", action="store_true", help="1 seed, 3 epochs, 128 px crops (≈ minutes)")
+    p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs, 96 px crops")
     p.add_argument("--model", default=OFFLINE_DEFAULT)
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; quick 1)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs (default 8; quick 3)")
-    p.add_argument("--size", type=int, default=None, help="crop size px (default 160; quick 128)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default 8; quick 2)")
+    p.add_argument("--size", type=int, default=None, help="crop size px (default 160; quick 96)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3, help="projection heads")
     p.add_argument("--tower-lr", type=float, default=1e-4, help="unlocked tower blocks")
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
-    args.epochs = args.epochs or (3 if args.quick else 8)
-    args.size = args.size or (128 if args.quick else 160)
+    args.epochs = args.epochs or (2 if args.quick else 8)
+    args.size = args.size or (96 if args.quick else 160)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:

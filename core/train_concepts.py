@@ -330,10 +330,12 @@ class Trainer:
         g, tok, mask = self._encode_rows(torch.from_numpy(t.raw[idx.numpy()]), tokens=cfg.objective == "conceptclip")
         if cfg.objective == "clip":
             if cfg.unimodal:
+                # augment: two augmented views A1(B), A2(B); mask: the image vs its masked view
+                # (contrastive benchmark §2.2.2 "Augmented CL" / "Masked CL").
                 pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen)[:2] for _ in idx])
                 v = self.images.views[idx[:, None], pick]  # B×2×…
-                z1 = m.encode_image_from(v[:, 0], self.img_level)[0]
                 z2 = m.encode_image_from(v[:, 1], self.img_level)[0]
+                z1 = m.encode_image_from(v[:, 0], self.img_level)[0] if cfg.unimodal == "augment" else img
                 return self.uni(img, g, scale, z1, z2)
             return self.clip(img, g, scale)
         scales, biases = (m.sig_scale.exp(), m.loc_scale.exp()), (m.sig_bias, m.loc_bias)
