@@ -163,7 +163,11 @@ def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str
             cells = [r["label"], *(_cell(r, m) for m in METRICS), str(r["n"]), str(r["n_anchors"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["Paper Table 1 (real RDEB photos, for orientation; Bal./Micro/Macro-F1/κ): "
+    lines += ["## Hardest anchors (lowest per-anchor agreement, 5 per run)", ""]
+    for r in rows:
+        worst = ", ".join(f"{a['anchor']} {100 * a['accuracy']:.0f}% of {a['n']}" for a in r["per_anchor"][:5])
+        lines.append(f"- {r['label']}: {worst}")
+    lines += ["", "Paper Table 1 (real RDEB photos, for orientation; Bal./Micro/Macro-F1/κ): "
               + "; ".join(f"{k} {'/'.join(str(x) for x in v)}" for k, v in PAPER_TABLE1.items()), ""]
     return "\n".join(lines)
 

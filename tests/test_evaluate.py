@@ -83,6 +83,7 @@ def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
     paths = result["paths"]
     md = open(paths["markdown"], encoding="utf-8").read()
     assert "SYNTHETIC phantom data" in md and "## fusion" in md and f"#{vision} vision-triderm" in md
+    assert f"- #{vision} vision-triderm: {by_id[vision]['per_anchor'][0]['anchor']} " in md
     rows = list(csv.DictReader(open(paths["csv"], encoding="utf-8")))
     assert len(rows) == 5 and float(rows[0]["balanced_lo"]) <= float(rows[0]["balanced"])
     js = json.load(open(paths["json"], encoding="utf-8"))
