@@ -381,9 +381,10 @@ def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, fraction
     rng = np.random.default_rng(seed)
     scores: dict[str, dict[str, list[float]]] = {f"{f:g}": {"acc": [], "bacc": []} for f in fractions}
     knn: dict[str, list[float]] = {"acc": [], "bacc": []}
-    with warnings.catch_warnings():  # tiny folds: a class may be absent from a test fold
-        warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
-        warnings.filterwarnings("ignore", message="A single label was found")
+    with warnings.catch_warnings():  # small data: rare classes, classes absent from a fold or a label subset
+        for message in ("y_pred contains classes not in y_true", "A single label was found",
+                        "The least populated class", "The number of unique classes is greater than 50%"):
+            warnings.filterwarnings("ignore", message=message)
         for train, test in splitter.split(X, y, g):
             if len(np.unique(y[train])) < 2:
                 continue

@@ -262,7 +262,8 @@ def report(metrics: dict[str, Any], synthetic: bool, run_id: int) -> str:
                      f"R@10 {_fmt(r['R@10'])}%  (chance R@1 {_fmt(r['chance@1'])}%)")
     if "probe" in metrics:
         pr = metrics["probe"]
-        lines.append(f"  probe target {pr['target']!r} ({pr['level']} level, {pr['n']} wounds, classes {pr['classes']}, "
+        classes = pr["classes"] if len(pr["classes"]) <= 6 else f"{len(pr['classes'])} classes"
+        lines.append(f"  probe target {pr['target']!r} ({pr['level']} level, {pr['n']} wounds, {classes}, "
                      f"majority {_fmt(pr['majority'])}%; {pr['folds']} patient-disjoint folds)")
         lines.append(_probe_line("concat(w,h,x)", pr))
     if "ablation" in metrics:
