@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -17,3 +18,15 @@ def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
     if device.type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Temporarily set torch's intra-op CPU threads (tiny ops run fastest on one thread:
+    no fork/join per op, and no oversubscription when other processes share the cores)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

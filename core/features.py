@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from annotations.workspace import Workspace
 from core.augment import AugmentConfig, WoundAugment, view_generator
 from core.backbones import Backbone
+from core.device import torch_threads
 
 TOKEN_THRESHOLD = 0.5
 CACHE_VERSION = 1
@@ -125,8 +126,9 @@ class FeatureCache:
     def augmented_views(self, image, labels: np.ndarray, wound_indices: list[int], sha256: str,
                         views: Sequence[int]) -> tuple[Tensor, Tensor]:
         """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices."""
-        img, mask = self.augment.prepare(image, labels)
-        pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v)) for v in views]
+        with torch_threads(1):  # per-view transforms are small ops: threads only add overhead
+            img, mask = self.augment.prepare(image, labels)
+            pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v)) for v in views]
         feats = self._forward([p[0] for p in pairs])
         grid = tuple(feats.shape[-2:])
         frac = torch.stack([wound_fractions(p[1], wound_indices, grid) for p in pairs]).half()
@@ -200,30 +202,31 @@ class TokenBank:
         offset = 0
         row_of = {k: r for r, k in enumerate(self.wound_keys)}
         for image_id, p in photos.items():
-            rows = [row_of.get((image_id, w)) for w in p.wound_indices]
+            rows = torch.tensor([row_of.get((image_id, w), -1) for w in p.wound_indices], dtype=torch.long)
+            keep = rows >= 0
             c, h, w = p.eval_feat.shape
             self.grid = (h, w)
-            vmask = token_mask(p.view_frac[:n_views].float().flatten(0, 1), threshold).view(n_views, len(rows), h * w)
-            vfeat = p.views[:n_views].flatten(2).transpose(1, 2)  # K×HW×C
-            for v in range(n_views):
-                for j, r in enumerate(rows):
-                    if r is None:
-                        continue
-                    loc = torch.nonzero(vmask[v, j], as_tuple=True)[0]
-                    start[r, v], length[r, v] = offset, loc.numel()
-                    chunks.append(vfeat[v, loc])
-                    offset += loc.numel()
-            emask = token_mask(p.eval_frac, threshold).flatten(1)
-            efeat = p.eval_feat.flatten(1).T
-            for j, r in enumerate(rows):
-                if r is None:
-                    continue
-                loc = torch.nonzero(emask[j], as_tuple=True)[0]
-                if loc.numel() == 0:
-                    raise ValueError(f"wound {self.wound_keys[r]} has no pixels in its mask")
-                ev_chunks.append(efeat[loc])
-                ev_seg.append(torch.full((loc.numel(),), r, dtype=torch.long))
-                ev_pos.append(torch.stack([loc // w, loc % w], 1))
+            e = len(rows)
+            # augmented views: nonzero() is ordered (view, wound, location), so every
+            # (wound, view) token run is contiguous
+            vmask = token_mask(p.view_frac[:n_views].float().flatten(0, 1), threshold).view(n_views, e, h * w)
+            vmask &= keep.view(1, e, 1)
+            v_idx, _, loc = torch.nonzero(vmask, as_tuple=True)
+            chunks.append(p.views[:n_views].flatten(2).transpose(1, 2)[v_idx, loc])
+            lens = vmask.sum(-1)  # K×E
+            starts = offset + torch.cumsum(lens.flatten(), 0).view_as(lens) - lens
+            offset += int(lens.sum())
+            start[rows[keep]] = starts[:, keep].T
+            length[rows[keep]] = lens[:, keep].T
+            # inference view
+            emask = token_mask(p.eval_frac, threshold).flatten(1) & keep.view(e, 1)
+            if (emask.sum(1) == 0)[keep].any():
+                bad = int(torch.nonzero((emask.sum(1) == 0) & keep)[0])
+                raise ValueError(f"wound {(image_id, p.wound_indices[bad])} has no pixels in its mask")
+            j, loc = torch.nonzero(emask, as_tuple=True)
+            ev_chunks.append(p.eval_feat.flatten(1).T[loc])
+            ev_seg.append(rows[j])
+            ev_pos.append(torch.stack([loc // w, loc % w], 1))
         self.tokens = torch.cat(chunks).float() if chunks else torch.zeros(0, 0)
         self.start, self.length = start, length
         self.eval_tokens = torch.cat(ev_chunks).float()

@@ -12,8 +12,8 @@ from torch import Tensor, nn
 def segment_softmax(logits: Tensor, segment: Tensor, n: int) -> Tensor:
     """Softmax of ``logits`` (T,) within each segment; every segment sums to 1."""
     seg_max = torch.full((n,), float("-inf"), dtype=logits.dtype, device=logits.device)
-    seg_max = seg_max.scatter_reduce(0, segment, logits, reduce="amax", include_self=True)
-    e = torch.exp(logits - seg_max[segment])
+    seg_max = seg_max.scatter_reduce(0, segment, logits.detach(), reduce="amax", include_self=True)
+    e = torch.exp(logits - seg_max[segment])  # shift for stability; softmax is shift-invariant
     denom = torch.zeros(n, dtype=logits.dtype, device=logits.device).index_add_(0, segment, e)
     return e / denom[segment]
 

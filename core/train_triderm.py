@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 from annotations.workspace import Workspace
 from core.augment import WoundAugment
 from core.backbones import OFFLINE_DEFAULT, Backbone, BackboneUnavailable, load_backbone
-from core.device import pick_device
+from core.device import pick_device, torch_threads
 from core.embed import embed_baseline, ensure_images, image_means
 from core.features import FeatureCache, TokenBank, token_mask, wound_fractions, workspace_wounds
 from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
@@ -64,7 +65,8 @@ class FreshViews:
     def _view(self, wound: int, gen: torch.Generator) -> tuple[Tensor, Tensor] | None:
         image_id, index = self.bank.wound_keys[wound]
         for _ in range(NO_CACHE_RETRIES):
-            img, mask = self.augment.augment_prepared(*self.prepared[image_id], gen)
+            with torch_threads(1):
+                img, mask = self.augment.augment_prepared(*self.prepared[image_id], gen)
             frac = wound_fractions(mask, [index], self.grid)
             if frac.sum() > 0:
                 return img, token_mask(frac)[0].flatten()
@@ -96,8 +98,45 @@ def _batches(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
     return [b for b in perm.split(batch_size) if len(b) >= 2]
 
 
+def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[str, Any],
+        gen: torch.Generator, device: torch.device, fresh: FreshViews | None = None, progress: bool = True,
+        on_epoch: Callable[[int, list[float]], None] | None = None) -> list[float]:
+    """AdamW + cosine schedule over all steps; returns the mean loss per epoch."""
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    steps = cfg["epochs"] * max(1, len(_batches(len(bank), cfg["batch_size"], torch.Generator())))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    losses: list[float] = []
+    bar = tqdm(range(cfg["epochs"]), desc=f"TriDerm-V {cfg['pooling']}/{cfg['loss']}", unit="epoch",
+               disable=not progress)
+    head.train()
+    for epoch in bar:
+        total, count = 0.0, 0
+        for wounds in _batches(len(bank), cfg["batch_size"], gen):
+            if fresh is None:
+                v1, v2 = bank.sample_views(wounds, gen)
+                (x1, s1), (x2, s2) = bank.gather(wounds, v1), bank.gather(wounds, v2)
+            else:
+                x1, s1, x2, s2 = fresh.pair(wounds, gen)
+            z1, _ = head(x1.to(device), s1.to(device), len(wounds))
+            z2, _ = head(x2.to(device), s2.to(device), len(wounds))
+            loss = criterion(z1, z2)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(wounds)
+            count += len(wounds)
+        losses.append(total / max(count, 1))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if on_epoch is not None:
+            on_epoch(epoch, losses)
+    head.eval()
+    return losses
+
+
 def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
-    """Train TriDerm-V on ``ws`` (options as in :data:`DEFAULTS`); returns the run id."""
+    """Train TriDerm-V on ``ws`` (options as in :data:`DEFAULTS`; ``backbone`` may be a
+    registry name or a loaded :class:`Backbone`); returns the run id."""
     unknown = set(config) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"unknown training options: {sorted(unknown)}")
@@ -112,7 +151,7 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
     image_ids, keys = workspace_wounds(ws)
     if not keys:
         raise ValueError(f"{ws.root}: no wounds outlined — nothing to train on")
-    backbone = load_backbone(cfg["backbone"], device=device)
+    backbone = cfg["backbone"] if isinstance(cfg["backbone"], Backbone) else load_backbone(cfg["backbone"], device=device)
     run_id = ws.store.start_run("vision-triderm", {
         **cfg, "backbone": backbone.name, "modality": "vision", "device": str(device),
         "n_images": len(image_ids), "n_wounds": len(keys), "synthetic": ws.is_synthetic}, seed=cfg["seed"])
@@ -121,40 +160,20 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
         t0 = time.perf_counter()
         cache = FeatureCache(ws, backbone)
         photos = cache.build(image_ids, 0 if cfg["no_cache"] else cfg["views"], progress)
-        bank = TokenBank(photos, keys)
+        # token bookkeeping and the cached training loop are many tiny ops: on CPU one thread
+        # is fastest (no per-op fork/join, no oversubscription of shared cores)
+        small_ops = 1 if device.type == "cpu" else torch.get_num_threads()
+        with torch_threads(small_ops):
+            bank = TokenBank(photos, keys)
         timing["features_s"] = time.perf_counter() - t0
         fresh = FreshViews(ws, backbone, cache, bank) if cfg["no_cache"] else None
         head = WoundHead(bank.channels, cfg["dim"], cfg["pooling"], cfg["hidden"]).to(device)
-        opt = torch.optim.AdamW(head.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-        steps = cfg["epochs"] * max(1, len(_batches(len(bank), cfg["batch_size"], torch.Generator())))
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-        losses: list[float] = []
         t1 = time.perf_counter()
-        bar = tqdm(range(cfg["epochs"]), desc=f"TriDerm-V {cfg['pooling']}/{cfg['loss']}", unit="epoch",
-                   disable=not progress)
-        head.train()
-        for epoch in bar:
-            total, count = 0.0, 0
-            for wounds in _batches(len(bank), cfg["batch_size"], gen):
-                if fresh is None:
-                    v1, v2 = bank.sample_views(wounds, gen)
-                    (t1_, s1), (t2_, s2) = bank.gather(wounds, v1), bank.gather(wounds, v2)
-                else:
-                    t1_, s1, t2_, s2 = fresh.pair(wounds, gen)
-                z1, _ = head(t1_.to(device), s1.to(device), len(wounds))
-                z2, _ = head(t2_.to(device), s2.to(device), len(wounds))
-                loss = criterion(z1, z2)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                total += float(loss) * len(wounds)
-                count += len(wounds)
-            losses.append(total / max(count, 1))
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            ws.store.update_run(run_id, progress=(epoch + 1) / cfg["epochs"], metrics={"loss": losses})
+        with torch_threads(small_ops if fresh is None else torch.get_num_threads()):
+            losses = fit(head, bank, criterion, cfg, gen, device, fresh, progress,
+                         on_epoch=lambda ep, ls: ws.store.update_run(
+                             run_id, progress=(ep + 1) / cfg["epochs"], metrics={"loss": ls}))
         timing["train_s"] = time.perf_counter() - t1
-        head.eval()
         with torch.no_grad():
             z, weights = head(bank.eval_tokens.to(device), bank.eval_segment.to(device), len(bank))
         wound_emb = z.float().cpu().numpy()
@@ -173,13 +192,15 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
     return run_id
 
 
-def baseline_run(ws: Workspace, backbone: str, progress: bool = True) -> int:
-    """Latest finished frozen baseline whose backbone is ``backbone`` (a registry name or a
-    recorded ``Backbone.name``), computed when there is none."""
+def baseline_run(ws: Workspace, backbone: str | Backbone, progress: bool = True) -> int:
+    """Latest finished frozen baseline of ``backbone`` (a registry name or a loaded backbone,
+    matched on the recorded name), computed when there is none."""
+    name = backbone.name if isinstance(backbone, Backbone) else backbone
     for run in ws.store.runs(kind="vision-baseline"):
-        if run["status"] == "done" and run["config"].get("backbone") == backbone:
+        if run["status"] == "done" and run["config"].get("backbone") == name:
             return int(run["id"])
-    return embed_baseline(ws, load_backbone(backbone), progress=progress)
+    bb = backbone if isinstance(backbone, Backbone) else load_backbone(backbone)
+    return embed_baseline(ws, bb, progress=progress)
 
 
 def run_agreement(ws: Workspace, run_id: int) -> dict[str, Any]:
@@ -226,13 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     if not ws.store.wounds():
         parser.error(f"{ws.root}: no wounds outlined yet — draw wound masks first")
     try:
-        run_id = train(ws, backbone=args.backbone, pooling=args.pooling, loss=args.loss, epochs=args.epochs,
-                       batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, views=args.views,
-                       seed=args.seed, no_cache=args.no_cache, dim=args.dim)
-    except (BackboneUnavailable, FileNotFoundError) as e:
+        backbone = load_backbone(args.backbone)
+    except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    run_id = train(ws, backbone=backbone, pooling=args.pooling, loss=args.loss, epochs=args.epochs,
+                   batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, views=args.views,
+                   seed=args.seed, no_cache=args.no_cache, dim=args.dim)
     run = ws.store.run(run_id)
-    base_id = baseline_run(ws, args.backbone)
+    base_id = baseline_run(ws, backbone)
     rows = [(f"frozen {run['config']['backbone']} mean-pool (run {base_id})", run_agreement(ws, base_id)),
             (f"TriDerm-V {args.pooling}/{args.loss} (run {run_id})", run_agreement(ws, run_id))]
     ws.store.update_run(run_id, metrics={"agreement": rows[1][1], "baseline": {"run": base_id, **rows[0][1]}})
