@@ -1,0 +1,37 @@
+"""Text baseline: MiniLM (offline package) mean-pooled per photo, written as a run; hub names offline."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core import text_embed
+from core.runs import load_embeddings
+
+
+def test_minilm_baseline_writes_a_run(demo_workspace, capsys) -> None:
+    ws = demo_workspace
+    assert text_embed.main(["--workspace", str(ws.root), "--model", "minilm"]) == 0
+    captured = capsys.readouterr()
+    assert "balanced" in captured.err and "SYNTHETIC" in captured.err
+    runs = ws.store.runs(kind="text-baseline")
+    assert len(runs) == 1 and runs[0]["status"] == "done"
+    assert runs[0]["config"]["modality"] == "text" and runs[0]["config"]["model"] == "minilm"
+    emb = load_embeddings(ws, runs[0]["id"])
+    texts = text_embed.description_rows(ws)
+    assert emb["image_ids"] == list(texts) and emb["image_emb"].shape == (len(texts), 384)
+    assert 0.0 <= runs[0]["metrics"]["balanced"] <= 1.0 and runs[0]["metrics"]["expert"]["n"] > 400
+    # a photo's embedding is the mean of its wounds' sentence embeddings
+    multi = next(im for im, t in texts.items() if len(t) > 1)
+    enc = text_embed.load_encoder("minilm")
+    own = np.asarray(enc.encode(texts[multi])).mean(0)
+    row = emb["image_ids"].index(multi)
+    assert np.allclose(emb["image_emb"][row], own, atol=1e-4)
+
+
+def test_hub_model_offline_fails_clearly_and_records_nothing(demo_workspace, monkeypatch) -> None:
+    ws = demo_workspace
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(SystemExit) as exc:
+        text_embed.main(["--workspace", str(ws.root), "--model", "some-org/not-cached-model"])
+    assert exc.value.code == 2
+    assert ws.store.runs(kind="text-baseline") == []
