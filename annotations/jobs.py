@@ -62,8 +62,9 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
-def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Launch ``python -m core.<module> --workspace <ws> <args>`` detached; return its record.
+def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, str] | None = None,
+              pass_workspace: bool = True) -> dict[str, Any]:
+    """Launch ``python -m core.<module> [--workspace <ws>] <args>`` detached; return its record.
 
     Refuses (ValueError) to start a job whose previous launch under the same name still runs.
     """
@@ -73,7 +74,8 @@ def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, s
     if existing and existing["alive"]:
         raise ValueError(f"job {name!r} is still running (pid {existing['pid']}); stop it first")
     log_path = jobs_dir(ws) / f"{name}.log"
-    cmd = [sys.executable, "-m", f"core.{module}", "--workspace", str(Path(ws.root).resolve()), *map(str, args)]
+    where = ["--workspace", str(Path(ws.root).resolve())] if pass_workspace else []
+    cmd = [sys.executable, "-m", f"core.{module}", *where, *map(str, args)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH", "")]))
     with open(log_path, "ab") as log:
@@ -86,6 +88,7 @@ def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, s
     record = {
         "name": name, "module": module, "args": list(map(str, args)), "cmd": cmd, "pid": proc.pid,
         "started": time.time(), "log": str(log_path), "env": env or {},
+        "pass_workspace": pass_workspace,
     }
     _record_path(ws, name).write_text(json.dumps(record, indent=1))
     return {**record, "alive": True}
@@ -167,7 +170,8 @@ def resume_job(ws: Any, name: str) -> dict[str, Any]:
     record = job(ws, name)
     if record is None:
         raise ValueError(f"unknown job {name!r}")
-    return start_job(ws, name, record["module"], record["args"], env=record.get("env") or None)
+    return start_job(ws, name, record["module"], record["args"], env=record.get("env") or None,
+                     pass_workspace=record.get("pass_workspace", True))
 
 
 def tail_log(ws: Any, name: str, lines: int = 40) -> str:

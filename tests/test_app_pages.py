@@ -1,0 +1,253 @@
+"""Streamlit AppTest for every page (no browser), plus the page helpers they rely on."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from annotations import jobs, session
+from annotations.workspace import Workspace
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "app.py")
+PAGES = {
+    "masks": "pages/1_Wound_masks.py",
+    "triplets": "pages/2_Triplets.py",
+    "llm": "pages/3_LLM_oracle.py",
+    "train": "pages/4_Train.py",
+    "explore": "pages/5_Explore.py",
+    "report": "pages/6_Report.py",
+}
+
+
+@pytest.fixture
+def ws(demo_workspace, monkeypatch) -> Workspace:
+    monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
+    monkeypatch.delenv("TRIDERM_ACCESS_CODE", raising=False)
+    return demo_workspace
+
+
+def app(name: str | None = None, annotator: str | None = "Tess", timeout: float = 60) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    if annotator:
+        at.session_state["annotator"] = annotator
+    at.run()
+    if name:
+        at.switch_page(PAGES[name]).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error", "title",
+                                  "subheader", "header") for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def add_test_embedding(ws: Workspace, with_attention: bool = False) -> int:
+    """A TEST-ONLY vision run with random image/wound embeddings (and, optionally, attention extras)."""
+    from core.runs import save_embeddings
+
+    ids = [im["image_id"] for im in ws.store.images()]
+    keys = [(w["image_id"], w["wound_index"]) for w in ws.store.wounds()]
+    rng = np.random.default_rng(1)
+    run_id = ws.store.start_run("vision-baseline", {"modality": "vision", "test_only": True}, name="TEST-ONLY")
+    wound_emb = rng.normal(size=(len(keys), 6))
+    image_emb = np.stack([wound_emb[[n for n, k in enumerate(keys) if k[0] == i]].mean(0) for i in ids])
+    extra = {}
+    if with_attention:  # one token per wound at grid cell (row, col) = (1, 2) of a 4×4 grid, weight 1
+        extra = {"token_wound": np.arange(len(keys)), "token_pos": np.tile([1, 2], (len(keys), 1)),
+                 "token_weight": np.ones(len(keys), dtype=np.float32), "grid": np.array([4, 4])}
+    save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=keys, wound_emb=wound_emb, **extra)
+    ws.store.finish_run(run_id)
+    return run_id
+
+
+# -- home and the gate --------------------------------------------------------------------------
+def test_home_sign_in_and_overview(ws):
+    at = app(annotator=None)
+    assert "Sign in" in texts(at)
+    assert {m.label: m.value for m in at.metric}["Photos"] == "53"
+    assert "SYNTHETIC DATA" in texts(at)
+    at.text_input[0].input("  Dr   Who ")
+    at.button[0].click().run()
+    assert at.session_state["annotator"] == "Dr Who"
+    assert "Dr Who" in ws.store.annotators()
+    assert "Signed in as" in texts(at)
+
+
+def test_home_rejects_a_bad_name(ws):
+    at = app(annotator=None)
+    at.text_input[0].input("<script>")
+    at.button[0].click().run()
+    assert any("Names may use" in e.value for e in at.error)
+    assert "annotator" not in at.session_state
+
+
+def test_access_code_gates_every_page(ws, monkeypatch):
+    monkeypatch.setenv("TRIDERM_ACCESS_CODE", "letmein")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.metric and "Workspace" not in texts(at)
+    for path in PAGES.values():  # even a page script run directly stops at the gate
+        page = AppTest.from_file(str(REPO / path), default_timeout=60)
+        page.session_state["annotator"] = "Tess"
+        page.run()
+        assert any("access code" in e.value for e in page.error), path
+        assert not page.dataframe and not page.metric and not page.button, path
+    at.text_input[0].input("Mallory")
+    at.text_input[1].input("wrong")
+    at.button[0].click().run()
+    assert any("Wrong access code" in e.value for e in at.error) and "annotator" not in at.session_state
+    at.text_input[1].input("letmein")
+    at.button[0].click().run()
+    assert at.session_state["annotator"] == "Mallory"
+    assert {m.label for m in at.metric} >= {"Photos", "Expert triplets"}
+
+
+# -- annotation pages -----------------------------------------------------------------------------
+def test_wound_masks_page_edits_and_deletes(ws):
+    at = app("masks")
+    photo = ws.store.images()[0]["image_id"]
+    wounds = ws.store.wounds(photo)
+    assert len(at.text_area) == len(wounds)
+    at.text_area[0].input("New description <b>not html</b>").run()
+    at.text_input(key=f"site_{photo}_{wounds[0]['wound_index']}").input("left shin").run()
+    saved = ws.store.wounds(photo)[0]
+    assert saved["description"] == "New description <b>not html</b>"
+    assert saved["metadata"]["site"] == "left shin"
+    index = wounds[0]["wound_index"]
+    at.button(key=f"del_{photo}_{index}").click().run()
+    assert index not in {w["wound_index"] for w in ws.store.wounds(photo)}
+    assert not (ws.load_mask(photo) == index).any()
+
+
+def test_add_wound_from_canvas_outline(ws):
+    photo = ws.store.images()[1]["image_id"]
+    h, w = ws.load_mask(photo).shape
+    before = {x["wound_index"] for x in ws.store.wounds(photo)}
+    drawn = {"objects": [{"type": "Polygon", "left": 9.0, "top": 9.0, "strokeWidth": 2,
+                          "points": [{"x": 10, "y": 10}, {"x": 40, "y": 10}, {"x": 40, "y": 30}, {"x": 10, "y": 30}]}]}
+    (outline,) = session.canvas_outlines(drawn)
+    region = session.rasterise(outline, (h, w), scale=2.0)
+    labels = ws.load_mask(photo)
+    free = region & (labels == 0)
+    index = session.add_wound(ws, photo, region, description="drawn")
+    assert index == max(before, default=0) + 1
+    wound = next(x for x in ws.store.wounds(photo) if x["wound_index"] == index)
+    assert wound["area"] == int(free.sum()) == int((ws.load_mask(photo) == index).sum())
+    assert wound["description"] == "drawn" and wound["bbox"][0] >= 20 and wound["bbox"][2] <= 81
+
+
+def test_triplets_page_answer_undo_and_reliability(ws):
+    at = app("triplets")
+    source = "expert:Tess"
+    assert len(ws.store.triplets(source=source)) == 0
+    at.button(key="btn_left").click().run()
+    at.button(key="btn_skip").click().run()
+    rows = ws.store.triplets(source=source)
+    assert [r["choice"] for r in rows] == ["j", "skip"] and all(r["latency_ms"] >= 0 for r in rows)
+    at.button(key="btn_undo").click().run()
+    assert [r["choice"] for r in ws.store.triplets(source=source)] == ["j"]
+    assert "2 of 100" not in texts(at)
+    assert "Self-consistency" in texts(at) and "Cohen" in texts(at)
+
+
+def test_triplets_page_needs_a_name(ws):
+    at = AppTest.from_file(str(REPO / PAGES["triplets"]), default_timeout=60).run()
+    assert any("Sign in with your name" in w.value for w in at.warning)
+    assert not at.button
+
+
+# -- model pages -----------------------------------------------------------------------------------
+def test_llm_page(ws):
+    at = app("llm")
+    body = texts(at)
+    if jobs_available("llm_triplets"):
+        assert any(b.label.startswith("Start LLM run") for b in at.button)
+    else:
+        assert "not available in this installation yet" in body
+    assert "LLM triplets in the store" in body
+
+
+def jobs_available(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"core.{module}") is not None
+
+
+def test_train_page_shows_loss_curves(ws):
+    run_id = ws.store.start_run("vision-triderm", {"modality": "vision"})
+    ws.store.update_run(run_id, progress=0.5, metrics={"loss": [3.0, 2.0, 1.5]})
+    at = app("train")
+    assert "Loss curves" in texts(at)
+    assert len(at.get("plotly_chart")) == 1
+    labels = [b.label for b in at.button]
+    assert "Start training" in labels and "Start evaluation" in labels
+
+
+def test_report_page_empty_then_filled(ws):
+    at = app("report")
+    assert "No evaluation report yet" in texts(at)
+    from core.evaluate import run_report
+
+    add_test_embedding(ws)
+    run_report(ws, n_boot=20)
+    at = app("report")
+    assert len(at.dataframe) >= 1
+    assert {b.label for b in at.get("download_button")} >= {"Download report.csv", "Download report.md"}
+
+
+@pytest.mark.slow
+def test_explore_page_umap_retrieval_attention(ws):
+    at = app("explore")
+    assert "No finished embedding run yet" in texts(at)
+    add_test_embedding(ws, with_attention=True)
+    at = app("explore", timeout=300)
+    assert len(at.get("plotly_chart")) == 1
+    body = texts(at)
+    assert "Most similar" in body and "Most dissimilar" in body and "Wound attention" in body
+    captions = [c for im in at.image for c in im.captions]
+    assert any("d = " in c for c in captions)  # retrieval thumbnails with distances
+    assert any(" · wound " in c for c in captions)  # attention maps
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+def test_job_runs_detached_logs_and_stops(ws, tmp_path):
+    out = tmp_path / "ph"
+    rec = jobs.start_job(ws, "phantoms-small", "phantoms",
+                         ["--out", str(out), "--photos", "6", "--patients", "2", "--wounds", "6", "--triplets", "5"],
+                         pass_workspace=False)
+    assert rec["alive"] and rec["pid"] > 0
+    with pytest.raises(ValueError, match="still running"):
+        jobs.start_job(ws, "phantoms-small", "phantoms", ["--out", str(out)], pass_workspace=False)
+    deadline = time.time() + 120
+    while jobs.job(ws, "phantoms-small")["alive"] and time.time() < deadline:
+        time.sleep(0.5)
+    assert not jobs.job(ws, "phantoms-small")["alive"]
+    assert (out / "wounds.csv").exists()
+    assert "core.phantoms" in jobs.tail_log(ws, "phantoms-small")
+    big = jobs.start_job(ws, "phantoms-big", "phantoms", ["--out", str(tmp_path / "big"), "--photos", "200",
+                                                          "--wounds", "400", "--patients", "50"],
+                         pass_workspace=False)
+    assert jobs.stop_job(ws, "phantoms-big")
+    assert not jobs.pid_alive(big["pid"])
+    again = jobs.resume_job(ws, "phantoms-big")  # resume = the same command relaunched
+    assert again["cmd"] == big["cmd"] and again["pid"] != big["pid"] and jobs.job(ws, "phantoms-big")["alive"]
+    jobs.stop_job(ws, "phantoms-big")
+    assert [j["name"] for j in jobs.jobs(ws)] == ["phantoms-big", "phantoms-small"]
+
+
+def test_session_rules(monkeypatch):
+    monkeypatch.delenv("TRIDERM_WORKSPACE", raising=False)
+    assert session.workspace_root(["--workspace", "/tmp/x"], {}) == session.workspace_root(["--workspace=/tmp/x"], {})
+    assert str(session.workspace_root([], {"TRIDERM_WORKSPACE": "/tmp/y"})) == "/tmp/y"
+    assert session.required_access_code({}, {"access_code": "abc"}) == "abc"
+    assert session.required_access_code({"TRIDERM_ACCESS_CODE": "env"}, {"access_code": "abc"}) == "env"
+    assert session.required_access_code({}, None) is None
+    assert session.access_granted(None, None) and session.access_granted("a", "a")
+    assert not session.access_granted(None, "a") and not session.access_granted("b", "a")
+    with pytest.raises(ValueError):
+        session.clean_annotator_name("   ")
