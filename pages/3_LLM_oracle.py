@@ -35,7 +35,8 @@ with st.form("llm_form"):
 args = ["--oracle", oracle, "--budget", budget.strip() or "200", "--sampling", sampling,
         "--workers", str(int(workers)), "--seed", str(int(seed))]
 if oracle == "ollama":
-    args += ["--model", model.strip()]
+    if model.strip():
+        args += ["--model", model.strip()]
     if host.strip():
         args += ["--host", host.strip()]
 if debias:

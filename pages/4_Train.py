@@ -61,6 +61,9 @@ def panels() -> None:
             ac.job_panel(ws, "fit-soe", "fit_soe", soe_args, "SOE fit")
         else:
             st.info("Run the LLM oracle first: SOE needs LLM triplets.")
+        st.markdown("**Text baseline**: mean-pooled MiniLM sentence embeddings of each photo's descriptions "
+                    "(offline).")
+        ac.job_panel(ws, "text-embed", "text_embed", ["--model", "minilm"], "text baseline")
     with evaluation:
         ac.job_panel(ws, "evaluate", "evaluate", eval_args, "evaluation")
     with ablation:

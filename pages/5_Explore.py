@@ -60,6 +60,8 @@ if not runs:
             "its image embedding appears here as a map.")
     st.stop()
 
+TRAINED_FIRST = ("vision-triderm", "fusion", "text-soe")  # trained models before frozen baselines
+runs = sorted(runs, key=lambda r: (TRAINED_FIRST.index(r["kind"]) if r["kind"] in TRAINED_FIRST else 9, -r["id"]))
 label = {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
          + (f" · {r['name']}" if r.get("name") else "") for r in runs}
 c1, c2, c3, c4 = st.columns([3, 2, 2, 2])

@@ -53,7 +53,9 @@ if report_json.exists():
                      error_x=chart["hi"] - chart["balanced"], error_x_minus=chart["balanced"] - chart["lo"],
                      labels={"balanced": "balanced agreement % (95 % CI)", "method": ""})
         fig.add_vline(x=50, line_dash="dot", annotation_text="chance")
-        fig.update_layout(height=120 + 36 * len(rows), margin=dict(t=20, b=40), yaxis=dict(autorange="reversed"))
+        low = max(0.0, min(45.0, float(chart["lo"].min()) - 5))
+        fig.update_layout(height=120 + 36 * len(rows), margin=dict(t=20, b=40), yaxis=dict(autorange="reversed"),
+                          xaxis=dict(range=[low, min(100.0, float(chart["hi"].max()) + 5)]))
         st.plotly_chart(fig, width="stretch")
     c1, c2, c3 = st.columns(3)
     for col, name, mime in ((c1, "report.csv", "text/csv"), (c2, "report.md", "text/markdown"),
