@@ -216,7 +216,7 @@ if len(run_ids) == 1 and run["config"].get("modality") == "vision":
     if maps:
         st.caption("Attention weight of each feature-grid token inside the wound (red = high), from the run's "
                    "attention pooling head.")
-        cols = st.columns(min(4, len(maps)))
+        cols = st.columns(4)
         for n, (index, picture) in enumerate(maps):
             picture.thumbnail((480, 480))
             cols[n % len(cols)].image(picture, caption=f"{query} · wound {index}", width="stretch")
