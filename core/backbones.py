@@ -71,6 +71,7 @@ class Backbone:
         device: torch.device,
         arch: str,
         fixed_size: bool,
+        channels_last: bool = False,
     ) -> None:
         self.name = name
         self.model = model
@@ -85,9 +86,10 @@ class Backbone:
         self._stem = list(stem)
         self._blocks = list(blocks)
         self._fixed_size = fixed_size
+        self._memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self._mean_t = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
         self._std_t = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
-        self.model.to(device).eval()
+        self.model.to(device, memory_format=self._memory_format).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
 
@@ -126,8 +128,8 @@ class Backbone:
     @torch.no_grad()
     def __call__(self, x: Tensor) -> Tensor:
         with autocast(self.device):
-            out = self._features(x.to(self.device))
-        return out.float()
+            out = self._features(x.to(self.device).contiguous(memory_format=self._memory_format))
+        return out.float().contiguous()
 
     def stem_parameters(self) -> list[nn.Parameter]:
         """Patch/stem embedding parameters (what SLIMP's continual mode unfreezes)."""
@@ -200,6 +202,7 @@ def _efficientnet_lite0(device: torch.device, pretrained: bool) -> Backbone:
         channels=net.blocks[n_stages - 1][-1].conv_pwl.out_channels, stride=16,
         stem=[*net.conv_stem.parameters(), *net.bn1.parameters()],
         blocks=list(net.blocks[:n_stages]), device=device, arch=OFFLINE_DEFAULT, fixed_size=False,
+        channels_last=True,  # ~30% faster depthwise convs on CPU
     )
 
 
