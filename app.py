@@ -124,7 +124,7 @@ def home() -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="TriDerm Studio", page_icon="🩹", layout="wide")
+    st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
     if not ac.access_ok():
         nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)])
     else:

@@ -48,7 +48,7 @@ def annotator() -> str | None:
 
 def page(title: str, needs_name: bool = False) -> Workspace:
     """Start a page: config, access gate (stops the script when it fails), synthetic banner."""
-    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon="🩹", layout="wide")
+    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide")
     if not access_ok():
         st.error("This TriDerm Studio needs an access code. Sign in on the Home page.")
         st.stop()
@@ -117,7 +117,8 @@ def pil(png: bytes) -> Image.Image:
 
 
 def status_badge(status: str) -> str:
-    return {"running": "🟢 running", "done": "✅ done", "failed": "❌ failed", "stopped": "⏹ stopped"}.get(status, status)
+    """Plain-text run status (no emoji: clinical workstations often lack emoji fonts)."""
+    return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped"}.get(status, status)
 
 
 def repo_root() -> Path:
