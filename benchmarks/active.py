@@ -7,9 +7,10 @@ model, no skips) answers any of the 70,278 (anchor, pair) questions. For budgets
 10, 15, 25, 50 and 100 % of all questions:
 
 - uniform: the first b questions of a seeded uniform order (TriDerm §3.2 / Table 2a);
-- active: anchor-balanced random 0.5 %, then rounds that ask the unasked questions with the
-  smallest |margin| under the current SOE fit, spread evenly over anchors, refitting (warm
-  start) after every round; a round is 0.5 % of all questions or 10 % of those asked so far,
+- active (:class:`core.triplet_sampling.ActiveSampler`): anchor-balanced random 0.5 %, then
+  rounds that ask, from a random pool of 4× the round size of unasked questions, those with
+  the smallest |margin| under the current SOE fit, spread evenly over anchors, refitting
+  (warm start) after every round; a round is 0.5 % of all questions or 10 % of those asked so far,
   whichever is larger, cut at the next budget mark.
 
 At each mark a fresh SOE (default settings, same seed for both samplers) is fitted on the
