@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import sys
-from pathlib import Path
 
 import streamlit as st
 from PIL import Image
@@ -112,17 +111,9 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def pil(png: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(png))
-
-
 def status_badge(status: str) -> str:
     """Plain-text run status (no emoji: clinical workstations often lack emoji fonts)."""
     return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped"}.get(status, status)
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent
 
 
 # -- background jobs ------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 from streamlit_drawable_canvas import st_canvas
 

@@ -251,3 +251,16 @@ def test_session_rules(monkeypatch):
     assert not session.access_granted(None, "a") and not session.access_granted("b", "a")
     with pytest.raises(ValueError):
         session.clean_annotator_name("   ")
+
+
+def test_canvas_freehand_and_moved_outlines():
+    path = {"type": "path", "left": 9.0, "top": 9.0, "strokeWidth": 2,
+            "path": [["M", 10, 10], ["Q", 20, 10, 30, 10], ["L", 30, 30], ["L", 10, 30], ["z"]]}
+    (outline,) = session.canvas_outlines({"objects": [path]})
+    assert outline[0] == (10.0, 10.0) and (30.0, 30.0) in outline
+    moved = {**path, "left": 59.0, "top": 109.0}  # dragged 50 right, 100 down in the canvas's edit mode
+    (shifted,) = session.canvas_outlines({"objects": [moved]})
+    assert shifted[0] == (60.0, 110.0)
+    mask = session.rasterise(outline, (40, 40))
+    assert mask[20, 20] and not mask[5, 5] and mask.sum() == 21 * 21
+    assert session.canvas_outlines({"objects": [{"type": "circle"}, {"type": "path", "path": [["M", 1, 1]]}]}) == []
