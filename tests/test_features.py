@@ -1,0 +1,136 @@
+"""Wound tokens, the feature cache / token bank, and ragged attention pooling."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from scipy import ndimage
+
+from annotations.workspace import Workspace
+from core.backbones import load_backbone
+from core.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, wound_fractions, wound_tokens
+from core.pooling import AttentionPooling, MeanPooling, WoundHead, segment_softmax
+
+
+def test_fractions_equal_area_pooling_and_small_wounds_get_one_token():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, (224, 224))
+    frac = wound_fractions(labels, [1, 3], (14, 14))
+    onehot = torch.stack([torch.from_numpy(labels == i).float() for i in (1, 3)])
+    assert torch.allclose(frac, F.avg_pool2d(onehot[None], 16)[0])
+    labels = np.zeros((224, 224), np.int64)
+    labels[0:64, 0:64] = 1  # exactly 4×4 cells
+    labels[100:103, 200:202] = 2  # 6 pixels: no cell is half covered
+    labels[150, 17:19] = 2  # ... and a 2-pixel second piece: the best cell is the first one
+    toks = wound_tokens(labels, [1, 2, 5], (14, 14))
+    assert sorted(toks[0].tolist()) == [r * 14 + c for r in range(4) for c in range(4)]
+    assert toks[1].tolist() == [6 * 14 + 12]
+    assert toks[2].numel() == 0  # absent wound
+    assert token_mask(torch.full((1, 2, 2), 0.5)).all()
+
+
+def test_attention_weights_nonnegative_sum_to_one_per_wound_and_zero_outside():
+    g = torch.Generator().manual_seed(0)
+    c, h, w = 8, 6, 6
+    labels = np.zeros((96, 96), np.int64)
+    labels[0:40, 0:40] = 1
+    labels[60:96, 50:90] = 2
+    labels[45, 45] = 3  # one pixel
+    frac = wound_fractions(labels, [1, 2, 3], (h, w))
+    photo = PhotoFeatures([1, 2, 3], torch.randn(2, c, h, w, generator=g).half(), frac[None].repeat(2, 1, 1, 1).half(),
+                          torch.randn(c, h, w, generator=g).half(), frac)
+    bank = TokenBank({"p": photo}, [("p", 1), ("p", 2), ("p", 3)])
+    pool = AttentionPooling(c, 16)
+    with torch.no_grad():
+        pooled, weights = pool(bank.eval_tokens, bank.eval_segment, 3)
+    assert (weights >= 0).all()
+    sums = torch.zeros(3).index_add_(0, bank.eval_segment, weights)
+    assert torch.allclose(sums, torch.ones(3))
+    masks = token_mask(frac)
+    for e in range(3):
+        dense = torch.zeros(h, w)
+        sel = bank.eval_segment == e
+        dense[bank.eval_pos[sel, 0], bank.eval_pos[sel, 1]] = weights[sel]
+        assert (dense[~masks[e]] == 0).all()  # no attention outside the wound
+        assert (dense[masks[e]] > 0).all()
+        manual = (weights[sel, None] * bank.eval_tokens[sel]).sum(0)
+        assert torch.allclose(pooled[e], manual, atol=1e-6)
+    assert (bank.eval_segment == 2).sum() == 1  # the one-pixel wound still has a token
+    mean, mw = MeanPooling()(bank.eval_tokens, bank.eval_segment, 3)
+    assert torch.allclose(mean[0], bank.eval_tokens[bank.eval_segment == 0].mean(0), atol=1e-6)
+    head = WoundHead(c, dim=12, pooling="attention")
+    z, _ = head(bank.eval_tokens, bank.eval_segment, 3)
+    assert z.shape == (3, 12)
+
+
+def test_segment_softmax_matches_dense_softmax():
+    logits = torch.tensor([1.0, 2.0, 3.0, -1.0, 1000.0])
+    seg = torch.tensor([0, 0, 0, 1, 1])
+    out = segment_softmax(logits, seg, 2)
+    assert torch.allclose(out[:3], torch.softmax(logits[:3], 0))
+    assert torch.allclose(out[3:], torch.softmax(logits[3:], 0))
+
+
+def test_token_bank_gather_and_view_sampling():
+    g = torch.Generator().manual_seed(0)
+    frac = torch.zeros(3, 2, 4, 4)
+    frac[:, 0, 0, :2] = 1.0          # wound 0: 2 tokens in every view
+    frac[0, 1, 3, 3] = 1.0           # wound 1: only in view 0
+    photo = PhotoFeatures([1, 2], torch.randn(3, 5, 4, 4, generator=g).half(), frac.half(),
+                          torch.randn(5, 4, 4, generator=g).half(), frac[0])
+    bank = TokenBank({"p": photo}, [("p", 1), ("p", 2)])
+    assert bank.length.tolist() == [[2, 2, 2], [1, 0, 0]]
+    tokens, seg = bank.gather(torch.tensor([1, 0]), torch.tensor([0, 2]))
+    assert seg.tolist() == [0, 1, 1]
+    assert torch.equal(tokens[0], photo.views[0, :, 3, 3].float())
+    assert torch.equal(tokens[1:], photo.views[2, :, 0, :2].T.float())
+    v1, v2 = bank.sample_views(torch.tensor([0, 1] * 20), g)
+    assert (v1[::2] != v2[::2]).all()          # two different views when there are several
+    assert (v1[1::2] == 0).all() and (v2[1::2] == 0).all()  # the only valid view
+
+
+@pytest.fixture(scope="module")
+def tiny_ws(tmp_path_factory) -> Workspace:
+    from annotations.dataset import import_dataset
+    from core.phantoms import build
+
+    out = tmp_path_factory.mktemp("tiny") / "ds"
+    build(out, seed=3, photos=4, patients=2, wounds=6, triplets=10)
+    ws = Workspace(tmp_path_factory.mktemp("tinyws") / "ws")
+    import_dataset(ws, out)
+    return ws
+
+
+def test_feature_cache_is_reused_and_extended(tiny_ws):
+    bb = load_backbone("efficientnet-lite0", device="cpu", pretrained=False)
+    calls = []
+    forward = bb._features.forward
+    bb._features.forward = lambda x: calls.append(len(x)) or forward(x)
+    cache = FeatureCache(tiny_ws, bb)
+    image_id = tiny_ws.store.images()[0]["image_id"]
+    first = cache.photo(image_id, 2)
+    assert first.views.shape[:2] == (2, 112) and first.views.dtype == torch.float16
+    assert calls == [1, 2]  # inference view, then the two augmented views
+    again = cache.photo(image_id, 2)
+    assert calls == [1, 2] and torch.equal(again.views, first.views)
+    more = cache.photo(image_id, 3)
+    assert calls == [1, 2, 1] and torch.equal(more.views[:2], first.views)
+    assert len(list(cache.root.glob("*.pt"))) == 1
+    fresh = cache.photo(image_id, 3, use_cache=False)  # recomputed: same deterministic views
+    assert torch.allclose(fresh.views.float(), more.views.float(), atol=1e-2)
+
+
+def test_tokens_for_all_medetec_wounds(medetec_dir: Path):
+    total = 0
+    for path in sorted((medetec_dir / "images").glob("*.png")):
+        mask = np.asarray(Image.open(medetec_dir / "masks" / path.name))
+        binary = (mask.max(axis=2) if mask.ndim == 3 else mask) > 0
+        labels, n = ndimage.label(binary)
+        toks = wound_tokens(labels, range(1, n + 1), (14, 14))
+        assert all(t.numel() >= 1 for t in toks), path.name
+        total += n
+    assert total == 60
