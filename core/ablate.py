@@ -154,18 +154,22 @@ def summarise(rows: list[Row]) -> list[dict[str, Any]]:
     for r in rows:
         bal = _mean_sd([x["balanced"] for x in r.results])
         micro = _mean_sd([x["micro"] for x in r.results])
+        n_train = [x["n_train_triplets"] for x in r.results if "n_train_triplets" in x]
         out.append({"table": r.table, "factor": r.factor, "value": r.value, "label": r.label,
                     "config": r.config, "seeds": len(r.results), "balanced_mean": bal[0], "balanced_sd": bal[1],
-                    "micro_mean": micro[0], "micro_sd": micro[1], "paper": PAPER.get((r.factor, r.value))})
+                    "micro_mean": micro[0], "micro_sd": micro[1], "paper": PAPER.get((r.factor, r.value)),
+                    "n_train_triplets": int(np.mean(n_train)) if n_train else None})
     return out
 
 
 def format_table(summary: list[dict], table: str, title: str) -> str:
-    lines = [title, f"{'setting':28s} {'balanced % (mean ± sd)':>24s} {'micro %':>16s} {'seeds':>5s} {'paper':>6s}"]
+    lines = [title, f"{'setting':28s} {'balanced % (mean ± sd)':>24s} {'micro %':>16s} {'seeds':>5s} {'paper':>6s}"
+                    + (f" {'triplets':>8s}" if table == "text" else "")]
     for s in (s for s in summary if s["table"] == table):
         paper = f"{s['paper']:.1f}" if s["paper"] is not None else "–"
         lines.append(f"{s['label'][:28]:28s} {100 * s['balanced_mean']:17.1f} ± {100 * s['balanced_sd']:4.1f}"
-                     f" {100 * s['micro_mean']:9.1f} ± {100 * s['micro_sd']:4.1f} {s['seeds']:5d} {paper:>6s}")
+                     f" {100 * s['micro_mean']:9.1f} ± {100 * s['micro_sd']:4.1f} {s['seeds']:5d} {paper:>6s}"
+                     + (f" {s['n_train_triplets']:8d}" if table == "text" else ""))
     return "\n".join(lines)
 
 

@@ -161,6 +161,9 @@ def test_text_ablation_rows_shared_cells_and_resume(tmp_path, capsys):
     assert rows["oracle good"]["balanced_mean"] > rows["oracle coin"]["balanced_mean"] + 0.15
     assert rows["budget 100%"]["balanced_mean"] > rows["budget 0.1%"]["balanced_mean"] + 0.1
     assert rows["dim 2"]["paper"] == 62.6
+    n_good, n_coin = (len(ws.store.triplets(source=f"llm:{m}")) for m in ("good", "coin"))
+    assert rows["budget 1%"]["n_train_triplets"] == round(0.01 * n_good)
+    assert rows["oracle coin"]["n_train_triplets"] == n_coin
 
     assert ablate_main(["--workspace", str(ws.root), "--tables", "text", "--seeds", "2"]) == 0
     printed = capsys.readouterr().out
