@@ -155,6 +155,8 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
     if record is not None:
         run = record.get("run")
         state = "running" if alive else (run["status"] if run else "exited")
+        if not alive and run is not None and run["status"] == "running":
+            state = "exited without finishing (resume to continue)"
         c3.markdown(f"{status_badge(state)} · pid {record['pid']} · `{' '.join(record['cmd'][2:])}`")
         if run is not None:
             st.progress(min(1.0, float(run["progress"] or 0)),
