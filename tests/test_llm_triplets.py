@@ -134,19 +134,18 @@ def test_active_selection_prefers_uncertain_questions() -> None:
 
 
 @pytest.mark.slow
-def test_local_smollm2_oracle_writes_answers(demo_workspace, capsys) -> None:
+def test_local_smollm2_oracle_writes_answers(demo_workspace) -> None:
     ws = demo_workspace
-    assert llm_triplets.main(["--workspace", str(ws.root), "--oracle", "local", "--budget", "6", "--debias",
-                              "--batch-size", "4"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    oracle = LocalOracle(batch_size=4)
+    summary = run(ws, oracle, 6, debias=True, progress=False)
     answers = ws.store.llm_answers("local", "smollm2-135m-instruct", PROMPT_VERSION)
     assert len(answers) == 12 and summary["asked"] == 12 and summary["demo_oracle"]
-    assert summary["position_bias_rate"] is not None
+    assert summary["position_bias_rate"] is not None and summary["debiased_pairs"] == 6
     raw = json.loads(answers[0]["raw"])
     assert raw["answer"] == answers[0]["choice"] and raw["logp_j"] <= 0 and raw["logp_k"] <= 0
+    assert (raw["logp_j"] - raw["logp_k"] >= raw["prior_log_odds"]) == (raw["answer"] == "j")
     assert answers[0]["tokens_in"] > 100
-    # a batched forward pass gives the same answers as one question at a time
-    oracle = LocalOracle(batch_size=1)
+    # one question alone (no padding) gives the same log-likelihoods as inside the padded batch
     texts = photo_texts(ws)
     a = answers[0]
     single = oracle.answer(texts[a["anchor"]], texts[a["ref_j"]], texts[a["ref_k"]])
