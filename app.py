@@ -72,7 +72,8 @@ def overview_section(ws) -> None:
     if runs:
         st.dataframe(pd.DataFrame([{
             "run": r["id"], "kind": r["kind"], "name": r["name"] or "", "status": ac.status_badge(r["status"]),
-            "progress": float(r["progress"] or 0), "started": r["created"], "message": r["message"] or "",
+            "progress": float(r["progress"] or 0), "started": str(r["created"])[:16].replace("T", " "),
+            "message": r["message"] or "",
         } for r in runs]), hide_index=True, width="stretch",
             column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1)})
     else:

@@ -10,7 +10,7 @@ import io
 import sys
 
 import streamlit as st
-from PIL import Image
+from PIL import Image, ImageOps
 
 from annotations import session
 from annotations.workspace import Workspace
@@ -105,6 +105,19 @@ def thumbnail(path: str, size: int = 320) -> bytes:
 
 def photo(ws: Workspace, image_id: str, size: int = 320) -> bytes:
     return thumbnail(str(ws.image_path(image_id)), size)
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def letterboxed(path: str, width: int = 720, height: int = 540) -> bytes:
+    """The photo fitted into a fixed width×height frame (neutral margins), so that photos of
+    different shapes shown side by side line up."""
+    with Image.open(path) as im:
+        im = ImageOps.contain(im.convert("RGB"), (width, height))  # enlarges small photos too
+        frame = Image.new("RGB", (width, height), (242, 245, 247))
+        frame.paste(im, ((width - im.width) // 2, (height - im.height) // 2))
+        buf = io.BytesIO()
+        frame.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def data_uri(png: bytes) -> str:

@@ -122,15 +122,15 @@ else:
     st.markdown("#### Is the **query** photo (centre) more similar to the **left** or the **right** photo?")
     left, mid, right = st.columns(3, gap="medium")
     with left:
-        st.image(ac.photo(ws, q.ref_j, 720), caption=f"Left · {q.ref_j}", width="stretch")
+        st.image(ac.letterboxed(str(ws.image_path(q.ref_j))), caption=f"Left · {q.ref_j}", width="stretch")
         st.button(f"{LEFT}  [1 / ←]", on_click=answer, args=("j", token), type="primary",
                   width="stretch", key="btn_left")
     with mid:
-        st.image(ac.photo(ws, q.anchor, 720), caption=f"Query · {q.anchor}", width="stretch")
+        st.image(ac.letterboxed(str(ws.image_path(q.anchor))), caption=f"Query · {q.anchor}", width="stretch")
         st.button(f"{SKIP}  [0 / space]", on_click=answer, args=("skip", token), width="stretch",
                   key="btn_skip", help="Skip when the photos cannot be compared")
     with right:
-        st.image(ac.photo(ws, q.ref_k, 720), caption=f"Right · {q.ref_k}", width="stretch")
+        st.image(ac.letterboxed(str(ws.image_path(q.ref_k))), caption=f"Right · {q.ref_k}", width="stretch")
         st.button(f"{RIGHT}  [2 / →]", on_click=answer, args=("k", token), type="primary",
                   width="stretch", key="btn_right")
     if q.kind != "new":

@@ -179,7 +179,8 @@ for title_, key in (("Most similar", "similar"), ("Most dissimilar", "dissimilar
     st.markdown(f"**{title_}**")
     cols = st.columns(len(result[key]))
     for col, (image_id, dist) in zip(cols, result[key]):
-        col.image(ac.photo(ws, image_id, 240), caption=f"{image_id} · d = {dist:.2f}", width="stretch")
+        col.image(ac.letterboxed(str(ws.image_path(image_id)), 320, 240), caption=f"{image_id} · d = {dist:.2f}",
+                  width="stretch")
 
 
 def attention_maps(run_id: int, image_id: str) -> list[tuple[int, Image.Image]]:
