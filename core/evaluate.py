@@ -173,13 +173,14 @@ def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str
 
 
 def text_table(ws: Workspace, rows: list[dict]) -> str:
-    head = f"{'run':44s} {'balanced':>20s} {'micro':>20s} {'macro-F1':>20s} {'kappa':>24s} {'n':>5s}"
+    width = max([len("run"), *(len(r["label"]) for r in rows)])
+    head = f"{'run':{width}s} {'balanced':>20s} {'micro':>20s} {'macro-F1':>20s} {'kappa':>24s} {'n':>5s}"
     lines = [title(ws), head]
     for modality in dict.fromkeys(r["modality"] for r in rows):
         lines.append(f"-- {modality}")
         for r in (r for r in rows if r["modality"] == modality):
-            lines.append(f"{r['label'][:44]:44s} " + " ".join(f"{_cell(r, m):>{24 if m == 'kappa' else 20}s}"
-                                                             for m in METRICS) + f" {r['n']:5d}")
+            lines.append(f"{r['label']:{width}s} " + " ".join(f"{_cell(r, m):>{24 if m == 'kappa' else 20}s}"
+                                                              for m in METRICS) + f" {r['n']:5d}")
     return "\n".join(lines)
 
 
