@@ -186,27 +186,31 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     ids = [f"img{n:02d}" for n in range(N)]
     calls = []
 
-    def fake_train(ws_, progress, seed, pooling, loss, epochs):
+    def fake_train(ws_, progress, seed, pooling, loss, epochs, batch_size=32, lr=1e-2):
         assert progress is False
-        calls.append((pooling, loss, seed, epochs))
+        calls.append((pooling, loss, batch_size, lr, seed, epochs))
         quality = {"mean": 0.8, "attention": 0.3}[pooling] + {"vicreg": 0.0, "contrastive": 0.5, "triplet": 0.2}[loss]
         emb = truth + quality * np.random.default_rng(seed).normal(size=truth.shape)
         return _add_run(ws_, "vision-triderm", "vision", emb, ids)
 
     monkeypatch.setitem(sys.modules, "core.train_triderm", types.SimpleNamespace(train=fake_train))
     out = run_ablation(ws, seeds=3, quick=True, tables=("vision",))
-    assert sorted(set(calls)) == sorted({(p, l, s, 10) for p, l in [("mean", "vicreg"), ("attention", "vicreg"),
-                                                                     ("attention", "contrastive"),
-                                                                     ("attention", "triplet")] for s in range(3)})
-    assert len(calls) == 12  # attention pooling and the VICReg loss row share their cells
+    configs = [("mean", "vicreg", 32, 1e-2), ("attention", "vicreg", 32, 1e-2), ("attention", "contrastive", 32, 1e-2),
+               ("attention", "triplet", 32, 1e-2), ("attention", "contrastive", 128, 1e-3),
+               ("attention", "triplet", 8, 1e-2)]
+    assert sorted(calls) == sorted((*c, s, 10) for c in configs for s in range(3))
+    # attention pooling and the VICReg loss row share their cells: 6 configurations × 3 seeds
     rows = {s["label"]: s for s in out["summary"]}
+    assert list(rows) == ["pooling mean", "pooling attention", "loss vicreg", "loss contrastive", "loss triplet",
+                          "loss contrastive, batch 128, lr 1e-3", "loss triplet, batch 8"]
     assert rows["pooling attention"]["balanced_mean"] == rows["loss vicreg"]["balanced_mean"]
     assert rows["pooling attention"]["balanced_mean"] > rows["pooling mean"]["balanced_mean"]
-    assert run_ablation(ws, seeds=3, quick=True, tables=("vision",))["computed"] == 0 and len(calls) == 12
+    assert rows["loss triplet, batch 8"]["paper"] == 70.1 and rows["loss triplet"]["paper"] is None
+    assert run_ablation(ws, seeds=3, quick=True, tables=("vision",))["computed"] == 0 and len(calls) == 18
 
     # the report keeps ablation-trained runs out of Table 1 and of the fusion inputs
     main_run = _add_run(ws, "vision-triderm", "vision", truth, ids)
     _add_run(ws, "vision-triderm", "vision", truth, ids)
     ws.store.update_run(ws.store.runs()[0]["id"], metrics={"ablation_cell": "x"})
     assert [r["run_id"] for r in run_report(ws, n_boot=20)["rows"]] == [main_run]
-    assert len(run_report(ws, n_boot=20, include_ablation=True)["rows"]) == 14
+    assert len(run_report(ws, n_boot=20, include_ablation=True)["rows"]) == 20
