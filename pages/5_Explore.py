@@ -42,7 +42,7 @@ def umap_2d(D: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np.n
     if n < 4:
         return np.c_[np.arange(n, dtype=float), np.zeros(n)]
     reducer = umap.UMAP(n_neighbors=max(2, min(n_neighbors, n - 1)), min_dist=min_dist, metric="precomputed",
-                        init="random", random_state=seed, n_components=2)
+                        init="random", random_state=seed, n_components=2, n_jobs=1)
     return reducer.fit_transform(np.asarray(D, dtype=np.float64))
 
 

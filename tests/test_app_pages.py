@@ -264,3 +264,17 @@ def test_canvas_freehand_and_moved_outlines():
     mask = session.rasterise(outline, (40, 40))
     assert mask[20, 20] and not mask[5, 5] and mask.sum() == 21 * 21
     assert session.canvas_outlines({"objects": [{"type": "circle"}, {"type": "path", "path": [["M", 1, 1]]}]}) == []
+
+
+def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIDERM_WORKSPACE", str(tmp_path / "empty"))
+    monkeypatch.delenv("TRIDERM_ACCESS_CODE", raising=False)
+    at = app()
+    assert "This workspace is empty" in texts(at)
+    at.text_input(key="import_folder").input(str(tmp_path / "missing")).run()
+    at.button[[b.label for b in at.button].index("Import")].click().run()
+    assert any("Nothing imported" in e.value for e in at.error)
+    at.text_input(key="import_folder").input(str(demo_dataset)).run()
+    at.button[[b.label for b in at.button].index("Import")].click().run()
+    assert any("Imported 53 photos" in s.value for s in at.success)
+    assert Workspace(tmp_path / "empty").store.counts()["images"] == 53
