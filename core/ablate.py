@@ -174,11 +174,13 @@ def summarise(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def format_table(summary: list[dict], table: str, title: str) -> str:
-    lines = [title, f"{'setting':28s} {'balanced % (mean ± sd)':>24s} {'micro %':>16s} {'seeds':>5s} {'paper':>6s}"
+    rows = [s for s in summary if s["table"] == table]
+    w = max([len("setting"), *(len(s["label"]) for s in rows)])
+    lines = [title, f"{'setting':{w}s} {'balanced % (mean ± sd)':>24s} {'micro %':>16s} {'seeds':>5s} {'paper':>6s}"
                     + (f" {'triplets':>8s}" if table == "text" else "")]
-    for s in (s for s in summary if s["table"] == table):
+    for s in rows:
         paper = f"{s['paper']:.1f}" if s["paper"] is not None else "–"
-        lines.append(f"{s['label'][:28]:28s} {100 * s['balanced_mean']:17.1f} ± {100 * s['balanced_sd']:4.1f}"
+        lines.append(f"{s['label']:{w}s} {100 * s['balanced_mean']:17.1f} ± {100 * s['balanced_sd']:4.1f}"
                      f" {100 * s['micro_mean']:9.1f} ± {100 * s['micro_sd']:4.1f} {s['seeds']:5d} {paper:>6s}"
                      + (f" {s['n_train_triplets']:8d}" if table == "text" else ""))
     return "\n".join(lines)
