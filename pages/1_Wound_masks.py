@@ -89,10 +89,7 @@ with list_col:
         i, base = w["wound_index"], f"{pick}_{w['wound_index']}"
         meta = w["metadata"] or {}
         with st.container(border=True):
-            head, button = st.columns([3, 1])
-            head.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
-            button.button("Delete", icon=":material/delete:", key=f"del_{base}", on_click=remove, args=(pick, i),
-                          help="Remove this wound's outline and description")
+            st.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
             st.text_area("Description", value=w["description"], key=f"desc_{base}", on_change=save_text,
                          args=(pick, i), placeholder="granulation, fibrin, border, erythema, crusts…",
                          height=90)
@@ -101,6 +98,8 @@ with list_col:
                           args=(pick, i), placeholder="e.g. left shin")
             m2.text_input("Size", value=str(meta.get("size", "")), key=f"size_{base}", on_change=save_text,
                           args=(pick, i), placeholder="e.g. 3 × 2 cm")
+            st.button(f"Delete wound {i}", icon=":material/delete:", key=f"del_{base}", on_click=remove,
+                      args=(pick, i), help="Remove this wound's outline and description")
     done = sum(1 for w in wounds if w["description"].strip())
     if wounds:
         st.caption(f"{done} of {len(wounds)} wounds described. Text is saved when you leave a field.")
