@@ -134,6 +134,20 @@ def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[
     return losses
 
 
+def check_config(cfg: dict[str, Any]) -> None:
+    """Raise ValueError naming the first out-of-range option."""
+    minimum = {"epochs": 1, "batch_size": 2, "views": 1 if cfg["no_cache"] else 2, "dim": 1}
+    for key, low in minimum.items():
+        if int(cfg[key]) < low:
+            raise ValueError(f"{key} must be ≥ {low}, got {cfg[key]}")
+    if cfg["lr"] <= 0 or cfg["weight_decay"] < 0:
+        raise ValueError(f"need lr > 0 and weight_decay ≥ 0, got {cfg['lr']} and {cfg['weight_decay']}")
+    if cfg["pooling"] not in ("attention", "mean"):
+        raise ValueError(f"pooling must be 'attention' or 'mean', got {cfg['pooling']!r}")
+    if cfg["loss"] not in LOSSES:
+        raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {cfg['loss']!r}")
+
+
 def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
     """Train TriDerm-V on ``ws`` (options as in :data:`DEFAULTS`; ``backbone`` may be a
     registry name or a loaded :class:`Backbone`); returns the run id."""
@@ -141,9 +155,7 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
     if unknown:
         raise TypeError(f"unknown training options: {sorted(unknown)}")
     cfg = {**DEFAULTS, **config}
-    for key in ("epochs", "batch_size", "views", "dim"):
-        if int(cfg[key]) < (2 if key == "views" and not cfg["no_cache"] else 1):
-            raise ValueError(f"{key} must be ≥ {2 if key == 'views' else 1}, got {cfg[key]}")
+    check_config(cfg)
     criterion = make_loss(cfg["loss"])
     device = pick_device()
     torch.manual_seed(cfg["seed"])
@@ -234,11 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="augment + run the backbone every step (slow)")
     parser.add_argument("--dim", type=int, default=DEFAULTS["dim"])
     args = parser.parse_args(argv)
-    for key in ("epochs", "batch_size", "views", "dim"):
-        if getattr(args, key) < (2 if key in ("views", "batch_size") else 1):
-            parser.error(f"--{key.replace('_', '-')} must be ≥ {2 if key in ('views', 'batch_size') else 1}")
-    if args.lr <= 0:
-        parser.error("--lr must be > 0")
+    options = dict(pooling=args.pooling, loss=args.loss, epochs=args.epochs, batch_size=args.batch_size,
+                   lr=args.lr, weight_decay=args.weight_decay, views=args.views, seed=args.seed,
+                   no_cache=args.no_cache, dim=args.dim)
+    try:
+        check_config({**DEFAULTS, **options})
+    except ValueError as e:
+        parser.error(str(e).replace("_", "-"))
     ws = Workspace(args.workspace)
     demo = ensure_images(ws)
     if demo:
@@ -250,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         backbone = load_backbone(args.backbone)
     except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
         parser.error(str(e))
-    run_id = train(ws, backbone=backbone, pooling=args.pooling, loss=args.loss, epochs=args.epochs,
-                   batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, views=args.views,
-                   seed=args.seed, no_cache=args.no_cache, dim=args.dim)
+    run_id = train(ws, backbone=backbone, **options)
     run = ws.store.run(run_id)
     base_id = baseline_run(ws, backbone)
     rows = [(f"frozen {run['config']['backbone']} mean-pool (run {base_id})", run_agreement(ws, base_id)),
