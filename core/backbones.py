@@ -125,9 +125,10 @@ class Backbone:
             x = torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).float() / 255.0
         return self.normalize(x.clamp(0.0, 1.0))
 
-    @torch.no_grad()
     def __call__(self, x: Tensor) -> Tensor:
-        with autocast(self.device):
+        """Feature map; gradients flow only if some weights were unfrozen (e.g. the stem)."""
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.model.parameters())
+        with torch.set_grad_enabled(grad), autocast(self.device):
             out = self._features(x.to(self.device).contiguous(memory_format=self._memory_format))
         return out.float().contiguous()
 

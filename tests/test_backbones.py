@@ -98,3 +98,18 @@ def test_unknown_names_are_rejected():
     with pytest.raises(FileNotFoundError):
         load_backbone("/nonexistent/weights.pt")
     assert "efficientnet-lite0" in available_backbones()
+
+
+def test_gradients_flow_only_into_unfrozen_stem(lite0):
+    x = torch.randn(1, 3, 224, 224)
+    assert not lite0(x).requires_grad  # frozen: no graph is built
+    try:
+        for p in lite0.stem_parameters():
+            p.requires_grad_(True)
+        lite0(x).sum().backward()
+        assert lite0.model.conv_stem.weight.grad is not None
+        assert lite0.model.blocks[0][0].conv_dw.weight.grad is None
+    finally:
+        for p in lite0.stem_parameters():
+            p.requires_grad_(False)
+            p.grad = None
