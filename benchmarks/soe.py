@@ -117,14 +117,22 @@ def main(argv: list[str] | None = None) -> int:
           f"training triplets (the noise ceiling).")
 
     cap_note = None
+    try:
+        import cblearn  # noqa: F401  (the bench extra: pip install -e .[bench])
+        have_cblearn = True
+    except ImportError:
+        have_cblearn = False
+        print("cblearn is not installed (pip install -e '.[bench]'): its rows are left out")
     contenders: list[tuple[str, Callable[[], np.ndarray], int]] = [
         ("this SOE (default: δ=0.1, full batch, 100 steps)", lambda: SOE(random_state=args.seed).fit(train, n).embedding_,
          args.repeats),
         ("this SOE (paper protocol: δ=0, batch 2048, 50 ep)",
          lambda: SOE.paper_protocol(random_state=args.seed).fit(train, n).embedding_, args.repeats),
-        ("cblearn SOE scipy (L-BFGS-B, n_init=1)", lambda: cblearn_fit(train, n, "scipy", args.seed), args.repeats),
     ]
-    if not args.skip_cblearn_torch:
+    if have_cblearn:
+        contenders.append(("cblearn SOE scipy (L-BFGS-B, n_init=1)", lambda: cblearn_fit(train, n, "scipy", args.seed),
+                           args.repeats))
+    if have_cblearn and not args.skip_cblearn_torch:
         t0 = time.perf_counter()
         cblearn_fit(train, n, "torch", args.seed, max_iter=20)
         per_iter = (time.perf_counter() - t0) / 20
