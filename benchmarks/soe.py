@@ -24,6 +24,7 @@ each measurement.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -117,11 +118,8 @@ def main(argv: list[str] | None = None) -> int:
           f"training triplets (the noise ceiling).")
 
     cap_note = None
-    try:
-        import cblearn  # noqa: F401  (the bench extra: pip install -e .[bench])
-        have_cblearn = True
-    except ImportError:
-        have_cblearn = False
+    have_cblearn = importlib.util.find_spec("cblearn") is not None  # the bench extra
+    if not have_cblearn:
         print("cblearn is not installed (pip install -e '.[bench]'): its rows are left out")
     contenders: list[tuple[str, Callable[[], np.ndarray], int]] = [
         ("this SOE (default: δ=0.1, full batch, 100 steps)", lambda: SOE(random_state=args.seed).fit(train, n).embedding_,
