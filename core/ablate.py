@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from annotations.workspace import Workspace, resolve_workspace
 from core.metrics import METRICS, evaluate
+from core.runs import json_safe
 
 SOE_DIMS = (2, 3, 4, 5, 6)
 BUDGETS = (0.001, 0.01, 0.1, 1.0)
@@ -260,23 +261,13 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
         summary = summarise(rows)
         paths = write_outputs(ws, summary, notes, seeds, quick)
         ws.store.finish_run(run_id, metrics={"cells_computed": len(jobs) - reused, "cells_reused": reused,
-                                             "rows": _json_safe(summary)}, artifacts=paths)
+                                             "rows": json_safe(summary)}, artifacts=paths)
     except BaseException as exc:
         ws.store.finish_run(run_id, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed",
                             message=str(exc) or type(exc).__name__)
         raise
     return {"summary": summary, "notes": notes, "paths": paths, "run_id": run_id,
             "computed": len(jobs) - reused, "reused": reused}
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def titles(ws: Workspace, seeds: int, quick: bool) -> dict[str, str]:
@@ -294,7 +285,7 @@ def write_outputs(ws: Workspace, summary: list[dict], notes: list[str], seeds: i
     md = "\n".join(["```", text, "```", *notes, ""])
     paths = {"markdown": out / "ablation.md", "json": out / "ablation.json"}
     paths["markdown"].write_text(md, encoding="utf-8")
-    paths["json"].write_text(json.dumps(_json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes,
+    paths["json"].write_text(json.dumps(json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes,
                                                     "rows": summary}), indent=1, default=str), encoding="utf-8")
     return {k: str(v) for k, v in paths.items()}
 

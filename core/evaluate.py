@@ -23,7 +23,7 @@ from tqdm import tqdm
 from annotations.workspace import Workspace, resolve_workspace
 from core.fusion import DEFAULT_ALPHA, METHODS, fuse
 from core.metrics import METRICS, evaluate
-from core.runs import image_distances, load_embeddings, save_embeddings
+from core.runs import image_distances, json_safe, load_embeddings, save_embeddings
 
 MODALITY_ORDER = ("vision", "text", "fusion", "nested", "concept")
 PREFERRED_KIND = {"vision": "vision-triderm", "text": "text-soe"}
@@ -184,16 +184,6 @@ def text_table(ws: Workspace, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> dict[str, str]:
     """Write report.md / report.csv / report.json under runs/report/; return their paths."""
     out = ws.runs_dir / "report"
@@ -210,7 +200,7 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
                             + [v for m in METRICS for v in (r[m], *r["ci"][m])])
     report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),
               "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows}
-    paths["json"].write_text(json.dumps(_json_safe(report), indent=1), encoding="utf-8")
+    paths["json"].write_text(json.dumps(json_safe(report), indent=1), encoding="utf-8")
     return {k: str(v) for k, v in paths.items()}
 
 

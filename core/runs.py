@@ -6,6 +6,7 @@ Every run that produces an image embedding writes ``runs/<id>/embeddings.npz`` t
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,7 +15,8 @@ import numpy as np
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
-__all__ = ["save_embeddings", "load_embeddings", "image_distances", "pairwise_euclidean", "git_sha"]
+__all__ = ["save_embeddings", "load_embeddings", "image_distances", "pairwise_euclidean", "json_safe",
+           "git_sha"]
 
 EMBEDDINGS_FILE = "embeddings.npz"
 
@@ -89,3 +91,14 @@ def image_distances(emb: dict[str, Any]) -> tuple[list[str], np.ndarray]:
     if emb.get("distance") is not None:
         return emb["image_ids"], np.asarray(emb["distance"], dtype=np.float64)
     return emb["image_ids"], pairwise_euclidean(emb["image_emb"])
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN/inf floats replaced by ``None`` (strict JSON), recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

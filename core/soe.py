@@ -23,14 +23,13 @@ Two protocols share one estimator:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from core.device import pick_device
+from core.device import pick_device, torch_threads
 
 
 def hinge_sq(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, margin: float) -> torch.Tensor:
@@ -65,21 +64,12 @@ def hinge_sq_loss_and_grad(
     return loss, grad
 
 
-@contextlib.contextmanager
-def _cpu_threads(device: torch.device, n: int = 1) -> Iterator[None]:
-    """Run torch CPU ops on ``n`` intra-op threads, then restore the previous setting.
+def _cpu_threads(device: torch.device, n: int = 1) -> contextlib.AbstractContextManager:
+    """Run torch CPU ops on ``n`` intra-op threads (no-op on GPU).
 
     A step touches ~10⁵ scalars: too little work to split across threads, and on a shared
     machine the synchronisation makes two threads 10× slower than one (measured here)."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return torch_threads(n) if device.type == "cpu" else contextlib.nullcontext()
 
 
 def validate_triplets(triplets: Any, n_objects: int | None = None, name: str = "triplets") -> np.ndarray:
