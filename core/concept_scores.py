@@ -125,3 +125,48 @@ class ConceptBottleneck:
             order = np.argsort(-w)[:k]
             out[str(cls)] = [(self.concept_names[i], float(w[i])) for i in order]
         return out
+
+
+# ----------------------------------------------------------------------------- reading a concepts run
+def wound_row(emb: dict, image_id: str, wound_index: int) -> int | None:
+    """Row of wound (``image_id``, ``wound_index``) in a run's arrays from
+    :func:`core.runs.load_embeddings`, or None when the run has no such wound."""
+    keys = emb.get("wound_keys") or []
+    try:
+        return keys.index((str(image_id), int(wound_index)))
+    except ValueError:
+        return None
+
+
+def top_concepts(emb: dict, row: int, k: int = 5) -> list[dict]:
+    """The ``k`` concepts with the highest fused score for wound ``row`` of a ``concepts`` run:
+    ``[{concept, fused, global, local}]``, highest fused first (ties keep vocabulary order)."""
+    names = [str(n) for n in emb["concept_names"]]
+    fused = np.asarray(emb["concept_fused"][row], dtype=np.float64)
+    order = np.argsort(-fused, kind="stable")[:max(0, k)]
+    return [{"concept": names[c], "fused": float(fused[c]), "global": float(emb["concept_global"][row][c]),
+             "local": float(emb["concept_local"][row][c])} for c in order]
+
+
+def heatmap_overlay(photo, heat: np.ndarray, box, alpha: float = 0.6):  # noqa: ANN001 — PIL image, crop box
+    """A concept heatmap (h×w, cos P − cos N on the wound crop's patch grid) drawn over the crop
+    ``box`` (x0, y0, x1, y1 in photo pixels, as the run computed it; parts outside the photo are
+    black, as in the crop the model saw). Red = evidence for the concept, blue = against,
+    opacity ∝ |value| / max |value|. Returns an RGB PIL image of the crop's size."""
+    from PIL import Image
+
+    crop = photo.convert("RGB").crop(tuple(int(v) for v in box))
+    h = np.nan_to_num(np.asarray(heat, dtype=np.float32))
+    peak = float(np.abs(h).max())
+    h = h / peak if peak > 0 else np.zeros_like(h)
+    size = crop.size
+
+    def up(m: np.ndarray) -> np.ndarray:  # patch grid → crop pixels, in [0, 1]
+        img = Image.fromarray((m.clip(0, 1) * 255).astype(np.uint8)).resize(size, Image.BILINEAR)
+        return np.asarray(img, dtype=np.float32) / 255.0
+
+    pos, neg = up(h), up(-h)
+    base = np.asarray(crop, dtype=np.float32)
+    a_pos, a_neg = (alpha * pos)[..., None], (alpha * neg)[..., None]
+    out = base * (1 - a_pos - a_neg) + np.array([255.0, 0, 0]) * a_pos + np.array([0, 0, 255.0]) * a_neg
+    return Image.fromarray(out.clip(0, 255).astype(np.uint8))

@@ -1,4 +1,5 @@
-"""Explore: UMAP of a run's embeddings, retrieval of similar / dissimilar photos, wound attention maps."""
+"""Explore: UMAP of a run's embeddings, retrieval of similar / dissimilar photos, wound attention maps,
+and per-wound top concepts with concept heatmaps from a `concepts` run."""
 
 from __future__ import annotations
 
@@ -223,3 +224,65 @@ if len(run_ids) == 1 and run["config"].get("modality") == "vision":
             cols[n % len(cols)].image(picture, caption=f"{query} · wound {index}", width="stretch")
     else:
         st.caption("This run stored no attention weights (mean pooling or a frozen baseline).")
+
+
+@st.cache_data(show_spinner="Loading concept scores…", max_entries=8)
+def concept_run_data(root: str, run_id: int, stamp: str) -> dict:
+    emb = load_embeddings(ws, run_id)
+    return {k: emb.get(k) for k in ("wound_keys", "concept_names", "concept_global", "concept_local",
+                                     "concept_fused", "concept_heatmaps", "crop_boxes")}
+
+
+st.subheader("Wound concepts")
+concept_runs = [r for r in ws.store.runs(kind="concepts")
+                if r["status"] == "done" and (r.get("artifacts") or {}).get("embeddings")]
+if not concept_runs:
+    st.caption("No concepts run yet. Create one with `python -m core.train_concepts --objective make` "
+               "(zero-shot concept scores and heatmaps per wound).")
+else:
+    try:
+        from core.concept_scores import heatmap_overlay, top_concepts, wound_row
+        from core.concepts import GROUPS, load_vocab
+
+        vocab_labels = {c.name: c.label for c in load_vocab(groups=GROUPS)}
+    except Exception as err:  # noqa: BLE001 — a broken vocabulary file must not break the page
+        st.caption(f"Concept vocabulary unavailable ({ac.escape_md(str(err))}); showing concept names.")
+        vocab_labels = {}
+    c_label = {r["id"]: f"run {r['id']} · {r['config'].get('objective', '?')}"
+               + (f" · {r['name']}" if r.get("name") else "") for r in concept_runs}
+    concept_run_id = st.selectbox("Concepts run", list(c_label), format_func=c_label.get, key="explore_concepts_run")
+    c_run = ws.store.run(concept_run_id)
+    cdata = concept_run_data(str(ws.root), concept_run_id, str(c_run.get("finished") or c_run["created"]))
+    if cdata["concept_names"] is None or cdata["concept_fused"] is None or cdata["wound_keys"] is None:
+        st.caption("This run stored no concept scores.")
+    else:
+        names = [str(n) for n in cdata["concept_names"]]
+        st.caption("Zero-shot concept scores P(present) per wound (fused = mean of the global and the top-k "
+                   "patch scores) and each concept's patch heatmap over the wound crop the model saw "
+                   "(red = evidence for the concept, blue = against)"
+                   + (" — **synthetic data**." if ws.is_synthetic else "."))
+        shown = 0
+        for w in ws.store.wounds(query):
+            row = wound_row(cdata, query, w["wound_index"])
+            if row is None:
+                continue
+            shown += 1
+            st.markdown(f"**{ac.escape_md(query)} · wound {int(w['wound_index'])}**")
+            t_col, h_col = st.columns([3, 2], gap="large")
+            top = top_concepts(cdata, row, k=5)
+            t_col.dataframe(pd.DataFrame([{"concept": vocab_labels.get(t["concept"], t["concept"]),
+                                           "fused": round(t["fused"], 3), "global": round(t["global"], 3),
+                                           "local": round(t["local"], 3)} for t in top]),
+                            hide_index=True, width="stretch")
+            if cdata["concept_heatmaps"] is not None and cdata["crop_boxes"] is not None:
+                pick = h_col.selectbox("Heatmap of", names, index=names.index(top[0]["concept"]) if top else 0,
+                                       format_func=lambda n: vocab_labels.get(n, n),
+                                       key=f"explore_concept_{concept_run_id}_{query}_{w['wound_index']}")
+                overlay = heatmap_overlay(ws.load_image(query), cdata["concept_heatmaps"][row][names.index(pick)],
+                                          cdata["crop_boxes"][row])
+                overlay.thumbnail((360, 360))
+                h_col.image(overlay, width="stretch",
+                            caption=f"{query} · wound {int(w['wound_index'])} · {vocab_labels.get(pick, pick)}"
+                                    + (" · SYNTHETIC" if ws.is_synthetic else ""))
+        if not shown:
+            st.caption("No wound of this photo is in the concepts run (only described wounds are scored).")

@@ -209,9 +209,39 @@ def test_explore_page_umap_retrieval_attention(ws):
     assert len(at.get("plotly_chart")) == 1
     body = texts(at)
     assert "Most similar" in body and "Most dissimilar" in body and "Wound attention" in body
+    assert "No concepts run yet" in body and "core.train_concepts --objective make" in body
     captions = [c for im in at.image for c in im.captions]
     assert any("d = " in c for c in captions)  # retrieval thumbnails with distances
     assert any(" · wound " in c for c in captions)  # attention maps
+
+
+@pytest.mark.slow
+def test_explore_page_concepts_top_table_and_heatmap(ws):
+    from core.train_concepts import main as train_concepts
+
+    assert train_concepts(["--workspace", str(ws.root), "--objective", "clip", "--epochs", "1", "--size", "64"]) == 0
+    (run,) = ws.store.runs(kind="concepts")
+    assert run["status"] == "done"
+    photo = ws.store.wounds()[0]["image_id"]
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["annotator"] = "Tess"
+    at.run()
+    at.switch_page(PAGES["explore"]).run()
+    assert not at.exception, at.exception
+    at.selectbox(key="explore_photo").select(photo).run()
+    assert not at.exception, at.exception
+    assert "Wound concepts" in texts(at) and "No concepts run yet" not in texts(at)
+    assert at.selectbox(key="explore_concepts_run").value == run["id"]
+    n_wounds = len([w for w in ws.store.wounds(photo) if w["description"].strip()])
+    tables = [d.value for d in at.dataframe if "fused" in d.value.columns]
+    assert len(tables) == n_wounds >= 1
+    assert all(len(t) == 5 and t["fused"].is_monotonic_decreasing and t["fused"].between(0, 1).all() for t in tables)
+    heat = [im for im in at.image if any(" · wound " in c and "SYNTHETIC" in c for c in im.captions)]
+    assert len(heat) == n_wounds
+    index = ws.store.wounds(photo)[0]["wound_index"]
+    picker = at.selectbox(key=f"explore_concept_{run['id']}_{photo}_{index}")
+    picker.select_index(0 if picker.index else 1).run()  # another concept's heatmap
+    assert not at.exception, at.exception
 
 
 # -- jobs ----------------------------------------------------------------------------------------
