@@ -72,6 +72,10 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
     before = {w["wound_index"] for w in ws.store.wounds(photo)}
     canvas = page.locator("canvas.upper-canvas").first
     expect(canvas).to_be_visible()
+    # fabric.js binds its mouse handlers once the background photo has loaded; clicks before
+    # that are lost (seen as a flaky test), so let the page settle and re-read the layout
+    idle(page)
+    page.wait_for_timeout(2000)
     box = canvas.bounding_box()
     # an empty corner of the photo, away from the phantom's wounds
     pts = [(0.80, 0.78), (0.95, 0.78), (0.95, 0.95), (0.80, 0.95)]
@@ -82,7 +86,8 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
         page.mouse.click(box["x"] + x * box["width"], box["y"] + y * box["height"])
         page.wait_for_timeout(250)
     new_index = max(before, default=0) + 1
-    expect(page.get_by_text(f"Saved wound {new_index} of {photo}")).to_be_visible()
+    # the wound list (not the one-shot "Saved wound" flash, which a second rerun may clear)
+    expect(page.get_by_text(re.compile(rf"^Wound {new_index} · [\d,]+ px"))).to_be_visible()
     description = "Test wound: fibrin-covered base, hyperkeratotic border."
     area = page.get_by_role("textbox", name="Description").nth(len(before))
     area.fill(description)
