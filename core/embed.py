@@ -67,21 +67,29 @@ def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = N
     return run_id
 
 
+def open_for_cli(parser: argparse.ArgumentParser, workspace: str | None,
+                 backbone_name: str) -> tuple[Workspace, Backbone]:
+    """The CLIs' common start: open the workspace (importing the demo into an empty one),
+    require outlined wounds and load the backbone — user errors exit through ``parser``."""
+    ws = Workspace(workspace)
+    demo = ensure_images(ws)
+    if demo:
+        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, "
+              f"{demo['wounds']} wounds, {demo['triplets']} expert triplets)")
+    if not ws.store.wounds():
+        parser.error(f"{ws.root}: no wounds outlined yet — draw wound masks first")
+    try:
+        return ws, load_backbone(backbone_name)
+    except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.embed", description=__doc__.splitlines()[0])
     parser.add_argument("--workspace", default=None, help="workspace folder (default $TRIDERM_WORKSPACE or ./workspace)")
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT, help=f"backbone name (default {OFFLINE_DEFAULT})")
     args = parser.parse_args(argv)
-    ws = Workspace(args.workspace)
-    demo = ensure_images(ws)
-    if demo:
-        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, {demo['wounds']} wounds)")
-    if not ws.store.wounds():
-        parser.error(f"{ws.root}: no wounds outlined yet — draw wound masks first")
-    try:
-        backbone = load_backbone(args.backbone)
-    except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
-        parser.error(str(e))
+    ws, backbone = open_for_cli(parser, args.workspace, args.backbone)
     run_id = embed_baseline(ws, backbone)
     print(f"run {run_id}: frozen {backbone.name} mean-pool baseline → {ws.run_dir(run_id)}")
     return 0

@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 
 from annotations.workspace import Workspace
 from core.augment import WoundAugment
-from core.backbones import OFFLINE_DEFAULT, Backbone, BackboneUnavailable, load_backbone
+from core.backbones import OFFLINE_DEFAULT, Backbone, load_backbone
 from core.device import pick_device, torch_threads
-from core.embed import embed_baseline, ensure_images, image_means
+from core.embed import embed_baseline, image_means, open_for_cli
 from core.features import FeatureCache, TokenBank, token_mask, wound_fractions, workspace_wounds
 from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.metrics import evaluate
@@ -253,17 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         check_config({**DEFAULTS, **options})
     except ValueError as e:
         parser.error(str(e).replace("_", "-"))
-    ws = Workspace(args.workspace)
-    demo = ensure_images(ws)
-    if demo:
-        print(f"empty workspace: imported the SYNTHETIC phantom demo "
-              f"({demo['images']} photos, {demo['wounds']} wounds, {demo['triplets']} expert triplets)")
-    if not ws.store.wounds():
-        parser.error(f"{ws.root}: no wounds outlined yet — draw wound masks first")
-    try:
-        backbone = load_backbone(args.backbone)
-    except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
-        parser.error(str(e))
+    ws, backbone = open_for_cli(parser, args.workspace, args.backbone)
     run_id = train(ws, backbone=backbone, **options)
     run = ws.store.run(run_id)
     base_id = baseline_run(ws, backbone)
