@@ -210,7 +210,10 @@ def _efficientnet_lite0(device: torch.device, pretrained: bool) -> Backbone:
 # ---------------------------------------------------------------- open_clip ViTs
 
 class _ViTPatchMap(nn.Module):
-    """open_clip VisionTransformer → patch tokens (after ln_post) as B×C×H×W."""
+    """open_clip VisionTransformer → patch tokens (after ln_post) as B×C×H×W.
+
+    While the visual tower's ``patch_dropout`` is training (FLIP, see ``core.vlm``) only the
+    kept tokens come out, in random order, as a B×C×1×kept map."""
 
     def __init__(self, visual: nn.Module, grid: int) -> None:
         super().__init__()
@@ -220,9 +223,11 @@ class _ViTPatchMap(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         _, tokens = self.visual(x)
         b, n, c = tokens.shape
-        if n != self.grid * self.grid:
-            raise RuntimeError(f"expected {self.grid}² patch tokens, got {n}")
-        return tokens.transpose(1, 2).reshape(b, c, self.grid, self.grid)
+        if n == self.grid * self.grid:
+            return tokens.transpose(1, 2).reshape(b, c, self.grid, self.grid)
+        if n < self.grid * self.grid and self.visual.patch_dropout.training:
+            return tokens.transpose(1, 2).reshape(b, c, 1, n)
+        raise RuntimeError(f"expected {self.grid}² patch tokens, got {n}")
 
 
 def _hub_reachable(host: str = HUB_HOST, timeout: float = HUB_TIMEOUT_S) -> bool:

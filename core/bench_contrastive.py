@@ -8,14 +8,16 @@ rates, epochs and seeds — and evaluates them the same way:
 - image→text and text→image Recall@1/5/10 on the held-out wounds;
 - zero-shot concept AUROC (fused global/local prompt scores, mean over concepts; phantom
   truth labels when present, else the description tagger);
-- linear-probe accuracy of the image embedding on a target column (held-out);
+- linear-probe accuracy of the image embedding on a target column (held-out), next to the
+  majority-class accuracy (``probe_majority``, the chance level of the probe);
 - triplet agreement (balanced) of the photo embedding (mean of its wounds) vs the expert.
 
 Variants (towers: ``all`` = fully trainable, ``0`` = frozen, ``L`` = top L blocks):
 ``clip`` (baseline, both towers trainable), ``siglip``, ``image_frozen``, ``text_frozen``,
 ``image_partial``, ``text_partial``, ``clip_unimodal`` (λ·L_clip + (1−λ)·NT-Xent on two
 augmented views), ``clip_masked`` (unimodal term against a patch-masked view) and ``flip``
-(FLIP patch dropout: ViT towers only — skipped with the reason on CNN backbones).
+(FLIP: ``--patch-dropout`` of the patch tokens of a fully trainable ViT image tower dropped
+in every training step; skipped with the reason on CNN backbones such as the offline default).
 
 Outputs under ``runs/bench_contrastive/``: ``table.md``, ``table.csv``, ``results.json``
 (mean ± sd over seeds), ``chart.json``/``chart.html`` (plotly bars) and ``cells/`` — one JSON
@@ -29,6 +31,7 @@ import hashlib
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,7 @@ from core.vlm import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 VARIANTS = ("clip", "siglip", "image_frozen", "text_frozen", "image_partial", "text_partial",
             "clip_unimodal", "clip_masked", "flip")
 METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10",
-           "concept_auroc", "linear_probe_acc", "triplet_agreement")
+           "concept_auroc", "linear_probe_acc", "probe_majority", "triplet_agreement")
 OUT_DIR = "bench_contrastive"
 
 
@@ -67,20 +70,19 @@ def variant_config(variant: str, args: argparse.Namespace, seed: int) -> TrainCo
     """The training configuration of one variant (shared settings from ``args``)."""
     unlock = {"clip": (-1, -1), "siglip": (-1, -1), "image_frozen": (0, -1), "text_frozen": (-1, 0),
               "image_partial": (args.partial_image, -1), "text_partial": (-1, args.partial_text),
-              "clip_unimodal": (-1, -1), "clip_masked": (-1, -1)}[variant]
+              "clip_unimodal": (-1, -1), "clip_masked": (-1, -1), "flip": (-1, -1)}[variant]
     return TrainConfig(
         objective="siglip" if variant == "siglip" else "clip", epochs=args.epochs, batch=args.batch, lr=args.lr,
         tower_lr=args.tower_lr, image_unlock=unlock[0], text_unlock=unlock[1],
         unimodal={"clip_unimodal": "augment", "clip_masked": "mask"}.get(variant),
-        unimodal_lambda=args.lam, seed=seed)
+        unimodal_lambda=args.lam, patch_dropout=args.patch_dropout if variant == "flip" else 0.0, seed=seed)
 
 
 def skip_reason(variant: str, model) -> str | None:  # noqa: ANN001 — DualEncoder
+    """Why ``variant`` cannot run on ``model`` (None when it can)."""
     if variant == "flip" and model.image.is_cnn:
         return ("FLIP patch dropout drops ViT patch tokens; the image tower is a CNN "
                 f"({model.image.backbone.name}), whose convolutions have no tokens to drop")
-    if variant == "flip":
-        return "FLIP patch dropout needs a token-dropping ViT forward, which this harness does not implement"
     return None
 
 
@@ -90,7 +92,7 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
     g, patches, _ = trainer.embed()
     t = trainer.embed_texts()
     gi, ti = g[held].numpy(), t[held].numpy()
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"n_heldout": int(held.sum())}
     for direction, sim in (("i2t", gi @ ti.T), ("t2i", ti @ gi.T)):
         for k, v in recall_at_k(sim).items():
             out[f"{direction}_R@{k}"] = v
@@ -104,10 +106,11 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
     if te.any() and len(set(ytr)) >= 2:
         scaler = StandardScaler().fit(g[tr].numpy())
         clf = LogisticRegression(max_iter=2000).fit(scaler.transform(g[tr].numpy()), ytr)
-        out["linear_probe_acc"] = float(np.mean(clf.predict(scaler.transform(g[te].numpy()))
-                                                == np.array([targets[i] for i in np.flatnonzero(te)])))
+        yte = np.array([targets[i] for i in np.flatnonzero(te)])
+        out["linear_probe_acc"] = float(np.mean(clf.predict(scaler.transform(g[te].numpy())) == yte))
+        out["probe_majority"] = float(np.mean(yte == Counter(ytr).most_common(1)[0][0]))
     else:
-        out["linear_probe_acc"] = float("nan")
+        out["linear_probe_acc"] = out["probe_majority"] = float("nan")
     photos = sorted(set(trainer.pairs.image_ids))
     pid = np.array(trainer.pairs.image_ids)
     emb = np.stack([g[pid == p].numpy().mean(0) for p in photos])
@@ -141,6 +144,8 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
     label = " (SYNTHETIC phantom data)" if synthetic else ""
     lines = [f"# Contrastive-objective benchmark{label}", "",
              f"Settings: {json.dumps(settings, sort_keys=True)}", "",
+             f"Chance: Recall@K = K / {settings.get('n_heldout', 'n')} held-out wounds; the linear probe's "
+             "chance is the `probe_majority` column (majority training class).", "",
              "| variant | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
     for v, ms in summary.items():
         lines.append(f"| {v} | " + " | ".join(f"{m_[0]:.3f} ± {m_[1]:.3f}" for m_ in ms.values()) + " |")
@@ -180,15 +185,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--partial-image", type=int, default=2, help="image_partial: top L image blocks unlocked")
     p.add_argument("--partial-text", type=int, default=3, help="text_partial: top L text layers unlocked")
     p.add_argument("--lam", type=float, default=0.5, help="λ of λ·L_clip + (1−λ)·L_uni")
+    p.add_argument("--patch-dropout", type=float, default=0.5, help="flip: fraction of ViT patches dropped")
     p.add_argument("--holdout", type=float, default=0.3)
-    p.add_argument("--target", default="body_region", help="metadata column for the linear probe")
+    p.add_argument("--target", default="fitzpatrick", help="metadata column for the linear probe")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
     p.add_argument("--fresh", action="store_true", help="ignore cached cells")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from annotations.workspace import Workspace
+    from core.embed import open_workspace
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -201,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variant(s) {bad}; choose from {VARIANTS}")
     if not 0 <= args.lam <= 1:
         parser.error("--lam must be in [0, 1]")
-    ws = Workspace(args.workspace)
+    if not 0 <= args.patch_dropout < 1:
+        parser.error("--patch-dropout must be in [0, 1)")
+    ws = open_workspace(args.workspace)
     settings = {k: getattr(args, k) for k in ("model", "epochs", "size", "batch", "lr", "tower_lr", "partial_image",
-                                               "partial_text", "lam", "holdout", "target")}
+                                               "partial_text", "lam", "patch_dropout", "holdout", "target")}
     out = ws.runs_dir / OUT_DIR
     (out / "cells").mkdir(parents=True, exist_ok=True)
     run_id = ws.store.start_run("bench-contrastive", {**settings, "seeds": args.seeds, "variants": variants,
@@ -255,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{variant} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             ws.store.update_run(run_id, progress=(n_done + 1) / len(todo))
         summary = summarise(cells)
-        settings_out = {**settings, "seeds": args.seeds, "concept_labels": source, "n_wounds": len(pairs)}
+        held_sizes = [r["n_heldout"] for rows in cells.values() for r in rows if "n_heldout" in r]
+        settings_out = {**settings, "seeds": args.seeds, "concept_labels": source, "n_wounds": len(pairs),
+                        "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
         write_outputs(out, summary, skipped, settings_out, ws.is_synthetic)
         artifacts = {name: str(out / name) for name in ("table.md", "table.csv", "results.json", "chart.json", "chart.html")}
         ws.store.finish_run(run_id, metrics={"summary": summary, "skipped": skipped,

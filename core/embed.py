@@ -35,6 +35,16 @@ def ensure_images(ws: Workspace, progress: bool = True) -> dict | None:
         return import_dataset(ws, tmp)
 
 
+def open_workspace(workspace: str | None) -> Workspace:
+    """Open a workspace for a CLI, importing the SYNTHETIC phantom demo into an empty one."""
+    ws = Workspace(workspace)
+    demo = ensure_images(ws)
+    if demo:
+        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, "
+              f"{demo['wounds']} wounds, {demo['triplets']} expert triplets)")
+    return ws
+
+
 def image_means(wound_keys: list[tuple[str, int]], wound_emb: np.ndarray) -> tuple[list[str], np.ndarray]:
     """Image ids (sorted) and the mean of each image's wound embeddings."""
     ids = sorted({k[0] for k in wound_keys})
@@ -71,11 +81,7 @@ def open_for_cli(parser: argparse.ArgumentParser, workspace: str | None,
                  backbone_name: str) -> tuple[Workspace, Backbone]:
     """The CLIs' common start: open the workspace (importing the demo into an empty one),
     require outlined wounds and load the backbone — user errors exit through ``parser``."""
-    ws = Workspace(workspace)
-    demo = ensure_images(ws)
-    if demo:
-        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, "
-              f"{demo['wounds']} wounds, {demo['triplets']} expert triplets)")
+    ws = open_workspace(workspace)
     if not ws.store.wounds():
         parser.error(f"{ws.root}: no wounds outlined yet — draw wound masks first")
     try:

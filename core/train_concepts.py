@@ -270,6 +270,7 @@ class TrainConfig:
     text_unlock: int = 0
     unimodal: str | None = None  # None | "augment" | "mask"
     unimodal_lambda: float = 0.5
+    patch_dropout: float = 0.0  # FLIP, ViT image towers only
     make_lambda: float = 0.7
     cc_alpha: float = 0.5
     seed: int = 0
@@ -281,6 +282,10 @@ class TrainConfig:
             raise ValueError(f"unimodal must be None, 'augment' or 'mask', got {self.unimodal!r}")
         if self.unimodal and self.objective != "clip":
             raise ValueError("the unimodal terms combine with the clip objective only")
+        if not 0.0 <= self.patch_dropout < 1.0:
+            raise ValueError(f"patch_dropout must be in [0, 1), got {self.patch_dropout}")
+        if self.patch_dropout and self.image_unlock == 0:
+            raise ValueError("patch dropout (FLIP) needs a trainable image tower (image_unlock ≠ 0)")
         if self.epochs < 1 or self.batch < 2:
             raise ValueError("epochs must be ≥ 1 and batch ≥ 2")
 
@@ -292,6 +297,7 @@ class Trainer:
         cfg.validate()
         self.model, self.pairs, self.texts, self.cfg = model, pairs, texts, cfg
         model.set_trainable(cfg.image_unlock, cfg.text_unlock)
+        model.image.set_patch_dropout(cfg.patch_dropout)
         self.img_level, self.txt_level = model.frozen_levels()
         self.images = ImageBank(model, pairs.crops, self.img_level, cfg.unimodal, seed=cfg.seed)
         self.bank = TextBank(model, texts.texts, self.txt_level)
@@ -448,10 +454,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     """Train + evaluate + store; returns the run's metrics."""
-    from annotations.workspace import Workspace
+    from core.embed import open_workspace
     from core.runs import save_embeddings
 
-    ws = Workspace(args.workspace)
+    ws = open_workspace(args.workspace)
     concepts = load_vocab(groups=[g.strip() for g in args.groups.split(",") if g.strip()])
     tagger = ConceptTagger(load_vocab(groups=("wound",)))
     pairs = load_pairs(ws, size=args.size)

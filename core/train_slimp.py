@@ -279,13 +279,18 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from annotations.workspace import Workspace
     from core.backbones import BackboneUnavailable, load_backbone
+    from annotations.workspace import Workspace
+    from core.embed import open_workspace
 
     parser = build_parser()
     args = parser.parse_args(argv)
     rank, world, device = init_distributed()
     _validate(parser, args, world)
+    if rank == 0:
+        open_workspace(args.workspace)  # imports the demo into an empty workspace, once
+    if world > 1:
+        dist.barrier()
     ws = Workspace(args.workspace)
     try:
         data = load_nested_data(ws)

@@ -13,7 +13,10 @@ prefix is computed once and cached (``forward_levels(x, start, stop)``):
   fails within seconds naming the offline default.
 
 Unlocked EfficientNet blocks keep BatchNorm in eval mode (running statistics frozen), the
-usual choice for fine-tuning with small batches. Learnable logit scale/bias: CLIP's
+usual choice for fine-tuning with small batches. ViT image towers support FLIP patch dropout
+(Li et al., 2023, "Scaling Language-Image Pre-training via Masking"): in training mode a
+random fraction of the patch tokens is dropped before the transformer (fewer tokens, faster
+steps); evaluation always sees every patch. Learnable logit scale/bias: CLIP's
 τ (init 0.07) and SigLIP/ConceptCLIP's global and local (t, b) (init t = 10, b = −10).
 """
 from __future__ import annotations
@@ -194,12 +197,26 @@ class ImageTower(nn.Module):
         self.n_levels = len(self.blocks)
         self.width = backbone.channels
         self.input_size = backbone.input_size
+        self.patch_dropout = 0.0
+
+    def set_patch_dropout(self, prob: float) -> None:
+        """FLIP: drop a random ``prob`` of the patch tokens in training mode (ViT towers only)."""
+        if not 0.0 <= prob < 1.0:
+            raise ValueError(f"patch dropout must be in [0, 1), got {prob}")
+        if prob and self.is_cnn:
+            raise ValueError(f"patch dropout drops ViT patch tokens; {self.backbone.name} is a CNN")
+        if not self.is_cnn:
+            from open_clip.transformer import PatchDropout
+
+            self.net.visual.patch_dropout = PatchDropout(prob) if prob else nn.Identity()
+            self.net.visual.patch_dropout.train(self.training)
+        self.patch_dropout = prob
 
     def forward_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
         if not self.is_cnn:
             if (start, stop) != (0, self.n_levels):
                 raise ValueError(f"{self.backbone.name}: ViT towers run whole (levels 0→{self.n_levels})")
-            return self.backbone._features(x)
+            return self.net(x)
         if start == 0:
             x = self.net.bn1(self.net.conv_stem(x))
         for block in self.blocks[start:stop]:
@@ -211,6 +228,9 @@ class ImageTower(nn.Module):
 
     def train(self, mode: bool = True) -> "ImageTower":
         super().train(False)  # BatchNorm statistics stay frozen (see module docstring)
+        if not self.is_cnn:
+            self.net.visual.patch_dropout.train(mode)  # FLIP drops patches in training only
+        self.training = mode
         return self
 
 

@@ -1,4 +1,5 @@
-"""Contrastive benchmark: Recall@K, frozen towers stay bit-identical, λ = 1 unimodal is CLIP."""
+"""Contrastive benchmark: Recall@K, frozen towers stay bit-identical, λ = 1 unimodal is CLIP,
+FLIP drops ViT patches in training only."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ import torch
 from core.bench_contrastive import recall_at_k, skip_reason, variant_config
 from core.concepts import ConceptTagger, load_vocab
 from core.train_concepts import TrainConfig, Trainer, WoundPairs, build_text_inputs
-from core.vlm import load_vlm
+from core.vlm import DualEncoder, ImageTower, MiniLMTower, load_vlm
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,8 @@ def setup():
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(epochs=1, batch=4, lr=1e-2, tower_lr=1e-2, partial_image=2, partial_text=3, lam=0.5)
+    base = dict(epochs=1, batch=4, lr=1e-2, tower_lr=1e-2, partial_image=2, partial_text=3, lam=0.5,
+                patch_dropout=0.5)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -99,3 +101,60 @@ def test_unimodal_lambda_one_equals_clip(setup) -> None:
 
 def test_flip_skipped_on_cnn(setup) -> None:
     assert "CNN" in skip_reason("flip", setup[0]) and skip_reason("clip", setup[0]) is None
+
+
+@pytest.fixture(scope="module")
+def vit_model() -> DualEncoder:
+    """A tiny randomly initialised open_clip ViT image tower (4×4 patches at 64 px) + MiniLM."""
+    import open_clip
+
+    from core.backbones import _open_clip_backbone
+
+    torch.manual_seed(0)
+    clip = open_clip.model.CLIP(
+        embed_dim=16, vision_cfg=open_clip.model.CLIPVisionCfg(layers=2, width=64, head_width=32, patch_size=16,
+                                                               image_size=64),
+        text_cfg=open_clip.model.CLIPTextCfg(layers=1, width=32, heads=2, context_length=8, vocab_size=64))
+    backbone = _open_clip_backbone(clip, "tiny-vit", "open_clip:tiny", torch.device("cpu"))
+    return DualEncoder(ImageTower(backbone), MiniLMTower(), dim=16)
+
+
+def test_flip_drops_patches_in_training_only(vit_model: DualEncoder) -> None:
+    tower, x = vit_model.image, torch.randn(3, 3, 64, 64)
+    tower.set_patch_dropout(0.5)
+    vit_model.train()
+    with torch.no_grad():
+        a, b = tower.forward_levels(x, 0, tower.n_levels), tower.forward_levels(x, 0, tower.n_levels)
+    assert a.shape == (3, 64, 1, 8) and not torch.equal(a, b)  # 8 of 16 patches, a fresh draw each call
+    vit_model.eval()
+    with torch.no_grad():
+        full = tower.forward_levels(x, 0, tower.n_levels)
+    assert full.shape == (3, 64, 4, 4) and torch.equal(full, tower.forward_levels(x, 0, tower.n_levels))
+    tower.set_patch_dropout(0.0)
+    vit_model.train()
+    with torch.no_grad():
+        assert tower.forward_levels(x, 0, tower.n_levels).shape == (3, 64, 4, 4)
+    vit_model.eval()
+
+
+def test_flip_variant_trains_a_vit_tower(setup, vit_model: DualEncoder) -> None:
+    _, pairs, texts, _ = setup
+    assert skip_reason("flip", vit_model) is None
+    cfg = variant_config("flip", _args(), seed=0)
+    assert cfg.patch_dropout == 0.5 and cfg.image_unlock == -1
+    before = _snapshot(vit_model.image)
+    trainer = Trainer(vit_model, pairs, texts, cfg)
+    history = trainer.fit(np.arange(len(pairs)), progress=False)
+    assert np.isfinite(history).all() and not _same(before, vit_model.image.state_dict())
+    g, patches, grid = trainer.embed()
+    assert grid == (4, 4) and patches.shape[:2] == (len(pairs), 16) and g.shape == (len(pairs), 16)
+
+
+def test_patch_dropout_rejected_where_it_cannot_apply(setup) -> None:
+    model, pairs, texts, _ = setup
+    with pytest.raises(ValueError, match="CNN"):
+        model.image.set_patch_dropout(0.5)
+    with pytest.raises(ValueError, match="trainable image tower"):
+        TrainConfig(objective="clip", patch_dropout=0.5, image_unlock=0).validate()
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        TrainConfig(objective="clip", patch_dropout=1.0, image_unlock=-1).validate()
