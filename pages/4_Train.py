@@ -1,4 +1,5 @@
-"""Train: launch the vision, text, evaluation and ablation jobs in the background; watch loss curves."""
+"""Train: launch the vision, text, evaluation, ablation and contrastive-benchmark jobs in the background;
+watch loss curves."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ counts = ws.store.counts()
 if counts["wounds"] == 0:
     st.info("No wound is outlined yet: the vision model trains on wound outlines (Wound masks page).")
 
-vision, text, evaluation, ablation = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations"])
+vision, text, evaluation, ablation, bench = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations",
+                                                    "Contrastive benchmark"])
 
 with vision:
     st.markdown("Wound attention pooling + predictor on a frozen backbone, VICReg on augmented views "
@@ -51,6 +53,17 @@ with ablation:
     seeds = c2.number_input("Seeds per cell", min_value=1, max_value=10, value=3)
     ablate_args = (["--quick"] if quick else []) + ["--seeds", str(int(seeds))]
 
+with bench:
+    from core.bench_contrastive import VARIANTS
+
+    st.markdown("CLIP-objective variants (SigLIP, frozen / partly frozen towers, unimodal terms, FLIP) trained "
+                "under identical settings on wound crops + descriptions; retrieval, concept AUROC, linear probe "
+                "and triplet agreement. Finished cells are reused. Results on the Report page.")
+    c1, c2 = st.columns([1, 3])
+    bench_quick = c1.checkbox("Quick pass (1 seed, 2 epochs, 96 px)", value=True)
+    variants = c2.multiselect("Variants", VARIANTS, default=list(VARIANTS))
+    bench_args = (["--quick"] if bench_quick else []) + ["--variants", ",".join(variants or VARIANTS)]
+
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
 def panels() -> None:
@@ -68,6 +81,8 @@ def panels() -> None:
         ac.job_panel(ws, "evaluate", "evaluate", eval_args, "evaluation")
     with ablation:
         ac.job_panel(ws, "ablate", "ablate", ablate_args, "ablations")
+    with bench:
+        ac.job_panel(ws, "bench-contrastive", "bench_contrastive", bench_args, "benchmark")
     loss_curves()
 
 

@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import plotly.express as px
+import plotly.io as pio
 import streamlit as st
 
 import app_common as ac
@@ -16,6 +17,7 @@ METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %
 ws = ac.page("Report")
 report_dir = ws.runs_dir / "report"
 ablation_dir = ws.runs_dir / "ablation"
+bench_dir = ws.runs_dir / "bench_contrastive"
 
 
 def fmt(value, metric: str) -> str:
@@ -97,17 +99,29 @@ if ablation_json.exists():
 else:
     st.info("No ablation results yet. Start them on the Train page (`python -m core.ablate --quick`).")
 
-bench = [r for r in ws.store.runs(kind="bench-contrastive") if r["status"] == "done"]
-if bench:
-    st.subheader("Contrastive benchmark")
-    run = bench[0]
-    flat = {k: v for k, v in run["metrics"].items() if isinstance(v, (int, float))}
-    rows = [{"measure": k, "value": v} for k, v in flat.items()]
-    for key, value in run["metrics"].items():  # nested {setting: {metric: value}} tables
-        if isinstance(value, dict):
-            rows += [{"measure": f"{key} · {k}", "value": v} for k, v in value.items() if isinstance(v, (int, float))]
-    if rows:
-        frame = pd.DataFrame(rows)
-        st.plotly_chart(px.bar(frame, x="value", y="measure", orientation="h"), width="stretch")
-        st.download_button("Download benchmark CSV", frame.to_csv(index=False), file_name="bench_contrastive.csv",
-                           mime="text/csv")
+results = bench_dir / "results.json"
+if results.exists():
+    res = json.loads(results.read_text(encoding="utf-8"))
+    st.subheader("Contrastive-objective benchmark")
+    settings = res.get("settings", {})
+    st.caption(f"{settings.get('seeds', '?')} seed(s), {settings.get('epochs', '?')} epochs, "
+               f"{settings.get('n_wounds', '?')} wounds ({settings.get('n_heldout', '?')} held out per seed on "
+               f"average), model {settings.get('model', '?')}. Chance: Recall@K = K / held-out wounds; the linear "
+               f"probe ({settings.get('target', '?')}) against `probe_majority`.")
+    if res.get("synthetic"):
+        st.caption("SYNTHETIC phantom data: these numbers describe the demo, not clinical performance.")
+    st.dataframe(pd.DataFrame([{"variant": v, **{m: f"{ms[0]:.3f} ± {ms[1]:.3f}" for m, ms in metrics.items()}}
+                               for v, metrics in res.get("summary", {}).items()]), hide_index=True, width="stretch")
+    for variant, why in res.get("skipped", {}).items():
+        st.caption(f"{variant} skipped: {why}")
+    chart = bench_dir / "chart.json"
+    if chart.exists():
+        st.plotly_chart(pio.from_json(chart.read_text(encoding="utf-8")), width="stretch")
+    for name, mime in (("table.csv", "text/csv"), ("table.md", "text/markdown")):
+        path = bench_dir / name
+        if path.exists():
+            st.download_button(f"Download benchmark {name}", path.read_bytes(), file_name=f"bench_contrastive_{name}",
+                               mime=mime)
+else:
+    st.info("No contrastive-objective benchmark yet. Start it on the Train page "
+            "(`python -m core.bench_contrastive --quick`).")

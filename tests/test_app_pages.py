@@ -185,7 +185,7 @@ def test_train_page_shows_loss_curves(ws):
     assert "Loss curves" in texts(at)
     assert len(at.get("plotly_chart")) == 1
     labels = [b.label for b in at.button]
-    assert "Start training" in labels and "Start evaluation" in labels
+    assert {"Start training", "Start evaluation", "Start benchmark"} <= set(labels)
 
 
 def test_report_page_empty_then_filled(ws):
@@ -198,6 +198,24 @@ def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert len(at.dataframe) >= 1
     assert {b.label for b in at.get("download_button")} >= {"Download report.csv", "Download report.md"}
+
+
+def test_report_page_shows_the_contrastive_benchmark(ws):
+    from core.bench_contrastive import METRICS, OUT_DIR, summarise, write_outputs
+
+    assert "No contrastive-objective benchmark yet" in texts(app("report"))
+    rng = np.random.default_rng(0)  # TEST-ONLY numbers: the page renders whatever the benchmark wrote
+    cells = {v: [dict(zip(METRICS, rng.uniform(size=len(METRICS)))) for _ in range(2)] for v in ("clip", "siglip")}
+    out = ws.runs_dir / OUT_DIR
+    out.mkdir(parents=True)
+    write_outputs(out, summarise(cells), {"flip": "TEST-ONLY reason"}, {"seeds": 2, "n_heldout": 36.0}, synthetic=True)
+    at = app("report")
+    frame = at.dataframe[-1].value
+    assert list(frame["variant"]) == ["clip", "siglip"] and "±" in frame.loc[0, "i2t_R@1"]
+    assert "flip skipped: TEST-ONLY reason" in texts(at) and "K / held-out wounds" in texts(at)
+    assert len(at.get("plotly_chart")) >= 1
+    assert {b.label for b in at.get("download_button")} >= {"Download benchmark table.csv",
+                                                             "Download benchmark table.md"}
 
 
 @pytest.mark.slow
