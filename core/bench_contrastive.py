@@ -198,18 +198,28 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _parser()
     args = parser.parse_args(argv)
-    args.seeds = args.seeds or (1 if args.quick else 3)
-    args.epochs = args.epochs or (2 if args.quick else 8)
-    args.size = args.size or (96 if args.quick else 160)
+    defaults = {"seeds": (1, 3), "epochs": (2, 8), "size": (96, 160)}  # (quick, full)
+    for name, (quick, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
-    if bad:
-        parser.error(f"unknown variant(s) {bad}; choose from {VARIANTS}")
-    if not 0 <= args.lam <= 1:
-        parser.error("--lam must be in [0, 1]")
-    if not 0 <= args.patch_dropout < 1:
-        parser.error("--patch-dropout must be in [0, 1)")
+    if bad or not variants:
+        parser.error(f"unknown variant(s) {bad or args.variants!r}; choose from {VARIANTS}")
+    for flag, ok in (("--seeds must be ≥ 1", args.seeds >= 1), ("--epochs must be ≥ 1", args.epochs >= 1),
+                     ("--batch must be ≥ 2", args.batch >= 2), ("--size must be ≥ 32 px", args.size >= 32),
+                     ("--holdout must be in (0, 1)", 0 < args.holdout < 1), ("--lam must be in [0, 1]", 0 <= args.lam <= 1),
+                     ("--patch-dropout must be in [0, 1)", 0 <= args.patch_dropout < 1),
+                     ("--partial-image and --partial-text must be ≥ 1", min(args.partial_image, args.partial_text) >= 1)):
+        if not ok:
+            parser.error(flag)
     ws = open_workspace(args.workspace)
+    pairs = load_pairs(ws, size=args.size)
+    targets = target_values(pairs, args.target)
+    if all(t is None for t in targets):
+        columns = sorted({k for m in pairs.metadata for k in m})
+        parser.error(f"--target {args.target!r}: no wound, photo or patient has a value in that metadata column; "
+                     f"columns: {', '.join(columns) or 'none'}")
     settings = {k: getattr(args, k) for k in ("model", "epochs", "size", "batch", "lr", "tower_lr", "partial_image",
                                                "partial_text", "lam", "patch_dropout", "holdout", "target")}
     out = ws.runs_dir / OUT_DIR
@@ -220,13 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vocab = load_vocab(groups=("wound",))
         tagger = ConceptTagger(vocab)
-        pairs = load_pairs(ws, size=args.size)
         texts = build_text_inputs(pairs, tagger)
         names, labels, source = concept_labels(ws, pairs, tagger)
         scorer_concepts = [c for c in vocab if c.name in names]
         keep = [i for i, n in enumerate(names) if n in {c.name for c in scorer_concepts}]
         names, labels = [names[i] for i in keep], labels[:, keep]
-        targets = target_values(pairs, args.target)
         model = load_vlm(args.model)
         init = {k: v.clone() for k, v in model.state_dict().items()}
         cells: dict[str, list[dict[str, float]]] = {}

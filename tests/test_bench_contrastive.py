@@ -158,3 +158,32 @@ def test_patch_dropout_rejected_where_it_cannot_apply(setup) -> None:
         TrainConfig(objective="clip", patch_dropout=0.5, image_unlock=0).validate()
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         TrainConfig(objective="clip", patch_dropout=1.0, image_unlock=-1).validate()
+
+
+def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> None:
+    from core.bench_contrastive import OUT_DIR, main
+
+    argv = ["--workspace", str(demo_workspace.root), "--quick", "--epochs", "1", "--size", "64",
+            "--variants", "clip,flip"]
+    assert main(argv) == 0
+    out = demo_workspace.runs_dir / OUT_DIR
+    table = (out / "table.md").read_text()
+    assert "SYNTHETIC" in table and "| clip | " in table and "flip | skipped: FLIP patch dropout" in table
+    assert {p.name for p in out.iterdir()} >= {"table.csv", "results.json", "chart.json", "chart.html", "cells"}
+    run = demo_workspace.store.runs(kind="bench-contrastive")[0]
+    assert run["status"] == "done" and run["config"]["seeds"] == 1 and run["git_sha"] is not None
+    capsys.readouterr()
+    assert main(argv) == 0  # the finished cell is reused, not retrained
+    assert "[cached] clip seed 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, message", [(["--target", "shoe_size"], "--target 'shoe_size'"),
+                                           (["--variants", "clip,bogus"], "unknown variant"),
+                                           (["--holdout", "1.5"], "--holdout must be in (0, 1)")])
+def test_cli_bad_input_one_clear_error_no_run(demo_workspace, capsys, flag: list[str], message: str) -> None:
+    from core.bench_contrastive import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--workspace", str(demo_workspace.root), "--quick", *flag])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert demo_workspace.store.runs(kind="bench-contrastive") == []
