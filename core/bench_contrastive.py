@@ -20,8 +20,9 @@ augmented views), ``clip_masked`` (unimodal term against a patch-masked view) an
 in every training step; skipped with the reason on CNN backbones such as the offline default).
 
 Outputs under ``runs/bench_contrastive/``: ``table.md``, ``table.csv``, ``results.json``
-(mean ± sd over seeds), ``chart.json``/``chart.html`` (plotly bars) and ``cells/`` — one JSON
-per finished (variant, seed) cell, reused on the next run when its settings match.
+(mean ± sd over seeds, and each variant's seed-paired difference from ``clip`` with a paired
+t-test), ``chart.json``/``chart.html`` (plotly bars) and ``cells/`` — one JSON per finished
+(variant, seed) cell, reused on the next run when its settings match.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ VARIANTS = ("clip", "siglip", "image_frozen", "text_frozen", "image_partial", "t
 METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10",
            "concept_auroc", "linear_probe_acc", "probe_majority", "triplet_agreement")
 OUT_DIR = "bench_contrastive"
+BASELINE = "clip"
 
 
 def recall_at_k(sim: np.ndarray, ks: tuple[int, ...] = (1, 5, 10)) -> dict[int, float]:
@@ -137,7 +139,35 @@ def summarise(cells: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, t
     return out
 
 
-def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: dict[str, Any], synthetic: bool) -> None:
+def paired_vs_baseline(cells: dict[str, list[dict[str, float]]], baseline: str = BASELINE,
+                       alpha: float = 0.05) -> dict[str, dict[str, tuple[float, float, bool]]]:
+    """variant → metric → (mean, sd of the per-seed difference variant − baseline, significant).
+
+    Cells of the same seed share the held-out split and head initialisation, so differences are
+    paired by seed; ``significant`` is a two-sided paired t-test at ``alpha`` (needs ≥ 3 seeds).
+    """
+    from scipy.stats import t as student_t
+
+    base = {r["seed"]: r for r in cells.get(baseline, [])}
+    out = {}
+    for variant, rows in cells.items():
+        if variant == baseline:
+            continue
+        out[variant] = {}
+        for m in METRICS:
+            d = np.array([r[m] - base[r["seed"]][m] for r in rows if r["seed"] in base
+                          and r[m] == r[m] and base[r["seed"]][m] == base[r["seed"]][m]], dtype=float)
+            if len(d) < 2:
+                out[variant][m] = (float(d.mean()) if len(d) else float("nan"), float("nan"), False)
+                continue
+            sd = float(d.std(ddof=1))
+            sig = len(d) >= 3 and abs(d.mean()) > student_t.ppf(1 - alpha / 2, len(d) - 1) * sd / np.sqrt(len(d))
+            out[variant][m] = (float(d.mean()), sd, bool(sig))
+    return out
+
+
+def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: dict[str, Any], synthetic: bool,
+                  paired: dict | None = None) -> None:
     """table.md / table.csv / results.json / chart.json / chart.html."""
     import plotly.graph_objects as go
 
@@ -151,6 +181,14 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
         lines.append(f"| {v} | " + " | ".join(f"{m_[0]:.3f} ± {m_[1]:.3f}" for m_ in ms.values()) + " |")
     for v, why in skipped.items():
         lines.append(f"| {v} | skipped: {why} |" + " |" * (len(METRICS) - 1))
+    if paired:
+        shown_paired = [m for m in METRICS if m != "probe_majority"]
+        lines += ["", f"Paired difference vs {BASELINE} (same seed = same split), mean ± sd over seeds; "
+                  "* = paired t-test p < 0.05.", "",
+                  "| variant | " + " | ".join(shown_paired) + " |", "|---" * (len(shown_paired) + 1) + "|"]
+        for v, ms in paired.items():
+            lines.append(f"| {v} | " + " | ".join(f"{ms[m][0]:+.3f} ± {ms[m][1]:.3f}{'*' if ms[m][2] else ''}"
+                                                  for m in shown_paired) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with open(out / "table.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -160,7 +198,7 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
         for v, why in skipped.items():
             w.writerow([v, *[""] * (2 * len(METRICS)), why])
     (out / "results.json").write_text(json.dumps({"settings": settings, "synthetic": synthetic, "summary": summary,
-                                                  "skipped": skipped}, indent=1), encoding="utf-8")
+                                                  "paired_vs_baseline": paired or {}, "skipped": skipped}, indent=1), encoding="utf-8")
     shown = ("i2t_R@5", "t2i_R@5", "concept_auroc", "linear_probe_acc", "triplet_agreement")
     fig = go.Figure()
     for v, ms in summary.items():
@@ -176,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
     p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs, 96 px crops")
     p.add_argument("--model", default=OFFLINE_DEFAULT)
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; quick 1)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 1)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default 8; quick 2)")
     p.add_argument("--size", type=int, default=None, help="crop size px (default 160; quick 96)")
     p.add_argument("--batch", type=int, default=32)
@@ -198,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _parser()
     args = parser.parse_args(argv)
-    defaults = {"seeds": (1, 3), "epochs": (2, 8), "size": (96, 160)}  # (quick, full)
+    defaults = {"seeds": (1, 5), "epochs": (2, 8), "size": (96, 160)}  # (quick, full)
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -250,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             if path.is_file() and not args.fresh:
                 cached = json.loads(path.read_text())
                 if cached.get("key") == key:
-                    cells.setdefault(variant, []).append(cached["metrics"])
+                    cells.setdefault(variant, []).append({**cached["metrics"], "seed": seed})
                     print(f"[cached] {variant} seed {seed}")
                     continue
             t1 = time.perf_counter()
@@ -267,14 +305,14 @@ def main(argv: list[str] | None = None) -> int:
             metrics["final_loss"] = history[-1]
             metrics["seconds"] = round(time.perf_counter() - t1, 1)
             path.write_text(json.dumps({"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1))
-            cells.setdefault(variant, []).append(metrics)
+            cells.setdefault(variant, []).append({**metrics, "seed": seed})
             print(f"{variant} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             ws.store.update_run(run_id, progress=(n_done + 1) / len(todo))
         summary = summarise(cells)
         held_sizes = [r["n_heldout"] for rows in cells.values() for r in rows if "n_heldout" in r]
         settings_out = {**settings, "seeds": args.seeds, "concept_labels": source, "n_wounds": len(pairs),
                         "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
-        write_outputs(out, summary, skipped, settings_out, ws.is_synthetic)
+        write_outputs(out, summary, skipped, settings_out, ws.is_synthetic, paired_vs_baseline(cells))
         artifacts = {name: str(out / name) for name in ("table.md", "table.csv", "results.json", "chart.json", "chart.html")}
         ws.store.finish_run(run_id, metrics={"summary": summary, "skipped": skipped,
                                              "seconds": round(time.perf_counter() - t0, 1)}, artifacts=artifacts)

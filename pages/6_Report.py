@@ -114,6 +114,12 @@ if results.exists():
                                for v, metrics in res.get("summary", {}).items()]), hide_index=True, width="stretch")
     for variant, why in res.get("skipped", {}).items():
         st.caption(f"{variant} skipped: {why}")
+    paired = res.get("paired_vs_baseline") or {}
+    if paired:
+        st.markdown("**Seed-paired difference from `clip`** (mean ± sd; * paired t-test p < 0.05)")
+        st.dataframe(pd.DataFrame([{"variant": v, **{m: f"{d[0]:+.3f} ± {d[1]:.3f}{'*' if d[2] else ''}"
+                                                     for m, d in metrics.items() if m != "probe_majority"}}
+                                   for v, metrics in paired.items()]), hide_index=True, width="stretch")
     chart = bench_dir / "chart.json"
     if chart.exists():
         st.plotly_chart(pio.from_json(chart.read_text(encoding="utf-8")), width="stretch")

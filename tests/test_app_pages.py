@@ -201,17 +201,20 @@ def test_report_page_empty_then_filled(ws):
 
 
 def test_report_page_shows_the_contrastive_benchmark(ws):
-    from core.bench_contrastive import METRICS, OUT_DIR, summarise, write_outputs
+    from core.bench_contrastive import METRICS, OUT_DIR, paired_vs_baseline, summarise, write_outputs
 
     assert "No contrastive-objective benchmark yet" in texts(app("report"))
     rng = np.random.default_rng(0)  # TEST-ONLY numbers: the page renders whatever the benchmark wrote
-    cells = {v: [dict(zip(METRICS, rng.uniform(size=len(METRICS)))) for _ in range(2)] for v in ("clip", "siglip")}
+    cells = {v: [{**dict(zip(METRICS, rng.uniform(size=len(METRICS)))), "seed": s} for s in range(3)]
+             for v in ("clip", "siglip")}
     out = ws.runs_dir / OUT_DIR
     out.mkdir(parents=True)
-    write_outputs(out, summarise(cells), {"flip": "TEST-ONLY reason"}, {"seeds": 2, "n_heldout": 36.0}, synthetic=True)
+    write_outputs(out, summarise(cells), {"flip": "TEST-ONLY reason"}, {"seeds": 3, "n_heldout": 36.0},
+                  synthetic=True, paired=paired_vs_baseline(cells))
     at = app("report")
-    frame = at.dataframe[-1].value
+    frame, paired = at.dataframe[-2].value, at.dataframe[-1].value
     assert list(frame["variant"]) == ["clip", "siglip"] and "±" in frame.loc[0, "i2t_R@1"]
+    assert list(paired["variant"]) == ["siglip"] and "probe_majority" not in paired.columns
     assert "flip skipped: TEST-ONLY reason" in texts(at) and "K / held-out wounds" in texts(at)
     assert len(at.get("plotly_chart")) >= 1
     assert {b.label for b in at.get("download_button")} >= {"Download benchmark table.csv",

@@ -32,6 +32,19 @@ def test_recall_at_k_hand_computed() -> None:
         recall_at_k(np.zeros((2, 3)))
 
 
+def test_paired_difference_vs_baseline() -> None:
+    from core.bench_contrastive import METRICS, paired_vs_baseline
+
+    base = [dict.fromkeys(METRICS, 0.1 * s) | {"seed": s} for s in range(4)]
+    better = [dict.fromkeys(METRICS, 0.1 * s + 0.2 + 0.01 * (-1) ** s) | {"seed": s} for s in range(4)]
+    noisy = [dict.fromkeys(METRICS, 0.1 * s + 0.2 * (-1) ** s) | {"seed": s} for s in range(4)]
+    out = paired_vs_baseline({"clip": base, "better": better, "noisy": noisy})
+    assert set(out) == {"better", "noisy"}
+    mean, sd, sig = out["better"]["i2t_R@1"]
+    assert mean == pytest.approx(0.2) and sd == pytest.approx(np.std([0.21, 0.19, 0.21, 0.19], ddof=1)) and sig
+    assert out["noisy"]["i2t_R@1"][0] == pytest.approx(0.0) and not out["noisy"]["i2t_R@1"][2]
+
+
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
@@ -169,6 +182,7 @@ def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> N
     out = demo_workspace.runs_dir / OUT_DIR
     table = (out / "table.md").read_text()
     assert "SYNTHETIC" in table and "| clip | " in table and "flip | skipped: FLIP patch dropout" in table
+    assert "Paired difference vs clip" not in table  # one variant trained: nothing to pair
     assert {p.name for p in out.iterdir()} >= {"table.csv", "results.json", "chart.json", "chart.html", "cells"}
     run = demo_workspace.store.runs(kind="bench-contrastive")[0]
     assert run["status"] == "done" and run["config"]["seeds"] == 1 and run["git_sha"] is not None
