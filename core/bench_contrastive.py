@@ -260,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"columns: {', '.join(columns) or 'none'}")
     settings = {k: getattr(args, k) for k in ("model", "epochs", "size", "batch", "lr", "tower_lr", "partial_image",
                                                "partial_text", "lam", "patch_dropout", "holdout", "target")}
+    try:
+        model = load_vlm(args.model)
+    except (VLMUnavailable, ValueError) as e:
+        parser.exit(2, f"error: {e}\n")
     out = ws.runs_dir / OUT_DIR
     (out / "cells").mkdir(parents=True, exist_ok=True)
     run_id = ws.store.start_run("bench-contrastive", {**settings, "seeds": args.seeds, "variants": variants,
@@ -273,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
         scorer_concepts = [c for c in vocab if c.name in names]
         keep = [i for i, n in enumerate(names) if n in {c.name for c in scorer_concepts}]
         names, labels = [names[i] for i in keep], labels[:, keep]
-        model = load_vlm(args.model)
         init = {k: v.clone() for k, v in model.state_dict().items()}
         cells: dict[str, list[dict[str, float]]] = {}
         skipped: dict[str, str] = {}
@@ -316,9 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         artifacts = {name: str(out / name) for name in ("table.md", "table.csv", "results.json", "chart.json", "chart.html")}
         ws.store.finish_run(run_id, metrics={"summary": summary, "skipped": skipped,
                                              "seconds": round(time.perf_counter() - t0, 1)}, artifacts=artifacts)
-    except VLMUnavailable as e:
-        ws.store.finish_run(run_id, status="failed", metrics={"error": str(e)})
-        parser.exit(2, f"error: {e}\n")
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                             metrics={"error": str(e)})

@@ -193,7 +193,8 @@ def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> N
 
 @pytest.mark.parametrize("flag, message", [(["--target", "shoe_size"], "--target 'shoe_size'"),
                                            (["--variants", "clip,bogus"], "unknown variant"),
-                                           (["--holdout", "1.5"], "--holdout must be in (0, 1)")])
+                                           (["--holdout", "1.5"], "--holdout must be in (0, 1)"),
+                                           (["--model", "nope"], "unknown image–text model 'nope'")])
 def test_cli_bad_input_one_clear_error_no_run(demo_workspace, capsys, flag: list[str], message: str) -> None:
     from core.bench_contrastive import main
 
@@ -201,3 +202,4 @@ def test_cli_bad_input_one_clear_error_no_run(demo_workspace, capsys, flag: list
         main(["--workspace", str(demo_workspace.root), "--quick", *flag])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert demo_workspace.store.runs(kind="bench-contrastive") == []
+    assert not (demo_workspace.runs_dir / "bench_contrastive").exists()
