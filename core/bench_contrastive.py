@@ -264,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         model = load_vlm(args.model)
     except (VLMUnavailable, ValueError) as e:
         parser.exit(2, f"error: {e}\n")
+    for flag, value, tower in (("--partial-image", args.partial_image, model.image),
+                               ("--partial-text", args.partial_text, model.text)):
+        if value > tower.n_levels:
+            parser.error(f"{flag} {value}: {args.model} has {tower.n_levels} blocks in that tower")
     out = ws.runs_dir / OUT_DIR
     (out / "cells").mkdir(parents=True, exist_ok=True)
     run_id = ws.store.start_run("bench-contrastive", {**settings, "seeds": args.seeds, "variants": variants,

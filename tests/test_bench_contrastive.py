@@ -194,7 +194,8 @@ def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> N
 @pytest.mark.parametrize("flag, message", [(["--target", "shoe_size"], "--target 'shoe_size'"),
                                            (["--variants", "clip,bogus"], "unknown variant"),
                                            (["--holdout", "1.5"], "--holdout must be in (0, 1)"),
-                                           (["--model", "nope"], "unknown image–text model 'nope'")])
+                                           (["--model", "nope"], "unknown image–text model 'nope'"),
+                                           (["--partial-image", "9"], "--partial-image 9: lite0-minilm has 5 blocks")])
 def test_cli_bad_input_one_clear_error_no_run(demo_workspace, capsys, flag: list[str], message: str) -> None:
     from core.bench_contrastive import main
 
