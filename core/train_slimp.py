@@ -279,8 +279,8 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.backbones import BackboneUnavailable, load_backbone
     from annotations.workspace import Workspace
+    from core.backbones import BackboneUnavailable, load_backbone
     from core.embed import open_workspace
 
     parser = build_parser()

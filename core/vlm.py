@@ -197,7 +197,6 @@ class ImageTower(nn.Module):
         self.n_levels = len(self.blocks)
         self.width = backbone.channels
         self.input_size = backbone.input_size
-        self.patch_dropout = 0.0
 
     def set_patch_dropout(self, prob: float) -> None:
         """FLIP: drop a random ``prob`` of the patch tokens in training mode (ViT towers only)."""
@@ -210,7 +209,6 @@ class ImageTower(nn.Module):
 
             self.net.visual.patch_dropout = PatchDropout(prob) if prob else nn.Identity()
             self.net.visual.patch_dropout.train(self.training)
-        self.patch_dropout = prob
 
     def forward_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
         if not self.is_cnn:
