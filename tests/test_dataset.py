@@ -120,24 +120,18 @@ def _mask_unknown(d):
     Image.fromarray(np.zeros((20, 30), np.uint8)).save(d / "masks" / "zz.png")
 
 
-def _missing_wound(d):
-    with (d / "wounds.csv").open("a") as fh:
-        fh.write("c,7,does not exist,\n")
+def _append(name: str, row: str):
+    """A spoiler that appends one CSV ``row`` to the dataset's ``name`` file."""
+    def spoil(d):
+        with (d / name).open("a") as fh:
+            fh.write(row + "\n")
+    return spoil
 
 
-def _triplet_unknown(d):
-    with (d / "triplets.csv").open("a") as fh:
-        fh.write("a,b,nope,j,ann\n")
-
-
-def _triplet_repeat(d):
-    with (d / "triplets.csv").open("a") as fh:
-        fh.write("a,a,c,j,ann\n")
-
-
-def _bad_choice(d):
-    with (d / "triplets.csv").open("a") as fh:
-        fh.write("a,b,c,left,ann\n")
+_missing_wound = _append("wounds.csv", "c,7,does not exist,")
+_triplet_unknown = _append("triplets.csv", "a,b,nope,j,ann")
+_triplet_repeat = _append("triplets.csv", "a,a,c,j,ann")
+_bad_choice = _append("triplets.csv", "a,b,c,left,ann")
 
 
 def _missing_column(d):
