@@ -7,7 +7,7 @@ model, no skips) answers any of the 70,278 (anchor, pair) questions. For budgets
 10, 15, 25, 50 and 100 % of all questions:
 
 - uniform: the first b questions of a seeded uniform order (TriDerm §3.2 / Table 2a);
-- active (:class:`core.triplet_sampling.ActiveSampler`): anchor-balanced random 0.5 %, then
+- active (:class:`core.text.sampling.ActiveSampler`): anchor-balanced random 0.5 %, then
   rounds that ask, from a random pool of 4× the round size of unasked questions, those with
   the smallest |margin| under the current SOE fit, spread evenly over anchors, refitting
   (warm start) after every round; a round is 0.5 % of all questions or 10 % of those asked so far,
@@ -30,12 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from core.metrics import evaluate
-from core.runs import pairwise_euclidean
-from core.soe import SOE, triplet_margins
-from core.triplet_sampling import ActiveSampler, all_questions, canonical_key, default_active_batch, uniform_order
-
 from benchmarks.soe import phantom_triplets, phantom_workspace
+from core.eval.distances import pairwise_euclidean
+from core.eval.metrics import evaluate
+from core.text.sampling import ActiveSampler, all_questions, canonical_key, default_active_batch, uniform_order
+from core.text.soe import SOE, triplet_margins
 
 BUDGETS = (0.01, 0.02, 0.05, 0.10, 0.15, 0.25, 0.50, 1.00)
 

@@ -28,11 +28,20 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from core.concept_scores import ConceptBottleneck, ConceptScorer
-from core.concepts import ConceptTagger, load_vocab
-from core.train_concepts import (TrainConfig, Trainer, WoundPairs, build_text_inputs, concept_auroc, load_pairs,
-                                 split_holdout, target_values, truth_concepts)
-from core.vlm import load_vlm
+from core.concepts.dual_encoder import load_vlm
+from core.concepts.scores import ConceptBottleneck, ConceptScorer
+from core.concepts.training import (
+    TrainConfig,
+    Trainer,
+    WoundPairs,
+    build_text_inputs,
+    concept_auroc,
+    load_pairs,
+    split_holdout,
+    target_values,
+    truth_concepts,
+)
+from core.concepts.vocabulary import ConceptTagger, load_vocab
 
 VARIANTS = ("untrained", "clip", "make", "conceptclip")
 

@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from core.backbones import load_backbone
-from core.device import pick_device
+from core.concepts.dual_encoder import DualEncoder, ImageTower, MiniLMTower
 from core.losses.make import CLIPLoss
-from core.vlm import DualEncoder, ImageTower, MiniLMTower
+from core.runtime import pick_device
+from core.vision.backbones import load_backbone
 
 
 def step_seconds(model: DualEncoder, rate: float, batch: int, steps: int, seed: int = 0) -> float:

@@ -36,11 +36,11 @@ from typing import Any, Callable
 import numpy as np
 
 from annotations.workspace import Workspace
-from core.llm import PhantomOracle, Question
-from core.metrics import evaluate
-from core.runs import pairwise_euclidean
-from core.soe import SOE, triplet_margins
-from core.triplet_sampling import n_questions, uniform_order
+from core.eval.distances import pairwise_euclidean
+from core.eval.metrics import evaluate
+from core.text.llm import PhantomOracle, Question
+from core.text.sampling import n_questions, uniform_order
+from core.text.soe import SOE, triplet_margins
 
 N_TRAIN = 68_913
 

@@ -22,10 +22,10 @@ import time
 import torch
 
 from annotations.workspace import Workspace
-from core.backbones import OFFLINE_DEFAULT, load_backbone
-from core.embed import ensure_images
-from core.features import FeatureCache, workspace_wounds
-from core.train_triderm import train
+from core.runtime import ensure_images
+from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
+from core.vision.features import FeatureCache, workspace_wounds
+from core.vision.triderm import train
 
 
 def _clock() -> tuple[float, float]:

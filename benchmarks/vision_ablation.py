@@ -18,9 +18,10 @@ import time
 import numpy as np
 
 from annotations.workspace import Workspace
-from core.backbones import OFFLINE_DEFAULT, load_backbone
-from core.embed import embed_baseline, ensure_images
-from core.train_triderm import run_agreement, train
+from core.runtime import ensure_images
+from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
+from core.vision.baseline import embed_baseline
+from core.vision.triderm import run_agreement, train
 
 POOLINGS = ("mean", "attention")
 LOSSES = ("vicreg", "contrastive", "triplet")

@@ -30,102 +30,39 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 from tqdm import tqdm
 
-from core.device import pick_device
-from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
-from core.slimp import (
+from core.nested.model import (
     SLIMP,
     NestedData,
-    NestedInputs,
-    embed_all,
     epoch_batches,
     frozen_features,
     load_nested_data,
-    make_inputs,
-    photo_embeddings,
-    probe,
-    retrieval_recall,
     wound_crops,
 )
-from core.tabular import TabularSchema
+from core.nested.tabular import TabularSchema
+from core.nested.training import (
+    checkpoint_path,
+    evaluate_model,
+    init_distributed,
+    load_init,
+    param_groups,
+    save_checkpoint,
+    train_epoch,
+)
 
-FRACTIONS = (0.01, 0.1, 1.0)
-
-
-# ---------------------------------------------------------------- distributed helpers
-
-def init_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world size, device); initialises the default group under torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, pick_device()
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl")
-        return dist.get_rank(), world, torch.device("cuda", local)
-    dist.init_process_group("gloo")
-    return dist.get_rank(), world, torch.device("cpu")
-
-
-def gather_rows(t: Tensor, group: Any, world: int) -> Tensor:
-    """Concatenate every process's rows of ``t`` (row counts may differ), keeping gradients."""
-    if world == 1:
-        return t
-    from torch.distributed.nn.functional import all_gather
-
-    n = torch.tensor([t.shape[0]], device=t.device)
-    counts = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(counts, n, group=group)
-    rows = max(int(c) for c in counts)
-    padded = F.pad(t, (0, 0, 0, rows - t.shape[0]))
-    parts = all_gather(padded, group=group)
-    return torch.cat([p[: int(c)] for p, c in zip(parts, counts)])
-
-
-def batch_loss(core: SLIMP, out: dict[str, Tensor | None], inputs: NestedInputs, n_global: int,
-               group: Any, world: int) -> tuple[Tensor, dict[str, float]]:
-    """(loss to back-propagate on this process, global loss figures for logging).
-
-    Full SLIMP: λ · mean_p L_inner^p + (1 − λ) · L_outer (eq. 3); without wound metadata only
-    L_outer; without patient metadata the flat variant (InfoNCE over all wounds of the batch).
-    """
-    scale = core.criterion.logit_scale
-    w, h, z, x = out["w"], out["h"], out["z"], out["x"]
-    if x is None:
-        flat = symmetric_infonce(gather_rows(w, group, world), gather_rows(h, group, world), scale)
-        return flat, {"loss": flat.item()}
-    outer = outer_loss(gather_rows(z, group, world), gather_rows(x, group, world), scale)
-    if h is None:
-        return outer, {"loss": outer.item(), "outer": outer.item()}
-    lam = core.criterion.lam
-    inner_sum = inner_losses(w, h, inputs.patient_index, inputs.n_patients, scale).sum()
-    total_sum = inner_sum.detach().clone()
-    if world > 1:
-        dist.all_reduce(total_sum, group=group)
-    inner = float(total_sum) / n_global
-    backprop = lam * world * inner_sum / n_global + (1 - lam) * outer
-    return backprop, {"loss": lam * inner + (1 - lam) * outer.item(), "inner": inner, "outer": outer.item()}
-
-
-# ---------------------------------------------------------------- CLI
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0])
     p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
-    p.add_argument("--backbone", default="efficientnet-lite0", help="backbone registry name (core.backbones)")
+    p.add_argument("--backbone", default="efficientnet-lite0", help="backbone registry name (core.vision.backbones)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-patients", type=int, default=8, help="B: patients per global batch")
     p.add_argument("--max-wounds", type=int, default=8, help="N_max: wounds sampled per patient and epoch")
@@ -165,13 +102,6 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: 
         parser.error("--no-wound-meta and --no-patient-meta together leave nothing to contrast the images with")
 
 
-def _checkpoint_path(ws: Any, ref: str) -> Path:
-    path = Path(ref)
-    if ref.isdigit() and not path.exists():
-        path = ws.runs_dir / ref / "checkpoint.pt"
-    return path
-
-
 def _schemas(parser: argparse.ArgumentParser, data: NestedData, args: argparse.Namespace
              ) -> tuple[TabularSchema | None, TabularSchema | None]:
     exclude = [args.target] if args.target else []
@@ -182,66 +112,6 @@ def _schemas(parser: argparse.ArgumentParser, data: NestedData, args: argparse.N
     if patient is not None and len(patient) == 0:
         parser.error("no usable patient metadata column in the workspace; use --no-patient-meta")
     return wound, patient
-
-
-def _load_init(model: SLIMP, path: Path) -> list[str]:
-    """Copy every tensor of a SLIMP checkpoint whose name and shape match; return the skipped names."""
-    state = torch.load(path, map_location="cpu", weights_only=False)["model"]
-    own = model.state_dict()
-    keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(keep, strict=False)
-    return sorted(set(own) - set(keep))
-
-
-def _param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
-    decay = [p for p in params if p.ndim >= 2]
-    rest = [p for p in params if p.ndim < 2]
-    return [g for g in ({"params": decay}, {"params": rest, "weight_decay": 0.0}) if g["params"]]
-
-
-def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, masks: Tensor | None, wound_tab: Any,
-                   patient_tab: Any, device: torch.device, args: argparse.Namespace, run_id: int) -> dict[str, Any]:
-    """Probe / kNN / retrieval / triplet agreement; saves the embeddings of run ``run_id``."""
-    from core.metrics import evaluate
-    from core.runs import save_embeddings
-
-    emb = embed_all(model, images, masks, wound_tab, patient_tab, device)
-    w = emb["w"].numpy()
-    h = None if emb["h"] is None else emb["h"].numpy()
-    x = None if emb["x"] is None else emb["x"].numpy()[data.wound_patient]
-    wh = w if h is None else np.concatenate([w, h], axis=1)
-    ids, photo = photo_embeddings(data.wound_keys, wh)
-    extra = {"wound_w": w, "patient_ids": np.array(data.patient_ids, dtype=str)}
-    if h is not None:
-        extra["wound_h"] = h
-    if emb["x"] is not None:
-        extra["patient_x"] = emb["x"].numpy()
-    save_embeddings(ws, run_id, ids, image_emb=photo, wound_keys=data.wound_keys, wound_emb=wh, **extra)
-    metrics: dict[str, Any] = {"n_wounds": len(w), "n_patients": len(data.patient_ids), "n_photos": len(ids)}
-    rows = ws.store.expert_triplets()
-    if rows:
-        D = np.sqrt(((photo[:, None, :] - photo[None, :, :]) ** 2).sum(-1))
-        metrics["triplets"] = evaluate(ids, D, rows)
-    if h is not None:
-        metrics["retrieval"] = {**retrieval_recall(w, h), "chance@1": 1.0 / len(w)}
-    if args.target:
-        labels, level = data.labels(args.target)
-        full = np.concatenate([a for a in (w, h, x) if a is not None], axis=1)
-        metrics["probe"] = {"target": args.target, "level": level,
-                            **probe(full, labels, data.wound_patient, FRACTIONS, seed=args.seed)}
-        if args.ablation:
-            with torch.no_grad():
-                raw = torch.cat([model.image_features(images[s:s + 32].to(device),
-                                                      None if masks is None else masks[s:s + 32].to(device)).cpu()
-                                 for s in range(0, len(images), 32)]).numpy()
-            sets = {"frozen backbone features (no SLIMP)": raw, "image w": w}
-            if h is not None:
-                sets["image w + wound meta h"] = np.concatenate([w, h], axis=1)
-            if x is not None:
-                sets["w + h + patient meta x" if h is not None else "image w + patient meta x"] = full
-            metrics["ablation"] = {k: probe(v, labels, data.wound_patient, FRACTIONS, seed=args.seed)
-                                   for k, v in sets.items()}
-    return metrics
 
 
 def _fmt(v: float) -> str:
@@ -280,8 +150,8 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from annotations.workspace import Workspace
-    from core.backbones import BackboneUnavailable, load_backbone
-    from core.embed import open_workspace
+    from core.runtime import open_workspace
+    from core.vision.backbones import BackboneUnavailable, load_backbone
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -348,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                   temperature=args.temperature, trunk=trunk).to(device)
     skipped: list[str] = []
     if args.init and resume_state is None:
-        init_path = _checkpoint_path(ws, args.init)
+        init_path = checkpoint_path(ws, args.init)
         if not init_path.exists():
             parser.error(f"--init {args.init}: no checkpoint at {init_path}")
-        skipped = _load_init(model, init_path)
+        skipped = load_init(model, init_path)
     if args.continual:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -360,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             p.requires_grad_(True)
     else:
         trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(_param_groups(trainable), lr=args.lr)
+    optimizer = torch.optim.AdamW(param_groups(trainable), lr=args.lr)
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
         optimizer.load_state_dict(resume_state["optimizer"])
@@ -398,30 +268,19 @@ def main(argv: list[str] | None = None) -> int:
                    initial=start_epoch, total=args.epochs)
         for epoch in bar:
             t0 = time.perf_counter()
-            sums: dict[str, float] = {}
             batches = epoch_batches(patient_wounds, args.batch_patients, args.max_wounds, args.seed, epoch)
-            for batch in batches:
-                if len(batch) < world:
-                    parser.error(f"a batch of {len(batch)} patients cannot be split over {world} processes")
-                shard = [batch[i] for i in np.array_split(np.arange(len(batch)), world)[rank]]
-                inputs = make_inputs(shard, images, masks, wound_tab, patient_tab, device)
-                out = net(inputs)
-                loss, stats = batch_loss(model, out, inputs, len(batch), group, world)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v / len(batches)
+            if min(map(len, batches)) < world:
+                parser.error(f"a batch of {min(map(len, batches))} patients cannot be split over {world} processes")
+            sums = train_epoch(net, model, optimizer, batches, (images, masks, wound_tab, patient_tab), device,
+                               group, rank, world)
             losses.append(sums["loss"])
             for k in ("inner", "outer"):
                 if k in sums:
                     history[k].append(sums[k])
             if rank == 0:
                 bar.set_postfix(loss=f"{sums['loss']:.4f}", tau=f"{1 / model.criterion.logit_scale.item():.4f}")
-                torch.save({"args": {k: getattr(args, k) for k in TRAIN_KEYS}, "model_config": model.config,
-                            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
-                            "losses": losses, "history": history, "run_id": run_id}, run_dir / "checkpoint.tmp")
-                (run_dir / "checkpoint.tmp").replace(run_dir / "checkpoint.pt")
+                save_checkpoint(run_dir / "checkpoint.pt", {k: getattr(args, k) for k in TRAIN_KEYS}, model,
+                                optimizer, epoch + 1, losses, history, run_id)
                 ws.store.update_run(run_id, progress=(epoch + 1) / args.epochs,
                                     metrics={"loss": losses, **history,
                                              "temperature": 1 / model.criterion.logit_scale.item(),
@@ -451,3 +310,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

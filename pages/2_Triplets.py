@@ -41,7 +41,7 @@ doc.addEventListener('keydown', doc.__tridermKeys);
 def distances_for_active(ws):
     """(ids, D, run) of the newest finished embedding run, or None (core not available / no run)."""
     try:
-        from core.evaluate import embedding_runs, run_image_distances
+        from core.eval.report import embedding_runs, run_image_distances
     except ImportError:
         return None
     for run in embedding_runs(ws):

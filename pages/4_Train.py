@@ -54,7 +54,7 @@ with ablation:
     ablate_args = (["--quick"] if quick else []) + ["--seeds", str(int(seeds))]
 
 with bench:
-    from core.bench_contrastive import VARIANTS
+    from core.experiments.contrastive import VARIANTS
 
     st.markdown("CLIP-objective variants (SigLIP, frozen / partly frozen towers, unimodal terms, FLIP) trained "
                 "under identical settings on wound crops + descriptions; retrieval, concept AUROC, linear probe "

@@ -15,9 +15,10 @@ from annotations.session import PALETTE
 ws = ac.page("Explore")
 
 try:
-    from core.evaluate import embedding_runs
-    from core.retrieval import neighbours, run_distances
-    from core.runs import load_embeddings, pairwise_euclidean
+    from core.eval.distances import pairwise_euclidean
+    from core.eval.report import embedding_runs
+    from core.eval.retrieval import neighbours, run_distances
+    from core.runtime import load_embeddings
 except ImportError as err:  # the ML part of the product is not installed
     st.info(f"The explorer needs the `core` models, which are not available here yet ({err}).", icon="🚧")
     st.stop()
@@ -67,7 +68,7 @@ label = {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')
          + (f" · {r['name']}" if r.get("name") else "") for r in runs}
 c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
 source = c1.radio("Map of", ["one run", "fused runs"], horizontal=True,
-                  help="fused: two runs' min-max normalised distances combined (core.fusion)")
+                  help="fused: two runs' min-max normalised distances combined (core.eval.fusion)")
 if source == "one run":
     run_ids: tuple[int, ...] = (c1.selectbox("Run", list(label), format_func=label.get, key="explore_run"),)
     method = "uncertainty"
@@ -241,8 +242,8 @@ if not concept_runs:
                "(zero-shot concept scores and heatmaps per wound).")
 else:
     try:
-        from core.concept_scores import heatmap_overlay, top_concepts, wound_row
-        from core.concepts import GROUPS, load_vocab
+        from core.concepts.scores import heatmap_overlay, top_concepts, wound_row
+        from core.concepts.vocabulary import GROUPS, load_vocab
 
         vocab_labels = {c.name: c.label for c in load_vocab(groups=GROUPS)}
     except Exception as err:  # noqa: BLE001 — a broken vocabulary file must not break the page

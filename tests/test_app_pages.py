@@ -49,7 +49,7 @@ def texts(at: AppTest) -> str:
 
 def add_test_embedding(ws: Workspace, with_attention: bool = False) -> int:
     """A TEST-ONLY vision run with random image/wound embeddings (and, optionally, attention extras)."""
-    from core.runs import save_embeddings
+    from core.runtime import save_embeddings
 
     ids = [im["image_id"] for im in ws.store.images()]
     keys = [(w["image_id"], w["wound_index"]) for w in ws.store.wounds()]
@@ -191,7 +191,7 @@ def test_train_page_shows_loss_curves(ws):
 def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert "No evaluation report yet" in texts(at)
-    from core.evaluate import run_report
+    from core.eval.report import run_report
 
     add_test_embedding(ws)
     run_report(ws, n_boot=20)
@@ -201,7 +201,7 @@ def test_report_page_empty_then_filled(ws):
 
 
 def test_report_page_shows_the_contrastive_benchmark(ws):
-    from core.bench_contrastive import METRICS, OUT_DIR, paired_vs_baseline, summarise, write_outputs
+    from core.experiments.contrastive import METRICS, OUT_DIR, paired_vs_baseline, summarise, write_outputs
 
     assert "No contrastive-objective benchmark yet" in texts(app("report"))
     rng = np.random.default_rng(0)  # TEST-ONLY numbers: the page renders whatever the benchmark wrote

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.augment import AugmentConfig, WoundAugment, nonempty_crop_box, view_generator
+from core.vision.augment import AugmentConfig, WoundAugment, nonempty_crop_box, view_generator
 
 GEOMETRY_ONLY = AugmentConfig(brightness=0, contrast=0, saturation=0, hue=0, noise_p=0, blur_p=0)
 

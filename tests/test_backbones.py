@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-import core.backbones as backbones
-from core.backbones import BackboneUnavailable, available_backbones, load_backbone, load_state_in_order
+import core.vision.backbones as backbones
+from core.vision.backbones import BackboneUnavailable, available_backbones, load_backbone, load_state_in_order
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.bench_contrastive import recall_at_k, skip_reason, variant_config
-from core.concepts import ConceptTagger, load_vocab
-from core.train_concepts import TrainConfig, Trainer, WoundPairs, build_text_inputs
-from core.vlm import DualEncoder, ImageTower, MiniLMTower, load_vlm
+from core.concepts.dual_encoder import DualEncoder, ImageTower, MiniLMTower, load_vlm
+from core.concepts.training import TrainConfig, Trainer, WoundPairs, build_text_inputs
+from core.concepts.vocabulary import ConceptTagger, load_vocab
+from core.experiments.contrastive import recall_at_k, skip_reason, variant_config
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_recall_at_k_hand_computed() -> None:
 
 
 def test_paired_difference_vs_baseline() -> None:
-    from core.bench_contrastive import METRICS, paired_vs_baseline
+    from core.experiments.contrastive import METRICS, paired_vs_baseline
 
     base = [dict.fromkeys(METRICS, 0.1 * s) | {"seed": s} for s in range(4)]
     better = [dict.fromkeys(METRICS, 0.1 * s + 0.2 + 0.01 * (-1) ** s) | {"seed": s} for s in range(4)]
@@ -121,7 +121,7 @@ def vit_model() -> DualEncoder:
     """A tiny randomly initialised open_clip ViT image tower (4×4 patches at 64 px) + MiniLM."""
     import open_clip
 
-    from core.backbones import _open_clip_backbone
+    from core.vision.backbones import _open_clip_backbone
 
     torch.manual_seed(0)
     clip = open_clip.model.CLIP(
@@ -174,7 +174,8 @@ def test_patch_dropout_rejected_where_it_cannot_apply(setup) -> None:
 
 
 def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> None:
-    from core.bench_contrastive import OUT_DIR, main
+    from core.bench_contrastive import main
+    from core.experiments.contrastive import OUT_DIR
 
     argv = ["--workspace", str(demo_workspace.root), "--quick", "--epochs", "1", "--size", "64",
             "--variants", "clip,flip"]

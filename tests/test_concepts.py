@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.concept_scores import ConceptBottleneck, ConceptScorer
-from core.concepts import ConceptTagger, disease_aspect, load_vocab, sub_captions
+from core.concepts.scores import ConceptBottleneck, ConceptScorer
+from core.concepts.vocabulary import ConceptTagger, disease_aspect, load_vocab, sub_captions
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ class _FakeModel:
 
 
 def test_scorer_global_local_and_heatmap() -> None:
-    from core.concepts import Concept
+    from core.concepts.vocabulary import Concept
 
     c = Concept("x", "x", "wound", ("x",), ("POS a", "POS b"), ("neg",))
     scorer = ConceptScorer(_FakeModel(), [c], beta=0.5, k_frac=0.25)

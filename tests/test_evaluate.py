@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from annotations.workspace import Workspace
-from core.evaluate import main, run_report
-from core.fusion import fuse
-from core.metrics import evaluate
-from core.runs import pairwise_euclidean, save_embeddings
+from core.eval.distances import pairwise_euclidean
+from core.eval.fusion import fuse
+from core.eval.metrics import evaluate
+from core.eval.report import run_report
+from core.evaluate import main
+from core.runtime import save_embeddings
 
 N = 16
 
@@ -101,7 +103,7 @@ def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
 
 
 def _emb(ws: Workspace, run_id: int) -> np.ndarray:
-    from core.runs import load_embeddings
+    from core.runtime import load_embeddings
 
     return load_embeddings(ws, run_id)["image_emb"]
 
@@ -145,7 +147,8 @@ def _add_llm_source(ws: Workspace, truth: np.ndarray, model: str, flip: float, m
 
 @pytest.mark.slow
 def test_text_ablation_rows_shared_cells_and_resume(tmp_path, capsys):
-    from core.ablate import main as ablate_main, run_ablation
+    from core.ablate import main as ablate_main
+    from core.experiments.ablation import run_ablation
 
     ws, truth = _tiny_workspace(tmp_path / "ws")
     _add_llm_source(ws, truth, "good", flip=0.05, m=600, seed=1)
@@ -180,7 +183,7 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     import sys
     import types
 
-    from core.ablate import run_ablation
+    from core.experiments.ablation import run_ablation
 
     ws, truth = _tiny_workspace(tmp_path / "ws")
     ids = [f"img{n:02d}" for n in range(N)]
@@ -193,7 +196,7 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
         emb = truth + quality * np.random.default_rng(seed).normal(size=truth.shape)
         return _add_run(ws_, "vision-triderm", "vision", emb, ids)
 
-    monkeypatch.setitem(sys.modules, "core.train_triderm", types.SimpleNamespace(train=fake_train))
+    monkeypatch.setitem(sys.modules, "core.vision.triderm", types.SimpleNamespace(train=fake_train))
     out = run_ablation(ws, seeds=3, quick=True, tables=("vision",))
     configs = [("mean", "vicreg", 32, 1e-2), ("attention", "vicreg", 32, 1e-2), ("attention", "contrastive", 32, 1e-2),
                ("attention", "triplet", 32, 1e-2), ("attention", "contrastive", 128, 1e-3),

@@ -11,9 +11,9 @@ from PIL import Image
 from scipy import ndimage
 
 from annotations.workspace import Workspace
-from core.backbones import load_backbone
-from core.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, wound_fractions, wound_tokens
-from core.pooling import AttentionPooling, MeanPooling, WoundHead, segment_softmax
+from core.vision.backbones import load_backbone
+from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, wound_fractions, wound_tokens
+from core.vision.pooling import AttentionPooling, MeanPooling, WoundHead, segment_softmax
 
 
 def test_fractions_equal_area_pooling_and_small_wounds_get_one_token():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.fusion import (
+from core.eval.fusion import (
     MissingImagesError,
     align,
     fuse,
@@ -14,7 +14,7 @@ from core.fusion import (
     uncertainty_fusion,
     uncertainty_weights,
 )
-from core.metrics import agreement
+from core.eval.metrics import agreement
 
 # Already normalised (min 0 on the diagonal, max 1).
 DV = np.array([[0.0, 0.5, 1.0], [0.5, 0.0, 1.0], [1.0, 1.0, 0.0]])

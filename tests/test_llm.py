@@ -11,8 +11,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ollama_stub import OllamaStub  # noqa: E402
 
-from core.llm import (PROMPT_VERSION, SYSTEM_PROMPT, OllamaOracle, OracleAnswerError, OracleUnavailable,  # noqa: E402
-                      PhantomOracle, Question, build_messages, parse_answer)
+from core.text.llm import (  # noqa: E402
+    PROMPT_VERSION,
+    SYSTEM_PROMPT,
+    OllamaOracle,
+    OracleAnswerError,
+    OracleUnavailable,
+    PhantomOracle,
+    Question,
+    build_messages,
+    parse_answer,
+)
 
 ANCHOR = "deep ulcer with red granulation tissue and fibrin"
 NEAR = "deep ulcer with granulation tissue and some fibrin"

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ollama_stub import OllamaStub, stub_choice  # noqa: E402
 
 from core import fit_soe, llm_triplets  # noqa: E402
-from core.llm import PROMPT_VERSION, LocalOracle, PhantomOracle, build_messages  # noqa: E402
-from core.llm_triplets import photo_texts, run  # noqa: E402
+from core.text.llm import PROMPT_VERSION, LocalOracle, PhantomOracle, build_messages  # noqa: E402
+from core.text.queries import photo_texts, run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_active_phantom_run_then_fit_soe(demo_workspace, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     run_row = ws.store.run(out["run_id"])
     assert run_row["kind"] == "text-soe" and run_row["config"]["modality"] == "text"
-    from core.runs import load_embeddings
+    from core.runtime import load_embeddings
 
     emb = load_embeddings(ws, out["run_id"])
     assert emb["image_emb"].shape == (out["n_images"], 4)
@@ -122,8 +122,8 @@ def test_active_phantom_run_then_fit_soe(demo_workspace, capsys) -> None:
 
 
 def test_active_selection_prefers_uncertain_questions() -> None:
-    from core.triplet_sampling import all_questions, select_active
-    from core.soe import triplet_margins
+    from core.text.sampling import all_questions, select_active
+    from core.text.soe import triplet_margins
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, 2))

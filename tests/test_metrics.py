@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import cohen_kappa_score, f1_score
 
-from core.metrics import agreement, agreement_from_choices, evaluate
+from core.eval.metrics import agreement, agreement_from_choices, evaluate
 
 
 def _random_problem(rng: np.random.Generator, n: int, m: int, noise: float):

@@ -10,8 +10,18 @@ import pytest
 from PIL import Image
 from scipy import ndimage
 
-from core.phantoms import (CONCEPTS, LATENT_FEATURES, PhantomTruth, _counts_per_photo, build, calibrate_oracle,
-                           expert_rng, load_truth, main, montage)
+from core.phantoms import (
+    CONCEPTS,
+    LATENT_FEATURES,
+    PhantomTruth,
+    build,
+    calibrate_oracle,
+    expert_rng,
+    load_truth,
+    montage,
+)
+from core.phantoms.__main__ import main
+from core.phantoms.world import counts_per_photo
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -186,7 +196,7 @@ def test_deterministic_per_seed(small: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("photos", "wounds"), [(53, 120), (4, 64), (5, 5), (20, 30)])
 def test_wounds_per_photo_partition(photos: int, wounds: int) -> None:
-    counts = _counts_per_photo(np.random.default_rng(0), photos, wounds)
+    counts = counts_per_photo(np.random.default_rng(0), photos, wounds)
     assert len(counts) == photos and counts.sum() == wounds and 1 <= counts.min() and counts.max() <= 16
     assert (counts.max() == 16) == (wounds - photos >= 15)
 

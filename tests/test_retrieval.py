@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from annotations.workspace import Workspace
-from core.fusion import MissingImagesError, fuse, minmax_normalise
-from core.retrieval import neighbours, neighbours_in_runs, run_distances
-from core.runs import save_embeddings
+from core.eval.fusion import MissingImagesError, fuse, minmax_normalise
+from core.eval.retrieval import neighbours, neighbours_in_runs, run_distances
+from core.runtime import save_embeddings
 
 IDS = ["a", "b", "c", "d", "e"]
 # points on a line at 0, 1, 3, 7, 15

@@ -14,8 +14,8 @@ from PIL import Image
 
 from annotations.workspace import Workspace
 from core.losses.nested import NestedContrastiveLoss, inner_losses, outer_loss, symmetric_infonce
-from core.slimp import SLIMP, crop_box, epoch_batches, masked_pool, retrieval_recall
-from core.tabular import TabularSchema
+from core.nested.model import SLIMP, crop_box, epoch_batches, masked_pool, retrieval_recall
+from core.nested.tabular import TabularSchema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def _schemas():
 
 
 def test_model_with_all_missing_metadata_is_finite():
-    from core.slimp import NestedInputs
+    from core.nested.model import NestedInputs
 
     torch.manual_seed(3)
     wound, patient = _schemas()
@@ -193,7 +193,7 @@ def test_cli_trains_evaluates_and_resumes(tiny_ws, capsys):
     assert "subtype" not in run["config"]["patient_fields"]  # the probe target is not an input
     out = capsys.readouterr().out
     assert "R@1" in out and "triplet agreement" in out and "w + h + patient meta x" in out
-    from core.runs import load_embeddings
+    from core.runtime import load_embeddings
 
     emb = load_embeddings(tiny_ws, run["id"])
     assert len(emb["image_ids"]) == 10 and emb["image_emb"].shape == (10, 32)
@@ -220,7 +220,7 @@ def test_cli_bad_target_is_a_clean_error(tiny_ws, capsys):
 
 @pytest.mark.slow
 def test_continual_trains_only_stem_and_tabular_input_embeddings(tiny_ws):
-    from core.backbones import load_backbone
+    from core.vision.backbones import load_backbone
 
     base = _run(tiny_ws)
     init = torch.load(tiny_ws.runs_dir / str(base["id"]) / "checkpoint.pt", weights_only=False)["model"]

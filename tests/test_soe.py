@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.soe import SOE, hinge_sq, hinge_sq_loss_and_grad, triplet_margins
+from core.text.soe import SOE, hinge_sq, hinge_sq_loss_and_grad, triplet_margins
 
 
 def planted_triplets(n: int = 30, dim: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from core.tabular import TabularEncoder, TabularSchema
+from core.nested.tabular import TabularEncoder, TabularSchema
 
 RECORDS = [
     {"age": 70, "sex": "F", "site": "heel", "id_like": "a1"},

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from core import text_embed
-from core.runs import load_embeddings
+from core.runtime import load_embeddings
+from core.text import sentence
 
 
 def test_minilm_baseline_writes_a_run(demo_workspace, capsys) -> None:
@@ -17,12 +18,12 @@ def test_minilm_baseline_writes_a_run(demo_workspace, capsys) -> None:
     assert len(runs) == 1 and runs[0]["status"] == "done"
     assert runs[0]["config"]["modality"] == "text" and runs[0]["config"]["model"] == "minilm"
     emb = load_embeddings(ws, runs[0]["id"])
-    texts = text_embed.description_rows(ws)
+    texts = sentence.description_rows(ws)
     assert emb["image_ids"] == list(texts) and emb["image_emb"].shape == (len(texts), 384)
     assert 0.0 <= runs[0]["metrics"]["balanced"] <= 1.0 and runs[0]["metrics"]["expert"]["n"] > 400
     # a photo's embedding is the mean of its wounds' sentence embeddings
     multi = next(im for im, t in texts.items() if len(t) > 1)
-    enc = text_embed.load_encoder("minilm")
+    enc = sentence.load_encoder("minilm")
     own = np.asarray(enc.encode(texts[multi])).mean(0)
     row = emb["image_ids"].index(multi)
     assert np.allclose(emb["image_emb"][row], own, atol=1e-4)

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from annotations.workspace import Workspace
-from core.runs import load_embeddings
-from core.train_triderm import agreement_table, main, run_agreement, train
+from core.runtime import load_embeddings
+from core.train_triderm import agreement_table, main
+from core.vision.triderm import run_agreement, train
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
 

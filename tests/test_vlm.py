@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.vlm import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
+from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 
 pytestmark = pytest.mark.slow  # loads MiniLM + EfficientNet (> 20 s on 2 busy cores)
 
@@ -57,7 +57,7 @@ def test_set_trainable_and_frozen_levels(model) -> None:
 
 
 def test_dermlip_fails_fast_offline(monkeypatch) -> None:
-    import core.backbones as bb
+    import core.vision.backbones as bb
 
     monkeypatch.setattr(bb, "_hub_reachable", lambda *a, **k: False)
     monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-triderm-cache")

@@ -69,8 +69,8 @@ class AppServer:
 def browser_workspace(demo_dataset, tmp_path_factory) -> Path:
     """The demo imported, plus a TEST-ONLY embedding run (random vectors, clearly labelled) and
     a real evaluation report of it, so the explorer and report pages have something to show."""
-    from core.evaluate import run_report
-    from core.runs import save_embeddings
+    from core.eval.report import run_report
+    from core.runtime import save_embeddings
 
     root = tmp_path_factory.mktemp("browser") / "ws"
     ws = Workspace(root)

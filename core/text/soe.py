@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from core.device import pick_device, torch_threads
+from core.runtime import pick_device, torch_threads
 
 
 def hinge_sq(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, margin: float) -> torch.Tensor:

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from core.soe import SOE, triplet_margins
+from core.text.soe import SOE, triplet_margins
 
 SAMPLINGS = ("uniform", "anchor-balanced", "active")
 

@@ -26,11 +26,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 
-from core.concepts import Concept
+from core.concepts.vocabulary import Concept
 
 
 class ConceptScorer:
-    """Concept scores for image embeddings from a :class:`core.vlm.DualEncoder`."""
+    """Concept scores for image embeddings from a :class:`core.concepts.dual_encoder.DualEncoder`."""
 
     def __init__(self, model, concepts: Sequence[Concept], beta: float = 0.5, k_frac: float = 0.2,
                  scale: float | None = None) -> None:  # noqa: ANN001 — DualEncoder
@@ -130,7 +130,7 @@ class ConceptBottleneck:
 # ----------------------------------------------------------------------------- reading a concepts run
 def wound_row(emb: dict, image_id: str, wound_index: int) -> int | None:
     """Row of wound (``image_id``, ``wound_index``) in a run's arrays from
-    :func:`core.runs.load_embeddings`, or None when the run has no such wound."""
+    :func:`core.runtime.load_embeddings`, or None when the run has no such wound."""
     keys = emb.get("wound_keys") or []
     try:
         return keys.index((str(image_id), int(wound_index)))

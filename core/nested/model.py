@@ -5,10 +5,10 @@ SLIMP — "Skin lesion phenotyping via nested multi-modal contrastive learning"
 *patient* is the store's patient (a photo without patient gets a pseudo-patient
 ``image:<image_id>`` with no metadata).
 
-- image encoder: a registry backbone (``core.backbones``) on the wound's crop (its mask's
+- image encoder: a registry backbone (``core.vision.backbones``) on the wound's crop (its mask's
   bounding box, padded to a square), feature map pooled over the wound's own cells
   (mask-weighted mean), then a linear projection → w;
-- wound-metadata encoder (:class:`core.tabular.TabularEncoder`) → h; the wound record is the
+- wound-metadata encoder (:class:`core.nested.tabular.TabularEncoder`) → h; the wound record is the
   wound's metadata plus its photo's metadata (photo columns prefixed ``photo.``);
 - patient-metadata encoder → x;
 - z_p = Linear(mean over the patient's wounds of concat(w, h)).
@@ -34,7 +34,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from core.losses.nested import NestedContrastiveLoss
-from core.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing
+from core.nested.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing
 
 CROP_PAD = 0.15
 MIN_CROP_PX = 16
@@ -224,7 +224,7 @@ def make_inputs(batch: Sequence[tuple[int, np.ndarray]], images: Tensor, masks: 
 class SLIMP(nn.Module):
     """SLIMP encoders and the nested loss's temperature (see the module docstring).
 
-    ``trunk`` (a backbone feature module, e.g. ``core.backbones`` EfficientNet trunk) is
+    ``trunk`` (a backbone feature module, e.g. ``core.vision.backbones`` EfficientNet trunk) is
     given only when the image stem is trained (continual mode); it always stays in eval
     mode (frozen BatchNorm statistics). Without it the model takes pooled frozen features.
     """

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from annotations.workspace import Workspace
-from core.fusion import DEFAULT_ALPHA, fuse, minmax_normalise
-from core.runs import image_distances, load_embeddings
+from core.eval.distances import image_distances
+from core.eval.fusion import DEFAULT_ALPHA, fuse, minmax_normalise
+from core.runtime import load_embeddings
 
 
 def neighbours(ids: Sequence[str], D: np.ndarray, image_id: str, k: int = 5) -> dict[str, list[tuple[str, float]]]:
@@ -46,7 +47,7 @@ def run_distances(
     """Min-max normalised image distances of one run, or of several runs fused with ``method``.
 
     With several runs (vision first), images missing from any run raise
-    :class:`core.fusion.MissingImagesError` listing them.
+    :class:`core.eval.fusion.MissingImagesError` listing them.
     """
     runs = [run_ids] if isinstance(run_ids, (int, np.integer)) else list(run_ids)
     if not runs:

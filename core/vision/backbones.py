@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from core.device import autocast, pick_device
+from core.runtime import autocast, pick_device
 
 OFFLINE_DEFAULT = "efficientnet-lite0"
 DERMLIP_HUB = "hf-hub:redlessone/DermLIP_ViT-B-16"
@@ -212,7 +212,7 @@ def _efficientnet_lite0(device: torch.device, pretrained: bool) -> Backbone:
 class _ViTPatchMap(nn.Module):
     """open_clip VisionTransformer → patch tokens (after ln_post) as B×C×H×W.
 
-    While the visual tower's ``patch_dropout`` is training (FLIP, see ``core.vlm``) only the
+    While the visual tower's ``patch_dropout`` is training (FLIP, see ``core.concepts.dual_encoder``) only the
     kept tokens come out, in random order, as a B×C×1×kept map."""
 
     def __init__(self, visual: nn.Module, grid: int) -> None:

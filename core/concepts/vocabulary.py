@@ -1,6 +1,6 @@
 """Wound concept vocabulary, description tagger (with negation) and text aspects.
 
-The vocabulary lives in the editable data file ``core/concept_vocab.json``: curated
+The vocabulary lives in the editable data file ``core/concepts/concept_vocab.json``: curated
 RDEB/wound concepts (group ``wound``), SkinCon's 22 and Derm7pt's 7 (METHODS.md §4).
 Each concept has tagger ``terms`` and ``positive``/``negative`` zero-shot prompts.
 

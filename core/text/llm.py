@@ -270,7 +270,7 @@ class LocalOracle(Oracle):
                 from transformers import AutoModelForCausalLM, AutoTokenizer
                 from transformers.utils import logging as hf_logging
 
-                from core.device import pick_device
+                from core.runtime import pick_device
 
                 path = self.gguf_path or smollm2_gguf()
                 hf_logging.disable_progress_bar()

@@ -7,7 +7,7 @@ token of the wound when that fraction is ≥ 0.5 (the cell is mostly wound). A w
 small to cover half of any cell still gets one token: the cell holding most of its pixels
 (its nearest location). Tokens of different wounds may share a cell only at exactly 0.5.
 
-**Feature cache.** For every photo, K augmented views (:mod:`core.augment`, view *v*
+**Feature cache.** For every photo, K augmented views (:mod:`core.vision.augment`, view *v*
 seeded by image sha256 + augmentation hash + *v*) are run once through the frozen backbone.
 Each photo's file ``cache/features/<backbone>/<aug hash>/<image sha256>-<mask sha>.pt``
 holds, per view index, the fp16 feature map (K×C×H×W) and the downsampled label grid as
@@ -32,9 +32,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from annotations.workspace import Workspace
-from core.augment import AugmentConfig, WoundAugment, view_generator
-from core.backbones import Backbone
-from core.device import torch_threads
+from core.runtime import torch_threads
+from core.vision.augment import AugmentConfig, WoundAugment, view_generator
+from core.vision.backbones import Backbone
 
 TOKEN_THRESHOLD = 0.5
 CACHE_VERSION = 1

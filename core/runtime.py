@@ -1,24 +1,98 @@
-"""Run artifacts: embeddings and distance matrices saved beside a run record.
+"""Shared plumbing of every job: device choice, opening a workspace, run artifacts.
 
-Every run that produces an image embedding writes ``runs/<id>/embeddings.npz`` through
-:func:`save_embeddings`; evaluation, fusion, retrieval and the explorer read it back with
-:func:`load_embeddings` / :func:`image_distances`.
+- **Device**: CUDA (bf16 autocast) when available, else the CPU (fp32).
+- **Workspace**: :func:`open_workspace` opens the ``--workspace`` of a job, importing the
+  SYNTHETIC phantom demo into an empty one, and turns user errors into one clear ``parser``
+  error (:func:`user_errors`).
+- **Run artifacts**: every run that produces an image embedding writes
+  ``runs/<id>/embeddings.npz`` through :func:`save_embeddings`; evaluation, fusion, retrieval
+  and the explorer read it back with :func:`load_embeddings`. The run record itself (config,
+  seed, git sha, metrics) is the store's (:meth:`annotations.store.Store.start_run`).
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import math
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+import torch
 
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
-__all__ = ["save_embeddings", "load_embeddings", "image_distances", "pairwise_euclidean", "json_safe",
-           "git_sha"]
+__all__ = ["pick_device", "autocast", "torch_threads", "DEMO_SEED", "ensure_images", "open_workspace",
+           "user_errors", "save_embeddings", "load_embeddings", "json_safe", "git_sha"]
 
+DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"
+
+
+def pick_device() -> torch.device:
+    """Return ``cuda`` when a GPU is available, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; a no-op context on CPU (fp32 there is both faster and exact)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Temporarily set torch's intra-op CPU threads (tiny ops run fastest on one thread:
+    no fork/join per op, and no oversubscription when other processes share the cores)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def ensure_images(ws: Workspace, progress: bool = True) -> dict | None:
+    """Build and import the phantom demo when the workspace has no photos; its summary or None."""
+    if ws.store.images():
+        return None
+    from annotations.dataset import import_dataset
+    from core.phantoms import build
+
+    with tempfile.TemporaryDirectory(prefix="triderm-demo-") as tmp:
+        build(tmp, seed=DEMO_SEED, progress=progress)
+        return import_dataset(ws, tmp)
+
+
+@contextlib.contextmanager
+def user_errors(parser: argparse.ArgumentParser, *errors: type[BaseException]) -> Iterator[None]:
+    """Turn ``errors`` raised inside the block into one ``parser.error`` (message, exit 2)."""
+    try:
+        yield
+    except errors as e:
+        parser.error(str(e))
+
+
+def open_workspace(workspace: str | None, parser: argparse.ArgumentParser | None = None,
+                   require_wounds: bool = False) -> Workspace:
+    """Open a job's workspace, importing the SYNTHETIC phantom demo into an empty one; with
+    ``require_wounds``, a workspace without outlined wounds exits through ``parser``."""
+    ws = Workspace(workspace)
+    demo = ensure_images(ws)
+    if demo:
+        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, "
+              f"{demo['wounds']} wounds, {demo['triplets']} expert triplets)")
+    if require_wounds and not ws.store.wounds():
+        message = f"{ws.root}: no wounds outlined yet — draw wound masks first"
+        if parser is None:
+            raise ValueError(message)
+        parser.error(message)
+    return ws
 
 
 def save_embeddings(ws: Workspace, run_id: int, image_ids: Sequence[str],
@@ -75,22 +149,6 @@ def load_embeddings(ws: Workspace, run_id: int) -> dict[str, Any]:
     else:
         out["wound_keys"], out["wound_emb"] = None, None
     return out
-
-
-def pairwise_euclidean(x: np.ndarray) -> np.ndarray:
-    """n×n Euclidean distances (exactly 0 on the diagonal)."""
-    x = np.asarray(x, dtype=np.float64)
-    sq = (x * x).sum(1)
-    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
-    np.fill_diagonal(d2, 0.0)
-    return np.sqrt(d2)
-
-
-def image_distances(emb: dict[str, Any]) -> tuple[list[str], np.ndarray]:
-    """(image ids, distance matrix): the stored matrix, else Euclidean on the image embedding."""
-    if emb.get("distance") is not None:
-        return emb["image_ids"], np.asarray(emb["distance"], dtype=np.float64)
-    return emb["image_ids"], pairwise_euclidean(emb["image_emb"])
 
 
 def json_safe(value: Any) -> Any:

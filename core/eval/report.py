@@ -1,0 +1,233 @@
+"""The agreement report (TriDerm Table 1): every embedding run against the expert's triplets, with
+the training-free fusions of the latest vision and text runs.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from annotations.workspace import Workspace
+from core.eval.distances import image_distances
+from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
+from core.eval.metrics import METRICS, evaluate
+from core.runtime import json_safe, load_embeddings, save_embeddings
+
+MODALITY_ORDER = ("vision", "text", "fusion", "nested", "concept")
+
+
+PREFERRED_KIND = {"vision": "vision-triderm", "text": "text-soe"}
+
+
+# Paper Table 1 (real RDEB photos, 513 expert triplets), for orientation only.
+PAPER_TABLE1 = {
+    "TriDerm-T (text)": (67.4, 66.1, 66.1, 0.321),
+    "TriDerm-V (vision)": (71.6, 70.2, 70.1, 0.403),
+    "fusion, similarity": (72.5, 72.1, 72.1, 0.442),
+    "fusion, uncertainty": (73.5, 72.3, 72.3, 0.446),
+}
+
+
+def has_embeddings(ws: Workspace, run: dict) -> bool:
+    """Whether the run registered an embeddings file that is still on disk."""
+    rel = run["artifacts"].get("embeddings")
+    return bool(rel) and (ws.root / rel).exists()
+
+
+def run_image_distances(ws: Workspace, run: dict) -> tuple[list[str], np.ndarray] | None:
+    """(ids, D) of a finished run with image embeddings or distances; None when it has neither."""
+    if run["status"] != "done" or "modality" not in run["config"] or not has_embeddings(ws, run):
+        return None
+    emb = load_embeddings(ws, run["id"])
+    if emb.get("image_emb") is None and emb.get("distance") is None:
+        return None
+    ids, D = image_distances(emb)
+    return list(ids), np.asarray(D, dtype=np.float64)
+
+
+def embedding_runs(ws: Workspace, include_ablation: bool = False) -> list[dict]:
+    """Finished runs (newest first) whose image distances can be evaluated.
+
+    Runs trained for an ablation cell (tagged ``metrics["ablation_cell"]`` by
+    :mod:`core.ablate`) are left out unless ``include_ablation``.
+    """
+    return [r for r in ws.store.runs(status="done")
+            if "modality" in r["config"] and has_embeddings(ws, r)
+            and (include_ablation or "ablation_cell" not in r["metrics"])]
+
+
+def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
+    """The named run, else the latest ``vision-triderm`` / ``text-soe`` run, else the latest of that modality."""
+    if run_id is not None:
+        run = ws.store.run(run_id)
+        if run is None:
+            raise ValueError(f"--{modality}: no run {run_id} in {ws.root}")
+        if run_image_distances(ws, run) is None:
+            raise ValueError(f"--{modality}: run {run_id} ({run['kind']}, status {run['status']}) "
+                             "is not a finished run with image embeddings")
+        return run
+    candidates = [r for r in embedding_runs(ws) if r["config"].get("modality") == modality]
+    preferred = [r for r in candidates if r["kind"] == PREFERRED_KIND[modality]]
+    return (preferred or candidates or [None])[0]
+
+
+def fusion_config(method: str, vision_id: int, text_id: int, alpha: float) -> dict[str, Any]:
+    config: dict[str, Any] = {"modality": "fusion", "method": method, "inputs": [int(vision_id), int(text_id)]}
+    if method == "uncertainty":
+        config["alpha"] = float(alpha)
+    return config
+
+
+def fusion_run(ws: Workspace, method: str, vision: dict, text: dict, alpha: float = DEFAULT_ALPHA,
+               expert: list[dict] | None = None) -> tuple[int, bool]:
+    """Record (or reuse) the ``method`` fusion of two runs; returns (run id, reused).
+
+    Images missing from either input are left out of the fused matrix, printed and
+    listed in the run's metrics (``missing``).
+    """
+    config = fusion_config(method, vision["id"], text["id"], alpha)
+    for run in ws.store.runs(kind="fusion", status="done"):
+        if run["config"] == config and has_embeddings(ws, run):
+            return run["id"], True
+    inputs = [run_image_distances(ws, vision), run_image_distances(ws, text)]
+    run_id = ws.store.start_run("fusion", config, name=f"{method} fusion of runs {vision['id']} + {text['id']}")
+    try:
+        fused = fuse(inputs, method=method, alpha=alpha, allow_missing=True)
+        missing = {("vision", "text")[m]: ids for m, ids in fused.missing.items()}
+        for modality, ids in missing.items():
+            print(f"warning: {len(ids)} image(s) missing from the {modality} run, left out of the "
+                  f"{method} fusion: {', '.join(ids)}")
+        save_embeddings(ws, run_id, fused.ids, distance=fused.D)
+        metrics: dict[str, Any] = {"n_images": len(fused.ids), "missing": missing}
+        if expert:
+            metrics.update({k: v for k, v in evaluate(fused.ids, fused.D, expert).items()})
+        ws.store.finish_run(run_id, metrics=metrics)
+    except Exception as exc:
+        ws.store.finish_run(run_id, status="failed", message=str(exc))
+        raise
+    return run_id, False
+
+
+def _label(run: dict) -> str:
+    cfg = run["config"]
+    detail = run.get("name") or cfg.get("backbone") or cfg.get("model") or ""
+    return f"#{run['id']} {run['kind']}" + (f" ({detail})" if detail else "")
+
+
+def build_rows(ws: Workspace, runs: list[dict], expert: list[dict], n_boot: int, seed: int) -> list[dict]:
+    """One result row per run: metrics, CIs, counts and the per-anchor breakdown."""
+    rows = []
+    for run in tqdm(runs, desc="evaluating runs", unit="run"):
+        pair = run_image_distances(ws, run)
+        if pair is None:
+            continue
+        result = evaluate(*pair, expert, ci=True, n_boot=n_boot, seed=seed)
+        rows.append({"run_id": run["id"], "kind": run["kind"], "modality": run["config"]["modality"],
+                     "label": _label(run), "n_images": len(pair[0]), **result})
+    order = {m: n for n, m in enumerate(MODALITY_ORDER)}
+    rows.sort(key=lambda r: (order.get(r["modality"], len(order)), r["modality"], r["run_id"]))
+    return rows
+
+
+def _fmt(value: float, metric: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:.3f}" if metric == "kappa" else f"{100 * value:.1f}"
+
+
+def _cell(row: dict, metric: str) -> str:
+    lo, hi = row["ci"][metric]
+    return f"{_fmt(row[metric], metric)} [{_fmt(lo, metric)}, {_fmt(hi, metric)}]"
+
+
+def title(ws: Workspace) -> str:
+    synthetic = " — SYNTHETIC phantom data" if ws.is_synthetic else ""
+    return f"Agreement with expert triplets: {ws.dataset_name}{synthetic}"
+
+
+def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str:
+    head = ["Run", "Bal. %", "Micro %", "Macro-F1 %", "κ", "triplets", "anchors"]
+    lines = [f"# {title(ws)}", "",
+             f"{n_expert} expert triplet rows; 95 % CIs from {n_boot} bootstrap resamples of anchors.", ""]
+    for modality in dict.fromkeys(r["modality"] for r in rows):
+        lines += [f"## {modality}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in (r for r in rows if r["modality"] == modality):
+            cells = [r["label"], *(_cell(r, m) for m in METRICS), str(r["n"]), str(r["n_anchors"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Hardest anchors (lowest per-anchor agreement, 5 per run)", ""]
+    for r in rows:
+        worst = ", ".join(f"{a['anchor']} {100 * a['accuracy']:.0f}% of {a['n']}" for a in r["per_anchor"][:5])
+        lines.append(f"- {r['label']}: {worst}")
+    lines += ["", "Paper Table 1 (real RDEB photos, for orientation; Bal./Micro/Macro-F1/κ): "
+              + "; ".join(f"{k} {'/'.join(str(x) for x in v)}" for k, v in PAPER_TABLE1.items()), ""]
+    return "\n".join(lines)
+
+
+def text_table(ws: Workspace, rows: list[dict]) -> str:
+    width = max([len("run"), *(len(r["label"]) for r in rows)])
+    head = f"{'run':{width}s} {'balanced':>20s} {'micro':>20s} {'macro-F1':>20s} {'kappa':>24s} {'n':>5s}"
+    lines = [title(ws), head]
+    for modality in dict.fromkeys(r["modality"] for r in rows):
+        lines.append(f"-- {modality}")
+        for r in (r for r in rows if r["modality"] == modality):
+            lines.append(f"{r['label']:{width}s} " + " ".join(f"{_cell(r, m):>{24 if m == 'kappa' else 20}s}"
+                                                              for m in METRICS) + f" {r['n']:5d}")
+    return "\n".join(lines)
+
+
+def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> dict[str, str]:
+    """Write report.md / report.csv / report.json under runs/report/; return their paths."""
+    out = ws.runs_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "report.md", "csv": out / "report.csv", "json": out / "report.json"}
+    paths["markdown"].write_text(markdown(ws, rows, n_expert, n_boot), encoding="utf-8")
+    with paths["csv"].open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["modality", "run_id", "kind", "label", "n_images", "n", "n_anchors", "n_skipped",
+                         "n_missing"] + [f"{m}{s}" for m in METRICS for s in ("", "_lo", "_hi")])
+        for r in rows:
+            writer.writerow([r["modality"], r["run_id"], r["kind"], r["label"], r["n_images"], r["n"],
+                             r["n_anchors"], r["n_skipped"], r["n_missing"]]
+                            + [v for m in METRICS for v in (r[m], *r["ci"][m])])
+    report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),
+              "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows}
+    paths["json"].write_text(json.dumps(json_safe(report), indent=1), encoding="utf-8")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def run_report(ws: Workspace, vision: int | None = None, text: int | None = None, alpha: float = DEFAULT_ALPHA,
+               n_boot: int = 1000, seed: int = 0, include_ablation: bool = False) -> dict[str, Any]:
+    """Compute fusions, evaluate every embedding run, write the report; returns {rows, paths, run_id}."""
+    expert = ws.store.expert_triplets()
+    if not expert:
+        raise ValueError(f"workspace {ws.root} has no expert triplets to evaluate against")
+    if not embedding_runs(ws):
+        raise ValueError(f"workspace {ws.root} has no finished runs with image embeddings")
+    v, t = pick_input(ws, "vision", vision), pick_input(ws, "text", text)
+    config = {"vision": v and v["id"], "text": t and t["id"], "alpha": alpha, "n_boot": n_boot,
+              "include_ablation": include_ablation}
+    report_id = ws.store.start_run("report", config, seed=seed, name="agreement report")
+    try:
+        fusions = {}
+        if v is not None and t is not None:
+            for method in METHODS:
+                fusions[method], reused = fusion_run(ws, method, v, t, alpha, expert)
+                print(f"{method} fusion of runs {v['id']} (vision) + {t['id']} (text): "
+                      f"run {fusions[method]}{' (reused)' if reused else ''}")
+        else:
+            print(f"no fusion: need a vision and a text run (found vision={config['vision']}, text={config['text']})")
+        rows = build_rows(ws, embedding_runs(ws, include_ablation), expert, n_boot, seed)
+        paths = write_report(ws, rows, len(expert), n_boot)
+        summary = {str(r["run_id"]): {m: r[m] for m in METRICS} for r in rows}
+        ws.store.finish_run(report_id, metrics={"runs": summary, "fusion_runs": fusions,
+                                                "expert_triplets": len(expert)}, artifacts=paths)
+    except Exception as exc:
+        ws.store.finish_run(report_id, status="failed", message=str(exc))
+        raise
+    return {"rows": rows, "paths": paths, "run_id": report_id, "fusion_runs": fusions}
+

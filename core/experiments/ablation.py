@@ -1,0 +1,287 @@
+"""The ablation study (TriDerm Table 2): SOE dimension and LLM budget (text), pooling and loss
+(vision), each cell resumable and recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from annotations.workspace import Workspace
+from core.eval.metrics import METRICS, evaluate
+from core.runtime import json_safe
+
+SOE_DIMS = (2, 3, 4, 5, 6)
+
+
+BUDGETS = (0.001, 0.01, 0.1, 1.0)
+
+
+POOLINGS = ("mean", "attention")
+
+
+LOSSES = ("vicreg", "contrastive", "triplet")
+
+
+DEFAULT_DIM = 4
+
+
+VISION_DEFAULT = {"pooling": "attention", "loss": "vicreg"}
+
+
+# Paper Table 2 (balanced agreement %, real RDEB data), printed beside our numbers.
+PAPER = {
+    ("dim", 2): 62.6, ("dim", 3): 65.0, ("dim", 4): 67.4, ("dim", 5): 64.2, ("dim", 6): 64.9,
+    ("budget", 0.001): 55.2, ("budget", 0.01): 62.6, ("budget", 0.1): 63.6, ("budget", 1.0): 67.4,
+    ("oracle", "medgemma-27b"): 61.1, ("oracle", "gpt-oss-20b"): 61.7, ("oracle", "gpt-oss-120b"): 67.4,
+    ("pooling", "mean"): 69.3, ("pooling", "attention"): 71.6,
+    ("loss", "vicreg"): 71.6,
+    # the paper quotes contrastive and triplet at their best settings (§3.4), measured as extra rows
+    ("loss", "contrastive, batch 128, lr 1e-3"): 68.1, ("loss", "triplet, batch 8"): 70.1,
+}
+
+
+# The paper's best settings for the non-VICReg losses (Table 2b note): extra rows beside the defaults.
+TUNED_LOSSES = (("contrastive, batch 128, lr 1e-3", {"loss": "contrastive", "batch_size": 128, "lr": 1e-3}),
+                ("triplet, batch 8", {"loss": "triplet", "batch_size": 8}))
+
+
+class AblationInputError(ValueError):
+    """The workspace or the options cannot give an ablation (reported as a usage error)."""
+
+
+@dataclass
+class Row:
+    """One table row: a factor's value and the cell configuration that measures it."""
+
+    table: str
+    factor: str
+    value: Any
+    config: dict[str, Any]
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if self.factor == "budget":
+            return f"budget {100 * self.value:g}%"
+        return f"{self.factor} {self.value}"
+
+
+def _fingerprint(rows: list[dict]) -> str:
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(f"{r['anchor']}|{r['ref_j']}|{r['ref_k']}|{r['choice']}|{r['source']}|{r['rep']}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def cell_key(config: dict[str, Any], seed: int, data: str) -> str:
+    blob = json.dumps({"config": config, "seed": seed, "data": data}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+# ------------------------------------------------------------------------------------- text
+def oriented_indices(rows: list[dict], index: dict[str, int]) -> np.ndarray:
+    """(m, 3) [anchor, chosen, other] index triplets; skips and unknown images dropped."""
+    out = []
+    for r in rows:
+        if r["choice"] not in ("j", "k") or not {r["anchor"], r["ref_j"], r["ref_k"]} <= index.keys():
+            continue
+        chosen, other = (r["ref_j"], r["ref_k"]) if r["choice"] == "j" else (r["ref_k"], r["ref_j"])
+        out.append((index[r["anchor"]], index[chosen], index[other]))
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def text_rows(sources: list[str], default_source: str) -> list[Row]:
+    base = {"kind": "soe", "source": default_source, "dim": DEFAULT_DIM, "budget": 1.0}
+    rows = [Row("text", "dim", d, {**base, "dim": d}) for d in SOE_DIMS]
+    rows += [Row("text", "budget", b, {**base, "budget": b}) for b in BUDGETS]
+    rows += [Row("text", "oracle", s.removeprefix("llm:"), {**base, "source": s}) for s in sources]
+    return rows
+
+
+def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, seed: int) -> dict[str, Any]:
+    """Fit SOE on a seeded ``budget`` fraction of the oracle's triplets; agreement with the expert."""
+    from core.text.soe import SOE
+
+    rng = np.random.default_rng([seed, int(round(config["budget"] * 1e6))])
+    m = max(1, int(round(config["budget"] * len(llm))))
+    subset = llm[np.sort(rng.choice(len(llm), size=m, replace=False))]
+    soe = SOE(n_components=config["dim"], random_state=seed).fit(subset, n_objects=len(ids))
+    result = evaluate(ids, _euclidean(soe.embedding_), expert)
+    return {**{k: result[k] for k in METRICS}, "n_train_triplets": m, "train_score": soe.score(subset)}
+
+
+def _euclidean(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
+
+
+# ----------------------------------------------------------------------------------- vision
+def vision_rows(epochs: int | None) -> list[Row]:
+    base = {"kind": "triderm", **VISION_DEFAULT, **({"epochs": epochs} if epochs else {})}
+    rows = [Row("vision", "pooling", p, {**base, "pooling": p}) for p in POOLINGS]
+    rows += [Row("vision", "loss", loss, {**base, "loss": loss}) for loss in LOSSES]
+    rows += [Row("vision", "loss", label, {**base, **params}) for label, params in TUNED_LOSSES]
+    return rows
+
+
+def vision_cell(ws: Workspace, expert: list[dict], config: dict, seed: int, key: str) -> dict[str, Any]:
+    """Train TriDerm-V with ``config`` and score its image embedding against the expert.
+
+    The training run is tagged with ``metrics["ablation_cell"] = key`` so the agreement
+    report (:mod:`core.evaluate`) keeps ablation runs out of Table 1 and its fusions.
+    """
+    from core.eval.distances import image_distances
+    from core.runtime import load_embeddings
+    from core.vision.triderm import train
+
+    params = {k: v for k, v in config.items() if k != "kind"}
+    run_id = train(ws, progress=False, seed=seed, **params)
+    ws.store.update_run(run_id, metrics={"ablation_cell": key})
+    ids, D = image_distances(load_embeddings(ws, run_id))
+    result = evaluate(ids, D, expert)
+    return {**{k: result[k] for k in METRICS}, "run_id": run_id}
+
+
+# ------------------------------------------------------------------------------------ tables
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    arr = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if not len(arr):
+        return float("nan"), float("nan")
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+def summarise(rows: list[Row]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        bal = _mean_sd([x["balanced"] for x in r.results])
+        micro = _mean_sd([x["micro"] for x in r.results])
+        n_train = [x["n_train_triplets"] for x in r.results if "n_train_triplets" in x]
+        out.append({"table": r.table, "factor": r.factor, "value": r.value, "label": r.label,
+                    "config": r.config, "seeds": len(r.results), "balanced_mean": bal[0], "balanced_sd": bal[1],
+                    "micro_mean": micro[0], "micro_sd": micro[1], "paper": PAPER.get((r.factor, r.value)),
+                    "n_train_triplets": int(np.mean(n_train)) if n_train else None})
+    return out
+
+
+def format_table(summary: list[dict], table: str, title: str) -> str:
+    rows = [s for s in summary if s["table"] == table]
+    w = max([len("setting"), *(len(s["label"]) for s in rows)])
+    lines = [title, f"{'setting':{w}s} {'balanced % (mean ± sd)':>24s} {'micro %':>16s} {'seeds':>5s} {'paper':>6s}"
+                    + (f" {'triplets':>8s}" if table == "text" else "")]
+    for s in rows:
+        paper = f"{s['paper']:.1f}" if s["paper"] is not None else "–"
+        lines.append(f"{s['label']:{w}s} {100 * s['balanced_mean']:17.1f} ± {100 * s['balanced_sd']:4.1f}"
+                     f" {100 * s['micro_mean']:9.1f} ± {100 * s['micro_sd']:4.1f} {s['seeds']:5d} {paper:>6s}"
+                     + (f" {s['n_train_triplets']:8d}" if table == "text" else ""))
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------- main
+def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tuple[str, ...] = ("text", "vision"),
+                 source: str | None = None, vision_epochs: int | None = None) -> dict[str, Any]:
+    """Compute (or reuse) every cell × seed; write runs/ablation/ablation.{md,json}; return the summary."""
+    expert = ws.store.expert_triplets()
+    if not expert:
+        raise AblationInputError(f"workspace {ws.root} has no expert triplets to evaluate against")
+    ids = [r["image_id"] for r in ws.store.images()]
+    index = {image_id: n for n, image_id in enumerate(ids)}
+    expert_fp = _fingerprint(expert)
+    rows: list[Row] = []
+    llm_by_source: dict[str, np.ndarray] = {}
+    data_fp: dict[str, str] = {}
+    notes: list[str] = []
+    if "text" in tables:
+        sources = sorted(s for s in ws.store.triplet_sources() if s.startswith("llm:"))
+        if source is not None and source not in sources:
+            raise AblationInputError(f"--source {source}: no such triplet source (available: {', '.join(sources) or 'none'})")
+        for s in sources:
+            raw = ws.store.triplets(source=s)
+            llm_by_source[s] = oriented_indices(raw, index)
+            data_fp[s] = f"{expert_fp}-{_fingerprint(raw)}"
+        usable = [s for s in sources if len(llm_by_source[s])]
+        if usable:
+            default = source or max(usable, key=lambda s: len(llm_by_source[s]))
+            rows += text_rows(usable, default)
+        else:
+            notes.append("Table 2a skipped: no llm:<model> triplets in the store "
+                         "(run `python -m core.llm_triplets` first).")
+    if "vision" in tables:
+        epochs = vision_epochs or (10 if quick else None)
+        rows += vision_rows(epochs)
+        data_fp["vision"] = hashlib.sha256(
+            (expert_fp + "".join(r["sha256"] for r in ws.store.images())).encode()).hexdigest()[:16]
+    cache_dir = ws.runs_dir / "ablation" / "cells"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    jobs: dict[str, tuple[dict, int, str]] = {}
+    for row in rows:
+        for seed in range(seeds):
+            data = data_fp[row.config["source"]] if row.table == "text" else data_fp["vision"]
+            jobs.setdefault(cell_key(row.config, seed, data), (row.config, seed, row.table))
+    config = {"seeds": seeds, "quick": quick, "tables": list(tables), "source": source,
+              "vision_epochs": vision_epochs, "cells": len(jobs)}
+    run_id = ws.store.start_run("ablation", config, name="Table 2 ablation")
+    results: dict[str, dict] = {}
+    reused = 0
+    try:
+        compute: dict[str, Callable[[dict, int, str], dict]] = {
+            "text": lambda cfg, seed, key: soe_cell(ids, llm_by_source[cfg["source"]], expert, cfg, seed),
+            "vision": lambda cfg, seed, key: vision_cell(ws, expert, cfg, seed, key),
+        }
+        bar = tqdm(jobs.items(), desc="ablation cells", unit="cell")
+        for done, (key, (cfg, seed, table)) in enumerate(bar):
+            path = cache_dir / f"{key}.json"
+            if path.exists():
+                results[key] = json.loads(path.read_text(encoding="utf-8"))["result"]
+                reused += 1
+            else:
+                bar.set_postfix_str(" ".join(str(v) for k, v in cfg.items() if k != "kind") + f" seed {seed}")
+                t0 = time.perf_counter()
+                result = {**compute[table](cfg, seed, key), "seconds": time.perf_counter() - t0}
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"config": cfg, "seed": seed, "result": result}, default=str),
+                               encoding="utf-8")
+                tmp.replace(path)
+                results[key] = result
+            ws.store.update_run(run_id, progress=(done + 1) / len(jobs))
+        for row in rows:
+            for seed in range(seeds):
+                data = data_fp[row.config["source"]] if row.table == "text" else data_fp["vision"]
+                row.results.append(results[cell_key(row.config, seed, data)])
+        summary = summarise(rows)
+        paths = write_outputs(ws, summary, notes, seeds, quick)
+        ws.store.finish_run(run_id, metrics={"cells_computed": len(jobs) - reused, "cells_reused": reused,
+                                             "rows": json_safe(summary)}, artifacts=paths)
+    except BaseException as exc:
+        ws.store.finish_run(run_id, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed",
+                            message=str(exc) or type(exc).__name__)
+        raise
+    return {"summary": summary, "notes": notes, "paths": paths, "run_id": run_id,
+            "computed": len(jobs) - reused, "reused": reused}
+
+
+def titles(ws: Workspace, seeds: int, quick: bool) -> dict[str, str]:
+    tag = " — SYNTHETIC phantom data" if ws.is_synthetic else ""
+    q = ", quick" if quick else ""
+    return {"text": f"Table 2a — text (SOE on LLM triplets), {seeds} seeds{q}{tag}",
+            "vision": f"Table 2b — vision (TriDerm-V), {seeds} seeds{q}{tag}"}
+
+
+def write_outputs(ws: Workspace, summary: list[dict], notes: list[str], seeds: int, quick: bool) -> dict[str, str]:
+    out = ws.runs_dir / "ablation"
+    t = titles(ws, seeds, quick)
+    text = "\n\n".join(format_table(summary, table, t[table]) for table in ("text", "vision")
+                       if any(s["table"] == table for s in summary))
+    md = "\n".join(["```", text, "```", *notes, ""])
+    paths = {"markdown": out / "ablation.md", "json": out / "ablation.json"}
+    paths["markdown"].write_text(md, encoding="utf-8")
+    paths["json"].write_text(json.dumps(json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes,
+                                                    "rows": summary}), indent=1, default=str), encoding="utf-8")
+    return {k: str(v) for k, v in paths.items()}
+

@@ -1,0 +1,45 @@
+"""Wound phantoms: the embedded, fully synthetic demo dataset of TriDerm Studio.
+
+Split by role: :mod:`~core.phantoms.world` (patients, photos, wounds and their latent
+attributes), :mod:`~core.phantoms.render` (photos and label maps),
+:mod:`~core.phantoms.descriptions` (clinical free text), :mod:`~core.phantoms.expert` (the
+calibrated noisy oracle and its reload) and :mod:`~core.phantoms.dataset` (the dataset folder).
+
+Procedurally rendered photos of RDEB-like wounds that mirror the reference study
+(TriDerm, METHODS.md §1: 53 photos, 21 patients, 120 wounds with 1–16 per photo, 513
+expert triplets), written in the dataset-folder layout of docs/ARCHITECTURE.md::
+
+    images/<id>.png  masks/<id>.png  wounds.csv  images.csv  patients.csv  triplets.csv
+    dataset.json     truth/ (latent truth: wounds.csv, images.csv, concepts.csv,
+                             oracle.json, fibrin/<id>.png)
+
+Generative model (all of it is synthetic and labelled so):
+
+- Patients carry a latent disease severity; wounds draw their clinical attributes
+  (granulation, fibrin coverage, depth, erythema, hemorrhagic crust coverage, border type,
+  size) from logits that mix severity, site, chronicity, a patient effect, a photo effect
+  and wound noise, so wounds of one patient resemble each other.
+- The attributes drive the rendering (granular red bed, blobby yellow fibrin, dark
+  cracked crusts, pale raised rims, pink halo, depth shading) on Fitzpatrick-toned,
+  scarred skin under varying camera scale, orientation, light, white balance and blur.
+- Descriptions are clinical free text generated from the same attributes (varied
+  wording, omissions, negations); metadata (age, sex, Fitzpatrick type, site, size,
+  duration) correlate with them and are missing at a realistic rate.
+- The expert's triplets come from a noisy oracle on the photos' latent vectors
+  (mean of their wounds' weighted, standardised attribute vectors): P(choose j) =
+  Φ(Δ/σ) with Δ = d(i,k) − d(i,j), skips more likely for ambiguous triplets. σ and the
+  skip scale are calibrated numerically so the perfect latent embedding agrees with
+  the expert about 85% of the time and about 5% of answers are skips.
+  :class:`PhantomTruth` reloads that oracle so any (i, j, k) is answered the same way.
+
+Usage::
+
+    python -m core.phantoms --out DIR [--seed S] [--photos 53 --patients 21
+                            --wounds 120 --triplets 513] [--montage docs/phantoms.png]
+"""
+from core.phantoms.dataset import DATASET_NAME, build, montage
+from core.phantoms.expert import ANNOTATOR, PhantomTruth, calibrate_oracle, expert_rng, load_truth
+from core.phantoms.world import CONCEPTS, LATENT_FEATURES, concept_presence
+
+__all__ = ["DATASET_NAME", "build", "montage", "ANNOTATOR", "PhantomTruth", "calibrate_oracle", "expert_rng",
+           "load_truth", "CONCEPTS", "LATENT_FEATURES", "concept_presence"]

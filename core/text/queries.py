@@ -1,0 +1,268 @@
+"""Asking the synthetic expert (TriDerm-T, §2.3): triplet questions over the photos' descriptions
+put to an oracle, resumable and concurrent, uniform, anchor-balanced or active, answers stored.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from annotations.workspace import Workspace
+from core.text.llm import PROMPT_VERSION, Answer, Oracle, OracleUnavailable, Question
+from core.text.sampling import (
+    SAMPLINGS,
+    ActiveSampler,
+    anchor_balanced_order,
+    canonical_key,
+    default_active_batch,
+    n_questions,
+    resolve_budget,
+    uniform_order,
+)
+
+
+def photo_texts(ws: Workspace) -> dict[str, str]:
+    """Per photo with at least one description: its wounds' descriptions, numbered."""
+    by_image: dict[str, list[str]] = {}
+    for w in ws.store.wounds():
+        text = (w["description"] or "").strip()
+        if text:
+            by_image.setdefault(w["image_id"], []).append(f"Wound {w['wound_index']}: {text}")
+    return {im: "\n".join(lines) for im, lines in sorted(by_image.items())}
+
+
+class QueryRun:
+    """One query run: the plan, the cache, the workers and the bookkeeping of a summary."""
+
+    def __init__(self, ws: Workspace, oracle: Oracle, debias: bool = False, workers: int = 1,
+                 run_id: int | None = None, progress: bool = True) -> None:
+        self.ws, self.oracle, self.debias = ws, oracle, debias
+        self.workers = max(1, workers)
+        self.run_id = run_id
+        self.progress = progress
+        self.texts = photo_texts(ws)
+        self.ids = list(self.texts)
+        self.n = len(self.ids)
+        self.source = f"llm:{oracle.model}"
+        self.cache: dict[tuple[str, str, str], str] = {
+            (r["anchor"], r["ref_j"], r["ref_k"]): r["choice"]
+            for r in ws.store.llm_answers(oracle.name, oracle.model, PROMPT_VERSION)}
+        self.asked = self.from_cache = self.failed = 0
+        self.budget = 0
+
+    # -- questions -------------------------------------------------------------------------
+    def question(self, q: np.ndarray) -> Question:
+        a, j, k = (self.ids[int(x)] for x in q)
+        return Question(a, j, k, self.texts[a], self.texts[j], self.texts[k])
+
+    def orders(self, q: np.ndarray) -> list[tuple[str, str, str]]:
+        a, j, k = (self.ids[int(x)] for x in q)
+        return [(a, j, k), (a, k, j)] if self.debias else [(a, j, k)]
+
+    def is_answered(self, q: np.ndarray) -> bool:
+        return all(o in self.cache for o in self.orders(q))
+
+    def pending_orders(self, questions: Iterable[np.ndarray]) -> list[Question]:
+        out: list[Question] = []
+        for q in questions:
+            base = self.question(q)
+            for order, question in zip(self.orders(q), (base, base.swapped())):
+                if order in self.cache:
+                    self.from_cache += 1
+                else:
+                    out.append(question)
+        return out
+
+    # -- asking ----------------------------------------------------------------------------
+    def _answers(self, questions: list[Question]) -> Iterator[tuple[Question, Answer | Exception]]:
+        """Answers as they complete; at most 2×workers chunks in flight."""
+        size = max(1, self.oracle.batch_size)
+        chunks = [questions[s:s + size] for s in range(0, len(questions), size)]
+        with ThreadPoolExecutor(self.workers) as pool:
+            running: dict[Future, list[Question]] = {}
+            todo = iter(chunks)
+            while True:
+                while len(running) < 2 * self.workers:
+                    chunk = next(todo, None)
+                    if chunk is None:
+                        break
+                    running[pool.submit(self.oracle.answer_batch, chunk)] = chunk
+                if not running:
+                    return
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    chunk = running.pop(fut)
+                    try:
+                        results = fut.result()
+                    except OracleUnavailable:
+                        for f in running:
+                            f.cancel()
+                        raise
+                    yield from zip(chunk, results)
+
+    def ask(self, questions: list[Question], bar: tqdm | None = None) -> None:
+        """Ask, store every answer at once, count failures; OracleUnavailable propagates."""
+        last_update = 0.0
+        for q, result in self._answers(questions):
+            if isinstance(result, Exception):
+                self.failed += 1
+                if bar is not None:
+                    bar.set_postfix(failed=self.failed)
+            else:
+                self.ws.store.add_llm_answer(
+                    self.oracle.name, self.oracle.model, PROMPT_VERSION, q.anchor, q.ref_j, q.ref_k,
+                    result.choice, result.raw, result.latency_ms, result.tokens_in, result.tokens_out)
+                self.cache[(q.anchor, q.ref_j, q.ref_k)] = result.choice
+                self.asked += 1
+            if bar is not None:
+                bar.update(1)
+            now = time.monotonic()
+            if self.run_id is not None and now - last_update > 0.5:
+                last_update = now
+                self._report_progress()
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        if self.run_id is None:
+            return
+        per_q = 2 if self.debias else 1
+        done = min(1.0, (self.from_cache + self.asked + self.failed) / max(1, self.budget * per_q))
+        self.ws.store.update_run(self.run_id, progress=done, metrics={
+            "asked": self.asked, "from_cache": self.from_cache, "failed": self.failed})
+
+    def bar(self, total: int) -> tqdm:
+        return tqdm(total=total, desc=f"{self.oracle.name}:{self.oracle.model}", unit="q",
+                    disable=not self.progress, dynamic_ncols=True)
+
+    # -- plans -----------------------------------------------------------------------------
+    def run_fixed(self, order: np.ndarray, budget: int) -> np.ndarray:
+        plan = order[:budget]
+        pending = self.pending_orders(plan)
+        with self.bar(len(pending)) as bar:
+            self.ask(pending, bar)
+        return plan
+
+    def oriented(self, questions: np.ndarray) -> np.ndarray:
+        """Oriented (i, closer, farther) index triplets from the cached answers (agreeing pairs)."""
+        rows = []
+        for q in questions:
+            choices = [self.cache.get(o) for o in self.orders(q)]
+            if any(c not in ("j", "k") for c in choices):
+                continue
+            if self.debias and choices[0] == choices[1]:  # swapped positions: same letter = disagreement
+                continue
+            a, j, k = (int(x) for x in q)
+            rows.append((a, j, k) if choices[0] == "j" else (a, k, j))
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+    def run_active(self, budget: int, batch: int, seed: int) -> np.ndarray:
+        sampler = ActiveSampler(self.n, batch, seed=seed)
+        answered_mask = np.array([self.is_answered(q) for q in sampler.questions])
+        asked_q = sampler.questions[answered_mask][:budget]
+        self.from_cache += len(asked_q) * (2 if self.debias else 1)
+        with self.bar(max(0, budget - len(asked_q)) * (2 if self.debias else 1)) as bar:
+            while len(asked_q) < budget:
+                size = min(batch, budget - len(asked_q))
+                nxt = sampler.next_batch(self.oriented(asked_q), canonical_key(asked_q, self.n), size)
+                if len(nxt) == 0:
+                    break
+                self.ask(self.pending_orders(nxt), bar)
+                asked_q = np.concatenate([asked_q, nxt[[self.is_answered(q) for q in nxt]]])
+                if not all(self.is_answered(q) for q in nxt):  # failures: do not loop forever
+                    break
+        return asked_q
+
+    # -- debias bookkeeping and summary ------------------------------------------------------
+    def mark_position_bias(self, plan: np.ndarray) -> tuple[int, int]:
+        """Replace the triplets of disagreeing order pairs by one 'skip'; (pairs, disagreeing)."""
+        pairs = bias = 0
+        rows = {(r["anchor"], r["ref_j"], r["ref_k"]): r for r in self.ws.store.triplets(source=self.source)}
+        for q in plan:
+            o1, o2 = self.orders(q)
+            c1, c2 = self.cache.get(o1), self.cache.get(o2)
+            if c1 not in ("j", "k") or c2 not in ("j", "k"):
+                continue
+            pairs += 1
+            if c1 != c2:
+                continue
+            bias += 1
+            for o in (o1, o2):
+                row = rows.get(o)
+                if row is not None and row["choice"] != "skip":
+                    self.ws.store.delete_triplet(row["id"])
+            if rows.get(o1, {}).get("choice") != "skip":
+                self.ws.store.add_triplet(*o1, "skip", self.source)
+        return pairs, bias
+
+    def expert_overlap(self, oriented: np.ndarray) -> dict[str, Any]:
+        """Agreement with the expert's non-skip triplets on the same (anchor, {j, k})."""
+        llm = {(self.ids[a], frozenset((self.ids[j], self.ids[k]))): self.ids[j] for a, j, k in oriented}
+        hits = total = 0
+        for r in self.ws.store.expert_triplets():
+            if r["choice"] not in ("j", "k"):
+                continue
+            chosen = llm.get((r["anchor"], frozenset((r["ref_j"], r["ref_k"]))))
+            if chosen is not None:
+                total += 1
+                hits += chosen == (r["ref_j"] if r["choice"] == "j" else r["ref_k"])
+        return {"n": total, "agreement": hits / total if total else None}
+
+    def first_position_rate(self, plan: np.ndarray) -> float | None:
+        answers = [self.cache.get(o) for q in plan for o in self.orders(q)]
+        jk = [a for a in answers if a in ("j", "k")]
+        return sum(a == "j" for a in jk) / len(jk) if jk else None
+
+
+def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uniform", workers: int = 1,
+        debias: bool = False, seed: int = 0, active_batch: int | None = None, progress: bool = True,
+        config_extra: dict | None = None) -> dict[str, Any]:
+    """Run a query plan against ``oracle``; returns the JSON summary (also stored in the run)."""
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"unknown sampling {sampling!r}; choose one of {', '.join(SAMPLINGS)}")
+    qr = QueryRun(ws, oracle, debias=debias, workers=workers, progress=progress)
+    if qr.n < 3:
+        raise ValueError(f"{ws.root}: only {qr.n} photos have wound descriptions; triplets need at least 3")
+    total = n_questions(qr.n)
+    count = resolve_budget(budget, total)
+    qr.budget = count
+    batch = active_batch or default_active_batch(qr.n)
+    config = {"oracle": oracle.name, "model": oracle.model, "prompt_version": PROMPT_VERSION,
+              "budget": budget, "budget_questions": count, "sampling": sampling, "workers": workers,
+              "debias": debias, "n_images": qr.n, "synthetic": ws.is_synthetic, "source": qr.source,
+              **({"active_batch": batch} if sampling == "active" else {}), **(config_extra or {})}
+    qr.run_id = ws.store.start_run("llm-triplets", config, seed=seed,
+                                   name=f"{oracle.name}:{oracle.model} {sampling} {count}")
+    try:
+        oracle.check()
+        if sampling == "active":
+            plan = qr.run_active(count, batch, seed)
+        else:
+            order = uniform_order(qr.n, seed) if sampling == "uniform" else anchor_balanced_order(qr.n, seed)
+            plan = qr.run_fixed(order, count)
+    except OracleUnavailable as exc:
+        ws.store.finish_run(qr.run_id, status="failed", message=str(exc))
+        raise
+    except KeyboardInterrupt:
+        ws.store.finish_run(qr.run_id, status="stopped", message="interrupted; rerun to resume")
+        raise
+    pairs, bias = qr.mark_position_bias(plan) if debias else (0, 0)
+    oriented = qr.oriented(plan)
+    summary = {
+        "run_id": qr.run_id, "oracle": oracle.name, "model": oracle.model, "source": qr.source,
+        "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": int(len(plan)),
+        "budget_questions": count, "asked": qr.asked, "from_cache": qr.from_cache, "failed": qr.failed,
+        "usable_triplets": int(len(oriented)),
+        "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
+        "first_position_rate": qr.first_position_rate(plan),
+        "expert_overlap": qr.expert_overlap(oriented),
+        "synthetic": ws.is_synthetic, "demo_oracle": oracle.name == "local",
+    }
+    status = "done" if qr.failed == 0 and len(plan) == count else "failed"
+    ws.store.finish_run(qr.run_id, status=status, metrics=summary,
+                        message=None if status == "done" else f"{qr.failed} questions failed; rerun to retry them")
+    return summary
+

@@ -1,0 +1,46 @@
+"""Frozen vision baseline (TriDerm §3.3, METHODS.md §1): a wound's embedding is the mean of its
+backbone tokens, an image's the mean of its wounds; recorded as a ``vision-baseline`` run.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from annotations.workspace import Workspace
+from core.runtime import save_embeddings
+from core.vision.backbones import Backbone
+from core.vision.features import FeatureCache, TokenBank, workspace_wounds
+from core.vision.pooling import MeanPooling
+
+
+def image_means(wound_keys: list[tuple[str, int]], wound_emb: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Image ids (sorted) and the mean of each image's wound embeddings."""
+    ids = sorted({k[0] for k in wound_keys})
+    row = {i: n for n, i in enumerate(ids)}
+    index = np.array([row[k[0]] for k in wound_keys])
+    sums = np.zeros((len(ids), wound_emb.shape[1]))
+    np.add.at(sums, index, wound_emb)
+    return ids, sums / np.bincount(index, minlength=len(ids))[:, None]
+
+
+def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = None, progress: bool = True) -> int:
+    """Record the frozen mean-pool baseline of ``backbone`` as a run; returns its id."""
+    run_id = ws.store.start_run("vision-baseline", {
+        "modality": "vision", "backbone": backbone.name, "pooling": "mean", "input_size": backbone.input_size,
+        "token_rule": "cell area fraction >= 0.5, else the wound's best cell", "synthetic": ws.is_synthetic})
+    try:
+        if bank is None:
+            image_ids, keys = workspace_wounds(ws)
+            bank = TokenBank(FeatureCache(ws, backbone).build(image_ids, 0, progress), keys)
+        with torch.no_grad():
+            wound_emb, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
+        wound_emb = wound_emb.numpy()
+        ids, image_emb = image_means(bank.wound_keys, wound_emb)
+        save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb)
+        ws.store.finish_run(run_id, metrics={"n_images": len(ids), "n_wounds": len(bank)})
+    except BaseException as e:
+        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
+                            metrics={"error": str(e)})
+        raise
+    return run_id
+

@@ -1,0 +1,118 @@
+"""The folder tree is the method: import rules between the parts, and every job's ``--help``.
+
+The rules (docs/ARCHITECTURE.md) are read off the code by walking every import statement with
+:mod:`ast`, function-level imports included, so they stay true as the code grows.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = REPO / "core"
+JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
+        "train_concepts", "bench_contrastive")
+PLUMBING = "runtime"
+PARTS = ("vision", "text", "eval", "nested", "concepts", "losses", "experiments", "phantoms")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth (``from a.b import c`` counts as ``a.b`` and ``a.b.c``)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def graph(folder: Path) -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in folder.rglob("*.py")}
+
+
+def under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def violations(edges: dict[str, set[str]], src: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{m} imports {i}" for m, imps in edges.items() if under(m, src)
+                  for i in imps if any(under(i, f) for f in forbidden))
+
+
+CORE_EDGES = graph(CORE)
+ANNOTATIONS_EDGES = graph(REPO / "annotations")
+
+
+def test_annotations_import_neither_core_nor_streamlit_nor_torch():
+    assert violations(ANNOTATIONS_EDGES, "annotations", ("core", "streamlit", "torch")) == []
+
+
+def test_core_never_imports_the_ui():
+    assert violations(CORE_EDGES, "core", ("streamlit", "pages", "app", "app_common")) == []
+
+
+@pytest.mark.parametrize(("src", "dst"), [("core.vision", "core.text"), ("core.text", "core.vision")])
+def test_vision_and_text_never_import_each_other(src, dst):
+    assert violations(CORE_EDGES, src, (dst,)) == []
+
+
+def test_eval_sits_below_the_branches_it_compares():
+    """Vision and text meet in eval through distance matrices only: eval imports neither branch."""
+    assert violations(CORE_EDGES, "core.eval", ("core.vision", "core.text", "core.nested", "core.concepts",
+                                                "core.experiments")) == []
+
+
+def test_losses_and_phantoms_are_self_contained():
+    assert [v for v in violations(CORE_EDGES, "core.losses", ("core",)) if " core.losses" not in v] == []
+    assert [v for v in violations(CORE_EDGES, "core.phantoms", ("core",)) if " core.phantoms" not in v] == []
+
+
+def test_library_code_never_imports_a_job():
+    jobs = tuple(f"core.{j}" for j in JOBS)
+    for part in PARTS:
+        assert violations(CORE_EDGES, f"core.{part}", jobs) == [], part
+
+
+def test_a_rule_breach_is_caught(tmp_path):
+    """The walker sees a function-level import, so a breach hidden in a function fails the rules."""
+    bad = tmp_path / "core" / "vision" / "bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("def f():\n    from core.text.soe import SOE\n    return SOE\n")
+    edges = {"core.vision.bad": imports_of(bad)}
+    assert violations(edges, "core.vision", ("core.text",)) == ["core.vision.bad imports core.text.soe",
+                                                                "core.vision.bad imports core.text.soe.SOE"]
+
+
+def test_core_top_level_holds_only_jobs_and_the_plumbing():
+    top = {p.stem for p in CORE.glob("*.py")}
+    assert top == {"__init__", PLUMBING, *JOBS}
+    assert {p.name for p in CORE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PARTS)
+    for job in JOBS:
+        source = (CORE / f"{job}.py").read_text()
+        assert "def main(" in source and 'if __name__ == "__main__":' in source, job
+
+
+def test_every_part_says_what_it_holds():
+    for part in PARTS:
+        doc = ast.get_docstring(ast.parse((CORE / part / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"core/{part}/__init__.py needs a docstring saying what it holds"
+
+
+@pytest.mark.parametrize("job", [*JOBS, "phantoms"])
+def test_every_documented_job_answers_help(job):
+    out = subprocess.run([sys.executable, "-m", f"core.{job}", "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"python -m core.{job}" in out.stdout and "--workspace" in out.stdout or job == "phantoms"
+    assert "usage:" in out.stdout
