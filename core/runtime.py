@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import importlib.util
 import math
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -25,7 +27,7 @@ import torch
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
-__all__ = ["pick_device", "autocast", "torch_threads", "DEMO_SEED", "ensure_images", "open_workspace",
+__all__ = ["pick_device", "autocast", "torch_threads", "source_fingerprint", "DEMO_SEED", "ensure_images", "open_workspace",
            "user_errors", "save_embeddings", "load_embeddings", "json_safe", "git_sha"]
 
 DEMO_SEED = 0
@@ -55,6 +57,18 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def source_fingerprint(*modules: str) -> str:
+    """Short hash of the source of ``modules`` (dotted names): part of every cache key, so
+    changing the code that computes cached values invalidates them (a commit alone does not)."""
+    h = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError(name)
+        h.update(name.encode() + b"\0" + Path(spec.origin).read_bytes())
+    return h.hexdigest()[:10]
 
 
 def ensure_images(ws: Workspace, progress: bool = True) -> dict | None:

@@ -21,8 +21,18 @@ import argparse
 from typing import Any
 
 from core.runtime import open_workspace, user_errors
-from core.vision.backbones import BackboneUnavailable, load_backbone
-from core.vision.triderm import DEFAULTS, LOSSES, baseline_run, check_config, run_agreement, train
+from core.vision.backbones import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
+from core.vision.triderm import (
+    DEFAULTS,
+    LOSSES,
+    NORMALIZE,
+    PAPER_RECIPE,
+    baseline_run,
+    check_config,
+    check_workspace,
+    run_agreement,
+    train,
+)
 
 
 def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
@@ -38,37 +48,63 @@ def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.train_triderm", description=__doc__.splitlines()[0])
     parser.add_argument("--workspace", default=None, help="workspace folder (default $TRIDERM_WORKSPACE or ./workspace)")
-    parser.add_argument("--backbone", default=DEFAULTS["backbone"])
-    parser.add_argument("--pooling", choices=["attention", "mean"], default=DEFAULTS["pooling"])
-    parser.add_argument("--loss", choices=sorted(LOSSES), default=DEFAULTS["loss"])
-    parser.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    parser.add_argument("--weight-decay", type=float, default=DEFAULTS["weight_decay"])
-    parser.add_argument("--views", type=int, default=DEFAULTS["views"], help="cached augmented views per photo")
-    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    parser.add_argument("--no-cache", action="store_true", help="augment + run the backbone every step (slow)")
-    parser.add_argument("--dim", type=int, default=DEFAULTS["dim"])
+    parser.add_argument("--paper-recipe", action="store_true",
+                        help="start from the TriDerm paper's settings instead of the real-data default")
+    parser.add_argument("--backbone", default=None, help=f"backbone registry name (default {DEFAULTS['backbone']})")
+    parser.add_argument("--layer", default=None,
+                        help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
+    parser.add_argument("--pooling", choices=["attention", "mean"], default=None)
+    parser.add_argument("--loss", choices=sorted(LOSSES), default=None)
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--min-steps", type=int, default=None, help="train at least this many optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--weight-decay", type=float, default=None)
+    parser.add_argument("--views", type=int, default=None, help="cached augmented views per photo")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-cache", action="store_true", default=None, help="augment + run the backbone every step (slow)")
+    parser.add_argument("--dim", type=int, default=None)
+    parser.add_argument("--normalize", choices=list(NORMALIZE), default=None,
+                        help="embedding distances: center-l2 (centre, unit length) or none (raw Euclidean)")
+    parser.add_argument("--supervise", choices=["triplets"], default=None,
+                        help="also learn from the workspace's expert triplets (an ordinal term)")
+    parser.add_argument("--supervise-weight", type=float, default=None)
+    parser.add_argument("--cv", type=int, default=None, metavar="K",
+                        help="with --supervise: first report out-of-fold agreement over K patient-disjoint folds "
+                             "(default 5 with --supervise; 0 to skip)")
     args = parser.parse_args(argv)
-    options = dict(pooling=args.pooling, loss=args.loss, epochs=args.epochs, batch_size=args.batch_size,
-                   lr=args.lr, weight_decay=args.weight_decay, views=args.views, seed=args.seed,
-                   no_cache=args.no_cache, dim=args.dim)
+    base = PAPER_RECIPE if args.paper_recipe else DEFAULTS
+    given = {k: v for k, v in vars(args).items() if v is not None and k in base}
+    cfg = {**base, **given}
+    if cfg["supervise"] and args.cv is None:
+        cfg["cv"] = 5
+    if args.cv and not cfg["supervise"]:
+        parser.error("--cv evaluates the supervised mode: add --supervise triplets")
     try:
-        check_config({**DEFAULTS, **options})
+        check_config(cfg)
     except ValueError as e:
         parser.error(str(e).replace("_", "-"))
     ws = open_workspace(args.workspace, parser, require_wounds=True)
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
-        backbone = load_backbone(args.backbone)
-    run_id = train(ws, backbone=backbone, **options)
+        backbone = load_backbone(cfg["backbone"], layer=cfg["layer"])
+        check_workspace(ws, cfg)
+    run_id = train(ws, **{**cfg, "backbone": backbone})
     run = ws.store.run(run_id)
     base_id = baseline_run(ws, backbone)
-    rows = [(f"frozen {run['config']['backbone']} mean-pool (run {base_id})", run_agreement(ws, base_id)),
-            (f"TriDerm-V {args.pooling}/{args.loss} (run {run_id})", run_agreement(ws, run_id))]
+    label = f"TriDerm-V {cfg['pooling']}/{cfg['loss']}" + (" + expert triplets" if cfg["supervise"] else "")
+    rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", run_agreement(ws, base_id)),
+            (f"{label} (run {run_id})", run_agreement(ws, run_id))]
     ws.store.update_run(run_id, metrics={"agreement": rows[1][1], "baseline": {"run": base_id, **rows[0][1]}})
     tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
     print(f"\nAgreement with {len(ws.store.expert_triplets())} expert triplets{tag}:")
     print(agreement_table(rows))
+    if cfg["supervise"]:
+        print("(the supervised row is scored on the triplets it was trained on: in-sample, optimistic)")
+    cv = run["metrics"].get("cv")
+    if cv:
+        lo, hi = cv["ci"]["balanced"]
+        print(f"out-of-fold, {cv['folds']} patient-disjoint folds: balanced {100 * cv['balanced']:.1f}% "
+              f"[{100 * lo:.1f}, {100 * hi:.1f}] over {cv['n']} triplets")
     t = run["metrics"]["timing"]
     print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
     return 0
@@ -76,4 +112,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -14,6 +14,12 @@ from core.vision.backbones import BackboneUnavailable, available_backbones, load
 
 @pytest.fixture(scope="module")
 def lite0():
+    """The tokens of earlier releases: stage 5, 112 channels."""
+    return load_backbone("efficientnet-lite0@stage5", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def lite0_full():
     return load_backbone("efficientnet-lite0", device="cpu")
 
 
@@ -26,6 +32,7 @@ def test_efficientnet_lite0_loads_package_weights_frozen(lite0):
     assert not any(p.requires_grad for p in lite0.model.parameters())
     assert not lite0.model.training
     assert (lite0.channels, lite0.input_size, lite0.grid()) == (112, 224, (14, 14))
+    assert lite0.name == "efficientnet-lite0@stage5" and lite0.layer == "stage5"
     assert lite0.grid(256) == (16, 16)
     assert [len(b) for b in lite0.blocks()] == [1, 2, 2, 3, 3]
     assert {id(p) for p in lite0.stem_parameters()} == {
@@ -47,6 +54,42 @@ def test_feature_map_shape_and_preprocess_paths_agree(lite0):
     assert big.shape[-2:] == lite0.grid(256)
 
 
+def test_full_depth_is_the_default_layer_at_output_stride_16(lite0, lite0_full):
+    assert lite0_full.name == "efficientnet-lite0@full" and lite0_full.layer == "full"
+    assert (lite0_full.channels, lite0_full.grid(), lite0_full.grid(256)) == (1280, (14, 14), (16, 16))
+    x = torch.randn(2, 3, 224, 224)
+    full = lite0_full(x)
+    assert full.shape == (2, 1280, 14, 14)
+    assert (full >= 0).all() and (full <= 6).all()  # the head's ReLU6 ends the network
+    assert [len(b) for b in lite0_full.blocks()][:7] == [1, 2, 2, 3, 3, 4, 1] and len(lite0_full.blocks()) == 8
+    # dilation leaves the first five stages untouched: stage 5 equals the undilated network's
+    import timm
+
+    plain = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    plain.load_state_dict(lite0.model.state_dict())
+    plain.eval()
+    with torch.no_grad():
+        h = plain.bn1(plain.conv_stem(x))
+        for stage in plain.blocks[:5]:
+            h = stage(h)
+    assert torch.allclose(lite0(x), h, atol=1e-4)
+    assert lite0.key != lite0_full.key and lite0.key.split(":")[-1] == lite0_full.key.split(":")[-1]
+
+
+def test_layers_by_argument_or_suffix_and_canonical_names():
+    a = load_backbone("efficientnet-lite0", device="cpu", layer="stage6")
+    b = load_backbone("timm:tf_efficientnet_lite0@stage6", device="cpu")
+    assert a.name == b.name == "efficientnet-lite0@stage6" and a.channels == b.channels == 192
+    assert load_backbone("efficientnet-lite0@stage7", device="cpu").channels == 320
+    with pytest.raises(ValueError, match="unknown layer 'stage9'.*full"):
+        load_backbone("efficientnet-lite0", device="cpu", layer="stage9")
+    with pytest.raises(ValueError, match="unknown layer 'block3'.*last"):
+        load_backbone("open_clip:ViT-B-16@block3", device="cpu")
+    rand1 = load_backbone("efficientnet-lite0", device="cpu", pretrained=False)
+    rand2 = load_backbone("efficientnet-lite0", device="cpu", pretrained=False)
+    assert rand1.key != rand2.key  # random weights never share cached features
+
+
 def test_in_order_loading_names_the_mismatching_tensor():
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     bad = {"a.weight": torch.zeros(4, 3), "a.bias": torch.zeros(4), "b.weight": torch.zeros(3, 4),
@@ -61,7 +104,7 @@ def test_open_clip_vit_without_weights_gives_14x14_map():
     bb = load_backbone("open_clip:ViT-B-16", device="cpu")
     feats = bb(torch.zeros(1, 3, 224, 224))
     assert feats.shape == (1, 768, 14, 14)
-    assert bb.grid() == (14, 14) and bb.channels == 768
+    assert bb.grid() == (14, 14) and bb.channels == 768 and bb.name == "open_clip:ViT-B-16@last"
     assert len(bb.blocks()) == 12
     with pytest.raises(ValueError, match="224px"):
         bb.grid(256)
@@ -72,7 +115,7 @@ def test_saved_checkpoint_round_trip(lite0, tmp_path):
     again = load_backbone(str(path), device="cpu")
     x = torch.randn(1, 3, 224, 224)
     assert torch.equal(again(x), lite0(x))
-    assert again.name.startswith("file:bb.pt:")
+    assert again.name.startswith("file:bb.pt:") and again.name.endswith("@stage5")
 
 
 def test_dermlip_offline_fails_fast_with_clear_message(monkeypatch):

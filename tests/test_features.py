@@ -106,7 +106,7 @@ def tiny_ws(tmp_path_factory) -> Workspace:
 
 
 def test_feature_cache_is_reused_and_extended(tiny_ws):
-    bb = load_backbone("efficientnet-lite0", device="cpu", pretrained=False)
+    bb = load_backbone("efficientnet-lite0@stage5", device="cpu", pretrained=False)
     calls = []
     forward = bb._features.forward
     bb._features.forward = lambda x: calls.append(len(x)) or forward(x)
@@ -122,6 +122,23 @@ def test_feature_cache_is_reused_and_extended(tiny_ws):
     assert len(list(cache.root.glob("*.pt"))) == 1
     fresh = cache.photo(image_id, 3, use_cache=False)  # recomputed: same deterministic views
     assert torch.allclose(fresh.views.float(), more.views.float(), atol=1e-2)
+
+
+def test_cache_keys_change_with_layer_weights_and_seed(tiny_ws):
+    stage5 = load_backbone("efficientnet-lite0@stage5", device="cpu")
+    full = load_backbone("efficientnet-lite0@full", device="cpu")
+    roots = {FeatureCache(tiny_ws, stage5).root, FeatureCache(tiny_ws, full).root,
+             FeatureCache(tiny_ws, stage5, seed=1).root,
+             FeatureCache(tiny_ws, load_backbone("efficientnet-lite0@stage5", device="cpu", pretrained=False)).root}
+    assert len(roots) == 4
+    assert FeatureCache(tiny_ws, stage5).root == FeatureCache(tiny_ws, stage5).root  # stable for the same inputs
+    image_id = tiny_ws.store.images()[0]["image_id"]
+    a = FeatureCache(tiny_ws, stage5).photo(image_id, 2)
+    b = FeatureCache(tiny_ws, full).photo(image_id, 2)  # never the stage-5 file
+    assert a.views.shape[1] == 112 and b.views.shape[1] == 1280
+    seed1 = FeatureCache(tiny_ws, stage5, seed=1).photo(image_id, 2)
+    assert not torch.equal(seed1.views, a.views)  # the run seed draws other views
+    assert torch.equal(seed1.eval_feat, a.eval_feat)  # the un-augmented view is the same
 
 
 def test_tokens_for_all_medetec_wounds(medetec_dir: Path):

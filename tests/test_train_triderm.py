@@ -64,7 +64,7 @@ def test_cli_prints_baseline_vs_trained_table(tiny_ws, capsys):
     assert main(["--workspace", str(tiny_ws.root), "--epochs", "2", "--views", "2", "--batch-size", "4",
                  "--dim", "16", "--loss", "contrastive"]) == 0
     out = capsys.readouterr().out
-    assert "frozen efficientnet-lite0 mean-pool" in out and "TriDerm-V attention/contrastive" in out
+    assert "frozen efficientnet-lite0@full mean-pool" in out and "TriDerm-V attention/contrastive" in out
     assert "SYNTHETIC" in out
     kinds = [r["kind"] for r in tiny_ws.store.runs()]
     assert sorted(kinds) == ["vision-baseline", "vision-triderm"]

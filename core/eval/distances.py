@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["pairwise_euclidean", "image_distances"]
+__all__ = ["pairwise_euclidean", "cross_euclidean", "image_distances"]
 
 
 def pairwise_euclidean(x: np.ndarray) -> np.ndarray:
@@ -15,6 +15,13 @@ def pairwise_euclidean(x: np.ndarray) -> np.ndarray:
     d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
     np.fill_diagonal(d2, 0.0)
     return np.sqrt(d2)
+
+
+def cross_euclidean(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """len(x)×len(y) Euclidean distances between the rows of two embeddings."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    d2 = (x * x).sum(1)[:, None] + (y * y).sum(1)[None, :] - 2.0 * x @ y.T
+    return np.sqrt(np.maximum(d2, 0.0))
 
 
 def image_distances(emb: dict[str, Any]) -> tuple[list[str], np.ndarray]:

@@ -2,11 +2,13 @@
 only re-exports them.
 
 TriDerm-V (METHODS.md §1): :mod:`.vicreg` (default), :mod:`.contrastive` (InfoNCE) and
-:mod:`.triplet` for the loss ablation; SLIMP (§2): :mod:`.nested`; MAKE (§3): :mod:`.make`;
+:mod:`.triplet` for the loss ablation, :mod:`.expert_triplet` for learning from the expert's
+triplets; SLIMP (§2): :mod:`.nested`; MAKE (§3): :mod:`.make`;
 ConceptCLIP (§4): :mod:`.conceptclip` (with SigLIP); contrastive benchmark (§5): :mod:`.unimodal`.
 """
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss, rc_align, region_concept_score, sigmoid_it_align
 from core.losses.contrastive import InfoNCELoss, info_nce
+from core.losses.expert_triplet import ExpertTripletLoss
 from core.losses.make import (
     CLIPLoss,
     MAKELoss,

@@ -13,7 +13,7 @@ geometric op moves it with the image, always with nearest interpolation):
 5. image only: colour jitter (brightness, contrast, saturation, hue), Gaussian noise,
    Gaussian blur.
 
-Views are reproducible: :func:`view_generator` seeds each view from (image sha256,
+Views are reproducible: :func:`view_generator` seeds each view from (run seed, image sha256,
 config hash, view index), which is what the feature cache keys on.
 """
 from __future__ import annotations
@@ -64,9 +64,9 @@ class AugmentConfig:
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def view_generator(image_sha256: str, config: AugmentConfig, view: int) -> torch.Generator:
-    """Deterministic RNG for view ``view`` of a photo under ``config``."""
-    digest = hashlib.sha256(f"{image_sha256}:{config.key()}:{view}".encode()).digest()
+def view_generator(image_sha256: str, config: AugmentConfig, view: int, seed: int = 0) -> torch.Generator:
+    """Deterministic RNG for view ``view`` of a photo under ``config`` in a run seeded ``seed``."""
+    digest = hashlib.sha256(f"{seed}:{image_sha256}:{config.key()}:{view}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 

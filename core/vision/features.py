@@ -8,9 +8,12 @@ small to cover half of any cell still gets one token: the cell holding most of i
 (its nearest location). Tokens of different wounds may share a cell only at exactly 0.5.
 
 **Feature cache.** For every photo, K augmented views (:mod:`core.vision.augment`, view *v*
-seeded by image sha256 + augmentation hash + *v*) are run once through the frozen backbone.
-Each photo's file ``cache/features/<backbone>/<aug hash>/<image sha256>-<mask sha>.pt``
-holds, per view index, the fp16 feature map (K×C×H×W) and the downsampled label grid as
+seeded by run seed + image sha256 + augmentation hash + *v*) are run once through the frozen
+backbone. Each photo's file
+``cache/features/<backbone@layer:weights>/<code>-<aug hash>/seed<s>/<image sha256>-<mask sha>.pt``
+(``code``: a hash of the source of the modules that compute the values, so a change of the
+backbone, its layer or weights, the augmentation, the code or the seed never reads stale
+features) holds, per view index, the fp16 feature map (K×C×H×W) and the downsampled label grid as
 per-wound area fractions (K×E×H×W, fp16), plus the un-augmented inference view
 (resize to the backbone's input size). The mask hash is part of the key because the
 wound-keeping crop and the grid depend on the outline. Asking for more views later
@@ -32,12 +35,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from annotations.workspace import Workspace
-from core.runtime import torch_threads
+from core.runtime import source_fingerprint, torch_threads
 from core.vision.augment import AugmentConfig, WoundAugment, view_generator
 from core.vision.backbones import Backbone
 
 TOKEN_THRESHOLD = 0.5
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], grid: tuple[int, int]) -> Tensor:
@@ -106,13 +109,16 @@ class FeatureCache:
     """Augmented-view features of a workspace's photos for one backbone and augmentation."""
 
     def __init__(self, ws: Workspace, backbone: Backbone, config: AugmentConfig | None = None,
-                 batch_size: int = 32) -> None:
+                 batch_size: int = 32, seed: int = 0) -> None:
         self.ws = ws
         self.backbone = backbone
         self.config = config or AugmentConfig(size=backbone.input_size)
         self.augment = WoundAugment(self.config)
         self.batch_size = batch_size
-        self.root = ws.cache_dir / "features" / _safe(backbone.name) / self.config.key()
+        self.seed = int(seed)
+        code = source_fingerprint("core.vision.augment", "core.vision.features", "core.vision.backbones")
+        self.root = (ws.cache_dir / "features" / _safe(backbone.key) / f"{code}-{self.config.key()}"
+                     / f"seed{self.seed}")
 
     def path(self, sha256: str, labels: np.ndarray) -> Path:
         return self.root / f"{sha256}-{mask_sha(labels)}.pt"
@@ -127,7 +133,8 @@ class FeatureCache:
         """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices."""
         with torch_threads(1):  # per-view transforms are small ops: threads only add overhead
             img, mask = self.augment.prepare(image, labels)
-            pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v)) for v in views]
+            pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v, self.seed))
+                     for v in views]
         feats = self._forward([p[0] for p in pairs])
         grid = tuple(feats.shape[-2:])
         frac = torch.stack([wound_fractions(p[1], wound_indices, grid) for p in pairs]).half()

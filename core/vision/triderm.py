@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,18 +17,26 @@ from tqdm.auto import tqdm
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
-from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
+from core.losses import ExpertTripletLoss, InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
 from core.vision.backbones import OFFLINE_DEFAULT, Backbone, load_backbone
 from core.vision.baseline import embed_baseline, image_means
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
 from core.vision.pooling import WoundHead
+from core.vision.supervised import cross_validate, patient_folds, patient_of
 
-DEFAULTS: dict[str, Any] = {
-    "backbone": OFFLINE_DEFAULT, "pooling": "attention", "loss": "vicreg", "epochs": 50, "batch_size": 32,
-    "lr": 1e-2, "weight_decay": 1e-5, "views": 16, "seed": 0, "no_cache": False, "dim": 512, "hidden": 128,
+#: the TriDerm paper's recipe (§3.2): attention pooling, VICReg, 50 epochs, batch 32, lr 1e-2, dim 512
+PAPER_RECIPE: dict[str, Any] = {
+    "backbone": OFFLINE_DEFAULT, "layer": None, "pooling": "attention", "loss": "vicreg", "epochs": 50,
+    "batch_size": 32, "lr": 1e-2, "weight_decay": 1e-5, "views": 16, "seed": 0, "no_cache": False, "dim": 512,
+    "hidden": 128, "min_steps": 0, "normalize": "none", "supervise": None, "supervise_weight": 1.0, "cv": 0,
 }
+#: the real-data default (benchmarks/real_vision.py): a 128-d predictor (VICReg's covariance term is
+#: estimated from batches of 32, so a 512-d output is mostly noise) and distances between
+#: centred, unit-length embeddings
+DEFAULTS: dict[str, Any] = {**PAPER_RECIPE, "dim": 128, "normalize": "center-l2", "supervise_weight": 25.0}
+NORMALIZE = ("center-l2", "none")
 
 
 LOSSES = {"vicreg": VICRegLoss, "contrastive": InfoNCELoss, "triplet": TripletLoss}
@@ -82,17 +91,52 @@ class FreshViews:
         return out[0], out[1], out[2], out[3]
 
 
-def _batches(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
-    perm = torch.randperm(n, generator=gen)
+def _batches(wounds: Tensor, batch_size: int, gen: torch.Generator) -> list[Tensor]:
+    perm = wounds[torch.randperm(len(wounds), generator=gen)]
     return [b for b in perm.split(batch_size) if len(b) >= 2]
+
+
+@dataclass
+class ExpertSupervision:
+    """The expert's triplets as an extra training signal (``--supervise triplets``): oriented
+    ``triplets`` [i, j, k] over image rows, the image row of every wound of the bank, and the
+    weight and batch size of the :class:`~core.losses.ExpertTripletLoss` term."""
+
+    triplets: Tensor
+    wound_image: Tensor
+    n_images: int
+    weight: float = 1.0
+    batch: int = 256
+    criterion: torch.nn.Module = field(default_factory=ExpertTripletLoss)
+
+    def loss(self, head: WoundHead, bank: TokenBank, gen: torch.Generator, device: torch.device) -> Tensor:
+        """Expert-triplet loss on a random batch of triplets; each image is the mean of its wounds,
+        each wound seen through one random augmented view."""
+        trip = self.triplets[torch.randint(len(self.triplets), (min(self.batch, len(self.triplets)),),
+                                           generator=gen)]
+        images = torch.unique(trip)
+        local = torch.full((self.n_images,), -1, dtype=torch.long)
+        local[images] = torch.arange(len(images))
+        wounds = torch.nonzero(torch.isin(self.wound_image, images), as_tuple=True)[0]
+        views, _ = bank.sample_views(wounds, gen)
+        x, s = bank.gather(wounds, views)
+        z, _ = head(x.to(device), s.to(device), len(wounds))
+        rows = local[self.wound_image[wounds]].to(device)
+        sums = z.new_zeros((len(images), z.shape[1])).index_add_(0, rows, z)
+        counts = torch.bincount(rows, minlength=len(images)).clamp(min=1).to(z.dtype)
+        return self.criterion(sums / counts[:, None], local[trip].to(device))
 
 
 def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[str, Any],
         gen: torch.Generator, device: torch.device, fresh: FreshViews | None = None, progress: bool = True,
-        on_epoch: Callable[[int, list[float]], None] | None = None) -> list[float]:
-    """AdamW + cosine schedule over all steps; returns the mean loss per epoch."""
+        on_epoch: Callable[[int, list[float]], None] | None = None, wounds: Tensor | None = None,
+        expert: ExpertSupervision | None = None) -> list[float]:
+    """AdamW + cosine schedule over all steps; returns the mean loss per epoch. ``wounds``
+    restricts the self-supervised batches to those bank rows (cross-validation); ``expert``
+    adds the expert-triplet term to every step."""
+    wounds = torch.arange(len(bank)) if wounds is None else wounds
     opt = torch.optim.AdamW(head.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    steps = cfg["epochs"] * max(1, len(_batches(len(bank), cfg["batch_size"], torch.Generator())))
+    steps = cfg["epochs"] * max(1, len(_batches(wounds, cfg["batch_size"], torch.Generator())))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     losses: list[float] = []
     bar = tqdm(range(cfg["epochs"]), desc=f"TriDerm-V {cfg['pooling']}/{cfg['loss']}", unit="epoch",
@@ -100,21 +144,23 @@ def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[
     head.train()
     for epoch in bar:
         total, count = 0.0, 0
-        for wounds in _batches(len(bank), cfg["batch_size"], gen):
+        for batch in _batches(wounds, cfg["batch_size"], gen):
             if fresh is None:
-                v1, v2 = bank.sample_views(wounds, gen)
-                (x1, s1), (x2, s2) = bank.gather(wounds, v1), bank.gather(wounds, v2)
+                v1, v2 = bank.sample_views(batch, gen)
+                (x1, s1), (x2, s2) = bank.gather(batch, v1), bank.gather(batch, v2)
             else:
-                x1, s1, x2, s2 = fresh.pair(wounds, gen)
-            z1, _ = head(x1.to(device), s1.to(device), len(wounds))
-            z2, _ = head(x2.to(device), s2.to(device), len(wounds))
+                x1, s1, x2, s2 = fresh.pair(batch, gen)
+            z1, _ = head(x1.to(device), s1.to(device), len(batch))
+            z2, _ = head(x2.to(device), s2.to(device), len(batch))
             loss = criterion(z1, z2)
+            if expert is not None:
+                loss = loss + expert.weight * expert.loss(head, bank, gen, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
-            total += float(loss.detach()) * len(wounds)
-            count += len(wounds)
+            total += float(loss.detach()) * len(batch)
+            count += len(batch)
         losses.append(total / max(count, 1))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if on_epoch is not None:
@@ -125,7 +171,7 @@ def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[
 
 def check_config(cfg: dict[str, Any]) -> None:
     """Raise ValueError naming the first out-of-range option."""
-    minimum = {"epochs": 1, "batch_size": 2, "views": 1 if cfg["no_cache"] else 2, "dim": 1}
+    minimum = {"epochs": 1, "batch_size": 2, "views": 1 if cfg["no_cache"] else 2, "dim": 1, "min_steps": 0}
     for key, low in minimum.items():
         if int(cfg[key]) < low:
             raise ValueError(f"{key} must be ≥ {low}, got {cfg[key]}")
@@ -135,31 +181,143 @@ def check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(f"pooling must be 'attention' or 'mean', got {cfg['pooling']!r}")
     if cfg["loss"] not in LOSSES:
         raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {cfg['loss']!r}")
+    if cfg["normalize"] not in NORMALIZE:
+        raise ValueError(f"normalize must be one of {list(NORMALIZE)}, got {cfg['normalize']!r}")
+    if cfg["supervise"] not in (None, "triplets"):
+        raise ValueError(f"supervise must be 'triplets' or None, got {cfg['supervise']!r}")
+    if cfg["cv"] and (cfg["supervise"] is None or int(cfg["cv"]) < 2):
+        raise ValueError(f"cv needs supervise='triplets' and at least 2 folds, got cv={cfg['cv']}")
+    if cfg["supervise_weight"] <= 0:
+        raise ValueError(f"supervise_weight must be > 0, got {cfg['supervise_weight']}")
+
+
+def check_workspace(ws: Workspace, cfg: dict[str, Any]) -> None:
+    """Raise ValueError when ``ws`` cannot serve ``cfg``: no wounds, ``supervise`` without
+    expert triplets, ``cv`` folds beyond the number of patients."""
+    image_ids, keys = workspace_wounds(ws)
+    if not keys:
+        raise ValueError(f"{ws.root}: no wounds outlined — nothing to train on")
+    if cfg["supervise"] and not len(oriented_expert(ws, image_ids)):
+        raise ValueError(f"{ws.root}: --supervise triplets needs expert triplets (j/k answers), "
+                         "and the workspace has none")
+    if cfg["cv"]:
+        patient_folds(image_ids, patient_of(ws.store.images()), int(cfg["cv"]))
+
+
+def oriented_expert(ws: Workspace, image_ids: Sequence[str]) -> np.ndarray:
+    """The expert's non-skip triplets over ``image_ids`` as rows [i, chosen, other]."""
+    row = {i: n for n, i in enumerate(image_ids)}
+    out = [(row[t["anchor"]], row[t["ref_j"]], row[t["ref_k"]]) if t["choice"] == "j"
+           else (row[t["anchor"]], row[t["ref_k"]], row[t["ref_j"]])
+           for t in ws.store.expert_triplets()
+           if t["choice"] in ("j", "k") and {t["anchor"], t["ref_j"], t["ref_k"]} <= row.keys()]
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(embedding, centre): ``center-l2`` subtracts the mean of ``rows`` (all by default) and
+    scales every row to unit length, so distances compare directions; ``none`` keeps ``emb``."""
+    if how == "none":
+        return emb, np.zeros(emb.shape[1])
+    center = emb[rows if rows is not None else slice(None)].mean(0)
+    z = emb - center
+    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12), center
+
+
+def effective_epochs(cfg: dict[str, Any], n_wounds: int) -> int:
+    """``epochs``, raised so that training takes at least ``min_steps`` optimiser steps."""
+    per_epoch = max(1, n_wounds // cfg["batch_size"] + (n_wounds % cfg["batch_size"] >= 2))
+    return max(int(cfg["epochs"]), math.ceil(cfg["min_steps"] / per_epoch))
+
+
+class TriDermTrainer:
+    """One training set-up (bank, config, device) that fits heads on subsets of wounds and
+    triplets and embeds every photo with them."""
+
+    def __init__(self, bank: TokenBank, cfg: dict[str, Any], device: torch.device, image_ids: list[str],
+                 fresh: FreshViews | None = None) -> None:
+        self.bank, self.cfg, self.device, self.fresh = bank, cfg, device, fresh
+        self.image_ids = image_ids
+        row = {i: n for n, i in enumerate(image_ids)}
+        self.wound_image = torch.tensor([row[k[0]] for k in bank.wound_keys], dtype=torch.long)
+
+    def fit(self, train_rows: np.ndarray | None = None, triplets: np.ndarray | None = None,
+            progress: bool = False, on_epoch: Callable[[int, list[float]], None] | None = None
+            ) -> tuple[WoundHead, list[float]]:
+        cfg = self.cfg
+        wounds = (torch.arange(len(self.bank)) if train_rows is None
+                  else torch.nonzero(torch.isin(self.wound_image, torch.from_numpy(train_rows)), as_tuple=True)[0])
+        expert = None
+        if triplets is not None and len(triplets):
+            expert = ExpertSupervision(torch.from_numpy(triplets), self.wound_image, len(self.image_ids),
+                                       weight=cfg["supervise_weight"])
+        torch.manual_seed(cfg["seed"])
+        gen = torch.Generator().manual_seed(cfg["seed"])
+        head = WoundHead(self.bank.channels, cfg["dim"], cfg["pooling"], cfg["hidden"]).to(self.device)
+        run_cfg = {**cfg, "epochs": effective_epochs(cfg, len(wounds))}
+        losses = fit(head, self.bank, make_loss(cfg["loss"]), run_cfg, gen, self.device, self.fresh, progress,
+                     on_epoch, wounds, expert)
+        return head, losses
+
+    def embed(self, head: WoundHead, fit_rows: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(wound embeddings, image embeddings in ``image_ids`` order, attention weights, centre);
+        the centre of ``center-l2`` comes from the photos ``fit_rows`` (all by default)."""
+        bank = self.bank
+        with torch.no_grad():
+            z, weights = head(bank.eval_tokens.to(self.device), bank.eval_segment.to(self.device), len(bank))
+        wound_emb = z.float().cpu().numpy()
+        ids, image_emb = image_means(bank.wound_keys, wound_emb)
+        assert ids == self.image_ids
+        image_emb, center = normalized(image_emb, self.cfg["normalize"], fit_rows)
+        return wound_emb, image_emb, weights.float().cpu().numpy(), center
+
+    def cross_validate(self, triplets: np.ndarray, patients: dict[str, str], k: int, budget: int | None = None,
+                       progress: bool = True) -> tuple[np.ndarray, list[list[str]]]:
+        """Stitched out-of-fold distances over patient-disjoint folds, and the folds."""
+        folds = patient_folds(self.image_ids, patients, k, self.cfg["seed"])
+        row = {i: n for n, i in enumerate(self.image_ids)}
+        fold_rows = [np.array([row[i] for i in f]) for f in folds]
+        everyone = np.arange(len(self.image_ids))
+        bar = tqdm(total=k, desc=f"cv {k} folds", unit="fold", disable=not progress, leave=False)
+
+        def fit_fold(train_triplets: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
+            train_rows = np.setdiff1d(everyone, test_rows)
+            head, _ = self.fit(train_rows, train_triplets)
+            return pairwise_euclidean(self.embed(head, train_rows)[1])
+
+        D = cross_validate(len(self.image_ids), fold_rows, triplets, fit_fold, budget, self.cfg["seed"],
+                           progress=lambda f: bar.update())
+        bar.close()
+        return D, folds
 
 
 def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
     """Train TriDerm-V on ``ws`` (options as in :data:`DEFAULTS`; ``backbone`` may be a
-    registry name or a loaded :class:`Backbone`); returns the run id."""
+    registry name or a loaded :class:`Backbone`); returns the run id. With
+    ``supervise="triplets"`` the expert's triplets add an ordinal term, and ``cv=K`` first
+    reports patient-disjoint out-of-fold agreement (``metrics["cv"]``)."""
     unknown = set(config) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"unknown training options: {sorted(unknown)}")
     cfg = {**DEFAULTS, **config}
     check_config(cfg)
-    criterion = make_loss(cfg["loss"])
     device = pick_device()
-    torch.manual_seed(cfg["seed"])
-    gen = torch.Generator().manual_seed(cfg["seed"])
+    check_workspace(ws, cfg)
     image_ids, keys = workspace_wounds(ws)
-    if not keys:
-        raise ValueError(f"{ws.root}: no wounds outlined — nothing to train on")
-    backbone = cfg["backbone"] if isinstance(cfg["backbone"], Backbone) else load_backbone(cfg["backbone"], device=device)
+    triplets = oriented_expert(ws, image_ids) if cfg["supervise"] else None
+    patients = patient_of(ws.store.images())
+    backbone = (cfg["backbone"] if isinstance(cfg["backbone"], Backbone)
+                else load_backbone(cfg["backbone"], device=device, layer=cfg["layer"]))
     run_id = ws.store.start_run("vision-triderm", {
-        **cfg, "backbone": backbone.name, "modality": "vision", "device": str(device),
-        "n_images": len(image_ids), "n_wounds": len(keys), "synthetic": ws.is_synthetic}, seed=cfg["seed"])
+        **cfg, "backbone": backbone.name, "layer": backbone.layer, "modality": "vision", "device": str(device),
+        "n_images": len(image_ids), "n_wounds": len(keys), "n_expert_triplets": 0 if triplets is None else len(triplets),
+        "synthetic": ws.is_synthetic}, seed=cfg["seed"])
     try:
         timing: dict[str, float] = {}
+        metrics: dict[str, Any] = {}
         t0 = time.perf_counter()
-        cache = FeatureCache(ws, backbone)
+        cache = FeatureCache(ws, backbone, seed=cfg["seed"])
         photos = cache.build(image_ids, 0 if cfg["no_cache"] else cfg["views"], progress)
         # token bookkeeping and the cached training loop are many tiny ops: on CPU one thread
         # is fastest (no per-op fork/join, no oversubscription of shared cores)
@@ -168,24 +326,30 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
             bank = TokenBank(photos, keys)
         timing["features_s"] = time.perf_counter() - t0
         fresh = FreshViews(ws, backbone, cache, bank) if cfg["no_cache"] else None
-        head = WoundHead(bank.channels, cfg["dim"], cfg["pooling"], cfg["hidden"]).to(device)
+        trainer = TriDermTrainer(bank, cfg, device, image_ids, fresh)
         t1 = time.perf_counter()
         with torch_threads(small_ops if fresh is None else torch.get_num_threads()):
-            losses = fit(head, bank, criterion, cfg, gen, device, fresh, progress,
-                         on_epoch=lambda ep, ls: ws.store.update_run(
-                             run_id, progress=(ep + 1) / cfg["epochs"], metrics={"loss": ls}))
+            if cfg["cv"]:
+                D, folds = trainer.cross_validate(triplets, patients, int(cfg["cv"]), progress=progress)
+                oof = evaluate(image_ids, D, ws.store.expert_triplets(), ci=True)
+                metrics["cv"] = {"folds": int(cfg["cv"]), "fold_sizes": [len(f) for f in folds], "split": "patient",
+                                 **{m: oof[m] for m in ("balanced", "micro", "macro_f1", "kappa", "n")},
+                                 "ci": oof["ci"]}
+            head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
+                run_id, progress=(ep + 1) / effective_epochs(cfg, len(bank)), metrics={"loss": ls}))
         timing["train_s"] = time.perf_counter() - t1
-        with torch.no_grad():
-            z, weights = head(bank.eval_tokens.to(device), bank.eval_segment.to(device), len(bank))
-        wound_emb = z.float().cpu().numpy()
-        ids, image_emb = image_means(bank.wound_keys, wound_emb)
-        save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
+        wound_emb, image_emb, weights, center = trainer.embed(head)
+        save_embeddings(ws, run_id, image_ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
                         token_wound=bank.eval_segment.numpy(), token_pos=bank.eval_pos.numpy(),
-                        token_weight=weights.float().cpu().numpy(), grid=np.array(bank.grid),
-                        input_size=np.array(backbone.input_size))
+                        token_weight=weights, grid=np.array(bank.grid), input_size=np.array(backbone.input_size),
+                        center=center)
+        torch.save({"config": {k: v for k, v in cfg.items() if k != "backbone"}, "backbone": backbone.name,
+                    "channels": bank.channels, "center": torch.from_numpy(center), "head": head.state_dict()},
+                   ws.run_dir(run_id) / "head.pt")
         if not all(math.isfinite(x) for x in losses):
             raise FloatingPointError(f"non-finite training loss: {losses[-5:]}")
-        ws.store.finish_run(run_id, metrics={"loss": losses, "timing": timing})
+        ws.store.finish_run(run_id, metrics={"loss": losses, "timing": timing, **metrics},
+                            artifacts={"head": str((ws.run_dir(run_id) / "head.pt").relative_to(ws.root))})
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                             metrics={"error": f"{type(e).__name__}: {e}"})

@@ -1,0 +1,95 @@
+"""Embedding photos a trained TriDerm-V run has not seen, in the run's own space.
+
+A run saves its head (``runs/<id>/head.pt``: configuration, backbone name with its layer, the
+embedding centre); a new photo goes through the same frozen backbone at its input size, its
+wounds' tokens (from its mask, or the whole photo when it has none) through the head, and its
+embedding is normalised like the study's, so distances to the study's photos are comparable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from annotations.dataset import mask_to_labels
+from annotations.workspace import Workspace
+from core.vision.backbones import Backbone, load_backbone
+from core.vision.features import token_mask, wound_fractions
+from core.vision.pooling import WoundHead
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+
+
+@dataclass
+class TrainedHead:
+    """A TriDerm-V run's frozen backbone, trained head and embedding centre."""
+
+    run_id: int
+    backbone: Backbone
+    head: WoundHead
+    center: np.ndarray
+    normalize: str
+
+    @classmethod
+    def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TrainedHead:
+        run = ws.store.run(run_id)
+        if run is None or run["kind"] != "vision-triderm":
+            raise ValueError(f"--model {run_id}: no TriDerm-V (vision-triderm) run with that id in {ws.root}")
+        path = ws.run_dir(run_id) / "head.pt"
+        if not path.exists():
+            raise ValueError(f"--model {run_id}: the run has no saved head ({path}); it predates head saving")
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        cfg = blob["config"]
+        backbone = load_backbone(blob["backbone"], device=device)
+        head = WoundHead(int(blob["channels"]), cfg["dim"], cfg["pooling"], cfg["hidden"])
+        head.load_state_dict(blob["head"])
+        return cls(run_id, backbone, head.to(backbone.device).eval(), blob["center"].numpy(), cfg["normalize"])
+
+    def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
+        """One photo's embedding: the mean over its wounds (label values > 0; the whole photo
+        when ``labels`` is None or empty), normalised like the run's study photos."""
+        image = ImageOps.exif_transpose(image).convert("RGB")
+        if labels is None or not (labels > 0).any():
+            labels = np.ones((image.height, image.width), dtype=np.int32)
+        if labels.shape != (image.height, image.width):
+            raise ValueError(f"mask shape {labels.shape} differs from the photo's {(image.height, image.width)}")
+        s = self.backbone.input_size
+        x = torch.from_numpy(np.asarray(image.resize((s, s), Image.BILINEAR)).copy()).permute(2, 0, 1).float() / 255
+        with torch.no_grad():
+            feat = self.backbone(self.backbone.normalize(x[None]))[0]
+            wounds = [int(v) for v in np.unique(labels) if v > 0]
+            mask = token_mask(wound_fractions(labels, wounds, tuple(feat.shape[-2:]))).flatten(1)
+            seg, loc = torch.nonzero(mask, as_tuple=True)
+            z, _ = self.head(feat.flatten(1).T[loc].to(self.backbone.device), seg.to(self.backbone.device),
+                             len(wounds))
+        emb = z.float().cpu().numpy().mean(0)
+        if self.normalize == "center-l2":
+            emb = emb - self.center
+            emb = emb / max(float(np.linalg.norm(emb)), 1e-12)
+        return emb
+
+
+def photo_files(folder: Path) -> list[tuple[str, Path, Path | None]]:
+    """(name, photo, mask or None) for the photos of ``folder`` (or its ``images/``), masks from
+    ``masks/<name>.png`` beside them when present. No symbolic links are followed."""
+    folder = Path(folder)
+    images = folder / "images" if (folder / "images").is_dir() else folder
+    if not images.is_dir():
+        raise ValueError(f"--images {folder}: not a folder")
+    out = []
+    for p in sorted(images.iterdir()):
+        if p.suffix.lower() not in IMAGE_SUFFIXES or not p.is_file() or p.is_symlink():
+            continue
+        mask = folder / "masks" / f"{p.stem}.png"
+        out.append((p.stem, p, mask if mask.is_file() and not mask.is_symlink() else None))
+    if not out:
+        raise ValueError(f"--images {folder}: no photos ({', '.join(IMAGE_SUFFIXES)})")
+    return out
+
+
+def read_labels(path: Path | None) -> np.ndarray | None:
+    """A mask file as a label map (binary masks split into connected wounds, as on import)."""
+    return None if path is None else mask_to_labels(np.asarray(Image.open(path)))

@@ -1,0 +1,156 @@
+"""Learning from the expert's triplets, evaluated honestly (beyond the TriDerm paper).
+
+**Patient-disjoint folds.** The patients (``patient_id`` of a photo; a photo without one is its
+own patient) are dealt into K folds. A fold's *test* triplets are those whose anchor is a photo
+of the fold; its *training* triplets are those that name no photo of the fold at all — a test
+anchor is never seen in training, not even as a reference, nor any other photo of its patient.
+(Splitting by anchor alone leaks: every photo is a reference in many training triplets.)
+
+**Out-of-fold agreement.** Each fold's model gives a distance matrix; the rows of a fold's
+anchors are stitched into one matrix, so the usual metrics and their bootstrap CIs
+(:func:`core.eval.metrics.evaluate`) score every test triplet with the model that never saw it.
+
+**Linear metric** (:class:`LinearMetric`): the supervised baseline on frozen features — a linear
+map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
+
+from core.losses import ExpertTripletLoss
+
+
+def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """image_id → patient (the photo itself when it has no ``patient_id``)."""
+    return {im["image_id"]: im.get("patient_id") or f"photo:{im['image_id']}" for im in images}
+
+
+def patient_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, seed: int = 0) -> list[list[str]]:
+    """Deal the patients of ``image_ids`` into ``k`` folds of about equal photo counts (largest
+    patients first, each to the currently smallest fold, ties broken by a seeded shuffle)."""
+    groups: dict[str, list[str]] = {}
+    for i in image_ids:
+        groups.setdefault(patients[i], []).append(i)
+    if k < 2:
+        raise ValueError(f"--cv needs at least 2 folds, got {k}")
+    if k > len(groups):
+        raise ValueError(f"--cv {k} is larger than the number of patients ({len(groups)})")
+    order = list(groups)
+    np.random.default_rng(seed).shuffle(order)
+    order.sort(key=lambda p: -len(groups[p]))
+    folds: list[list[str]] = [[] for _ in range(k)]
+    for p in order:
+        min(folds, key=len).extend(groups[p])
+    return [sorted(f) for f in folds]
+
+
+def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean (train, test) masks over oriented triplets ``[i, j, k]`` for a fold whose photos
+    are the row indices ``test_rows``: test = anchor in the fold, train = no photo of the fold."""
+    in_fold = np.isin(triplets, test_rows)
+    return ~in_fold.any(1), in_fold[:, 0]
+
+
+def stitch_rows(n: int, fold_rows: Sequence[np.ndarray], fold_distances: Sequence[np.ndarray]) -> np.ndarray:
+    """One n×n matrix whose row a comes from the distance matrix of the fold holding photo a."""
+    out = np.full((n, n), np.nan)
+    for rows, D in zip(fold_rows, fold_distances):
+        out[rows] = D[rows]
+    if np.isnan(out).any():
+        raise ValueError("some photos are in no fold")
+    return out
+
+
+def subsample(triplets: np.ndarray, n: int | None, seed: int) -> np.ndarray:
+    """``n`` triplets drawn without replacement (all when ``n`` is None or too large)."""
+    if n is None or n >= len(triplets):
+        return triplets
+    return triplets[np.sort(np.random.default_rng(seed).choice(len(triplets), n, replace=False))]
+
+
+def cross_validate(n_images: int, folds_rows: Sequence[np.ndarray], triplets: np.ndarray,
+                   fit_fold: Callable[[np.ndarray, np.ndarray], np.ndarray], budget: int | None = None,
+                   seed: int = 0, progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Stitched out-of-fold distance matrix: ``fit_fold(train_triplets, test_rows)`` returns a
+    fold model's n×n distances; ``budget`` caps the training triplets of each fold."""
+    distances = []
+    for f, rows in enumerate(folds_rows):
+        train, _ = split_triplets(triplets, rows)
+        distances.append(fit_fold(subsample(triplets[train], budget, seed + f), rows))
+        if progress is not None:
+            progress(f)
+    return stitch_rows(n_images, folds_rows, distances)
+
+
+def patient_paired_test(per_anchor_a: Sequence[dict], per_anchor_b: Sequence[dict],
+                        patients: dict[str, str]) -> dict[str, float]:
+    """Paired comparison of two methods over patients: each patient's mean anchor accuracy
+    (``per_anchor`` of :func:`core.eval.metrics.evaluate`), a two-sided paired t-test and a
+    Wilcoxon signed-rank test on the per-patient differences a − b."""
+    def by_patient(rows: Sequence[dict]) -> dict[str, float]:
+        acc: dict[str, list[float]] = {}
+        for r in rows:
+            acc.setdefault(patients[r["anchor"]], []).append(r["accuracy"])
+        return {p: float(np.mean(v)) for p, v in acc.items()}
+
+    a, b = by_patient(per_anchor_a), by_patient(per_anchor_b)
+    common = sorted(set(a) & set(b))
+    diff = np.array([a[p] - b[p] for p in common])
+    t = stats.ttest_rel([a[p] for p in common], [b[p] for p in common])
+    w = stats.wilcoxon(diff) if np.any(diff != 0) else None
+    return {"n_patients": len(common), "mean_diff": float(diff.mean()), "t_p": float(t.pvalue),
+            "wilcoxon_p": float(w.pvalue) if w is not None else 1.0}
+
+
+class LinearMetric(TransformerMixin, BaseEstimator):
+    """A linear map ``z = (x − μ)/σ · W`` learned from oriented triplets ``[i, j, k]`` ("i is
+    closer to j than to k") with the ordinal hinge on squared distances (margin 1, the scale of
+    the map; weight decay keeps it small); Adam, full batch. Distances are Euclidean in ``z``.
+
+    ``fit(X, y=triplets)``; fitted attributes ``mean_``, ``scale_``, ``components_``.
+    """
+
+    def __init__(self, n_components: int = 64, margin: float = 1.0, lr: float = 1e-2, epochs: int = 300,
+                 weight_decay: float = 1e-2, random_state: int | None = 0) -> None:
+        self.n_components = n_components
+        self.margin = margin
+        self.lr = lr
+        self.epochs = epochs
+        self.weight_decay = weight_decay
+        self.random_state = random_state
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> LinearMetric:
+        X = np.asarray(X, dtype=np.float64)
+        trip = np.asarray(y, dtype=np.int64)
+        if X.ndim != 2:
+            raise ValueError(f"X must be n_samples × n_features, got shape {X.shape}")
+        if trip.ndim != 2 or trip.shape[1] != 3 or len(trip) == 0:
+            raise ValueError(f"y must be a non-empty (m, 3) array of triplets [i, j, k], got shape {trip.shape}")
+        if trip.min() < 0 or trip.max() >= len(X):
+            raise ValueError(f"triplet indices must lie in [0, {len(X)})")
+        self.mean_ = X.mean(0)
+        self.scale_ = X.std(0) + 1e-6
+        gen = torch.Generator().manual_seed(0 if self.random_state is None else int(self.random_state))
+        x = torch.from_numpy((X - self.mean_) / self.scale_).float()
+        d = x.shape[1]
+        w = torch.nn.Parameter(torch.randn(d, self.n_components, generator=gen) / np.sqrt(d))
+        opt = torch.optim.Adam([w], lr=self.lr, weight_decay=self.weight_decay)
+        loss_fn, t = ExpertTripletLoss(self.margin, normalize=False), torch.from_numpy(trip)
+        for _ in range(self.epochs):
+            loss = loss_fn(x @ w, t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        self.components_ = w.detach().numpy().astype(np.float64)
+        return self
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        check_is_fitted(self, "components_")
+        return ((np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_) @ self.components_

@@ -1,0 +1,205 @@
+"""Learning from the expert's triplets: patient-disjoint folds, the linear-metric baseline, the
+supervised training term, embedding new photos, and the CLI's bad-input errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from annotations.workspace import Workspace
+from core.embed import main as embed_main
+from core.eval.metrics import agreement
+from core.losses import ExpertTripletLoss
+from core.runtime import load_embeddings, pick_device
+from core.train_triderm import main as train_main
+from core.vision.supervised import (
+    LinearMetric,
+    cross_validate,
+    patient_folds,
+    split_triplets,
+    stitch_rows,
+)
+from core.vision.triderm import oriented_expert, train
+
+FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    from core.phantoms import build
+
+    out = tmp_path_factory.mktemp("tiny") / "ds"
+    build(out, seed=5, photos=8, patients=4, wounds=12, triplets=60)
+    return out
+
+
+@pytest.fixture
+def tiny_ws(tiny_dataset, tmp_path) -> Workspace:
+    from annotations.dataset import import_dataset
+
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, tiny_dataset)
+    return ws
+
+
+def random_triplets(n: int, m: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.stack([rng.choice(n, 3, replace=False) for _ in range(m)])
+    return t
+
+
+def test_patient_disjoint_folds_never_train_on_a_test_patient():
+    ids = [f"p{p}-{k}" for p in range(9) for k in range(1 + p % 3)] + ["lone"]
+    patients = {i: i.split("-")[0] for i in ids[:-1]} | {"lone": "photo:lone"}
+    folds = patient_folds(ids, patients, 5, seed=3)
+    assert sorted(i for f in folds for i in f) == sorted(ids)
+    assert max(map(len, folds)) - min(map(len, folds)) <= 2
+    row = {i: n for n, i in enumerate(ids)}
+    trip = random_triplets(len(ids), 400, 0)
+    for fold in folds:
+        test_rows = np.array([row[i] for i in fold])
+        train, test = split_triplets(trip, test_rows)
+        fold_patients = {patients[i] for i in fold}
+        seen = {patients[ids[x]] for x in trip[train].ravel()}
+        assert not seen & fold_patients  # no photo of a test patient in any training triplet
+        assert set(trip[test][:, 0]) <= set(test_rows) and test.sum() == np.isin(trip[:, 0], test_rows).sum()
+        assert {patients[ids[x]] for x in test_rows} == fold_patients  # a patient is never split
+    with pytest.raises(ValueError, match="larger than the number of patients"):
+        patient_folds(ids, patients, 11)
+
+
+def test_anchor_split_would_leak_but_patient_split_does_not():
+    """Splitting by anchor alone leaves test photos as references in training triplets."""
+    ids = [f"p{i}" for i in range(20)]
+    trip = random_triplets(20, 300, 1)
+    test_rows = np.arange(4)
+    anchor_only_train = ~np.isin(trip[:, 0], test_rows)
+    assert np.isin(trip[anchor_only_train][:, 1:], test_rows).any()
+    train, _ = split_triplets(trip, test_rows)
+    assert not np.isin(trip[train], test_rows).any() and len(ids) == 20
+
+
+def test_stitched_rows_score_each_anchor_with_its_own_fold():
+    d1, d2 = np.ones((3, 3)), np.full((3, 3), 2.0)
+    stitched = stitch_rows(3, [np.array([0]), np.array([1, 2])], [d1, d2])
+    assert stitched[0].tolist() == [1, 1, 1] and stitched[2].tolist() == [2, 2, 2]
+    with pytest.raises(ValueError, match="in no fold"):
+        stitch_rows(3, [np.array([0])], [d1])
+    calls = []
+    D = cross_validate(3, [np.array([0]), np.array([1, 2])], np.array([[0, 1, 2], [1, 0, 2], [2, 0, 1]]),
+                       lambda tr, rows: calls.append((len(tr), rows.tolist())) or np.full((3, 3), rows[0]))
+    assert calls == [(0, [0]), (0, [1, 2])] and D[2, 0] == 1  # every triplet names a photo of each fold
+
+
+def test_linear_metric_learns_a_planted_metric_out_of_sample():
+    rng = np.random.default_rng(0)
+    signal = rng.normal(size=(120, 2))
+    X = np.hstack([signal, 3.0 * rng.normal(size=(120, 30))])  # 30 loud dimensions the judge ignores
+
+    def judged(rows: np.ndarray, m: int, seed: int) -> np.ndarray:
+        t = random_triplets(len(rows), m, seed)
+        t = rows[t]
+        d = lambda a, b: ((signal[a] - signal[b]) ** 2).sum(1)  # noqa: E731
+        swap = d(t[:, 0], t[:, 1]) > d(t[:, 0], t[:, 2])
+        t[swap, 1], t[swap, 2] = t[swap, 2], t[swap, 1].copy()
+        return t
+
+    train_rows, test_rows = np.arange(80), np.arange(80, 120)
+    model = LinearMetric(n_components=8, epochs=200).fit(X, judged(train_rows, 2000, 1))
+    test = judged(test_rows, 1000, 2)
+    raw = agreement(np.linalg.norm(X[:, None] - X[None], axis=2), test)["balanced"]
+    Z = model.transform(X)
+    learned = agreement(np.linalg.norm(Z[:, None] - Z[None], axis=2), test)["balanced"]
+    assert raw < 0.6 and learned > 0.8  # measured: raw 0.53, learned 0.90
+    assert model.components_.shape == (32, 8)
+    with pytest.raises(ValueError, match=r"\(m, 3\)"):
+        LinearMetric().fit(X, np.zeros((4, 2), dtype=int))
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        LinearMetric().transform(X)
+
+
+def test_expert_triplet_loss_is_the_ordinal_hinge():
+    z = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    loss = ExpertTripletLoss(margin=0.1)
+    assert loss(z, torch.tensor([[0, 1, 2]])).item() == pytest.approx(0.0)  # d_ij 0, d_ik 2: satisfied
+    assert loss(z, torch.tensor([[0, 2, 1]])).item() == pytest.approx(2.1)  # 0.1 + 2 − 0
+
+
+def test_supervised_training_lowers_the_expert_term_and_records_cv(tiny_ws):
+    triplets = oriented_expert(tiny_ws, sorted({w["image_id"] for w in tiny_ws.store.wounds()}))
+    assert len(triplets) > 20
+    run_id = train(tiny_ws, progress=False, supervise="triplets", cv=2, supervise_weight=500.0,
+                   **{**FAST, "epochs": 30, "normalize": "center-l2"})
+    run = tiny_ws.store.run(run_id)
+    cv = run["metrics"]["cv"]
+    assert cv["folds"] == 2 and sum(cv["fold_sizes"]) == 8 and 0 < cv["n"] <= len(triplets)
+    assert cv["ci"]["balanced"][0] <= cv["balanced"] <= cv["ci"]["balanced"][1]
+    losses = run["metrics"]["loss"]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])  # VICReg + expert term decreases
+    emb = load_embeddings(tiny_ws, run_id)
+    assert np.allclose(np.linalg.norm(emb["image_emb"], axis=1), 1.0, atol=1e-5)  # center-l2
+    assert (tiny_ws.run_dir(run_id) / "head.pt").exists()
+    # in-sample, the supervised model agrees with its training triplets more than the SSL one
+    ssl_id = train(tiny_ws, progress=False, **{**FAST, "epochs": 30, "normalize": "center-l2"})
+    from core.vision.triderm import run_agreement
+
+    assert run_agreement(tiny_ws, run_id)["balanced"] > run_agreement(tiny_ws, ssl_id)["balanced"] + 0.05
+
+
+def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
+    base = ["--workspace", str(tiny_ws.root), *"--epochs 1 --views 2 --batch-size 4 --dim 8".split()]
+    for extra, message in [(["--layer", "stage9"], "unknown layer 'stage9'"),
+                           (["--supervise", "triplets", "--cv", "99"], "larger than the number of patients"),
+                           (["--cv", "3"], "add --supervise triplets")]:
+        with pytest.raises(SystemExit) as err:
+            train_main([*base, *extra])
+        assert err.value.code == 2 and message in capsys.readouterr().err
+    assert tiny_ws.store.runs() == []
+    empty = Workspace(tmp_path / "no-triplets")
+    import shutil
+
+    from annotations.dataset import import_dataset
+
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_ws.root / "images", ds / "images")
+    shutil.copytree(tiny_ws.root / "masks", ds / "masks")
+    (ds / "wounds.csv").write_text("image_id,wound_index,description\n" + "".join(
+        f"{w['image_id']},{w['wound_index']},\n" for w in tiny_ws.store.wounds()))
+    import_dataset(empty, ds)
+    with pytest.raises(SystemExit) as err:
+        train_main(["--workspace", str(empty.root), "--supervise", "triplets", *base[2:]])
+    assert err.value.code == 2 and "needs expert triplets" in capsys.readouterr().err
+    assert empty.store.runs() == []
+
+
+def test_new_photos_are_placed_in_a_trained_runs_space(tiny_ws, tmp_path, capsys):
+    run_id = train(tiny_ws, progress=False, **{**FAST, "normalize": "center-l2"})
+    emb = load_embeddings(tiny_ws, run_id)
+    new = tmp_path / "new"
+    (new / "images").mkdir(parents=True)
+    (new / "masks").mkdir()
+    first = emb["image_ids"][0]
+    Image.open(tiny_ws.image_path(first)).save(new / "images" / "again.png")
+    Image.fromarray((tiny_ws.load_mask(first) > 0).astype(np.uint8) * 255).save(new / "masks" / "again.png")
+    out = tmp_path / "d.csv"
+    assert embed_main(["--workspace", str(tiny_ws.root), "--model", str(run_id), "--images", str(new),
+                       "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"again: {first} (0.0" in text  # a study photo shown again lands on itself
+    rows = out.read_text().splitlines()
+    assert rows[0].split(",")[1:] == emb["image_ids"] and float(rows[1].split(",")[1]) < 1e-3
+    with pytest.raises(SystemExit) as err:
+        embed_main(["--workspace", str(tiny_ws.root), "--model", "999", "--images", str(new)])
+    assert err.value.code == 2 and "no TriDerm-V" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        embed_main(["--workspace", str(tiny_ws.root), "--model", str(run_id)])
+
+
+def test_cuda_is_picked_when_present(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device().type == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device().type == "cpu"
