@@ -16,13 +16,14 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor
 from tqdm import tqdm
 
-from core.concepts.dual_encoder import DualEncoder, Tokens
+from core.concepts.dual_encoder import DualEncoder, Tokens, span_token_mask
 from core.concepts.vocabulary import ConceptTagger, disease_aspect, sub_captions
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
 from core.losses.make import CLIPLoss, MAKELoss
 from core.losses.unimodal import CLIPUnimodalLoss
 
 OBJECTIVES = ("clip", "siglip", "make", "conceptclip")
+SIGMOID_OBJECTIVES = ("siglip", "conceptclip")  # trained with SigLIP's (t_g, b_g), see ConceptScorer
 
 
 DISEASE_KEYS = ("rdeb_subtype", "diagnosis", "wound_type", "anatomical_site")
@@ -157,16 +158,6 @@ def build_text_inputs(pairs: WoundPairs, tagger: ConceptTagger, disease_keys: tu
             subs[i, j] = row(s)
         spans.append([(a, b) for _, a, b, v in tagger.mentions(d) if v == 1][:MAX_CONCEPTS])
     return TextInputs(list(index), raw, aspects, subs, spans)
-
-
-def span_token_mask(offsets: Tensor, spans: list[tuple[int, int]], width: int) -> Tensor:
-    """W×T mask: tokens whose character offsets overlap each concept span."""
-    out = torch.zeros(width, offsets.shape[0], dtype=torch.bool)
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    real = ends > starts
-    for j, (a, b) in enumerate(spans[:width]):
-        out[j] = real & (starts < b) & (ends > a)
-    return out
 
 
 # ----------------------------------------------------------------------------- caches
