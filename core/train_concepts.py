@@ -24,6 +24,7 @@ from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
     OBJECTIVES,
+    SIGMOID_OBJECTIVES,
     TrainConfig,
     Trainer,
     build_text_inputs,
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
                                   on_epoch=lambda e, h: ws.store.update_run(run_id, progress=(e + 1) / cfg.epochs,
                                                                             metrics={"loss": h}))
         g, patches, grid = trainer.embed()
-        scorer = ConceptScorer(model, concepts, beta=args.beta)
+        scorer = ConceptScorer(model, concepts, beta=args.beta, sigmoid=args.objective in SIGMOID_OBJECTIVES)
         sc = scorer.scores(g, patches)
         heat = scorer.heatmaps(patches, grid)
         names, labels, source = concept_labels(ws, pairs, tagger)

@@ -443,6 +443,7 @@ class DualEncoder(nn.Module):
             out.append(F.normalize((tokens * m).sum(1) / m.sum(1).clamp(min=1), dim=-1).cpu())
         return torch.cat(gs), torch.cat(out)
 
+    @torch.no_grad()
     def zero_shot_scales(self, sigmoid: bool) -> tuple[float, float, float, float]:
         """(t_g, b_g, t_l, b_l) of ConceptCLIP eqs. 10–11: the global pair is SigLIP's learnable
         (t, b) for sigmoid-trained models (``siglip``, ``conceptclip``), else CLIP's logit scale

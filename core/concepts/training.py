@@ -282,6 +282,9 @@ class Trainer:
         self.model, self.pairs, self.texts, self.cfg = model, pairs, texts, cfg
         model.set_trainable(cfg.image_unlock, cfg.text_unlock)
         model.image.set_patch_dropout(cfg.patch_dropout)
+        if cfg.objective == "conceptclip" and model.text.tokenize(["x"]).offsets is None:
+            raise ValueError(f"the conceptclip objective locates concept spans by character offsets, which the "
+                             f"{model.name} tokenizer does not give; use --model lite0-minilm")
         self.img_level, self.txt_level = model.frozen_levels()
         self.images = ImageBank(model, pairs.crops, self.img_level, cfg.unimodal, seed=cfg.seed)
         self.bank = TextBank(model, texts.texts, self.txt_level)
