@@ -112,6 +112,21 @@ def test_unimodal_lambda_one_equals_clip(setup) -> None:
         assert uni_half.loss(idx).item() != pytest.approx(clip.loss(idx).item(), abs=1e-4)
 
 
+@pytest.mark.parametrize("views", ["augment", "mask"])
+def test_unimodal_term_uses_its_own_projector_not_the_clip_head(setup, views: str) -> None:
+    model, pairs, texts, init = setup
+    model.load_state_dict(init)
+    trainer = Trainer(model, pairs, texts, TrainConfig(objective="clip", unimodal=views, unimodal_lambda=0.0,
+                                                       epochs=1, batch=4, seed=0))
+    in_opt = {id(p) for group in trainer.opt.param_groups for p in group["params"]}
+    assert all(id(p) in in_opt for p in trainer.uni.projector.parameters())
+    assert not {id(p) for p in trainer.uni.projector.parameters()} & {id(p) for p in model.image_head.parameters()}
+    model.zero_grad(set_to_none=True)
+    trainer.loss(torch.arange(len(pairs))).backward()  # λ = 0: the unimodal term alone
+    assert all(p.grad is None or not p.grad.any() for p in model.image_head.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.uni.projector.parameters())
+
+
 def test_flip_skipped_on_cnn(setup) -> None:
     assert "CNN" in skip_reason("flip", setup[0]) and skip_reason("clip", setup[0]) is None
 

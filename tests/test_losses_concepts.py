@@ -141,5 +141,18 @@ def test_unimodal_lambda1_is_clip_and_nt_xent_prefers_aligned_views() -> None:
     img, txt = _unit(4, 8, seed=1), _unit(4, 8, seed=2)
     v1, v2 = _unit(4, 8, seed=3), _unit(4, 8, seed=4)
     s = torch.tensor(5.0)
-    assert CLIPUnimodalLoss(lam=1.0)(img, txt, s, v1, v2).item() == pytest.approx(clip_infonce(img, txt, s).item(), abs=1e-7)
+    assert CLIPUnimodalLoss(8, lam=1.0)(img, txt, s, v1, v2).item() == pytest.approx(clip_infonce(img, txt, s).item(), abs=1e-7)
     assert nt_xent(v1, v1 + 0.01 * v2).item() < nt_xent(v1, v2).item()
+
+
+def test_unimodal_term_goes_through_its_own_projector() -> None:
+    torch.manual_seed(0)
+    loss_fn = CLIPUnimodalLoss(in_dim=6, lam=0.25, out_dim=3)
+    img, txt, s = _unit(4, 8, seed=1), _unit(4, 8, seed=2), torch.tensor(5.0)
+    f1, f2 = torch.randn(4, 6), torch.randn(4, 6)
+    g = loss_fn.projector
+    expected = 0.25 * clip_infonce(img, txt, s) + 0.75 * nt_xent(g(f1), g(f2), 0.1)
+    loss = loss_fn(img, txt, s, f1, f2)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in g.parameters())

@@ -291,8 +291,10 @@ class Trainer:
         self.clip, self.siglip = CLIPLoss(), SigLIPLoss()
         self.make = MAKELoss(lam=cfg.make_lambda)
         self.cc = ConceptCLIPLoss(alpha=cfg.cc_alpha)
-        self.uni = CLIPUnimodalLoss(lam=cfg.unimodal_lambda)
-        groups = [{"params": model.head_parameters(), "lr": cfg.lr}]
+        # the unimodal term's own SimCLR projector (contrastive benchmark §2.2.2), not the CLIP head
+        self.uni = CLIPUnimodalLoss(model.image.width, lam=cfg.unimodal_lambda).to(model.device)
+        heads = model.head_parameters() + (list(self.uni.parameters()) if cfg.unimodal else [])
+        groups = [{"params": heads, "lr": cfg.lr}]
         if model.tower_parameters():
             groups.append({"params": model.tower_parameters(), "lr": cfg.tower_lr})
         self.opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
@@ -326,9 +328,9 @@ class Trainer:
                 # augment: two augmented views A1(B), A2(B); mask: the image vs its masked view
                 # (contrastive benchmark §2.2.2 "Augmented CL" / "Masked CL").
                 pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen)[:2] for _ in idx])
-                v = self.images.views[idx[:, None], pick]  # B×2×…
-                z2 = m.encode_image_from(v[:, 1], self.img_level)[0]
-                z1 = m.encode_image_from(v[:, 0], self.img_level)[0] if cfg.unimodal == "augment" else img
+                v = self.images.views[idx[:, None], pick].to(m.device)  # B×2×…
+                first = v[:, 0] if cfg.unimodal == "augment" else self.images.base[idx].to(m.device)
+                z1, z2 = (m.image.encode(x, self.img_level)[0] for x in (first, v[:, 1]))  # pooled features
                 return self.uni(img, g, scale, z1, z2)
             return self.clip(img, g, scale)
         scales, biases = (m.sig_scale.exp(), m.loc_scale.exp()), (m.sig_bias, m.loc_bias)
