@@ -134,8 +134,9 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     if args.target:
         labels, level = data.labels(args.target)
         full = np.concatenate([a for a in (w, h, x) if a is not None], axis=1)
+        kw = {"seed": args.seed, "level": level, "permutations": args.permutations}
         metrics["probe"] = {"target": args.target, "level": level,
-                            **probe(full, labels, data.wound_patient, FRACTIONS, seed=args.seed)}
+                            **probe(full, labels, data.wound_patient, FRACTIONS, **kw)}
         if args.ablation:
             with torch.no_grad():
                 raw = torch.cat([model.image_features(images[s:s + 32].to(device),
@@ -146,8 +147,7 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
                 sets["image w + wound meta h"] = np.concatenate([w, h], axis=1)
             if x is not None:
                 sets["w + h + patient meta x" if h is not None else "image w + patient meta x"] = full
-            metrics["ablation"] = {k: probe(v, labels, data.wound_patient, FRACTIONS, seed=args.seed)
-                                   for k, v in sets.items()}
+            metrics["ablation"] = {k: probe(v, labels, data.wound_patient, FRACTIONS, **kw) for k, v in sets.items()}
     return metrics
 
 
