@@ -138,3 +138,14 @@ def test_bottleneck_top_concepts() -> None:
     assert cbm.top_concepts(1)["b"][0][0] == "c2" and cbm.score(S, y) > 0.9
     with pytest.raises(ValueError, match="n×4"):
         cbm.predict(S[:, :3])
+
+
+@pytest.mark.parametrize("flags, message", [(["--groups", "derm7pt"], "none of its concepts has labels"),
+                                            (["--groups", "bogus"], "--groups 'bogus': unknown concept group")])
+def test_train_concepts_groups_without_results_is_a_clean_error(demo_workspace, capsys, flags, message) -> None:
+    from core.train_concepts import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--workspace", str(demo_workspace.root), "--epochs", "1", "--size", "64", *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert demo_workspace.store.runs(kind="concepts") == []
