@@ -153,15 +153,16 @@ def test_flip_drops_patches_in_training_only(vit_model: DualEncoder) -> None:
     vit_model.train()
     with torch.no_grad():
         a, b = tower.forward_levels(x, 0, tower.n_levels), tower.forward_levels(x, 0, tower.n_levels)
-    assert a.shape == (3, 64, 1, 8) and not torch.equal(a, b)  # 8 of 16 patches, a fresh draw each call
+    assert a.shape == (3, 1 + 8, 64) and not torch.equal(a, b)  # pooled + 8 of 16 patches, a fresh draw each call
+    assert tower.encode(a, tower.n_levels)[2] == (1, 8)
     vit_model.eval()
     with torch.no_grad():
         full = tower.forward_levels(x, 0, tower.n_levels)
-    assert full.shape == (3, 64, 4, 4) and torch.equal(full, tower.forward_levels(x, 0, tower.n_levels))
+    assert full.shape == (3, 1 + 16, 64) and torch.equal(full, tower.forward_levels(x, 0, tower.n_levels))
     tower.set_patch_dropout(0.0)
     vit_model.train()
     with torch.no_grad():
-        assert tower.forward_levels(x, 0, tower.n_levels).shape == (3, 64, 4, 4)
+        assert tower.forward_levels(x, 0, tower.n_levels).shape == (3, 1 + 16, 64)
     vit_model.eval()
 
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.runtime import pick_device
+from core.runtime import autocast, pick_device
 from core.vision.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
 
 OFFLINE_DEFAULT = "lite0-minilm"
@@ -176,7 +176,7 @@ class OpenCLIPTextTower(TextTower):
     def tokenize(self, texts: list[str]) -> Tokens:
         ids = self.tokenizer(list(texts))
         eot = ids.argmax(dim=-1)
-        mask = (torch.arange(ids.shape[1])[None] <= eot[:, None]).long()
+        mask = (torch.arange(ids.shape[1], device=ids.device)[None] <= eot[:, None]).long()
         return Tokens(ids, mask, None)
 
     def embed(self, tok: Tokens) -> Tensor:
@@ -206,7 +206,8 @@ class OpenCLIPTextTower(TextTower):
 class ImageTower(nn.Module):
     """A backbone from ``core.vision.backbones`` run block by block. Level 0 is the input image,
     level L the output of block L. EfficientNet towers split at any level; ViT towers only
-    at 0 or the end (no per-block caching)."""
+    at 0 or the end (no per-block caching), where the output is B×(1+P)×C: the pooled token,
+    then the patch tokens."""
 
     def __init__(self, backbone) -> None:  # noqa: ANN001 — core.vision.backbones.Backbone
         super().__init__()
@@ -241,7 +242,8 @@ class ImageTower(nn.Module):
         if not self.is_cnn:
             if (start, stop) != (0, self.n_levels):
                 raise ValueError(f"{self.backbone.name}: ViT towers run whole (levels 0→{self.n_levels})")
-            return self.net(x)
+            pooled, tokens = self.net.visual(x)
+            return torch.cat([pooled[:, None], tokens], dim=1)
         if start == 0:
             x = self.net.bn1(self.net.conv_stem(x))
         for block in self.blocks[start:stop]:
@@ -256,9 +258,8 @@ class ImageTower(nn.Module):
             fmap = self.forward_levels(h, level, self.n_levels)
             tokens = fmap.flatten(2).transpose(1, 2)
             return tokens.mean(dim=1), tokens, (fmap.shape[2], fmap.shape[3])
-        if level != 0:
-            raise ValueError(f"{self.backbone.name}: ViT towers run whole (from level 0)")
-        pooled, tokens = self.net.visual(h)
+        packed = h if level == self.n_levels else self.forward_levels(h, level, self.n_levels)
+        pooled, tokens = packed[:, 0], packed[:, 1:]
         n, side = tokens.shape[1], self.net.grid
         return pooled, tokens, ((side, side) if n == side * side else (1, n))  # (1, kept) under FLIP
 
@@ -330,6 +331,14 @@ class DualEncoder(nn.Module):
     def device(self) -> torch.device:
         return self.logit_scale.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.logit_scale.dtype
+
+    def follow(self, h: Tensor) -> Tensor:
+        """``h`` on the model's device, and in its dtype when floating (inputs follow the parameters)."""
+        return h.to(self.device, self.dtype) if h.is_floating_point() else h.to(self.device)
+
     # -- freezing ------------------------------------------------------------------------
     def set_trainable(self, image_unlock: int = 0, text_unlock: int = 0) -> None:
         """Freeze both towers except their top ``*_unlock`` blocks (−1: the whole tower,
@@ -377,14 +386,14 @@ class DualEncoder(nn.Module):
 
     # -- encoding ------------------------------------------------------------------------
     def image_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
-        return self.image.forward_levels(x.to(self.device), start, stop)
+        return self.image.forward_levels(self.follow(x), start, stop)
 
     def text_levels(self, h: Tensor | Tokens, mask: Tensor, start: int, stop: int) -> Tensor:
-        return self.text.forward_levels(h.to(self.device) if isinstance(h, Tensor) else h, mask.to(self.device),
+        return self.text.forward_levels(self.follow(h) if isinstance(h, Tensor) else h, mask.to(self.device),
                                         start, stop)
 
     def encode_image_from(self, h: Tensor, level: int) -> tuple[Tensor, Tensor, tuple[int, int]]:
-        pooled, patches, grid = self.image.encode(h.to(self.device), level)
+        pooled, patches, grid = self.image.encode(self.follow(h), level)
         g = F.normalize(self.image_head(pooled), dim=-1)
         return g, F.normalize(self.image_head(patches), dim=-1), grid
 
@@ -394,7 +403,7 @@ class DualEncoder(nn.Module):
         states (``level`` > 0, often kept on the CPU) move to the model's device."""
         mask = mask.to(self.device)
         if isinstance(h, Tensor):
-            h = h.to(self.device)
+            h = self.follow(h)
         states = self.text.forward_levels(h, mask, level, self.text.n_levels)
         g = F.normalize(self.text_head(self.text.pool(states, mask)), dim=-1)
         return g, F.normalize(self.text_head(states), dim=-1) if tokens else None
@@ -407,9 +416,10 @@ class DualEncoder(nn.Module):
         """Normalised images B×3×S×S → (global, patches, grid), batched, no gradient."""
         gs, ps, grid = [], [], (0, 0)
         for i in range(0, len(x), batch):
-            g, p, grid = self.encode_image_from(x[i:i + batch], 0)
-            gs.append(g.cpu())
-            ps.append(p.cpu())
+            with autocast(self.device):
+                g, p, grid = self.encode_image_from(x[i:i + batch], 0)
+            gs.append(g.float().cpu())
+            ps.append(p.float().cpu())
         return torch.cat(gs), torch.cat(ps), grid
 
     @torch.no_grad()
@@ -418,7 +428,8 @@ class DualEncoder(nn.Module):
         out = []
         for i in range(0, len(texts), batch):
             tok = self.text.tokenize(texts[i:i + batch])
-            out.append(self.encode_text_from(tok, tok.attention_mask, 0, tokens=False)[0].cpu())
+            with autocast(self.device):
+                out.append(self.encode_text_from(tok, tok.attention_mask, 0, tokens=False)[0].float().cpu())
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
     @torch.no_grad()
@@ -431,7 +442,9 @@ class DualEncoder(nn.Module):
         gs, out = [], []
         for i in range(0, len(texts), batch):
             tok = self.text.tokenize(texts[i:i + batch])
-            g, tokens = self.encode_text_from(tok, tok.attention_mask, 0)
+            with autocast(self.device):
+                g, tokens = self.encode_text_from(tok, tok.attention_mask, 0)
+            g, tokens = g.float(), tokens.float()
             m = tok.attention_mask.bool()
             if tok.offsets is not None:
                 for r, span in enumerate(spans[i:i + batch]):

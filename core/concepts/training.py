@@ -21,6 +21,7 @@ from core.concepts.vocabulary import ConceptTagger, disease_aspect, sub_captions
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
 from core.losses.make import CLIPLoss, MAKELoss
 from core.losses.unimodal import CLIPUnimodalLoss
+from core.runtime import autocast
 
 OBJECTIVES = ("clip", "siglip", "make", "conceptclip")
 SIGMOID_OBJECTIVES = ("siglip", "conceptclip")  # trained with SigLIP's (t_g, b_g), see ConceptScorer
@@ -234,7 +235,7 @@ class ImageBank:
             self.views = torch.stack([self._through(model, make(raw), batch) for _ in range(n_views)], dim=1)
 
     def _through(self, model: DualEncoder, raw: Tensor, batch: int) -> Tensor:
-        x = model.image.backbone.normalize(raw).cpu()
+        x = model.image.backbone.normalize(raw).cpu().to(model.dtype)  # the cache holds the model's dtype
         if self.level == 0:
             return x
         with torch.no_grad():
@@ -314,9 +315,9 @@ class Trainer:
         if cfg.objective == "make":
             n, k = len(idx), t.subs.shape[1]
             sub_rows = torch.from_numpy(t.subs[idx.numpy()])
-            sub_mask = sub_rows >= 0
+            sub_mask = (sub_rows >= 0).to(img.device)
             rows = torch.cat([torch.from_numpy(t.raw[idx.numpy()]), torch.from_numpy(t.aspects[idx.numpy()]).reshape(-1),
-                              sub_rows[sub_mask]])
+                              sub_rows[sub_rows >= 0]])
             g, _, _ = self._encode_rows(rows)
             raw, aspects = g[:n], g[n:3 * n].view(n, 2, -1)
             subs = g.new_zeros(n, k, g.shape[-1])
@@ -327,10 +328,10 @@ class Trainer:
             if cfg.unimodal:
                 # augment: two augmented views A1(B), A2(B); mask: the image vs its masked view
                 # (contrastive benchmark §2.2.2 "Augmented CL" / "Masked CL").
-                pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen)[:2] for _ in idx])
-                v = self.images.views[idx[:, None], pick].to(m.device)  # B×2×…
-                first = v[:, 0] if cfg.unimodal == "augment" else self.images.base[idx].to(m.device)
-                z1, z2 = (m.image.encode(x, self.img_level)[0] for x in (first, v[:, 1]))  # pooled features
+                pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen, device="cpu")[:2] for _ in idx])
+                v = self.images.views[idx[:, None], pick]  # B×2×…
+                first = v[:, 0] if cfg.unimodal == "augment" else self.images.base[idx]
+                z1, z2 = (m.image.encode(m.follow(x), self.img_level)[0] for x in (first, v[:, 1]))  # pooled features
                 return self.uni(img, g, scale, z1, z2)
             return self.clip(img, g, scale)
         scales, biases = (m.sig_scale.exp(), m.loc_scale.exp()), (m.sig_bias, m.loc_bias)
@@ -350,13 +351,14 @@ class Trainer:
         idx_all = torch.as_tensor(train_idx, dtype=torch.long)
         bar = tqdm(range(self.cfg.epochs), desc=f"train {self.cfg.objective}", disable=not progress, leave=False)
         for epoch in bar:
-            perm = idx_all[torch.randperm(len(idx_all), generator=self.gen)]
+            perm = idx_all[torch.randperm(len(idx_all), generator=self.gen, device="cpu")]
             losses = []
             for i in range(0, len(perm), self.cfg.batch):
                 b = perm[i:i + self.cfg.batch]
                 if len(b) < 2:
                     continue
-                loss = self.loss(b)
+                with autocast(self.model.device):  # bf16 on CUDA, a no-op on the CPU
+                    loss = self.loss(b)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.opt.step()
@@ -374,9 +376,10 @@ class Trainer:
         self.model.eval()
         gs, ps, grid = [], [], (0, 0)
         for i in range(0, len(self.pairs), batch):
-            g, p, grid = self.model.encode_image_from(self.images.base[i:i + batch], self.img_level)
-            gs.append(g.cpu())
-            ps.append(p.cpu())
+            with autocast(self.model.device):
+                g, p, grid = self.model.encode_image_from(self.images.base[i:i + batch], self.img_level)
+            gs.append(g.float().cpu())
+            ps.append(p.float().cpu())
         return torch.cat(gs), torch.cat(ps), grid
 
     @torch.no_grad()
@@ -385,7 +388,8 @@ class Trainer:
         out = []
         rows = torch.from_numpy(self.texts.raw)
         for i in range(0, len(rows), 64):
-            out.append(self._encode_rows(rows[i:i + 64])[0].cpu())
+            with autocast(self.model.device):
+                out.append(self._encode_rows(rows[i:i + 64])[0].float().cpu())
         return torch.cat(out)
 
 

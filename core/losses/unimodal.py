@@ -22,7 +22,7 @@ def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.1) -> Tensor:
     n = z1.shape[0]
     z = F.normalize(torch.cat([z1, z2]), dim=-1)
     sim = (z @ z.T / temperature).fill_diagonal_(float("-inf"))
-    target = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    target = torch.arange(2 * n, device=z.device).roll(n)  # view i ↔ view i + n
     return F.cross_entropy(sim, target)
 
 

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from core.losses.nested import NestedContrastiveLoss
 from core.nested.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing
+from core.runtime import autocast
 
 CROP_PAD = 0.15
 MIN_CROP_PX = 16
@@ -307,14 +308,15 @@ def embed_all(model: SLIMP, images: Tensor, masks: Tensor | None, wound_tab: Tab
     was = model.training
     model.eval()
     w = []
-    for s in range(0, len(images), batch_size):
-        m = None if masks is None else masks[s:s + batch_size].to(device)
-        w.append(model.encode_images(images[s:s + batch_size].to(device), m).cpu())
-    out: dict[str, Tensor | None] = {"w": F.normalize(torch.cat(w), dim=1), "h": None, "x": None}
-    if model.wound_encoder is not None:
-        out["h"] = F.normalize(model.wound_encoder(wound_tab.to(device)).cpu(), dim=1)
-    if model.patient_encoder is not None:
-        out["x"] = F.normalize(model.patient_encoder(patient_tab.to(device)).cpu(), dim=1)
+    with autocast(device):
+        for s in range(0, len(images), batch_size):
+            m = None if masks is None else masks[s:s + batch_size].to(device)
+            w.append(model.encode_images(images[s:s + batch_size].to(device), m).float().cpu())
+        out: dict[str, Tensor | None] = {"w": F.normalize(torch.cat(w), dim=1), "h": None, "x": None}
+        if model.wound_encoder is not None:
+            out["h"] = F.normalize(model.wound_encoder(wound_tab.to(device)).float().cpu(), dim=1)
+        if model.patient_encoder is not None:
+            out["x"] = F.normalize(model.patient_encoder(patient_tab.to(device)).float().cpu(), dim=1)
     model.train(was)
     return out
 

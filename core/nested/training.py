@@ -25,7 +25,7 @@ from core.nested.model import (
     probe,
     retrieval_recall,
 )
-from core.runtime import pick_device
+from core.runtime import autocast, pick_device
 
 FRACTIONS = (0.01, 0.1, 1.0)
 
@@ -163,7 +163,8 @@ def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, 
     for batch in batches:
         shard = [batch[i] for i in np.array_split(np.arange(len(batch)), world)[rank]]
         inputs = make_inputs(shard, images, masks, wound_tab, patient_tab, device)
-        loss, stats = batch_loss(model, net(inputs), inputs, len(batch), group, world)
+        with autocast(device):  # bf16 on CUDA, a no-op on the CPU
+            loss, stats = batch_loss(model, net(inputs), inputs, len(batch), group, world)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
