@@ -306,7 +306,8 @@ class Trainer:
         uniq, inv = torch.unique(rows, return_inverse=True)
         h, mask = self.bank.get(uniq)
         g, tok = self.model.encode_text_from(h, mask, self.txt_level, tokens=tokens)
-        return g[inv], tok[inv] if tok is not None else None, mask[inv]
+        at = inv.to(g.device)
+        return g[at], tok[at] if tok is not None else None, mask[inv]
 
     def loss(self, idx: Tensor) -> Tensor:
         m, cfg, t = self.model, self.cfg, self.texts
