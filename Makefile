@@ -25,3 +25,8 @@ test: install
 
 app: install
 	$(VENV)/bin/streamlit run app.py
+
+# every CLI on a fresh demo workspace on CUDA (1–2 epochs), one PASS/FAIL line each; no CUDA: says so, exit 0
+.PHONY: gpu-check
+gpu-check: install
+	$(PY) scripts/gpu_check.py

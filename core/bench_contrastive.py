@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             held = split_holdout(pairs.patient_ids, args.holdout, seed)
             model.load_state_dict(init)
             torch.manual_seed(seed)
-            for head in (model.image_head, model.text_head):  # per-seed head initialisation
-                for mod in head.modules():
-                    if hasattr(mod, "reset_parameters"):
-                        mod.reset_parameters()
+            model.reset_heads()  # per-seed head initialisation (pretrained projections stay)
             trainer = Trainer(model, pairs, texts, variant_config(variant, args, seed))
             history = trainer.fit(np.flatnonzero(~held), progress=True)
             metrics = evaluate_cell(trainer, held, names, labels, scorer_concepts, targets, ws)

@@ -24,6 +24,7 @@ from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
     OBJECTIVES,
+    SIGMOID_OBJECTIVES,
     TrainConfig,
     Trainer,
     build_text_inputs,
@@ -59,14 +60,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class UsageError(ValueError):
+    """A flag combination that cannot give any result (reported as a parser error, exit 2)."""
+
+
 def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     """Train + evaluate + store; returns the run's metrics."""
     from core.runtime import open_workspace, save_embeddings
 
     ws = open_workspace(args.workspace)
-    concepts = load_vocab(groups=[g.strip() for g in args.groups.split(",") if g.strip()])
+    try:
+        concepts = load_vocab(groups=[g.strip() for g in args.groups.split(",") if g.strip()])
+    except ValueError as e:
+        raise UsageError(f"--groups {args.groups!r}: {e}") from None
     tagger = ConceptTagger(load_vocab(groups=("wound",)))
     pairs = load_pairs(ws, size=args.size)
+    names, labels, source = concept_labels(ws, pairs, tagger)
+    if not {c.name for c in concepts} & set(names):
+        raise UsageError(f"--groups {args.groups!r}: none of its concepts has labels in this workspace "
+                         f"({source}: {', '.join(names)}), so there is no AUROC to report; use --groups wound")
     held = split_holdout(pairs.patient_ids, args.holdout, args.seed)
     cfg = TrainConfig(objective=args.objective, epochs=args.epochs, batch=args.batch, lr=args.lr,
                       tower_lr=args.tower_lr,
@@ -83,17 +95,19 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
         t0 = time.perf_counter()
         model = load_vlm(args.model, seed=args.seed)
         texts = build_text_inputs(pairs, tagger)
-        trainer = Trainer(model, pairs, texts, cfg)
+        try:
+            trainer = Trainer(model, pairs, texts, cfg)
+        except ValueError as e:
+            raise UsageError(f"--objective {args.objective} --model {args.model}: {e}") from None
         history: list[float] = []
         if not args.untrained:
             history = trainer.fit(np.flatnonzero(~held), progress=progress,
                                   on_epoch=lambda e, h: ws.store.update_run(run_id, progress=(e + 1) / cfg.epochs,
                                                                             metrics={"loss": h}))
         g, patches, grid = trainer.embed()
-        scorer = ConceptScorer(model, concepts, beta=args.beta)
+        scorer = ConceptScorer(model, concepts, beta=args.beta, sigmoid=args.objective in SIGMOID_OBJECTIVES)
         sc = scorer.scores(g, patches)
         heat = scorer.heatmaps(patches, grid)
-        names, labels, source = concept_labels(ws, pairs, tagger)
         col = {n: i for i, n in enumerate(scorer.names)}
         common = [n for n in names if n in col]
         metrics: dict[str, Any] = {"loss": history, "auroc_source": source, "seconds": round(time.perf_counter() - t0, 1)}
@@ -150,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics = run(args)
     except VLMUnavailable as e:
         parser.exit(2, f"error: {e}\n")
+    except UsageError as e:
+        parser.error(str(e))
     _print(metrics)
     return 0
 

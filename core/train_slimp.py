@@ -40,6 +40,7 @@ from torch import nn
 from tqdm import tqdm
 
 from core.nested.model import (
+    MIN_PATIENTS_PER_FOLD,
     SLIMP,
     NestedData,
     epoch_batches,
@@ -78,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="categorical wound/photo/patient column for the linear probe and kNN")
     p.add_argument("--no-wound-meta", action="store_true", help="ablation: no wound-metadata encoder")
     p.add_argument("--no-patient-meta", action="store_true", help="ablation: no patient encoder (flat SLIMP)")
-    p.add_argument("--ablation", action="store_true", help="probe w / w+h / w+h+x (paper Table 4 pattern)")
+    p.add_argument("--ablation", action="store_true", help="probe w / w+h / w+h+x (paper Table 4 pattern); needs --target")
+    p.add_argument("--permutations", type=int, default=100,
+                   help="label permutations (within the same folds) for the probes' chance level (≥ 100)")
     p.add_argument("--name", default=None, help="run name")
     return p
 
@@ -98,6 +101,8 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: 
         parser.error(f"--lambda must be in [0, 1], got {args.lam}")
     if args.lr <= 0 or args.temperature <= 0:
         parser.error("--lr and --temperature must be > 0")
+    if args.permutations < 100:
+        parser.error(f"--permutations must be ≥ 100 for a permutation chance level, got {args.permutations}")
     if args.no_wound_meta and args.no_patient_meta:
         parser.error("--no-wound-meta and --no-patient-meta together leave nothing to contrast the images with")
 
@@ -133,8 +138,12 @@ def report(metrics: dict[str, Any], synthetic: bool, run_id: int) -> str:
     if "probe" in metrics:
         pr = metrics["probe"]
         classes = pr["classes"] if len(pr["classes"]) <= 6 else f"{len(pr['classes'])} classes"
-        lines.append(f"  probe target {pr['target']!r} ({pr['level']} level, {pr['n']} wounds, {classes}, "
-                     f"majority {_fmt(pr['majority'])}%; {pr['folds']} patient-disjoint folds)")
+        lines.append(f"  probe target {pr['target']!r} ({pr['level']} level, {pr['n']} {pr['rows']} rows, {classes}, "
+                     f"majority {_fmt(pr['majority'])}%; {pr['folds']} patient-disjoint folds, ≥ {pr['patients_per_fold']} "
+                     f"patients each; chance = mean over {pr['permutations']} label permutations within the same folds, "
+                     f"p = permutation p-value)")
+        if pr["patients_per_fold"] < MIN_PATIENTS_PER_FOLD:
+            lines.append(f"  WARNING: fewer than {MIN_PATIENTS_PER_FOLD} patients per held-out fold — probe figures are noisy")
         lines.append(_probe_line("concat(w,h,x)", pr))
     if "ablation" in metrics:
         lines.append("  ablation (paper Table 4 pattern; same trained model, features given to the probe):")
@@ -142,10 +151,20 @@ def report(metrics: dict[str, Any], synthetic: bool, run_id: int) -> str:
     return "\n".join(lines)
 
 
+def _vs_chance(value: float, chance: float, p: float) -> str:
+    """A probe figure beside its permutation chance level; "not above chance" unless p < 0.05."""
+    verdict = "" if p < 0.05 else ", not above chance"
+    return f"{_fmt(value)} (chance {_fmt(chance).strip()}, p {p:.2f}{verdict})"
+
+
 def _probe_line(name: str, pr: dict[str, Any]) -> str:
-    lin = pr["linear"]
-    cells = "  ".join(f"LP{float(f) * 100:g}% acc {_fmt(lin[f]['acc'])} BA {_fmt(lin[f]['bacc'])}" for f in lin)
-    return f"    {name:<38} {cells}  | kNN acc {_fmt(pr['knn']['acc'])} BA {_fmt(pr['knn']['bacc'])}"
+    def cells(fig: dict, chance: dict, p: dict) -> str:
+        return "  ".join(f"{label} {_vs_chance(fig[m], chance[m], p[m])}" for m, label in (("acc", "acc"), ("bacc", "BA")))
+
+    rows = [f"LP{float(f) * 100:g}%".ljust(7) + cells(pr["linear"][f], pr["chance"]["linear"][f], pr["p"]["linear"][f])
+            for f in pr["linear"]]
+    rows.append("kNN".ljust(7) + cells(pr["knn"], pr["chance"]["knn"], pr["p"]["knn"]))
+    return f"    {name}\n" + "\n".join(f"      {r}" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         for k in TRAIN_KEYS:
             setattr(args, k, resume_state["args"][k])
         start_epoch, losses = resume_state["epoch"], resume_state["losses"]
+    if args.ablation and not args.target:
+        columns = sorted({k for r in data.wound_records + data.patient_records for k in r})
+        parser.error("--ablation compares linear probes of a target column: give --target COLUMN "
+                     f"(columns: {', '.join(columns) or 'none'})"
+                     + (f"; run {args.resume} was trained without --target" if args.resume is not None else ""))
     if args.target:
         try:
             data.labels(args.target)

@@ -112,6 +112,21 @@ def test_unimodal_lambda_one_equals_clip(setup) -> None:
         assert uni_half.loss(idx).item() != pytest.approx(clip.loss(idx).item(), abs=1e-4)
 
 
+@pytest.mark.parametrize("views", ["augment", "mask"])
+def test_unimodal_term_uses_its_own_projector_not_the_clip_head(setup, views: str) -> None:
+    model, pairs, texts, init = setup
+    model.load_state_dict(init)
+    trainer = Trainer(model, pairs, texts, TrainConfig(objective="clip", unimodal=views, unimodal_lambda=0.0,
+                                                       epochs=1, batch=4, seed=0))
+    in_opt = {id(p) for group in trainer.opt.param_groups for p in group["params"]}
+    assert all(id(p) in in_opt for p in trainer.uni.projector.parameters())
+    assert not {id(p) for p in trainer.uni.projector.parameters()} & {id(p) for p in model.image_head.parameters()}
+    model.zero_grad(set_to_none=True)
+    trainer.loss(torch.arange(len(pairs))).backward()  # λ = 0: the unimodal term alone
+    assert all(p.grad is None or not p.grad.any() for p in model.image_head.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.uni.projector.parameters())
+
+
 def test_flip_skipped_on_cnn(setup) -> None:
     assert "CNN" in skip_reason("flip", setup[0]) and skip_reason("clip", setup[0]) is None
 
@@ -138,15 +153,16 @@ def test_flip_drops_patches_in_training_only(vit_model: DualEncoder) -> None:
     vit_model.train()
     with torch.no_grad():
         a, b = tower.forward_levels(x, 0, tower.n_levels), tower.forward_levels(x, 0, tower.n_levels)
-    assert a.shape == (3, 64, 1, 8) and not torch.equal(a, b)  # 8 of 16 patches, a fresh draw each call
+    assert a.shape == (3, 1 + 8, 64) and not torch.equal(a, b)  # pooled + 8 of 16 patches, a fresh draw each call
+    assert tower.encode(a, tower.n_levels)[2] == (1, 8)
     vit_model.eval()
     with torch.no_grad():
         full = tower.forward_levels(x, 0, tower.n_levels)
-    assert full.shape == (3, 64, 4, 4) and torch.equal(full, tower.forward_levels(x, 0, tower.n_levels))
+    assert full.shape == (3, 1 + 16, 64) and torch.equal(full, tower.forward_levels(x, 0, tower.n_levels))
     tower.set_patch_dropout(0.0)
     vit_model.train()
     with torch.no_grad():
-        assert tower.forward_levels(x, 0, tower.n_levels).shape == (3, 64, 4, 4)
+        assert tower.forward_levels(x, 0, tower.n_levels).shape == (3, 1 + 16, 64)
     vit_model.eval()
 
 

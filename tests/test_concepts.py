@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -69,27 +70,64 @@ def test_sub_captions_and_aspects(tagger: ConceptTagger) -> None:
 
 
 class _FakeModel:
-    """Text embeddings: prompts containing 'POS' map to e0, others to e1."""
+    """Prompts containing 'POS' embed (globally and on their concept span) to e0, others to e1."""
 
-    logit_scale = torch.tensor(np.log(10.0))
+    def encode_spans(self, texts: list[str], spans: list) -> tuple[torch.Tensor, torch.Tensor]:
+        assert all(sp is not None for sp in spans)  # every prompt names the concept 'x'
+        e = torch.stack([torch.tensor([1.0, 0.0, 0.0]) if "POS" in t else torch.tensor([0.0, 1.0, 0.0]) for t in texts])
+        return e, e
 
-    def encode_texts(self, texts: list[str]) -> torch.Tensor:
-        return torch.stack([torch.tensor([1.0, 0.0, 0.0]) if "POS" in t else torch.tensor([0.0, 1.0, 0.0]) for t in texts])
+    def zero_shot_scales(self, sigmoid: bool) -> tuple[float, float, float, float]:
+        return (10.0, -3.0, 10.0, -7.0) if sigmoid else (10.0, 0.0, 10.0, -7.0)
+
+
+def test_zero_shot_eqs_10_to_12_hand_computed() -> None:
+    """Two classes; class 1 has two concepts. Patches v1 = (1, 0), v2 = (0, 1), v3 = (.6, .8),
+    image = (1, 0), k = 2, (t_g, b_g, t_l, b_l) = (10, −5, 4, −1), β = 0.5."""
+    from core.concepts.scores import zero_shot
+
+    patches = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]])
+    image = torch.tensor([[1.0, 0.0]])
+    text = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    concepts = torch.tensor([[[0.0, 1.0], [9.0, 9.0]], [[1.0, 0.0], [0.6, 0.8]]])  # [0, 1] is padding
+    mask = torch.tensor([[True, False], [True, True]])
+    p = zero_shot(image, patches, text, concepts, mask, (10.0, -5.0, 4.0, -1.0), k=2, beta=0.5)
+    s_g = [10 * 1 - 5, 10 * 0 - 5]  # eq. 10
+    # class 0: top-2 for (0, 1) are v2, v3 → i_loc ∝ (.6, 1.8), t_loc = (0, 1): cos = 1.8 / √3.6
+    # class 1: top-2 for (1, 0) are v1, v3; for (.6, .8) v3, v2 → i_loc ∝ v1 + 2 v3 + v2 = (2.2, 2.6),
+    #          t_loc ∝ (1.6, 0.8): cos = 5.6 / √(11.6 · 3.2)
+    s_l = [4 * 1.8 / math.sqrt(3.6) - 1, 4 * 5.6 / math.sqrt(11.6 * 3.2) - 1]  # eq. 11
+    soft = lambda s: [math.exp(v) / sum(math.exp(u) for u in s) for v in s]  # noqa: E731
+    assert p["global"][0].tolist() == pytest.approx(soft(s_g), abs=1e-6)
+    assert p["local"][0].tolist() == pytest.approx(soft(s_l), abs=1e-6)
+    assert p["fused"][0].tolist() == pytest.approx([0.5 * (a + b) for a, b in zip(soft(s_l), soft(s_g))], abs=1e-6)
+    with pytest.raises(ValueError, match="at least one concept"):
+        zero_shot(image, patches, text, concepts, torch.tensor([[False, False], [True, True]]), (1, 0, 1, 0), k=1)
 
 
 def test_scorer_global_local_and_heatmap() -> None:
     from core.concepts.vocabulary import Concept
 
-    c = Concept("x", "x", "wound", ("x",), ("POS a", "POS b"), ("neg",))
+    c = Concept("x", "x", "wound", ("x",), ("POS x a", "POS b x"), ("neg x",))
     scorer = ConceptScorer(_FakeModel(), [c], beta=0.5, k_frac=0.25)
     patches = F.normalize(torch.tensor([[[0.0, 1.0, 0.2]] * 3 + [[1.0, 0.0, 0.0]]]), dim=-1)  # planted patch 3
     image = F.normalize(torch.tensor([[0.0, 1.0, 0.0]]), dim=-1)
     s = scorer.scores(image, patches)
-    assert s["global"][0, 0] == pytest.approx(1 / (1 + np.exp(10.0)), rel=1e-4)  # looks negative globally
-    assert s["local"][0, 0] == pytest.approx(1 / (1 + np.exp(-10.0)), rel=1e-4)  # top-1 patch is the planted one
+    assert s["global"][0, 0] == pytest.approx(1 / (1 + np.exp(10.0)), rel=1e-4)  # looks absent globally
+    # local, k = 1: "present" takes the planted patch (cos 1), "absent" a (0, 1, .2) patch (cos 1/√1.04)
+    assert s["local"][0, 0] == pytest.approx(1 / (1 + np.exp(10 / np.sqrt(1.04) - 10.0)), rel=1e-4)
     assert s["fused"][0, 0] == pytest.approx(0.5 * (s["global"][0, 0] + s["local"][0, 0]))
     heat = scorer.heatmaps(patches, (2, 2))
     assert heat.shape == (1, 1, 2, 2) and np.unravel_index(heat[0, 0].argmax(), (2, 2)) == (1, 1)
+
+
+def test_concept_span_finds_the_term() -> None:
+    from core.concepts.scores import concept_span
+
+    c = load_vocab()[[x.name for x in load_vocab()].index("fibrin")]
+    prompt = "a wound with fibrinous slough"
+    a, b = concept_span(c, prompt)
+    assert prompt[a:b] == "fibrinous" and concept_span(c, "intact skin") is None
 
 
 def test_bottleneck_top_concepts() -> None:
@@ -100,3 +138,14 @@ def test_bottleneck_top_concepts() -> None:
     assert cbm.top_concepts(1)["b"][0][0] == "c2" and cbm.score(S, y) > 0.9
     with pytest.raises(ValueError, match="n×4"):
         cbm.predict(S[:, :3])
+
+
+@pytest.mark.parametrize("flags, message", [(["--groups", "derm7pt"], "none of its concepts has labels"),
+                                            (["--groups", "bogus"], "--groups 'bogus': unknown concept group")])
+def test_train_concepts_groups_without_results_is_a_clean_error(demo_workspace, capsys, flags, message) -> None:
+    from core.train_concepts import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--workspace", str(demo_workspace.root), "--epochs", "1", "--size", "64", *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert demo_workspace.store.runs(kind="concepts") == []

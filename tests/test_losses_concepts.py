@@ -57,6 +57,30 @@ def test_make_subcaptions_change_loss_and_masked_slots_are_ignored() -> None:
     assert torch.isfinite(base)
 
 
+def test_make_lambda_weighs_the_summed_terms_as_eq8() -> None:
+    """Eq. 8 weighs the *sums* of eqs. 3–4 and 6: L = (Σ mkcl + λ Σ slra) / #pairs, λ = 0.7.
+    Hand computation on a 2-image toy with one sub-caption for image 0 and none for image 1."""
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    raw = torch.tensor([[0.6, 0.8], [0.0, 1.0]])
+    subs = torch.tensor([[[0.8, 0.6]], [[1.0, 0.0]]])  # image 1's sub-caption is masked out
+    mask = torch.tensor([[True], [False]])
+    patches = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])
+    s = 2.0
+    lse = lambda *v: math.log(sum(math.exp(x) for x in v))  # noqa: E731
+    # raw slot: logits s·img·rawᵀ = 2·[[0.6, 0], [0.8, 1]]
+    raw_pairs = 0.5 * ((lse(1.2, 0.0) - 1.2) + (lse(1.2, 1.6) - 1.2)) + 0.5 * ((lse(1.6, 2.0) - 2.0) + (lse(0.0, 2.0) - 2.0))
+    # sub slot, only image 0 valid: i2t over the valid text only (→ 0), t2i over both images
+    sub_pair = 0.5 * (0.0 + (lse(1.6, 1.2) - 1.6))
+    # e^k: z_0 = max(raw_0·v, 0) = [0.6, 0.8] → e_0 ∝ [0.6, 0.8]; z_1 = [1, 0] → e_1 = [0, 1]
+    slra_0 = lse(2 * (0.8 * 0.6 + 0.6 * 0.8), 2 * 0.6) - 2 * 0.96
+    expected = (raw_pairs + sub_pair + 0.7 * slra_0) / 3  # 3 valid image–text pairs
+    empty = torch.zeros(2, 0, 2)
+    got = MAKELoss(lam=0.7, use_weights=False)(img, patches, raw, empty, subs, mask, torch.tensor(s))
+    assert got.item() == pytest.approx(expected, abs=1e-5)
+    # averaging each term over its own count would weigh slra by 0.7 · 3/1 instead of 0.7
+    assert got.item() != pytest.approx((raw_pairs + sub_pair) / 3 + 0.7 * slra_0, abs=1e-3)
+
+
 def test_diagnosis_weights_max_normalised() -> None:
     dis = torch.tensor([[1.0, 0.0]])
     subs = torch.tensor([[[1.0, 0.0], [0.5, 0.866], [-1.0, 0.0]]])
@@ -117,5 +141,18 @@ def test_unimodal_lambda1_is_clip_and_nt_xent_prefers_aligned_views() -> None:
     img, txt = _unit(4, 8, seed=1), _unit(4, 8, seed=2)
     v1, v2 = _unit(4, 8, seed=3), _unit(4, 8, seed=4)
     s = torch.tensor(5.0)
-    assert CLIPUnimodalLoss(lam=1.0)(img, txt, s, v1, v2).item() == pytest.approx(clip_infonce(img, txt, s).item(), abs=1e-7)
+    assert CLIPUnimodalLoss(8, lam=1.0)(img, txt, s, v1, v2).item() == pytest.approx(clip_infonce(img, txt, s).item(), abs=1e-7)
     assert nt_xent(v1, v1 + 0.01 * v2).item() < nt_xent(v1, v2).item()
+
+
+def test_unimodal_term_goes_through_its_own_projector() -> None:
+    torch.manual_seed(0)
+    loss_fn = CLIPUnimodalLoss(in_dim=6, lam=0.25, out_dim=3)
+    img, txt, s = _unit(4, 8, seed=1), _unit(4, 8, seed=2), torch.tensor(5.0)
+    f1, f2 = torch.randn(4, 6), torch.randn(4, 6)
+    g = loss_fn.projector
+    expected = 0.25 * clip_infonce(img, txt, s) + 0.75 * nt_xent(g(f1), g(f2), 0.1)
+    loss = loss_fn(img, txt, s, f1, f2)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in g.parameters())

@@ -132,6 +132,49 @@ def test_retrieval_recall():
     assert r["R@1"] == pytest.approx(1 / 3) and r["R@3"] == 1.0
 
 
+def _probe_data(signal: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """40 patients × 3 wounds, a wound-level binary label; features = signal · label + noise."""
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(40), 3)
+    y = rng.integers(0, 2, len(groups))
+    X = rng.normal(size=(len(groups), 6)) + signal * y[:, None]
+    return X, np.array(["ab"[v] for v in y], dtype=object), groups
+
+
+def test_probe_permutation_chance_and_folds():
+    from core.nested.model import MIN_PATIENTS_PER_FOLD, probe
+
+    strong = probe(*_probe_data(3.0), fractions=(1.0,), permutations=100)
+    assert strong["permutations"] == 100 and strong["folds"] == 5
+    assert strong["patients_per_fold"] >= MIN_PATIENTS_PER_FOLD  # 40 patients → 5 folds of 8
+    assert strong["linear"]["1"]["acc"] > 0.9 and strong["p"]["linear"]["1"]["acc"] == pytest.approx(1 / 101)
+    assert abs(strong["chance"]["linear"]["1"]["acc"] - 0.5) < 0.1  # permuted labels: a coin
+    noise = probe(*_probe_data(0.0), fractions=(1.0,), permutations=100)
+    assert noise["p"]["linear"]["1"]["acc"] >= 0.05 and noise["p"]["knn"]["acc"] >= 0.05
+
+
+def test_probe_patient_level_label_one_row_per_patient():
+    from core.nested.model import probe
+
+    X, _, groups = _probe_data(0.0)
+    y = np.array(["ab"[g % 2] for g in groups], dtype=object)  # a patient-level label, repeated per wound
+    X[:, 0] += 3.0 * (groups % 2)
+    out = probe(X, y, groups, fractions=(1.0,), level="patient", permutations=100)
+    assert out["n"] == 40 and out["rows"] == "patient" and out["classes"] == {"a": 20, "b": 20}
+
+
+def test_report_says_not_above_chance():
+    from core.train_slimp import _probe_line
+
+    fig = {"acc": 0.55, "bacc": 0.52}
+    pr = {"linear": {"1": fig}, "knn": fig, "chance": {"linear": {"1": {"acc": 0.5, "bacc": 0.5}},
+                                                       "knn": {"acc": 0.6, "bacc": 0.5}},
+          "p": {"linear": {"1": {"acc": 0.01, "bacc": 0.3}}, "knn": {"acc": 0.7, "bacc": 0.4}}}
+    line = _probe_line("image w", pr)
+    assert "LP100% acc  55.0 (chance 50.0, p 0.01)  BA  52.0 (chance 50.0, p 0.30, not above chance)" in line
+    assert "kNN    acc  55.0 (chance 60.0, p 0.70, not above chance)" in line
+
+
 # ---------------------------------------------------------------- CLI on a tiny synthetic workspace
 
 def _tiny_workspace(root: Path) -> Workspace:
@@ -193,6 +236,8 @@ def test_cli_trains_evaluates_and_resumes(tiny_ws, capsys):
     assert "subtype" not in run["config"]["patient_fields"]  # the probe target is not an input
     out = capsys.readouterr().out
     assert "R@1" in out and "triplet agreement" in out and "w + h + patient meta x" in out
+    assert ev["probe"]["permutations"] == 100 and ev["probe"]["rows"] == "patient" and ev["probe"]["n"] == 6
+    assert "label permutations within the same folds" in out and sum(line.count("(chance ") for line in out.splitlines() if " acc " in line) == 5 * 8
     from core.runtime import load_embeddings
 
     emb = load_embeddings(tiny_ws, run["id"])
@@ -207,6 +252,18 @@ def test_cli_trains_evaluates_and_resumes(tiny_ws, capsys):
     straight = _run(tiny_ws, "--epochs", "3")["metrics"]["loss"]
     assert len(resumed) == 3
     np.testing.assert_allclose(resumed, straight, rtol=1e-5)
+
+
+def test_cli_ablation_without_target_is_a_clean_error(tiny_ws, capsys):
+    from core.train_slimp import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--workspace", str(tiny_ws.root), *COMMON, "--ablation"])
+    assert e.value.code == 2 and "--ablation compares linear probes of a target column: give --target" in capsys.readouterr().err
+    assert tiny_ws.store.runs("slimp") == []
+    with pytest.raises(SystemExit) as e:
+        main(["--workspace", str(tiny_ws.root), *COMMON, "--target", "subtype", "--permutations", "10"])
+    assert e.value.code == 2 and "--permutations must be ≥ 100" in capsys.readouterr().err
 
 
 def test_cli_bad_target_is_a_clean_error(tiny_ws, capsys):

@@ -65,3 +65,42 @@ def test_dermlip_fails_fast_offline(monkeypatch) -> None:
         load_vlm("dermlip", device="cpu")
     with pytest.raises(ValueError, match="unknown"):
         load_vlm("nope", device="cpu")
+
+
+def _tiny_open_clip():
+    """A tiny randomly initialised open_clip CLIP (ViT 4×4 patches at 64 px, 1-layer text
+    transformer with the real BPE vocabulary) built offline, and its tokenizer."""
+    import open_clip
+
+    torch.manual_seed(0)
+    clip = open_clip.model.CLIP(
+        embed_dim=16, vision_cfg=open_clip.model.CLIPVisionCfg(layers=2, width=64, head_width=32, patch_size=16,
+                                                               image_size=64),
+        text_cfg=open_clip.model.CLIPTextCfg(layers=1, width=32, heads=2, context_length=77, vocab_size=49408))
+    return clip.eval(), open_clip.get_tokenizer("ViT-B-16")
+
+
+def test_open_clip_global_embeddings_are_encode_image_and_encode_text() -> None:
+    import torch.nn.functional as F
+
+    from core.concepts.dual_encoder import open_clip_encoder
+    from core.vision.backbones import _open_clip_backbone
+
+    clip, tokenizer = _tiny_open_clip()
+    x = torch.randn(3, 3, 64, 64)
+    texts = ["deep ulcer with yellow fibrin", "crust", "granulating wound bed, no slough"]
+    with torch.no_grad():
+        ref_img = F.normalize(clip.encode_image(x), dim=-1)
+        ref_txt = F.normalize(clip.encode_text(tokenizer(texts)), dim=-1)
+    model = open_clip_encoder(_open_clip_backbone(clip, "tiny", "open_clip:tiny", torch.device("cpu")),
+                              tokenizer, name="tiny").eval()
+    tok = model.text.tokenize(texts)
+    with torch.no_grad():
+        g_img, patches, grid = model.encode_image_from(x, 0)
+        g_txt, tokens = model.encode_text_from(tok, tok.attention_mask, 0)
+        patch_tokens = model.image.encode(x, 0)[1]  # before the projection (attention input)
+    assert torch.allclose(g_img, ref_img, atol=1e-5) and torch.allclose(g_txt, ref_txt, atol=1e-5)
+    assert grid == (4, 4) and patches.shape == (3, 16, 16) and patch_tokens.shape == (3, 16, 64)
+    assert torch.allclose(patches, F.normalize(patch_tokens @ model.image.proj, dim=-1), atol=1e-5)
+    # the global embedding is the pooled token, not the mean of the patch tokens
+    assert not torch.allclose(g_img, F.normalize(patch_tokens.mean(1) @ model.image.proj, dim=-1), atol=1e-2)

@@ -12,6 +12,16 @@ prefix is computed once and cached (``forward_levels(x, start, stop)``):
   (MAKE's released model), heads initialised from its own projections. Without the hub it
   fails within seconds naming the offline default.
 
+Global embeddings are each model's own pooled output: for open_clip towers the pooled image
+token (ViT CLS after ``ln_post``) and the text EOT token, then the projection — at
+initialisation exactly ``encode_image`` / ``encode_text``; the pretrained alignment stays
+intact. (A ViT tower takes open_clip's image projection out of the visual trunk: it becomes
+the image head, so the trunk returns tokens before the projection.) Patch tokens, taken
+separately before the projection, feed attention; the head projects them into the joint
+space for local concept scores. For the MiniLM text tower the pooled output is
+sentence-transformers' mean over tokens; the EfficientNet tower has no pooled token, so its
+global embedding is the head on the mean patch feature.
+
 Unlocked EfficientNet blocks keep BatchNorm in eval mode (running statistics frozen), the
 usual choice for fine-tuning with small batches. ViT image towers support FLIP patch dropout
 (Li et al., 2023, "Scaling Language-Image Pre-training via Masking"): in training mode a
@@ -31,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.runtime import pick_device
+from core.runtime import autocast, pick_device
 from core.vision.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
 
 OFFLINE_DEFAULT = "lite0-minilm"
@@ -92,6 +102,12 @@ class TextTower(nn.Module, abc.ABC):
     def finish(self, h: Tensor) -> Tensor:
         """Final normalisation after the last layer (identity for BERT)."""
         return h
+
+    def pool(self, states: Tensor, mask: Tensor) -> Tensor:
+        """The model's own sentence vector from the final states B×T×W (default: mean over
+        valid tokens, sentence-transformers' pooling for MiniLM)."""
+        m = mask[..., None].to(states.dtype)
+        return (states * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
 
     def forward_levels(self, h: Tensor | Tokens, mask: Tensor, start: int, stop: int) -> Tensor:
         """Run levels ``start``..``stop``: from tokens when ``start`` is 0, else from the
@@ -160,7 +176,7 @@ class OpenCLIPTextTower(TextTower):
     def tokenize(self, texts: list[str]) -> Tokens:
         ids = self.tokenizer(list(texts))
         eot = ids.argmax(dim=-1)
-        mask = (torch.arange(ids.shape[1])[None] <= eot[:, None]).long()
+        mask = (torch.arange(ids.shape[1], device=ids.device)[None] <= eot[:, None]).long()
         return Tokens(ids, mask, None)
 
     def embed(self, tok: Tokens) -> Tensor:
@@ -172,11 +188,16 @@ class OpenCLIPTextTower(TextTower):
 
     def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
         t = h.shape[1]
-        causal = torch.full((t, t), float("-inf"), device=h.device).triu_(1)
+        causal = torch.full((t, t), float("-inf"), device=h.device, dtype=h.dtype).triu_(1)
         return layer(h, attn_mask=causal)
 
     def finish(self, h: Tensor) -> Tensor:
         return self.clip.ln_final(h)
+
+    def pool(self, states: Tensor, mask: Tensor) -> Tensor:
+        """open_clip's ``argmax`` pooling: the EOT token, the last valid one of the mask."""
+        last = mask.long().sum(dim=1).clamp(min=1) - 1
+        return states[torch.arange(len(states), device=states.device), last.to(states.device)]
 
     def stem_parameters(self) -> list[nn.Parameter]:
         return [self.clip.token_embedding.weight, self.clip.positional_embedding]
@@ -185,7 +206,8 @@ class OpenCLIPTextTower(TextTower):
 class ImageTower(nn.Module):
     """A backbone from ``core.vision.backbones`` run block by block. Level 0 is the input image,
     level L the output of block L. EfficientNet towers split at any level; ViT towers only
-    at 0 or the end (no per-block caching)."""
+    at 0 or the end (no per-block caching), where the output is B×(1+P)×C: the pooled token,
+    then the patch tokens."""
 
     def __init__(self, backbone) -> None:  # noqa: ANN001 — core.vision.backbones.Backbone
         super().__init__()
@@ -197,6 +219,12 @@ class ImageTower(nn.Module):
         self.n_levels = len(self.blocks)
         self.width = backbone.channels
         self.input_size = backbone.input_size
+        # ViT: open_clip's image projection leaves the trunk (it becomes the image head), so
+        # the trunk's pooled token comes out before the projection (see the module docstring)
+        proj = None if self.is_cnn else self.net.visual.proj
+        if proj is not None:
+            self.net.visual.proj = None
+        self.register_buffer("proj", None if proj is None else proj.detach().clone(), persistent=False)
 
     def set_patch_dropout(self, prob: float) -> None:
         """FLIP: drop a random ``prob`` of the patch tokens in training mode (ViT towers only)."""
@@ -214,12 +242,26 @@ class ImageTower(nn.Module):
         if not self.is_cnn:
             if (start, stop) != (0, self.n_levels):
                 raise ValueError(f"{self.backbone.name}: ViT towers run whole (levels 0→{self.n_levels})")
-            return self.net(x)
+            pooled, tokens = self.net.visual(x)
+            return torch.cat([pooled[:, None], tokens], dim=1)
         if start == 0:
             x = self.net.bn1(self.net.conv_stem(x))
         for block in self.blocks[start:stop]:
             x = block(x)
         return x
+
+    def encode(self, h: Tensor, level: int) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """From level ``level`` to the end: (pooled B×C, patch tokens B×P×C, grid), both before
+        any projection. ViT: the model's own pooled token (CLS after ``ln_post``) and its
+        patch tokens; CNN: the mean of the patch map."""
+        if self.is_cnn:
+            fmap = self.forward_levels(h, level, self.n_levels)
+            tokens = fmap.flatten(2).transpose(1, 2)
+            return tokens.mean(dim=1), tokens, (fmap.shape[2], fmap.shape[3])
+        packed = h if level == self.n_levels else self.forward_levels(h, level, self.n_levels)
+        pooled, tokens = packed[:, 0], packed[:, 1:]
+        n, side = tokens.shape[1], self.net.grid
+        return pooled, tokens, ((side, side) if n == side * side else (1, n))  # (1, kept) under FLIP
 
     def stem_parameters(self) -> list[nn.Parameter]:
         return list(self.backbone.stem_parameters())
@@ -232,8 +274,27 @@ class ImageTower(nn.Module):
         return self
 
 
+def span_token_mask(offsets: Tensor, spans: list[tuple[int, int]], width: int) -> Tensor:
+    """W×T mask: tokens whose character offsets (T×2) overlap each character span."""
+    out = torch.zeros(width, offsets.shape[0], dtype=torch.bool)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    real = ends > starts
+    for j, (a, b) in enumerate(spans[:width]):
+        out[j] = real & (starts < b) & (ends > a)
+    return out
+
+
 def _mlp(d_in: int, d_out: int) -> nn.Module:
     return nn.Sequential(nn.Linear(d_in, d_in), nn.GELU(), nn.Linear(d_in, d_out))
+
+
+def linear_from(proj: Tensor) -> nn.Linear:
+    """An open_clip projection (width × dim, applied as ``x @ proj``) as a trainable Linear,
+    marked ``pretrained`` (:meth:`DualEncoder.reset_heads` keeps it)."""
+    head = nn.Linear(proj.shape[0], proj.shape[1], bias=False)
+    head.weight.data.copy_(proj.detach().T)
+    head.pretrained = True
+    return head
 
 
 class DualEncoder(nn.Module):
@@ -241,7 +302,8 @@ class DualEncoder(nn.Module):
 
     ``encode_image_from(h, level)`` → (global N×D, patches N×P×D, grid (h, w)),
     ``encode_text_from(h, mask, level)`` → (global N×D, tokens N×T×D); all L2-normalised.
-    Text global = head(mean over valid tokens); image global = head(mean over patches).
+    Global = head(the tower's own pooled output); tokens = head(each token). A ViT tower's
+    own projection is the default image head (an MLP otherwise).
     """
 
     def __init__(self, image: ImageTower, text: TextTower, dim: int = EMBED_DIM, name: str = OFFLINE_DEFAULT,
@@ -251,7 +313,10 @@ class DualEncoder(nn.Module):
         self.image = image
         self.text = text
         self.dim = dim
-        self.image_head = image_head if image_head is not None else _mlp(image.width, dim)
+        if image_head is None:
+            use_proj = getattr(image, "proj", None) is not None and image.proj.shape[1] == dim
+            image_head = linear_from(image.proj) if use_proj else _mlp(image.width, dim)
+        self.image_head = image_head
         self.text_head = text_head if text_head is not None else _mlp(text.width, dim)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         self.sig_scale = nn.Parameter(torch.tensor(math.log(10.0)))
@@ -265,6 +330,14 @@ class DualEncoder(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.logit_scale.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.logit_scale.dtype
+
+    def follow(self, h: Tensor) -> Tensor:
+        """``h`` on the model's device, and in its dtype when floating (inputs follow the parameters)."""
+        return h.to(self.device, self.dtype) if h.is_floating_point() else h.to(self.device)
 
     # -- freezing ------------------------------------------------------------------------
     def set_trainable(self, image_unlock: int = 0, text_unlock: int = 0) -> None:
@@ -299,31 +372,40 @@ class DualEncoder(nn.Module):
         return [*self.image_head.parameters(), *self.text_head.parameters(), self.logit_scale,
                 self.sig_scale, self.sig_bias, self.loc_scale, self.loc_bias]
 
+    def reset_heads(self) -> None:
+        """Fresh random initialisation (from torch's global seed) of the heads that were randomly
+        initialised; heads copied from a pretrained projection are left as they are."""
+        for head in (self.image_head, self.text_head):
+            if not getattr(head, "pretrained", False):
+                for mod in head.modules():
+                    if hasattr(mod, "reset_parameters"):
+                        mod.reset_parameters()
+
     def tower_parameters(self) -> list[nn.Parameter]:
         return [p for p in [*self.image.parameters(), *self.text.parameters()] if p.requires_grad]
 
     # -- encoding ------------------------------------------------------------------------
     def image_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
-        return self.image.forward_levels(x.to(self.device), start, stop)
+        return self.image.forward_levels(self.follow(x), start, stop)
 
     def text_levels(self, h: Tensor | Tokens, mask: Tensor, start: int, stop: int) -> Tensor:
-        return self.text.forward_levels(h, mask.to(self.device), start, stop)
+        return self.text.forward_levels(self.follow(h) if isinstance(h, Tensor) else h, mask.to(self.device),
+                                        start, stop)
 
     def encode_image_from(self, h: Tensor, level: int) -> tuple[Tensor, Tensor, tuple[int, int]]:
-        fmap = self.image.forward_levels(h.to(self.device), level, self.image.n_levels)
-        b, c, gh, gw = fmap.shape
-        patches = fmap.flatten(2).transpose(1, 2)
-        g = F.normalize(self.image_head(patches.mean(dim=1)), dim=-1)
-        return g, F.normalize(self.image_head(patches), dim=-1), (gh, gw)
+        pooled, patches, grid = self.image.encode(self.follow(h), level)
+        g = F.normalize(self.image_head(pooled), dim=-1)
+        return g, F.normalize(self.image_head(patches), dim=-1), grid
 
     def encode_text_from(self, h: Tensor | Tokens, mask: Tensor, level: int,
                          tokens: bool = True) -> tuple[Tensor, Tensor | None]:
-        """``tokens=False`` skips the per-token projection (returns None for it)."""
+        """``tokens=False`` skips the per-token projection (returns None for it). Cached hidden
+        states (``level`` > 0, often kept on the CPU) move to the model's device."""
         mask = mask.to(self.device)
+        if isinstance(h, Tensor):
+            h = self.follow(h)
         states = self.text.forward_levels(h, mask, level, self.text.n_levels)
-        m = mask[..., None].to(states.dtype)
-        pooled = (states * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
-        g = F.normalize(self.text_head(pooled), dim=-1)
+        g = F.normalize(self.text_head(self.text.pool(states, mask)), dim=-1)
         return g, F.normalize(self.text_head(states), dim=-1) if tokens else None
 
     def preprocess(self, images, size: int | None = None) -> Tensor:  # noqa: ANN001 — PIL list or uint8 array
@@ -334,9 +416,10 @@ class DualEncoder(nn.Module):
         """Normalised images B×3×S×S → (global, patches, grid), batched, no gradient."""
         gs, ps, grid = [], [], (0, 0)
         for i in range(0, len(x), batch):
-            g, p, grid = self.encode_image_from(x[i:i + batch], 0)
-            gs.append(g.cpu())
-            ps.append(p.cpu())
+            with autocast(self.device):
+                g, p, grid = self.encode_image_from(x[i:i + batch], 0)
+            gs.append(g.float().cpu())
+            ps.append(p.float().cpu())
         return torch.cat(gs), torch.cat(ps), grid
 
     @torch.no_grad()
@@ -345,8 +428,44 @@ class DualEncoder(nn.Module):
         out = []
         for i in range(0, len(texts), batch):
             tok = self.text.tokenize(texts[i:i + batch])
-            out.append(self.encode_text_from(tok, tok.attention_mask, 0, tokens=False)[0].cpu())
+            with autocast(self.device):
+                out.append(self.encode_text_from(tok, tok.attention_mask, 0, tokens=False)[0].float().cpu())
         return torch.cat(out) if out else torch.zeros(0, self.dim)
+
+    @torch.no_grad()
+    def encode_spans(self, texts: list[str], spans: list[tuple[int, int] | None],
+                     batch: int = 64) -> tuple[Tensor, Tensor]:
+        """Texts → (global N×D, span N×D), normalised, no gradient. The span embedding is
+        ConceptCLIP's g (eq. 4): the mean of the projected contextual token outputs whose
+        characters overlap ``spans[i]``; the whole text where the span is None or the
+        tokenizer gives no character offsets (open_clip)."""
+        gs, out = [], []
+        for i in range(0, len(texts), batch):
+            tok = self.text.tokenize(texts[i:i + batch])
+            with autocast(self.device):
+                g, tokens = self.encode_text_from(tok, tok.attention_mask, 0)
+            g, tokens = g.float(), tokens.float()
+            m = tok.attention_mask.bool()
+            if tok.offsets is not None:
+                for r, span in enumerate(spans[i:i + batch]):
+                    sm = span_token_mask(tok.offsets[r], [span], 1)[0] if span is not None else m[r]
+                    if sm.any():
+                        m[r] = sm
+            m = m.to(tokens.device)[..., None].to(tokens.dtype)
+            gs.append(g.cpu())
+            out.append(F.normalize((tokens * m).sum(1) / m.sum(1).clamp(min=1), dim=-1).cpu())
+        return torch.cat(gs), torch.cat(out)
+
+    @torch.no_grad()
+    def zero_shot_scales(self, sigmoid: bool) -> tuple[float, float, float, float]:
+        """(t_g, b_g, t_l, b_l) of ConceptCLIP eqs. 10–11: the global pair is SigLIP's learnable
+        (t, b) for sigmoid-trained models (``siglip``, ``conceptclip``), else CLIP's logit scale
+        (capped at 100) and 0; the local pair is always the RC-Align (t_l, b_l)."""
+        if sigmoid:
+            t_g, b_g = float(self.sig_scale.exp()), float(self.sig_bias)
+        else:
+            t_g, b_g = float(self.logit_scale.exp().clamp(max=100)), 0.0
+        return t_g, b_g, float(self.loc_scale.exp()), float(self.loc_bias)
 
     def extra_state_dict(self) -> dict[str, Tensor]:
         """Trainable state worth saving: heads, scales/biases and unlocked tower blocks."""
@@ -369,15 +488,18 @@ def _dermlip(device: torch.device) -> DualEncoder:
             tokenizer = open_clip.get_tokenizer(DERMLIP_HUB)
     except Exception as e:  # noqa: BLE001 — hub or cache failure reported the same way
         raise VLMUnavailable(f"cannot load the DermLIP tokenizer: {e}. Use --model {OFFLINE_DEFAULT}.") from e
+    return open_clip_encoder(backbone, tokenizer, name="dermlip")
+
+
+def open_clip_encoder(backbone, tokenizer, name: str) -> DualEncoder:  # noqa: ANN001 — Backbone, open_clip tokenizer
+    """Both towers of an open_clip CLIP (``backbone.model``) with its own projections as heads
+    and its logit scale: at initialisation the global embeddings are ``encode_image`` /
+    ``encode_text`` (L2-normalised)."""
     clip = backbone.model
     image = ImageTower(backbone)
     text = OpenCLIPTextTower(clip, tokenizer)
-    dim = int(clip.text_projection.shape[1])
-    img_head = nn.Linear(image.width, dim, bias=False)
-    img_head.weight.data.copy_(clip.visual.proj.data.T)
-    txt_head = nn.Linear(text.width, dim, bias=False)
-    txt_head.weight.data.copy_(clip.text_projection.data.T)
-    model = DualEncoder(image, text, dim=dim, name="dermlip", image_head=img_head, text_head=txt_head)
+    model = DualEncoder(image, text, dim=int(clip.text_projection.shape[1]), name=name,
+                        image_head=linear_from(image.proj), text_head=linear_from(clip.text_projection))
     model.logit_scale.data.copy_(clip.logit_scale.data)
     return model
 

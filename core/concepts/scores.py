@@ -1,14 +1,19 @@
 """Zero-shot concept scores, patch heatmaps and a concept bottleneck.
 
-Per wound and concept (ConceptCLIP inference, papers/conceptclip_*.txt eqs. 10–12;
-MONET-style positive vs negative prompts, METHODS.md §3–4):
+ConceptCLIP zero-shot inference (papers/conceptclip_*.txt eqs. 10–12; METHODS.md §4), for
+C classes each with a global text embedding t_c and w_c concept embeddings g_c,j:
 
-- global score p_g = softmax(t·[cos(x, P_c), cos(x, N_c)])[0], with x the image embedding
-  and P_c / N_c the mean embeddings of the concept's positive / negative prompts;
-- local score p_l: the same on i_loc, the mean of the k patches most similar to P_c
-  (top-k regions; k = ⌈k_frac · patches⌉);
-- fused p = β p_l + (1 − β) p_g, β = 0.5;
-- heatmap: cos(patch, P_c) − cos(patch, N_c) on the patch grid.
+- global score s_g(c) = t_g · cos(i_cls, t_c) + b_g (eq. 10);
+- local score s_l(c) = t_l · cos(i_loc, t_loc) + b_l (eq. 11), where i_loc is the mean of the
+  k patches most similar to each g_c,j (top-k regions per concept, pooled over the class's
+  concepts) and t_loc the mean of the g_c,j;
+- p = β softmax_c(s_l) + (1 − β) softmax_c(s_g), β = 0.5 (eq. 12).
+
+Concept annotation (MONET / ConceptCLIP style) runs this per concept with two classes,
+"present" (the concept's positive prompts) and "absent" (its negative prompts): t_c is the
+mean prompt embedding, each prompt gives one g_c,j — the embedding of the tokens that name
+the concept in it (the whole prompt where it names none). k = ⌈k_frac · patches⌉ (the
+authors' 128 of 729 patches ≈ 0.18). Heatmap: cos(patch, t_present) − cos(patch, t_absent).
 
 The concept bottleneck (Koh et al., 2020; ConceptCLIP §"Inherently interpretable
 model") maps the concept-score vector to a target with a linear classifier; its weights
@@ -17,6 +22,7 @@ name the concepts behind each class.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,14 +32,48 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 
-from core.concepts.vocabulary import Concept
+from core.concepts.vocabulary import Concept, _term_pattern
+
+
+def zero_shot(image: Tensor, patches: Tensor, class_text: Tensor, class_concepts: Tensor, concept_mask: Tensor,
+              scales: tuple[float, float, float, float], k: int, beta: float = 0.5) -> dict[str, Tensor]:
+    """ConceptCLIP eqs. 10–12. ``image`` N×D (i_cls), ``patches`` N×P×D (regions i_m,i),
+    ``class_text`` C×D (t_c,cls), ``class_concepts`` C×W×D (g_c,j) with ``concept_mask`` C×W
+    (every class needs ≥ 1 concept), ``scales`` = (t_g, b_g, t_l, b_l), ``k`` regions per
+    concept. Returns the class probabilities ``global`` p_g, ``local`` p_l and ``fused`` p (N×C)."""
+    if not concept_mask.any(dim=1).all():
+        raise ValueError("every class needs at least one concept embedding (eq. 11)")
+    t_g, b_g, t_l, b_l = scales
+    k = min(k, patches.shape[1])
+    s_g = t_g * F.normalize(image, dim=-1) @ F.normalize(class_text, dim=-1).T + b_g  # eq. 10
+    sim = torch.einsum("npd,cwd->ncwp", F.normalize(patches, dim=-1), F.normalize(class_concepts, dim=-1))
+    top = torch.zeros_like(sim).scatter_(-1, sim.topk(k, dim=-1).indices, 1.0)  # T^k_{c,j}
+    m = concept_mask.to(sim.dtype)
+    w = m.sum(dim=1)  # w_c
+    counts = (top * m[None, :, :, None]).sum(dim=2)  # N×C×P: how often patch i is among a concept's top k
+    i_loc = torch.einsum("ncp,npd->ncd", counts, patches) / (w[None, :, None] * k)
+    t_loc = (class_concepts * m[..., None]).sum(dim=1) / w[:, None]
+    s_l = t_l * F.cosine_similarity(i_loc, t_loc[None], dim=-1) + b_l  # eq. 11
+    p_g, p_l = s_g.softmax(dim=-1), s_l.softmax(dim=-1)
+    return {"global": p_g, "local": p_l, "fused": beta * p_l + (1 - beta) * p_g}  # eq. 12
+
+
+def concept_span(concept: Concept, prompt: str) -> tuple[int, int] | None:
+    """Character span in ``prompt`` of the longest of the concept's terms (or its label) it holds."""
+    for term in sorted({*concept.terms, concept.label.lower()}, key=len, reverse=True):
+        hit = re.search(_term_pattern(term), prompt, re.IGNORECASE)
+        if hit:
+            return hit.start(), hit.end()
+    return None
 
 
 class ConceptScorer:
-    """Concept scores for image embeddings from a :class:`core.concepts.dual_encoder.DualEncoder`."""
+    """Concept scores (eqs. 10–12, two classes per concept) for image embeddings from a
+    :class:`core.concepts.dual_encoder.DualEncoder`. ``sigmoid``: the model was trained with
+    SigLIP's global (t_g, b_g) (``siglip``, ``conceptclip``), else CLIP's logit scale."""
 
     def __init__(self, model, concepts: Sequence[Concept], beta: float = 0.5, k_frac: float = 0.2,
-                 scale: float | None = None) -> None:  # noqa: ANN001 — DualEncoder
+                 sigmoid: bool = False) -> None:  # noqa: ANN001 — DualEncoder
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         if not 0.0 < k_frac <= 1.0:
@@ -42,39 +82,44 @@ class ConceptScorer:
         self.names = [c.name for c in self.concepts]
         self.beta = beta
         self.k_frac = k_frac
-        self.scale = float(scale) if scale is not None else float(model.logit_scale.detach().exp().clamp(max=100))
-        pos, neg = [], []
-        for c in self.concepts:
-            pos.append(F.normalize(model.encode_texts(list(c.positive)).mean(0), dim=-1))
-            neg.append(F.normalize(model.encode_texts(list(c.negative)).mean(0), dim=-1))
-        self.pos = torch.stack(pos)  # C×D
-        self.neg = torch.stack(neg)
-
-    def _pair_prob(self, x: Tensor) -> Tensor:
-        """x: N×C×D (per concept) or N×D → P(present) N×C = σ(t·(cos P − cos N))."""
-        if x.ndim == 2:
-            sp, sn = x @ self.pos.T, x @ self.neg.T
-        else:
-            sp, sn = (x * self.pos).sum(-1), (x * self.neg).sum(-1)
-        return torch.sigmoid(self.scale * (sp - sn))  # = softmax over the two prompts
+        self.scales = model.zero_shot_scales(sigmoid)
+        texts, spans, owner = [], [], []
+        for ci, c in enumerate(self.concepts):
+            for cls, prompts in enumerate((c.positive, c.negative)):
+                for p in prompts:
+                    texts.append(p)
+                    spans.append(concept_span(c, p))
+                    owner.append((ci, cls))
+        g, span = model.encode_spans(texts, spans)
+        w = max(len(c.positive) for c in self.concepts) if self.concepts else 0
+        w = max([w, *(len(c.negative) for c in self.concepts)])
+        n_c, d = len(self.concepts), g.shape[-1]
+        self.text = torch.zeros(n_c, 2, d)  # t_c,cls per (concept, class)
+        self.g = torch.zeros(n_c, 2, w, d)
+        self.mask = torch.zeros(n_c, 2, w, dtype=torch.bool)
+        fill = torch.zeros(n_c, 2, dtype=torch.long)
+        for row, (ci, cls) in enumerate(owner):
+            j = int(fill[ci, cls])
+            self.g[ci, cls, j], self.mask[ci, cls, j] = span[row], True
+            self.text[ci, cls] += g[row]
+            fill[ci, cls] += 1
+        self.text = F.normalize(self.text, dim=-1)
+        self.pos, self.neg = self.text[:, 0], self.text[:, 1]
 
     def scores(self, image: Tensor, patches: Tensor) -> dict[str, np.ndarray]:
-        """``image`` N×D and ``patches`` N×P×D (normalised) → global, local, fused N×C."""
-        image, patches = image.float(), patches.float()
-        p_g = self._pair_prob(image)
+        """``image`` N×D and ``patches`` N×P×D → P(present) global, local, fused, each N×C."""
+        image, patches = image.float().cpu(), patches.float().cpu()
         k = max(1, math.ceil(self.k_frac * patches.shape[1]))
-        sim = torch.einsum("npd,cd->ncp", patches, self.pos)
-        idx = sim.topk(k, dim=-1).indices  # N×C×k
-        gathered = torch.gather(patches[:, None].expand(-1, len(self.names), -1, -1), 2,
-                                idx[..., None].expand(-1, -1, -1, patches.shape[-1]))
-        loc = F.normalize(gathered.mean(2), dim=-1)
-        p_l = self._pair_prob(loc)
-        fused = self.beta * p_l + (1 - self.beta) * p_g
-        return {"global": p_g.numpy(), "local": p_l.numpy(), "fused": fused.numpy()}
+        out = {kind: np.zeros((len(image), len(self.names)), dtype=np.float32) for kind in ("global", "local", "fused")}
+        for c in range(len(self.names)):
+            p = zero_shot(image, patches, self.text[c], self.g[c], self.mask[c], self.scales, k, self.beta)
+            for kind in out:
+                out[kind][:, c] = p[kind][:, 0].numpy()
+        return out
 
     def heatmaps(self, patches: Tensor, grid: tuple[int, int]) -> np.ndarray:
-        """N×P×D patches → N×C×h×w maps of cos(patch, P_c) − cos(patch, N_c)."""
-        patches = patches.float()
+        """N×P×D patches → N×C×h×w maps of cos(patch, t_present) − cos(patch, t_absent)."""
+        patches = patches.float().cpu()
         m = torch.einsum("npd,cd->ncp", patches, self.pos) - torch.einsum("npd,cd->ncp", patches, self.neg)
         return m.reshape(patches.shape[0], len(self.names), *grid).numpy()
 

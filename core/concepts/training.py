@@ -16,13 +16,15 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor
 from tqdm import tqdm
 
-from core.concepts.dual_encoder import DualEncoder, Tokens
+from core.concepts.dual_encoder import DualEncoder, Tokens, span_token_mask
 from core.concepts.vocabulary import ConceptTagger, disease_aspect, sub_captions
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
 from core.losses.make import CLIPLoss, MAKELoss
 from core.losses.unimodal import CLIPUnimodalLoss
+from core.runtime import autocast
 
 OBJECTIVES = ("clip", "siglip", "make", "conceptclip")
+SIGMOID_OBJECTIVES = ("siglip", "conceptclip")  # trained with SigLIP's (t_g, b_g), see ConceptScorer
 
 
 DISEASE_KEYS = ("rdeb_subtype", "diagnosis", "wound_type", "anatomical_site")
@@ -159,16 +161,6 @@ def build_text_inputs(pairs: WoundPairs, tagger: ConceptTagger, disease_keys: tu
     return TextInputs(list(index), raw, aspects, subs, spans)
 
 
-def span_token_mask(offsets: Tensor, spans: list[tuple[int, int]], width: int) -> Tensor:
-    """W×T mask: tokens whose character offsets overlap each concept span."""
-    out = torch.zeros(width, offsets.shape[0], dtype=torch.bool)
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    real = ends > starts
-    for j, (a, b) in enumerate(spans[:width]):
-        out[j] = real & (starts < b) & (ends > a)
-    return out
-
-
 # ----------------------------------------------------------------------------- caches
 class TextBank:
     """Tokenised unique texts with the frozen text levels computed once."""
@@ -243,7 +235,7 @@ class ImageBank:
             self.views = torch.stack([self._through(model, make(raw), batch) for _ in range(n_views)], dim=1)
 
     def _through(self, model: DualEncoder, raw: Tensor, batch: int) -> Tensor:
-        x = model.image.backbone.normalize(raw).cpu()
+        x = model.image.backbone.normalize(raw).cpu().to(model.dtype)  # the cache holds the model's dtype
         if self.level == 0:
             return x
         with torch.no_grad():
@@ -291,14 +283,19 @@ class Trainer:
         self.model, self.pairs, self.texts, self.cfg = model, pairs, texts, cfg
         model.set_trainable(cfg.image_unlock, cfg.text_unlock)
         model.image.set_patch_dropout(cfg.patch_dropout)
+        if cfg.objective == "conceptclip" and model.text.tokenize(["x"]).offsets is None:
+            raise ValueError(f"the conceptclip objective locates concept spans by character offsets, which the "
+                             f"{model.name} tokenizer does not give; use --model lite0-minilm")
         self.img_level, self.txt_level = model.frozen_levels()
         self.images = ImageBank(model, pairs.crops, self.img_level, cfg.unimodal, seed=cfg.seed)
         self.bank = TextBank(model, texts.texts, self.txt_level)
         self.clip, self.siglip = CLIPLoss(), SigLIPLoss()
         self.make = MAKELoss(lam=cfg.make_lambda)
         self.cc = ConceptCLIPLoss(alpha=cfg.cc_alpha)
-        self.uni = CLIPUnimodalLoss(lam=cfg.unimodal_lambda)
-        groups = [{"params": model.head_parameters(), "lr": cfg.lr}]
+        # the unimodal term's own SimCLR projector (contrastive benchmark §2.2.2), not the CLIP head
+        self.uni = CLIPUnimodalLoss(model.image.width, lam=cfg.unimodal_lambda).to(model.device)
+        heads = model.head_parameters() + (list(self.uni.parameters()) if cfg.unimodal else [])
+        groups = [{"params": heads, "lr": cfg.lr}]
         if model.tower_parameters():
             groups.append({"params": model.tower_parameters(), "lr": cfg.tower_lr})
         self.opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
@@ -309,7 +306,8 @@ class Trainer:
         uniq, inv = torch.unique(rows, return_inverse=True)
         h, mask = self.bank.get(uniq)
         g, tok = self.model.encode_text_from(h, mask, self.txt_level, tokens=tokens)
-        return g[inv], tok[inv] if tok is not None else None, mask[inv]
+        at = inv.to(g.device)
+        return g[at], tok[at] if tok is not None else None, mask[inv]
 
     def loss(self, idx: Tensor) -> Tensor:
         m, cfg, t = self.model, self.cfg, self.texts
@@ -318,9 +316,9 @@ class Trainer:
         if cfg.objective == "make":
             n, k = len(idx), t.subs.shape[1]
             sub_rows = torch.from_numpy(t.subs[idx.numpy()])
-            sub_mask = sub_rows >= 0
+            sub_mask = (sub_rows >= 0).to(img.device)
             rows = torch.cat([torch.from_numpy(t.raw[idx.numpy()]), torch.from_numpy(t.aspects[idx.numpy()]).reshape(-1),
-                              sub_rows[sub_mask]])
+                              sub_rows[sub_rows >= 0]])
             g, _, _ = self._encode_rows(rows)
             raw, aspects = g[:n], g[n:3 * n].view(n, 2, -1)
             subs = g.new_zeros(n, k, g.shape[-1])
@@ -331,10 +329,10 @@ class Trainer:
             if cfg.unimodal:
                 # augment: two augmented views A1(B), A2(B); mask: the image vs its masked view
                 # (contrastive benchmark §2.2.2 "Augmented CL" / "Masked CL").
-                pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen)[:2] for _ in idx])
+                pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen, device="cpu")[:2] for _ in idx])
                 v = self.images.views[idx[:, None], pick]  # B×2×…
-                z2 = m.encode_image_from(v[:, 1], self.img_level)[0]
-                z1 = m.encode_image_from(v[:, 0], self.img_level)[0] if cfg.unimodal == "augment" else img
+                first = v[:, 0] if cfg.unimodal == "augment" else self.images.base[idx]
+                z1, z2 = (m.image.encode(m.follow(x), self.img_level)[0] for x in (first, v[:, 1]))  # pooled features
                 return self.uni(img, g, scale, z1, z2)
             return self.clip(img, g, scale)
         scales, biases = (m.sig_scale.exp(), m.loc_scale.exp()), (m.sig_bias, m.loc_bias)
@@ -354,13 +352,14 @@ class Trainer:
         idx_all = torch.as_tensor(train_idx, dtype=torch.long)
         bar = tqdm(range(self.cfg.epochs), desc=f"train {self.cfg.objective}", disable=not progress, leave=False)
         for epoch in bar:
-            perm = idx_all[torch.randperm(len(idx_all), generator=self.gen)]
+            perm = idx_all[torch.randperm(len(idx_all), generator=self.gen, device="cpu")]
             losses = []
             for i in range(0, len(perm), self.cfg.batch):
                 b = perm[i:i + self.cfg.batch]
                 if len(b) < 2:
                     continue
-                loss = self.loss(b)
+                with autocast(self.model.device):  # bf16 on CUDA, a no-op on the CPU
+                    loss = self.loss(b)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.opt.step()
@@ -378,9 +377,10 @@ class Trainer:
         self.model.eval()
         gs, ps, grid = [], [], (0, 0)
         for i in range(0, len(self.pairs), batch):
-            g, p, grid = self.model.encode_image_from(self.images.base[i:i + batch], self.img_level)
-            gs.append(g.cpu())
-            ps.append(p.cpu())
+            with autocast(self.model.device):
+                g, p, grid = self.model.encode_image_from(self.images.base[i:i + batch], self.img_level)
+            gs.append(g.float().cpu())
+            ps.append(p.float().cpu())
         return torch.cat(gs), torch.cat(ps), grid
 
     @torch.no_grad()
@@ -389,7 +389,8 @@ class Trainer:
         out = []
         rows = torch.from_numpy(self.texts.raw)
         for i in range(0, len(rows), 64):
-            out.append(self._encode_rows(rows[i:i + 64])[0].cpu())
+            with autocast(self.model.device):
+                out.append(self._encode_rows(rows[i:i + 64])[0].float().cpu())
         return torch.cat(out)
 
 

@@ -16,7 +16,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from core.concepts.scores import ConceptScorer
-from core.concepts.training import TrainConfig, Trainer, concept_auroc
+from core.concepts.training import SIGMOID_OBJECTIVES, TrainConfig, Trainer, concept_auroc
 from core.eval.metrics import evaluate
 
 VARIANTS = ("clip", "siglip", "image_frozen", "text_frozen", "image_partial", "text_partial",
@@ -75,7 +75,7 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
     for direction, sim in (("i2t", gi @ ti.T), ("t2i", ti @ gi.T)):
         for k, v in recall_at_k(sim).items():
             out[f"{direction}_R@{k}"] = v
-    scorer = ConceptScorer(trainer.model, scorer_concepts)
+    scorer = ConceptScorer(trainer.model, scorer_concepts, sigmoid=trainer.cfg.objective in SIGMOID_OBJECTIVES)
     fused = scorer.scores(g, patches)["fused"]
     cols = [scorer.names.index(n) for n in concept_names]
     out["concept_auroc"] = concept_auroc(fused[held][:, cols], labels[held], concept_names).get("mean", float("nan"))

@@ -21,14 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def _pair_signs(b: int, device: torch.device) -> Tensor:
-    return 2.0 * torch.eye(b, device=device) - 1.0
+def _pair_signs(like: Tensor) -> Tensor:
+    """z_mn = +1 on the diagonal (matched pairs), −1 elsewhere; B×B on ``like``'s device and dtype."""
+    b = like.shape[0]
+    return 2.0 * torch.eye(b, device=like.device, dtype=like.dtype) - 1.0
 
 
 def sigmoid_it_align(image: Tensor, text: Tensor, scale: Tensor | float, bias: Tensor | float) -> Tensor:
     """IT-Align (eq. 3): −(1/B) Σ_mn log σ(z_mn (t·x_m·y_n + b)); inputs L2-normalised B×D."""
     logits = scale * image @ text.T + bias
-    return -F.logsigmoid(_pair_signs(image.shape[0], image.device) * logits).sum() / image.shape[0]
+    return -F.logsigmoid(_pair_signs(logits) * logits).sum() / image.shape[0]
 
 
 def region_concept_logits(patches: Tensor, concepts: Tensor) -> Tensor:
@@ -48,7 +50,7 @@ def rc_align(
     if not has.any():
         return patches.new_zeros(())
     best = (scale * region_concept_logits(patches, concepts) + bias).amax(dim=2)  # M×N×W
-    z = _pair_signs(b, patches.device)[:, :, None]
+    z = _pair_signs(best)[:, :, None]
     per = F.logsigmoid(z * best).masked_fill(~concept_mask[None], 0.0).sum(dim=2)
     s = per / concept_mask.sum(dim=1).clamp(min=1)[None]  # M×N
     return -s[:, has].sum() / b

@@ -12,10 +12,12 @@ Zero-shot Dermatological Assessment" (papers/make_*.txt §2; METHODS.md §3):
 - diagnosis-guided weights (eq. 7): w_ij = (e_i^d · e_i^{s_j}) / max_j (e_i^d · e_i^{s_j}),
   no gradient, weight 1 for r, d and c; L = L_mkcl + λ L_slra with λ = 0.7 (eq. 8).
 
-Each loss term is averaged over the valid (image, text) pairs, so with no aspect texts,
-no sub-captions and unit weights MAKE is exactly CLIP's symmetric InfoNCE (Radford et
-al., 2021). The printed eqs. 3–4 sum over images in both denominators; we use the
-standard symmetric form (METHODS.md §3).
+Eqs. 3, 4 and 6 are *sums* over samples and texts, so λ weighs the two sums. We divide both
+by one common count (the valid image–text pairs of L_mkcl): averaging each term over its
+own count would multiply λ by (#mkcl pairs / #sub-captions), e.g. by (K+3)/K. With no
+aspect texts, no sub-captions and unit weights MAKE is exactly CLIP's symmetric InfoNCE
+(Radford et al., 2021). The printed eqs. 3–4 sum over images in both denominators; we use
+the standard symmetric form (METHODS.md §3).
 """
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ def clip_infonce(image: Tensor, text: Tensor, logit_scale: Tensor | float) -> Te
 
 
 def multi_aspect_contrastive(
-    image: Tensor, texts: Tensor, mask: Tensor, weights: Tensor, logit_scale: Tensor | float
+    image: Tensor, texts: Tensor, mask: Tensor, weights: Tensor, logit_scale: Tensor | float, mean: bool = True
 ) -> Tensor:
     """MAKE L_mkcl (eqs. 3–4). ``image`` N×D; ``texts`` N×J×D (slot j of every sample);
     ``mask`` N×J bool (text exists); ``weights`` N×J. Masked texts are neither anchors
-    nor negatives. Returns the weighted sum over valid pairs / their count."""
+    nor negatives. Returns the weighted sum over valid pairs, divided by their count when ``mean``."""
     n, j_slots, _ = texts.shape
     target = torch.arange(n, device=image.device)
     total, count = image.new_zeros(()), mask.sum()
@@ -52,7 +54,7 @@ def multi_aspect_contrastive(
         t2i = F.cross_entropy(logits.T, target, reduction="none")
         per = 0.5 * (i2t + t2i)
         total = total + (weights[valid, j] * per[valid]).sum()
-    return total / count.clamp(min=1)
+    return total / count.clamp(min=1) if mean else total
 
 
 def knowledge_enhanced_visual(patches: Tensor, raw: Tensor) -> Tensor:
@@ -63,17 +65,20 @@ def knowledge_enhanced_visual(patches: Tensor, raw: Tensor) -> Tensor:
     return F.normalize(ek, dim=-1)
 
 
-def slra(ek: Tensor, subs: Tensor, mask: Tensor, weights: Tensor, logit_scale: Tensor | float) -> Tensor:
+def slra(ek: Tensor, subs: Tensor, mask: Tensor, weights: Tensor, logit_scale: Tensor | float,
+         mean: bool = True) -> Tensor:
     """MAKE L_slra (eq. 6): InfoNCE from each sub-caption e_i^{s_j} (``subs`` N×K×D,
     ``mask`` N×K) to the knowledge-enhanced visual embeddings ``ek`` (N×D) of the batch,
-    weighted by ``weights`` (N×K), averaged over valid sub-captions (0 when K = 0)."""
+    weighted by ``weights`` (N×K): the sum over valid sub-captions, divided by their number
+    when ``mean`` (0 when K = 0)."""
     n, k, _ = subs.shape
     if k == 0 or not mask.any():
         return ek.new_zeros(())
     logits = logit_scale * torch.einsum("nkd,md->nkm", subs, ek)  # [sample, sub-caption, image]
     target = torch.arange(n, device=ek.device)[:, None].expand(n, k)
     per = F.cross_entropy(logits.reshape(n * k, n), target.reshape(-1), reduction="none").view(n, k)
-    return (weights * per)[mask].sum() / mask.sum()
+    total = (weights * per)[mask].sum()
+    return total / mask.sum() if mean else total
 
 
 def diagnosis_weights(disease: Tensor, subs: Tensor, mask: Tensor) -> Tensor:
@@ -92,7 +97,8 @@ class CLIPLoss(nn.Module):
 
 
 class MAKELoss(nn.Module):
-    """MAKE total loss L_mkcl + λ·L_slra with diagnosis-guided weights (λ = 0.7).
+    """MAKE total loss (L_mkcl + λ·L_slra) / #pairs with diagnosis-guided weights (λ = 0.7;
+    both sums share the divisor, so λ is the paper's).
 
     Inputs are L2-normalised: ``image`` N×D, ``patches`` N×P×D, ``raw`` N×D,
     ``aspects`` N×A×D (A knowledge-aspect texts, e.g. disease and concept; may be A = 0),
@@ -126,7 +132,8 @@ class MAKELoss(nn.Module):
         texts = torch.cat([raw[:, None], aspects, subs], dim=1)
         mask = torch.cat([torch.ones(n, 1 + a, dtype=torch.bool, device=image.device), sub_mask], dim=1)
         weights = torch.cat([torch.ones(n, 1 + a, device=image.device, dtype=image.dtype), w_sub], dim=1)
-        loss = multi_aspect_contrastive(image, texts, mask, weights, logit_scale)
+        loss = multi_aspect_contrastive(image, texts, mask, weights, logit_scale, mean=False)
         if self.lam and subs.shape[1]:
-            loss = loss + self.lam * slra(knowledge_enhanced_visual(patches, raw), subs, sub_mask, w_sub, logit_scale)
-        return loss
+            ek = knowledge_enhanced_visual(patches, raw)
+            loss = loss + self.lam * slra(ek, subs, sub_mask, w_sub, logit_scale, mean=False)
+        return loss / mask.sum()  # one common count for both sums: λ stays the paper's (eq. 8)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from core.losses.nested import NestedContrastiveLoss
 from core.nested.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing
+from core.runtime import autocast
 
 CROP_PAD = 0.15
 MIN_CROP_PX = 16
@@ -307,14 +308,15 @@ def embed_all(model: SLIMP, images: Tensor, masks: Tensor | None, wound_tab: Tab
     was = model.training
     model.eval()
     w = []
-    for s in range(0, len(images), batch_size):
-        m = None if masks is None else masks[s:s + batch_size].to(device)
-        w.append(model.encode_images(images[s:s + batch_size].to(device), m).cpu())
-    out: dict[str, Tensor | None] = {"w": F.normalize(torch.cat(w), dim=1), "h": None, "x": None}
-    if model.wound_encoder is not None:
-        out["h"] = F.normalize(model.wound_encoder(wound_tab.to(device)).cpu(), dim=1)
-    if model.patient_encoder is not None:
-        out["x"] = F.normalize(model.patient_encoder(patient_tab.to(device)).cpu(), dim=1)
+    with autocast(device):
+        for s in range(0, len(images), batch_size):
+            m = None if masks is None else masks[s:s + batch_size].to(device)
+            w.append(model.encode_images(images[s:s + batch_size].to(device), m).float().cpu())
+        out: dict[str, Tensor | None] = {"w": F.normalize(torch.cat(w), dim=1), "h": None, "x": None}
+        if model.wound_encoder is not None:
+            out["h"] = F.normalize(model.wound_encoder(wound_tab.to(device)).float().cpu(), dim=1)
+        if model.patient_encoder is not None:
+            out["x"] = F.normalize(model.patient_encoder(patient_tab.to(device)).float().cpu(), dim=1)
     model.train(was)
     return out
 
@@ -355,53 +357,101 @@ def _label_subset(rng: np.random.Generator, y: np.ndarray, fraction: float) -> n
     return np.sort(np.array(keep))
 
 
-def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, fractions: Sequence[float] = (0.01, 0.1, 1.0),
-          seed: int = 0, folds: int = 5, draws: int = 3, k: int = 5) -> dict[str, Any]:
-    """Linear probe (logistic regression) and kNN accuracy with patient-disjoint folds.
+MIN_PATIENTS_PER_FOLD = 8
+PERMUTATIONS = 100
 
-    Wounds with a missing label are dropped. Folds are StratifiedGroupKFold over patients
-    (``groups``) so a patient's wounds never sit on both sides. For a label fraction f < 1,
-    f of the training wounds keep their label (stratified, ≥ 1 per class), ``draws`` times per
-    fold. Returns accuracy / balanced accuracy per fraction and kNN (k, cosine) at 100 %.
-    """
+
+def patient_rows(features: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row per patient for a patient-level label: the mean of the patient's wound features,
+    its (repeated) label and the patient as its own group — a label repeated per wound would
+    otherwise count each patient many times."""
+    groups = np.asarray(groups)
+    uniq = np.unique(groups)
+    X = np.stack([features[groups == g].mean(0) for g in uniq])
+    y = np.array([labels[np.flatnonzero(groups == g)[0]] for g in uniq], dtype=object)
+    return X, y, uniq
+
+
+def _probe_figures(X: np.ndarray, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]],
+                   fractions: Sequence[float], draws: int, k: int, rng: np.random.Generator) -> dict[str, float]:
+    """Mean over folds of every probe figure: ``lp<f>_acc``/``_bacc`` per label fraction and ``knn_…``."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, balanced_accuracy_score
-    from sklearn.model_selection import StratifiedGroupKFold
     from sklearn.neighbors import KNeighborsClassifier
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
+    scores: dict[str, list[float]] = {}
+
+    def add(name: str, truth: np.ndarray, pred: np.ndarray) -> None:
+        scores.setdefault(f"{name}_acc", []).append(accuracy_score(truth, pred))
+        scores.setdefault(f"{name}_bacc", []).append(balanced_accuracy_score(truth, pred))
+
+    for train, test in splits:
+        if len(np.unique(y[train])) < 2:
+            continue
+        for f in fractions:
+            for _ in range(1 if f >= 1.0 else draws):
+                sub = train[_label_subset(rng, y[train], f)]
+                if len(np.unique(y[sub])) < 2:
+                    continue
+                # newton-cg: the same L2 logistic regression as lbfgs, ~10× faster on these small sets
+                clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, solver="newton-cg"))
+                add(f"lp{f:g}", y[test], clf.fit(X[sub], y[sub]).predict(X[test]))
+        nn_clf = KNeighborsClassifier(n_neighbors=min(k, len(train)), metric="cosine").fit(X[train], y[train])
+        add("knn", y[test], nn_clf.predict(X[test]))
+    return {name: _mean(v) for name, v in scores.items()}
+
+
+def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, fractions: Sequence[float] = (0.01, 0.1, 1.0),
+          seed: int = 0, folds: int = 5, draws: int = 3, k: int = 5, level: str = "wound",
+          permutations: int = PERMUTATIONS) -> dict[str, Any]:
+    """Linear probe (logistic regression) and kNN accuracy with patient-disjoint folds, each
+    figure beside its permutation chance level.
+
+    Rows with a missing label are dropped; a ``level="patient"`` label is probed on one row per
+    patient (:func:`patient_rows`). Folds are StratifiedGroupKFold over patients (``groups``),
+    at most ``folds`` and at least :data:`MIN_PATIENTS_PER_FOLD` patients per held-out fold
+    where the data allow (never fewer than 2 folds). For a label fraction f < 1, f of the
+    training rows keep their label (stratified, ≥ 1 per class), ``draws`` times per fold.
+
+    Chance: the whole procedure rerun on ``permutations`` random permutations of the labels
+    within the same folds; ``chance`` is their mean per figure, ``p`` the permutation p-value
+    (1 + #{permuted ≥ observed}) / (1 + permutations), ``above_chance`` p < 0.05.
+    """
+    from sklearn.model_selection import StratifiedGroupKFold
+
     ok = np.array([v is not None for v in labels])
     X, y, g = features[ok], np.asarray(labels[ok]).astype(str), np.asarray(groups)[ok]
+    if level == "patient":
+        X, y, g = patient_rows(X, y, g)
+        y = y.astype(str)
     classes, counts = np.unique(y, return_counts=True)
     if len(classes) < 2:
         raise ValueError(f"the probe target needs at least two classes with labels, got {dict(zip(classes, counts))}")
-    n_folds = min(folds, len(np.unique(g)), int(counts.max()))
-    splitter = StratifiedGroupKFold(n_splits=max(n_folds, 2), shuffle=True, random_state=seed)
-    rng = np.random.default_rng(seed)
-    scores: dict[str, dict[str, list[float]]] = {f"{f:g}": {"acc": [], "bacc": []} for f in fractions}
-    knn: dict[str, list[float]] = {"acc": [], "bacc": []}
+    n_groups = len(np.unique(g))
+    if n_groups < 2:
+        raise ValueError(f"the probe needs labelled rows from at least two patients, got {n_groups}")
+    n_folds = max(2, min(folds, n_groups // MIN_PATIENTS_PER_FOLD, int(counts.max())))
+    splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
     with warnings.catch_warnings():  # small data: rare classes, classes absent from a fold or a label subset
         for message in ("y_pred contains classes not in y_true", "A single label was found",
                         "The least populated class", "The number of unique classes is greater than 50%"):
             warnings.filterwarnings("ignore", message=message)
-        for train, test in splitter.split(X, y, g):
-            if len(np.unique(y[train])) < 2:
-                continue
-            for f in fractions:
-                for _ in range(1 if f >= 1.0 else draws):
-                    sub = train[_label_subset(rng, y[train], f)]
-                    if len(np.unique(y[sub])) < 2:
-                        continue
-                    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
-                    pred = clf.fit(X[sub], y[sub]).predict(X[test])
-                    scores[f"{f:g}"]["acc"].append(accuracy_score(y[test], pred))
-                    scores[f"{f:g}"]["bacc"].append(balanced_accuracy_score(y[test], pred))
-            nn_clf = KNeighborsClassifier(n_neighbors=min(k, len(train)), metric="cosine").fit(X[train], y[train])
-            pred = nn_clf.predict(X[test])
-            knn["acc"].append(accuracy_score(y[test], pred))
-            knn["bacc"].append(balanced_accuracy_score(y[test], pred))
-    return {"n": int(len(y)), "classes": {str(c): int(n) for c, n in zip(classes, counts)},
-            "majority": float(counts.max() / counts.sum()),
-            "linear": {f: {m: _mean(v) for m, v in s.items()} for f, s in scores.items()},
-            "knn": {m: _mean(v) for m, v in knn.items()}, "k": k, "folds": int(max(n_folds, 2))}
+        splits = list(splitter.split(X, y, g))
+        observed = _probe_figures(X, y, splits, fractions, draws, k, np.random.default_rng(seed))
+        perm_rng = np.random.default_rng(seed + 1)
+        null = [_probe_figures(X, perm_rng.permutation(y), splits, fractions, draws, k, np.random.default_rng(seed))
+                for _ in range(permutations)]
+    chance = {name: _mean([n[name] for n in null if name in n]) for name in observed}
+    p = {name: (1 + sum(n.get(name, -np.inf) >= v for n in null)) / (1 + len(null)) for name, v in observed.items()}
+
+    def nest(d: dict[str, float]) -> dict[str, Any]:
+        return {"linear": {f"{f:g}": {m: d.get(f"lp{f:g}_{m}", float("nan")) for m in ("acc", "bacc")} for f in fractions},
+                "knn": {m: d.get(f"knn_{m}", float("nan")) for m in ("acc", "bacc")}}
+
+    return {"n": int(len(y)), "rows": "patient" if level == "patient" else "wound",
+            "classes": {str(c): int(n) for c, n in zip(classes, counts)},
+            "majority": float(counts.max() / counts.sum()), **nest(observed), "k": k, "folds": n_folds,
+            "patients_per_fold": int(min(len(np.unique(g[test])) for _, test in splits)),
+            "permutations": permutations, "chance": nest(chance), "p": nest(p)}

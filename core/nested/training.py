@@ -25,7 +25,7 @@ from core.nested.model import (
     probe,
     retrieval_recall,
 )
-from core.runtime import pick_device
+from core.runtime import autocast, pick_device
 
 FRACTIONS = (0.01, 0.1, 1.0)
 
@@ -134,8 +134,9 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     if args.target:
         labels, level = data.labels(args.target)
         full = np.concatenate([a for a in (w, h, x) if a is not None], axis=1)
+        kw = {"seed": args.seed, "level": level, "permutations": args.permutations}
         metrics["probe"] = {"target": args.target, "level": level,
-                            **probe(full, labels, data.wound_patient, FRACTIONS, seed=args.seed)}
+                            **probe(full, labels, data.wound_patient, FRACTIONS, **kw)}
         if args.ablation:
             with torch.no_grad():
                 raw = torch.cat([model.image_features(images[s:s + 32].to(device),
@@ -146,8 +147,7 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
                 sets["image w + wound meta h"] = np.concatenate([w, h], axis=1)
             if x is not None:
                 sets["w + h + patient meta x" if h is not None else "image w + patient meta x"] = full
-            metrics["ablation"] = {k: probe(v, labels, data.wound_patient, FRACTIONS, seed=args.seed)
-                                   for k, v in sets.items()}
+            metrics["ablation"] = {k: probe(v, labels, data.wound_patient, FRACTIONS, **kw) for k, v in sets.items()}
     return metrics
 
 
@@ -163,7 +163,8 @@ def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, 
     for batch in batches:
         shard = [batch[i] for i in np.array_split(np.arange(len(batch)), world)[rank]]
         inputs = make_inputs(shard, images, masks, wound_tab, patient_tab, device)
-        loss, stats = batch_loss(model, net(inputs), inputs, len(batch), group, world)
+        with autocast(device):  # bf16 on CUDA, a no-op on the CPU
+            loss, stats = batch_loss(model, net(inputs), inputs, len(batch), group, world)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -1,0 +1,38 @@
+"""`make gpu-check`: on a machine without CUDA it says so and exits 0; it covers every CLI."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_gpu_check_without_cuda_says_so_and_exits_0() -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no CUDA even where a GPU exists
+    proc = subprocess.run(["make", "-s", "-o", "install", "gpu-check", f"PY={sys.executable}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu-check: no CUDA device on this machine" in proc.stdout and "PASS" not in proc.stdout
+
+
+def test_gpu_check_covers_every_cli() -> None:
+    steps = _script().steps("/tmp/ws")
+    labels = [label for label, _ in steps]
+    commands = [" ".join(argv[3:] if argv[1] == "-c" else argv[1:]) for _, argv in steps]
+    for module in ("train_triderm", "embed", "fit_soe", "text_embed", "train_slimp", "evaluate", "bench_contrastive"):
+        assert any(c.startswith(f"core.{module} ") for c in commands), module
+    assert any("torch.distributed.run --nproc_per_node 1 -m core.train_slimp" in c for c in commands)
+    assert [c.split("--objective ")[1].split()[0] for c in commands if "core.train_concepts" in c] == [
+        "clip", "make", "conceptclip"]
+    assert any("core.bench_contrastive" in c and "--quick" in c for c in commands)
+    assert all("--workspace /tmp/ws" in c for c in commands) and labels[0] == "train_triderm"

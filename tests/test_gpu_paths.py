@@ -1,0 +1,162 @@
+"""CPU guards of the GPU code paths: every tensor a forward creates follows its inputs' device
+and dtype (issue 16 §5).
+
+A forward runs on CPU float64 inputs (parameters cast to float64) with torch's default device set
+to ``meta`` and a dispatch mode that records every op output. A tensor created without an
+explicit ``device=`` lands on ``meta`` (on CUDA it would land on the CPU and crash or silently
+copy); one created with a hard-coded dtype comes out float32 instead of float64 (on CUDA, fp32 in
+a bf16 path). Both are reported with the op that made them.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from core.concepts.scores import zero_shot
+from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
+from core.losses.make import MAKELoss
+from core.losses.unimodal import CLIPUnimodalLoss
+
+DT = torch.float64
+
+
+class _Sentinel(TorchDispatchMode):
+    """Records op outputs that are off ``device`` or floating but not ``dtype``."""
+
+    def __init__(self, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.device, self.dtype, self.bad = torch.device(device), dtype, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and (t.device != self.device
+                                                or (t.is_floating_point() and t.dtype != self.dtype)):
+                self.bad.append(f"{func}: {t.device} {t.dtype} {tuple(t.shape)}")
+        return out
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """Run the block under the sentinel (see the module docstring); fail naming the bad ops."""
+    with torch.device("meta"), _Sentinel("cpu", DT) as sentinel:
+        yield
+    assert not sentinel.bad, "tensors off the inputs' device/dtype:\n" + "\n".join(sentinel.bad[:20])
+
+
+def _unit(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.randn(*shape, generator=g, dtype=DT), dim=-1)
+
+
+def test_sentinel_catches_hard_coded_device_and_dtype() -> None:
+    x = _unit(3, 4)
+    with pytest.raises(AssertionError, match="meta"), guarded():
+        _ = x.sum() + torch.zeros(())  # no device=: lands on meta
+    with pytest.raises(AssertionError, match="float32"), guarded():
+        _ = x + torch.ones(3, 4, device=x.device)  # default dtype: float32
+
+
+def test_losses_follow_input_device_and_dtype() -> None:
+    n, p, d, k = 4, 5, 8, 3
+    img, raw, patches = _unit(n, d, seed=1), _unit(n, d, seed=2), _unit(n, p, d, seed=3)
+    aspects, subs = _unit(n, 2, d, seed=4), _unit(n, k, d, seed=5)
+    sub_mask = torch.ones(n, k, dtype=torch.bool)
+    sub_mask[0, 1:] = False
+    conc, cmask = _unit(n, 2, d, seed=6), torch.tensor([[True, True], [True, False], [False, False], [True, True]])
+    t, b = torch.tensor(10.0, dtype=DT), torch.tensor(-5.0, dtype=DT)
+    uni, v1, v2 = CLIPUnimodalLoss(in_dim=d, lam=0.5).to(DT), _unit(n, d, seed=7), _unit(n, d, seed=8)
+    with guarded():  # inputs are made outside: inside, a factory call without device= lands on meta
+        losses = [MAKELoss()(img, patches, raw, aspects, subs, sub_mask, t),
+                  ConceptCLIPLoss()(img, raw, patches, conc, cmask, (t, t), (b, b)),
+                  SigLIPLoss()(img, raw, t, b), uni(img, raw, t, v1, v2)]
+    assert all(v.dtype == DT and torch.isfinite(v) for v in losses)
+
+
+def test_zero_shot_follows_input_device_and_dtype() -> None:
+    args = (_unit(2, 4), _unit(2, 6, 4, seed=1), _unit(3, 4, seed=2), _unit(3, 2, 4, seed=3),
+            torch.tensor([[True, False], [True, True], [True, True]]))
+    with guarded():
+        p = zero_shot(*args, (10.0, -5.0, 10.0, -5.0), k=2)
+    assert p["fused"].dtype == DT and torch.allclose(p["fused"].sum(-1), torch.ones(2, dtype=DT))
+
+
+@pytest.fixture(scope="module")
+def clip_model():
+    """A tiny random open_clip dual encoder (ViT + causal text tower, open_clip's own heads), float64."""
+    import open_clip
+
+    from core.concepts.dual_encoder import open_clip_encoder
+    from core.vision.backbones import _open_clip_backbone
+
+    torch.manual_seed(0)
+    clip = open_clip.model.CLIP(
+        embed_dim=16, vision_cfg=open_clip.model.CLIPVisionCfg(layers=2, width=64, head_width=32, patch_size=16,
+                                                               image_size=64),
+        text_cfg=open_clip.model.CLIPTextCfg(layers=2, width=32, heads=2, context_length=77, vocab_size=49408))
+    backbone = _open_clip_backbone(clip, "tiny", "open_clip:tiny", torch.device("cpu"))
+    return open_clip_encoder(backbone, open_clip.get_tokenizer("ViT-B-16"), name="tiny").to(DT).eval()
+
+
+def test_dual_encoder_follows_input_device_and_dtype(clip_model) -> None:
+    tok = clip_model.text.tokenize(["deep ulcer with fibrin", "crust"])
+    x = torch.randn(2, 3, 64, 64, dtype=DT)
+    with torch.no_grad():
+        hidden = clip_model.text_levels(tok, tok.attention_mask, 0, 1).float()  # a cached level, kept in fp32
+    with torch.no_grad(), guarded():
+        g, patches, grid = clip_model.encode_image_from(x, 0)
+        t0, tokens = clip_model.encode_text_from(tok, tok.attention_mask, 0)
+        t1, _ = clip_model.encode_text_from(hidden, tok.attention_mask, 1)
+    assert g.dtype == patches.dtype == tokens.dtype == DT and grid == (4, 4)
+    assert torch.allclose(t0, t1, atol=1e-6)  # the cached states were moved to the model's dtype
+
+
+@pytest.mark.parametrize("objective, unimodal", [("clip", None), ("clip", "augment"), ("clip", "mask"),
+                                                 ("make", None), ("siglip", None)])
+def test_trainer_loss_follows_input_device_and_dtype(clip_model, objective: str, unimodal: str | None) -> None:
+    from core.concepts.training import TrainConfig, Trainer, WoundPairs, build_text_inputs
+    from core.concepts.vocabulary import ConceptTagger, load_vocab
+
+    desc = ["Deep ulcer, thick yellow fibrin, no crust.", "Superficial erosion with small dark crusts.",
+            "Granulating wound bed, mild erythema.", "Hyperkeratotic border, some fibrin."]
+    n = len(desc)
+    pairs = WoundPairs(keys=[(f"p{i}", 1) for i in range(n)], image_ids=[f"p{i}" for i in range(n)],
+                       patient_ids=[f"pt{i}" for i in range(n)], descriptions=desc, metadata=[{} for _ in range(n)],
+                       crops=np.random.default_rng(0).integers(0, 255, (n, 64, 64, 3), dtype=np.uint8),
+                       boxes=np.zeros((n, 4), int))
+    cfg = TrainConfig(objective=objective, unimodal=unimodal, epochs=1, batch=4, text_unlock=1,
+                      image_unlock=-1 if unimodal else 0)
+    trainer = Trainer(clip_model, pairs, build_text_inputs(pairs, ConceptTagger(load_vocab())), cfg)
+    trainer.uni.to(DT)
+    idx = torch.arange(n)
+    with guarded():
+        loss = trainer.loss(idx)
+    assert loss.dtype == DT and torch.isfinite(loss)
+    clip_model.set_trainable(0, 0)
+
+
+def test_slimp_forward_and_loss_follow_input_device_and_dtype() -> None:
+    from core.nested.model import SLIMP, make_inputs
+    from core.nested.tabular import TabularSchema
+    from core.nested.training import batch_loss
+
+    wounds = [{"site": s, "size": v} for s, v in (("arm", 1.0), ("leg", None), ("arm", 2.5), ("back", 0.5))]
+    patients = [{"age": 12, "sex": "F"}, {"age": None, "sex": "M"}]
+    ws, ps = TabularSchema.infer(wounds), TabularSchema.infer(patients)
+    torch.manual_seed(0)
+    model = SLIMP(8, ws, ps, dim=4).to(DT)
+    wound_tab, patient_tab = ws.encode(wounds), ps.encode(patients)
+    wound_tab.numeric, patient_tab.numeric = wound_tab.numeric.to(DT), patient_tab.numeric.to(DT)
+    images = torch.randn(4, 8, dtype=DT)
+    inputs = make_inputs([(0, np.array([0, 1])), (1, np.array([2, 3]))], images, None, wound_tab, patient_tab,
+                         torch.device("cpu"))
+    with guarded():
+        loss, _ = batch_loss(model, model(inputs), inputs, 2, None, 1)
+    assert loss.dtype == DT and torch.isfinite(loss)
