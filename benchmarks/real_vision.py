@@ -50,7 +50,7 @@ from core.vision.supervised import LinearMetric, cross_validate, patient_folds, 
 from core.vision.triderm import DEFAULTS, PAPER_RECIPE, TriDermTrainer, normalized, oriented_expert
 
 SEARCH_LOG = Path(__file__).with_name("real_vision_search.md")
-CURVE = (50, 250, 1000, None)
+CURVE = (50, 100, 250, 500, 1000, None)
 
 
 def peak_rss_mb() -> float:
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         "TriDerm-V, real-data default (attention, 128-d, centred unit length)": {**DEFAULTS, **epochs},
         "TriDerm-V, default with mean pooling": {**DEFAULTS, **epochs, "pooling": "mean"},
     }
-    supervised = {**DEFAULTS, **epochs, "supervise": "triplets"}
+    supervised = {**DEFAULTS, "epochs": args.supervised_epochs, **epochs, "supervise": "triplets"}
     skipped: dict[str, str] = {}
     if not has_triplets:
         skipped["agreement and supervised rows"] = (f"{args.data} has no triplets: nothing to agree with, and no "
@@ -144,6 +144,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             continue
         budgets = CURVE if seed == args.seeds[0] and not args.quick else (None,)
         for budget in budgets:
+            with_supervised = budget is None or args.curve_supervised
             lm_name = "linear metric on frozen new tokens, out of fold" + (f" ({budget} triplets)" if budget else "")
 
             def linear_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
@@ -153,13 +154,16 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             b.record(lm_name, seed, lambda: cross_validate(len(b.image_ids), b.folds_rows(seed), b.triplets,
                                                           linear_fold, budget, seed))
             sup = TriDermTrainer(full, {**supervised, "seed": seed}, torch.device("cpu"), b.image_ids)
-            sv_name = "TriDerm-V --supervise triplets, out of fold" + (f" ({budget} triplets)" if budget else "")
-            b.record(sv_name, seed, lambda: sup.cross_validate(b.triplets, b.patients, b.k, budget,
-                                                               progress=b.progress)[0])
-            if budget is not None or budgets != (None,):
+            sv_name = (f"TriDerm-V --supervise triplets ({supervised['epochs']} epochs), out of fold"
+                       + (f" ({budget} triplets)" if budget else ""))
+            if with_supervised:
+                b.record(sv_name, seed, lambda: sup.cross_validate(b.triplets, b.patients, b.k, budget,
+                                                                   progress=b.progress)[0])
+            if budgets != (None,):
                 n = budget or int(np.mean([(~np.isin(b.triplets, r).any(1)).sum() for r in b.folds_rows(seed)]))
                 curve["linear metric"].setdefault(str(n), []).extend(b.rows[lm_name]["balanced"][-1:])
-                curve["TriDerm-V supervised"].setdefault(str(n), []).extend(b.rows[sv_name]["balanced"][-1:])
+                if with_supervised:
+                    curve["TriDerm-V supervised"].setdefault(str(n), []).extend(b.rows[sv_name]["balanced"][-1:])
     return {"bench": b, "skipped": skipped, "curve": curve}
 
 
@@ -196,15 +200,16 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
     frozen_rows = [n for n in b.rows if n.startswith("frozen") and b.rows[n]["balanced"]]
     best_frozen = max(frozen_rows, key=lambda n: np.mean(b.rows[n]["balanced"])) if frozen_rows else None
     default = "TriDerm-V, real-data default (attention, 128-d, centred unit length)"
+    supervised_row = next((n for n in b.rows if n.startswith("TriDerm-V --supervise") and "triplets)" not in n), "")
     claims = [c for c in (
         compare(b, default, best_frozen, f"the real-data default beats the best frozen row ({best_frozen})")
         if best_frozen else None,
         compare(b, default, "TriDerm-V, paper recipe (attention, 512-d, raw distances)",
                 "the real-data default beats the paper recipe"),
         compare(b, default, "TriDerm-V, default with mean pooling", "attention pooling beats mean pooling"),
-        compare(b, "TriDerm-V --supervise triplets, out of fold", "linear metric on frozen new tokens, out of fold",
+        compare(b, supervised_row, "linear metric on frozen new tokens, out of fold",
                 "the supervised mode beats the linear metric (both out of fold)"),
-        compare(b, "TriDerm-V --supervise triplets, out of fold", best_frozen,
+        compare(b, supervised_row, best_frozen,
                 "the supervised mode (out of fold) beats the best frozen row") if best_frozen else None,
     ) if c is not None]
     curve_rows = [[method, int(n), summary([100 * v for v in vals])]
@@ -216,7 +221,10 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
         notes.append("--quick: 5 training epochs, 4 views, one seed; not a result")
     return {
         "section": args.section, "title": f"Real wounds: TriDerm-V vs its frozen backbone ({Path(args.data).name})",
-        "command": "python -m benchmarks.real_vision --data " + str(args.data) + (" --quick" if args.quick else ""),
+        "command": " ".join(["python -m benchmarks.real_vision --data", str(args.data),
+                             f"--seeds {' '.join(map(str, args.seeds))}", f"--supervised-epochs {args.supervised_epochs}",
+                             *(["--curve-supervised"] if args.curve_supervised else []),
+                             *(["--quick"] if args.quick else [])]),
         "seeds": list(args.seeds), "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                                                "torch": torch.__version__,
                                                "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
@@ -258,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--views", type=int, default=DEFAULTS["views"])
     p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--supervised-epochs", type=int, default=DEFAULTS["epochs"],
+                   help="epochs of the supervised rows (each is K trainings; fewer to save time, stated in the row)")
+    p.add_argument("--curve-supervised", action="store_true",
+                   help="also run the supervised TriDerm-V at every learning-curve budget (K trainings each)")
     p.add_argument("--quick", action="store_true", help="5 epochs, 4 views, one seed, no learning curve (a smoke run)")
     p.add_argument("--workspace", type=Path, default=None, help="reuse this workspace (and its feature cache)")
     p.add_argument("--section", default="real_vision")

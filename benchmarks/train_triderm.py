@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TriDerm-V training benchmark — {len(image_ids)} photos, {len(keys)} wounds, {backbone.name}, "
           f"{args.views} views, {args.epochs} epochs, {torch.get_num_threads()} torch threads"
           f"{' [SYNTHETIC phantom data]' if ws.is_synthetic else ''}")
-    print(f"cache build alone        : {w1 - w0:8.1f} s wall ({c1 - c0:.1f} s CPU)")
+    print(f"cache build alone        : {w1 - w0:8.1f} s wall ({c1 - c0:.1f} s CPU), "
+          f"{(args.views + 1) * len(image_ids) / (w1 - w0):.1f} views/s on {backbone.device}")
     print(f"training, cached features: {cached:8.2f} s wall")
     print(f"training, --no-cache     : {naive:8.2f} s wall (augment + backbone every step; baseline)")
     print(f"speed-up cached vs naive : {naive / cached:8.1f}×")

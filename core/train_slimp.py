@@ -63,7 +63,8 @@ from core.nested.training import (
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0])
     p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
-    p.add_argument("--backbone", default="efficientnet-lite0", help="backbone registry name (core.vision.backbones)")
+    p.add_argument("--backbone", default="efficientnet-lite0@stage5",
+                   help="backbone registry name with its layer (core.vision.backbones)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-patients", type=int, default=8, help="B: patients per global batch")
     p.add_argument("--max-wounds", type=int, default=8, help="N_max: wounds sampled per patient and epoch")

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import app_common as ac
+from core.vision.backbones import LITE0_LAYERS
 
 ws = ac.page("Train")
 st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
@@ -22,15 +23,30 @@ vision, text, evaluation, ablation, bench = st.tabs(["TriDerm vision", "Text (SO
 
 with vision:
     st.markdown("Wound attention pooling + predictor on a frozen backbone, VICReg on augmented views "
-                "(TriDerm-V, paper §2.2). The offline default backbone is EfficientNet-Lite0.")
-    c1, c2, c3, c4, c5 = st.columns(5)
-    pooling = c1.selectbox("Pooling", ["attention", "mean"])
-    loss = c2.selectbox("Loss", ["vicreg", "contrastive", "triplet"])
-    epochs = c3.number_input("Epochs", min_value=1, max_value=500, value=50)
-    batch = c4.number_input("Batch size", min_value=2, max_value=512, value=32)
-    lr = c5.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=1e-2, format="%.5f")
-    vision_args = ["--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)), "--batch-size", str(int(batch)),
-                   "--lr", repr(float(lr))]
+                "(TriDerm-V, paper §2.2). The offline default backbone is EfficientNet-Lite0 at full depth; "
+                "the default recipe is the one that won on real wounds (`benchmarks/real_vision.py`).")
+    recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
+                      help="paper: 512-d predictor, raw Euclidean distances; default: 128-d, centred unit length")
+    paper = recipe == "paper recipe"
+    c1, c2, c3, c4, c5, c6 = st.columns(6)
+    layer = c1.selectbox("Backbone layer", list(LITE0_LAYERS), help="EfficientNet-Lite0 tokens: full depth (default) "
+                         "or an earlier stage (stage5 = the tokens of earlier releases)")
+    pooling = c2.selectbox("Pooling", ["attention", "mean"])
+    loss = c3.selectbox("Loss", ["vicreg", "contrastive", "triplet"])
+    epochs = c4.number_input("Epochs", min_value=1, max_value=500, value=50)
+    batch = c5.number_input("Batch size", min_value=2, max_value=512, value=32)
+    lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=1e-2, format="%.5f")
+    n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
+    s1, s2 = st.columns(2)
+    supervise = s1.checkbox("Also learn from the expert's triplets", value=False, disabled=n_expert == 0,
+                            help=f"{n_expert} expert judgments in this workspace (--supervise triplets)")
+    folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20, value=5,
+                            disabled=not supervise,
+                            help="out-of-fold agreement over patient-disjoint folds, reported before the final model")
+    vision_args = ["--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
+                   "--batch-size", str(int(batch)), "--lr", repr(float(lr)), *(["--paper-recipe"] if paper else [])]
+    if supervise:
+        vision_args += ["--supervise", "triplets", "--cv", str(int(folds))]
 
 with text:
     st.markdown("Soft Ordinal Embedding of the LLM's triplets (TriDerm-T). Needs LLM triplets (LLM oracle page).")

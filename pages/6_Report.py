@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import pandas as pd
 import plotly.express as px
@@ -131,3 +133,30 @@ if results.exists():
 else:
     st.info("No contrastive-objective benchmark yet. Start it on the Train page "
             "(`python -m core.bench_contrastive --quick`).")
+
+st.subheader("Real wounds: vision benchmark")
+RESULTS = Path(os.environ.get("TRIDERM_RESULTS_DIR") or Path(__file__).resolve().parents[1] / "results")
+real = sorted(RESULTS.glob("real_vision*.json"))
+if not real:
+    st.info("No real-data vision benchmark yet (`python -m benchmarks.real_vision --data DATASET_FOLDER`).")
+for path in real:
+    res = json.loads(path.read_text(encoding="utf-8"))
+    st.markdown(f"**{res['title']}** — {len(res['seeds'])} seeds, {res['date'][:10]}, `{res['command']}`")
+    table, curve = res["tables"][0], res["tables"][1]
+
+    def show(c):  # noqa: ANN001, ANN202 — a cell of the result file
+        return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" if isinstance(c, dict) else c
+
+    st.caption(table["caption"])
+    st.dataframe(pd.DataFrame([[show(c) for c in row] for row in table["rows"]], columns=table["columns"]),
+                 hide_index=True, width="stretch")
+    for claim in res["claims"]:
+        verdict = "holds" if claim["holds"] else "does not hold"
+        st.markdown(f"- {claim['claim']}: **{verdict}** (p = {claim['p']:.3g}; {claim['test']})")
+    points = [{"method": m, "training triplets": n, "balanced %": c["mean"]} for m, n, c in curve["rows"] if c]
+    if points:
+        fig = px.line(pd.DataFrame(points), x="training triplets", y="balanced %", color="method", markers=True,
+                      log_x=True, title=curve["caption"])
+        st.plotly_chart(fig, width="stretch")
+    for note in res["notes"]:
+        st.caption(note)

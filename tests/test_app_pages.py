@@ -1,6 +1,7 @@
 """Streamlit AppTest for every page (no browser), plus the page helpers they rely on."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -198,6 +199,24 @@ def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert len(at.dataframe) >= 1
     assert {b.label for b in at.get("download_button")} >= {"Download report.csv", "Download report.md"}
+
+
+def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path))
+    assert "No real-data vision benchmark yet" in texts(app("report"))
+    cell = {"mean": 61.9, "sd": 0.4, "ci": [60.9, 62.9]}  # TEST-ONLY numbers: the page shows what the file says
+    (tmp_path / "real_vision.json").write_text(json.dumps({
+        "title": "Real wounds: TEST", "seeds": [0, 1, 2], "date": "2026-11-23T00:00:00", "command": "python -m x",
+        "tables": [{"caption": "agreement", "columns": ["row", "balanced %", "seconds / seed", "peak RSS MB"],
+                    "rows": [["frozen TEST row", cell, 1.0, 100]]},
+                   {"caption": "curve", "columns": ["method", "training triplets", "balanced %"],
+                    "rows": [["linear metric", 50, cell], ["linear metric", 500, {**cell, "mean": 70.0}]]}],
+        "claims": [{"claim": "TEST claim", "holds": False, "p": 0.3, "test": "paired t-test"}], "notes": ["TEST note"]}))
+    at = app("report")
+    body = texts(at)
+    assert "Real wounds: TEST" in body and "TEST claim: **does not hold**" in body
+    assert "61.9 ± 0.4 [60.9, 62.9]" in at.dataframe[-1].value.iloc[0].tolist()
+    assert len(at.get("plotly_chart")) >= 1
 
 
 def test_report_page_shows_the_contrastive_benchmark(ws):

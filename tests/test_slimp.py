@@ -283,7 +283,7 @@ def test_continual_trains_only_stem_and_tabular_input_embeddings(tiny_ws):
     init = torch.load(tiny_ws.runs_dir / str(base["id"]) / "checkpoint.pt", weights_only=False)["model"]
     cont = _run(tiny_ws, "--continual", "--init", str(base["id"]), "--epochs", "1")
     after = torch.load(tiny_ws.runs_dir / str(cont["id"]) / "checkpoint.pt", weights_only=False)["model"]
-    bb = load_backbone("efficientnet-lite0", device="cpu")
+    bb = load_backbone("efficientnet-lite0@stage5", device="cpu")
     trunk = {f"trunk.{k}": v for k, v in bb._features.state_dict().items()}
     stem_ids = {id(p) for p in bb.stem_parameters()}
     stem = {f"trunk.{n}" for n, p in bb._features.named_parameters() if id(p) in stem_ids}

@@ -513,7 +513,7 @@ def load_vlm(name: str = OFFLINE_DEFAULT, device: torch.device | str | None = No
         return _dermlip(dev).to(dev)
     if name != OFFLINE_DEFAULT:
         raise ValueError(f"unknown image–text model {name!r}; choose one of {MODELS}")
-    backbone = load_backbone("efficientnet-lite0", device=dev, pretrained=pretrained)
+    backbone = load_backbone("efficientnet-lite0@stage5", device=dev, pretrained=pretrained)
     text = MiniLMTower()
     torch.manual_seed(seed)
     return DualEncoder(ImageTower(backbone), text, dim=dim).to(dev)

@@ -20,5 +20,5 @@ from core.losses.make import (
 )
 from core.losses.nested import NestedContrastiveLoss, inner_losses, nested_total, outer_loss, symmetric_infonce
 from core.losses.triplet import TripletLoss
-from core.losses.unimodal import CLIPUnimodalLoss, nt_xent
+from core.losses.unimodal import CLIPUnimodalLoss, SimCLRProjector, nt_xent
 from core.losses.vicreg import VICRegLoss, covariance_loss, invariance_loss, variance_loss

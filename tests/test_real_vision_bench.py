@@ -1,0 +1,52 @@
+"""Smoke run of ``benchmarks/real_vision.py --quick`` on a tiny phantom dataset folder (with and
+without triplets): every row present, the result file complete, claims only from paired tests."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from benchmarks.real_vision import configurations_tried, main
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    from core.phantoms import build
+
+    out = tmp_path_factory.mktemp("tiny") / "ds"
+    build(out, seed=7, photos=10, patients=6, wounds=14, triplets=120)
+    return out
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_row_and_a_complete_result(tiny_dataset, tmp_path, capsys):
+    assert main(["--data", str(tiny_dataset), "--quick", "--folds", "3", "--results", str(tmp_path), "--quiet"]) == 0
+    res = json.loads((tmp_path / "real_vision.json").read_text())
+    assert {"section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
+            "claims", "notes"} <= set(res)
+    names = [row[0] for row in res["tables"][0]["rows"]]
+    assert names[:3] == ["frozen, old tokens (stage 5), mean pooling", "frozen, new tokens (full, OS 16), mean pooling",
+                         "frozen, new tokens, mean pooling, centred unit length"]
+    assert any(n.startswith("linear metric") for n in names) and any("--supervise triplets" in n for n in names)
+    for row in res["tables"][0]["rows"]:
+        assert 0 < row[1]["mean"] < 100 and row[1]["ci"][0] <= row[1]["mean"] <= row[1]["ci"][1]
+    for claim in res["claims"]:
+        assert claim["holds"] == (claim["mean_diff"] > 0 and claim["p"] < 0.05)
+    assert f"{configurations_tried()} recipe configurations" in res["notes"][0]
+    assert "--quick" in res["command"] and "patient-disjoint" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_without_triplets_only_costs_are_measured(tiny_dataset, tmp_path):
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_dataset, ds)
+    (ds / "triplets.csv").unlink()
+    assert main(["--data", str(ds), "--quick", "--results", str(tmp_path), "--section", "bare", "--quiet"]) == 0
+    res = json.loads((tmp_path / "bare.json").read_text())
+    assert all(row[1] is None for row in res["tables"][0]["rows"]) and res["claims"] == []
+    assert any("has no triplets" in n for n in res["notes"])
+
+
+def test_search_log_counts_its_configurations():
+    assert configurations_tried() == 12
