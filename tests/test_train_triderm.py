@@ -40,9 +40,11 @@ def test_train_writes_run_embeddings_and_attention(tiny_ws):
     wounds = tiny_ws.store.wounds()
     assert emb["wound_emb"].shape == (len(wounds), 16)
     assert emb["image_emb"].shape == (len({w["image_id"] for w in wounds}), 16)
-    first = emb["image_ids"][0]
-    rows = [n for n, k in enumerate(emb["wound_keys"]) if k[0] == first]
-    assert np.allclose(emb["image_emb"][0], emb["wound_emb"][rows].mean(0), atol=1e-5)
+    # the image embedding: the mean of its wounds, centred and scaled to unit length (default)
+    means = np.stack([emb["wound_emb"][[n for n, k in enumerate(emb["wound_keys"]) if k[0] == i]].mean(0)
+                      for i in emb["image_ids"]])
+    expected = (means - means.mean(0)) / np.linalg.norm(means - means.mean(0), axis=1, keepdims=True)
+    assert np.allclose(emb["image_emb"], expected, atol=1e-5) and np.allclose(emb["center"], means.mean(0), atol=1e-5)
     seg, w = emb["token_wound"], emb["token_weight"]
     assert (w >= 0).all()
     assert np.allclose(np.bincount(seg, weights=w, minlength=len(wounds)), 1.0, atol=1e-5)
