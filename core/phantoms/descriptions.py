@@ -193,9 +193,12 @@ class DescriptionReader:
     @classmethod
     def fit(cls, descriptions: list[str]) -> "DescriptionReader":
         """Standardisation from a corpus of descriptions (NaN-aware; texts only)."""
-        raw = np.array([[read_description(t)[f] for f in LATENT_FEATURES] for t in descriptions])
-        mean = np.nan_to_num(np.nanmean(raw, axis=0)) if len(raw) else np.zeros(len(LATENT_FEATURES))
-        std = np.nan_to_num(np.nanstd(raw, axis=0)) if len(raw) else np.ones(len(LATENT_FEATURES))
+        raw = np.array([[read_description(t)[f] for f in LATENT_FEATURES] for t in descriptions]).reshape(
+            -1, len(LATENT_FEATURES))
+        stated = ~np.isnan(raw)
+        count = np.maximum(stated.sum(axis=0), 1)
+        mean = np.where(stated, raw, 0.0).sum(axis=0) / count
+        std = np.sqrt(np.where(stated, (raw - mean) ** 2, 0.0).sum(axis=0) / count)
         return cls(mean, np.where(std > 1e-9, std, 1.0))
 
     def wound_vector(self, description: str) -> np.ndarray:
