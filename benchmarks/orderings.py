@@ -6,7 +6,9 @@ triplets, TriDerm-V vision). For every seed s a fresh phantom world (``core.phan
 is imported into a workspace; TriDerm-V is trained with seed s in four configurations; the phantom
 text oracle (descriptions only) answers every question and SOE (dim 4) embeds its answers;
 uncertainty and similarity fusion combine TriDerm-V (attention/VICReg) with SOE. All are scored
-by balanced agreement with the phantom expert's triplets, beside the planted ceilings.
+by balanced agreement with the phantom expert's triplets, beside the planted ceilings and a
+diagnostic of the planted pooling advantage (frozen features mean-pooled with and without the
+distractor tokens, from the planted masks).
 
 A claim "a > b" is tested with a one-sided paired t-test over seeds (scipy ``ttest_rel``,
 ``alternative="greater"``) and holds only when p < 0.05. The losses run at the paper's best
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from scipy import stats
 
 from annotations.dataset import import_dataset
@@ -43,6 +46,9 @@ from core.text.llm import PhantomOracle, Question
 from core.text.queries import photo_texts
 from core.text.sampling import resolve_budget, uniform_order
 from core.text.soe import SOE
+from core.vision.backbones import OFFLINE_DEFAULT, Backbone, load_backbone
+from core.vision.baseline import image_means
+from core.vision.features import FeatureCache, TokenBank, workspace_wounds, wound_fractions
 from core.vision.triderm import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +58,7 @@ VISION = {  # label → TriDerm-V options beyond the seed
     "attention / triplet": {"pooling": "attention", "loss": "triplet", "batch_size": 8},
     "attention / contrastive": {"pooling": "attention", "loss": "contrastive", "batch_size": 128, "lr": 1e-3},
 }
+FROZEN = ("frozen backbone, mean pooling", "frozen backbone, mean pooling without distractor tokens (planted masks)")
 MODALITIES = ("text: SOE on phantom-oracle triplets", "vision: TriDerm-V attention / VICReg",
               "fusion: uncertainty (α = 0.7)", "fusion: similarity")
 CLAIMS = (  # (claim, better row, worse row)
@@ -83,7 +90,30 @@ def text_embedding(ws: Workspace, seed: int, budget: float) -> tuple[list[str], 
     return ids, soe.embedding_, len(oriented)
 
 
-def run_seed(seed: int, cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
+def frozen_pooling(ws: Workspace, backbone: Backbone, views: int) -> dict[str, dict[str, Any]]:
+    """Diagnostic of the planted pooling advantage: the frozen backbone's inference-view wound tokens,
+    mean-pooled over all tokens, and over the tokens whose grid cell is mostly *not* a distractor
+    (truth/planted; a wound keeps all its tokens if none is left) — what ignoring the distractors
+    perfectly would give without any training."""
+    ids, keys = workspace_wounds(ws)
+    bank = TokenBank(FeatureCache(ws, backbone).build(ids, views, progress=False), keys)
+    seg, pos = bank.eval_segment.numpy(), bank.eval_pos.numpy()
+    planted = {im: np.asarray(Image.open(ws.truth_dir / "planted" / f"{im}.png")) for im in ids}
+    share = {im: wound_fractions((p >= 2).astype(np.int64), [1], bank.grid)[0].numpy() for im, p in planted.items()}
+    distractor = np.array([share[bank.wound_keys[s][0]][r, c] for s, (r, c) in zip(seg, pos)])
+    keep = (distractor < 0.5).astype(float)
+    keep = np.where(np.bincount(seg, keep, len(keys))[seg] > 0, keep, 1.0)
+    tokens, expert, out = bank.eval_tokens.numpy().astype(np.float64), ws.store.expert_triplets(), {}
+    for label, w in zip(FROZEN, (np.ones_like(keep), keep)):
+        pooled = np.zeros((len(keys), tokens.shape[1]))
+        np.add.at(pooled, seg, tokens * w[:, None])
+        pooled /= np.bincount(seg, w, len(keys))[:, None]
+        image_ids, emb = image_means(bank.wound_keys, pooled)
+        out[label] = evaluate(image_ids, pairwise_euclidean(emb), expert)
+    return out
+
+
+def run_seed(seed: int, cfg: dict[str, Any], tmp: Path, backbone: Backbone) -> dict[str, Any]:
     """Every row's metrics and the planted ceilings for one phantom world and seed."""
     data = tmp / f"phantom-{seed}"
     build(data, seed=seed, **cfg["phantom"])
@@ -93,12 +123,14 @@ def run_seed(seed: int, cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
     rows: dict[str, dict[str, float]] = {}
     vision_D: tuple[list[str], np.ndarray] | None = None
     for label, options in VISION.items():
-        run_id = train(ws, progress=False, seed=seed, epochs=cfg["epochs"], views=cfg["views"], **options)
+        run_id = train(ws, progress=False, seed=seed, epochs=cfg["epochs"], views=cfg["views"], backbone=backbone,
+                       **options)
         emb = load_embeddings(ws, run_id)
         D = pairwise_euclidean(emb["image_emb"])
         rows[label] = evaluate(emb["image_ids"], D, expert)
         if label == "attention / VICReg":
             vision_D = (emb["image_ids"], D)
+    rows.update(frozen_pooling(ws, backbone, cfg["views"]))
     ids, text_emb, n_text = text_embedding(ws, seed, cfg["budget"])
     text_D = (ids, pairwise_euclidean(text_emb))
     rows[MODALITIES[0]] = evaluate(ids, text_D[1], expert)
@@ -131,8 +163,9 @@ def paired(better: list[float], worse: list[float]) -> float:
     return float(stats.ttest_rel(better, worse, alternative="greater").pvalue)
 
 
-def summarise(per_seed: list[dict[str, Any]], cfg: dict[str, Any], seconds: float, command: str) -> dict[str, Any]:
-    """The result file's content (contract of results/*.json)."""
+def summarise(per_seed: list[dict[str, Any]], cfg: dict[str, Any], seconds: float, command: str,
+              commit: str) -> dict[str, Any]:
+    """The result file's content (contract of results/*.json); ``commit``: the code's sha at the start."""
     seeds = [r["seed"] for r in per_seed]
     metric = {label: [r["rows"][label]["balanced"] for r in per_seed] for label in per_seed[0]["rows"]}
     cols = ["model", "balanced (%)", "micro (%)", "macro-F1 (%)", "kappa (×100)"]
@@ -166,6 +199,9 @@ def summarise(per_seed: list[dict[str, Any]], cfg: dict[str, Any], seconds: floa
         "mean over seeds " + ", ".join(f"{k} {100 * np.mean(ceiling[k]):.1f}%" for k in CEILINGS) + ".",
         "A claim holds only when its one-sided paired t-test over seeds gives p < 0.05 in the claimed direction.",
         "Pipeline row 'vision: TriDerm-V attention / VICReg' is the same run as 'attention / VICReg'.",
+        "Diagnostic (not a paper claim): ignoring the planted distractors perfectly (frozen features, planted "
+        f"masks) vs mean pooling: {100 * np.mean(metric[FROZEN[1]]):.1f}% vs {100 * np.mean(metric[FROZEN[0]]):.1f}%, "
+        f"one-sided paired t-test p = {paired(metric[FROZEN[1]], metric[FROZEN[0]]):.3g}.",
     ]
     if {k: v for k, v in cfg.items() if k != "seeds"} != {k: v for k, v in FULL.items() if k != "seeds"}:
         notes.append(f"QUICK run ({len(seeds)} seeds, smaller phantom {cfg['phantom']}, {cfg['epochs']} epochs, "
@@ -177,7 +213,7 @@ def summarise(per_seed: list[dict[str, Any]], cfg: dict[str, Any], seconds: floa
         "command": command, "seeds": seeds,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "cuda": torch.cuda.is_available()},
-        "commit": git_sha(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 1), "synthetic": True,
         "tables": [
             {"caption": "Planted ceilings of phantom v2 (SYNTHETIC): balanced agreement with the expert's "
@@ -186,7 +222,7 @@ def summarise(per_seed: list[dict[str, Any]], cfg: dict[str, Any], seconds: floa
              "rows": [[k, cell(ceiling[k]), cell(expected[k])] for k in CEILINGS]},
             {"caption": "TriDerm-V pooling and loss on phantom v2 (SYNTHETIC), agreement with the expert's "
                         "triplets, mean ± sd over seeds",
-             "columns": cols, "rows": [row(label) for label in VISION]},
+             "columns": cols, "rows": [row(label) for label in (*VISION, *FROZEN)]},
             {"caption": "Modalities and fusion on phantom v2 (SYNTHETIC), agreement with the expert's triplets, "
                         "mean ± sd over seeds",
              "columns": cols, "rows": [row(label) for label in MODALITIES]},
@@ -244,16 +280,17 @@ def main(argv: list[str] | None = None) -> int:
         if len(set(args.seeds)) < 2:
             parser.error("--seeds needs at least two distinct seeds for a paired test")
         cfg["seeds"] = sorted(set(args.seeds))
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), git_sha()
+    backbone = load_backbone(OFFLINE_DEFAULT)
     with tempfile.TemporaryDirectory(prefix="orderings-") as tmp:
         per_seed = []
         for seed in cfg["seeds"]:
-            per_seed.append(run_seed(seed, cfg, Path(tmp)))
+            per_seed.append(run_seed(seed, cfg, Path(tmp), backbone))
             print(f"seed {seed}: " + ", ".join(f"{k} {100 * v['balanced']:.1f}"
                                                for k, v in per_seed[-1]["rows"].items()), flush=True)
     command = "python -m benchmarks.orderings" + (" --quick" if args.quick else "") + \
         (f" --seeds {' '.join(map(str, cfg['seeds']))}" if args.seeds is not None else "")
-    result = summarise(per_seed, cfg, time.perf_counter() - t0, command)
+    result = summarise(per_seed, cfg, time.perf_counter() - t0, command, commit)
     write_atomic(args.out, result)
     print(render_text(result))
     print(f"\nwrote {args.out}")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.orderings import CLAIMS, FULL, MODALITIES, VISION, cell, main, paired, summarise, write_atomic
+from benchmarks.orderings import CLAIMS, FROZEN, FULL, MODALITIES, VISION, cell, main, paired, summarise, write_atomic
 from core.phantoms import CEILINGS
 
 KEYS = {"section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
@@ -17,7 +17,7 @@ KEYS = {"section", "title", "command", "seeds", "machine", "commit", "date", "se
 
 def _fake_seed(seed: int, rng: np.random.Generator, lift: float) -> dict[str, Any]:
     rows = {}
-    for n, label in enumerate([*VISION, *MODALITIES]):
+    for n, label in enumerate([*VISION, *FROZEN, *MODALITIES]):
         b = 0.6 + 0.01 * n + lift * (label in ("attention / VICReg", MODALITIES[1])) + 0.005 * rng.standard_normal()
         rows[label] = {"balanced": b, "micro": b, "macro_f1": b, "kappa": 2 * b - 1}
     rows[MODALITIES[1]] = rows["attention / VICReg"]
@@ -44,15 +44,15 @@ def _check_contract(result: dict[str, Any]) -> None:
 def test_claims_follow_the_paired_test() -> None:
     rng = np.random.default_rng(0)
     seeds = [_fake_seed(s, rng, lift=0.05) for s in range(5)]
-    result = summarise(seeds, dict(FULL), 1.0, "python -m benchmarks.orderings")
+    result = summarise(seeds, dict(FULL), 1.0, "python -m benchmarks.orderings", "abc123")
     _check_contract(result)
     by = {c["claim"]: c for c in result["claims"]}
     assert by[CLAIMS[0][0]]["holds"] and by[CLAIMS[0][0]]["p"] < 0.01  # attention lifted by 5 pt
     assert by[CLAIMS[1][0]]["holds"]
     assert not by[CLAIMS[2][0]]["holds"]  # triplet sits *below* contrastive here
     assert not by["VICReg > triplet > contrastive (TriDerm-V)"]["holds"]
-    assert not any("QUICK" in n for n in result["notes"])
-    flat = summarise([_fake_seed(s, rng, lift=0.0) for s in range(5)], dict(FULL), 1.0, "x")
+    assert not any("QUICK" in n for n in result["notes"]) and result["commit"] == "abc123"
+    flat = summarise([_fake_seed(s, rng, lift=0.0) for s in range(5)], dict(FULL), 1.0, "x", "abc123")
     assert not {c["claim"]: c for c in flat["claims"]}[CLAIMS[0][0]]["holds"]
 
 
