@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", default=None, help="workspace folder (default $TRIDERM_WORKSPACE or ./workspace)")
     parser.add_argument("--oracle", choices=ORACLES, default="local",
                         help="ollama (real LLM server), local (offline SmolLM2-135M DEMO oracle), "
-                             "phantom (SYNTHETIC truth of a phantom workspace; research/benchmark)")
+                             "phantom (SYNTHETIC text oracle of a phantom workspace: reads only the descriptions; "
+                             "research/benchmark)")
     parser.add_argument("--model", default=None, help=f"model name (defaults: {DEFAULT_MODELS})")
     parser.add_argument("--host", default=None, help="Ollama server URL (default $OLLAMA_HOST or localhost)")
     parser.add_argument("--budget", default="1.0", help="questions: a count (200) or a fraction (0.1, 10%%)")

@@ -1,4 +1,5 @@
-"""Wound phantoms (core.phantoms): layout, counts, determinism, masks, latent truth and oracle."""
+"""Wound phantoms (core.phantoms): layout, counts, determinism, masks, latent truth and oracle;
+phantom v2's planted distractors, decisive nodule, described-only attributes, text oracle and ceilings."""
 from __future__ import annotations
 
 import csv
@@ -11,17 +12,26 @@ from PIL import Image
 from scipy import ndimage
 
 from core.phantoms import (
+    CEILINGS,
     CONCEPTS,
+    DESCRIBED_FEATURES,
+    DISTRACTORS,
     LATENT_FEATURES,
+    VISIBLE_FEATURES,
     PhantomTruth,
     build,
     calibrate_oracle,
     expert_rng,
+    load_ceilings,
+    load_text_oracle,
     load_truth,
     montage,
+    read_description,
 )
 from core.phantoms.__main__ import main
-from core.phantoms.world import counts_per_photo
+from core.phantoms.descriptions import photo_text
+from core.phantoms.render import render_photo
+from core.phantoms.world import LATENT_WEIGHTS, counts_per_photo, sample_population, visible_columns, wound_features
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -248,3 +258,110 @@ def test_cli_builds_dataset_and_montage(tmp_path: Path, capsys) -> None:
     # Rebuilding into an existing phantom folder replaces it (no stale files from a larger build).
     assert main(["--out", str(out), "--photos", "3", "--patients", "1", "--wounds", "3", "--triplets", "2"]) == 0
     assert sorted(p.name for p in (out / "images").iterdir()) == ["ph001.png", "ph002.png", "ph003.png"]
+
+
+# --------------------------------------------------------------------------- phantom v2
+def _world(seed: int = 0):
+    return sample_population(np.random.default_rng([seed, 1]), 53, 21, 120)
+
+
+def test_distractors_are_rendered_inside_wounds(demo_dataset: Path) -> None:
+    truth_w = _rows(demo_dataset / "truth" / "wounds.csv")
+    kinds = [set(filter(None, r["distractors"].split("+"))) for r in truth_w]
+    assert all(sum(d in k for k in kinds) >= 10 for d in DISTRACTORS)  # every kind is planted often
+    for r, k in zip(truth_w, kinds):
+        assert (int(r["distractor_px"]) > 0) == bool(k) or int(r["area_px"]) < 400, r
+    covered = [int(r["distractor_px"]) / int(r["area_px"]) for r, k in zip(truth_w, kinds) if k]
+    assert np.median(covered) > 0.1  # large enough to move a mean-pooled feature
+    planted = np.asarray(Image.open(demo_dataset / "truth" / "planted" / "ph001.png"))
+    assert planted.shape == np.asarray(Image.open(demo_dataset / "masks" / "ph001.png")).shape
+
+
+def test_expert_ignores_distractors_but_pixels_show_them() -> None:
+    _, photos = _world()
+    photo = next(p for p in photos if any(w.distractors for w in p.wounds))
+    before = wound_features(photo.wounds)
+    img, labels, _, planted, _ = render_photo(np.random.default_rng(5), photo, 3)
+    for w in photo.wounds:
+        w.distractors = ()
+    plain, labels2, _, planted2, _ = render_photo(np.random.default_rng(5), photo, 3)
+    assert np.array_equal(wound_features(photo.wounds), before)  # the expert's features do not move
+    assert np.array_equal(labels, labels2) and (planted >= 2).any() and not (planted2 >= 2).any()
+    assert np.abs(img.astype(int) - plain.astype(int))[labels > 0].mean() > 5  # the photo does
+
+
+def test_nodule_is_small_decisive_and_visible(demo_dataset: Path) -> None:
+    truth_w = _rows(demo_dataset / "truth" / "wounds.csv")
+    with_nodule = [r for r in truth_w if float(r["nodule"]) > 0]
+    assert 10 <= len(with_nodule) <= 60
+    shares = [int(r["nodule_px"]) / int(r["area_px"]) for r in with_nodule]
+    assert 0.03 < np.median(shares) < 0.25  # a small region of the bed
+    assert all(int(r["nodule_px"]) == 0 for r in truth_w if float(r["nodule"]) == 0)
+    weights = dict(zip(LATENT_FEATURES, LATENT_WEIGHTS))
+    assert weights["nodule"] == max(weights.values())  # the expert's most decisive feature
+    assert "nodule" in VISIBLE_FEATURES
+
+
+def test_described_only_attributes_are_told_not_shown(demo_dataset: Path) -> None:
+    _, photos = _world()
+    photo = photos[3]
+    img, *_ = render_photo(np.random.default_rng(2), photo, 2)
+    before = wound_features(photo.wounds)
+    for w in photo.wounds:
+        w.pain, w.itch, w.bleeding, w.duration_weeks = 10 - w.pain, 10 - w.itch, "frequent", w.duration_weeks + 50
+    again, *_ = render_photo(np.random.default_rng(2), photo, 2)
+    assert np.array_equal(img, again)  # no pixel carries them
+    changed = wound_features(photo.wounds) != before
+    assert changed[:, [LATENT_FEATURES.index(f) for f in DESCRIBED_FEATURES]].any()  # the expert weighs them
+    assert not changed[:, visible_columns()].any()
+    wounds, truth_w = _rows(demo_dataset / "wounds.csv"), _rows(demo_dataset / "truth" / "wounds.csv")
+    read = [read_description(r["description"]) for r in wounds]
+    for name, col in (("pain", "pain"), ("itch", "itch"), ("log_duration", "duration_weeks")):
+        stated = [(x[name], float(t[col])) for x, t in zip(read, truth_w) if not np.isnan(x[name])]
+        assert len(stated) > 0.7 * len(wounds), name  # descriptions carry them
+        want = [np.log(v) if name == "log_duration" else v for _, v in stated]
+        assert np.allclose([s for s, _ in stated], want), name  # and read back exactly
+    bleeding = [(x["bleeding"], t["bleeding"]) for x, t in zip(read, truth_w) if not np.isnan(x["bleeding"])]
+    assert len(bleeding) > 0.7 * len(wounds)
+    assert all(["none", "occasional", "frequent"][int(b)] == t for b, t in bleeding)
+
+
+def test_text_oracle_reads_only_the_descriptions(demo_dataset: Path, tmp_path: Path) -> None:
+    wounds = _rows(demo_dataset / "wounds.csv")
+    by_photo: dict[str, list[str]] = {}
+    for r in wounds:
+        by_photo.setdefault(r["image_id"], []).append(r["description"])
+    texts = {im: photo_text(d) for im, d in by_photo.items()}
+    ids = sorted(texts)
+    questions = [(ids[a], ids[(a + 5) % 53], ids[(a + 17) % 53]) for a in range(53)]
+    oracle = load_text_oracle(demo_dataset)
+    answers = [oracle.probabilities(texts[a], texts[j], texts[k]) for a, j, k in questions]
+    # Spoil every hidden attribute: the oracle's answers stay the same.
+    spoiled = tmp_path / "truth"
+    spoiled.mkdir()
+    (spoiled / "oracle.json").write_bytes((demo_dataset / "truth" / "oracle.json").read_bytes())
+    again = load_text_oracle(spoiled)
+    assert [again.probabilities(texts[a], texts[j], texts[k]) for a, j, k in questions] == answers
+    # Its answers follow the texts: editing a told value moves them.
+    a, j, k = next(q for q, (_, p) in zip(questions, answers) if 0.05 < p < 0.95)
+    edited = texts[j].replace("10", "0") + " Pain 10/10 on dressing change. Frequent bleeding reported."
+    assert oracle.probabilities(texts[a], edited, texts[k])[1] != oracle.probabilities(texts[a], texts[j], texts[k])[1]
+    assert oracle.probabilities("", "", "")[1] == 0.5  # nothing said, nothing to choose by
+
+
+def test_ceilings_stored_ordered_and_in_the_tables_metric(demo_dataset: Path) -> None:
+    from core.eval.metrics import evaluate
+
+    ceilings = load_ceilings(demo_dataset)
+    truth = load_truth(demo_dataset)
+    assert truth.ceilings() == ceilings and ceilings["synthetic"] is True
+    bal = {k: ceilings[k]["balanced"] for k in CEILINGS}
+    assert 0.6 < bal["vision"] < bal["fusion"] and 0.6 < bal["text"] < bal["fusion"] <= bal["expert"] + 0.01
+    exp = {k: ceilings[k]["expected"] for k in CEILINGS}
+    assert exp["vision"] < exp["fusion"] and exp["text"] < exp["fusion"] and exp["fusion"] < exp["expert"]
+    # The vision ceiling is the tables' balanced agreement of the exact visible features.
+    z = truth.latent * visible_columns()
+    D = np.sqrt(((z[:, None] - z[None]) ** 2).sum(-1))
+    rows = [dict(r, source="expert:phantom-expert") for r in _rows(demo_dataset / "triplets.csv")]
+    assert evaluate(truth.image_ids, D, rows)["balanced"] == pytest.approx(bal["vision"])
+    assert evaluate(truth.image_ids, truth.distance_matrix(), rows)["balanced"] == pytest.approx(bal["expert"])

@@ -10,8 +10,23 @@ Procedurally rendered photos of RDEB-like wounds that mirror the reference study
 expert triplets), written in the dataset-folder layout of docs/ARCHITECTURE.md::
 
     images/<id>.png  masks/<id>.png  wounds.csv  images.csv  patients.csv  triplets.csv
-    dataset.json     truth/ (latent truth: wounds.csv, images.csv, concepts.csv,
-                             oracle.json, fibrin/<id>.png)
+    dataset.json     truth/ (latent truth: wounds.csv, images.csv, concepts.csv, oracle.json,
+                             ceilings.json, fibrin/<id>.png, planted/<id>.png)
+
+Generative model (all of it is synthetic and labelled so):
+
+Phantom v2 plants what the paper's claims need to be won or lost:
+
+- in-wound distractors the expert ignores (a dressing edge, a specular glare, a tattoo-like
+  marker-ink mark; ``Wound.distractors``) and a small, clinically decisive region (a raised nodule
+  suspicious for SCC, heavily weighted by the expert), so attention pooling can beat mean pooling;
+- symptoms and history that no photo shows (pain, itch, bleeding history, duration), told in the
+  descriptions only; the expert's truth mixes visible and told features;
+- a text oracle (:class:`TextOracle`, used by ``core.text.llm.PhantomOracle``) that reads the
+  descriptions only;
+- the planted ceilings (truth/ceilings.json, :func:`load_ceilings`): the best balanced agreement
+  with the expert's triplets reachable from what the photos show, from what the descriptions
+  say, from both, and the expert's own noise ceiling.
 
 Generative model (all of it is synthetic and labelled so):
 
@@ -38,8 +53,28 @@ Usage::
                             --wounds 120 --triplets 513] [--montage docs/phantoms.png]
 """
 from core.phantoms.dataset import DATASET_NAME, build, montage
-from core.phantoms.expert import ANNOTATOR, PhantomTruth, calibrate_oracle, expert_rng, load_truth
-from core.phantoms.world import CONCEPTS, LATENT_FEATURES, concept_presence
+from core.phantoms.descriptions import DescriptionReader, read_description
+from core.phantoms.expert import (
+    ANNOTATOR,
+    CEILINGS,
+    PhantomTruth,
+    TextOracle,
+    calibrate_oracle,
+    expert_rng,
+    load_ceilings,
+    load_text_oracle,
+    load_truth,
+)
+from core.phantoms.world import (
+    CONCEPTS,
+    DESCRIBED_FEATURES,
+    DISTRACTORS,
+    LATENT_FEATURES,
+    VISIBLE_FEATURES,
+    concept_presence,
+)
 
-__all__ = ["DATASET_NAME", "build", "montage", "ANNOTATOR", "PhantomTruth", "calibrate_oracle", "expert_rng",
-           "load_truth", "CONCEPTS", "LATENT_FEATURES", "concept_presence"]
+__all__ = ["DATASET_NAME", "build", "montage", "DescriptionReader", "read_description", "ANNOTATOR", "CEILINGS",
+           "PhantomTruth", "TextOracle", "calibrate_oracle", "expert_rng", "load_ceilings", "load_text_oracle",
+           "load_truth", "CONCEPTS", "DESCRIBED_FEATURES", "DISTRACTORS", "LATENT_FEATURES", "VISIBLE_FEATURES",
+           "concept_presence"]

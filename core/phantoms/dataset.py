@@ -16,20 +16,24 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 from tqdm import tqdm
 
-from core.phantoms.descriptions import describe
+from core.phantoms.descriptions import DescriptionReader, describe, photo_text
 from core.phantoms.expert import (
     ANNOTATOR,
     ANSWER_STREAM,
     TARGET_AGREEMENT,
     TARGET_SKIP,
     PhantomTruth,
+    balanced_agreement,
     calibrate_oracle,
+    distances,
     expert_rng,
     sample_triplets,
 )
 from core.phantoms.render import font, render_photo
 from core.phantoms.world import (
     CONCEPTS,
+    DESCRIBED_FEATURES,
+    DISTRACTORS,
     LATENT_FEATURES,
     LATENT_WEIGHTS,
     MAX_WOUNDS_PER_PHOTO,
@@ -39,6 +43,7 @@ from core.phantoms.world import (
     concept_presence,
     sample_population,
     standardise,
+    visible_columns,
     wound_features,
 )
 
@@ -92,21 +97,26 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
     for sub in ("images", "masks", "truth"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
-    for sub in ("images", "masks", "truth/fibrin"):
+    for sub in ("images", "masks", "truth/fibrin", "truth/planted"):
         (out / sub).mkdir(parents=True, exist_ok=True)
 
     meta_rng = np.random.default_rng([seed, 3])
     text_rng = np.random.default_rng([seed, 5])
     wound_rows, truth_wounds, concept_rows, image_rows, truth_images = [], [], [], [], []
+    photo_texts: list[str] = []
     row = 0
     for pi, p in enumerate(tqdm(phs, desc="phantoms", unit="photo", disable=not progress)):
         pat = pats[p.patient]
-        img, labels, fib, nuis = render_photo(np.random.default_rng([seed, 2, pi]), p, pat["fitzpatrick"])
+        img, labels, fib, planted, nuis = render_photo(np.random.default_rng([seed, 2, pi]), p, pat["fitzpatrick"])
         _save_png(out / "images" / f"{p.image_id}.png", img, "RGB")
         _save_png(out / "masks" / f"{p.image_id}.png", labels, "L")
         _save_png(out / "truth" / "fibrin" / f"{p.image_id}.png", fib, "L")
+        _save_png(out / "truth" / "planted" / f"{p.image_id}.png", planted, "L")
         areas = np.bincount(labels.ravel(), minlength=len(p.wounds) + 1)
         fib_areas = np.bincount(fib.ravel(), minlength=len(p.wounds) + 1)
+        nodule_px = np.bincount(labels[planted == 1].ravel(), minlength=len(p.wounds) + 1)
+        distractor_px = np.bincount(labels[planted >= 2].ravel(), minlength=len(p.wounds) + 1)
+        texts = []
         image_rows.append([p.image_id, pat["patient_id"], _maybe(meta_rng, p.region), _maybe(meta_rng, p.camera),
                            _maybe(meta_rng, "flash" if nuis["flash"] else "ambient")])
         truth_images.append([p.image_id, pat["patient_id"], len(p.wounds)]
@@ -114,14 +124,17 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
                             + [nuis[k] for k in ("width", "height", "px_per_cm", "flash", "blur_sigma", "wb_red",
                                                  "wb_blue", "background", "ruler", "light_azimuth")])
         for wi, wd in enumerate(p.wounds, start=1):
-            wound_rows.append([p.image_id, wi, describe(wd, text_rng), _maybe(meta_rng, wd.site),
+            texts.append(describe(wd, text_rng))
+            wound_rows.append([p.image_id, wi, texts[-1], _maybe(meta_rng, wd.site),
                                _maybe(meta_rng, wd.size_cm), _maybe(meta_rng, wd.duration_weeks)])
             truth_wounds.append([p.image_id, wi] + [f"{wd.attrs[a]:.4f}" for a in NUMERIC_ATTRIBUTES]
                                 + [wd.border, wd.size_cm, wd.width_cm, wd.duration_weeks, wd.site,
-                                   int(areas[wi]), int(fib_areas[wi])]
+                                   int(areas[wi]), int(fib_areas[wi]), f"{wd.nodule:.4f}", int(nodule_px[wi]),
+                                   wd.pain, wd.itch, wd.bleeding, "+".join(wd.distractors), int(distractor_px[wi])]
                                 + [f"{v:.6f}" for v in zw[row]])
             concept_rows.append([p.image_id, wi] + list(concept_presence(wd.attrs, wd.border).values()))
             row += 1
+        photo_texts.append(photo_text(texts))
 
     _write_csv(out / "wounds.csv", ["image_id", "wound_index", "description", "anatomical_site", "size_cm",
                                     "duration_weeks"], wound_rows)
@@ -144,7 +157,8 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
 
     _write_csv(out / "truth" / "wounds.csv",
                ["image_id", "wound_index", *NUMERIC_ATTRIBUTES, "border", "size_cm", "width_cm", "duration_weeks",
-                "anatomical_site", "area_px", "fibrin_px", *[f"z_{f}" for f in LATENT_FEATURES]], truth_wounds)
+                "anatomical_site", "area_px", "fibrin_px", "nodule", "nodule_px", "pain", "itch", "bleeding",
+                "distractors", "distractor_px", *[f"z_{f}" for f in LATENT_FEATURES]], truth_wounds)
     _write_csv(out / "truth" / "images.csv",
                ["image_id", "patient_id", "n_wounds", *[f"z_{f}" for f in LATENT_FEATURES], "width", "height",
                 "px_per_cm", "flash", "blur_sigma", "wb_red", "wb_blue", "background", "ruler", "light_azimuth"],
@@ -162,6 +176,11 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
         chose_j = np.array([c == "j" for c in choices])[answered]
         dj, dk = D[t[:, 0], t[:, 1]], D[t[:, 0], t[:, 2]]
         agree = float(np.mean(np.where(chose_j, dj < dk, dk < dj)))
+
+    reader = DescriptionReader.fit([r[2] for r in wound_rows])
+    text_latent = np.array([reader.photo_vector(t) for t in photo_texts])
+    text_sigma, text_skip = calibrate_oracle(text_latent, seed=seed)
+    ceilings = planted_ceilings(truth, text_latent, trip, choices)
     oracle = {
         "synthetic": True,
         "model": "P(skip) = min(skip_scale * exp(-(delta/sigma)^2 / 2), 0.5); P(j | answered) = Phi(delta / sigma); "
@@ -176,15 +195,59 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
         "feature_mean": mean.tolist(), "feature_std": std.tolist(),
         "concepts": list(CONCEPTS), "concept_thresholds": THRESHOLDS,
         "fibrin_masks": "truth/fibrin/<image_id>.png: wound index where planted fibrin is visible, 0 elsewhere",
+        "planted_masks": "truth/planted/<image_id>.png: 1 = decisive nodule, 2 + i = distractor DISTRACTORS[i], "
+                         "0 elsewhere",
+        "distractors": list(DISTRACTORS), "visible_features": [f for f, v in zip(LATENT_FEATURES, visible_columns()) if v],
+        "described_features": list(DESCRIBED_FEATURES),
+        "text_oracle": {
+            "model": "reads each wound's description (core.phantoms.descriptions.read_description), standardises "
+                     "the stated values with mean/std (computed from the descriptions alone; unstated = mean), "
+                     "weights them as the expert does, averages a photo's wounds; then the expert's noise model "
+                     "with its own sigma/skip_scale calibrated to target_agreement on these text vectors",
+            "mean": reader.mean.tolist(), "std": reader.std.tolist(), "sigma": text_sigma, "skip_scale": text_skip},
     }
     (out / "truth" / "oracle.json").write_text(json.dumps(oracle, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "truth" / "ceilings.json").write_text(json.dumps(ceilings, indent=1, sort_keys=True) + "\n",
+                                                 encoding="utf-8")
     (out / "dataset.json").write_text(json.dumps({
         "name": DATASET_NAME, "synthetic": True, "seed": seed, "generator": "core.phantoms",
         "counts": {"images": photos, "patients": patients, "wounds": wounds, "triplets": triplets},
     }, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return {"out": str(out), "synthetic": True, "seed": seed, "images": photos, "patients": patients,
             "wounds": wounds, "triplets": triplets, "skips": int((~answered).sum()),
-            "truth_agreement": agree, "sigma": sigma, "seconds": round(time.perf_counter() - t0, 2)}
+            "truth_agreement": agree, "sigma": sigma,
+            "ceilings": {k: ceilings[k]["balanced"] for k in ("vision", "text", "fusion", "expert")},
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def planted_ceilings(truth: PhantomTruth, text_latent: np.ndarray, triplets: np.ndarray,
+                     choices: list[str]) -> dict[str, Any]:
+    """The best agreement reachable from what each modality carries, in the tables' metric.
+
+    vision: the exact visible part of the expert's latent (described-only features zeroed);
+    text: the photos' descriptions as the text oracle reads them; fusion: the exact visible part
+    plus the described-only part as read from the descriptions; expert: the whole latent (the
+    expert's own noise ceiling). ``balanced``: balanced agreement with the expert's triplets
+    (triplets.csv, skips dropped); ``expected``: expected agreement over all triplets and the
+    expert's noise (micro)."""
+    visible = visible_columns()
+    fused = np.where(visible, truth.latent, text_latent)
+    latents = {"vision": truth.latent * visible, "text": text_latent, "fusion": fused, "expert": truth.latent}
+    out: dict[str, Any] = {
+        "synthetic": True,
+        "metric": "balanced: balanced (anchor) agreement with the expert's triplets in triplets.csv, skips dropped "
+                  "(the tables' metric); expected: expected agreement over all triplets and the expert's noise",
+        "definitions": {
+            "vision": "exact visible features of the expert's latent, described-only features left out",
+            "text": "the photos' descriptions as the phantom text oracle reads them (descriptions only)",
+            "fusion": "exact visible features + described-only features as read from the descriptions",
+            "expert": "the expert's whole latent (its own noise ceiling)"},
+    }
+    for name, z in latents.items():
+        D = distances(z)
+        out[name] = {"balanced": balanced_agreement(D, triplets, choices),
+                     "expected": truth.expected_agreement(D=D)}
+    return out
 
 
 # --------------------------------------------------------------------------- montage

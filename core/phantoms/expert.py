@@ -13,6 +13,7 @@ import numpy as np
 from PIL import Image
 from scipy.special import ndtr
 
+from core.phantoms.descriptions import DescriptionReader
 from core.phantoms.world import LATENT_FEATURES
 
 ANNOTATOR = "phantom-expert"
@@ -25,6 +26,9 @@ TARGET_SKIP = 0.05
 
 
 ANSWER_STREAM = 7  # default_rng([seed, 7]) answers triplets.csv in file order
+
+
+CEILINGS = ("vision", "text", "fusion", "expert")
 
 
 # --------------------------------------------------------------------------- expert oracle
@@ -115,8 +119,13 @@ class PhantomTruth:
 
     def distance_matrix(self) -> np.ndarray:
         """Euclidean distances between the photos' latent vectors (the perfect embedding)."""
-        diff = self.latent[:, None, :] - self.latent[None, :, :]
-        return np.sqrt((diff ** 2).sum(-1))
+        return distances(self.latent)
+
+    def ceilings(self) -> dict[str, Any]:
+        """truth/ceilings.json: the planted ceiling of each modality and of the fusion."""
+        if self.root is None:
+            raise ValueError("this PhantomTruth was not loaded from a folder; no ceilings")
+        return load_ceilings(self.root)
 
     def probabilities(self, i: str | int, j: str | int, k: str | int) -> tuple[float, float]:
         """(P(skip), P(choose j | not skipped)) for one triplet."""
@@ -135,15 +144,99 @@ class PhantomTruth:
             return "skip"
         return "j" if u_choice < p_j else "k"
 
-    def expected_agreement(self, triplets: np.ndarray | None = None) -> float:
-        """Expected agreement of the perfect embedding with the expert's non-skip answers."""
+    def expected_agreement(self, triplets: np.ndarray | None = None, D: np.ndarray | None = None) -> float:
+        """Expected agreement with the expert's non-skip answers (over the noise) of the perfect
+        embedding, or of the distance matrix ``D`` (ties count half); all triplets by default."""
         if triplets is None:
-            n = len(self.image_ids)
-            triplets = np.array([(a, b, c) for a in range(n) for b in range(n) for c in range(b + 1, n)
-                                 if a != b and a != c])
-        delta = np.abs(_margins(self.latent, np.asarray(triplets)))
-        keep = 1.0 - _skip_probability(delta, self.sigma, self.skip_scale)
-        return float((keep * ndtr(delta / self.sigma)).sum() / keep.sum())
+            triplets = all_triplets(len(self.image_ids))
+        triplets = np.asarray(triplets)
+        delta = _margins(self.latent, triplets)
+        keep = 1.0 - _skip_probability(np.abs(delta), self.sigma, self.skip_scale)
+        p_j = ndtr(delta / self.sigma)
+        if D is None:
+            agree = np.maximum(p_j, 1 - p_j)
+        else:
+            i, j, k = triplets.T
+            says_j = np.sign(D[i, k] - D[i, j])
+            agree = np.where(says_j > 0, p_j, np.where(says_j < 0, 1 - p_j, 0.5))
+        return float((keep * agree).sum() / keep.sum())
+
+
+def distances(latent: np.ndarray) -> np.ndarray:
+    """Euclidean distance matrix of the rows of ``latent``."""
+    diff = latent[:, None, :] - latent[None, :, :]
+    return np.sqrt((diff ** 2).sum(-1))
+
+
+def all_triplets(n: int) -> np.ndarray:
+    """Every (anchor, j, k) with j < k, all distinct."""
+    a, j, k = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
+    keep = (j < k) & (a != j) & (a != k)
+    return np.stack([a[keep], j[keep], k[keep]], axis=1)
+
+
+def balanced_agreement(D: np.ndarray, triplets: np.ndarray, choices: list[str]) -> float:
+    """Balanced (anchor) agreement of ``D`` with answered triplets (skips dropped, ties wrong):
+    the tables' metric (``core.eval.metrics.agreement``), restated here because phantoms import no
+    other part of core."""
+    t = np.asarray(triplets).reshape(-1, 3)
+    answered = np.array([c in ("j", "k") for c in choices], bool)
+    if not answered.any():
+        return math.nan
+    t, chose_j = t[answered], np.array([c == "j" for c in choices])[answered]
+    dj, dk = D[t[:, 0], t[:, 1]], D[t[:, 0], t[:, 2]]
+    correct = np.where(chose_j, dj < dk, dk < dj).astype(float)
+    anchors = np.unique(t[:, 0])
+    return float(np.mean([correct[t[:, 0] == a].mean() for a in anchors]))
+
+
+def load_ceilings(truth_dir: str | Path) -> dict[str, Any]:
+    """The planted ceilings (truth/ceilings.json) of a phantom dataset folder or its truth/."""
+    root = Path(truth_dir)
+    if (root / "truth").is_dir():
+        root = root / "truth"
+    return json.loads((root / "ceilings.json").read_text(encoding="utf-8"))
+
+
+@dataclass
+class TextOracle:
+    """The phantom text oracle's parameters (truth/oracle.json ``text_oracle``): how it reads a
+    description and its answer noise. Nothing here describes any particular wound."""
+
+    reader: DescriptionReader
+    sigma: float
+    skip_scale: float
+
+    def __post_init__(self) -> None:
+        self._vectors: dict[str, np.ndarray] = {}
+
+    def vector(self, text: str) -> np.ndarray:
+        """A photo text's vector as the oracle reads it (memoised per text)."""
+        if text not in self._vectors:
+            self._vectors[text] = self.reader.photo_vector(text)
+        return self._vectors[text]
+
+    def probabilities(self, anchor_text: str, j_text: str, k_text: str) -> tuple[float, float]:
+        """(P(skip), P(choose j | not skipped)) from the three photos' description texts alone."""
+        a, j, k = (self.vector(t) for t in (anchor_text, j_text, k_text))
+        delta = float(np.linalg.norm(a - k) - np.linalg.norm(a - j))
+        return (float(_skip_probability(np.array([delta]), self.sigma, self.skip_scale)[0]),
+                float(ndtr(delta / self.sigma)))
+
+
+def load_text_oracle(truth_dir: str | Path) -> TextOracle:
+    """The text oracle of a phantom dataset: reads only ``oracle.json``'s ``text_oracle`` block."""
+    root = Path(truth_dir)
+    if (root / "truth").is_dir():
+        root = root / "truth"
+    path = root / "oracle.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not a phantom truth folder")
+    block = json.loads(path.read_text(encoding="utf-8")).get("text_oracle")
+    if block is None:
+        raise FileNotFoundError(f"{path} has no text_oracle block (a phantom v1 dataset: rebuild it)")
+    return TextOracle(DescriptionReader(np.array(block["mean"]), np.array(block["std"])),
+                      float(block["sigma"]), float(block["skip_scale"]))
 
 
 def expert_rng(seed: int) -> np.random.Generator:

@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 from scipy.special import expit
 
-from core.phantoms.world import SIZES, Photo
+from core.phantoms.world import DISTRACTORS, SIZES, Photo
 
 _FITZPATRICK_RGB = np.array([
     (0.95, 0.80, 0.71), (0.90, 0.72, 0.61), (0.81, 0.60, 0.47),
@@ -160,8 +160,12 @@ def _add_ruler(rng: np.random.Generator, col: np.ndarray, labels: np.ndarray, pp
 
 
 def render_photo(rng: np.random.Generator, photo: Photo, fitz: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-    """RGB uint8 image, label map, fibrin label map and nuisance parameters of one photo."""
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """RGB uint8 image, label map, fibrin label map, planted-region map and nuisance parameters.
+
+    The planted-region map holds, per pixel, 0, a nodule (1) or a distractor (2 + its index in
+    DISTRACTORS); the wounds' described-only attributes (pain, itch, bleeding, duration) are never
+    read here, so no photo shows them."""
     w, h = SIZES[int(rng.choice(len(SIZES), p=[0.25, 0.15, 0.15, 0.1, 0.1, 0.15, 0.1]))]
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     # Body part: a band around an axis through the frame; beyond it, a bedsheet.
@@ -326,6 +330,9 @@ def render_photo(rng: np.random.Generator, photo: Photo, fitz: int
         wet[ys, xs] += alpha * ((1 - crust) * (0.8 - 0.6 * fib))
         fibrin_map[ys, xs][mine & (fib > 0.5)] = n
 
+    nodule_map = _nodules(rng, photo, geos, labels, col, height, wet)
+    distractor_map = _dressings_and_markers(rng, photo, geos, labels, col, height, wet, nodule_map)
+
     # Light: Lambert shading of the height field, gradient, cylinder fall-off, flash glints.
     light_dir = rng.uniform(0, 2 * math.pi)
     lz = rng.uniform(0.75, 0.9)
@@ -343,6 +350,7 @@ def render_photo(rng: np.random.Generator, photo: Photo, fitz: int
     glint = np.clip(wet, 0, 1) * (np.clip(shade - 1.02, 0, None) * 2.5
                                    + (spec_field > (2.1 if flash else 2.6)) * 0.7)
     col += np.clip(glint, 0, 1)[..., None] * np.float32(0.9)
+    _glare(rng, photo, geos, labels, col, distractor_map, nodule_map)
 
     # Background sheet with folds and weave, a soft shadow next to the body.
     if has_bg:
@@ -374,7 +382,118 @@ def render_photo(rng: np.random.Generator, photo: Photo, fitz: int
     nuisance = {"width": w, "height": h, "px_per_cm": round(ppc, 3), "flash": int(flash),
                 "blur_sigma": round(blur, 3), "wb_red": round(float(wb[0]), 4), "wb_blue": round(float(wb[2]), 4),
                 "background": int(has_bg), "ruler": int(ruler), "light_azimuth": round(light_dir, 4)}
-    return img, labels, fibrin_map, nuisance
+    planted = np.where(nodule_map, np.uint8(1), distractor_map).astype(np.uint8)
+    return img, labels, fibrin_map, planted, nuisance
+
+
+def _wound_box(geo: _Geometry, labels: np.ndarray, pad: float) -> tuple[slice, slice]:
+    h, w = labels.shape
+    reach = geo.bound * pad + 4
+    return (slice(max(0, int(geo.cy - reach)), min(h, int(geo.cy + reach) + 1)),
+            slice(max(0, int(geo.cx - reach)), min(w, int(geo.cx + reach) + 1)))
+
+
+def _nodules(rng: np.random.Generator, photo: Photo, geos: list[_Geometry], labels: np.ndarray,
+             col: np.ndarray, height: np.ndarray, wet: np.ndarray) -> np.ndarray:
+    """Raise the clinically decisive nodule (pearly, lobulated, glossy) inside each wound that has one,
+    taking its ``nodule`` share of the bed; return the boolean map of nodule pixels."""
+    out = np.zeros(labels.shape, bool)
+    for n, (geo, wd) in enumerate(zip(geos, photo.wounds), start=1):
+        if wd.nodule <= 0:
+            continue
+        ys, xs = _wound_box(geo, labels, 1.0)
+        mine = labels[ys, xs] == n
+        inner = ndimage.distance_transform_edt(mine)
+        if not mine.any():
+            continue
+        r = math.sqrt(wd.nodule * mine.sum() / math.pi)
+        cand = np.argwhere(inner >= min(r * 0.8, inner.max()))
+        cy, cx = cand[int(rng.integers(len(cand)))]
+        bh, bw = mine.shape
+        yy, xx = np.mgrid[0:bh, 0:bw].astype(np.float32)
+        lobes = _noise(rng, bh, bw, max(1.5, r / 2.5))
+        d = np.hypot(yy - cy, xx - cx) / max(r, 1.0) + 0.12 * lobes
+        blob = _smoothstep((1.0 - d) / 0.25) * mine
+        tone = np.array([0.96, 0.80, 0.78], np.float32) * (1 + 0.06 * lobes[..., None])
+        patch = col[ys, xs]
+        patch[:] = patch * (1 - blob[..., None]) + tone * blob[..., None]
+        height[ys, xs] += 4.0 * blob + 0.8 * blob * lobes
+        wet[ys, xs] += 0.6 * blob
+        out[ys, xs] |= blob > 0.5
+    return out
+
+
+def _dressings_and_markers(rng: np.random.Generator, photo: Photo, geos: list[_Geometry], labels: np.ndarray,
+                           col: np.ndarray, height: np.ndarray, wet: np.ndarray, nodules: np.ndarray) -> np.ndarray:
+    """Lay a dressing edge (a meshed, cream band over part of the bed and the skin next to it) and
+    draw a tattoo-like marker-ink mark across the wounds that have them, never over a nodule;
+    return a uint8 map (2 + DISTRACTORS index where one lies, 0 elsewhere)."""
+    out = np.zeros(labels.shape, np.uint8)
+    for n, (geo, wd) in enumerate(zip(geos, photo.wounds), start=1):
+        ys, xs = _wound_box(geo, labels, 1.3)
+        mine = labels[ys, xs] == n
+        if not mine.any():
+            continue
+        bh, bw = mine.shape
+        yy, xx = np.mgrid[ys, xs].astype(np.float32)
+        clear = ~ndimage.binary_dilation(nodules[ys, xs], iterations=3)
+        if "dressing" in wd.distractors:
+            theta = rng.uniform(0, 2 * math.pi)
+            proj = (xx - geo.cx) * math.cos(theta) + (yy - geo.cy) * math.sin(theta)
+            thr = np.quantile(proj[mine], 1 - rng.uniform(0.25, 0.45))
+            band = _smoothstep((proj - thr) / 1.5) * clear
+            period = max(3.0, geo.r / 8)
+            mesh = ((np.mod(xx + yy, period) < 1.0) | (np.mod(xx - yy, period) < 1.0)).astype(np.float32)
+            gauze = np.array([0.94, 0.93, 0.86], np.float32) * (1 - 0.12 * mesh[..., None])
+            shadow = np.exp(-np.clip(thr - proj, 0, None) / 2.5) * (1 - band)
+            patch = col[ys, xs]
+            patch *= (1 - 0.35 * shadow)[..., None]
+            patch[:] = patch * (1 - band[..., None]) + gauze * band[..., None]
+            height[ys, xs] = height[ys, xs] * (1 - band) + 1.5 * band
+            wet[ys, xs] *= (1 - band)
+            out[ys, xs][band > 0.5] = 2 + DISTRACTORS.index("dressing")
+        if "marker" in wd.distractors:
+            ink = Image.new("L", (bw, bh), 0)
+            draw = ImageDraw.Draw(ink)
+            width = max(2, int(round(0.1 * geo.r)))
+            cy, cx = geo.cy - ys.start, geo.cx - xs.start
+            for _stroke in range(int(rng.integers(2, 4))):
+                a = rng.uniform(0, math.pi)
+                off = rng.uniform(-0.4, 0.4) * geo.r
+                dx, dy = math.cos(a) * geo.r * 1.1, math.sin(a) * geo.r * 1.1
+                ox, oy = -math.sin(a) * off, math.cos(a) * off
+                draw.line((cx + ox - dx, cy + oy - dy, cx + ox + dx, cy + oy + dy), fill=255, width=width)
+            mark = ndimage.gaussian_filter(np.asarray(ink, np.float32) / 255, 0.6) * 0.85 * clear
+            dye = np.array([0.28, 0.2, 0.52], np.float32)
+            patch = col[ys, xs]
+            patch[:] = patch * (1 - mark[..., None]) + dye * patch.mean() * 1.3 * mark[..., None]
+            out[ys, xs][mark > 0.4] = 2 + DISTRACTORS.index("marker")
+    return out
+
+
+def _glare(rng: np.random.Generator, photo: Photo, geos: list[_Geometry], labels: np.ndarray,
+           col: np.ndarray, planted: np.ndarray, nodules: np.ndarray) -> None:
+    """A blown-out specular highlight over part of each wound that has one, off its nodule (after
+    the lighting)."""
+    for n, (geo, wd) in enumerate(zip(geos, photo.wounds), start=1):
+        if "glare" not in wd.distractors:
+            continue
+        ys, xs = _wound_box(geo, labels, 1.0)
+        mine = labels[ys, xs] == n
+        if not mine.any():
+            continue
+        pts = np.argwhere(mine)
+        cy, cx = pts[int(rng.integers(len(pts)))]
+        bh, bw = mine.shape
+        yy, xx = np.mgrid[0:bh, 0:bw].astype(np.float32)
+        clear = ~ndimage.binary_dilation(nodules[ys, xs], iterations=3)
+        r = geo.r * rng.uniform(0.3, 0.45)
+        a = rng.uniform(0, math.pi)
+        u = ((xx - cx) * math.cos(a) + (yy - cy) * math.sin(a)) / (1.6 * r)
+        v = (-(xx - cx) * math.sin(a) + (yy - cy) * math.cos(a)) / (0.7 * r)
+        spot = np.exp(-2.0 * (u * u + v * v) ** 1.5) * clear
+        col[ys, xs] += np.float32(1.1) * spot[..., None]
+        planted[ys, xs][(spot > 0.5) & (planted[ys, xs] == 0)] = 2 + DISTRACTORS.index("glare")
 
 
 def font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:

@@ -12,17 +12,42 @@ from scipy.special import expit
 NUMERIC_ATTRIBUTES = ("granulation", "fibrin", "depth", "erythema", "crust")
 
 
+# Told, never shown: symptoms and history that only the descriptions carry (not rendered).
+DESCRIBED_ATTRIBUTES = ("pain", "itch", "bleeding", "duration_weeks")
+
+
+BLEEDING = ("none", "occasional", "frequent")
+
+
+# In-wound distractors: rendered, never part of the expert's truth, never described.
+DISTRACTORS = ("dressing", "glare", "marker")
+
+
+DISTRACTOR_RATE = {"dressing": 0.4, "glare": 0.4, "marker": 0.3}
+
+
 BORDERS = ("regular", "hyperkeratotic", "fibrotic", "scarred")
 
 
-# Latent vector of a wound: standardised attributes, each with an expert weight.
-LATENT_FEATURES = (
+# Latent vector of a wound: standardised attributes, each with an expert weight. The first
+# VISIBLE_FEATURES are what a photo shows (``nodule`` is the small, clinically decisive region: a
+# raised nodule suspicious for squamous cell carcinoma); the rest only the descriptions tell.
+VISIBLE_FEATURES = (
     "granulation", "fibrin", "depth", "erythema", "crust",
-    "border_hyperkeratotic", "border_fibrotic", "border_scarred", "log_size",
+    "border_hyperkeratotic", "border_fibrotic", "border_scarred", "log_size", "nodule",
 )
 
 
-LATENT_WEIGHTS = (1.0, 1.0, 1.0, 0.8, 0.8, 0.6, 0.6, 0.6, 0.5)
+DESCRIBED_FEATURES = ("pain", "itch", "bleeding", "log_duration")
+
+
+LATENT_FEATURES = VISIBLE_FEATURES + DESCRIBED_FEATURES
+
+
+LATENT_WEIGHTS = (0.8, 0.8, 0.8, 0.6, 0.6, 0.5, 0.5, 0.5, 0.4, 1.6, 1.2, 1.0, 1.0, 0.9)
+
+
+NODULE_RATE = 0.25
 
 
 CONCEPTS = (
@@ -72,6 +97,11 @@ class Wound:
     width_cm: float
     duration_weeks: int
     site: str
+    nodule: float = 0.0              # share of the wound bed taken by the decisive nodule (0 = none)
+    pain: int = 0                    # 0–10 numeric rating scale (told, not shown)
+    itch: int = 0                    # 0–10 (told, not shown)
+    bleeding: str = "none"           # BLEEDING: bleeding history (told, not shown)
+    distractors: tuple[str, ...] = ()  # DISTRACTORS drawn over the wound (shown, ignored by the expert)
 
 
 @dataclass
@@ -116,6 +146,7 @@ def sample_population(rng: np.random.Generator, n_photos: int, n_patients: int, 
             else "RDEB generalized intermediate",
             "effect": rng.normal(0.0, 0.7, size=len(NUMERIC_ATTRIBUTES)),
             "border_effect": rng.normal(0.0, 0.8, size=len(BORDERS)),
+            "told_effect": rng.normal(0.0, 1.0, size=3),
         })
     owner = np.concatenate([np.arange(n_patients), rng.choice(
         n_patients, size=n_photos - n_patients, p=rng.dirichlet(np.full(n_patients, 1.5)))])
@@ -152,21 +183,45 @@ def sample_population(rng: np.random.Generator, n_photos: int, n_patients: int, 
             size = float(np.clip(math.exp(math.log(2.2) + 0.3 * s + 0.3 * chronic
                                           + 0.45 * rng.standard_normal() - 0.35 * math.log(n)), 0.3, 14.0))
             sub = subsites[int(rng.integers(len(subsites)))]
-            photo.wounds.append(Wound(
+            wound = Wound(
                 attrs={"granulation": float(g), "fibrin": f, "depth": float(dep),
                        "erythema": float(ery), "crust": cr},
                 border=border, size_cm=round(size, 1), width_cm=round(size * rng.uniform(0.45, 0.95), 1),
                 duration_weeks=int(np.clip(round(math.exp(1.6 + 0.9 * chronic)), 1, 300)),
-                site=f"{side} {sub}".strip()))
+                site=f"{side} {sub}".strip())
+            _told_and_planted(rng, wound, pat)
+            photo.wounds.append(wound)
         photos.append(photo)
     return patients, photos
 
 
+def _told_and_planted(rng: np.random.Generator, w: Wound, patient: dict[str, Any]) -> None:
+    """Draw the decisive nodule, the described-only symptoms and history, and the distractors.
+
+    Symptoms depend on a patient effect and weakly on the visible bed, so the descriptions
+    add information that no photo holds; distractors are independent of everything."""
+    s, told = patient["severity"], patient["told_effect"]
+    w.nodule = float(rng.uniform(0.1, 0.2)) if rng.random() < NODULE_RATE * (1 + 0.3 * s) else 0.0
+    w.pain = int(np.clip(round(4 + 1.5 * told[0] + 2 * w.attrs["depth"] - 1 + 1.6 * rng.standard_normal()), 0, 10))
+    w.itch = int(np.clip(round(3.5 + 1.5 * told[1] + 2 * w.attrs["granulation"] + 1.8 * rng.standard_normal()), 0, 10))
+    b = 0.8 * told[2] + 1.5 * w.attrs["crust"] + 0.8 * rng.standard_normal()
+    w.bleeding = BLEEDING[int(np.digitize(b, (-0.3, 0.8)))]
+    w.distractors = tuple(d for d in DISTRACTORS if rng.random() < DISTRACTOR_RATE[d])
+
+
 def wound_features(wounds: list[Wound]) -> np.ndarray:
-    """Raw (unstandardised) latent features, one row per wound, columns LATENT_FEATURES."""
+    """Raw (unstandardised) latent features, one row per wound, columns LATENT_FEATURES.
+
+    Distractors are not among them: the expert ignores them."""
     return np.array([[w.attrs[a] for a in NUMERIC_ATTRIBUTES]
-                     + [float(w.border == b) for b in BORDERS[1:]] + [math.log(w.size_cm)]
+                     + [float(w.border == b) for b in BORDERS[1:]] + [math.log(w.size_cm), w.nodule]
+                     + [w.pain, w.itch, BLEEDING.index(w.bleeding), math.log(w.duration_weeks)]
                      for w in wounds], dtype=np.float64)
+
+
+def visible_columns() -> np.ndarray:
+    """Boolean mask over LATENT_FEATURES: True where a photo shows the feature."""
+    return np.array([f in VISIBLE_FEATURES for f in LATENT_FEATURES])
 
 
 def standardise(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,14 +16,16 @@ One interface, three backends:
   batched forward pass), calibrated against a content-free prompt (Zhao et al., "Calibrate
   Before Use", ICML 2021) because the raw model answers "j" to nearly everything. A 135M
   model is a DEMO oracle, not a clinical one.
-- :class:`PhantomOracle` — answers from a phantom dataset's latent truth with the simulated
-  expert's noise model (:mod:`core.phantoms`): a research/benchmark oracle on SYNTHETIC data.
+- :class:`PhantomOracle` — reads the three photos' descriptions as a phantom dataset's text
+  oracle does (:mod:`core.phantoms`) and answers with the simulated expert's noise model: a
+  research/benchmark oracle on SYNTHETIC data that, like the LLM prompt, sees only the texts.
 
 The prompt template is versioned (:data:`PROMPT_VERSION`); the version is part of every
 cache key in the store, so changing the wording never reuses old answers.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -36,17 +38,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-PROMPT_VERSION = "triderm-v1"
+PROMPT_VERSION = "triderm-v2"
 ORACLES = ("ollama", "local", "phantom")
 DEFAULT_MODELS = {"ollama": "gpt-oss:120b", "local": "smollm2-135m-instruct", "phantom": "phantom-expert"}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 SYSTEM_PROMPT = (
     "You are a senior dermatologist specialised in recessive dystrophic epidermolysis bullosa "
-    "(RDEB) and its chronic wounds. You compare wounds by their clinical appearance: "
-    "granulation tissue, fibrin coverage, inflammation and erythema, depth, border "
-    "(hyperkeratotic, fibrotic, scarred) and surface (hemorrhagic crusts). Judge the "
-    "similarity a wound-care specialist would see, not the wording of the descriptions."
+    "(RDEB) and its chronic wounds. You compare wounds by everything the descriptions report: "
+    "their clinical appearance (granulation tissue, fibrin coverage, inflammation and erythema, "
+    "depth, border: hyperkeratotic, fibrotic, scarred; surface: hemorrhagic crusts; nodules "
+    "suspicious for squamous cell carcinoma weigh heavily) and what a photo cannot show: pain, "
+    "itch, bleeding history and how long the wound has been open. Judge the similarity a "
+    "wound-care specialist would see, not the wording of the descriptions; ignore what is not "
+    "clinical (dressings, marker ink, reflections)."
 )
 
 USER_TEMPLATE = (
@@ -330,36 +335,42 @@ class LocalOracle(Oracle):
 
 # ----------------------------------------------------------------------------------- phantom
 class PhantomOracle(Oracle):
-    """The phantom dataset's simulated expert (SYNTHETIC research/benchmark oracle).
+    """The phantom dataset's text oracle (SYNTHETIC research/benchmark oracle), a stand-in for
+    the LLM that, like the LLM prompt, sees only the descriptions.
 
-    Answers come from the latent truth in ``truth/`` with the simulated expert's noise model
-    (:meth:`core.phantoms.PhantomTruth.answer`: a skip chance, then P(j) = Φ(Δ/σ)), drawn
-    from a random stream seeded by (seed, i, j, k) so that an answer does not depend on the
-    order or the thread in which questions are asked. The texts are ignored. With
-    ``skips=False`` the skip draw is ignored and every question gets j or k (as an LLM's).
+    It reads the three photos' description texts (:class:`core.phantoms.TextOracle`: stated
+    values, standardised and weighted as the phantom expert weighs them; unstated values at the
+    mean) and answers with the simulated expert's noise model (a skip chance, then
+    P(j) = Φ(Δ/σ) on the text vectors), drawn from a random stream seeded by (seed, i, j, k) so
+    that an answer depends neither on the order nor the thread in which questions are asked.
+    From ``truth/`` it reads only ``oracle.json``'s ``text_oracle`` block (reading statistics
+    and noise), never a wound's hidden attributes. With ``skips=False`` every question gets j or k.
     """
 
     name = "phantom"
 
     def __init__(self, truth_dir: str | Path, model: str = DEFAULT_MODELS["phantom"], seed: int = 0,
                  skips: bool = True) -> None:
-        from core.phantoms import load_truth
+        from core.phantoms import load_text_oracle
 
         try:
-            self.truth = load_truth(truth_dir)
+            self.text_oracle = load_text_oracle(truth_dir)
         except FileNotFoundError as exc:
             raise OracleUnavailable(f"the phantom oracle needs a synthetic workspace with truth/: {exc}") from exc
         self.model = model
         self.seed = seed
         self.skips = skips
 
+    def _stream(self, q: Question) -> np.random.Generator:
+        key = hashlib.sha256("\0".join((q.anchor, q.ref_j, q.ref_k)).encode()).digest()
+        return np.random.default_rng([self.seed, *np.frombuffer(key[:16], dtype=np.uint32).tolist()])
+
     def answer_question(self, q: Question) -> Answer:
         t0 = time.perf_counter()
-        idx = [self.truth.index(x) for x in (q.anchor, q.ref_j, q.ref_k)]
-        p_skip, p_j = self.truth.probabilities(*idx)
-        u_skip, u_choice = np.random.default_rng([self.seed, *idx]).random(2)  # PhantomTruth.answer's order
+        p_skip, p_j = self.text_oracle.probabilities(q.anchor_text, q.j_text, q.k_text)
+        u_skip, u_choice = self._stream(q).random(2)
         choice = "skip" if self.skips and u_skip < p_skip else ("j" if u_choice < p_j else "k")
-        raw = json.dumps({"answer": choice, "synthetic": True})
+        raw = json.dumps({"answer": choice, "p_j": round(p_j, 5), "synthetic": True})
         return Answer(choice, raw, (time.perf_counter() - t0) * 1000, None, None)
 
 
