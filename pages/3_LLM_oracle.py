@@ -20,8 +20,8 @@ with st.form("llm_form"):
     c1, c2, c3 = st.columns(3)
     oracle = c1.selectbox("Oracle", ["local", "ollama", "phantom"],
                           help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
-                               "ollama: a model served by Ollama; phantom: answers from the synthetic truth "
-                               "(benchmarks only)")
+                               "ollama: a model served by Ollama; phantom: reads the SYNTHETIC descriptions "
+                               "like a calibrated expert would (benchmarks only)")
     model = c2.text_input("Model (ollama)", value="gpt-oss:120b", help="Ignored by the local and phantom oracles")
     host = c3.text_input("Ollama host", value="", placeholder="default: $OLLAMA_HOST or localhost")
     c4, c5, c6, c7 = st.columns(4)

@@ -45,3 +45,32 @@ def medetec_dir() -> Path:
     if not (MEDETEC / "images").is_dir():
         pytest.skip(f"Medetec data not found at {MEDETEC}")
     return MEDETEC
+
+
+@pytest.fixture(scope="session")
+def tiny_phantom(tmp_path_factory):
+    """``tiny_phantom(seed, photos, patients, wounds, triplets)`` → a small SYNTHETIC dataset folder,
+    built once per session for each size."""
+    from core.phantoms import build
+
+    built: dict[tuple[int, ...], Path] = {}
+
+    def make(seed: int, photos: int, patients: int, wounds: int, triplets: int) -> Path:
+        key = (seed, photos, patients, wounds, triplets)
+        if key not in built:
+            built[key] = tmp_path_factory.mktemp("tiny") / "ds"
+            build(built[key], seed=seed, photos=photos, patients=patients, wounds=wounds, triplets=triplets)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture
+def imported(tmp_path):
+    """``imported(dataset)`` → a new workspace in this test's temporary folder holding ``dataset``."""
+    def make(dataset: Path) -> Workspace:
+        ws = Workspace(tmp_path / "ws")
+        import_dataset(ws, dataset)
+        return ws
+
+    return make

@@ -11,12 +11,8 @@ from benchmarks.real_vision import configurations_tried, main
 
 
 @pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory):
-    from core.phantoms import build
-
-    out = tmp_path_factory.mktemp("tiny") / "ds"
-    build(out, seed=7, photos=10, patients=6, wounds=14, triplets=120)
-    return out
+def tiny_dataset(tiny_phantom):
+    return tiny_phantom(7, 10, 6, 14, 120)
 
 
 @pytest.mark.slow

@@ -13,21 +13,13 @@ FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
 
 
 @pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory):
-    from core.phantoms import build
-
-    out = tmp_path_factory.mktemp("tiny") / "ds"
-    build(out, seed=5, photos=5, patients=2, wounds=8, triplets=30)
-    return out
+def tiny_dataset(tiny_phantom):
+    return tiny_phantom(5, 5, 2, 8, 30)
 
 
 @pytest.fixture
-def tiny_ws(tiny_dataset, tmp_path) -> Workspace:
-    from annotations.dataset import import_dataset
-
-    ws = Workspace(tmp_path / "ws")
-    import_dataset(ws, tiny_dataset)
-    return ws
+def tiny_ws(tiny_dataset, imported) -> Workspace:
+    return imported(tiny_dataset)
 
 
 def test_train_writes_run_embeddings_and_attention(tiny_ws):
