@@ -25,3 +25,9 @@ test: install
 
 app: install
 	$(VENV)/bin/streamlit run app.py
+
+# Rerun every section's command from benchmarks/results.py SECTIONS (hours on 2 cores), or one
+# with SECTION=name, then render docs/RESULTS.md from results/*.json.
+.PHONY: results
+results: install
+	$(PY) -m benchmarks.results --run $(or $(SECTION),all)

@@ -7,19 +7,27 @@ AdamW) of the DermLIP architecture (open_clip ViT-B-16, 224 px, 196 patches) wit
 **randomly initialised weights** — the step cost does not depend on the weights, and the
 DermLIP weights need the hub — for each patch-dropout rate, against the no-dropout baseline.
 
-    python -m benchmarks.flip [--batch 16] [--steps 3] [--rates 0 0.5 0.75]
+    python -m benchmarks.flip [--batch 16] [--steps 3] [--rates 0 0.5 0.75] [--seed 0] [--quick]
+
+Inputs are random tensors (``synthetic``); writes ``results/flip.json`` (:mod:`benchmarks.results`).
 """
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
+from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core.concepts.dual_encoder import DualEncoder, ImageTower, MiniLMTower
 from core.losses.make import CLIPLoss
 from core.runtime import pick_device
 from core.vision.backbones import load_backbone
+
+# The paper's figures (contrastive benchmark §3, quoting FLIP), shown beside the measurement.
+PAPER_MASKING = (0.5, 0.75)
+PAPER_SPEEDUP = (2, 4)
 
 
 def step_seconds(model: DualEncoder, rate: float, batch: int, steps: int, seed: int = 0) -> float:
@@ -53,28 +61,44 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.flip", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per rate (after one warm-up)")
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.5, 0.75])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.5, 0.75],
+                        help="patch-dropout rates; 0 (the baseline) is always measured first")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    parser.add_argument("--quick", action="store_true", help="smoke setting: batch 2, 1 step, rates 0 and 0.5")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file flip.json")
     args = parser.parse_args(argv)
-    if any(not 0 <= r < 1 for r in args.rates):
+    batch, steps, rates = (2, 1, [0.0, 0.5]) if args.quick else (args.batch, args.steps, args.rates)
+    if any(not 0 <= r < 1 for r in rates):
         parser.error("--rates must lie in [0, 1)")
-    if args.batch < 2 or args.steps < 1:
+    if batch < 2 or steps < 1:
         parser.error("--batch must be ≥ 2 and --steps ≥ 1")
+    t0 = time.perf_counter()
     device = pick_device()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     backbone = load_backbone("dermlip", device=device, pretrained=False)
     model = DualEncoder(ImageTower(backbone), MiniLMTower()).to(device)
-    rates = [0.0, *[r for r in args.rates if r != 0.0]]
+    rates = [0.0, *sorted({r for r in rates if r != 0.0})]
     gh, gw = backbone.grid()
-    print(f"FLIP step time: {backbone.name} (ViT-B-16, random weights), {backbone.input_size} px, "
-          f"batch {args.batch}, {device}, {torch.get_num_threads()} threads, median of {args.steps} steps")
-    print(f"{'patch dropout':>13} {'patches kept':>12} {'s/step':>8} {'speed-up vs 0':>14}")
-    base = None
+    rows, base = [], None
     for rate in rates:
-        s = step_seconds(model, rate, args.batch, args.steps)
+        s = step_seconds(model, rate, batch, steps, seed=args.seed)
         base = base or s
-        kept = max(1, int(gh * gw * (1 - rate)))
-        print(f"{rate:>13.2f} {kept:>12d} {s:>8.2f} {base / s:>13.2f}×")
-    print("paper (contrastive benchmark §3, after FLIP): masking 50–75% of patches cuts compute 2–4×")
+        rows.append([rate, max(1, int(gh * gw * (1 - rate))), s, base / s])
+        print(f"  patch dropout {rate:.2f}: {s:.2f} s/step", flush=True)
+    tables = [{"caption": f"One CLIP training step of the image tower: {backbone.name} (ViT-B-16, random weights), "
+                          f"{backbone.input_size} px, batch {batch}, {device}, {torch.get_num_threads()} threads, "
+                          f"median of {steps} step(s)",
+               "columns": ["patch dropout", "patches kept", "s/step", "speed-up vs no dropout"], "rows": rows}]
+    lo, hi = PAPER_SPEEDUP
+    notes = [f"Paper (contrastive benchmark §3, after FLIP): masking {PAPER_MASKING[0]:.0%}–{PAPER_MASKING[1]:.0%} of "
+             f"patches cuts compute {lo:g}–{hi:g}×; measured here: "
+             + ", ".join(f"{r[3]:.2f}× at {r[0]:.0%}" for r in rows[1:]) + "."]
+    print(render_tables(tables))
+    print(notes[0])
+    title = "FLIP patch dropout: image-tower step time" + (" [quick]" if args.quick else "")
+    path = write_result("flip", title, command_line("benchmarks.flip", argv), [args.seed], tables, notes=notes,
+                        synthetic=True, seconds=time.perf_counter() - t0, results_dir=args.results)
+    print(f"wrote {path}")
     return 0
 
 
