@@ -200,6 +200,8 @@ def fmt_cell(v: Any) -> str:
     """A table cell: a number, text, or a mean ± sd [95 % CI] dict, whose figures are all given to the
     decimal of the sd's second significant digit (one decimal when the sd is 0 or missing)."""
     if isinstance(v, dict):
+        if v.get("mean") is None:
+            return "–"
         sd = v.get("sd")
         places = min(4, max(0, 1 - math.floor(math.log10(sd)))) if sd else 1
         text = f"{v['mean']:.{places}f}"
