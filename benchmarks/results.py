@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "results"
 RESULTS_MD = REPO / "docs" / "RESULTS.md"
 COMMAND_ENV = "TRIDERM_RESULT_COMMAND"  # set by --run: the registry command a writer records
+STARTED_ENV = "TRIDERM_RESULT_STARTED"  # set by --run: epoch seconds when the section's command started
 
 # Section name → the shell command (run from the repository root) that regenerates it from scratch.
 SECTIONS: dict[str, str] = {
@@ -83,16 +84,19 @@ def machine() -> dict[str, Any]:
 
 
 def git_commit() -> str:
-    """HEAD's sha, suffixed ``-dirty`` when tracked code (outside results/ and RESULTS.md) differs from it."""
+    """HEAD's sha, suffixed ``-dirty`` when tracked code (outside tests/, docs/ and results/) differs from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
         sha = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs/RESULTS.md")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs", ":!tests")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "")
+
+
+RUN_COMMIT = git_commit()  # taken when a run starts (imports its code), not when it writes
 
 
 def mean_sd_ci(values: Iterable[float | None]) -> dict[str, Any] | None:
@@ -125,6 +129,13 @@ def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: floa
     return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}", "p": p, "holds": bool(p < alpha)}
 
 
+def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:
+    """How many claims hold by chance alone when none is true, from the number of tests."""
+    held = sum(c["holds"] for c in claims)
+    return (f"{len(claims)} tests at α = {alpha:g}: {held} hold; about {alpha * len(claims):.2f} would hold by "
+            f"chance alone if no difference were real.")
+
+
 def _clean(value: Any) -> Any:
     """JSON-ready copy: numpy scalars → Python numbers, NaN/inf → None, tuples → lists."""
     if isinstance(value, dict):
@@ -141,7 +152,9 @@ def _clean(value: Any) -> Any:
 def write_result(section: str, title: str, command: str, seeds: Sequence[int], tables: Sequence[dict],
                  claims: Sequence[dict] = (), notes: Sequence[str] = (), synthetic: bool = True,
                  seconds: float = 0.0, results_dir: Path | str = RESULTS_DIR) -> Path:
-    """Write ``<results_dir>/<section>.json`` atomically (temp file in the folder, fsync, replace)."""
+    """Write ``<results_dir>/<section>.json`` atomically (temp file in the folder, fsync, replace).
+
+    Under ``--run`` the recorded wall time is the whole section command's (e.g. data preparation too)."""
     for t in tables:
         if set(t) != {"caption", "columns", "rows"}:
             raise ValueError(f"a table needs exactly caption, columns and rows, got {sorted(t)}")
@@ -151,8 +164,10 @@ def write_result(section: str, title: str, command: str, seeds: Sequence[int], t
     for c in claims:
         if set(c) != {"claim", "test", "p", "holds"}:
             raise ValueError(f"a claim needs exactly claim, test, p and holds, got {sorted(c)}")
+    if os.environ.get(STARTED_ENV):
+        seconds = time.time() - float(os.environ[STARTED_ENV])
     record = _clean({"section": section, "title": title, "command": command, "seeds": list(seeds),
-                     "machine": machine(), "commit": git_commit(),
+                     "machine": machine(), "commit": RUN_COMMIT,
                      "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": float(seconds),
                      "synthetic": bool(synthetic), "tables": list(tables), "claims": list(claims),
                      "notes": list(notes)})
@@ -295,7 +310,7 @@ def run_section(name: str, results_dir: Path) -> bool:
     """Run a section's registry command from the repository root; True when it wrote its file."""
     target = results_dir / f"{name}.json"
     before = target.stat().st_mtime_ns if target.exists() else None
-    env = {**os.environ, COMMAND_ENV: SECTIONS[name],
+    env = {**os.environ, COMMAND_ENV: SECTIONS[name], STARTED_ENV: repr(time.time()),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     print(f"[results] {name}: {SECTIONS[name]}", flush=True)
     t0 = time.perf_counter()

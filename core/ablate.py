@@ -48,7 +48,7 @@ def write_results(ws: Workspace, out: dict[str, Any], seeds: int, quick: bool, a
                   seconds: float, results_dir: Path) -> Path:
     """The ablation tables as ``results_dir/ablation.json``: balanced and micro agreement (%) as mean ± sd
     [95 % CI] over seeds beside the paper's figure, and paired claims for the paper's orderings."""
-    from benchmarks.results import command_line, mean_sd_ci, paired_claim, write_result
+    from benchmarks.results import command_line, mean_sd_ci, multiple_tests_note, paired_claim, write_result
 
     summary, t = out["summary"], titles(ws, seeds, quick)
     tables, claims = [], []
@@ -71,6 +71,8 @@ def write_results(ws: Workspace, out: dict[str, Any], seeds: int, quick: bool, a
         claims = [paired_claim(f"{a} beats {b} (balanced agreement)", by_label[a], by_label[b])
                   for a, b in pairs if a in by_label and b in by_label]
     notes = [*out["notes"], f"{out['computed']} cells computed, {out['reused']} reused from the cell cache."]
+    if claims:
+        notes.append(multiple_tests_note(claims))
     return write_result("ablation", "Ablations (TriDerm Table 2)" + (" [quick]" if quick else ""),
                         command_line("core.ablate", argv), list(range(seeds)), tables, claims, notes,
                         synthetic=ws.is_synthetic, seconds=seconds, results_dir=results_dir)
@@ -93,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds must be ≥ 1, got {args.seeds}")
     if args.vision_epochs is not None and args.vision_epochs < 1:
         parser.error(f"--vision-epochs must be ≥ 1, got {args.vision_epochs}")
+    if args.source is not None and "text" not in args.tables:
+        parser.error("--source picks the oracle of Table 2a: add text to --tables or drop --source")
+    if (args.vision_epochs is not None or args.quick) and "vision" not in args.tables:
+        parser.error("--quick and --vision-epochs shorten Table 2b: add vision to --tables or drop them")
     root = resolve_workspace(args.workspace)
     if not (root / "triderm.sqlite").exists():
         parser.error(f"no workspace at {root} (no triderm.sqlite); import a dataset first")

@@ -260,3 +260,40 @@ def test_cell_key_follows_defaults_data_code_and_backbone(monkeypatch):
     monkeypatch.setitem(triderm.DEFAULTS, "weight_decay", 1e-4)  # a default no row overrides
     assert all(c != b for c, b in zip(keys()[10:], base[10:]))
     assert ablation.text_code_hash() == ablation.text_code_hash() != ablation.vision_code_hash()
+
+
+def test_ablate_writes_its_result_file_with_paired_claims(tmp_path, capsys):
+    from benchmarks.results import REQUIRED, render
+    from core.ablate import main as ablate_main
+
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    out = tmp_path / "results"
+    argv = ["--workspace", str(ws.root), "--tables", "text", "--seeds", "2", "--results", str(out)]
+    with pytest.raises(SystemExit) as exc:  # no llm:<model> source: nothing to measure, so no result file
+        ablate_main(argv)
+    assert exc.value.code == 2 and "no llm:<model> triplets" in capsys.readouterr().err and not out.exists()
+
+    _add_llm_source(ws, truth, "good", flip=0.05, m=400, seed=1)
+    assert ablate_main(argv) == 0
+    record = json.loads((out / "ablation.json").read_text(encoding="utf-8"))
+    assert set(REQUIRED) <= set(record) and record["seeds"] == [0, 1] and record["synthetic"] is True
+    rows = {r[0]: r for r in record["tables"][0]["rows"]}
+    assert len(rows) == 10 and rows["dim 4"][1] == rows["budget 100%"][1] and rows["dim 2"][3] == 62.6
+    assert rows["dim 4"][1]["ci"][0] <= rows["dim 4"][1]["mean"] <= rows["dim 4"][1]["ci"][1]
+    claims = {c["claim"]: c for c in record["claims"]}
+    assert len(claims) == 4 + 3 and all(c["holds"] == (c["p"] < 0.05) for c in claims.values())
+    assert claims["budget 100% beats budget 0.1% (balanced agreement)"]["holds"] is True
+    assert "## Ablations (TriDerm Table 2)" in render(out)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tables", "vision", "--source", "llm:x"], "--source picks the oracle"),
+    (["--tables", "text", "--vision-epochs", "3"], "shorten Table 2b"),
+    (["--tables", "text", "--quick"], "shorten Table 2b"),
+])
+def test_ablate_flags_that_would_do_nothing_exit_2(tmp_path, capsys, argv, message):
+    from core.ablate import main as ablate_main
+
+    with pytest.raises(SystemExit) as exc:
+        ablate_main(["--workspace", str(tmp_path / "none"), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -324,7 +324,8 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
                 results[key] = json.loads(path.read_text(encoding="utf-8"))["result"]
                 reused += 1
             else:
-                bar.set_postfix_str(" ".join(str(v) for k, v in cfg.items() if k != "kind") + f" seed {seed}")
+                bar.set_postfix_str(" ".join(f"{k} {cfg[k]}" for k in ("source", "dim", "budget", "pooling", "loss")
+                                             if k in cfg) + f" seed {seed}")
                 t0 = time.perf_counter()
                 result = {**compute[table](cfg, seed, key), "seconds": time.perf_counter() - t0}
                 tmp = path.with_suffix(".tmp")
