@@ -14,6 +14,7 @@ Inputs are random tensors (``synthetic``); writes ``results/flip.json`` (:mod:`b
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -81,18 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     gh, gw = backbone.grid()
     rows, base = [], None
     for rate in rates:
+        load = os.getloadavg()[0]
         s = step_seconds(model, rate, batch, steps, seed=args.seed)
         base = base or s
-        rows.append([rate, max(1, int(gh * gw * (1 - rate))), s, base / s])
+        rows.append([rate, max(1, int(gh * gw * (1 - rate))), s, base / s, load])
         print(f"  patch dropout {rate:.2f}: {s:.2f} s/step", flush=True)
     tables = [{"caption": f"One CLIP training step of the image tower: {backbone.name} (ViT-B-16, random weights), "
                           f"{backbone.input_size} px, batch {batch}, {device}, {torch.get_num_threads()} threads, "
                           f"median of {steps} step(s)",
-               "columns": ["patch dropout", "patches kept", "s/step", "speed-up vs no dropout"], "rows": rows}]
+               "columns": ["patch dropout", "patches kept", "s/step", "speed-up vs no dropout", "load avg before"],
+               "rows": rows}]
     lo, hi = PAPER_SPEEDUP
     notes = [f"Paper (contrastive benchmark §3, after FLIP): masking {PAPER_MASKING[0]:.0%}–{PAPER_MASKING[1]:.0%} of "
              f"patches cuts compute {lo:g}–{hi:g}×; measured here: "
-             + ", ".join(f"{r[3]:.2f}× at {r[0]:.0%}" for r in rows[1:]) + "."]
+             + ", ".join(f"{r[3]:.2f}× at {r[0]:.0%}" for r in rows[1:])
+             + ". Wall-clock times on a shared machine: the 1-minute load average before each rate is in the table."]
     print(render_tables(tables))
     print(notes[0])
     title = "FLIP patch dropout: image-tower step time" + (" [quick]" if args.quick else "")

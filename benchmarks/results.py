@@ -122,18 +122,18 @@ def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: floa
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"a paired test needs ≥ 2 matched pairs, got {len(a)} and {len(b)}")
     diff = [x - y for x, y in zip(a, b)]
-    if all(d == diff[0] for d in diff):  # constant differences: the t statistic is undefined
-        p = 0.0 if diff[0] > 0 else 1.0
-    else:
-        p = float(stats.ttest_rel(a, b, alternative="greater").pvalue)
+    p = float(stats.ttest_rel(a, b, alternative="greater").pvalue) if max(diff) > min(diff) else math.nan
+    if not math.isfinite(p):  # identical differences in every pair: the t statistic is undefined
+        return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}: undefined (identical differences)",
+                "p": None, "holds": False}
     return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}", "p": p, "holds": bool(p < alpha)}
 
 
 def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:
     """How many claims hold by chance alone when none is true, from the number of tests."""
     held = sum(c["holds"] for c in claims)
-    return (f"{len(claims)} tests at α = {alpha:g}: {held} hold; about {alpha * len(claims):.2f} would hold by "
-            f"chance alone if no difference were real.")
+    return (f"{len(claims)} tests at α = {alpha:g}, {held} of them hold; about {alpha * len(claims):.2f} would hold "
+            f"by chance alone if no difference were real.")
 
 
 def _clean(value: Any) -> Any:
