@@ -47,7 +47,9 @@ def test_flip_quick(tmp_path):
 @pytest.mark.slow
 def test_vision_ablation_quick(tmp_path, demo_workspace):
     record = _run_quick("vision_ablation", tmp_path, "--workspace", str(demo_workspace.root))
-    assert len(record["tables"][0]["rows"]) == 7 and len(record["claims"]) == 3
+    rows = record["tables"][0]["rows"]
+    assert len(rows) == 1 + 6 + 1 and len(record["claims"]) == 3
+    assert rows[-1][0] == "latent truth (the planted ceiling)" and 50 < rows[-1][3] <= 100
 
 
 @pytest.mark.slow
