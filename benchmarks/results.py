@@ -132,7 +132,7 @@ def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: floa
 def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:
     """How many claims hold by chance alone when none is true, from the number of tests."""
     held = sum(c["holds"] for c in claims)
-    return (f"{len(claims)} tests at α = {alpha:g}, {held} of them hold; about {alpha * len(claims):.2f} would hold "
+    return (f"{len(claims)} tests at α = {alpha:g}, {held} of them {'holds' if held == 1 else 'hold'}; about {alpha * len(claims):.2f} would hold "
             f"by chance alone if no difference were real.")
 
 

@@ -234,9 +234,11 @@ def test_text_cell_same_seed_gives_identical_metrics(tmp_path):
     cfg = text_rows(["llm:good"], "llm:good")[6].config  # budget 1 %: the seed also draws the subset
     assert cfg["budget"] == 0.01 and cfg["soe"]["margin"] == 0.1
     full = {**cfg, "budget": 0.5}
-    runs = [soe_cell(ids, llm, expert, c, seed) for c, seed in ((full, 0), (full, 0), (full, 1))]
+    shuffled = llm[np.random.default_rng(5).permutation(len(llm))]  # the store's order varies between runs
+    runs = [soe_cell(ids, t, expert, c, seed) for t, c, seed in ((llm, full, 0), (shuffled, full, 0), (llm, full, 1))]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+    assert soe_cell(ids, llm, expert, cfg, 0) == soe_cell(ids, shuffled, expert, cfg, 0)
 
 
 def test_cell_key_follows_defaults_data_code_and_backbone(monkeypatch):

@@ -79,11 +79,10 @@ class Row:
 
 
 def _fingerprint(rows: list[dict]) -> str:
-    """Content hash of triplet rows (anchor, references, choice, source, rep), in store order."""
-    h = hashlib.sha256()
-    for r in rows:
-        h.update(f"{r['anchor']}|{r['ref_j']}|{r['ref_k']}|{r['choice']}|{r['source']}|{r['rep']}\n".encode())
-    return h.hexdigest()[:16]
+    """Content hash of triplet rows (anchor, references, choice, source, rep), whatever their store order
+    (concurrent oracle workers insert answers in a varying order)."""
+    lines = sorted(f"{r['anchor']}|{r['ref_j']}|{r['ref_k']}|{r['choice']}|{r['source']}|{r['rep']}\n" for r in rows)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
 
 
 def source_hash(*parts: Path | Callable) -> str:
@@ -164,9 +163,11 @@ def text_rows(sources: list[str], default_source: str) -> list[Row]:
 
 def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, seed: int) -> dict[str, Any]:
     """Fit SOE (``config["soe"]``) on a ``budget`` fraction of the oracle's triplets drawn from the run
-    seed; agreement with the expert. The same seed gives the same metrics on the same device."""
+    seed; agreement with the expert. The same seed and triplets (in any order) give the same metrics
+    on the same device."""
     from core.text.soe import SOE
 
+    llm = llm[np.lexsort(llm.T[::-1])]  # canonical order: the seeded subset must not depend on store order
     rng = np.random.default_rng([seed, int(round(config["budget"] * 1e6))])
     m = max(1, int(round(config["budget"] * len(llm))))
     subset = llm[np.sort(rng.choice(len(llm), size=m, replace=False))]
