@@ -281,6 +281,7 @@ def test_ablate_writes_its_result_file_with_paired_claims(tmp_path, capsys):
     assert set(REQUIRED) <= set(record) and record["seeds"] == [0, 1] and record["synthetic"] is True
     rows = {r[0]: r for r in record["tables"][0]["rows"]}
     assert len(rows) == 10 and rows["dim 4"][1] == rows["budget 100%"][1] and rows["dim 2"][3] == 62.6
+    assert "latent truth (the planted ceiling)" not in rows  # no phantom truth/ in this workspace
     assert rows["dim 4"][1]["ci"][0] <= rows["dim 4"][1]["mean"] <= rows["dim 4"][1]["ci"][1]
     claims = {c["claim"]: c for c in record["claims"]}
     assert len(claims) == 4 + 3 and all(c["holds"] == (c["p"] < 0.05) for c in claims.values())
