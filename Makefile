@@ -30,3 +30,9 @@ app: install
 .PHONY: gpu-check
 gpu-check: install
 	$(PY) scripts/gpu_check.py
+
+# Rerun every section's command from benchmarks/results.py SECTIONS (hours on 2 cores), or one
+# with SECTION=name, then render docs/RESULTS.md from results/*.json.
+.PHONY: results
+results: install
+	$(PY) -m benchmarks.results --run $(or $(SECTION),all)

@@ -1,6 +1,6 @@
 """Concept models on the wound phantoms (synthetic): AUROC, heatmap test, concept bottleneck.
 
-    python -m benchmarks.concepts [--workspace WS] [--epochs 40] [--seed 0]
+    python -m benchmarks.concepts [--workspace WS] [--epochs 40] [--seed 0] [--quick]
 
 Without ``--workspace`` a phantom dataset is generated and imported into a temporary
 workspace. For the untrained heads and the CLIP, MAKE and ConceptCLIP objectives (towers
@@ -14,11 +14,12 @@ frozen, same split/epochs/seed) it prints:
 3. the concept bottleneck (fused scores of the truth concepts → ``--target``), top 3
    concepts per class next to the 3 concepts whose truth prevalence in the class most
    exceeds their overall prevalence, with the overlap vs the 1/3 expected by chance.
+
+Writes ``results/concepts.json`` (:mod:`benchmarks.results`).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core.concepts.dual_encoder import load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
@@ -137,40 +139,50 @@ def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:  
     return results
 
 
-def report(res: dict[str, Any]) -> None:
-    names = res["names"]
-    print(f"SYNTHETIC wound phantoms: {res['n_wounds']} wounds, {res['n_heldout']} held out; "
-          f"towers frozen, {res['epochs']} epochs, seed {res['seed']}")
-    print("\nHeld-out concept AUROC (fused β=0.5; global / local means below)")
-    head = f"{'concept':24s}" + "".join(f"{v:>12s}" for v in res["variants"])
-    print(head)
-    for n in [*names, "mean"]:
-        print(f"{n:24s}" + "".join(f"{r['fused'].get(n, float('nan')):12.3f}" for r in res["variants"].values()))
-    for kind in ("global", "local"):
-        print(f"{'mean ' + kind:24s}" + "".join(f"{r[kind].get('mean', float('nan')):12.3f}" for r in res["variants"].values()))
-    print("\nFibrin heatmap peak inside the planted fibrin patch")
-    for v, r in res["variants"].items():
-        h = r["heatmap"]
-        print(f"  {v:12s} {h['rate']:.3f} of {h['n']} wounds  (chance {h['chance']:.3f}, ratio {h['rate'] / h['chance']:.2f}×)")
+def tables_and_notes(res: dict[str, Any]) -> tuple[list[dict], list[str]]:
+    """The result file's tables (AUROC per concept, heatmap test, bottleneck) and notes."""
+    names, variants = res["names"], list(res["variants"])
+    vals = res["variants"].values()
+    auroc = [[n, *(r["fused"].get(n) for r in vals)] for n in [*names, "mean"]]
+    auroc += [[f"mean ({kind})", *(r[kind].get("mean") for r in vals)] for kind in ("global", "local")]
+    heat = [[v, r["heatmap"]["n"], r["heatmap"]["rate"], r["heatmap"]["chance"],
+             r["heatmap"]["rate"] / r["heatmap"]["chance"] if r["heatmap"]["chance"] else None]
+            for v, r in res["variants"].items()]
     lift = res["truth_lift_top3"]
+    cbm = []
     for v, r in res["variants"].items():
-        overlaps = [len(set(n for n, _ in r["bottleneck_top3"][c]) & set(lift[c])) for c in lift]
-        print(f"\nConcept bottleneck ({v}) → target; held-out accuracy {r['bottleneck_heldout_accuracy']:.3f}; "
-              f"top-3 overlap with truth lift {np.mean(overlaps) / 3:.2f} (chance {3 / len(names):.2f})")
-        for c in lift:
-            top = ", ".join(f"{n} ({w:+.2f})" for n, w in r["bottleneck_top3"][c])
-            print(f"  {c:12s} {top:70s} truth: {', '.join(lift[c])}")
+        overlaps = [len({n for n, _ in r["bottleneck_top3"][c]} & set(lift[c])) for c in lift]
+        cbm.append([v, r["bottleneck_heldout_accuracy"], float(np.mean(overlaps)) / 3, 3 / len(names)])
+    tables = [
+        {"caption": f"Held-out concept AUROC (fused β = 0.5 unless stated), {res['n_heldout']} of "
+                    f"{res['n_wounds']} wounds held out",
+         "columns": ["concept", *variants], "rows": auroc},
+        {"caption": "Fibrin heatmap peak inside the planted fibrin patch",
+         "columns": ["variant", "wounds", "hit rate", "chance", "ratio to chance"], "rows": heat},
+        {"caption": f"Concept bottleneck → {res['target']}: held-out accuracy and top-3 overlap with the truth lift",
+         "columns": ["variant", "held-out accuracy", "top-3 overlap", "overlap by chance"], "rows": cbm},
+    ]
+    notes = [f"Towers frozen, {res['epochs']} epochs, {res['size']} px crops, seed {res['seed']}; one seed, so no "
+             f"sd or paired test: differences between variants are not tested.",
+             "Truth lift per class (the concepts most over-represented in it): "
+             + "; ".join(f"{c}: {', '.join(lift[c])}" for c in lift) + "."]
+    return tables, notes
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.concepts", description=__doc__.split("\n\n")[0])
     p.add_argument("--workspace", default=None, help="a phantom workspace (default: generate one in a temp dir)")
     p.add_argument("--epochs", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="phantom, split, initialisation and training seed")
     p.add_argument("--target", default="body_region")
     p.add_argument("--size", type=int, default=160)
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--quick", action="store_true", help="smoke setting: 2 epochs, 96 px crops")
+    p.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file concepts.json")
     args = p.parse_args(argv)
+    epochs, size = (2, 96) if args.quick else (args.epochs, args.size)
+    if epochs < 1 or size < 32:
+        p.error(f"--epochs must be ≥ 1 and --size ≥ 32, got {epochs} and {size}")
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if args.workspace:
             from annotations.workspace import Workspace
@@ -178,10 +190,15 @@ def main(argv: list[str] | None = None) -> int:
             ws = Workspace(args.workspace)
         else:
             ws = phantom_workspace(Path(tmp), args.seed)
-        res = run(ws, args.epochs, args.seed, args.target, args.size)
-    report(res)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        res = run(ws, epochs, args.seed, args.target, size)
+    res.update(target=args.target, size=size)
+    tables, notes = tables_and_notes(res)
+    print(render_tables(tables))
+    print("\n".join(notes))
+    title = "Concept models (CLIP, MAKE, ConceptCLIP) on the wound phantoms" + (" [quick]" if args.quick else "")
+    path = write_result("concepts", title, command_line("benchmarks.concepts", argv), [args.seed], tables,
+                        notes=notes, synthetic=True, seconds=time.perf_counter() - t0, results_dir=args.results)
+    print(f"wrote {path}")
     return 0
 
 

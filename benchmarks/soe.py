@@ -1,6 +1,8 @@
 """SOE speed and accuracy: this repo's SOE vs cblearn's SOE (scipy and torch backends).
 
-    python -m benchmarks.soe [--workspace WS] [--repeats 3] [--torch-cap-s 300]
+    python -m benchmarks.soe [--workspace WS] [--seed 0] [--repeats 3] [--torch-cap-s 300] [--quick]
+
+Writes ``results/soe.json`` (:mod:`benchmarks.results`).
 
 Data (SYNTHETIC): the phantom demo's 53 photos; every (anchor, unordered pair) question
 (53·C(52,2) = 70,278) in a seeded random order, answered by the phantom oracle (the
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import tempfile
@@ -36,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from annotations.workspace import Workspace
+from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.text.llm import PhantomOracle, Question
@@ -43,6 +45,7 @@ from core.text.sampling import n_questions, uniform_order
 from core.text.soe import SOE, triplet_margins
 
 N_TRAIN = 68_913
+LATENT = "latent truth (the planted ceiling; not fitted)"
 
 
 def phantom_workspace(root: Path, seed: int) -> Workspace:
@@ -92,13 +95,21 @@ def cblearn_fit(train: np.ndarray, n: int, backend: str, seed: int, max_iter: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", default=None, help="a SYNTHETIC phantom workspace (default: build one)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="phantom, question order, oracle and SOE seed")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per contender (best kept)")
     parser.add_argument("--torch-cap-s", type=float, default=300.0,
                         help="projected seconds above which cblearn torch's max_iter is capped")
     parser.add_argument("--skip-cblearn-torch", action="store_true")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="smoke setting: 1 repeat, no cblearn torch")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file soe.json")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be ≥ 1, got {args.repeats}")
+    if args.torch_cap_s <= 0:
+        parser.error(f"--torch-cap-s must be > 0, got {args.torch_cap_s}")
+    repeats = 1 if args.quick else args.repeats
+    skip_torch = args.quick or args.skip_cblearn_torch
+    t_start = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as tmp:
         ws = Workspace(args.workspace) if args.workspace else phantom_workspace(Path(tmp), args.seed)
@@ -113,69 +124,74 @@ def main(argv: list[str] | None = None) -> int:
     flip = truth_D[questions[:, 0], questions[:, 1]] > truth_D[questions[:, 0], questions[:, 2]]
     truth_oriented[flip, 1], truth_oriented[flip, 2] = questions[flip, 2], questions[flip, 1]
     ceiling = float((triplet_margins(oracle.truth.latent, train) > 0).mean())
-    print(f"SYNTHETIC phantom data: {n} photos, {n_questions(n)} questions, {len(train)} training / {len(held)} "
-          f"held-out triplets (phantom oracle, no skips), dim 4. Latent truth satisfies {ceiling:.1%} of the "
-          f"training triplets (the noise ceiling).")
+    notes = [f"{n} photos, {n_questions(n)} questions, {len(train)} training / {len(held)} held-out triplets "
+             f"(phantom oracle, no skips), dim 4; the latent truth satisfies {100 * ceiling:.2f}% of the training "
+             f"triplets (the noise ceiling)."]
+    print(notes[0])
 
-    cap_note = None
     have_cblearn = importlib.util.find_spec("cblearn") is not None  # the bench extra
     if not have_cblearn:
-        print("cblearn is not installed (pip install -e '.[bench]'): its rows are left out")
+        notes.append("cblearn is not installed (pip install -e '.[bench]'): its rows are left out.")
+        print(notes[-1])
     contenders: list[tuple[str, Callable[[], np.ndarray], int]] = [
-        ("this SOE (default: δ=0.1, full batch, 100 steps)", lambda: SOE(random_state=args.seed).fit(train, n).embedding_,
-         args.repeats),
-        ("this SOE (paper protocol: δ=0, batch 2048, 50 ep)",
-         lambda: SOE.paper_protocol(random_state=args.seed).fit(train, n).embedding_, args.repeats),
+        ("this SOE, default (δ = 0.1, full batch, 100 steps)",
+         lambda: SOE(random_state=args.seed).fit(train, n).embedding_, repeats),
+        ("this SOE, paper protocol (δ = 0, batch 2048, 50 epochs)",
+         lambda: SOE.paper_protocol(random_state=args.seed).fit(train, n).embedding_, repeats),
     ]
     if have_cblearn:
-        contenders.append(("cblearn SOE scipy (L-BFGS-B, n_init=1)", lambda: cblearn_fit(train, n, "scipy", args.seed),
-                           args.repeats))
-    if have_cblearn and not args.skip_cblearn_torch:
+        contenders.append(("cblearn SOE, scipy backend (L-BFGS-B, n_init 1)",
+                           lambda: cblearn_fit(train, n, "scipy", args.seed), repeats))
+    if have_cblearn and not skip_torch:
         t0 = time.perf_counter()
         cblearn_fit(train, n, "torch", args.seed, max_iter=20)
         per_iter = (time.perf_counter() - t0) / 20
         max_iter = 1000
         if per_iter * 1000 > args.torch_cap_s:
             max_iter = max(20, int(args.torch_cap_s / per_iter))
-            cap_note = (f"cblearn torch: 20 iterations took {per_iter * 20:.1f} s → 1000 would take "
-                        f"~{per_iter * 1000:.0f} s; capped at max_iter={max_iter} (~{args.torch_cap_s:.0f} s)")
-        contenders.append((f"cblearn SOE torch (Adam, n_init=1, max_iter={max_iter})",
+            notes.append(f"cblearn torch: 20 iterations took {per_iter * 20:.1f} s, so 1000 would take "
+                         f"~{per_iter * 1000:.0f} s; capped at max_iter {max_iter} (~{args.torch_cap_s:.0f} s).")
+        contenders.append((f"cblearn SOE, torch backend (Adam, n_init 1, max_iter {max_iter})",
                            lambda: cblearn_fit(train, n, "torch", args.seed, max_iter), 1))
 
-    SOE(random_state=0, epochs=2).fit(train[:100], n)  # torch warm-up outside the timings
+    SOE(random_state=args.seed, epochs=2).fit(train[:100], n)  # torch warm-up outside the timings
     rows: list[dict[str, Any]] = []
-    for name, fit, repeats in contenders:
-        emb, wall, cpu, load = measure(fit, repeats)
-        D = pairwise_euclidean(emb)
+    for name, fit, reps in contenders:
+        emb, wall, cpu, load = measure(fit, reps)
         rows.append({"method": name, "wall_s": wall, "cpu_s": cpu, "load_avg": load,
-                     "train_acc": float((triplet_margins(emb, train) > 0).mean()),
-                     "heldout_acc": float((triplet_margins(emb, held) > 0).mean()),
-                     "truth_acc": float((triplet_margins(emb, truth_oriented) > 0).mean()),
-                     "expert_balanced": evaluate(ids, D, expert)["balanced"]})
+                     "train": 100 * float((triplet_margins(emb, train) > 0).mean()),
+                     "heldout": 100 * float((triplet_margins(emb, held) > 0).mean()),
+                     "truth": 100 * float((triplet_margins(emb, truth_oriented) > 0).mean()),
+                     "expert": 100 * evaluate(ids, pairwise_euclidean(emb), expert)["balanced"]})
         print(f"  measured {name}: {wall:.2f} s", flush=True)
-
+    ceiling_row = [LATENT, None, None, None, 100 * ceiling,
+                   100 * float((triplet_margins(oracle.truth.latent, held) > 0).mean()),
+                   100 * float((triplet_margins(oracle.truth.latent, truth_oriented) > 0).mean()),
+                   100 * evaluate(ids, truth_D, expert)["balanced"]]
     cb = [r for r in rows if r["method"].startswith("cblearn")]
     ref = min(cb, key=lambda r: r["wall_s"]) if cb else None
-    head = (f"{'method':<52} {'wall s':>8} {'cpu s':>7} {'load':>5} {'train':>7} {'held-out':>8} {'truth':>7} "
-            f"{'expert':>7}" + (f" {'speed×':>7} {'Δtrain pp':>9}" if ref else ""))
-    print("\n" + head + "\n" + "-" * len(head))
-    for r in rows:
-        line = (f"{r['method']:<52} {r['wall_s']:>8.3f} {r['cpu_s']:>7.3f} {r['load_avg']:>5.1f} {r['train_acc']:>7.2%} "
-                f"{r['heldout_acc']:>8.2%} {r['truth_acc']:>7.2%} {r['expert_balanced']:>7.2%}")
-        if ref:
-            r["speedup_vs_" + ref["method"]] = ref["wall_s"] / r["wall_s"]
-            line += f" {ref['wall_s'] / r['wall_s']:>7.2f} {100 * (r['train_acc'] - ref['train_acc']):>+9.2f}"
-        print(line)
+    columns = ["method", "wall s", "CPU s", "load avg", "train %", "held-out %", "truth %", "expert balanced %"]
     if ref:
-        print(f"\nratios vs cblearn's fastest backend here: {ref['method']} ({ref['wall_s']:.3f} s, "
-              f"{ref['train_acc']:.2%} training accuracy)")
-    if cap_note:
-        print(cap_note)
-    print("train = training-triplet accuracy; held-out = agreement with the 1,365 held-out phantom answers; "
-          "truth = agreement with the noise-free latent order over all questions; expert = balanced agreement "
-          "with the demo's 513 simulated expert triplets. All data SYNTHETIC.")
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "ceiling": ceiling, "cap_note": cap_note}, indent=1))
+        columns += ["speed-up vs cblearn fastest", "Δ train pp"]
+        notes.append(f"Ratios are against cblearn's fastest backend here: {ref['method']} ({ref['wall_s']:.2f} s, "
+                     f"{ref['train']:.2f}% training accuracy).")
+    table_rows = [[r["method"], r["wall_s"], r["cpu_s"], r["load_avg"], r["train"], r["heldout"], r["truth"],
+                   r["expert"], *([ref["wall_s"] / r["wall_s"], r["train"] - ref["train"]] if ref else [])]
+                  for r in rows]
+    table_rows.append(ceiling_row + [None, None] * bool(ref))
+    notes.append(f"train = training-triplet accuracy; held-out = agreement with the {len(held)} held-out phantom "
+                 f"answers; truth = agreement with the noise-free latent order over all {len(questions)} questions; "
+                 f"expert = balanced agreement with the demo's {len(expert)} simulated expert triplets. Wall time "
+                 f"is the best of {repeats} repeat(s) (cblearn torch: one run) on a shared machine; the load "
+                 f"average is taken before each.")
+    setting = "quick: 1 repeat, no cblearn torch" if args.quick else f"best of {repeats}"
+    tables = [{"caption": f"SOE on the phantom oracle's triplets, dim 4 ({setting})", "columns": columns,
+               "rows": table_rows}]
+    print(render_tables(tables))
+    path = write_result("soe", "SOE speed and accuracy (TriDerm-T) vs cblearn" + (" [quick]" if args.quick else ""),
+                        command_line("benchmarks.soe", argv), [args.seed], tables, notes=notes,
+                        synthetic=True, seconds=time.perf_counter() - t_start, results_dir=args.results)
+    print(f"wrote {path}")
     return 0
 
 

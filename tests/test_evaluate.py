@@ -183,20 +183,24 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     import sys
     import types
 
+    from core.experiments import ablation
     from core.experiments.ablation import run_ablation
+    from core.vision.triderm import DEFAULTS
 
     ws, truth = _tiny_workspace(tmp_path / "ws")
     ids = [f"img{n:02d}" for n in range(N)]
     calls = []
 
-    def fake_train(ws_, progress, seed, pooling, loss, epochs, batch_size=32, lr=1e-2):
-        assert progress is False
+    def fake_train(ws_, progress, seed, pooling, loss, epochs, batch_size, lr, **resolved):
+        assert progress is False and set(resolved) == set(DEFAULTS) - {"seed", "pooling", "loss", "epochs",
+                                                                         "batch_size", "lr"}
         calls.append((pooling, loss, batch_size, lr, seed, epochs))
         quality = {"mean": 0.8, "attention": 0.3}[pooling] + {"vicreg": 0.0, "contrastive": 0.5, "triplet": 0.2}[loss]
         emb = truth + quality * np.random.default_rng(seed).normal(size=truth.shape)
         return _add_run(ws_, "vision-triderm", "vision", emb, ids)
 
-    monkeypatch.setitem(sys.modules, "core.vision.triderm", types.SimpleNamespace(train=fake_train))
+    monkeypatch.setitem(sys.modules, "core.vision.triderm", types.SimpleNamespace(train=fake_train, DEFAULTS=DEFAULTS))
+    monkeypatch.setattr(ablation, "backbone_identity", lambda name: {"name": name, "weights": "w"})
     out = run_ablation(ws, seeds=3, quick=True, tables=("vision",))
     configs = [("mean", "vicreg", 32, 1e-2), ("attention", "vicreg", 32, 1e-2), ("attention", "contrastive", 32, 1e-2),
                ("attention", "triplet", 32, 1e-2), ("attention", "contrastive", 128, 1e-3),
@@ -217,3 +221,82 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     ws.store.update_run(ws.store.runs()[0]["id"], metrics={"ablation_cell": "x"})
     assert [r["run_id"] for r in run_report(ws, n_boot=20)["rows"]] == [main_run]
     assert len(run_report(ws, n_boot=20, include_ablation=True)["rows"]) == 20
+
+
+def test_text_cell_same_seed_gives_identical_metrics(tmp_path):
+    from core.experiments.ablation import oriented_indices, soe_cell, text_rows
+
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    _add_llm_source(ws, truth, "good", flip=0.1, m=300, seed=1)
+    ids = [r["image_id"] for r in ws.store.images()]
+    llm = oriented_indices(ws.store.triplets(source="llm:good"), {im: n for n, im in enumerate(ids)})
+    expert = ws.store.expert_triplets()
+    cfg = text_rows(["llm:good"], "llm:good")[6].config  # budget 1 %: the seed also draws the subset
+    assert cfg["budget"] == 0.01 and cfg["soe"]["margin"] == 0.1
+    full = {**cfg, "budget": 0.5}
+    shuffled = llm[np.random.default_rng(5).permutation(len(llm))]  # the store's order varies between runs
+    runs = [soe_cell(ids, t, expert, c, seed) for t, c, seed in ((llm, full, 0), (shuffled, full, 0), (llm, full, 1))]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    assert soe_cell(ids, llm, expert, cfg, 0) == soe_cell(ids, shuffled, expert, cfg, 0)
+
+
+def test_cell_key_follows_defaults_data_code_and_backbone(monkeypatch):
+    from core.experiments import ablation
+    from core.text.soe import SOE
+    from core.vision import triderm
+
+    def keys(context=None, data="d", code="c"):
+        rows = ablation.text_rows(["llm:a"], "llm:a") + ablation.vision_rows(None)
+        return [ablation.cell_key(r.config, 0, data, code, context) for r in rows]
+
+    base = keys()
+    assert len(base) == 10 + 7 and len(set(base)) == 8 + 6  # dim 4 = budget 100 % = oracle a; attention = vicreg
+    assert keys(data="other") != base and keys(code="other") != base
+    assert keys(context={"backbone": {"weights": "x"}}) != base
+    defaults = list(SOE.__init__.__defaults__)
+    defaults[1] = 0.2  # the SOE margin default
+    monkeypatch.setattr(SOE.__init__, "__defaults__", tuple(defaults))
+    changed = keys()
+    assert all(c != b for c, b in zip(changed[:10], base[:10])) and changed[10:] == base[10:]
+    monkeypatch.setitem(triderm.DEFAULTS, "weight_decay", 1e-4)  # a default no row overrides
+    assert all(c != b for c, b in zip(keys()[10:], base[10:]))
+    assert ablation.text_code_hash() == ablation.text_code_hash() != ablation.vision_code_hash()
+
+
+def test_ablate_writes_its_result_file_with_paired_claims(tmp_path, capsys):
+    from benchmarks.results import REQUIRED, render
+    from core.ablate import main as ablate_main
+
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    out = tmp_path / "results"
+    argv = ["--workspace", str(ws.root), "--tables", "text", "--seeds", "2", "--results", str(out)]
+    with pytest.raises(SystemExit) as exc:  # no llm:<model> source: nothing to measure, so no result file
+        ablate_main(argv)
+    assert exc.value.code == 2 and "no llm:<model> triplets" in capsys.readouterr().err and not out.exists()
+
+    _add_llm_source(ws, truth, "good", flip=0.05, m=400, seed=1)
+    assert ablate_main(argv) == 0
+    record = json.loads((out / "ablation.json").read_text(encoding="utf-8"))
+    assert set(REQUIRED) <= set(record) and record["seeds"] == [0, 1] and record["synthetic"] is True
+    rows = {r[0]: r for r in record["tables"][0]["rows"]}
+    assert len(rows) == 10 and rows["dim 4"][1] == rows["budget 100%"][1] and rows["dim 2"][3] == 62.6
+    assert "latent truth (the planted ceiling)" not in rows  # no phantom truth/ in this workspace
+    assert rows["dim 4"][1]["ci"][0] <= rows["dim 4"][1]["mean"] <= rows["dim 4"][1]["ci"][1]
+    claims = {c["claim"]: c for c in record["claims"]}
+    assert len(claims) == 4 + 3 and all(c["holds"] == (c["p"] < 0.05) for c in claims.values())
+    assert claims["budget 100% beats budget 0.1% (balanced agreement)"]["holds"] is True
+    assert "## Ablations (TriDerm Table 2)" in render(out)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tables", "vision", "--source", "llm:x"], "--source picks the oracle"),
+    (["--tables", "text", "--vision-epochs", "3"], "shorten Table 2b"),
+    (["--tables", "text", "--quick"], "shorten Table 2b"),
+])
+def test_ablate_flags_that_would_do_nothing_exit_2(tmp_path, capsys, argv, message):
+    from core.ablate import main as ablate_main
+
+    with pytest.raises(SystemExit) as exc:
+        ablate_main(["--workspace", str(tmp_path / "none"), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,9 @@ from tqdm import tqdm
 
 from annotations.workspace import Workspace
 from core.eval.metrics import METRICS, evaluate
-from core.runtime import json_safe
+from core.runtime import json_safe, pick_device
+
+CORE = Path(__file__).resolve().parents[1]
 
 SOE_DIMS = (2, 3, 4, 5, 6)
 
@@ -75,14 +79,55 @@ class Row:
 
 
 def _fingerprint(rows: list[dict]) -> str:
+    """Content hash of triplet rows (anchor, references, choice, source, rep), whatever their store order
+    (concurrent oracle workers insert answers in a varying order)."""
+    lines = sorted(f"{r['anchor']}|{r['ref_j']}|{r['ref_k']}|{r['choice']}|{r['source']}|{r['rep']}\n" for r in rows)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
+
+
+def source_hash(*parts: Path | Callable) -> str:
+    """Hash of the source text of the files (or functions) that compute a cached value: any edit to
+    them, and only to them, gives a new key (unlike the git commit, which changes on every commit)."""
     h = hashlib.sha256()
-    for r in rows:
-        h.update(f"{r['anchor']}|{r['ref_j']}|{r['ref_k']}|{r['choice']}|{r['source']}|{r['rep']}\n".encode())
+    for part in parts:
+        text = part.read_bytes() if isinstance(part, Path) else inspect.getsource(part).encode()
+        h.update(hashlib.sha256(text).digest())
     return h.hexdigest()[:16]
 
 
-def cell_key(config: dict[str, Any], seed: int, data: str) -> str:
-    blob = json.dumps({"config": config, "seed": seed, "data": data}, sort_keys=True, default=str)
+def text_code_hash() -> str:
+    """Source hash of what computes a text cell: SOE, the metrics and the cell functions."""
+    return source_hash(CORE / "text" / "soe.py", CORE / "eval" / "metrics.py", oriented_indices, soe_cell,
+                       _euclidean)
+
+
+def vision_code_hash() -> str:
+    """Source hash of what computes a vision cell: the vision and loss packages, the metrics, distances,
+    run artifacts and the cell function."""
+    files = sorted((CORE / "vision").glob("*.py")) + sorted((CORE / "losses").glob("*.py"))
+    return source_hash(*files, CORE / "eval" / "metrics.py", CORE / "eval" / "distances.py", CORE / "runtime.py",
+                       vision_cell)
+
+
+def backbone_identity(name: str) -> dict[str, str]:
+    """What the backbone contributes to a vision cell: its name, architecture, input size, token layer
+    (channels × grid) and a hash of its weights."""
+    from core.vision.backbones import load_backbone
+
+    backbone = load_backbone(name, device="cpu")
+    h = hashlib.sha256()
+    for key, tensor in sorted(backbone.model.state_dict().items()):
+        h.update(key.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return {"name": backbone.name, "arch": backbone.arch, "layer": repr(backbone).replace(", cpu)", ")"),
+            "weights": h.hexdigest()[:16]}
+
+
+def cell_key(config: dict[str, Any], seed: int, data: str, code: str, context: dict[str, Any] | None = None) -> str:
+    """Cache key of one cell: the resolved config (every default filled in), the seed, a hash of the
+    data content, a hash of the computing code and the context (device; backbone and its weights)."""
+    blob = json.dumps({"config": config, "seed": seed, "data": data, "code": code, "context": context or {}},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -98,22 +143,35 @@ def oriented_indices(rows: list[dict], index: dict[str, int]) -> np.ndarray:
     return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
+def soe_defaults(dim: int) -> dict[str, Any]:
+    """Every SOE hyperparameter of a text cell, defaults filled in (seed and device are keyed apart)."""
+    from core.text.soe import SOE
+
+    return {k: v for k, v in SOE(n_components=dim).get_params().items() if k not in ("random_state", "device")}
+
+
 def text_rows(sources: list[str], default_source: str) -> list[Row]:
-    base = {"kind": "soe", "source": default_source, "dim": DEFAULT_DIM, "budget": 1.0}
-    rows = [Row("text", "dim", d, {**base, "dim": d}) for d in SOE_DIMS]
-    rows += [Row("text", "budget", b, {**base, "budget": b}) for b in BUDGETS]
-    rows += [Row("text", "oracle", s.removeprefix("llm:"), {**base, "source": s}) for s in sources]
+    """Table 2a rows, each with its resolved cell config."""
+    def cfg(source: str, dim: int, budget: float) -> dict[str, Any]:
+        return {"kind": "soe", "source": source, "dim": dim, "budget": budget, "soe": soe_defaults(dim)}
+
+    rows = [Row("text", "dim", d, cfg(default_source, d, 1.0)) for d in SOE_DIMS]
+    rows += [Row("text", "budget", b, cfg(default_source, DEFAULT_DIM, b)) for b in BUDGETS]
+    rows += [Row("text", "oracle", s.removeprefix("llm:"), cfg(s, DEFAULT_DIM, 1.0)) for s in sources]
     return rows
 
 
 def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, seed: int) -> dict[str, Any]:
-    """Fit SOE on a seeded ``budget`` fraction of the oracle's triplets; agreement with the expert."""
+    """Fit SOE (``config["soe"]``) on a ``budget`` fraction of the oracle's triplets drawn from the run
+    seed; agreement with the expert. The same seed and triplets (in any order) give the same metrics
+    on the same device."""
     from core.text.soe import SOE
 
+    llm = llm[np.lexsort(llm.T[::-1])]  # canonical order: the seeded subset must not depend on store order
     rng = np.random.default_rng([seed, int(round(config["budget"] * 1e6))])
     m = max(1, int(round(config["budget"] * len(llm))))
     subset = llm[np.sort(rng.choice(len(llm), size=m, replace=False))]
-    soe = SOE(n_components=config["dim"], random_state=seed).fit(subset, n_objects=len(ids))
+    soe = SOE(**config["soe"], random_state=seed).fit(subset, n_objects=len(ids))
     result = evaluate(ids, _euclidean(soe.embedding_), expert)
     return {**{k: result[k] for k in METRICS}, "n_train_triplets": m, "train_score": soe.score(subset)}
 
@@ -124,7 +182,11 @@ def _euclidean(x: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------- vision
 def vision_rows(epochs: int | None) -> list[Row]:
-    base = {"kind": "triderm", **VISION_DEFAULT, **({"epochs": epochs} if epochs else {})}
+    """Table 2b rows, each with its resolved training config (every TriDerm-V default filled in)."""
+    from core.vision.triderm import DEFAULTS
+
+    base = {"kind": "triderm", **{k: v for k, v in DEFAULTS.items() if k != "seed"}, **VISION_DEFAULT,
+            **({"epochs": epochs} if epochs else {})}
     rows = [Row("vision", "pooling", p, {**base, "pooling": p}) for p in POOLINGS]
     rows += [Row("vision", "loss", loss, {**base, "loss": loss}) for loss in LOSSES]
     rows += [Row("vision", "loss", label, {**base, **params}) for label, params in TUNED_LOSSES]
@@ -132,7 +194,7 @@ def vision_rows(epochs: int | None) -> list[Row]:
 
 
 def vision_cell(ws: Workspace, expert: list[dict], config: dict, seed: int, key: str) -> dict[str, Any]:
-    """Train TriDerm-V with ``config`` and score its image embedding against the expert.
+    """Train TriDerm-V with the resolved ``config`` and score its image embedding against the expert.
 
     The training run is tagged with ``metrics["ablation_cell"] = key`` so the agreement
     report (:mod:`core.evaluate`) keeps ablation runs out of Table 1 and its fusions.
@@ -147,6 +209,18 @@ def vision_cell(ws: Workspace, expert: list[dict], config: dict, seed: int, key:
     ids, D = image_distances(load_embeddings(ws, run_id))
     result = evaluate(ids, D, expert)
     return {**{k: result[k] for k in METRICS}, "run_id": run_id}
+
+
+def vision_data_hash(ws: Workspace, expert_fp: str) -> str:
+    """Content hash of what a vision cell reads: expert triplets, photos (sha256), wounds and mask files."""
+    h = hashlib.sha256(expert_fp.encode())
+    for im in ws.store.images():
+        h.update(f"{im['image_id']}|{im['sha256']}\n".encode())
+    for w in ws.store.wounds():
+        h.update(f"{w['image_id']}|{w['wound_index']}|{w['area']}|{w['bbox']}\n".encode())
+    for mask in sorted(ws.masks_dir.glob("*.png")):
+        h.update(mask.name.encode() + hashlib.sha256(mask.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------ tables
@@ -166,6 +240,7 @@ def summarise(rows: list[Row]) -> list[dict[str, Any]]:
         out.append({"table": r.table, "factor": r.factor, "value": r.value, "label": r.label,
                     "config": r.config, "seeds": len(r.results), "balanced_mean": bal[0], "balanced_sd": bal[1],
                     "micro_mean": micro[0], "micro_sd": micro[1], "paper": PAPER.get((r.factor, r.value)),
+                    "balanced_values": [x["balanced"] for x in r.results],
                     "n_train_triplets": int(np.mean(n_train)) if n_train else None})
     return out
 
@@ -193,10 +268,14 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
     ids = [r["image_id"] for r in ws.store.images()]
     index = {image_id: n for n, image_id in enumerate(ids)}
     expert_fp = _fingerprint(expert)
+    ids_fp = hashlib.sha256("|".join(ids).encode()).hexdigest()[:16]
     rows: list[Row] = []
     llm_by_source: dict[str, np.ndarray] = {}
     data_fp: dict[str, str] = {}
     notes: list[str] = []
+    device = pick_device().type
+    code = {"text": text_code_hash(), "vision": vision_code_hash()}
+    context: dict[str, dict[str, Any]] = {"text": {"device": device}}
     if "text" in tables:
         sources = sorted(s for s in ws.store.triplet_sources() if s.startswith("llm:"))
         if source is not None and source not in sources:
@@ -204,7 +283,7 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
         for s in sources:
             raw = ws.store.triplets(source=s)
             llm_by_source[s] = oriented_indices(raw, index)
-            data_fp[s] = f"{expert_fp}-{_fingerprint(raw)}"
+            data_fp[s] = f"{ids_fp}-{expert_fp}-{_fingerprint(raw)}"
         usable = [s for s in sources if len(llm_by_source[s])]
         if usable:
             default = source or max(usable, key=lambda s: len(llm_by_source[s]))
@@ -214,16 +293,21 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
                          "(run `python -m core.llm_triplets` first).")
     if "vision" in tables:
         epochs = vision_epochs or (10 if quick else None)
-        rows += vision_rows(epochs)
-        data_fp["vision"] = hashlib.sha256(
-            (expert_fp + "".join(r["sha256"] for r in ws.store.images())).encode()).hexdigest()[:16]
+        vrows = vision_rows(epochs)
+        rows += vrows
+        data_fp["vision"] = vision_data_hash(ws, expert_fp)
+        context["vision"] = {"device": device, "backbone": backbone_identity(vrows[0].config["backbone"])}
+
+    def key_of(row: Row, seed: int) -> str:
+        data = data_fp[row.config["source"]] if row.table == "text" else data_fp["vision"]
+        return cell_key(row.config, seed, data, code[row.table], context[row.table])
+
     cache_dir = ws.runs_dir / "ablation" / "cells"
     cache_dir.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, tuple[dict, int, str]] = {}
     for row in rows:
         for seed in range(seeds):
-            data = data_fp[row.config["source"]] if row.table == "text" else data_fp["vision"]
-            jobs.setdefault(cell_key(row.config, seed, data), (row.config, seed, row.table))
+            jobs.setdefault(key_of(row, seed), (row.config, seed, row.table))
     config = {"seeds": seeds, "quick": quick, "tables": list(tables), "source": source,
               "vision_epochs": vision_epochs, "cells": len(jobs)}
     run_id = ws.store.start_run("ablation", config, name="Table 2 ablation")
@@ -241,19 +325,18 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
                 results[key] = json.loads(path.read_text(encoding="utf-8"))["result"]
                 reused += 1
             else:
-                bar.set_postfix_str(" ".join(str(v) for k, v in cfg.items() if k != "kind") + f" seed {seed}")
+                bar.set_postfix_str(" ".join(f"{k} {cfg[k]}" for k in ("source", "dim", "budget", "pooling", "loss")
+                                             if k in cfg) + f" seed {seed}")
                 t0 = time.perf_counter()
                 result = {**compute[table](cfg, seed, key), "seconds": time.perf_counter() - t0}
                 tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"config": cfg, "seed": seed, "result": result}, default=str),
-                               encoding="utf-8")
+                tmp.write_text(json.dumps({"config": cfg, "seed": seed, "code": code[table], "context": context[table],
+                                           "result": result}, default=str), encoding="utf-8")
                 tmp.replace(path)
                 results[key] = result
             ws.store.update_run(run_id, progress=(done + 1) / len(jobs))
         for row in rows:
-            for seed in range(seeds):
-                data = data_fp[row.config["source"]] if row.table == "text" else data_fp["vision"]
-                row.results.append(results[cell_key(row.config, seed, data)])
+            row.results.extend(results[key_of(row, seed)] for seed in range(seeds))
         summary = summarise(rows)
         paths = write_outputs(ws, summary, notes, seeds, quick)
         ws.store.finish_run(run_id, metrics={"cells_computed": len(jobs) - reused, "cells_reused": reused,

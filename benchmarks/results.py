@@ -1,0 +1,350 @@
+"""Machine-readable result files and the renderer of docs/RESULTS.md.
+
+Every benchmark (section) writes ``results/<section>.json`` through :func:`write_result`;
+``python -m benchmarks.results`` renders docs/RESULTS.md from those files alone, so every
+number in RESULTS.md comes from a result file. ``--run NAME`` (or ``--run all``) first reruns
+the section's command from :data:`SECTIONS` from scratch (``make results [SECTION=name]``).
+
+A result file holds: section, title, command (the shell command that regenerates it from
+scratch), seeds, machine, commit, date, seconds, synthetic, tables (caption, columns, rows;
+a mean ± sd cell is ``{"mean", "sd", "ci": [lo, hi]}``), claims (claim, test, p, holds) and
+notes (free text whose figures are formatted from the measured data by the writer).
+
+    python -m benchmarks.results [--run NAME|all] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "results"
+RESULTS_MD = REPO / "docs" / "RESULTS.md"
+COMMAND_ENV = "TRIDERM_RESULT_COMMAND"  # set by --run: the registry command a writer records
+STARTED_ENV = "TRIDERM_RESULT_STARTED"  # set by --run: epoch seconds when the section's command started
+
+# Section name → the shell command (run from the repository root) that regenerates it from scratch.
+SECTIONS: dict[str, str] = {
+    "vision_ablation": "python -m benchmarks.vision_ablation",
+    "real_vision": "python -m benchmarks.real_vision --data ../shared/data/azh-dev",
+    "train_triderm": "python -m benchmarks.train_triderm",
+    "soe": "python -m benchmarks.soe",
+    "active": "python -m benchmarks.active",
+    "ablation": ("d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && python -m core.phantoms --out $d/data --seed 0"
+                 " && python -m annotations import $d/data --workspace $d/ws"
+                 " && python -m core.llm_triplets --workspace $d/ws --oracle phantom --budget 100% --seed 0"
+                 " && python -m core.ablate --workspace $d/ws --tables text --results results"),
+    "orderings": "python -m benchmarks.orderings",
+    "report": "python -m core.evaluate",
+    "slimp": "python -m core.train_slimp",
+    "concepts": "python -m benchmarks.concepts",
+    "contrastive": "python -m core.bench_contrastive",
+    "flip": "python -m benchmarks.flip",
+}
+REQUIRED = ("section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
+            "claims", "notes")
+HEADER = """# Measured results
+
+Rendered by `python -m benchmarks.results` from the result files in `results/`: do not edit by
+hand. `make results` reruns every section from scratch and renders this page;
+`make results SECTION=name` reruns one section. Each section states its command, seeds, machine,
+date and how long it took. Sections on SYNTHETIC phantom data say how the software behaves, not
+how a method performs on patients. Text and fusion have only been checked on phantoms: the
+shared data holds no real wound descriptions.
+"""
+
+
+# ------------------------------------------------------------------------------------ writing
+def command_line(prog: str, argv: Sequence[str] | None) -> str:
+    """The shell command of a run: the registry command under ``--run``, else ``python -m prog argv``."""
+    if os.environ.get(COMMAND_ENV):
+        return os.environ[COMMAND_ENV]
+    return shlex.join(["python", "-m", prog, *(sys.argv[1:] if argv is None else argv)])
+
+
+def machine() -> dict[str, Any]:
+    """CPU count, platform, torch version and the CUDA device (None without one)."""
+    import torch
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def git_commit() -> str:
+    """HEAD's sha, suffixed ``-dirty`` when tracked code (outside tests/, docs/ and results/) differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs", ":!tests")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+RUN_COMMIT = git_commit()  # taken when a run starts (imports its code), not when it writes
+
+
+def mean_sd_ci(values: Iterable[float | None]) -> dict[str, Any] | None:
+    """``{"mean", "sd", "ci", "n"}`` of the finite values (sd with ddof 1, 95 % t interval); None if none."""
+    import numpy as np
+    from scipy import stats
+
+    arr = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if not len(arr):
+        return None
+    m = float(arr.mean())
+    if len(arr) < 2:
+        return {"mean": m, "sd": None, "ci": None, "n": 1}
+    sd = float(arr.std(ddof=1))
+    half = float(stats.t.ppf(0.975, len(arr) - 1)) * sd / math.sqrt(len(arr))
+    return {"mean": m, "sd": sd, "ci": [m - half, m + half], "n": int(len(arr))}
+
+
+def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[str, Any]:
+    """Claim "a > b" judged by a one-sided paired t-test over matched runs (seeds): holds iff p < alpha."""
+    from scipy import stats
+
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"a paired test needs ≥ 2 matched pairs, got {len(a)} and {len(b)}")
+    diff = [x - y for x, y in zip(a, b)]
+    p = float(stats.ttest_rel(a, b, alternative="greater").pvalue) if max(diff) > min(diff) else math.nan
+    if not math.isfinite(p):  # identical differences in every pair: the t statistic is undefined
+        return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}: undefined (identical differences)",
+                "p": None, "holds": False}
+    return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}", "p": p, "holds": bool(p < alpha)}
+
+
+def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:
+    """How many claims hold by chance alone when none is true, from the number of tests."""
+    held = sum(c["holds"] for c in claims)
+    return (f"{len(claims)} tests at α = {alpha:g}, {held} of them {'holds' if held == 1 else 'hold'}; about {alpha * len(claims):.2f} would hold "
+            f"by chance alone if no difference were real.")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready copy: numpy scalars → Python numbers, NaN/inf → None, tuples → lists."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_result(section: str, title: str, command: str, seeds: Sequence[int], tables: Sequence[dict],
+                 claims: Sequence[dict] = (), notes: Sequence[str] = (), synthetic: bool = True,
+                 seconds: float = 0.0, results_dir: Path | str = RESULTS_DIR) -> Path:
+    """Write ``<results_dir>/<section>.json`` atomically (temp file in the folder, fsync, replace).
+
+    Under ``--run`` the recorded wall time is the whole section command's (e.g. data preparation too)."""
+    for t in tables:
+        if set(t) != {"caption", "columns", "rows"}:
+            raise ValueError(f"a table needs exactly caption, columns and rows, got {sorted(t)}")
+        bad = [r for r in t["rows"] if len(r) != len(t["columns"])]
+        if bad:
+            raise ValueError(f"table {t['caption']!r}: row {bad[0]} does not have {len(t['columns'])} cells")
+    for c in claims:
+        if set(c) != {"claim", "test", "p", "holds"}:
+            raise ValueError(f"a claim needs exactly claim, test, p and holds, got {sorted(c)}")
+    if os.environ.get(STARTED_ENV):
+        seconds = time.time() - float(os.environ[STARTED_ENV])
+    record = _clean({"section": section, "title": title, "command": command, "seeds": list(seeds),
+                     "machine": machine(), "commit": RUN_COMMIT,
+                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": float(seconds),
+                     "synthetic": bool(synthetic), "tables": list(tables), "claims": list(claims),
+                     "notes": list(notes)})
+    folder = Path(results_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{section}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{section}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=1, ensure_ascii=False, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+# ---------------------------------------------------------------------------------- rendering
+def fmt_number(v: Any) -> str:
+    """A stored cell value as text: None → –, bool → yes/no, whole numbers without decimals, other
+    floats to 4 significant digits (one decimal from 100, none from 1000)."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "n/a"
+        if v.is_integer() and abs(v) < 1e15:
+            return str(int(v))
+        if abs(v) >= 1000:
+            return f"{v:.0f}"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def fmt_cell(v: Any) -> str:
+    """A table cell: a number, text, or a mean ± sd [95 % CI] dict, whose figures are all given to the
+    decimal of the sd's second significant digit (one decimal when the sd is 0 or missing)."""
+    if isinstance(v, dict):
+        if v.get("mean") is None:
+            return "–"
+        sd = v.get("sd")
+        places = min(4, max(0, 1 - math.floor(math.log10(sd)))) if sd else 1
+        text = f"{v['mean']:.{places}f}"
+        if sd is not None:
+            text += f" ± {sd:.{places}f}"
+        if v.get("ci") is not None:
+            text += f" [{v['ci'][0]:.{places}f}, {v['ci'][1]:.{places}f}]"
+        return text
+    return fmt_number(v).replace("|", "\\|")
+
+
+def fmt_p(p: float | None) -> str:
+    return "n/a" if p is None else f"{p:.2g}"
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def fmt_machine(m: dict[str, Any]) -> str:
+    gpu = f"CUDA {m['cuda']}" if m.get("cuda") else "no CUDA"
+    return f"{m.get('cpus')} CPUs, {m.get('platform')}, torch {m.get('torch')}, {gpu}"
+
+
+def render_tables(tables: Sequence[dict[str, Any]]) -> str:
+    """Markdown tables, each under its caption (benchmarks print this too)."""
+    lines = []
+    for t in tables:
+        lines += [f"**{t['caption']}**", "",
+                  "| " + " | ".join(t["columns"]) + " |",
+                  "|" + "---|" * len(t["columns"])]
+        lines += ["| " + " | ".join(fmt_cell(c) for c in row) + " |" for row in t["rows"]]
+        lines.append("")
+    if any(isinstance(c, dict) for t in tables for row in t["rows"] for c in row):
+        lines += ["Cells read mean ± sd [95 % CI] over seeds.", ""]
+    return "\n".join(lines)
+
+
+def render_section(r: dict[str, Any]) -> str:
+    """One section of RESULTS.md from one result record."""
+    seeds = ", ".join(str(s) for s in r["seeds"]) or "none (deterministic)"
+    lines = [f"## {r['title']}", "",
+             f"- data: **{'SYNTHETIC phantom data' if r['synthetic'] else 'real data'}**",
+             f"- command: `{r['command']}`",
+             f"- seeds: {seeds}",
+             f"- machine: {fmt_machine(r['machine'])}",
+             f"- commit {r['commit'][:12]}, {r['date']}, took {fmt_seconds(r['seconds'])}", ""]
+    lines.append(render_tables(r["tables"]))
+    if r["claims"]:
+        lines.append("Claims (a claim holds only when its paired test says so, p < 0.05):")
+        for c in r["claims"]:
+            verdict = "holds" if c["holds"] is True else "does not hold"
+            lines.append(f"- {c['claim']}: **{verdict}** ({c['test']}, p = {fmt_p(c['p'])})")
+        lines.append("")
+    lines += [f"- {n}" for n in r["notes"]]
+    if r["notes"]:
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_results(results_dir: Path | str) -> dict[str, dict[str, Any]]:
+    """Every ``<section>.json`` in ``results_dir``; raises ValueError naming a file that lacks a key."""
+    out = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        missing = [k for k in REQUIRED if k not in record]
+        if missing:
+            raise ValueError(f"{path}: missing keys {missing}")
+        if record["section"] != path.stem:
+            raise ValueError(f"{path}: section {record['section']!r} does not match the file name")
+        out[path.stem] = record
+    return out
+
+
+def render(results_dir: Path | str = RESULTS_DIR) -> str:
+    """docs/RESULTS.md from the result files: registry order, unknown sections alphabetically,
+    then the registry sections that have no result file yet, with their commands."""
+    records = load_results(results_dir)
+    order = [s for s in SECTIONS if s in records] + sorted(s for s in records if s not in SECTIONS)
+    parts = [HEADER] + [render_section(records[s]) for s in order]
+    missing = [s for s in SECTIONS if s not in records]
+    if missing:
+        parts.append("## Not yet regenerated\n\nNo result file yet, so no figures here; rerun with "
+                     "`make results SECTION=name`:\n\n" + "\n".join(f"- `{s}`: `{SECTIONS[s]}`" for s in missing)
+                     + "\n")
+    return "\n".join(parts)
+
+
+# -------------------------------------------------------------------------------------- main
+def run_section(name: str, results_dir: Path) -> bool:
+    """Run a section's registry command from the repository root; True when it wrote its file."""
+    target = results_dir / f"{name}.json"
+    before = target.stat().st_mtime_ns if target.exists() else None
+    env = {**os.environ, COMMAND_ENV: SECTIONS[name], STARTED_ENV: repr(time.time()),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    print(f"[results] {name}: {SECTIONS[name]}", flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run(["bash", "-c", SECTIONS[name]], cwd=REPO, env=env).returncode
+    wrote = target.exists() and target.stat().st_mtime_ns != before
+    print(f"[results] {name}: exit {rc}, {time.perf_counter() - t0:.0f} s, "
+          + ("wrote " + str(target) if wrote else f"wrote no {target.name}"), flush=True)
+    return rc == 0 and wrote
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.results", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", default=None, metavar="NAME|all",
+                        help=f"rerun a section (or all) before rendering: {', '.join(SECTIONS)}")
+    parser.add_argument("--out", type=Path, default=RESULTS_MD, help="rendered Markdown (default docs/RESULTS.md)")
+    args = parser.parse_args(argv)
+    if args.run is not None and args.run != "all" and args.run not in SECTIONS:
+        parser.error(f"unknown section {args.run!r}; known: all, {', '.join(SECTIONS)}")
+    failed = []
+    if args.run is not None:
+        for name in SECTIONS if args.run == "all" else [args.run]:
+            if not run_section(name, RESULTS_DIR):
+                failed.append(name)
+    try:
+        text = render(RESULTS_DIR)
+    except ValueError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    args.out.write_text(text, encoding="utf-8")
+    print(f"rendered {args.out} from {len(load_results(RESULTS_DIR))} result files")
+    if failed:
+        print(f"sections that failed or wrote no result file: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Every converted benchmark runs its quick setting into a temporary results folder and writes a
+result file that the renderer accepts; bad flag combinations exit 2 before any work."""
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from benchmarks.results import REQUIRED, render
+
+
+def _run_quick(name: str, tmp_path, *extra: str) -> dict:
+    main = importlib.import_module(f"benchmarks.{name}").main
+    out = tmp_path / "results"
+    assert main(["--quick", "--results", str(out), *extra]) == 0
+    record = json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
+    assert set(REQUIRED) <= set(record) and record["section"] == name and record["synthetic"] is True
+    assert record["title"].endswith("[quick]") and "--quick" in record["command"]
+    assert record["tables"] and all(t["rows"] for t in record["tables"])
+    assert f"## {record['title']}" in render(out)
+    return record
+
+
+def test_soe_quick(tmp_path, demo_workspace):
+    record = _run_quick("soe", tmp_path, "--workspace", str(demo_workspace.root))
+    methods = [row[0] for row in record["tables"][0]["rows"]]
+    assert methods[:2] == ["this SOE, default (δ = 0.1, full batch, 100 steps)",
+                           "this SOE, paper protocol (δ = 0, batch 2048, 50 epochs)"]
+    assert all(0 <= row[4] <= 100 for row in record["tables"][0]["rows"]) and record["seeds"] == [0]
+
+
+def test_active_quick(tmp_path, demo_workspace):
+    record = _run_quick("active", tmp_path, "--workspace", str(demo_workspace.root))
+    rows = record["tables"][0]["rows"]
+    assert [r[0] for r in rows] == [1, 5, 25, 100] and record["seeds"] == [0, 1]
+    assert rows[-1][2] == rows[-1][3]  # at 100 % both samplers fit the same triplets with the same seed
+    assert len(record["claims"]) == 3 and all(isinstance(c["holds"], bool) for c in record["claims"])
+
+
+@pytest.mark.slow
+def test_flip_quick(tmp_path):
+    record = _run_quick("flip", tmp_path)
+    rows = record["tables"][0]["rows"]
+    assert [r[0] for r in rows] == [0, 0.5] and rows[0][3] == rows[0][5] == 1 and all(r[4] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_vision_ablation_quick(tmp_path, demo_workspace):
+    record = _run_quick("vision_ablation", tmp_path, "--workspace", str(demo_workspace.root))
+    rows = record["tables"][0]["rows"]
+    assert len(rows) == 1 + 6 + 1 and len(record["claims"]) == 3
+    assert rows[-1][0] == "latent truth (the planted ceiling)" and 50 < rows[-1][3] <= 100
+
+
+@pytest.mark.slow
+def test_concepts_quick(tmp_path, demo_workspace):
+    record = _run_quick("concepts", tmp_path, "--workspace", str(demo_workspace.root))
+    assert record["tables"][0]["columns"] == ["concept", "untrained", "clip", "make", "conceptclip"]
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), [
+    ("soe", ["--repeats", "0"], "--repeats"),
+    ("active", ["--seeds", "0"], "two distinct --seeds"),
+    ("active", ["--seeds", "1", "1"], "two distinct --seeds"),
+    ("vision_ablation", ["--seeds", "3"], "two distinct --seeds"),
+    ("vision_ablation", ["--epochs", "0"], "--epochs"),
+    ("concepts", ["--epochs", "0"], "--epochs"),
+    ("flip", ["--rates", "1.5"], "--rates"),
+    ("flip", ["--steps", "0"], "--steps"),
+])
+def test_bad_flags_exit_2_before_any_work(tmp_path, capsys, name, argv, message):
+    main = importlib.import_module(f"benchmarks.{name}").main
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--results", str(tmp_path)])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

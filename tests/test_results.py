@@ -1,0 +1,136 @@
+"""Result files and docs/RESULTS.md: every figure in RESULTS.md is rendered from results/*.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import results
+from benchmarks.results import REQUIRED, RESULTS_DIR, RESULTS_MD, SECTIONS, paired_claim, render, write_result
+
+KNOWN = {
+    "section": "toy", "title": "Toy benchmark", "command": "python -m benchmarks.toy --quick", "seeds": [0, 1],
+    "machine": {"cpus": 2, "platform": "Linux-x", "python": "3.11.2", "torch": "2.5.1", "cuda": None},
+    "commit": "0123456789abcdef0123", "date": "2026-11-23T13:00:00+00:00", "seconds": 150.0, "synthetic": True,
+    "tables": [{"caption": "Scores", "columns": ["method", "n", "score %", "time s"],
+                "rows": [["a|b", 3, {"mean": 61.234, "sd": 1.27, "ci": [58.1, 64.4]}, 0.123456],
+                         ["c", None, {"mean": 70.0, "sd": None, "ci": None}, 1234.5]]}],
+    "claims": [{"claim": "a beats c", "test": "one-sided paired t-test, n = 2", "p": 0.0123, "holds": True},
+               {"claim": "c beats a", "test": "one-sided paired t-test, n = 2", "p": 0.9, "holds": False}],
+    "notes": ["a note"],
+}
+EXPECTED_SECTION = """## Toy benchmark
+
+- data: **SYNTHETIC phantom data**
+- command: `python -m benchmarks.toy --quick`
+- seeds: 0, 1
+- machine: 2 CPUs, Linux-x, torch 2.5.1, no CUDA
+- commit 0123456789ab, 2026-11-23T13:00:00+00:00, took 2.5 min
+
+**Scores**
+
+| method | n | score % | time s |
+|---|---|---|---|
+| a\\|b | 3 | 61.2 ± 1.3 [58.1, 64.4] | 0.1235 |
+| c | – | 70.0 | 1234 |
+
+Cells read mean ± sd [95 % CI] over seeds.
+
+Claims (a claim holds only when its paired test says so, p < 0.05):
+- a beats c: **holds** (one-sided paired t-test, n = 2, p = 0.012)
+- c beats a: **does not hold** (one-sided paired t-test, n = 2, p = 0.9)
+
+- a note
+"""
+
+
+def _write(folder: Path, record: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{record['section']}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def test_committed_results_md_is_rendered_from_the_result_files():
+    """Byte for byte, so every figure in RESULTS.md comes from a result file (none typed by hand)."""
+    assert RESULTS_MD.read_text(encoding="utf-8") == render(RESULTS_DIR), \
+        "docs/RESULTS.md differs from the rendering of results/*.json: run `python -m benchmarks.results`"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_every_result_file_has_the_required_keys(path):
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert set(REQUIRED) <= set(record) and record["section"] == path.stem
+    assert isinstance(record["command"], str) and record["command"].strip()
+    assert all(isinstance(s, int) for s in record["seeds"]) and isinstance(record["synthetic"], bool)
+    assert {"cpus", "platform", "torch", "cuda"} <= set(record["machine"])
+    assert isinstance(record["seconds"], (int, float)) and record["seconds"] >= 0 and record["commit"]
+    for table in record["tables"]:
+        assert set(table) == {"caption", "columns", "rows"}
+        assert all(len(row) == len(table["columns"]) for row in table["rows"])
+    for claim in record["claims"]:
+        assert set(claim) == {"claim", "test", "p", "holds"} and isinstance(claim["holds"], bool)
+        assert claim["holds"] is False or (claim["p"] is not None and claim["p"] < 0.05)
+    assert all(isinstance(n, str) for n in record["notes"])
+
+
+def test_renderer_formats_a_known_result_as_expected(tmp_path):
+    _write(tmp_path, KNOWN)
+    _write(tmp_path, {**KNOWN, "section": "zeta", "title": "Zeta", "synthetic": False, "tables": [], "claims": [],
+                      "notes": [], "seeds": [], "seconds": 4.25, "machine": {**KNOWN["machine"], "cuda": "H100"}})
+    _write(tmp_path, {**KNOWN, "section": "soe", "title": "First by the registry"})
+    text = render(tmp_path)
+    assert text.startswith(results.HEADER + "\n## First by the registry\n")
+    assert "\n" + EXPECTED_SECTION + "\n## Zeta\n" in text  # unknown sections follow, alphabetically
+    assert ("- data: **real data**\n- command: `python -m benchmarks.toy --quick`\n- seeds: none (deterministic)\n"
+            "- machine: 2 CPUs, Linux-x, torch 2.5.1, CUDA H100\n"
+            "- commit 0123456789ab, 2026-11-23T13:00:00+00:00, took 4.2 s\n") in text
+    missing = [s for s in SECTIONS if s != "soe"]
+    assert text.endswith("## Not yet regenerated\n\nNo result file yet, so no figures here; rerun with "
+                         "`make results SECTION=name`:\n\n" + "\n".join(f"- `{s}`: `{SECTIONS[s]}`" for s in missing)
+                         + "\n")
+
+
+@pytest.mark.parametrize("holds", [False, None, "true", 1])
+def test_a_claim_that_is_not_true_is_never_printed_as_holding(tmp_path, holds):
+    claim = {"claim": "attention beats mean", "test": "paired t-test", "p": 0.001, "holds": holds}
+    _write(tmp_path, {**KNOWN, "claims": [claim]})
+    text = render(tmp_path)
+    assert "attention beats mean: **does not hold** (paired t-test, p = 0.001)" in text
+    assert "**holds**" not in text
+
+
+def test_paired_claim_holds_only_when_the_paired_test_says_so():
+    assert paired_claim("a > b", [61.0, 62.0, 63.5, 64.0], [60.0, 60.5, 61.0, 62.5])["holds"] is True
+    noisy = paired_claim("a > b", [61.0, 59.0, 63.0], [60.0, 60.5, 61.0])
+    assert noisy["holds"] is False and noisy["p"] > 0.05
+    assert paired_claim("b > a", [60.0, 60.5, 61.0], [61.0, 62.0, 63.5])["holds"] is False
+    constant = paired_claim("a > b", [61.0, 62.0], [60.0, 61.0])
+    assert constant["holds"] is False and constant["p"] is None and "undefined" in constant["test"]
+    with pytest.raises(ValueError, match="paired"):
+        paired_claim("a > b", [1.0], [0.0])
+
+
+def test_write_result_is_atomic_fills_the_run_facts_and_rejects_bad_tables(tmp_path):
+    table = {"caption": "t", "columns": ["x", "y"], "rows": [["a", float("nan")]]}
+    path = write_result("toy", "Toy", "python -m toy", [0], [table], notes=["n"], synthetic=False, seconds=1.5,
+                        results_dir=tmp_path)
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert [p.name for p in tmp_path.iterdir()] == ["toy.json"]  # no temp file left behind
+    assert record["tables"][0]["rows"] == [["a", None]] and record["synthetic"] is False
+    assert record["commit"] and record["date"].endswith("+00:00") and record["machine"]["cpus"] >= 1
+    with pytest.raises(ValueError, match="2 cells"):
+        write_result("toy", "Toy", "c", [0], [{**table, "rows": [["a"]]}], results_dir=tmp_path)
+    with pytest.raises(ValueError, match="holds"):
+        write_result("toy", "Toy", "c", [0], [table], claims=[{"claim": "x", "p": 0.1}], results_dir=tmp_path)
+
+
+def test_render_rejects_a_result_file_without_a_required_key(tmp_path):
+    _write(tmp_path, {k: v for k, v in KNOWN.items() if k != "seeds"})
+    with pytest.raises(ValueError, match="seeds"):
+        render(tmp_path)
+
+
+def test_cli_unknown_section_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        results.main(["--run", "no_such_section"])
+    assert exc.value.code == 2 and "unknown section" in capsys.readouterr().err
