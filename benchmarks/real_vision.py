@@ -20,15 +20,10 @@ supervised rows are skipped with the reason. Writes ``results/<section>.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import resource
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +34,7 @@ from tqdm import tqdm
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
+from benchmarks.results import write_result
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.runtime import torch_threads
@@ -55,14 +51,6 @@ CURVE = (50, 100, 250, 500, 1000, None)
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def configurations_tried() -> int:
@@ -173,7 +161,7 @@ def summary(values: list[float]) -> dict[str, Any] | None:
     a = np.asarray(values, dtype=float)
     sd = float(a.std(ddof=1)) if len(a) > 1 else 0.0
     half = float(stats.t.ppf(0.975, len(a) - 1) * sd / np.sqrt(len(a))) if len(a) > 1 else 0.0
-    return {"mean": float(a.mean()), "sd": sd, "ci": [float(a.mean() - half), float(a.mean() + half)], "n": len(a)}
+    return {"mean": float(a.mean()), "sd": sd, "ci": [float(a.mean() - half), float(a.mean() + half)]}
 
 
 def mean_per_anchor(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,9 +174,9 @@ def compare(b: Bench, a: str, base: str, claim: str) -> dict[str, Any] | None:
         return None
     t = patient_paired_test(mean_per_anchor(b.rows[a]), mean_per_anchor(b.rows[base]), b.patients)
     holds = t["mean_diff"] > 0 and t["t_p"] < 0.05
-    return {"claim": claim, "test": f"paired t-test over {t['n_patients']} patients (Wilcoxon p = "
-                                    f"{t['wilcoxon_p']:.3g})", "p": t["t_p"], "mean_diff": t["mean_diff"],
-            "holds": bool(holds)}
+    return {"claim": claim, "test": f"mean difference {100 * t['mean_diff']:+.1f} pp; paired t-test over "
+                                    f"{t['n_patients']} patients, Wilcoxon p = {t['wilcoxon_p']:.2g}",
+            "p": t["t_p"], "holds": bool(holds)}
 
 
 def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -219,26 +207,22 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
     notes += [f"skipped {k}: {v}" for k, v in out["skipped"].items()]
     if args.quick:
         notes.append("--quick: 5 training epochs, 4 views, one seed; not a result")
-    return {
-        "section": args.section, "title": f"Real wounds: TriDerm-V vs its frozen backbone ({Path(args.data).name})",
-        "command": " ".join(["python -m benchmarks.real_vision --data", str(args.data),
-                             f"--seeds {' '.join(map(str, args.seeds))}", f"--supervised-epochs {args.supervised_epochs}",
-                             *(["--curve-supervised"] if args.curve_supervised else []),
-                             *(["--quick"] if args.quick else [])]),
-        "seeds": list(args.seeds), "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                                               "torch": torch.__version__,
-                                               "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
-        "commit": git_sha(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(seconds, 1), "synthetic": False,
-        "tables": [{"caption": f"Balanced agreement (%) with {len(b.expert)} triplets of {Path(args.data).name}, "
-                               f"{len(b.image_ids)} photos, {len(set(b.patients.values()))} patients; "
-                               f"{args.folds} patient-disjoint folds for the out-of-fold rows",
-                    "columns": ["row", "balanced %", "seconds / seed", "peak RSS MB"], "rows": rows},
-                   {"caption": "Learning curve: out-of-fold balanced agreement (%) against the expert triplets "
-                               "used for training per fold (first seed)",
-                    "columns": ["method", "training triplets", "balanced %"], "rows": curve_rows}],
-        "claims": claims, "notes": notes,
-    }
+    command = " ".join(["python -m benchmarks.real_vision --data", str(args.data),
+                        *([f"--seeds {' '.join(map(str, args.seeds))}"] if args.seeds != [0, 1, 2] else []),
+                        *([f"--supervised-epochs {args.supervised_epochs}"]
+                          if args.supervised_epochs != DEFAULTS["epochs"] else []),
+                        *(["--curve-supervised"] if args.curve_supervised else []),
+                        *(["--quick"] if args.quick else [])])
+    tables = [{"caption": f"Balanced agreement (%) with {len(b.expert)} triplets of {Path(args.data).name}, "
+                          f"{len(b.image_ids)} photos, {len(set(b.patients.values()))} patients; "
+                          f"{args.folds} patient-disjoint folds for the out-of-fold rows",
+               "columns": ["row", "balanced %", "seconds / seed", "peak RSS MB"], "rows": rows},
+              {"caption": "Learning curve: out-of-fold balanced agreement (%) against the expert triplets "
+                          "used for training per fold (first seed)",
+               "columns": ["method", "training triplets", "balanced %"], "rows": curve_rows}]
+    return {"section": args.section, "title": f"Real wounds: TriDerm-V vs its frozen backbone ({Path(args.data).name})",
+            "command": command, "seeds": list(args.seeds), "tables": tables, "claims": claims, "notes": notes,
+            "synthetic": False, "seconds": seconds}
 
 
 def print_report(res: dict[str, Any]) -> None:
@@ -254,7 +238,7 @@ def print_report(res: dict[str, Any]) -> None:
             print("  " + " | ".join(cells))
     for c in res["claims"]:
         verdict = "holds" if c["holds"] else "does not hold"
-        print(f"- {c['claim']}: {verdict} (mean difference {100 * c['mean_diff']:+.1f} pp, p = {c['p']:.3g}; {c['test']})")
+        print(f"- {c['claim']}: {verdict} (p = {c['p']:.3g}; {c['test']})")
     for n in res["notes"]:
         print(f"note: {n}")
     print(f"{res['seconds']:.0f} s wall")
@@ -289,13 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--data {args.data}: no wounds")
         res = report(args, run(args, ws), time.perf_counter() - t0)
     print_report(res)
-    args.results.mkdir(parents=True, exist_ok=True)
-    target = args.results / f"{args.section}.json"
-    with tempfile.NamedTemporaryFile("w", dir=args.results, suffix=".tmp", delete=False) as f:
-        json.dump(res, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, target)
+    target = write_result(results_dir=args.results, **res)
     print(f"→ {target}")
     return 0
 
