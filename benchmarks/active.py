@@ -110,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         ws = Workspace(args.workspace) if args.workspace else phantom_workspace(Path(tmp), args.phantom_seed)
         if not ws.truth_dir.is_dir():
             parser.error(f"{ws.root} has no truth/: the benchmark needs a SYNTHETIC phantom workspace")
-        ids, questions, oriented, oracle = phantom_triplets(ws, args.phantom_seed)
+        ids, questions, oriented, truth = phantom_triplets(ws, args.phantom_seed)
         expert = ws.store.expert_triplets()
     n, total = len(ids), len(questions)
     keys = canonical_key(questions, n)
     sort = np.argsort(keys)
     answers = {"keys": keys[sort], "oriented": oriented[sort]}
-    D = oracle.truth.distance_matrix()
+    D = truth.distance_matrix()
     truth_oriented = all_questions(n)
     flip = D[truth_oriented[:, 0], truth_oriented[:, 1]] > D[truth_oriented[:, 0], truth_oriented[:, 2]]
     truth_oriented[flip, 1], truth_oriented[flip, 2] = truth_oriented[flip, 2], truth_oriented[flip, 1].copy()

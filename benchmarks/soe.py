@@ -40,7 +40,9 @@ from annotations.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
+from core.phantoms import PhantomTruth, load_truth
 from core.text.llm import PhantomOracle, Question
+from core.text.queries import photo_texts
 from core.text.sampling import n_questions, uniform_order
 from core.text.soe import SOE, triplet_margins
 
@@ -59,17 +61,20 @@ def phantom_workspace(root: Path, seed: int) -> Workspace:
     return ws
 
 
-def phantom_triplets(ws: Workspace, seed: int) -> tuple[list[str], np.ndarray, np.ndarray, PhantomOracle]:
-    """(ids, all questions in seeded order, oriented answers aligned with them, oracle)."""
+def phantom_triplets(ws: Workspace, seed: int) -> tuple[list[str], np.ndarray, np.ndarray, PhantomTruth]:
+    """(ids, all questions in seeded order, the phantom oracle's answers aligned with them — it
+    reads only the descriptions —, the latent truth for the reference rows)."""
     oracle = PhantomOracle(ws.truth_dir, seed=seed, skips=False)
-    ids = list(oracle.truth.image_ids)
+    truth = load_truth(ws.truth_dir)
+    ids = list(truth.image_ids)
+    texts = photo_texts(ws)
     questions = uniform_order(len(ids), seed)
     oriented = questions.copy()
     for row, (a, j, k) in enumerate(questions):
-        ans = oracle.answer_question(Question(ids[a], ids[j], ids[k], "", "", ""))
-        if ans.choice == "k":
+        q = Question(ids[a], ids[j], ids[k], texts.get(ids[a], ""), texts.get(ids[j], ""), texts.get(ids[k], ""))
+        if oracle.answer_question(q).choice == "k":
             oriented[row, 1], oriented[row, 2] = k, j
-    return ids, questions, oriented, oracle
+    return ids, questions, oriented, truth
 
 
 def measure(fit: Callable[[], np.ndarray], repeats: int) -> tuple[np.ndarray, float, float, float]:
@@ -115,15 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         ws = Workspace(args.workspace) if args.workspace else phantom_workspace(Path(tmp), args.seed)
         if not ws.truth_dir.is_dir():
             parser.error(f"{ws.root} has no truth/: the benchmark needs a SYNTHETIC phantom workspace")
-        ids, questions, oriented, oracle = phantom_triplets(ws, args.seed)
+        ids, questions, oriented, truth = phantom_triplets(ws, args.seed)
         expert = ws.store.expert_triplets()
     n = len(ids)
     train, held = oriented[:N_TRAIN], oriented[N_TRAIN:]
-    truth_D = oracle.truth.distance_matrix()
+    truth_D = truth.distance_matrix()
     truth_oriented = questions.copy()
     flip = truth_D[questions[:, 0], questions[:, 1]] > truth_D[questions[:, 0], questions[:, 2]]
     truth_oriented[flip, 1], truth_oriented[flip, 2] = questions[flip, 2], questions[flip, 1]
-    ceiling = float((triplet_margins(oracle.truth.latent, train) > 0).mean())
+    ceiling = float((triplet_margins(truth.latent, train) > 0).mean())
     notes = [f"{n} photos, {n_questions(n)} questions, {len(train)} training / {len(held)} held-out triplets "
              f"(phantom oracle, no skips), dim 4; the latent truth satisfies {100 * ceiling:.2f}% of the training "
              f"triplets (the noise ceiling)."]
@@ -165,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                      "expert": 100 * evaluate(ids, pairwise_euclidean(emb), expert)["balanced"]})
         print(f"  measured {name}: {wall:.2f} s", flush=True)
     ceiling_row = [LATENT, None, None, None, 100 * ceiling,
-                   100 * float((triplet_margins(oracle.truth.latent, held) > 0).mean()),
-                   100 * float((triplet_margins(oracle.truth.latent, truth_oriented) > 0).mean()),
+                   100 * float((triplet_margins(truth.latent, held) > 0).mean()),
+                   100 * float((triplet_margins(truth.latent, truth_oriented) > 0).mean()),
                    100 * evaluate(ids, truth_D, expert)["balanced"]]
     cb = [r for r in rows if r["method"].startswith("cblearn")]
     ref = min(cb, key=lambda r: r["wall_s"]) if cb else None
