@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import os
 import platform
@@ -37,6 +36,7 @@ from scipy import stats
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
+from benchmarks.results import write_result
 from core.eval.distances import pairwise_euclidean
 from core.eval.fusion import fuse
 from core.eval.metrics import evaluate
@@ -255,25 +255,11 @@ def render_text(result: dict[str, Any]) -> str:
     return "\n".join(out + [""] + result["notes"])
 
 
-def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON through a temporary file in the same folder and os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.orderings", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, a small phantom, 5 epochs (smoke test)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "orderings.json")
+    parser.add_argument("--results", type=Path, default=ROOT / "results", help="folder of the result file")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.seeds is not None:
@@ -291,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.orderings" + (" --quick" if args.quick else "") + \
         (f" --seeds {' '.join(map(str, cfg['seeds']))}" if args.seeds is not None else "")
     result = summarise(per_seed, cfg, time.perf_counter() - t0, command, commit)
-    write_atomic(args.out, result)
+    target = write_result(results_dir=args.results, **{k: result[k] for k in (
+        "section", "title", "command", "seeds", "tables", "claims", "notes", "synthetic", "seconds")})
     print(render_text(result))
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {target}")
     return 0
 
 

@@ -238,7 +238,7 @@ def fmt_seconds(s: float) -> str:
 
 def fmt_machine(m: dict[str, Any]) -> str:
     gpu = f"CUDA {m['cuda']}" if m.get("cuda") else "no CUDA"
-    return f"{m.get('cpus')} CPUs, {m.get('platform')}, torch {m.get('torch')}, {gpu}"
+    return f"{m.get('cpus', m.get('cpu_count'))} CPUs, {m.get('platform')}, torch {m.get('torch')}, {gpu}"
 
 
 def render_tables(tables: Sequence[dict[str, Any]]) -> str:

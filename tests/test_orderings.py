@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.orderings import CLAIMS, FROZEN, FULL, MODALITIES, VISION, cell, main, paired, summarise, write_atomic
+from benchmarks.orderings import CLAIMS, FROZEN, FULL, MODALITIES, VISION, cell, main, paired, summarise
 from core.phantoms import CEILINGS
 
 KEYS = {"section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
@@ -64,18 +64,10 @@ def test_cell_and_paired() -> None:
     assert paired([0.6, 0.7, 0.7], [0.7, 0.8, 0.75]) > 0.9
 
 
-def test_write_atomic_leaves_no_temp_file(tmp_path: Path) -> None:
-    out = tmp_path / "results" / "x.json"
-    write_atomic(out, {"a": 1})
-    write_atomic(out, {"a": 2})
-    assert json.loads(out.read_text()) == {"a": 2}
-    assert [p.name for p in out.parent.iterdir()] == ["x.json"]
-
-
 @pytest.mark.slow
 def test_quick_run_writes_the_result_file(tmp_path: Path, capsys) -> None:
     out = tmp_path / "orderings.json"
-    assert main(["--quick", "--out", str(out)]) == 0
+    assert main(["--quick", "--results", str(tmp_path)]) == 0
     result = json.loads(out.read_text())
     _check_contract(result)
     assert result["seeds"] == [0, 1] and result["command"].endswith("--quick")
