@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         backbone = load_backbone(cfg["backbone"], layer=cfg["layer"])
         check_workspace(ws, cfg)
+    print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {backbone.name}, {cfg['views']} views, "
+          f"{cfg['epochs']} epochs (≥ {cfg['min_steps']} steps), {cfg['pooling']} pooling, {cfg['dim']}-d, "
+          f"distances {cfg['normalize']}" + (f", + expert triplets (cv {cfg['cv']})" if cfg["supervise"] else ""))
     run_id = train(ws, **{**cfg, "backbone": backbone})
     run = ws.store.run(run_id)
     base_id = baseline_run(ws, backbone)
