@@ -25,8 +25,9 @@ PAGES = {
 
 
 @pytest.fixture
-def ws(demo_workspace, monkeypatch) -> Workspace:
+def ws(demo_workspace, monkeypatch, tmp_path) -> Workspace:
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
+    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))  # not the repository's result files
     monkeypatch.delenv("TRIDERM_ACCESS_CODE", raising=False)
     return demo_workspace
 
@@ -202,8 +203,8 @@ def test_report_page_empty_then_filled(ws):
 
 
 def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path))
     assert "No real-data vision benchmark yet" in texts(app("report"))
+    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path))
     cell = {"mean": 61.9, "sd": 0.4, "ci": [60.9, 62.9]}  # TEST-ONLY numbers: the page shows what the file says
     (tmp_path / "real_vision.json").write_text(json.dumps({
         "title": "Real wounds: TEST", "seeds": [0, 1, 2], "date": "2026-11-23T00:00:00", "command": "python -m x",
