@@ -22,21 +22,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 from scipy import stats
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
-from benchmarks.results import write_result
+from benchmarks.results import machine, write_result
 from core.eval.distances import pairwise_euclidean
 from core.eval.fusion import fuse
 from core.eval.metrics import evaluate
@@ -211,8 +208,7 @@ def summarise(per_seed: list[dict[str, Any]], cfg: dict[str, Any], seconds: floa
         "section": "orderings",
         "title": "The paper's three orderings on phantom v2 (SYNTHETIC)",
         "command": command, "seeds": seeds,
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "cuda": torch.cuda.is_available()},
+        "machine": machine(),
         "commit": commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 1), "synthetic": True,
         "tables": [
