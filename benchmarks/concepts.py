@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
+from benchmarks.soe import phantom_workspace
 from core.concepts.dual_encoder import load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
@@ -46,18 +47,6 @@ from core.concepts.training import (
 from core.concepts.vocabulary import ConceptTagger, load_vocab
 
 VARIANTS = ("untrained", "clip", "make", "conceptclip")
-
-
-def phantom_workspace(root: Path, seed: int):  # noqa: ANN201 — Workspace
-    """Generate the phantom demo and import it into a workspace under ``root``."""
-    from annotations.dataset import import_dataset
-    from annotations.workspace import Workspace
-    from core.phantoms import build
-
-    build(root / "dataset", seed=seed)
-    ws = Workspace(root / "ws")
-    import_dataset(ws, root / "dataset")
-    return ws
 
 
 def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> dict[str, float]:  # noqa: ANN001
