@@ -212,6 +212,7 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
                         *([f"--supervised-epochs {args.supervised_epochs}"]
                           if args.supervised_epochs != DEFAULTS["epochs"] else []),
                         *(["--curve-supervised"] if args.curve_supervised else []),
+                        *([f"--section {args.section}"] if args.section != "real_vision" else []),
                         *(["--quick"] if args.quick else [])])
     tables = [{"caption": f"Balanced agreement (%) with {len(b.expert)} triplets of {Path(args.data).name}, "
                           f"{len(b.image_ids)} photos, {len(set(b.patients.values()))} patients; "

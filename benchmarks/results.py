@@ -39,6 +39,7 @@ STARTED_ENV = "TRIDERM_RESULT_STARTED"  # set by --run: epoch seconds when the s
 SECTIONS: dict[str, str] = {
     "vision_ablation": "python -m benchmarks.vision_ablation",
     "real_vision": "python -m benchmarks.real_vision --data ../shared/data/azh-dev --supervised-epochs 10",
+    "real_vision_medetec": "python -m benchmarks.real_vision --data ../shared/data/medetec --section real_vision_medetec",
     "train_triderm": "python -m benchmarks.train_triderm",
     "soe": "python -m benchmarks.soe",
     "active": "python -m benchmarks.active",
