@@ -202,7 +202,7 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
     ) if c is not None]
     curve_rows = [[method, int(n), summary([100 * v for v in vals])]
                   for method, points in out["curve"].items() for n, vals in points.items()]
-    notes = [f"{configurations_tried()} recipe configurations were tried on this set before the default was frozen "
+    notes = [f"{configurations_tried()} recipe configurations were tried on azh-dev before the default was frozen "
              f"({SEARCH_LOG.name}); the rows above are the frozen recipe's final run."]
     notes += [f"skipped {k}: {v}" for k, v in out["skipped"].items()]
     if args.quick:
