@@ -192,10 +192,7 @@ def balanced_agreement(D: np.ndarray, triplets: np.ndarray, choices: list[str]) 
 
 def load_ceilings(truth_dir: str | Path) -> dict[str, Any]:
     """The planted ceilings (truth/ceilings.json) of a phantom dataset folder or its truth/."""
-    root = Path(truth_dir)
-    if (root / "truth").is_dir():
-        root = root / "truth"
-    return json.loads((root / "ceilings.json").read_text(encoding="utf-8"))
+    return json.loads((truth_root(truth_dir) / "ceilings.json").read_text(encoding="utf-8"))
 
 
 @dataclass
@@ -224,15 +221,24 @@ class TextOracle:
                 float(ndtr(delta / self.sigma)))
 
 
-def load_text_oracle(truth_dir: str | Path) -> TextOracle:
-    """The text oracle of a phantom dataset: reads only ``oracle.json``'s ``text_oracle`` block."""
+def truth_root(truth_dir: str | Path) -> Path:
+    """``DIR/truth`` when it exists, else DIR itself."""
     root = Path(truth_dir)
-    if (root / "truth").is_dir():
-        root = root / "truth"
-    path = root / "oracle.json"
+    return root / "truth" if (root / "truth").is_dir() else root
+
+
+def read_oracle(truth_dir: str | Path) -> tuple[Path, dict]:
+    """(path, content) of ``oracle.json`` in the truth folder of ``truth_dir``."""
+    path = truth_root(truth_dir) / "oracle.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: not a phantom truth folder")
-    block = json.loads(path.read_text(encoding="utf-8")).get("text_oracle")
+    return path, json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_text_oracle(truth_dir: str | Path) -> TextOracle:
+    """The text oracle of a phantom dataset: reads only ``oracle.json``'s ``text_oracle`` block."""
+    path, oracle = read_oracle(truth_dir)
+    block = oracle.get("text_oracle")
     if block is None:
         raise FileNotFoundError(f"{path} has no text_oracle block (a phantom v1 dataset: rebuild it)")
     return TextOracle(DescriptionReader(np.array(block["mean"]), np.array(block["std"])),
@@ -246,13 +252,8 @@ def expert_rng(seed: int) -> np.random.Generator:
 
 def load_truth(truth_dir: str | Path) -> PhantomTruth:
     """Load ``DIR/truth`` (or DIR itself) written by :func:`core.phantoms.dataset.build`."""
-    root = Path(truth_dir)
-    if (root / "truth").is_dir():
-        root = root / "truth"
-    oracle_path = root / "oracle.json"
-    if not oracle_path.is_file():
-        raise FileNotFoundError(f"{oracle_path} not found: not a phantom truth folder")
-    oracle = json.loads(oracle_path.read_text(encoding="utf-8"))
+    oracle_path, oracle = read_oracle(truth_dir)
+    root = oracle_path.parent
     with open(root / "images.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     latent = np.array([[float(r[f"z_{f}"]) for f in LATENT_FEATURES] for r in rows], dtype=np.float64)
