@@ -17,7 +17,6 @@ from typing import Any, Iterable
 
 import sqlite_utils
 
-SCHEMA_VERSION = 1
 CHOICES = ("j", "k", "skip")
 RUN_STATUSES = ("running", "done", "failed", "stopped")
 _JSON_COLUMNS = ("metadata", "bbox", "config", "metrics", "artifacts")
@@ -97,8 +96,26 @@ CREATE TABLE runs (
 CREATE INDEX runs_kind ON runs (kind);
 """
 
+# v2: one revisions table for every change to a description, mask, metadata or judgment — the
+# data-safety merge, the app's audit and the admin review all read it; an earlier state is restored
+# from ``old``. ``entity`` names the table, ``key`` the row (JSON of its natural key).
+_SCHEMA_V2 = """
+CREATE TABLE revisions (
+    id INTEGER PRIMARY KEY,
+    entity TEXT NOT NULL,
+    key TEXT NOT NULL,
+    field TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('insert', 'update', 'delete', 'restore')),
+    old TEXT,
+    new TEXT,
+    actor TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX revisions_entity_key ON revisions (entity, key);
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1]
+MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2]
 
 
 def now() -> str:
@@ -315,6 +332,36 @@ class Store:
                 return False
             self.add_triplet(anchor, ref_j, ref_k, choice, f"llm:{model}", latency_ms=latency_ms)
         return True
+
+    # -- revisions -------------------------------------------------------------------------------
+    def record_revision(self, entity: str, key: Any, field: str, action: str, old: Any, new: Any,
+                        actor: str) -> int:
+        """Append one change to the revisions table (JSON-encoded ``key``, ``old`` and ``new``)."""
+        if not actor or not str(actor).strip():
+            raise ValueError("a revision needs an actor (account name, 'import' or a job name)")
+        cur = self.db.execute(
+            "INSERT INTO revisions (entity, key, field, action, old, new, actor, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [entity, json.dumps(key, sort_keys=True, default=_json_default), field, action,
+             json.dumps(old, sort_keys=True, default=_json_default),
+             json.dumps(new, sort_keys=True, default=_json_default), str(actor).strip(), now()])
+        return int(cur.lastrowid)
+
+    def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
+        """Recorded changes, oldest first (``old``/``new``/``key`` decoded from JSON)."""
+        where, args = [], []
+        if entity is not None:
+            where.append("entity = ?")
+            args.append(entity)
+        if key is not None:
+            where.append("key = ?")
+            args.append(json.dumps(key, sort_keys=True, default=_json_default))
+        sql = "SELECT * FROM revisions" + (" WHERE " + " AND ".join(where) if where else "")
+        rows = list(self.db.query(sql + " ORDER BY id", args))
+        for r in rows:
+            for col in ("key", "old", "new"):
+                r[col] = json.loads(r[col]) if r[col] is not None else None
+        return rows
 
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, kind: str, config: dict, seed: int | None = None,
