@@ -15,7 +15,8 @@ import streamlit as st
 
 import app_common as ac
 from annotations import session
-from annotations.dataset import DatasetError, import_dataset
+from annotations.dataset import import_dataset
+from annotations.readers import DatasetError
 
 PAGES = [
     ("pages/1_Wound_masks.py", "Wound masks", ":material/draw:"),

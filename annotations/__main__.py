@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 
-from annotations.dataset import DatasetError, export_dataset, import_dataset
+from annotations.dataset import export_dataset, import_dataset
+from annotations.readers import DatasetError
 from annotations.workspace import Workspace
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
-import re
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,17 +26,19 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from scipy import ndimage
 
+from annotations.readers import (
+    IMAGE_SUFFIXES,
+    DatasetError,
+    check_id,
+    load_image,
+    mask_to_labels,
+    read_csv,
+    row_metadata,
+    wound_geometry,
+)
 from annotations.store import CHOICES
 from annotations.workspace import Workspace
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-class DatasetError(ValueError):
-    """Invalid dataset input; the message names the file, row and field."""
 
 
 @dataclass
@@ -63,98 +63,6 @@ class DatasetPlan:
     wounds: dict[tuple[str, int], dict[str, Any]]
     triplets: list[dict[str, Any]]
     info: dict[str, Any]
-
-
-def valid_id(value: str) -> bool:
-    """Ids are file-name safe: letters, digits, ``_ . -``, no leading dot, no path parts."""
-    return bool(ID_PATTERN.match(value)) and ".." not in value
-
-
-def parse_value(text: str) -> Any:
-    """CSV cell → int, float or str; empty cells are missing (``None``)."""
-    text = text.strip()
-    if text == "":
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _read_csv(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
-    """Rows as (line number, dict); checks encoding and required columns."""
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise DatasetError(f"{path.name}: line {line}: not valid UTF-8 text (byte {err.start}); "
-                           "save the file as UTF-8") from None
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise DatasetError(f"{path.name}: missing required column(s) {', '.join(missing)} "
-                           f"(found: {', '.join(header) or 'no header'})")
-    if len(set(header)) != len(header):
-        dup = [h for h, n in Counter(header).items() if n > 1]
-        raise DatasetError(f"{path.name}: duplicate column(s) {', '.join(dup)}")
-    reader.fieldnames = header
-    rows = []
-    for row in reader:
-        if None in row:
-            raise DatasetError(f"{path.name}: line {reader.line_num}: more cells than columns")
-        rows.append((reader.line_num, {k: (v or "").strip() for k, v in row.items()}))
-    return rows
-
-
-def _metadata(row: dict[str, str], skip: tuple[str, ...]) -> dict[str, Any]:
-    return {k: parse_value(v) for k, v in row.items() if k not in skip and v.strip() != ""}
-
-
-def _check_id(value: str, where: str, what: str) -> str:
-    if not valid_id(value):
-        raise DatasetError(f"{where}: {what} {value!r} is not a valid id (letters, digits, "
-                           "'_', '.', '-'; no path separators or '..')")
-    return value
-
-
-def _load_image(path: Path) -> tuple[str, int, int]:
-    data = path.read_bytes()
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            width, height = im.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise DatasetError(f"images/{path.name}: cannot be read as an image ({err})") from None
-    return hashlib.sha256(data).hexdigest(), width, height
-
-
-def mask_to_labels(mask: np.ndarray, mask_format: str = "auto") -> np.ndarray:
-    """A mask image array → int32 label map.
-
-    ``auto``: masks whose values are only {0, 1} or {0, 255} are binary and are split into
-    4-connected components (one wound each); anything else is a label map. ``label``: the
-    values are wound indices as they are. RGB masks use their channel-wise maximum.
-    """
-    mask = np.asarray(mask)
-    if mask.ndim == 3:
-        mask = mask[..., :3].max(axis=2)
-    mask = mask.astype(np.int64)
-    values = set(np.unique(mask).tolist())
-    if mask_format == "auto" and (values <= {0, 1} or values <= {0, 255}):
-        labels, _ = ndimage.label(mask > 0)  # 4-connected, as the Medetec masks are counted
-        return labels.astype(np.int32)
-    return mask.astype(np.int32)
-
-
-def wound_geometry(labels: np.ndarray, index: int) -> tuple[int, list[int]]:
-    """Area in pixels and bounding box [x0, y0, x1, y1] (x1, y1 exclusive) of one wound."""
-    ys, xs = np.nonzero(labels == index)
-    if len(xs) == 0:
-        return 0, [0, 0, 0, 0]
-    return int(len(xs)), [int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1]
 
 
 def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> DatasetPlan:
@@ -186,11 +94,11 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
         if path.suffix.lower() not in IMAGE_SUFFIXES:
             raise DatasetError(f"images/{path.name}: unsupported file type "
                                f"(expected {', '.join(IMAGE_SUFFIXES)})")
-        image_id = _check_id(path.stem, f"images/{path.name}", "image id")
+        image_id = check_id(path.stem, f"images/{path.name}", "image id")
         if image_id in images:
             raise DatasetError(f"images/{path.name}: a second image with id {image_id!r} "
                                f"(also {images[image_id].path.name})")
-        sha, width, height = _load_image(path)
+        sha, width, height = load_image(path)
         images[image_id] = _Image(image_id, path, sha, width, height)
     if not images:
         raise DatasetError(f"{images_dir}: no images")
@@ -203,7 +111,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
             where = f"masks/{path.name}"
             if path.suffix.lower() != ".png":
                 raise DatasetError(f"{where}: masks must be PNG files")
-            _check_id(path.stem, where, "image id")
+            check_id(path.stem, where, "image id")
             if path.stem not in images:
                 raise DatasetError(f"{where}: mask for unknown image {path.stem!r} "
                                    "(no matching file in images/)")
@@ -228,7 +136,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
                         "area": area, "bbox": bbox, "description": "", "metadata": {}}
     if (root / "wounds.csv").exists():
         seen: set[tuple[str, int]] = set()
-        for line, row in _read_csv(root / "wounds.csv", ("image_id", "wound_index", "description")):
+        for line, row in read_csv(root / "wounds.csv", ("image_id", "wound_index", "description")):
             where = f"wounds.csv: line {line}"
             image_id = row["image_id"]
             if image_id not in images:
@@ -246,20 +154,20 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
                                    f"{image_id!r} (masks/{image_id}.png)")
             wounds[(image_id, index)].update(
                 description=row["description"],
-                metadata=_metadata(row, ("image_id", "wound_index", "description")))
+                metadata=row_metadata(row, ("image_id", "wound_index", "description")))
 
     patients: dict[str, dict[str, Any]] = {}
     has_patients_csv = (root / "patients.csv").exists()
     if has_patients_csv:
-        for line, row in _read_csv(root / "patients.csv", ("patient_id",)):
+        for line, row in read_csv(root / "patients.csv", ("patient_id",)):
             where = f"patients.csv: line {line}"
-            pid = _check_id(row["patient_id"], where, "patient_id")
+            pid = check_id(row["patient_id"], where, "patient_id")
             if pid in patients:
                 raise DatasetError(f"{where}: patient_id {pid!r} is listed twice")
-            patients[pid] = _metadata(row, ("patient_id",))
+            patients[pid] = row_metadata(row, ("patient_id",))
     if (root / "images.csv").exists():
         seen_images: set[str] = set()
-        for line, row in _read_csv(root / "images.csv", ("image_id", "patient_id")):
+        for line, row in read_csv(root / "images.csv", ("image_id", "patient_id")):
             where = f"images.csv: line {line}"
             image_id = row["image_id"]
             if image_id not in images:
@@ -269,18 +177,18 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
             seen_images.add(image_id)
             pid = row["patient_id"] or None
             if pid is not None:
-                _check_id(pid, where, "patient_id")
+                check_id(pid, where, "patient_id")
                 if pid not in patients:
                     if has_patients_csv:
                         raise DatasetError(f"{where}: patient_id {pid!r} is not in patients.csv")
                     patients[pid] = {}
             images[image_id].patient_id = pid
-            images[image_id].metadata = _metadata(row, ("image_id", "patient_id"))
+            images[image_id].metadata = row_metadata(row, ("image_id", "patient_id"))
 
     triplets: list[dict[str, Any]] = []
     if (root / "triplets.csv").exists():
         path = root / "triplets.csv"
-        rows = _read_csv(path, ("anchor", "ref_j", "ref_k", "choice"))
+        rows = read_csv(path, ("anchor", "ref_j", "ref_k", "choice"))
         occurrences: Counter = Counter()
         allowed = set(images) | set(known_images)
         for line, row in rows:

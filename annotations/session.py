@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from annotations.dataset import wound_geometry
+from annotations.readers import wound_geometry
 from annotations.workspace import ENV_VAR, Workspace, resolve_workspace
 
 ACCESS_ENV = "TRIDERM_ACCESS_CODE"

@@ -11,9 +11,10 @@ import json
 import os
 import sqlite3
 import subprocess
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import sqlite_utils
 
@@ -420,7 +421,7 @@ class Store:
 
     def counts(self) -> dict[str, int]:
         """Row counts for the workspace overview."""
-        q = lambda sql: self.db.execute(sql).fetchone()[0]  # noqa: E731
+        q = lambda sql: self.db.execute(sql).fetchone()[0]
         return {
             "images": q("SELECT count(*) FROM images"),
             "patients": q("SELECT count(*) FROM patients"),

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations.dataset import DatasetError, export_dataset, import_dataset, mask_to_labels
+from annotations.dataset import export_dataset, import_dataset
+from annotations.readers import DatasetError, mask_to_labels
 from annotations.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from annotations.dataset import mask_to_labels
+from annotations.readers import mask_to_labels
 from annotations.workspace import Workspace
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.features import token_mask, wound_fractions
