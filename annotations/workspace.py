@@ -12,6 +12,9 @@ from annotations.store import Store
 ENV_VAR = "TRIDERM_WORKSPACE"
 DEFAULT_WORKSPACE = Path("workspace")
 DB_NAME = "triderm.sqlite"
+#: Smallest wound, in pixels of the stored photo; a workspace setting (store meta ``min_wound_area``)
+#: used by import, the outline editor and outline suggestions alike.
+DEFAULT_MIN_WOUND_AREA = 25
 
 
 def resolve_workspace(path: str | Path | None = None) -> Path:
@@ -57,6 +60,11 @@ class Workspace:
     @property
     def is_synthetic(self) -> bool:
         return bool(self.store.get_meta("synthetic", False))
+
+    @property
+    def min_wound_area(self) -> int:
+        """Smallest wound area in pixels; smaller components are reported and dropped."""
+        return int(self.store.get_meta("min_wound_area", DEFAULT_MIN_WOUND_AREA))
 
     @property
     def dataset_name(self) -> str:
