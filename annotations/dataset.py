@@ -25,17 +25,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
+from annotations.fileio import write_bytes
 from annotations.readers import (
     IMAGE_SUFFIXES,
     DatasetError,
+    DatasetFolder,
+    Photo,
     check_id,
-    load_image,
-    mask_to_labels,
+    column_schema,
     read_csv,
+    read_info,
+    read_mask,
+    read_photo,
     row_metadata,
-    wound_geometry,
 )
 from annotations.store import CHOICES
 from annotations.workspace import Workspace
@@ -51,6 +55,7 @@ class _Image:
     patient_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     labels: np.ndarray | None = None
+    photo: Photo | None = None
 
 
 @dataclass
@@ -63,29 +68,22 @@ class DatasetPlan:
     wounds: dict[tuple[str, int], dict[str, Any]]
     triplets: list[dict[str, Any]]
     info: dict[str, Any]
+    dropped: list[dict[str, Any]] = field(default_factory=list)
 
 
-def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> DatasetPlan:
+def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), keep_metadata: bool = False,
+                     min_wound_area: int = 0) -> DatasetPlan:
     """Read and check a whole dataset folder; raises :class:`DatasetError` on the first problem.
 
     ``known_images`` are ids already in the target workspace (triplets may name them)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetError(f"{root}: not a folder")
+    folder = DatasetFolder(root)
+    root = folder.root
     images_dir = root / "images"
     if not images_dir.is_dir():
         raise DatasetError(f"{root}: no images/ folder")
-    info: dict[str, Any] = {}
-    if (root / "dataset.json").exists():
-        try:
-            info = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DatasetError(f"dataset.json: not valid JSON ({err})") from None
-        if not isinstance(info, dict):
-            raise DatasetError("dataset.json: must hold a JSON object")
-    mask_format = info.get("mask_format", "auto")
-    if mask_format not in ("auto", "label"):
-        raise DatasetError(f"dataset.json: mask_format must be 'auto' or 'label', got {mask_format!r}")
+    info = read_info(folder)
+    mask_format, columns = info["mask_format"], info["columns"]
+    dropped: list[dict[str, Any]] = []
 
     images: dict[str, _Image] = {}
     for path in sorted(images_dir.iterdir()):
@@ -98,12 +96,14 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
         if image_id in images:
             raise DatasetError(f"images/{path.name}: a second image with id {image_id!r} "
                                f"(also {images[image_id].path.name})")
-        sha, width, height = load_image(path)
-        images[image_id] = _Image(image_id, path, sha, width, height)
+        photo = read_photo(folder, path, keep_metadata)
+        images[image_id] = _Image(image_id, path, photo.sha256, photo.width, photo.height,
+                                  metadata=photo.metadata, photo=photo)
     if not images:
         raise DatasetError(f"{images_dir}: no images")
 
     masks_dir = root / "masks"
+    wounds: dict[tuple[str, int], dict[str, Any]] = {}
     if masks_dir.is_dir():
         for path in sorted(masks_dir.iterdir()):
             if path.name.startswith(".") or path.is_dir():
@@ -115,28 +115,17 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
             if path.stem not in images:
                 raise DatasetError(f"{where}: mask for unknown image {path.stem!r} "
                                    "(no matching file in images/)")
-            try:
-                with Image.open(path) as im:
-                    array = np.asarray(im)
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-                raise DatasetError(f"{where}: cannot be read as an image ({err})") from None
             img = images[path.stem]
-            if array.shape[:2] != (img.height, img.width):
-                raise DatasetError(f"{where}: mask size {array.shape[1]}×{array.shape[0]} differs "
-                                   f"from image size {img.width}×{img.height}")
-            img.labels = mask_to_labels(array, mask_format)
+            mask = read_mask(folder, path, img.photo, mask_format, min_wound_area)
+            img.labels = mask.labels
+            dropped += mask.dropped
+            for index, (area, bbox) in mask.geometry.items():
+                wounds[(img.image_id, index)] = {"area": area, "bbox": bbox, "description": "", "metadata": {}}
 
-    wounds: dict[tuple[str, int], dict[str, Any]] = {}
-    for img in images.values():
-        if img.labels is not None:
-            for index in np.unique(img.labels):
-                if index > 0:
-                    area, bbox = wound_geometry(img.labels, int(index))
-                    wounds[(img.image_id, int(index))] = {
-                        "area": area, "bbox": bbox, "description": "", "metadata": {}}
     if (root / "wounds.csv").exists():
         seen: set[tuple[str, int]] = set()
-        for line, row in read_csv(root / "wounds.csv", ("image_id", "wound_index", "description")):
+        for line, row in read_csv(folder, root / "wounds.csv", ("image_id", "wound_index", "description"),
+                                  columns):
             where = f"wounds.csv: line {line}"
             image_id = row["image_id"]
             if image_id not in images:
@@ -150,8 +139,11 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
                 raise DatasetError(f"{where}: wound {index} of {image_id!r} is listed twice")
             seen.add((image_id, index))
             if (image_id, index) not in wounds:
-                raise DatasetError(f"{where}: wound_index {index} is not in the mask of "
-                                   f"{image_id!r} (masks/{image_id}.png)")
+                small = [d["area"] for d in dropped
+                         if d["file"] == f"masks/{image_id}.png" and d.get("wound_index") == index]
+                raise DatasetError(f"{where}: wound_index {index} is not in the mask of {image_id!r} "
+                                   f"(masks/{image_id}.png)" + (f": its {small[0]} px are under the workspace's "
+                                   f"minimum wound area of {min_wound_area} px" if small else ""))
             wounds[(image_id, index)].update(
                 description=row["description"],
                 metadata=row_metadata(row, ("image_id", "wound_index", "description")))
@@ -159,7 +151,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
     patients: dict[str, dict[str, Any]] = {}
     has_patients_csv = (root / "patients.csv").exists()
     if has_patients_csv:
-        for line, row in read_csv(root / "patients.csv", ("patient_id",)):
+        for line, row in read_csv(folder, root / "patients.csv", ("patient_id",), columns):
             where = f"patients.csv: line {line}"
             pid = check_id(row["patient_id"], where, "patient_id")
             if pid in patients:
@@ -167,7 +159,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
             patients[pid] = row_metadata(row, ("patient_id",))
     if (root / "images.csv").exists():
         seen_images: set[str] = set()
-        for line, row in read_csv(root / "images.csv", ("image_id", "patient_id")):
+        for line, row in read_csv(folder, root / "images.csv", ("image_id", "patient_id"), columns):
             where = f"images.csv: line {line}"
             image_id = row["image_id"]
             if image_id not in images:
@@ -183,12 +175,13 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
                         raise DatasetError(f"{where}: patient_id {pid!r} is not in patients.csv")
                     patients[pid] = {}
             images[image_id].patient_id = pid
-            images[image_id].metadata = row_metadata(row, ("image_id", "patient_id"))
+            images[image_id].metadata = {**row_metadata(row, ("image_id", "patient_id")),
+                                         **images[image_id].metadata}
 
     triplets: list[dict[str, Any]] = []
     if (root / "triplets.csv").exists():
         path = root / "triplets.csv"
-        rows = read_csv(path, ("anchor", "ref_j", "ref_k", "choice"))
+        rows = read_csv(folder, path, ("anchor", "ref_j", "ref_k", "choice"), columns)
         occurrences: Counter = Counter()
         allowed = set(images) | set(known_images)
         for line, row in rows:
@@ -225,19 +218,20 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset()) -> 
         if dup:
             raise DatasetError(f"triplets.csv: the judgment {dup[0][1:4]} by {dup[0][0]} with "
                                f"rep {dup[0][4]} is listed twice")
-    return DatasetPlan(root, images, patients, wounds, triplets, info)
+    return DatasetPlan(root, images, patients, wounds, triplets, info, dropped)
 
 
-def import_dataset(ws: Workspace, root: str | Path) -> dict[str, Any]:
-    """Validate then import a dataset folder into ``ws``; idempotent. Returns a summary."""
+def import_dataset(ws: Workspace, root: str | Path, keep_metadata: bool = False) -> dict[str, Any]:
+    """Validate then import a dataset folder into ``ws``; idempotent. Returns a summary.
+
+    Photos are stored upright and without identifying metadata unless ``keep_metadata``."""
     store = ws.store
-    plan = validate_dataset(root, known_images={r["image_id"] for r in store.images()})
+    plan = validate_dataset(root, known_images={r["image_id"] for r in store.images()},
+                            keep_metadata=keep_metadata, min_wound_area=ws.min_wound_area)
     for img in plan.images.values():  # files first (atomic renames); the store in one transaction
         target = ws.images_dir / f"{img.image_id}{img.path.suffix.lower()}"
         if not target.exists() or hashlib.sha256(target.read_bytes()).hexdigest() != img.sha256:
-            tmp = target.with_name(target.name + ".tmp")
-            shutil.copyfile(img.path, tmp)
-            tmp.replace(target)
+            write_bytes(target, img.photo.data)
         if img.labels is not None:
             ws.save_mask(img.image_id, img.labels)
     if (plan.root / "truth").is_dir():
@@ -267,7 +261,7 @@ def import_dataset(ws: Workspace, root: str | Path) -> dict[str, Any]:
         if "synthetic" in plan.info:
             store.set_meta("synthetic", bool(plan.info["synthetic"]))
     return {"images": len(plan.images), "patients": len(plan.patients), "wounds": len(plan.wounds),
-            "triplets": len(plan.triplets), "new_triplets": new_triplets,
+            "triplets": len(plan.triplets), "new_triplets": new_triplets, "dropped_wounds": plan.dropped,
             "synthetic": ws.is_synthetic, "workspace": str(ws.root)}
 
 
@@ -315,7 +309,9 @@ def export_dataset(ws: Workspace, out: str | Path) -> dict[str, Any]:
                  "latency_ms": "" if t["latency_ms"] is None else repr(t["latency_ms"]),
                  "created": t["created"]} for t in triplets])
     (out / "dataset.json").write_text(json.dumps(
-        {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label"}, indent=2))
+        {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label",
+         "columns": column_schema([[w["metadata"] for w in wounds], [i["metadata"] for i in images],
+                                   [p["metadata"] for p in patients]])}, indent=2))
     if ws.truth_dir.is_dir():
         shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),

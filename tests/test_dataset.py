@@ -68,10 +68,11 @@ def test_round_trip_is_lossless(demo_workspace, tmp_path):
         assert (tmp_path / "export" / name).read_bytes() == (tmp_path / "export2" / name).read_bytes()
 
 
-def test_medetec_imports_38_images_60_wounds(medetec_dir, tmp_path):
+def test_medetec_imports_38_images_59_wounds_and_drops_one_speck(medetec_dir, tmp_path):
     ws = Workspace(tmp_path / "ws")
     summary = import_dataset(ws, medetec_dir)
-    assert (summary["images"], summary["wounds"]) == (38, 60)
+    assert (summary["images"], summary["wounds"]) == (38, 59)  # README's 60 counts a 1-pixel speck
+    assert [d["area"] for d in summary["dropped_wounds"]] == [1]
     assert summary["synthetic"] is False
     for w in ws.store.wounds():
         assert w["area"] > 0 and (ws.load_mask(w["image_id"]) == w["wound_index"]).sum() == w["area"]
@@ -97,7 +98,7 @@ def _small_dataset(root: Path) -> Path:
     for i, name in enumerate(("a", "b", "c")):
         Image.fromarray(np.full((20, 30, 3), 40 * i, np.uint8)).save(root / "images" / f"{name}.png")
         mask = np.zeros((20, 30), np.uint8)
-        mask[2:6, 2:6] = 1
+        mask[2:7, 2:7] = 1  # 25 px: the default minimum wound area
         mask[10:15, 10:20] = 2
         Image.fromarray(mask).save(root / "masks" / f"{name}.png")
     (root / "wounds.csv").write_text("image_id,wound_index,description,site\n"
@@ -171,7 +172,7 @@ def test_small_dataset_imports(tmp_path):
     summary = import_dataset(ws, _small_dataset(tmp_path / "d"))
     assert (summary["images"], summary["wounds"], summary["patients"], summary["triplets"]) == (3, 6, 2, 2)
     wound = ws.store.wounds("a")[0]
-    assert wound["metadata"] == {"site": "shin"} and wound["bbox"] == [2, 2, 6, 6] and wound["area"] == 16
+    assert wound["metadata"] == {"site": "shin"} and wound["bbox"] == [2, 2, 7, 7] and wound["area"] == 25
     assert ws.store.patients()[0]["metadata"] == {"age": 12, "sex": "f"}
 
 
