@@ -419,6 +419,8 @@ def _eight_bit(im: Image.Image, name: str) -> Image.Image:
 
 def _encode(pixels: Image.Image, source: Image.Image, suffix: str, keep_metadata: bool) -> bytes:
     """Re-encode in the source's format; JPEG with the source's quantisation tables when it has them."""
+    pixels = pixels.copy()
+    pixels.info = {}  # Pillow's writers would carry comments, XMP and TIFF tags over from ``info``
     kwargs: dict[str, Any] = {}
     if source.info.get("icc_profile"):
         kwargs["icc_profile"] = source.info["icc_profile"]
