@@ -229,10 +229,11 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
+        line = len(re.findall(rb"\r\n|\r|\n", data[: err.start])) + 1
         raise DatasetError(f"{name}: line {line}: not valid UTF-8 text (byte {err.start}); "
                            "save the file as UTF-8") from None
     reader = csv.reader(io.StringIO(text, newline=""))
+    next_line = 1  # where the next record starts (a quoted cell may span lines)
     try:
         header = [h.strip() for h in next(reader, [])]
         _check_cells(name, reader.line_num, [f"column {i + 1}" for i in range(len(header))], header)
@@ -246,8 +247,9 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
             raise DatasetError(f"{name}: missing required column(s) {', '.join(missing)} "
                                f"(found: {', '.join(header) or 'no header'})")
         rows: list[tuple[int, CsvRow]] = []
+        next_line = reader.line_num + 1
         for cells in reader:
-            line = reader.line_num
+            line, next_line = next_line, reader.line_num + 1
             if not cells or (len(cells) == 1 and not cells[0].strip()):
                 continue  # blank line
             if len(cells) > len(header):
@@ -260,9 +262,9 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
             rows.append((line, CsvRow(zip(header, (c.strip() for c in cells)))))
     except csv.Error as err:
         if "field larger than field limit" in str(err):
-            raise DatasetError(f"{name}: line {reader.line_num + 1}: a cell is longer than "
-                               f"{MAX_CELL_CHARS:,} characters") from None
-        raise DatasetError(f"{name}: line {reader.line_num + 1}: not valid CSV ({err})") from None
+            raise DatasetError(f"{name}: line {next_line}: a cell is longer than {MAX_CELL_CHARS:,} "
+                               "characters") from None
+        raise DatasetError(f"{name}: line {next_line}: not valid CSV ({err})") from None
     types = {c: _column_type(name, c, [r[c] for _, r in rows], (columns or {}).get(c)) for c in header}
     for line, row in rows:
         row.typed = {}
