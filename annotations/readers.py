@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps, JpegImagePlugin
+from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 from scipy import ndimage
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -55,7 +55,7 @@ MAX_WOUNDS_PER_MASK = 65_535
 COLUMN_TYPES = ("str", "int", "float", "bool")
 TRUE_WORDS = frozenset({"true", "yes", "1"})
 FALSE_WORDS = frozenset({"false", "no", "0"})
-_PIL_FORMATS = {".png": ["PNG"], ".jpg": ["JPEG", "MPO"], ".jpeg": ["JPEG", "MPO"],
+_PIL_FORMATS = {".png": ["PNG"], ".jpg": ["JPEG"], ".jpeg": ["JPEG"],  # JPEG opens multi-picture (MPO) files too
                 ".tif": ["TIFF"], ".tiff": ["TIFF"]}
 _INT_TEXT = re.compile(r"^[-+]?(0|[1-9][0-9]*)$")
 #: Longer digit strings (record numbers, barcodes) are inferred as text.
@@ -67,6 +67,8 @@ _PNG_KEEP = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"cHRM", b"g
                        b"sRGB", b"cICP", b"mDCV", b"cLLI", b"bKGD", b"hIST", b"pHYs", b"sPLT", b"acTL",
                        b"fcTL", b"fdAT"})
 _ORIENTATION = 0x0112
+_TOO_MANY = (f"more than the {MAX_PIXELS:,} allowed (a decompression bomb or an unusually large image; "
+             "resize it)")
 
 
 class DatasetError(ValueError):
@@ -360,9 +362,7 @@ def open_image(data: bytes, name: str, suffix: str) -> tuple[Image.Image, Image.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data), formats=_PIL_FORMATS[suffix])
         if im.width * im.height > MAX_PIXELS:
-            raise DatasetError(f"{name}: {im.width}×{im.height} = {im.width * im.height:,} pixels, more "
-                               f"than the {MAX_PIXELS:,} allowed (a decompression bomb or an unusually "
-                               "large image; resize it)")
+            raise DatasetError(f"{name}: {im.width}×{im.height} = {im.width * im.height:,} pixels, {_TOO_MANY}")
         im.load()
         orientation = int(im.getexif().get(_ORIENTATION, 1))
         orientation = orientation if 1 <= orientation <= 8 else 1
@@ -370,7 +370,12 @@ def open_image(data: bytes, name: str, suffix: str) -> tuple[Image.Image, Image.
     except DatasetError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise DatasetError(f"{name}: too many pixels ({err})") from None
+        pixels = re.search(r"\((\d+) pixels\)", str(err))
+        count = f"{int(pixels.group(1)):,} pixels, " if pixels else ""
+        raise DatasetError(f"{name}: {count}{_TOO_MANY}") from None
+    except UnidentifiedImageError:
+        kind = _PIL_FORMATS[suffix][0]
+        raise DatasetError(f"{name}: cannot be read as a {kind} image (not a {kind} file, or a damaged one)") from None
     except Exception as err:  # noqa: BLE001 -- Pillow's decoders raise assorted types on malformed files
         kind = _PIL_FORMATS[suffix][0]
         raise DatasetError(f"{name}: cannot be read as a {kind} image ({type(err).__name__}: {err})") from None
