@@ -103,7 +103,10 @@ class DatasetFolder:
             dirs.sort()
             for entry in sorted(dirs + files):
                 path = os.path.join(dirpath, entry)
-                st = os.stat(path, follow_symlinks=False)
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                except OSError as err:  # removed or made unreadable while we look
+                    raise DatasetError(f"{self.name(Path(path))}: cannot be read ({err.strerror})") from None
                 self._check_kind(self.name(Path(path)), st)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                     self._links[(st.st_dev, st.st_ino)] += 1

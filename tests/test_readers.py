@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +158,22 @@ def test_sixteen_bit_photo_is_scaled_not_saturated(tmp_path):
         grey = np.asarray(ws.load_image(image_id))[..., 0].astype(int)
         assert np.abs(grey - np.rint(ramp / 257)).max() <= 1
         assert grey.min() == 0 and grey.max() == 255 and abs(grey.mean() - 127.5) < 1
+
+
+def test_sixteen_bit_rgb_png_keeps_its_colours(tmp_path):
+    d = tmp_path / "d"
+    (d / "images").mkdir(parents=True)
+    rgb16 = np.linspace(0, 65535, 8 * 8 * 3).reshape(8, 8, 3).astype(">u2")
+    raw = b"".join(b"\0" + row.tobytes() for row in rgb16)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    (d / "images" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 16, 2, 0, 0, 0))
+                                        + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    photo = read_photo(DatasetFolder(d), d / "images" / "a.png")
+    stored = np.asarray(Image.open(io.BytesIO(photo.data)), int)
+    assert np.abs(stored - rgb16.astype(int) / 257).max() <= 1.5
 
 
 @pytest.mark.parametrize("mode", ["P", "LA", "RGBA", "CMYK", "1", "L"])
