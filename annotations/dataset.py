@@ -7,7 +7,8 @@ wounds.csv             image_id, wound_index, description, [metadata…]
 images.csv             image_id, patient_id, [metadata…]             (optional)
 patients.csv           patient_id, [metadata…]                       (optional)
 triplets.csv           anchor, ref_j, ref_k, choice, annotator, [source, rep, latency_ms, created]
-dataset.json           {"name", "synthetic", "mask_format": "label"|"auto"}  (optional)
+dataset.json           {"name", "synthetic", "mask_format": "label"|"auto"|"binary",
+                        "columns": {"age": "int", …}}   (optional; see annotations.readers)
 truth/                 latent truth of synthetic datasets                (optional, copied as is)
 ```
 Everything is validated before anything is written: bad input raises one

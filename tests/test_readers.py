@@ -372,3 +372,16 @@ def test_hidden_files_and_the_dataset_path_through_a_link_are_fine(tmp_path):
     (tmp_path / "link").symlink_to(d)  # the folder given may itself be reached through a link
     ws = Workspace(tmp_path / "ws")
     assert import_dataset(ws, tmp_path / "link")["images"] == 1
+
+
+@pytest.mark.parametrize("options", [{}, {"progressive": True}, {"restart_marker_blocks": 2},
+                                     {"progressive": True, "restart_marker_rows": 1}])
+def test_jpeg_strip_is_lossless_for_progressive_and_restart_markers(options, tmp_path):
+    d = tmp_path / "d"
+    (d / "images").mkdir(parents=True)
+    buf = io.BytesIO()
+    Image.fromarray(PHOTO).save(buf, format="JPEG", exif=_exif(), comment=b"Clinic X", **options)
+    (d / "images" / "a.jpg").write_bytes(buf.getvalue() + b"John Doe")  # a vendor trailer after the image
+    photo = read_photo(DatasetFolder(d), d / "images" / "a.jpg")
+    assert not any(s in photo.data for s in IDENTIFYING)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(photo.data))), np.asarray(Image.open(buf)))
