@@ -249,8 +249,9 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
             raise DatasetError(f"{name}: duplicate column(s) {', '.join(dup)}")
         missing = [c for c in required if c not in header]
         if missing:
+            hint = "; the cells seem separated by ';': save the file with commas" if ";" in "".join(header) else ""
             raise DatasetError(f"{name}: missing required column(s) {', '.join(missing)} "
-                               f"(found: {', '.join(header) or 'no header'})")
+                               f"(found: {', '.join(header) or 'no header'}){hint}")
         rows: list[tuple[int, CsvRow]] = []
         next_line = reader.line_num + 1
         for cells in reader:
@@ -445,8 +446,8 @@ def _encode(pixels: Image.Image, source: Image.Image, suffix: str, keep_metadata
             kwargs["pnginfo"] = _png_text(source)
         pixels.save(buf, format="PNG", **kwargs)
     elif suffix in (".jpg", ".jpeg"):
-        if keep_metadata and source.info.get("comment"):
-            kwargs["comment"] = source.info["comment"]
+        if keep_metadata:
+            kwargs.update({k: source.info[k] for k in ("comment", "xmp") if source.info.get(k)})
         qtables = getattr(source, "quantization", None)
         if qtables and source.mode in ("RGB", "L") and pixels.mode == source.mode:
             kwargs.update(qtables=qtables, subsampling=max(JpegImagePlugin.get_sampling(source), 0))

@@ -340,6 +340,8 @@ CASES: dict[str, tuple] = {
     "unterminated quote": (append("wounds.csv", 'b,2,"never closed'), ("wounds.csv: line 5",)),
     "duplicate column": (write("patients.csv", "patient_id,age,age\np1,1,2\n"), ("patients.csv", "duplicate", "age")),
     "column without a name": (write("patients.csv", "patient_id,,sex\np1,1,f\n"), ("patients.csv", "column 2")),
+    "semicolon-separated CSV": (write("wounds.csv", "image_id;wound_index;description\na;1;x\n"),
+                                ("wounds.csv", "missing required column", "';'")),
     "empty CSV file": (write("wounds.csv", b""), ("wounds.csv", "missing required column")),
     "declared int column with text": (columns({"age": "int"}, content="patient_id,age\np1,12\np2,twelve\n"),
                                       ("patients.csv: line 3: age", "'twelve'")),

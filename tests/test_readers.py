@@ -129,8 +129,10 @@ def test_keep_metadata_keeps_it(tmp_path):
     assert _stored(ws) == (tmp_path / "d" / "images" / "a.jpg").read_bytes()
     ws2 = Workspace(tmp_path / "ws2")
     import_dataset(ws2, _dataset(tmp_path / "d2", orientation=8), keep_metadata=True)
-    exif = Image.open(ws2.image_path("a")).getexif()
-    assert exif[0xA431] == "SERIAL-4711" and exif[0x0112] == 1 and ws2.load_image("a").size == (40, 60)
+    stored = Image.open(ws2.image_path("a"))
+    assert stored.getexif()[0xA431] == "SERIAL-4711" and stored.getexif()[0x0112] == 1
+    assert stored.info["comment"] == b"Clinic X" and b"John Doe" in stored.info["xmp"]
+    assert ws2.load_image("a").size == (40, 60)
 
 
 def test_reimport_of_a_stripped_photo_is_idempotent(tmp_path):
