@@ -409,6 +409,16 @@ def read_photo(folder: DatasetFolder, path: Path, keep_metadata: bool = False) -
     return Photo(stored, hashlib.sha256(stored).hexdigest(), pixels.width, pixels.height, orientation, meta)
 
 
+def load_photo(path: Path) -> Image.Image:
+    """A photo outside any dataset (e.g. ``core.embed --images``) upright and 8-bit, as import stores it."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _PIL_FORMATS:
+        raise DatasetError(f"{path}: not a photo ({', '.join(IMAGE_SUFFIXES)})")
+    _, upright, _ = open_image(path.read_bytes(), str(path), suffix)
+    return _eight_bit(upright, str(path))
+
+
 def _eight_bit(im: Image.Image, name: str) -> Image.Image:
     """8-bit RGB or L: 16-bit scaled (not clipped), palette/alpha flattened on white, CMYK to RGB."""
     if im.mode in ("RGB", "L"):

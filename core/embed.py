@@ -19,8 +19,8 @@ import csv
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
+from annotations.readers import load_photo
 from core.eval.distances import cross_euclidean
 from core.runtime import load_embeddings, open_workspace, user_errors
 from core.vision.backbones import OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
@@ -33,9 +33,10 @@ def place_new_photos(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     with user_errors(parser, ValueError, BackboneUnavailable, FileNotFoundError):
         files = photo_files(args.images)
         model = TrainedHead.load(ws, args.model)
+        photos = [(load_photo(photo), read_labels(mask)) for _, photo, mask in files]
     study = load_embeddings(ws, args.model)
     names = [name for name, _, _ in files]
-    emb = np.stack([model.embed(Image.open(photo), read_labels(mask)) for _, photo, mask in files])
+    emb = np.stack([model.embed(photo, labels) for photo, labels in photos])
     D = cross_euclidean(emb, study["image_emb"])
     k = min(args.neighbours, D.shape[1])
     print(f"{len(names)} new photo(s) in the space of run {args.model} ({model.backbone.name}); "
