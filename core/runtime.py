@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from annotations.fileio import atomic_write
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
@@ -136,9 +137,8 @@ def save_embeddings(ws: Workspace, run_id: int, image_ids: Sequence[str],
         arrays["wound_indices"] = np.asarray([int(k[1]) for k in wound_keys], dtype=np.int64)
         arrays["wound_emb"] = np.asarray(wound_emb, dtype=np.float32)
     path = ws.run_dir(run_id) / EMBEDDINGS_FILE
-    tmp = path.with_name("embeddings.tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    tmp.replace(path)
+    with atomic_write(path, "wb", suffix=".npz") as fh:
+        np.savez_compressed(fh, **arrays)
     ws.store.update_run(run_id, artifacts={"embeddings": str(path.relative_to(ws.root))})
     return path
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from annotations.fileio import read_json, write_json, write_text
 from annotations.workspace import Workspace
 from core.eval.metrics import METRICS, evaluate
 from core.runtime import json_safe, pick_device
@@ -322,17 +323,15 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
         for done, (key, (cfg, seed, table)) in enumerate(bar):
             path = cache_dir / f"{key}.json"
             if path.exists():
-                results[key] = json.loads(path.read_text(encoding="utf-8"))["result"]
+                results[key] = read_json(path)["result"]
                 reused += 1
             else:
                 bar.set_postfix_str(" ".join(f"{k} {cfg[k]}" for k in ("source", "dim", "budget", "pooling", "loss")
                                              if k in cfg) + f" seed {seed}")
                 t0 = time.perf_counter()
                 result = {**compute[table](cfg, seed, key), "seconds": time.perf_counter() - t0}
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"config": cfg, "seed": seed, "code": code[table], "context": context[table],
-                                           "result": result}, default=str), encoding="utf-8")
-                tmp.replace(path)
+                write_json(path, {"config": cfg, "seed": seed, "code": code[table], "context": context[table],
+                                  "result": result}, default=str, indent=None)
                 results[key] = result
             ws.store.update_run(run_id, progress=(done + 1) / len(jobs))
         for row in rows:
@@ -363,8 +362,8 @@ def write_outputs(ws: Workspace, summary: list[dict], notes: list[str], seeds: i
                        if any(s["table"] == table for s in summary))
     md = "\n".join(["```", text, "```", *notes, ""])
     paths = {"markdown": out / "ablation.md", "json": out / "ablation.json"}
-    paths["markdown"].write_text(md, encoding="utf-8")
-    paths["json"].write_text(json.dumps(json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes,
-                                                    "rows": summary}), indent=1, default=str), encoding="utf-8")
+    write_text(paths["markdown"], md)
+    write_json(paths["json"], json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes, "rows": summary}),
+               indent=1, default=str)
     return {k: str(v) for k, v in paths.items()}
 

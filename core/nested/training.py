@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from annotations.fileio import atomic_write
 from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
 from core.nested.model import (
     SLIMP,
@@ -176,8 +177,7 @@ def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, 
 def save_checkpoint(path: Path, train_args: dict[str, Any], model: SLIMP, optimizer: torch.optim.Optimizer,
                     epoch: int, losses: list[float], history: dict[str, list[float]], run_id: int) -> None:
     """Write the resumable state after ``epoch`` epochs (temporary file, then an atomic replace)."""
-    tmp = path.with_suffix(".tmp")
-    torch.save({"args": train_args, "model_config": model.config, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "epoch": epoch, "losses": losses, "history": history,
-                "run_id": run_id}, tmp)
-    tmp.replace(path)
+    with atomic_write(path, "wb", suffix=".pt") as fh:
+        torch.save({"args": train_args, "model_config": model.config, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "epoch": epoch, "losses": losses, "history": history,
+                    "run_id": run_id}, fh)

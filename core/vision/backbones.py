@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
+from annotations.fileio import atomic_write
 from core.runtime import autocast, pick_device
 
 OFFLINE_DEFAULT = "efficientnet-lite0"
@@ -167,7 +168,8 @@ class Backbone:
     def save(self, path: str | Path) -> Path:
         """Save the weights with the registry name so ``load_backbone(path)`` rebuilds it."""
         path = Path(path)
-        torch.save({"triderm_backbone": self.arch, "layer": self.layer, "state_dict": self.model.state_dict()}, path)
+        with atomic_write(path, "wb", suffix=".pt") as fh:
+            torch.save({"triderm_backbone": self.arch, "layer": self.layer, "state_dict": self.model.state_dict()}, fh)
         return path
 
 
