@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import importlib.util
 import math
+import pickle
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from annotations.store import git_sha
 from annotations.workspace import Workspace
 
 __all__ = ["pick_device", "autocast", "torch_threads", "source_fingerprint", "DEMO_SEED", "ensure_images", "open_workspace",
-           "user_errors", "save_embeddings", "load_embeddings", "json_safe", "git_sha"]
+           "user_errors", "save_embeddings", "load_embeddings", "load_checkpoint", "json_safe", "git_sha"]
 
 DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"
@@ -141,6 +142,17 @@ def save_embeddings(ws: Workspace, run_id: int, image_ids: Sequence[str],
         np.savez_compressed(fh, **arrays)
     ws.store.update_run(run_id, artifacts={"embeddings": str(path.relative_to(ws.root))})
     return path
+
+
+def load_checkpoint(path: str | Path) -> Any:
+    """A user-given checkpoint, loaded with ``weights_only=True`` (tensors, containers and plain
+    values only): a file whose pickle would build other objects — or run code — is refused with
+    one ValueError naming it, before anything in it executes."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: refused — not a plain weights checkpoint ({reason})") from exc
 
 
 def load_embeddings(ws: Workspace, run_id: int) -> dict[str, Any]:

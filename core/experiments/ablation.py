@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from annotations.fileio import read_json, write_json, write_text
 from annotations.workspace import Workspace
+from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
 from core.runtime import json_safe, pick_device
 
@@ -98,8 +99,8 @@ def source_hash(*parts: Path | Callable) -> str:
 
 def text_code_hash() -> str:
     """Source hash of what computes a text cell: SOE, the metrics and the cell functions."""
-    return source_hash(CORE / "text" / "soe.py", CORE / "eval" / "metrics.py", oriented_indices, soe_cell,
-                       _euclidean)
+    return source_hash(CORE / "text" / "soe.py", CORE / "eval" / "metrics.py", CORE / "eval" / "distances.py",
+                       oriented_indices, soe_cell)
 
 
 def vision_code_hash() -> str:
@@ -173,12 +174,8 @@ def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, 
     m = max(1, int(round(config["budget"] * len(llm))))
     subset = llm[np.sort(rng.choice(len(llm), size=m, replace=False))]
     soe = SOE(**config["soe"], random_state=seed).fit(subset, n_objects=len(ids))
-    result = evaluate(ids, _euclidean(soe.embedding_), expert)
+    result = evaluate(ids, pairwise_euclidean(soe.embedding_), expert)
     return {**{k: result[k] for k in METRICS}, "n_train_triplets": m, "train_score": soe.score(subset)}
-
-
-def _euclidean(x: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
 
 
 # ----------------------------------------------------------------------------------- vision

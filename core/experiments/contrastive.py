@@ -18,6 +18,7 @@ from sklearn.preprocessing import StandardScaler
 from annotations.fileio import atomic_write, write_json, write_text
 from core.concepts.scores import ConceptScorer
 from core.concepts.training import SIGMOID_OBJECTIVES, TrainConfig, Trainer, concept_auroc
+from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 
 VARIANTS = ("clip", "siglip", "image_frozen", "text_frozen", "image_partial", "text_partial",
@@ -94,9 +95,8 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
     photos = sorted(set(trainer.pairs.image_ids))
     pid = np.array(trainer.pairs.image_ids)
     emb = np.stack([g[pid == p].numpy().mean(0) for p in photos])
-    D = np.sqrt(((emb[:, None] - emb[None]) ** 2).sum(-1))
     trip = ws.store.expert_triplets()
-    out["triplet_agreement"] = float(evaluate(photos, D, trip)["balanced"]) if trip else float("nan")
+    out["triplet_agreement"] = float(evaluate(photos, pairwise_euclidean(emb), trip)["balanced"]) if trip else float("nan")
     return out
 
 

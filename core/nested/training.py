@@ -26,7 +26,7 @@ from core.nested.model import (
     probe,
     retrieval_recall,
 )
-from core.runtime import autocast, pick_device
+from core.runtime import autocast, load_checkpoint, pick_device
 
 FRACTIONS = (0.01, 0.1, 1.0)
 
@@ -94,7 +94,10 @@ def checkpoint_path(ws: Any, ref: str) -> Path:
 
 def load_init(model: SLIMP, path: Path) -> list[str]:
     """Copy every tensor of a SLIMP checkpoint whose name and shape match; return the skipped names."""
-    state = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    blob = load_checkpoint(path)
+    if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
+        raise ValueError(f"{path}: not a SLIMP checkpoint (no 'model' state dict)")
+    state = blob["model"]
     own = model.state_dict()
     keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(keep, strict=False)
@@ -110,6 +113,7 @@ def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
 def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, masks: Tensor | None, wound_tab: Any,
                    patient_tab: Any, device: torch.device, args: argparse.Namespace, run_id: int) -> dict[str, Any]:
     """Probe / kNN / retrieval / triplet agreement; saves the embeddings of run ``run_id``."""
+    from core.eval.distances import pairwise_euclidean
     from core.eval.metrics import evaluate
     from core.runtime import save_embeddings
 
@@ -128,8 +132,7 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     metrics: dict[str, Any] = {"n_wounds": len(w), "n_patients": len(data.patient_ids), "n_photos": len(ids)}
     rows = ws.store.expert_triplets()
     if rows:
-        D = np.sqrt(((photo[:, None, :] - photo[None, :, :]) ** 2).sum(-1))
-        metrics["triplets"] = evaluate(ids, D, rows)
+        metrics["triplets"] = evaluate(ids, pairwise_euclidean(photo), rows)
     if h is not None:
         metrics["retrieval"] = {**retrieval_recall(w, h), "chance@1": 1.0 / len(w)}
     if args.target:

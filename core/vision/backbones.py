@@ -42,7 +42,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
-from core.runtime import autocast, pick_device
+from core.runtime import autocast, load_checkpoint, pick_device
 
 OFFLINE_DEFAULT = "efficientnet-lite0"
 LITE0_TIMM = "timm:tf_efficientnet_lite0"
@@ -399,7 +399,7 @@ def _infer_open_clip_arch(state: dict[str, Tensor], path: Path) -> str:
 
 
 def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone:
-    blob = torch.load(path, map_location="cpu", weights_only=True)
+    blob = load_checkpoint(path)
     sha = _file_sha(path)[:12]
     tag = f"file:{path.name}:{sha}"
     if isinstance(blob, dict) and "triderm_backbone" in blob:
