@@ -126,7 +126,8 @@ def data_uri(png: bytes) -> str:
 
 def status_badge(status: str) -> str:
     """Plain-text run status (no emoji: clinical workstations often lack emoji fonts)."""
-    return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped"}.get(status, status)
+    return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped",
+            "interrupted": "⚠ interrupted"}.get(status, status)
 
 
 # -- background jobs ------------------------------------------------------------------------------
