@@ -209,6 +209,9 @@ class Store:
         return _Transaction(self.db.conn)
 
     def close(self) -> None:
+        for beat in self._heartbeats.values():
+            beat.stop()
+        self._heartbeats.clear()
         self.db.conn.close()
 
     # -- meta ----------------------------------------------------------------------------------
