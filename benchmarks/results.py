@@ -15,7 +15,6 @@ notes (free text whose figures are formatted from the measured data by the write
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -28,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from annotations.fileio import write_json
+from annotations.fileio import read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "results"
@@ -273,7 +272,7 @@ def load_results(results_dir: Path | str) -> dict[str, dict[str, Any]]:
     """Every ``<section>.json`` in ``results_dir``; raises ValueError naming a file that lacks a key."""
     out = {}
     for path in sorted(Path(results_dir).glob("*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path)
         missing = [k for k in REQUIRED if k not in record]
         if missing:
             raise ValueError(f"{path}: missing keys {missing}")

@@ -14,6 +14,9 @@ from pathlib import Path
 import filelock
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ollama_stub import OllamaStub
+
 from annotations import jobs
 from annotations.store import now
 from annotations.workspace import Workspace
@@ -136,3 +139,17 @@ def test_a_held_launch_lock_is_one_clear_error(tmp_path, monkeypatch) -> None:
             pytest.raises(ValueError, match="another job launch"):
         jobs.start_job(ws, "p", "phantoms", ["--out", str(tmp_path / "o")], pass_workspace=False)
     assert jobs.jobs(ws) == []
+
+
+def test_a_sigkilled_background_job_shows_interrupted(demo_workspace) -> None:
+    ws = demo_workspace
+    with OllamaStub(delay_s=0.2) as stub:
+        rec = jobs.start_job(ws, "llm", "llm_triplets", ["--oracle", "ollama", "--ollama-host", stub.host,
+                                                         "--model", "stub-model", "--budget", "200"])
+        _wait(lambda: len(stub.chats) >= 2, "the job's first questions", timeout=120)
+        record = jobs.job(ws, "llm")
+        assert record["alive"] and record["run"]["status"] == "running"
+        os.killpg(rec["pid"], signal.SIGKILL)
+        _wait(lambda: not jobs.job(ws, "llm")["alive"], "the job to die")
+    record = jobs.job(ws, "llm")
+    assert record["run"]["status"] == "interrupted" and "killed or crashed" in record["run"]["message"]
