@@ -462,11 +462,15 @@ class Store:
         if reason is None:
             return run
         stamp = now()
-        cur = self.db.execute("UPDATE runs SET status = 'interrupted', finished = ?, message = ? "
-                              "WHERE id = ? AND status = 'running'", [stamp, reason, run["id"]])
+        marked = {**run, "status": "interrupted", "finished": stamp, "message": reason}
+        try:
+            cur = self.db.execute("UPDATE runs SET status = 'interrupted', finished = ?, message = ? "
+                                  "WHERE id = ? AND status = 'running'", [stamp, reason, run["id"]])
+        except sqlite3.OperationalError:  # read-only copy, or locked for long: say so, store it next time
+            return marked
         if cur.rowcount != 1:  # it finished meanwhile: read what it wrote
             return _decode(next(iter(self.db.query("SELECT * FROM runs WHERE id = ?", [run["id"]]))))
-        return {**run, "status": "interrupted", "finished": stamp, "message": reason}
+        return marked
 
     def counts(self) -> dict[str, int]:
         """Row counts for the workspace overview."""
