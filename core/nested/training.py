@@ -95,9 +95,10 @@ def checkpoint_path(ws: Any, ref: str) -> Path:
 def load_init(model: SLIMP, path: Path) -> list[str]:
     """Copy every tensor of a SLIMP checkpoint whose name and shape match; return the skipped names."""
     blob = load_checkpoint(path)
-    if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
-        raise ValueError(f"{path}: not a SLIMP checkpoint (no 'model' state dict)")
-    state = blob["model"]
+    try:
+        state = dict(blob["model"])
+    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"{path}: not a SLIMP checkpoint (no 'model' state dict)") from exc
     own = model.state_dict()
     keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(keep, strict=False)
