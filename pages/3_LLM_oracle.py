@@ -20,6 +20,8 @@ counts = ws.store.counts()
 if counts["described_wounds"] == 0:
     st.info("No wound has a description yet. Write descriptions on the Wound masks page (or import them) first.")
 
+if started := st.session_state.pop("llm_started", None):
+    st.success(f"Started `python -m core.llm_triplets {started}`")
 allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
 record = jobs.job(ws, JOB)
 running = bool(record and record["alive"])
@@ -63,7 +65,8 @@ if start:
     except ValueError as err:
         st.error(str(err))
     else:
-        st.toast(f"Started: {' '.join(args)}")
+        st.session_state["llm_started"] = " ".join(args)
+        st.rerun()  # the form disables and the status refreshes itself while the job runs
 
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)

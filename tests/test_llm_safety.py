@@ -148,6 +148,7 @@ def test_llm_page_runs_exactly_the_submitted_settings(demo_workspace, monkeypatc
         assert args[args.index("--budget") + 1] == "5"
         assert args[args.index("--ollama-host") + 1] == "http://gpu-b:11434"
         assert args[args.index("--max-failures") + 1] == "5"
+        assert any("--budget 5" in s.value for s in at.success)
     finally:
         if jobs.job(ws, "llm-triplets"):
             jobs.stop_job(ws, "llm-triplets", grace=2)
