@@ -126,7 +126,8 @@ def data_uri(png: bytes) -> str:
 
 def status_badge(status: str) -> str:
     """Plain-text run status (no emoji: clinical workstations often lack emoji fonts)."""
-    return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped"}.get(status, status)
+    return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped",
+            "interrupted": "⚠ interrupted"}.get(status, status)
 
 
 # -- background jobs ------------------------------------------------------------------------------
@@ -140,8 +141,9 @@ def module_available(module: str) -> bool:
         return False
 
 
-def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str) -> dict | None:
-    """Start / stop / resume controls, status, progress and log tail of one background job."""
+def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str, start: bool = True) -> dict | None:
+    """Start / stop / resume controls, status, progress and log tail of one background job
+    (``start=False``: the page starts it itself, e.g. from a form's submit button)."""
     from annotations import jobs
 
     if not module_available(module):
@@ -151,7 +153,7 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
     record = jobs.job(ws, name)
     alive = bool(record and record["alive"])
     c1, c2, c3 = st.columns([1, 1, 4])
-    if c1.button(f"Start {label}", key=f"start_{name}", type="primary", disabled=alive):
+    if start and c1.button(f"Start {label}", key=f"start_{name}", type="primary", disabled=alive):
         try:
             jobs.start_job(ws, name, module, args)
         except ValueError as err:

@@ -16,12 +16,14 @@ from typing import IO, Any
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path, mode: str = "wb", suffix: str | None = None) -> Iterator[IO[Any]]:
+def atomic_write(path: str | Path, mode: str = "wb", suffix: str | None = None,
+                 newline: str | None = None) -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path``; on success it replaces ``path`` atomically.
 
     ``suffix`` keeps the target's extension on the temporary name (some writers pick the
-    format from it, e.g. PIL and ``numpy.savez``). On error the temporary file is removed and
-    ``path`` is left untouched.
+    format from it, e.g. PIL and ``numpy.savez``); ``newline`` is ``open``'s, for text mode
+    (``""`` for the csv module). On error the temporary file is removed and ``path`` is left
+    untouched.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
@@ -29,7 +31,7 @@ def atomic_write(path: str | Path, mode: str = "wb", suffix: str | None = None) 
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                suffix=suffix if suffix is not None else ".tmp")
     try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as fh:
+        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": newline} if mode == "w" else {})) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

@@ -1,29 +1,151 @@
-"""Background jobs: the app starts ``python -m core.<module> ...`` as a detached process.
+"""The one job runner: the app starts ``python -m core.<module> ...`` as a detached process.
 
 A job survives leaving the page or closing the browser (own session, output to
-``runs/jobs/<name>.log``). Its description (module, arguments, pid, log) is kept in
-``runs/jobs/<name>.json``; its progress lives in the store's run record, which the CLI writes
-itself (``store.start_run`` records the pid). Stopping sends SIGTERM to the job's process
-group and marks a still-running run record ``stopped``; resuming relaunches the same command,
+``runs/jobs/<name>.log``). Its description (module, arguments, pid, the process's create time,
+host, log) is kept in ``runs/jobs/<name>.json``; its progress lives in the store's run record,
+which the CLI writes itself (``store.start_run`` records the pid, its create time and the host,
+and a :class:`Heartbeat` thread stamps the record while the process lives).
+
+- **Liveness** (:func:`process_alive`): psutil's process table plus the process's create time, so
+  a pid the system has reused for another process never passes for the job (no ``/proc``).
+- **Launch** (:func:`start_job`): check-then-launch runs under a ``filelock`` on
+  ``runs/jobs/.launch.lock``, so two browser tabs clicking Start at once start one job; one job of
+  a module per workspace unless ``allow_parallel=True``.
+- **Stale runs** (:func:`run_gone`): a ``running`` record whose process is gone (killed, machine
+  rebooted) — or, for a record written on another host, whose heartbeat is older than
+  :data:`STALE_S` — is reported so the store marks it ``interrupted``.
+
+Stopping sends SIGTERM to the job's process group (after checking it is still the job's
+process) and marks a still-running run record ``stopped``; resuming relaunches the same command,
 since every CLI resumes from its own checkpoints and caches.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import filelock
+import psutil
+
+from annotations.fileio import read_json, write_json
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
+#: seconds between two heartbeats of a running job's run record
+HEARTBEAT_S = 15.0
+#: a record from another host is stale when its heartbeat is older than this (8 missed beats)
+STALE_S = 8 * HEARTBEAT_S
+#: seconds a launch waits for another launch in the same workspace to finish
+LAUNCH_LOCK_S = 30.0
+#: create times are floats from the kernel's boot clock; the same process reads equal to ~1 µs
+_SAME_PROCESS_S = 0.01
 
 
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def process_identity(pid: int | None = None) -> tuple[int, float]:
+    """(pid, create time) of process ``pid`` (default: this one): what tells it from a later
+    process that reuses the pid."""
+    proc = psutil.Process(pid if pid is not None else os.getpid())
+    return proc.pid, proc.create_time()
+
+
+def process_alive(pid: int | None, create_time: float | None = None) -> bool:
+    """True while process ``pid`` exists, is not a zombie and — when ``create_time`` is given —
+    is the process created then (a reused pid is not). A zombie child of ours is reaped."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(int(pid))
+        if create_time is not None and abs(proc.create_time() - float(create_time)) > _SAME_PROCESS_S:
+            return False
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(proc.pid, os.WNOHANG)
+            return False
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # it exists; another user's process cannot be ours, but cannot be ruled out either
+    return True
+
+
+def _timestamp(value: Any) -> float | None:
+    """Epoch seconds of an ISO 8601 stamp (UTC when naive), None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.timestamp()
+
+
+def run_gone(run: dict[str, Any], now: float | None = None) -> str | None:
+    """Why a ``running`` run record's process is gone, or None while it may still be running.
+
+    On this host: the recorded pid and create time (psutil). From another host (or with no pid):
+    a heartbeat older than :data:`STALE_S`. Records of an older schema, with a pid but neither
+    create time nor host, are gone only when no process has that pid any more.
+    """
+    if run.get("status") != "running":
+        return None
+    pid, created, host = run.get("pid"), run.get("pid_created"), run.get("host")
+    if pid and (host == hostname() or (host is None and created is None)):
+        if process_alive(pid, created):
+            return None
+        return f"process {pid} ended without finishing the run (killed or crashed); rerun to resume"
+    beat = _timestamp(run.get("heartbeat"))
+    if beat is None:
+        return None
+    age = (now if now is not None else time.time()) - beat
+    if age > STALE_S:
+        where = f" on {host}" if host else ""
+        return f"no heartbeat from process {pid}{where} for {age:.0f} s; rerun to resume"
+    return None
+
+
+class Heartbeat:
+    """A daemon thread calling ``beat()`` every ``interval`` s until stopped or ``beat()`` says
+    the run is over (returns False); a failing beat (database busy) is retried next time."""
+
+    def __init__(self, beat: Callable[[], bool], interval: float | None = None) -> None:
+        self._beat = beat
+        self.interval = HEARTBEAT_S if interval is None else interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="triderm-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                running = self._beat()
+            except Exception:  # noqa: BLE001 — database busy or unreachable for a moment: the next beat retries
+                running = True
+            if not running:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# -- job records -----------------------------------------------------------------------------------
 def jobs_dir(ws: Any) -> Path:
     """``<workspace>/runs/jobs`` (created)."""
     path = Path(ws.runs_dir) / "jobs"
@@ -37,42 +159,37 @@ def _record_path(ws: Any, name: str) -> Path:
     return jobs_dir(ws) / f"{name}.json"
 
 
-def pid_alive(pid: int | None) -> bool:
-    """True while the process exists and is not a zombie (reaps it if it is our child)."""
-    if not pid:
-        return False
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: fall through to a signal-0 probe
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        try:
-            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
-            return True
-    return True
-
-
 def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, str] | None = None,
-              pass_workspace: bool = True) -> dict[str, Any]:
+              pass_workspace: bool = True, allow_parallel: bool = False) -> dict[str, Any]:
     """Launch ``python -m core.<module> [--workspace <ws>] <args>`` detached; return its record.
 
-    Refuses (ValueError) to start a job whose previous launch under the same name still runs.
+    Under the workspace's launch lock, refuses (ValueError) a job whose previous launch under the
+    same name still runs, and — unless ``allow_parallel`` — a second running job of ``module``.
     """
     if not re.match(r"^[a-z_][a-z0-9_]*$", module):
         raise ValueError(f"module {module!r} is not a core module name")
-    existing = job(ws, name)
-    if existing and existing["alive"]:
-        raise ValueError(f"job {name!r} is still running (pid {existing['pid']}); stop it first")
+    path = _record_path(ws, name)
+    lock = filelock.FileLock(str(jobs_dir(ws) / ".launch.lock"), timeout=LAUNCH_LOCK_S)
+    try:
+        with lock:
+            existing = job(ws, name)
+            if existing and existing["alive"]:
+                raise ValueError(f"job {name!r} is still running (pid {existing['pid']}); stop it first")
+            if not allow_parallel:
+                for other in jobs(ws):
+                    if other["alive"] and other["module"] == module:
+                        raise ValueError(f"a core.{module} job ({other['name']!r}, pid {other['pid']}) is already "
+                                         "running in this workspace; stop it first")
+            record = _launch(ws, name, module, args, env, pass_workspace, allow_parallel)
+            write_json(path, record, indent=1)
+    except filelock.Timeout as exc:
+        raise ValueError(f"another job launch in {ws.root} has held {lock.lock_file} for over "
+                         f"{LAUNCH_LOCK_S:.0f} s; try again") from exc
+    return {**record, "alive": True}
+
+
+def _launch(ws: Any, name: str, module: str, args: list[str], env: dict[str, str] | None,
+            pass_workspace: bool, allow_parallel: bool) -> dict[str, Any]:
     log_path = jobs_dir(ws) / f"{name}.log"
     where = ["--workspace", str(Path(ws.root).resolve())] if pass_workspace else []
     cmd = [sys.executable, "-m", f"core.{module}", *where, *map(str, args)]
@@ -85,23 +202,31 @@ def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, s
             cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=child_env, start_new_session=True,
         )
-    record = {
+    try:
+        _, created = process_identity(proc.pid)
+    except psutil.NoSuchProcess:  # exited (and was reaped) already: nothing can reuse its identity
+        created = time.time()
+    return {
         "name": name, "module": module, "args": list(map(str, args)), "cmd": cmd, "pid": proc.pid,
-        "started": time.time(), "log": str(log_path), "env": env or {},
-        "pass_workspace": pass_workspace,
+        "create_time": created, "host": hostname(), "started": time.time(), "log": str(log_path),
+        "env": env or {}, "pass_workspace": pass_workspace, "allow_parallel": allow_parallel,
     }
-    _record_path(ws, name).write_text(json.dumps(record, indent=1))
-    return {**record, "alive": True}
 
 
 def job(ws: Any, name: str) -> dict[str, Any] | None:
-    """A job's record with ``alive`` and its store ``run`` (matched by pid), or None if unknown."""
+    """A job's record with ``alive`` and its store ``run``, or None if unknown.
+
+    A job launched on another host is alive while its run record is ``running`` (the store marks
+    it ``interrupted`` once its heartbeat goes stale)."""
     path = _record_path(ws, name)
     if not path.exists():
         return None
-    record = json.loads(path.read_text())
-    record["alive"] = pid_alive(record.get("pid"))
+    record = read_json(path)
     record["run"] = run_of(ws, record)
+    if record.get("host", hostname()) == hostname():
+        record["alive"] = process_alive(record.get("pid"), record.get("create_time"))
+    else:
+        record["alive"] = bool(record["run"] and record["run"]["status"] == "running")
     return record
 
 
@@ -112,55 +237,41 @@ def jobs(ws: Any) -> list[dict[str, Any]]:
 
 
 def run_of(ws: Any, record: dict[str, Any]) -> dict[str, Any] | None:
-    """The newest store run started by this job's process (its pid, started after launch)."""
+    """The newest store run started by this job's process (same pid and create time)."""
+    created = record.get("create_time")
     for run in ws.store.runs():
-        if run.get("pid") == record.get("pid") and _run_time(run) >= record["started"] - 5:
+        if run.get("pid") != record.get("pid"):
+            continue
+        if created is not None and run.get("pid_created") is not None:
+            if abs(run["pid_created"] - created) <= _SAME_PROCESS_S:
+                return run
+        elif (_timestamp(run.get("created")) or float("inf")) >= record["started"] - 5:
             return run
     return None
-
-
-def _run_time(run: dict[str, Any]) -> float:
-    created = run.get("created") or run.get("started")
-    if isinstance(created, (int, float)):
-        return float(created)
-    if isinstance(created, str):
-        from datetime import datetime, timezone
-
-        try:
-            stamp = datetime.fromisoformat(created.replace("Z", "+00:00"))
-        except ValueError:
-            return float("inf")
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=timezone.utc)
-        return stamp.timestamp()
-    return float("inf")
 
 
 def stop_job(ws: Any, name: str, grace: float = 5.0) -> bool:
     """SIGTERM the job's process group (SIGKILL after ``grace`` s); mark its run ``stopped``.
 
-    Returns True when a running process was signalled.
-    """
+    Returns True when a running process was signalled; a pid now held by another process is
+    never signalled."""
     record = job(ws, name)
     if record is None:
         raise ValueError(f"unknown job {name!r}")
     signalled = False
-    if record["alive"]:
-        try:
-            os.killpg(record["pid"], signal.SIGTERM)
-            signalled = True
-        except ProcessLookupError:
-            pass
-        deadline = time.time() + grace
-        while pid_alive(record["pid"]) and time.time() < deadline:
-            time.sleep(0.1)
-        if pid_alive(record["pid"]):
-            try:
-                os.killpg(record["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    if record["alive"] and record.get("host", hostname()) == hostname():
+        pid, created = record["pid"], record.get("create_time")
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not process_alive(pid, created):
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+                signalled = True
+            deadline = time.monotonic() + grace
+            while process_alive(pid, created) and time.monotonic() < deadline:
+                time.sleep(0.1)
     run = run_of(ws, record)
-    if run is not None and run.get("status") == "running":
+    if run is not None and run.get("status") in ("running", "interrupted"):
         ws.store.finish_run(run["id"], status="stopped")
     return signalled
 
@@ -171,7 +282,8 @@ def resume_job(ws: Any, name: str) -> dict[str, Any]:
     if record is None:
         raise ValueError(f"unknown job {name!r}")
     return start_job(ws, name, record["module"], record["args"], env=record.get("env") or None,
-                     pass_workspace=record.get("pass_workspace", True))
+                     pass_workspace=record.get("pass_workspace", True),
+                     allow_parallel=record.get("allow_parallel", False))
 
 
 def tail_log(ws: Any, name: str, lines: int = 40) -> str:

@@ -8,7 +8,6 @@ every insert idempotent: a re-import or a double click never duplicates a row.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 from collections.abc import Iterable
@@ -18,8 +17,12 @@ from typing import Any
 
 import sqlite_utils
 
+from annotations import jobs
+
 CHOICES = ("j", "k", "skip")
-RUN_STATUSES = ("running", "done", "failed", "stopped")
+#: ``interrupted``: the process ended without finishing its run (killed, crashed, machine restarted),
+#: found by :func:`annotations.jobs.run_gone` when runs are listed or opened
+RUN_STATUSES = ("running", "done", "failed", "stopped", "interrupted")
 _JSON_COLUMNS = ("metadata", "bbox", "config", "metrics", "artifacts")
 
 _SCHEMA_V1 = """
@@ -115,8 +118,16 @@ CREATE TABLE revisions (
 CREATE INDEX revisions_entity_key ON revisions (entity, key);
 """
 
+# runs: the job runner's identity of a run's process (host, and the create time that tells it from a
+# later process reusing the pid) and the heartbeat its process stamps while it lives.
+_SCHEMA_RUNS = """
+ALTER TABLE runs ADD COLUMN host TEXT;
+ALTER TABLE runs ADD COLUMN pid_created REAL;
+ALTER TABLE runs ADD COLUMN heartbeat TEXT;
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2]
+MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS]
 
 
 def now() -> str:
@@ -165,6 +176,8 @@ class Store:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         self.db = sqlite_utils.Database(conn)
+        self.timeout_s = timeout_s
+        self._heartbeats: dict[int, jobs.Heartbeat] = {}
         self._migrate()
 
     # -- schema --------------------------------------------------------------------------------
@@ -196,6 +209,9 @@ class Store:
         return _Transaction(self.db.conn)
 
     def close(self) -> None:
+        for beat in self._heartbeats.values():
+            beat.stop()
+        self._heartbeats.clear()
         self.db.conn.close()
 
     # -- meta ----------------------------------------------------------------------------------
@@ -367,12 +383,29 @@ class Store:
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, kind: str, config: dict, seed: int | None = None,
                   name: str | None = None) -> int:
-        """Open a run record (status ``running``) with its config, seed, git sha and pid."""
+        """Open a run record (status ``running``) with its config, seed, git sha and this process's
+        identity (pid, create time, host); a heartbeat thread stamps it until :meth:`finish_run`."""
+        pid, created = jobs.process_identity()
+        stamp = now()
         cur = self.db.execute(
-            "INSERT INTO runs (kind, name, config, seed, git_sha, status, pid, created) "
-            "VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
-            [kind, name, _dumps(config), seed, git_sha(), os.getpid(), now()])
-        return int(cur.lastrowid)
+            "INSERT INTO runs (kind, name, config, seed, git_sha, status, pid, pid_created, host, heartbeat, "
+            "created) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+            [kind, name, _dumps(config), seed, git_sha(), pid, created, jobs.hostname(), stamp, stamp])
+        run_id = int(cur.lastrowid)
+        self._heartbeats[run_id] = jobs.Heartbeat(lambda: self._beat(run_id))
+        return run_id
+
+    def _beat(self, run_id: int) -> bool:
+        """Stamp a running run's heartbeat on a connection of the calling (heartbeat) thread;
+        False once the run is no longer running."""
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s)
+        try:
+            with conn:
+                cur = conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'",
+                                   [now(), run_id])
+            return cur.rowcount == 1
+        finally:
+            conn.close()
 
     def update_run(self, run_id: int, progress: float | None = None, metrics: dict | None = None,
                    message: str | None = None, artifacts: dict | None = None) -> None:
@@ -381,7 +414,7 @@ class Store:
             run = self.run(run_id)
             if run is None:
                 raise KeyError(f"no run {run_id}")
-            updates: dict[str, Any] = {}
+            updates: dict[str, Any] = {"heartbeat": now()}
             if progress is not None:
                 updates["progress"] = float(progress)
             if message is not None:
@@ -390,9 +423,8 @@ class Store:
                 updates["metrics"] = _dumps({**run["metrics"], **metrics})
             if artifacts:
                 updates["artifacts"] = _dumps({**run["artifacts"], **artifacts})
-            if updates:
-                cols = ", ".join(f"{c} = ?" for c in updates)
-                self.db.execute(f"UPDATE runs SET {cols} WHERE id = ?", [*updates.values(), run_id])
+            cols = ", ".join(f"{c} = ?" for c in updates)
+            self.db.execute(f"UPDATE runs SET {cols} WHERE id = ?", [*updates.values(), run_id])
 
     def finish_run(self, run_id: int, status: str = "done", metrics: dict | None = None,
                    artifacts: dict | None = None, message: str | None = None) -> None:
@@ -402,6 +434,9 @@ class Store:
                         artifacts=artifacts, message=message)
         self.db.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?",
                         [status, now(), run_id])
+        beat = self._heartbeats.pop(int(run_id), None)
+        if beat is not None:
+            beat.stop()
 
     def runs(self, kind: str | None = None, status: str | None = None) -> list[dict]:
         """Run records, newest first."""
@@ -413,11 +448,29 @@ class Store:
             where.append("status = ?")
             args.append(status)
         sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-        return [_decode(r) for r in self.db.query(sql + " ORDER BY id DESC", args)]
+        rows = [self._reconciled(_decode(r)) for r in self.db.query(sql + " ORDER BY id DESC", args)]
+        return [r for r in rows if status is None or r["status"] == status]
 
     def run(self, run_id: int) -> dict | None:
         rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [int(run_id)]))
-        return _decode(rows[0]) if rows else None
+        return self._reconciled(_decode(rows[0])) if rows else None
+
+    def _reconciled(self, run: dict) -> dict:
+        """``run``, marked ``interrupted`` (in the store too) when it says running but its process
+        is gone (:func:`annotations.jobs.run_gone`)."""
+        reason = jobs.run_gone(run)
+        if reason is None:
+            return run
+        stamp = now()
+        marked = {**run, "status": "interrupted", "finished": stamp, "message": reason}
+        try:
+            cur = self.db.execute("UPDATE runs SET status = 'interrupted', finished = ?, message = ? "
+                                  "WHERE id = ? AND status = 'running'", [stamp, reason, run["id"]])
+        except sqlite3.OperationalError:  # read-only copy, or locked for long: say so, store it next time
+            return marked
+        if cur.rowcount != 1:  # it finished meanwhile: read what it wrote
+            return _decode(next(iter(self.db.query("SELECT * FROM runs WHERE id = ?", [run["id"]]))))
+        return marked
 
     def counts(self) -> dict[str, int]:
         """Row counts for the workspace overview."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from annotations.fileio import atomic_write
 from annotations.store import Store
 
 ENV_VAR = "TRIDERM_WORKSPACE"
@@ -103,6 +104,5 @@ class Workspace:
         """Write the label map atomically (uint8, or uint16 beyond 255 wounds)."""
         labels = np.asarray(labels)
         dtype = np.uint8 if labels.max(initial=0) <= 255 else np.uint16
-        tmp = self.mask_path(image_id).with_suffix(".tmp.png")
-        Image.fromarray(labels.astype(dtype)).save(tmp)
-        tmp.replace(self.mask_path(image_id))
+        with atomic_write(self.mask_path(image_id), "wb", suffix=".png") as fh:
+            Image.fromarray(labels.astype(dtype)).save(fh, format="PNG")

@@ -15,19 +15,19 @@ notes (free text whose figures are formatted from the measured data by the write
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from annotations.fileio import read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "results"
@@ -175,17 +175,7 @@ def write_result(section: str, title: str, command: str, seeds: Sequence[int], t
     folder = Path(results_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{section}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{section}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, indent=1, ensure_ascii=False, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json(target, record, indent=1, ensure_ascii=False, allow_nan=False)
     return target
 
 
@@ -282,7 +272,7 @@ def load_results(results_dir: Path | str) -> dict[str, dict[str, Any]]:
     """Every ``<section>.json`` in ``results_dir``; raises ValueError naming a file that lacks a key."""
     out = {}
     for path in sorted(Path(results_dir).glob("*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path)
         missing = [k for k in REQUIRED if k not in record]
         if missing:
             raise ValueError(f"{path}: missing keys {missing}")

@@ -27,13 +27,13 @@ t-test), ``chart.json``/``chart.html`` (plotly bars) and ``cells/`` — one JSON
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import numpy as np
 import torch
 
+from annotations.fileio import read_json, write_json
 from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 from core.concepts.training import Trainer, build_text_inputs, concept_labels, load_pairs, split_holdout, target_values
 from core.concepts.vocabulary import ConceptTagger, load_vocab
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             key = cell_key(variant, seed, settings)
             path = out / "cells" / f"{variant}_s{seed}.json"
             if path.is_file() and not args.fresh:
-                cached = json.loads(path.read_text())
+                cached = read_json(path)
                 if cached.get("key") == key:
                     cells.setdefault(variant, []).append({**cached["metrics"], "seed": seed})
                     print(f"[cached] {variant} seed {seed}")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics = evaluate_cell(trainer, held, names, labels, scorer_concepts, targets, ws)
             metrics["final_loss"] = history[-1]
             metrics["seconds"] = round(time.perf_counter() - t1, 1)
-            path.write_text(json.dumps({"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1))
+            write_json(path, {"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1)
             cells.setdefault(variant, []).append({**metrics, "seed": seed})
             print(f"{variant} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             ws.store.update_run(run_id, progress=(n_done + 1) / len(todo))

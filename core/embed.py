@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from annotations.readers import load_photo
-from core.eval.distances import cross_euclidean
+from core.eval.distances import pairwise_euclidean
 from core.runtime import load_embeddings, open_workspace, user_errors
 from core.vision.backbones import OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
 from core.vision.baseline import embed_baseline
@@ -37,7 +37,7 @@ def place_new_photos(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     study = load_embeddings(ws, args.model)
     names = [name for name, _, _ in files]
     emb = np.stack([model.embed(photo, labels) for photo, labels in photos])
-    D = cross_euclidean(emb, study["image_emb"])
+    D = pairwise_euclidean(emb, study["image_emb"])
     k = min(args.neighbours, D.shape[1])
     print(f"{len(names)} new photo(s) in the space of run {args.model} ({model.backbone.name}); "
           f"nearest of {D.shape[1]} study photos:")

@@ -13,6 +13,13 @@ threads query concurrently; only the main thread writes to SQLite.
 disagreeing pair (the answer followed the position, not the wound) is recorded as position
 bias: both answers stay in the query cache, and the pair's triplets are replaced by one
 ``skip`` triplet so that no fit uses them.
+
+Exit status: 0 when every question was answered; 1 when any failed after the retries (asking
+stops after ``--max-failures`` of them); 2 for bad arguments or an oracle that cannot answer at
+all (unreachable server, missing model, a host off the allow-list). The last stderr line sums
+the run up: asked, answered, failed, cached. The Ollama host must be on the allow-list: the
+workspace setting ``ollama_hosts`` an administrator sets (default this machine), or
+``$TRIDERM_OLLAMA_HOSTS`` (comma-separated host names or URLs), which overrides it for the CLI.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ import sys
 from typing import Any
 
 from annotations.workspace import Workspace, resolve_workspace
-from core.text.llm import DEFAULT_MODELS, ORACLES, OracleUnavailable, make_oracle
+from core.text.llm import DEFAULT_MODELS, OLLAMA_HOSTS_ENV, ORACLES, OracleUnavailable, make_oracle, ollama_hosts
 from core.text.queries import run
 from core.text.sampling import SAMPLINGS, parse_budget
 
@@ -38,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                              "phantom (SYNTHETIC text oracle of a phantom workspace: reads only the descriptions; "
                              "research/benchmark)")
     parser.add_argument("--model", default=None, help=f"model name (defaults: {DEFAULT_MODELS})")
-    parser.add_argument("--host", default=None, help="Ollama server URL (default $OLLAMA_HOST or localhost)")
+    parser.add_argument("--ollama-host", "--host", dest="host", default=None,
+                        help="Ollama server URL (default $OLLAMA_HOST or localhost); must be on the allow-list "
+                             f"(workspace setting ollama_hosts, or ${OLLAMA_HOSTS_ENV})")
     parser.add_argument("--budget", default="1.0", help="questions: a count (200) or a fraction (0.1, 10%%)")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="uniform")
     parser.add_argument("--active-batch", type=int, default=None,
@@ -47,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debias", action="store_true", help="ask both reference orders; report position bias")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per Ollama request")
-    parser.add_argument("--retries", type=int, default=3, help="retries per Ollama request (exponential backoff)")
+    parser.add_argument("--retries", type=int, default=3,
+                        help="retries per Ollama request on network and server errors (exponential backoff)")
+    parser.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to the Ollama server")
+    parser.add_argument("--max-failures", type=int, default=5,
+                        help="stop asking after this many questions failed after retries (0: never stop)")
     parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (local oracle)")
     args = parser.parse_args(argv)
     try:
@@ -58,17 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be ≥ 1")
     if args.active_batch is not None and args.active_batch < 1:
         parser.error("--active-batch must be ≥ 1")
+    if args.max_failures < 0:
+        parser.error("--max-failures must be ≥ 0")
     ws = Workspace(resolve_workspace(args.workspace))
     kwargs: dict[str, Any] = {}
     if args.oracle == "ollama":
-        kwargs = {"timeout": args.timeout, "retries": args.retries}
+        kwargs = {"timeout": args.timeout, "retries": args.retries, "connect_timeout": args.connect_timeout,
+                  "allowed_hosts": ollama_hosts(ws.store.get_meta("ollama_hosts"))}
     elif args.oracle == "local":
         kwargs = {"batch_size": args.batch_size}
     try:
         oracle = make_oracle(args.oracle, args.model, host=args.host, truth_dir=ws.truth_dir, seed=args.seed, **kwargs)
+        if args.oracle == "ollama":
+            oracle.check()  # an unreachable server or missing model: one clear error within --connect-timeout
         summary = run(ws, oracle, budget, args.sampling, args.workers, args.debias, args.seed,
-                      args.active_batch, progress=True,
-                      config_extra={"host": getattr(oracle, "host", None)})
+                      args.active_batch, progress=True, config_extra={"host": getattr(oracle, "host", None)},
+                      max_failures=args.max_failures or None)
     except (OracleUnavailable, ValueError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     if args.oracle == "local":
@@ -76,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if summary["synthetic"]:
         print("NOTE: SYNTHETIC (phantom) workspace.", file=sys.stderr)
     print(json.dumps(summary, indent=1))
+    print(f"{parser.prog}: run {summary['run_id']}: asked {summary['asked']}, answered {summary['answered']}, "
+          f"failed {summary['failed']}, cached {summary['from_cache']} "
+          f"({summary['questions']} of {summary['budget_questions']} questions)", file=sys.stderr)
+    if summary["failed"]:
+        why = summary["stopped"] or f"{summary['failed']} questions failed after retries"
+        print(f"{parser.prog}: error: {why}; rerun to retry them", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import importlib.util
 import math
+import pickle
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from annotations.fileio import atomic_write
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
 __all__ = ["pick_device", "autocast", "torch_threads", "source_fingerprint", "DEMO_SEED", "ensure_images", "open_workspace",
-           "user_errors", "save_embeddings", "load_embeddings", "json_safe", "git_sha"]
+           "user_errors", "save_embeddings", "load_embeddings", "load_checkpoint", "json_safe", "git_sha"]
 
 DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"
@@ -136,11 +138,21 @@ def save_embeddings(ws: Workspace, run_id: int, image_ids: Sequence[str],
         arrays["wound_indices"] = np.asarray([int(k[1]) for k in wound_keys], dtype=np.int64)
         arrays["wound_emb"] = np.asarray(wound_emb, dtype=np.float32)
     path = ws.run_dir(run_id) / EMBEDDINGS_FILE
-    tmp = path.with_name("embeddings.tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    tmp.replace(path)
+    with atomic_write(path, "wb", suffix=".npz") as fh:
+        np.savez_compressed(fh, **arrays)
     ws.store.update_run(run_id, artifacts={"embeddings": str(path.relative_to(ws.root))})
     return path
+
+
+def load_checkpoint(path: str | Path) -> Any:
+    """A user-given checkpoint, loaded with ``weights_only=True`` (tensors, containers and plain
+    values only): a file whose pickle would build other objects — or run code — is refused with
+    one ValueError naming it, before anything in it executes."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: refused — not a plain weights checkpoint ({reason})") from exc
 
 
 def load_embeddings(ws: Workspace, run_id: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from annotations.fileio import atomic_write
 from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
                         concept_names=np.asarray(scorer.names), concept_global=sc["global"],
                         concept_local=sc["local"], concept_fused=sc["fused"],
                         concept_heatmaps=heat.astype(np.float16), crop_boxes=pairs.boxes, heldout=held)
-        torch.save(model.extra_state_dict(), ws.run_dir(run_id) / "heads.pt")
+        with atomic_write(ws.run_dir(run_id) / "heads.pt", "wb", suffix=".pt") as fh:
+            torch.save(model.extra_state_dict(), fh)
         ws.store.finish_run(run_id, metrics=metrics, artifacts={"heads": str(ws.run_dir(run_id) / "heads.pt")})
         metrics["run_id"] = run_id
         return metrics

@@ -170,7 +170,7 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from annotations.workspace import Workspace
-    from core.runtime import open_workspace
+    from core.runtime import load_checkpoint, open_workspace, user_errors
     from core.vision.backbones import BackboneUnavailable, load_backbone
 
     parser = build_parser()
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         run = ws.store.run(args.resume)
         if run is None or run["kind"] != "slimp" or not path.exists():
             parser.error(f"--resume {args.resume}: no SLIMP run with a checkpoint at {path}")
-        resume_state = torch.load(path, map_location="cpu", weights_only=False)
+        with user_errors(parser, ValueError):
+            resume_state = load_checkpoint(path)
         for k in TRAIN_KEYS:
             setattr(args, k, resume_state["args"][k])
         start_epoch, losses = resume_state["epoch"], resume_state["losses"]
@@ -246,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         init_path = checkpoint_path(ws, args.init)
         if not init_path.exists():
             parser.error(f"--init {args.init}: no checkpoint at {init_path}")
-        skipped = load_init(model, init_path)
+        with user_errors(parser, ValueError):
+            skipped = load_init(model, init_path)
     if args.continual:
         for p in model.parameters():
             p.requires_grad_(False)

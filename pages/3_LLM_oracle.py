@@ -6,6 +6,10 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
+from annotations import jobs
+from core.text.llm import DEFAULT_MODELS, ollama_hosts
+
+JOB = "llm-triplets"
 
 ws = ac.page("LLM oracle")
 st.caption("The LLM acts as a *synthetic expert*: it reads the three photos' wound descriptions and says whether "
@@ -16,36 +20,58 @@ counts = ws.store.counts()
 if counts["described_wounds"] == 0:
     st.info("No wound has a description yet. Write descriptions on the Wound masks page (or import them) first.")
 
+if started := st.session_state.pop("llm_started", None):
+    st.success(f"Started `python -m core.llm_triplets {started}`")
+allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
+record = jobs.job(ws, JOB)
+running = bool(record and record["alive"])
+
+# One form: the run starts with exactly the values submitted with it (nothing typed is left behind).
 with st.form("llm_form"):
     c1, c2, c3 = st.columns(3)
     oracle = c1.selectbox("Oracle", ["local", "ollama", "phantom"],
                           help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
                                "ollama: a model served by Ollama; phantom: reads the SYNTHETIC descriptions "
                                "like a calibrated expert would (benchmarks only)")
-    model = c2.text_input("Model (ollama)", value="gpt-oss:120b", help="Ignored by the local and phantom oracles")
-    host = c3.text_input("Ollama host", value="", placeholder="default: $OLLAMA_HOST or localhost")
-    c4, c5, c6, c7 = st.columns(4)
+    model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"],
+                          help="Ignored by the local and phantom oracles")
+    host = c3.selectbox("Ollama host", allowed, disabled=not allowed,
+                        help="Only the hosts an administrator allowed (workspace setting ollama_hosts)")
+    c4, c5, c6, c7, c8 = st.columns(5)
     budget = c4.text_input("Budget", value="200", help="A count of triplets, or a fraction of all combinations (0.1)")
     sampling = c5.selectbox("Sampling", ["uniform", "anchor-balanced", "active"])
     workers = c6.number_input("Workers", min_value=1, max_value=32, value=1)
     seed = c7.number_input("Seed", min_value=0, value=0)
+    max_failures = c8.number_input("Max failures", min_value=1, value=5,
+                                   help="Stop asking after this many questions failed after retries")
     debias = st.checkbox("Order debiasing (ask both orders, keep agreeing answers)")
-    submitted = st.form_submit_button("Use these settings")
+    start = st.form_submit_button("Start LLM run", type="primary", disabled=running,
+                                  help="Stop the running LLM job first" if running else None)
 
-args = ["--oracle", oracle, "--budget", budget.strip() or "200", "--sampling", sampling,
-        "--workers", str(int(workers)), "--seed", str(int(seed))]
-if oracle == "ollama":
-    if model.strip():
-        args += ["--model", model.strip()]
-    if host.strip():
-        args += ["--host", host.strip()]
-if debias:
-    args.append("--debias")
+if start:
+    from core.text.sampling import parse_budget
+
+    args = ["--oracle", oracle, "--budget", budget.strip(), "--sampling", sampling, "--workers", str(int(workers)),
+            "--seed", str(int(seed)), "--max-failures", str(int(max_failures))]
+    if oracle == "ollama":
+        args += ["--model", model.strip() or DEFAULT_MODELS["ollama"], "--ollama-host", str(host)]
+    if debias:
+        args.append("--debias")
+    try:
+        parse_budget(budget)
+        if oracle == "ollama" and not allowed:
+            raise ValueError("no Ollama host is allowed on this installation; ask an administrator to add one")
+        jobs.start_job(ws, JOB, "llm_triplets", args)
+    except ValueError as err:
+        st.error(str(err))
+    else:
+        st.session_state["llm_started"] = " ".join(args)
+        st.rerun()  # the form disables and the status refreshes itself while the job runs
 
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
 def status() -> None:
-    ac.job_panel(ws, "llm-triplets", "llm_triplets", args, "LLM run")
+    ac.job_panel(ws, JOB, "llm_triplets", [], "LLM run", start=False)
     sources = {s: n for s, n in ws.store.triplet_sources().items() if s.startswith("llm:")}
     runs = ws.store.runs(kind="llm-triplets")
     st.markdown("**LLM triplets in the store**")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -13,6 +12,7 @@ import plotly.io as pio
 import streamlit as st
 
 import app_common as ac
+from annotations.fileio import read_json
 
 METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %", "kappa": "κ"}
 
@@ -37,7 +37,7 @@ def cell(row: dict, metric: str) -> str:
 st.subheader("Agreement with the expert's triplets")
 report_json = report_dir / "report.json"
 if report_json.exists():
-    report = json.loads(report_json.read_text(encoding="utf-8"))
+    report = read_json(report_json)
     st.markdown(f"**{ac.escape_md(report.get('title', 'Agreement report'))}** — {report.get('expert_triplets', '?')} "
                 f"expert triplet rows, 95 % CIs from {report.get('n_boot', '?')} bootstrap resamples of anchors.")
     if report.get("synthetic"):
@@ -75,7 +75,7 @@ else:
 st.subheader("Ablations (paper Table 2)")
 ablation_json = ablation_dir / "ablation.json"
 if ablation_json.exists():
-    abl = json.loads(ablation_json.read_text(encoding="utf-8"))
+    abl = read_json(ablation_json)
     if abl.get("synthetic"):
         st.caption("SYNTHETIC phantom data.")
     for table, title in (abl.get("titles") or {}).items():
@@ -103,7 +103,7 @@ else:
 
 results = bench_dir / "results.json"
 if results.exists():
-    res = json.loads(results.read_text(encoding="utf-8"))
+    res = read_json(results)
     st.subheader("Contrastive-objective benchmark")
     settings = res.get("settings", {})
     st.caption(f"{settings.get('seeds', '?')} seed(s), {settings.get('epochs', '?')} epochs, "
@@ -140,7 +140,7 @@ real = sorted(RESULTS.glob("real_vision*.json"))
 if not real:
     st.info("No real-data vision benchmark yet (`python -m benchmarks.real_vision --data DATASET_FOLDER`).")
 for path in real:
-    res = json.loads(path.read_text(encoding="utf-8"))
+    res = read_json(path)
     st.markdown(f"**{res['title']}** — {len(res['seeds'])} seeds, {res['date'][:10]}, `{res['command']}`")
     table, curve = res["tables"][0], res["tables"][1]
 

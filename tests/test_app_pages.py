@@ -304,7 +304,7 @@ def test_job_runs_detached_logs_and_stops(ws, tmp_path):
                                                           "--wounds", "400", "--patients", "50"],
                          pass_workspace=False)
     assert jobs.stop_job(ws, "phantoms-big")
-    assert not jobs.pid_alive(big["pid"])
+    assert not jobs.process_alive(big["pid"], big["create_time"])
     again = jobs.resume_job(ws, "phantoms-big")  # resume = the same command relaunched
     assert again["cmd"] == big["cmd"] and again["pid"] != big["pid"] and jobs.job(ws, "phantoms-big")["alive"]
     jobs.stop_job(ws, "phantoms-big")

@@ -280,9 +280,9 @@ def test_continual_trains_only_stem_and_tabular_input_embeddings(tiny_ws):
     from core.vision.backbones import load_backbone
 
     base = _run(tiny_ws)
-    init = torch.load(tiny_ws.runs_dir / str(base["id"]) / "checkpoint.pt", weights_only=False)["model"]
+    init = torch.load(tiny_ws.runs_dir / str(base["id"]) / "checkpoint.pt", weights_only=True)["model"]
     cont = _run(tiny_ws, "--continual", "--init", str(base["id"]), "--epochs", "1")
-    after = torch.load(tiny_ws.runs_dir / str(cont["id"]) / "checkpoint.pt", weights_only=False)["model"]
+    after = torch.load(tiny_ws.runs_dir / str(cont["id"]) / "checkpoint.pt", weights_only=True)["model"]
     bb = load_backbone("efficientnet-lite0@stage5", device="cpu")
     trunk = {f"trunk.{k}": v for k, v in bb._features.state_dict().items()}
     stem_ids = {id(p) for p in bb.stem_parameters()}

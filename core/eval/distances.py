@@ -1,27 +1,42 @@
-"""Image-distance matrices: Euclidean distances of an embedding, or a run's stored matrix."""
+"""Image-distance matrices: the one Euclidean pairwise-distance function of the project, and a
+run's distances (its stored matrix, or Euclidean on its embedding)."""
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
-__all__ = ["pairwise_euclidean", "cross_euclidean", "image_distances"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["image_distances", "pairwise_euclidean"]
+
+Matrix = TypeVar("Matrix", np.ndarray, "torch.Tensor")
 
 
-def pairwise_euclidean(x: np.ndarray) -> np.ndarray:
-    """n×n Euclidean distances (exactly 0 on the diagonal)."""
+def pairwise_euclidean(x: Matrix, y: Matrix | None = None, squared: bool = False) -> Matrix:
+    """len(x)×len(y) Euclidean distances between rows (``y`` defaults to ``x``; squared on request).
+
+    Arrays go to :func:`scipy.spatial.distance.cdist` (float64, exact: 0 on the diagonal of
+    ``x`` against itself); tensors stay on their own device and dtype (differentiable):
+    :func:`torch.cdist`, or for squared distances the same ‖a‖² + ‖b‖² − 2a·b matrix product
+    torch.cdist uses, without its square root (the SOE fit's inner loop asks for these, ~2× faster).
+    Neither builds an n×m×d difference array.
+    """
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported; arrays never import it
+    if torch is not None and isinstance(x, torch.Tensor):
+        other = x if y is None else y
+        if squared:
+            sq = x.pow(2).sum(1)
+            osq = sq if y is None else other.pow(2).sum(1)
+            return (sq[:, None] + osq[None, :] - 2 * x @ other.T).clamp_min(0)
+        d = torch.cdist(x.unsqueeze(0), other.unsqueeze(0)).squeeze(0)
+        return d.clone().fill_diagonal_(0.0) if y is None else d
     x = np.asarray(x, dtype=np.float64)
-    sq = (x * x).sum(1)
-    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
-    np.fill_diagonal(d2, 0.0)
-    return np.sqrt(d2)
-
-
-def cross_euclidean(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """len(x)×len(y) Euclidean distances between the rows of two embeddings."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    d2 = (x * x).sum(1)[:, None] + (y * y).sum(1)[None, :] - 2.0 * x @ y.T
-    return np.sqrt(np.maximum(d2, 0.0))
+    other = x if y is None else np.asarray(y, dtype=np.float64)
+    return cdist(x, other, "sqeuclidean" if squared else "euclidean")
 
 
 def image_distances(emb: dict[str, Any]) -> tuple[list[str], np.ndarray]:

@@ -4,13 +4,13 @@ the training-free fusions of the latest vision and text runs.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from annotations.fileio import atomic_write, write_json, write_text
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
@@ -185,8 +185,8 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
     out = ws.runs_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "report.md", "csv": out / "report.csv", "json": out / "report.json"}
-    paths["markdown"].write_text(markdown(ws, rows, n_expert, n_boot), encoding="utf-8")
-    with paths["csv"].open("w", newline="", encoding="utf-8") as fh:
+    write_text(paths["markdown"], markdown(ws, rows, n_expert, n_boot))
+    with atomic_write(paths["csv"], "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["modality", "run_id", "kind", "label", "n_images", "n", "n_anchors", "n_skipped",
                          "n_missing"] + [f"{m}{s}" for m in METRICS for s in ("", "_lo", "_hi")])
@@ -196,7 +196,7 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
                             + [v for m in METRICS for v in (r[m], *r["ci"][m])])
     report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),
               "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows}
-    paths["json"].write_text(json.dumps(json_safe(report), indent=1), encoding="utf-8")
+    write_json(paths["json"], json_safe(report), indent=1)
     return {k: str(v) for k, v in paths.items()}
 
 

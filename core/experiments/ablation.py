@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from annotations.fileio import read_json, write_json, write_text
 from annotations.workspace import Workspace
+from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
 from core.runtime import json_safe, pick_device
 
@@ -97,8 +99,8 @@ def source_hash(*parts: Path | Callable) -> str:
 
 def text_code_hash() -> str:
     """Source hash of what computes a text cell: SOE, the metrics and the cell functions."""
-    return source_hash(CORE / "text" / "soe.py", CORE / "eval" / "metrics.py", oriented_indices, soe_cell,
-                       _euclidean)
+    return source_hash(CORE / "text" / "soe.py", CORE / "eval" / "metrics.py", CORE / "eval" / "distances.py",
+                       oriented_indices, soe_cell)
 
 
 def vision_code_hash() -> str:
@@ -172,12 +174,8 @@ def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, 
     m = max(1, int(round(config["budget"] * len(llm))))
     subset = llm[np.sort(rng.choice(len(llm), size=m, replace=False))]
     soe = SOE(**config["soe"], random_state=seed).fit(subset, n_objects=len(ids))
-    result = evaluate(ids, _euclidean(soe.embedding_), expert)
+    result = evaluate(ids, pairwise_euclidean(soe.embedding_), expert)
     return {**{k: result[k] for k in METRICS}, "n_train_triplets": m, "train_score": soe.score(subset)}
-
-
-def _euclidean(x: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
 
 
 # ----------------------------------------------------------------------------------- vision
@@ -322,17 +320,15 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
         for done, (key, (cfg, seed, table)) in enumerate(bar):
             path = cache_dir / f"{key}.json"
             if path.exists():
-                results[key] = json.loads(path.read_text(encoding="utf-8"))["result"]
+                results[key] = read_json(path)["result"]
                 reused += 1
             else:
                 bar.set_postfix_str(" ".join(f"{k} {cfg[k]}" for k in ("source", "dim", "budget", "pooling", "loss")
                                              if k in cfg) + f" seed {seed}")
                 t0 = time.perf_counter()
                 result = {**compute[table](cfg, seed, key), "seconds": time.perf_counter() - t0}
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"config": cfg, "seed": seed, "code": code[table], "context": context[table],
-                                           "result": result}, default=str), encoding="utf-8")
-                tmp.replace(path)
+                write_json(path, {"config": cfg, "seed": seed, "code": code[table], "context": context[table],
+                                  "result": result}, default=str, indent=None)
                 results[key] = result
             ws.store.update_run(run_id, progress=(done + 1) / len(jobs))
         for row in rows:
@@ -363,8 +359,8 @@ def write_outputs(ws: Workspace, summary: list[dict], notes: list[str], seeds: i
                        if any(s["table"] == table for s in summary))
     md = "\n".join(["```", text, "```", *notes, ""])
     paths = {"markdown": out / "ablation.md", "json": out / "ablation.json"}
-    paths["markdown"].write_text(md, encoding="utf-8")
-    paths["json"].write_text(json.dumps(json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes,
-                                                    "rows": summary}), indent=1, default=str), encoding="utf-8")
+    write_text(paths["markdown"], md)
+    write_json(paths["json"], json_safe({"titles": t, "synthetic": ws.is_synthetic, "notes": notes, "rows": summary}),
+               indent=1, default=str)
     return {k: str(v) for k, v in paths.items()}
 

@@ -15,8 +15,10 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
+from annotations.fileio import atomic_write, write_json, write_text
 from core.concepts.scores import ConceptScorer
 from core.concepts.training import SIGMOID_OBJECTIVES, TrainConfig, Trainer, concept_auroc
+from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 
 VARIANTS = ("clip", "siglip", "image_frozen", "text_frozen", "image_partial", "text_partial",
@@ -93,9 +95,8 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
     photos = sorted(set(trainer.pairs.image_ids))
     pid = np.array(trainer.pairs.image_ids)
     emb = np.stack([g[pid == p].numpy().mean(0) for p in photos])
-    D = np.sqrt(((emb[:, None] - emb[None]) ** 2).sum(-1))
     trip = ws.store.expert_triplets()
-    out["triplet_agreement"] = float(evaluate(photos, D, trip)["balanced"]) if trip else float("nan")
+    out["triplet_agreement"] = float(evaluate(photos, pairwise_euclidean(emb), trip)["balanced"]) if trip else float("nan")
     return out
 
 
@@ -166,22 +167,22 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
         for v, ms in paired.items():
             lines.append(f"| {v} | " + " | ".join(f"{ms[m][0]:+.3f} ± {ms[m][1]:.3f}{'*' if ms[m][2] else ''}"
                                                   for m in shown_paired) + " |")
-    (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with open(out / "table.csv", "w", newline="", encoding="utf-8") as f:
+    write_text(out / "table.md", "\n".join(lines) + "\n")
+    with atomic_write(out / "table.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["variant", *[f"{m}_{s}" for m in METRICS for s in ("mean", "sd")], "skipped"])
         for v, ms in summary.items():
             w.writerow([v, *[x for m in METRICS for x in ms[m]], ""])
         for v, why in skipped.items():
             w.writerow([v, *[""] * (2 * len(METRICS)), why])
-    (out / "results.json").write_text(json.dumps({"settings": settings, "synthetic": synthetic, "summary": summary,
-                                                  "paired_vs_baseline": paired or {}, "skipped": skipped}, indent=1), encoding="utf-8")
+    write_json(out / "results.json", {"settings": settings, "synthetic": synthetic, "summary": summary,
+                                      "paired_vs_baseline": paired or {}, "skipped": skipped}, indent=1)
     shown = ("i2t_R@5", "t2i_R@5", "concept_auroc", "linear_probe_acc", "triplet_agreement")
     fig = go.Figure()
     for v, ms in summary.items():
         fig.add_bar(name=v, x=list(shown), y=[ms[m][0] for m in shown],
                     error_y={"type": "data", "array": [ms[m][1] for m in shown]})
     fig.update_layout(barmode="group", title=f"Contrastive-objective benchmark{label}", yaxis_title="score")
-    (out / "chart.json").write_text(fig.to_json(), encoding="utf-8")
-    fig.write_html(out / "chart.html", include_plotlyjs="cdn")
+    write_text(out / "chart.json", fig.to_json())
+    write_text(out / "chart.html", fig.to_html(include_plotlyjs="cdn"))
 

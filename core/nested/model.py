@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
+from annotations.fileio import atomic_write
 from core.losses.nested import NestedContrastiveLoss
 from core.nested.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing
 from core.runtime import autocast
@@ -159,9 +160,8 @@ def frozen_features(ws: Any, data: NestedData, bb: Any, size: int, batch_size: i
         feats.append(masked_pool(fmap, masks[s:s + batch_size].to(fmap.device)).cpu())
     out = torch.cat(feats)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(out, tmp)
-    tmp.replace(path)
+    with atomic_write(path, "wb", suffix=".pt") as fh:
+        torch.save(out, fh)
     return out
 
 

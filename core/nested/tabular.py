@@ -15,7 +15,6 @@ categories) is inferred from metadata dicts and saved as JSON next to the model.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from annotations.fileio import read_json, write_json
 
 MISSING_STRINGS = frozenset({"", "na", "n/a", "nan", "none", "null", "unknown", "?"})
 
@@ -165,12 +166,12 @@ class TabularSchema:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        write_json(path, self.to_dict())
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> TabularSchema:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(read_json(path))
 
 
 class TabularEncoder(nn.Module):

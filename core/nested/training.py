@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from annotations.fileio import atomic_write
 from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
 from core.nested.model import (
     SLIMP,
@@ -25,7 +26,7 @@ from core.nested.model import (
     probe,
     retrieval_recall,
 )
-from core.runtime import autocast, pick_device
+from core.runtime import autocast, load_checkpoint, pick_device
 
 FRACTIONS = (0.01, 0.1, 1.0)
 
@@ -93,7 +94,11 @@ def checkpoint_path(ws: Any, ref: str) -> Path:
 
 def load_init(model: SLIMP, path: Path) -> list[str]:
     """Copy every tensor of a SLIMP checkpoint whose name and shape match; return the skipped names."""
-    state = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    blob = load_checkpoint(path)
+    try:
+        state = dict(blob["model"])
+    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"{path}: not a SLIMP checkpoint (no 'model' state dict)") from exc
     own = model.state_dict()
     keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(keep, strict=False)
@@ -109,6 +114,7 @@ def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
 def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, masks: Tensor | None, wound_tab: Any,
                    patient_tab: Any, device: torch.device, args: argparse.Namespace, run_id: int) -> dict[str, Any]:
     """Probe / kNN / retrieval / triplet agreement; saves the embeddings of run ``run_id``."""
+    from core.eval.distances import pairwise_euclidean
     from core.eval.metrics import evaluate
     from core.runtime import save_embeddings
 
@@ -127,8 +133,7 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     metrics: dict[str, Any] = {"n_wounds": len(w), "n_patients": len(data.patient_ids), "n_photos": len(ids)}
     rows = ws.store.expert_triplets()
     if rows:
-        D = np.sqrt(((photo[:, None, :] - photo[None, :, :]) ** 2).sum(-1))
-        metrics["triplets"] = evaluate(ids, D, rows)
+        metrics["triplets"] = evaluate(ids, pairwise_euclidean(photo), rows)
     if h is not None:
         metrics["retrieval"] = {**retrieval_recall(w, h), "chance@1": 1.0 / len(w)}
     if args.target:
@@ -176,8 +181,7 @@ def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, 
 def save_checkpoint(path: Path, train_args: dict[str, Any], model: SLIMP, optimizer: torch.optim.Optimizer,
                     epoch: int, losses: list[float], history: dict[str, list[float]], run_id: int) -> None:
     """Write the resumable state after ``epoch`` epochs (temporary file, then an atomic replace)."""
-    tmp = path.with_suffix(".tmp")
-    torch.save({"args": train_args, "model_config": model.config, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "epoch": epoch, "losses": losses, "history": history,
-                "run_id": run_id}, tmp)
-    tmp.replace(path)
+    with atomic_write(path, "wb", suffix=".pt") as fh:
+        torch.save({"args": train_args, "model_config": model.config, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "epoch": epoch, "losses": losses, "history": history,
+                    "run_id": run_id}, fh)

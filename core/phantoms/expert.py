@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from scipy.spatial.distance import cdist
 from scipy.special import ndtr
 
 from core.phantoms.descriptions import DescriptionReader
@@ -164,8 +165,7 @@ class PhantomTruth:
 
 def distances(latent: np.ndarray) -> np.ndarray:
     """Euclidean distance matrix of the rows of ``latent``."""
-    diff = latent[:, None, :] - latent[None, :, :]
-    return np.sqrt((diff ** 2).sum(-1))
+    return cdist(latent, latent)
 
 
 def all_triplets(n: int) -> np.ndarray:

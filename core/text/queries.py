@@ -1,8 +1,12 @@
 """Asking the synthetic expert (TriDerm-T, §2.3): triplet questions over the photos' descriptions
 put to an oracle, resumable and concurrent, uniform, anchor-balanced or active, answers stored.
+
+A run stops asking once ``max_failures`` questions have failed after the oracle's retries (a
+dead or broken server is not asked for days); its record is then ``failed`` and says why.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -39,8 +43,10 @@ class QueryRun:
     """One query run: the plan, the cache, the workers and the bookkeeping of a summary."""
 
     def __init__(self, ws: Workspace, oracle: Oracle, debias: bool = False, workers: int = 1,
-                 run_id: int | None = None, progress: bool = True) -> None:
+                 run_id: int | None = None, progress: bool = True, max_failures: int | None = None) -> None:
         self.ws, self.oracle, self.debias = ws, oracle, debias
+        self.max_failures = max_failures
+        self.stopped: str | None = None  # why asking stopped early (too many failures)
         self.workers = max(1, workers)
         self.run_id = run_id
         self.progress = progress
@@ -51,7 +57,7 @@ class QueryRun:
         self.cache: dict[tuple[str, str, str], str] = {
             (r["anchor"], r["ref_j"], r["ref_k"]): r["choice"]
             for r in ws.store.llm_answers(oracle.name, oracle.model, PROMPT_VERSION)}
-        self.asked = self.from_cache = self.failed = 0
+        self.answered = self.from_cache = self.failed = 0
         self.budget = 0
 
     # -- questions -------------------------------------------------------------------------
@@ -82,8 +88,9 @@ class QueryRun:
         """Answers as they complete; at most 2×workers chunks in flight."""
         size = max(1, self.oracle.batch_size)
         chunks = [questions[s:s + size] for s in range(0, len(questions), size)]
-        with ThreadPoolExecutor(self.workers) as pool:
-            running: dict[Future, list[Question]] = {}
+        pool = ThreadPoolExecutor(self.workers)
+        running: dict[Future, list[Question]] = {}
+        try:
             todo = iter(chunks)
             while True:
                 while len(running) < 2 * self.workers:
@@ -96,43 +103,50 @@ class QueryRun:
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     chunk = running.pop(fut)
-                    try:
-                        results = fut.result()
-                    except OracleUnavailable:
-                        for f in running:
-                            f.cancel()
-                        raise
-                    yield from zip(chunk, results)
+                    yield from zip(chunk, fut.result())
+        finally:  # stopped early (failures, unavailable oracle, interrupt): ask nothing more
+            for f in running:
+                f.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def ask(self, questions: list[Question], bar: tqdm | None = None) -> None:
-        """Ask, store every answer at once, count failures; OracleUnavailable propagates."""
+        """Ask, store every answer at once, count failures and stop at ``max_failures``;
+        OracleUnavailable propagates."""
         last_update = 0.0
-        for q, result in self._answers(questions):
-            if isinstance(result, Exception):
-                self.failed += 1
+        if self.stopped:
+            return
+        with contextlib.closing(self._answers(questions)) as answers:
+            for q, result in answers:
+                if isinstance(result, Exception):
+                    self.failed += 1
+                    if bar is not None:
+                        bar.set_postfix(failed=self.failed)
+                    if self.max_failures is not None and self.failed >= self.max_failures:
+                        self.stopped = (f"stopped after {self.failed} failed questions (--max-failures "
+                                        f"{self.max_failures}); last error: {result}")
+                        break
+                else:
+                    self.ws.store.add_llm_answer(
+                        self.oracle.name, self.oracle.model, PROMPT_VERSION, q.anchor, q.ref_j, q.ref_k,
+                        result.choice, result.raw, result.latency_ms, result.tokens_in, result.tokens_out)
+                    self.cache[(q.anchor, q.ref_j, q.ref_k)] = result.choice
+                    self.answered += 1
                 if bar is not None:
-                    bar.set_postfix(failed=self.failed)
-            else:
-                self.ws.store.add_llm_answer(
-                    self.oracle.name, self.oracle.model, PROMPT_VERSION, q.anchor, q.ref_j, q.ref_k,
-                    result.choice, result.raw, result.latency_ms, result.tokens_in, result.tokens_out)
-                self.cache[(q.anchor, q.ref_j, q.ref_k)] = result.choice
-                self.asked += 1
-            if bar is not None:
-                bar.update(1)
-            now = time.monotonic()
-            if self.run_id is not None and now - last_update > 0.5:
-                last_update = now
-                self._report_progress()
+                    bar.update(1)
+                now = time.monotonic()
+                if self.run_id is not None and now - last_update > 0.5:
+                    last_update = now
+                    self._report_progress()
         self._report_progress()
 
     def _report_progress(self) -> None:
         if self.run_id is None:
             return
         per_q = 2 if self.debias else 1
-        done = min(1.0, (self.from_cache + self.asked + self.failed) / max(1, self.budget * per_q))
+        done = min(1.0, (self.from_cache + self.answered + self.failed) / max(1, self.budget * per_q))
         self.ws.store.update_run(self.run_id, progress=done, metrics={
-            "asked": self.asked, "from_cache": self.from_cache, "failed": self.failed})
+            "asked": self.answered + self.failed, "answered": self.answered, "from_cache": self.from_cache,
+            "failed": self.failed})
 
     def bar(self, total: int) -> tqdm:
         return tqdm(total=total, desc=f"{self.oracle.name}:{self.oracle.model}", unit="q",
@@ -165,7 +179,7 @@ class QueryRun:
         asked_q = sampler.questions[answered_mask][:budget]
         self.from_cache += len(asked_q) * (2 if self.debias else 1)
         with self.bar(max(0, budget - len(asked_q)) * (2 if self.debias else 1)) as bar:
-            while len(asked_q) < budget:
+            while len(asked_q) < budget and not self.stopped:
                 size = min(batch, budget - len(asked_q))
                 nxt = sampler.next_batch(self.oriented(asked_q), canonical_key(asked_q, self.n), size)
                 if len(nxt) == 0:
@@ -219,11 +233,17 @@ class QueryRun:
 
 def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uniform", workers: int = 1,
         debias: bool = False, seed: int = 0, active_batch: int | None = None, progress: bool = True,
-        config_extra: dict | None = None) -> dict[str, Any]:
-    """Run a query plan against ``oracle``; returns the JSON summary (also stored in the run)."""
+        config_extra: dict | None = None, max_failures: int | None = None) -> dict[str, Any]:
+    """Run a query plan against ``oracle``; returns the JSON summary (also stored in the run).
+
+    ``asked`` counts the questions put to the oracle by this run, ``answered`` those it answered,
+    ``failed`` those that failed after its retries, ``from_cache`` those answered before; asking
+    stops once ``max_failures`` questions have failed (``stopped`` says so)."""
     if sampling not in SAMPLINGS:
         raise ValueError(f"unknown sampling {sampling!r}; choose one of {', '.join(SAMPLINGS)}")
-    qr = QueryRun(ws, oracle, debias=debias, workers=workers, progress=progress)
+    if max_failures is not None and max_failures < 1:
+        raise ValueError(f"max_failures must be ≥ 1, got {max_failures}")
+    qr = QueryRun(ws, oracle, debias=debias, workers=workers, progress=progress, max_failures=max_failures)
     if qr.n < 3:
         raise ValueError(f"{ws.root}: only {qr.n} photos have wound descriptions; triplets need at least 3")
     total = n_questions(qr.n)
@@ -233,6 +253,7 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
     config = {"oracle": oracle.name, "model": oracle.model, "prompt_version": PROMPT_VERSION,
               "budget": budget, "budget_questions": count, "sampling": sampling, "workers": workers,
               "debias": debias, "n_images": qr.n, "synthetic": ws.is_synthetic, "source": qr.source,
+              "max_failures": max_failures,
               **({"active_batch": batch} if sampling == "active" else {}), **(config_extra or {})}
     qr.run_id = ws.store.start_run("llm-triplets", config, seed=seed,
                                    name=f"{oracle.name}:{oracle.model} {sampling} {count}")
@@ -254,7 +275,8 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
     summary = {
         "run_id": qr.run_id, "oracle": oracle.name, "model": oracle.model, "source": qr.source,
         "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": int(len(plan)),
-        "budget_questions": count, "asked": qr.asked, "from_cache": qr.from_cache, "failed": qr.failed,
+        "budget_questions": count, "asked": qr.answered + qr.failed, "answered": qr.answered,
+        "from_cache": qr.from_cache, "failed": qr.failed, "stopped": qr.stopped,
         "usable_triplets": int(len(oriented)),
         "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
         "first_position_rate": qr.first_position_rate(plan),
@@ -262,7 +284,7 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
         "synthetic": ws.is_synthetic, "demo_oracle": oracle.name == "local",
     }
     status = "done" if qr.failed == 0 and len(plan) == count else "failed"
-    ws.store.finish_run(qr.run_id, status=status, metrics=summary,
-                        message=None if status == "done" else f"{qr.failed} questions failed; rerun to retry them")
+    message = qr.stopped or f"{qr.failed} questions failed after retries; rerun to retry them"
+    ws.store.finish_run(qr.run_id, status=status, metrics=summary, message=None if status == "done" else message)
     return summary
 

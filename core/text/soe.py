@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
+from core.eval.distances import pairwise_euclidean
 from core.runtime import pick_device, torch_threads
 
 
@@ -51,8 +52,7 @@ def hinge_sq_loss_and_grad(
     is several times cheaper than autograd through per-triplet coordinate gathers.
     """
     n = x.shape[0]
-    sq = x.pow(2).sum(1)
-    dist = (sq[:, None] + sq[None, :] - 2 * x @ x.T).reshape(-1)
+    dist = pairwise_euclidean(x, squared=True).reshape(-1)
     viol = margin + dist[ab] - dist[ac]
     wa = torch.where(viol > 0, w, torch.zeros((), dtype=w.dtype, device=w.device))
     loss = (wa * viol).sum()

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from core.runtime import autocast, pick_device
+from annotations.fileio import atomic_write
+from core.runtime import autocast, load_checkpoint, pick_device
 
 OFFLINE_DEFAULT = "efficientnet-lite0"
 LITE0_TIMM = "timm:tf_efficientnet_lite0"
@@ -167,7 +168,8 @@ class Backbone:
     def save(self, path: str | Path) -> Path:
         """Save the weights with the registry name so ``load_backbone(path)`` rebuilds it."""
         path = Path(path)
-        torch.save({"triderm_backbone": self.arch, "layer": self.layer, "state_dict": self.model.state_dict()}, path)
+        with atomic_write(path, "wb", suffix=".pt") as fh:
+            torch.save({"triderm_backbone": self.arch, "layer": self.layer, "state_dict": self.model.state_dict()}, fh)
         return path
 
 
@@ -397,7 +399,7 @@ def _infer_open_clip_arch(state: dict[str, Tensor], path: Path) -> str:
 
 
 def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone:
-    blob = torch.load(path, map_location="cpu", weights_only=True)
+    blob = load_checkpoint(path)
     sha = _file_sha(path)[:12]
     tag = f"file:{path.name}:{sha}"
     if isinstance(blob, dict) and "triderm_backbone" in blob:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.runtime import source_fingerprint, torch_threads
 from core.vision.augment import AugmentConfig, WoundAugment, view_generator
@@ -167,9 +168,8 @@ class FeatureCache:
             cached["view_frac"] = torch.cat([cached["view_frac"], frac])
         if use_cache:
             self.root.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save(cached, tmp)
-            tmp.replace(path)
+            with atomic_write(path, "wb", suffix=".pt") as fh:
+                torch.save(cached, fh)
         return self._unpack(cached, n_views)
 
     def _unit(self, image) -> Tensor:

@@ -16,6 +16,7 @@ from PIL import Image, ImageOps
 
 from annotations.readers import mask_to_labels
 from annotations.workspace import Workspace
+from core.runtime import load_checkpoint
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.features import token_mask, wound_fractions
 from core.vision.pooling import WoundHead
@@ -41,7 +42,7 @@ class TrainedHead:
         path = ws.run_dir(run_id) / "head.pt"
         if not path.exists():
             raise ValueError(f"--model {run_id}: the run has no saved head ({path}); it predates head saving")
-        blob = torch.load(path, map_location="cpu", weights_only=True)
+        blob = load_checkpoint(path)
         cfg = blob["config"]
         backbone = load_backbone(blob["backbone"], device=device)
         head = WoundHead(int(blob["channels"]), cfg["dim"], cfg["pooling"], cfg["hidden"])

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
@@ -343,9 +344,9 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
                         token_wound=bank.eval_segment.numpy(), token_pos=bank.eval_pos.numpy(),
                         token_weight=weights, grid=np.array(bank.grid), input_size=np.array(backbone.input_size),
                         center=center)
-        torch.save({"config": {k: v for k, v in cfg.items() if k != "backbone"}, "backbone": backbone.name,
-                    "channels": bank.channels, "center": torch.from_numpy(center), "head": head.state_dict()},
-                   ws.run_dir(run_id) / "head.pt")
+        with atomic_write(ws.run_dir(run_id) / "head.pt", "wb", suffix=".pt") as fh:
+            torch.save({"config": {k: v for k, v in cfg.items() if k != "backbone"}, "backbone": backbone.name,
+                        "channels": bank.channels, "center": torch.from_numpy(center), "head": head.state_dict()}, fh)
         if not all(math.isfinite(x) for x in losses):
             raise FloatingPointError(f"non-finite training loss: {losses[-5:]}")
         ws.store.finish_run(run_id, metrics={"loss": losses, "timing": timing, **metrics},
