@@ -705,31 +705,67 @@ def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]]) -> None
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
-def export_dataset(ws: Workspace, out: str | Path) -> dict[str, Any]:
-    """Write the workspace as a dataset folder (label-map masks) that imports back losslessly."""
-    out = Path(out)
+#: What ``export`` writes into a dataset folder; ``--force`` replaces exactly these.
+EXPORT_ITEMS = ("images", "masks", "truth", "wounds.csv", "images.csv", "patients.csv", "triplets.csv",
+                "dataset.json")
+
+
+def export_dataset(ws: Workspace, out: str | Path, force: bool = False) -> dict[str, Any]:
+    """Write the workspace as a dataset folder (label-map masks) that imports back losslessly.
+
+    ``out`` must be new or empty; with ``force`` the dataset files already there
+    (:data:`EXPORT_ITEMS`) are replaced and anything else is left alone. The folder is written
+    beside ``out`` first and renamed into place, so an error leaves ``out`` as it was."""
+    out = Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"{out}: not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise DatasetError(f"{out}: not empty; export into a new folder or give --force to replace "
+                           "its dataset files")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        summary = _write_dataset(ws, staging)
+        out.mkdir(exist_ok=True)
+        replaced = staging / ".replaced"
+        replaced.mkdir()
+        for name in EXPORT_ITEMS:
+            if (out / name).exists() or (out / name).is_symlink():
+                os.replace(out / name, replaced / name)
+            if (staging / name).exists():
+                os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {**summary, "out": str(out)}
+
+
+#: Export formats (``export --format``): name → writer of the folder's content.
+EXPORT_FORMATS = {"dataset": export_dataset}
+
+
+def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "masks").mkdir(exist_ok=True)
     store = ws.store
-    images = store.images()
-    wounds = store.wounds()
-    with_wounds = {w["image_id"] for w in wounds}
-    for img in images:
+    with store.transaction():  # one consistent moment of the store and the masks (writers wait)
+        images = store.images()
+        wounds = store.wounds()
+        patients = store.patients()
+        triplets = store.triplets()
+        with_wounds = {w["image_id"] for w in wounds}
+        for img in images:
+            if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
+                _write_label_png(out / "masks" / f"{img['image_id']}.png", ws.load_mask(img["image_id"]))
+    for img in images:  # photos never change in place (a re-import renames a new file in)
         shutil.copyfile(ws.images_dir / img["file"], out / "images" / img["file"])
-        if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
-            labels = ws.load_mask(img["image_id"])
-            dtype = np.uint8 if labels.max(initial=0) <= 255 else np.uint16
-            Image.fromarray(labels.astype(dtype)).save(out / "masks" / f"{img['image_id']}.png")
     _write_csv(out / "wounds.csv", ["image_id", "wound_index", "description"],
                [{"image_id": w["image_id"], "wound_index": w["wound_index"],
                  "description": w["description"], **w["metadata"]} for w in wounds])
     _write_csv(out / "images.csv", ["image_id", "patient_id"],
                [{"image_id": i["image_id"], "patient_id": i["patient_id"], **i["metadata"]}
                 for i in images])
-    patients = store.patients()
     _write_csv(out / "patients.csv", ["patient_id"],
                [{"patient_id": p["patient_id"], **p["metadata"]} for p in patients])
-    triplets = store.triplets()
     _write_csv(out / "triplets.csv",
                ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms",
                 "created"],
@@ -744,4 +780,4 @@ def export_dataset(ws: Workspace, out: str | Path) -> dict[str, Any]:
     if ws.truth_dir.is_dir():
         shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),
-            "triplets": len(triplets), "out": str(out)}
+            "triplets": len(triplets)}

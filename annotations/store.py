@@ -7,11 +7,12 @@ every insert idempotent: a re-import or a double click never duplicates a row.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ def git_sha() -> str:
     """The source tree's git commit (``unknown`` outside a checkout)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).resolve().parent,
+            ["git", "rev-parse", "--short=12", "HEAD"], check=False, cwd=Path(__file__).resolve().parent,
             capture_output=True, text=True, timeout=5,
         )
     except (OSError, subprocess.TimeoutExpired):
@@ -203,6 +204,7 @@ class Store:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         self.db = sqlite_utils.Database(conn)
+        self._action_override: str | None = None
         self._migrate()
 
     # -- schema --------------------------------------------------------------------------------
@@ -232,6 +234,16 @@ class Store:
     def transaction(self):
         """Context manager: one atomic write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``)."""
         return _Transaction(self.db.conn)
+
+    @contextlib.contextmanager
+    def restoring(self) -> Iterator[None]:
+        """One transaction whose writes are recorded as ``restore`` revisions."""
+        with self.transaction():
+            self._action_override = "restore"
+            try:
+                yield
+            finally:
+                self._action_override = None
 
     def close(self) -> None:
         self.db.conn.close()
@@ -473,6 +485,7 @@ class Store:
         """Append one change to the revisions table (JSON-encoded ``key``, ``old`` and ``new``)."""
         if not actor or not str(actor).strip():
             raise ValueError("a revision needs an actor (account name, 'import' or a job name)")
+        action = self._action_override or action
         cur = self.db.execute(
             "INSERT INTO revisions (entity, key, field, action, old, new, actor, created) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
