@@ -576,6 +576,8 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
             swapped = _swap_in(staged, staging / "replaced")
     except sqlite3.OperationalError as err:
         _swap_back(swapped)
+        if "locked" not in str(err):
+            raise
         raise DatasetError(f"{ws.root / 'triderm.sqlite'}: {err} (another process held it too long); "
                            "nothing was imported, try again") from None
     except BaseException:
