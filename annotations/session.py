@@ -168,6 +168,8 @@ def add_wound(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int
         if region.shape != labels.shape:
             raise ValueError(f"outline is {region.shape}, photo {image_id} is {labels.shape}")
         existing = {w["wound_index"]: w for w in ws.store.wounds(image_id)}
+        # Pixels of a label with no row are skin: a crash between a mask write and its commit.
+        labels[~np.isin(labels, [0, *existing])] = 0
         if wound_index is None:
             wound_index = max([*existing, int(labels.max(initial=0))], default=0) + 1
         else:
