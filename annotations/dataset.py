@@ -289,7 +289,7 @@ class Change:
     entity: str
     key: Any
     field: str
-    action: str   # insert | update | delete | keep-app | keep-deleted | not-in-file | conflict
+    action: str   # insert | update | delete | keep-app | keep-deleted | not-in-file | conflict | renumber
     where: str
     old: Any = None
     new: Any = None
@@ -300,7 +300,8 @@ class Change:
                 "keep-app": "changed in the app since the last import: kept",
                 "keep-deleted": "deleted in the app since the last import: stays deleted",
                 "not-in-file": "no longer in the dataset: kept (--prune deletes it)",
-                "conflict": "changed in the app AND in the dataset"}[self.action]
+                "conflict": "changed in the app AND in the dataset",
+                "renumber": f"drawn in the app, its number now taken by the dataset: moved to {self.new}"}[self.action]
         text = f"{self.where}: {_label(self.entity, self.key)} {self.field}: {what}"
         if self.action in ("update", "conflict"):
             text += f" (app: {_short(self.old)}; file: {_short(self.new)})"
@@ -400,6 +401,7 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
     final: dict[str, dict[str, dict[str, Any] | None]] = {e: {} for e in _FIELDS}
     keys: dict[str, Any] = {}
     new_bases: list[tuple[str, Any, str, str | None]] = []
+    _renumber_drawn(file_rows["wounds"], current["wounds"], labels, bases, final["wounds"], keys, changes)
     for entity, fields in _FIELDS.items():
         presence = _PRESENCE[entity]
         for kj in [*file_rows[entity], *(k for k in current[entity] if k not in file_rows[entity])]:
@@ -459,6 +461,30 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
                 final[entity][kj] = row
     masks = _merge_masks(plan, final["wounds"], keys, current["wounds"], labels, changes)
     return _Merge(changes, final, keys, new_bases, masks)
+
+
+def _renumber_drawn(file_wounds: dict, current: dict, labels: dict[str, np.ndarray], bases: dict,
+                    final: dict, keys: dict, changes: list[Change]) -> None:
+    """An outline drawn in the app whose number the dataset now gives to a different wound moves
+    to the next free number (with its description), so the import never overwrites it."""
+    for kj in [k for k in file_wounds if k in current]:
+        row = current[kj]
+        drawn = row["metadata"].get("origin") in ("drawn", "suggested")
+        if not drawn or bases.get(("wounds", kj, "outline")) is not None or \
+                _hash("outline", row["outline"]) == _hash("outline", file_wounds[kj]["outline"]):
+            continue
+        old = json.loads(kj)
+        image_id = old["image_id"]
+        taken = {json.loads(k)["wound_index"] for k in (*file_wounds, *current) if json.loads(k)["image_id"] == image_id}
+        new = wound_key(image_id, max(taken) + 1)
+        new_kj = key_json(new)
+        labels[image_id] = np.where(labels[image_id] == old["wound_index"], new["wound_index"], labels[image_id])
+        current[new_kj] = row
+        final[new_kj] = row  # the very outline object: _merge_masks paints it from the app's mask
+        keys[new_kj] = new
+        del current[kj]
+        changes.append(Change("wounds", old, "outline", "renumber", f"masks/{image_id}.png", old["wound_index"],
+                              new["wound_index"]))
 
 
 def _in_use(image_id: str, current: dict, final: dict) -> bool:
@@ -693,7 +719,7 @@ def _summary(ws: Workspace, plan: DatasetPlan, merge: _Merge, new_triplets: int,
     return {"images": len(plan.images), "patients": len(plan.patients), "wounds": len(plan.wounds),
             "triplets": len(plan.triplets), "new_triplets": new_triplets, "dry_run": dry_run,
             "merge": {a: counts.get(a, 0) for a in ("insert", "update", "delete", "keep-app", "keep-deleted",
-                                                    "not-in-file", "conflict")},
+                                                    "not-in-file", "conflict", "renumber")},
             "changes": [c.describe() for c in merge.changes],
             "synthetic": plan.synthetic if dry_run else ws.is_synthetic, "workspace": str(ws.root)}
 

@@ -144,6 +144,7 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     # Free the deleted pages so the patient's data does not linger in the database file.
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.execute("VACUUM")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return removed
 
 
