@@ -588,6 +588,7 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
             merge = plan_merge(ws, plan, prefer, prune)
             if merge.conflicts and prefer is None:
                 raise MergeConflict(merge.conflicts)
+            staged = [(src, target) for src, target in staged if _photo_wanted(ws, merge, target)]
             for iid, labels in merge.masks.items():
                 path = staging / "masks" / f"{iid}.png"
                 path.parent.mkdir(exist_ok=True)
@@ -626,6 +627,15 @@ def _stage_photos(ws: Workspace, plan: DatasetPlan, staging: Path) -> list[tuple
         shutil.copyfile(img.path, tmp)
         staged.append((tmp, target))
     return staged
+
+
+def _photo_wanted(ws: Workspace, merge: _Merge, target: Path) -> bool:
+    """A staged photo goes in when its file is missing or the merge takes the dataset's photo."""
+    row = merge.rows["images"].get(key_json(target.stem))
+    if not target.exists():
+        return True
+    return row is not None and row["file"]["file"] == target.name and (ws.store.image(target.stem) or {}).get(
+        "sha256") != row["file"]["sha256"]
 
 
 def _write_label_png(path: Path, labels: np.ndarray) -> None:

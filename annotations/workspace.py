@@ -34,7 +34,7 @@ def outlines(labels: np.ndarray) -> dict[int, dict[str, Any]]:
             continue
         crop = labels[box] == n
         buf = io.BytesIO()
-        Image.fromarray(crop).save(buf, format="PNG", optimize=True)
+        Image.fromarray(crop).save(buf, format="PNG")
         found[n] = {"area": int(crop.sum()),
                     "bbox": [box[1].start, box[0].start, box[1].stop, box[0].stop],
                     "png": base64.b64encode(buf.getvalue()).decode("ascii")}
