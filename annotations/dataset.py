@@ -12,6 +12,12 @@ truth/                 latent truth of synthetic datasets                (option
 ```
 Everything is validated before anything is written: bad input raises one
 :class:`DatasetError` naming the file, row and field, and leaves the workspace untouched.
+
+A re-import is a merge, never an overwrite (:func:`plan_merge`): the store remembers what each
+import read (``import_base``), so a field changed only in the app is kept, one changed only in
+the dataset is updated, and one changed on both sides is a :class:`MergeConflict` (file, line,
+field) until ``prefer`` says which side wins. Rows are deleted only with ``prune``, outlines
+drawn in the app never, and every write is a revision with actor ``import``.
 """
 from __future__ import annotations
 

@@ -137,6 +137,10 @@ def test_conflict_on_the_command_line_exits_2_listing_it(ws, ds):
                            '{"image_id": "b", "wound_index": 1}', "--workspace", str(ws.root)],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     assert "dr_x update wounds" in hist.stdout and '"crust" → "app"' in hist.stdout
+    rev = next(line for line in hist.stdout.splitlines() if "dr_x update" in line).split()[0].lstrip("#")
+    subprocess.run([sys.executable, "-m", "annotations", "restore-revision", rev, "--actor", "admin", "--workspace",
+                    str(ws.root)], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert Workspace(ws.root).store.wound("b", 1)["description"] == "crust"
 
 
 def test_dry_run_reports_and_writes_nothing(ws, ds):
