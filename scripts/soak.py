@@ -149,7 +149,8 @@ def check(ws: Workspace, logs: dict[str, Path], args: argparse.Namespace, expect
     """Compare every acknowledged write with the store and the masks."""
     store = ws.store
     ids = [r["image_id"] for r in store.images()]
-    lost = Counter()
+    lost = Counter(dict.fromkeys(("judgments", "judgment revisions", "outlines", "outline pixels", "descriptions",
+                                  "imported description"), 0))
     answers = duplicates = unacknowledged = 0
     acknowledged_outlines: dict[tuple[str, int], dict] = {}
     last_text: dict[tuple[str, int], str] = {}
