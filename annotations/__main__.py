@@ -1,34 +1,141 @@
-"""``python -m annotations import DIR`` / ``python -m annotations export OUT``."""
+"""``python -m annotations <command>``: dataset import/export, revision history, privacy, backup.
+
+Each subcommand is one function taking the parsed arguments; :data:`COMMANDS` maps names to
+(help, add-arguments, run) so new subcommands slot in beside the others.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
-from annotations.dataset import export_dataset, import_dataset
+from annotations.backup import backup, restore
+from annotations.dataset import EXPORT_FORMATS, PREFER, import_dataset
+from annotations.history import history_lines, restore_revision
+from annotations.privacy import erase_patient
 from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.workspace import Workspace, resolve_workspace
+
+
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="dataset folder (images/, masks/, wounds.csv, …)")
+    p.add_argument("--prefer", choices=PREFER, default=None,
+                   help="resolve rows changed both in the app and in the dataset since the last import "
+                        "(default: report them and import nothing)")
+    p.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    p.add_argument("--prune", action="store_true",
+                   help="delete rows an earlier import brought that the dataset no longer has "
+                        "(outlines drawn in the app are never deleted)")
+    p.add_argument("--study-ids", metavar="CSV", default=None,
+                   help="replace photo names by study ids; the original→study id mapping is kept in "
+                        "this CSV (outside the workspace's images/)")
+
+
+def _import(args: argparse.Namespace) -> dict[str, Any]:
+    return import_dataset(Workspace(args.workspace), args.dir, prefer=args.prefer, dry_run=args.dry_run,
+                          prune=args.prune, study_ids=args.study_ids)
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", help="output folder (new or empty)")
+    p.add_argument("--format", choices=sorted(EXPORT_FORMATS), default="dataset",
+                   help="what to write (default: a dataset folder that imports back losslessly)")
+    p.add_argument("--force", action="store_true", help="replace the dataset files of a non-empty folder")
+
+
+def _export(args: argparse.Namespace) -> dict[str, Any]:
+    return EXPORT_FORMATS[args.format](Workspace(args.workspace), args.out, force=args.force)
+
+
+def _history_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--entity", choices=("wounds", "images", "patients", "triplets"), default=None,
+                   help="only this table")
+    p.add_argument("--key", default=None,
+                   help='only this row: its id, or its key as JSON (e.g. \'{"image_id": "a", "wound_index": 1}\')')
+
+
+def _history(args: argparse.Namespace) -> list[str]:
+    key = args.key
+    if key is not None:
+        try:
+            key = json.loads(key)
+        except json.JSONDecodeError:
+            pass  # a plain id (photo or patient)
+    return history_lines(Workspace(args.workspace), args.entity, key)
+
+
+def _restore_revision_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", type=int, help="revision number (from `history`); its change is undone")
+    p.add_argument("--actor", default="restore", help="who restores (recorded in the history)")
+
+
+def _restore_revision(args: argparse.Namespace) -> str:
+    return restore_revision(Workspace(args.workspace), args.id, args.actor)
+
+
+def _erase_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("patient_id", metavar="ID", help="patient id")
+    p.add_argument("--study-ids", metavar="CSV", default=None, help="also drop the patient's rows from this mapping")
+
+
+def _erase(args: argparse.Namespace) -> dict[str, Any]:
+    return erase_patient(Workspace(args.workspace), args.patient_id, args.study_ids)
+
+
+def _backup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", help="new backup folder")
+
+
+def _backup(args: argparse.Namespace) -> dict[str, Any]:
+    return backup(Workspace(args.workspace), args.out)
+
+
+def _restore_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="IN", help="backup folder (from `backup`)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty workspace (stop the app and jobs first)")
+
+
+def _restore(args: argparse.Namespace) -> dict[str, Any]:
+    return restore(args.src, resolve_workspace(args.workspace), force=args.force)
+
+
+#: name → (help, add its arguments, run it; the result is printed as JSON or lines).
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], Any]]] = {
+    "import": ("validate a dataset folder, then merge it into the workspace", _import_args, _import),
+    "export": ("write the workspace as a dataset folder", _export_args, _export),
+    "history": ("print the revision history (who changed what, when, old → new)", _history_args, _history),
+    "restore-revision": ("undo one recorded change (restore the value it replaced)", _restore_revision_args,
+                         _restore_revision),
+    "erase-patient": ("remove a patient's photos, masks, wounds, judgments and their revisions", _erase_args,
+                      _erase),
+    "backup": ("write a verified copy of the workspace (safe while annotators work)", _backup_args, _backup),
+    "restore": ("verify a backup, then restore it as the workspace", _restore_args, _restore),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m annotations",
-                                     description="Import or export a TriDerm dataset folder.")
+                                     description="TriDerm datasets, revision history, privacy and backups.")
     sub = parser.add_subparsers(dest="command", required=True)
-    imp = sub.add_parser("import", help="validate, then import a dataset folder (idempotent)")
-    imp.add_argument("dir", help="dataset folder (images/, masks/, wounds.csv, …)")
-    exp = sub.add_parser("export", help="write the workspace as a dataset folder")
-    exp.add_argument("out", help="output folder")
-    for p in (imp, exp):
+    for name, (text, add_arguments, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=text, description=text)
+        add_arguments(p)
         p.add_argument("--workspace", default=None,
                        help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
     args = parser.parse_args(argv)
-    ws = Workspace(args.workspace)
     try:
-        summary = import_dataset(ws, args.dir) if args.command == "import" else export_dataset(ws, args.out)
+        result = COMMANDS[args.command][2](args)
     except DatasetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(summary, indent=2))
+    if isinstance(result, list):
+        print("\n".join(result))
+    elif isinstance(result, str):
+        print(result)
+    else:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 
 

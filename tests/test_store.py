@@ -93,3 +93,36 @@ def test_eight_processes_insert_800_triplets(tmp_path):
         inserted = pool.map(_insert_100, [(str(ws.root), w) for w in range(8)])
     assert inserted == [100] * 8
     assert ws.store.db.execute("SELECT count(*) FROM triplets").fetchone()[0] == 800
+
+
+def test_writes_record_revisions_with_their_actor(store):
+    store.upsert_wound("im0", 1, 4, [0, 0, 2, 2], "red", {"site": "shin"}, actor="dr_a")
+    store.upsert_wound("im0", 1, 4, [0, 0, 2, 2], "red, drying", {"site": "shin"}, actor="dr_b")
+    store.upsert_wound("im0", 1, 4, [0, 0, 2, 2], "red, drying", {"site": "shin"}, actor="dr_b")  # no change
+    store.delete_wound("im0", 1, actor="dr_c")
+    revs = store.revisions("wounds", {"image_id": "im0", "wound_index": 1})
+    assert [(r["action"], r["field"], r["actor"]) for r in revs] == [
+        ("insert", "row", "dr_a"), ("update", "description", "dr_b"), ("delete", "row", "dr_c")]
+    assert revs[1]["old"] == "red" and revs[2]["old"]["description"] == "red, drying"
+    tid = store.add_triplet("im0", "im1", "im2", "j", "expert:ann")
+    store.delete_triplet(tid)
+    trip = store.revisions("triplets")
+    assert [(r["action"], r["actor"], (r["new"] or r["old"])["choice"]) for r in trip] == [
+        ("insert", "expert:ann", "j"), ("delete", "expert:ann", "j")]
+    with pytest.raises(ValueError, match="actor"):
+        store.upsert_patient("p1", {}, actor=" ")
+    assert store.patient("p1") is None  # the failed write rolled back
+
+
+def test_restoring_marks_its_revisions(store):
+    with store.restoring():
+        store.upsert_patient("p1", {"age": 3}, actor="admin")
+    store.upsert_patient("p1", {"age": 4}, actor="admin")
+    assert [r["action"] for r in store.revisions("patients")] == ["restore", "update"]
+
+
+def test_import_bases_round_trip(store):
+    store.set_import_base("wounds", {"image_id": "im0", "wound_index": 1}, "description", "abc")
+    assert store.import_bases() == {("wounds", '{"image_id": "im0", "wound_index": 1}', "description"): "abc"}
+    store.set_import_base("wounds", {"image_id": "im0", "wound_index": 1}, "description", None)
+    assert store.import_bases() == {}
