@@ -133,11 +133,17 @@ class Workspace:
             return im.convert("RGB")
 
     def load_mask(self, image_id: str) -> np.ndarray:
-        """H×W int32 label map (0 = skin, n = wound n); all zeros when nothing is outlined."""
+        """H×W int32 label map (0 = skin, n = wound n); all zeros when nothing is outlined.
+
+        The store says which wounds exist: pixels of a label with no wound row (a writer killed
+        between the mask file and its commit) read as skin, so such a crash leaves no phantom wound."""
         path = self.mask_path(image_id)
         if path.exists():
             with Image.open(path) as im:
-                return np.asarray(im).astype(np.int32)
+                labels = np.asarray(im).astype(np.int32)
+            known = [w["wound_index"] for w in self.store.wounds(image_id)]
+            labels[~np.isin(labels, [0, *known])] = 0
+            return labels
         row = self.store.image(image_id)
         if row is None:
             raise KeyError(f"unknown image {image_id!r}")
