@@ -1,0 +1,118 @@
+"""Mutation testing with mutmut, one module at a time against its own test files (issue 22).
+
+Each module is mutated in a scratch copy of the working tree (``--workdir``, default
+``/tmp/triderm-mutation``), so the checkout is never touched and a module's results survive
+for the next run (mutmut tests new mutants; this script re-tests the survivors). Prints killed / total and the score per
+module; survivors are listed with ``--survivors`` (inspect one: ``cd WORKDIR/<module> &&
+mutmut show NAME``). Not part of ``make test``: hours on 2 cores for every module.
+
+    python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    from tomllib import loads as toml_loads
+except ModuleNotFoundError:  # Python 3.10: mutmut depends on toml there
+    from toml import loads as toml_loads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# module (or package folder) -> the test files that exercise it
+MODULES: dict[str, list[str]] = {
+    "core/eval/metrics.py": ["tests/test_metrics.py"],
+    "core/eval/fusion.py": ["tests/test_fusion.py", "tests/test_retrieval.py"],
+    "core/vision/pooling.py": ["tests/test_features.py"],
+    "core/losses": ["tests/test_losses_vision.py", "tests/test_losses_concepts.py"],
+    "annotations/scheduler.py": ["tests/test_scheduler.py"],
+    "core/text/soe.py": ["tests/test_soe.py"],
+    "annotations/store.py": ["tests/test_store.py"],
+    "annotations/dataset.py": ["tests/test_dataset.py"],
+}
+KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
+NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
+
+
+def scratch_copy(workdir: Path) -> None:
+    """Copy the working tree's tracked and untracked, not ignored files to ``workdir``."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        src, dst = ROOT / name, workdir / name
+        if src.is_file() and (not dst.exists() or dst.read_bytes() != src.read_bytes()):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+def write_config(workdir: Path, module: str, tests: list[str]) -> None:
+    """The copy's ``[tool.mutmut]``: the checkout's settings plus ``module`` and its ``tests``."""
+    settings = toml_loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    settings = {**settings, "source_paths": [module], "pytest_add_cli_args_test_selection": tests}
+    pyproject = workdir / "pyproject.toml"
+    text = pyproject.read_text().split("[tool.mutmut]")[0].rstrip()
+    body = "\n".join(f"{key} = {json.dumps(value)}" for key, value in settings.items())
+    pyproject.write_text(f"{text}\n\n[tool.mutmut]\n{body}\n")
+
+
+def score(workdir: Path) -> tuple[int, int, list[str]]:
+    """(killed, total, surviving mutant names) from mutmut's ``.meta`` files under ``workdir/mutants``."""
+    killed, total, survivors = 0, 0, []
+    for meta in sorted((workdir / "mutants").rglob("*.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if code in NOT_RUN:
+                continue
+            total += 1
+            if code in KILLED:
+                killed += 1
+            else:
+                survivors.append(name)
+    return killed, total, survivors
+
+
+def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[str]]:
+    """Run mutmut on ``module`` in its own scratch copy; returns :func:`score`. Mutants that
+    survived an earlier run are tested again (the tests may have changed since)."""
+    here = workdir / module.replace("/", "_").removesuffix(".py")
+    here.mkdir(parents=True, exist_ok=True)
+    scratch_copy(here)
+    write_config(here, module, MODULES[module])
+    survivors = score(here)[2] if (here / "mutants").exists() else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(jobs)]
+    subprocess.run(mutmut, cwd=here, env=env, check=False)
+    if survivors:
+        subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
+    return score(here)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/mutation.py", description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all, in order: {', '.join(MODULES)})")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/triderm-mutation"))
+    parser.add_argument("--jobs", type=int, default=2, help="mutants tested in parallel")
+    parser.add_argument("--survivors", action="store_true", help="list the surviving mutants' names")
+    args = parser.parse_args(argv)
+    unknown = set(args.modules) - set(MODULES)
+    if unknown:
+        parser.error(f"not in MODULES: {', '.join(sorted(unknown))}")
+    rows = []
+    for module in args.modules or list(MODULES):
+        killed, total, survivors = run_module(module, args.workdir, args.jobs)
+        rows.append((module, killed, total))
+        if args.survivors:
+            print(f"survivors in {module}:", *survivors, sep="\n  ")
+    print(f"\n{'module':28} {'killed':>7} {'total':>6} {'score':>6}")
+    for module, killed, total in rows:
+        print(f"{module:28} {killed:7d} {total:6d} {100 * killed / max(total, 1):5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
