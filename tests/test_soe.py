@@ -37,7 +37,7 @@ def test_paper_protocol_runs_minibatch_and_orders_triplets() -> None:
     soe = SOE.paper_protocol(random_state=0, epochs=10).fit(t, 15)
     assert soe.get_params()["margin"] == 0.0 and soe.batch_size == 2048
     assert len(soe.loss_curve_) == 10
-    assert soe.score(t) > 0.6
+    assert soe.score(t) > 0.8  # measured 0.87 (seed 0); the random start satisfies about half
 
 
 def test_manual_gradient_matches_autograd() -> None:
@@ -59,6 +59,26 @@ def test_deterministic_per_seed() -> None:
     c = SOE(random_state=4, epochs=20).fit(t, 12).embedding_
     assert np.array_equal(a, b)
     assert not np.allclose(a, c)
+
+
+def test_anchor_balanced_loss_is_the_mean_over_anchors_of_each_anchors_mean_hinge() -> None:
+    """Full batch: the loss weighs every anchor equally (TriDerm eq. 2 with anchor weights), computed
+    here by hand from the starting embedding; ``anchor_balanced=False`` is the plain mean."""
+    _, t = planted_triplets(n=12)
+    t = np.concatenate([t[t[:, 0] != 0], t[t[:, 0] == 0][:3]])  # anchor 0: 3 triplets, the others 55
+    x0 = np.random.default_rng(7).normal(size=(12, 2)).astype(np.float32)
+    x = x0.astype(np.float64)
+    hinge = np.maximum(0.0, 0.1 + ((x[t[:, 0]] - x[t[:, 1]]) ** 2).sum(1) - ((x[t[:, 0]] - x[t[:, 2]]) ** 2).sum(1))
+    per_anchor = [hinge[t[:, 0] == a].mean() for a in range(12)]
+    assert abs(np.mean(per_anchor) - hinge.mean()) > 0.01 * hinge.mean()  # the two weightings differ here
+
+    def first_loss(balanced: bool) -> float:
+        soe = SOE(n_components=2, margin=0.1, epochs=1, anchor_balanced=balanced).fit(t, 12, init=x0)
+        return soe.loss_curve_[0]
+
+    assert first_loss(True) == pytest.approx(np.mean(per_anchor), rel=1e-5)
+    assert first_loss(False) == pytest.approx(hinge.mean(), rel=1e-5)
+    assert np.array_equal(x0, x.astype(np.float32))  # fit(init=...) leaves the caller's array alone
 
 
 def test_anchor_balanced_weights_sparse_anchor() -> None:
