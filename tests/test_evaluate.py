@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,12 +85,12 @@ def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
     assert fusion_run["metrics"]["missing"] == {"text": [ids[-1]]}
 
     paths = result["paths"]
-    md = open(paths["markdown"], encoding="utf-8").read()
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
     assert "SYNTHETIC phantom data" in md and "## fusion" in md and f"#{vision} vision-triderm" in md
     assert f"- #{vision} vision-triderm: {by_id[vision]['per_anchor'][0]['anchor']} " in md
-    rows = list(csv.DictReader(open(paths["csv"], encoding="utf-8")))
+    rows = list(csv.DictReader(Path(paths["csv"]).read_text(encoding="utf-8").splitlines()))
     assert len(rows) == 5 and float(rows[0]["balanced_lo"]) <= float(rows[0]["balanced"])
-    js = json.load(open(paths["json"], encoding="utf-8"))
+    js = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
     assert js["synthetic"] is True and len(js["rows"]) == 5 and js["rows"][0]["per_anchor"]
     report = ws.store.run(result["run_id"])
     assert report["kind"] == "report" and report["status"] == "done"

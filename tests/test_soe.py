@@ -21,7 +21,7 @@ def planted_triplets(n: int = 30, dim: int = 4, seed: int = 0) -> tuple[np.ndarr
 
 
 def test_recovers_planted_embedding() -> None:
-    x, t = planted_triplets()
+    _, t = planted_triplets()
     rng = np.random.default_rng(1)
     perm = rng.permutation(len(t))
     train, held = t[perm[: len(t) // 2]], t[perm[len(t) // 2:]]
