@@ -160,3 +160,16 @@ def test_slimp_forward_and_loss_follow_input_device_and_dtype() -> None:
     with guarded():
         loss, _ = batch_loss(model, model(inputs), inputs, 2, None, 1)
     assert loss.dtype == DT and torch.isfinite(loss)
+
+
+def test_autocast_is_bf16_on_cuda_and_a_no_op_on_the_cpu() -> None:
+    """The one place that picks the mixed-precision dtype (core.runtime.autocast), checked on CPU."""
+    from core.runtime import autocast
+
+    ctx = autocast("cuda:0")
+    assert isinstance(ctx, torch.autocast) and ctx.device == "cuda" and ctx.fast_dtype == torch.bfloat16
+    assert isinstance(autocast(torch.device("cpu")), contextlib.nullcontext)
+    a = torch.randn(4, 4)
+    with autocast("cpu"):
+        assert (a @ a).dtype == torch.float32  # fp32 on the CPU: exact and faster there
+
