@@ -34,7 +34,7 @@ class _Sentinel(TorchDispatchMode):
         super().__init__()
         self.device, self.dtype, self.bad = torch.device(device), dtype, []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and (t.device != self.device
