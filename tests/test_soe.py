@@ -135,3 +135,52 @@ def test_bad_params_and_unfitted() -> None:
         SOE(batch_size=0).fit([[0, 1, 2]], 3)
     with pytest.raises(ValueError, match="not fitted"):
         SOE().score([[0, 1, 2]])
+
+
+def test_defaults_paper_protocol_and_fit_transform() -> None:
+    assert SOE().get_params() == {"n_components": 4, "margin": 0.1, "lr": 0.05, "batch_size": None, "epochs": 100,
+                                  "anchor_balanced": True, "init_scale": 0.1, "random_state": None, "device": None}
+    assert SOE.paper_protocol(random_state=2).get_params() == {
+        "n_components": 4, "margin": 0.0, "lr": 0.05, "batch_size": 2048, "epochs": 50, "anchor_balanced": True,
+        "init_scale": 0.1, "random_state": 2, "device": None}
+    _, t = planted_triplets(n=8)
+    emb = SOE(random_state=0, epochs=3).fit_transform(t, 9)
+    assert emb.shape == (9, 4) and np.array_equal(emb, SOE(random_state=0, epochs=3).fit(t, 9).embedding_)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"n_components": 0}, "n_components must be a positive integer, got 0"),
+    ({"n_components": 2.0}, "n_components must be a positive integer, got 2.0"),
+    ({"lr": 0.0}, "lr must be > 0, got 0.0"),
+    ({"batch_size": 1.5}, r"batch_size must be a positive integer or None \(full batch\), got 1.5"),
+    ({"epochs": 0}, "epochs must be a positive integer, got 0"),
+    ({"init_scale": 0.0}, "init_scale must be > 0, got 0.0"),
+])
+def test_each_bad_parameter_is_named(params, message) -> None:
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        SOE(**params).fit([[0, 1, 2]], 3)
+
+
+@pytest.mark.parametrize(("triplets", "n", "message"), [
+    ([[0, 1, 2], [1, 2]], 3, "triplets must be an .m, 3. array of integer object indices"),
+    ([[0, 1, 2], [0, 1, 7]], 5, r"triplets row 1 = \[0, 1, 7\] has an index ≥ n_objects=5"),
+    ([[0, 1, 2], [3, -1, 2]], 5, r"triplets row 1 has a negative index: \[3, -1, 2\]"),
+    ([[0, 1, 2], [3, 2, 2]], 5, r"triplets row 1 = \[3, 2, 2\] repeats an object; i, j, k must differ"),
+    ([[0.0, 1.0, 2.0], [1.0, 2.5, 3.0]], 5, "triplets must hold integer object indices, got dtype float64"),
+    ([[0, 1, 2, 3]], 5, r"triplets must have shape \(m, 3\) \[anchor, closer, farther\], got \(1, 4\)"),
+    ([[0, 1, 2]], 2, "n_objects must be an integer ≥ 3, got 2"),
+])
+def test_bad_triplets_name_the_row(triplets, n, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SOE().fit(triplets, n)
+
+
+def test_whole_float_indices_are_accepted_and_transform_checks_indices() -> None:
+    soe = SOE(random_state=0, epochs=2).fit([[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]], 4)
+    assert soe.n_objects_ == 4 and soe.score([[0, 1, 2]]) in (0.0, 1.0)
+    assert np.array_equal(soe.transform(), soe.embedding_) and soe.transform() is not soe.embedding_
+    for bad in ([4], [-1]):
+        with pytest.raises(ValueError, match=r"object indices must lie in \[0, 4\)"):
+            soe.transform(bad)
+    with pytest.raises(ValueError, match=r"^this SOE instance is not fitted yet; call fit\(triplets, n_objects\) first$"):
+        SOE().transform()
