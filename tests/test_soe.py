@@ -182,5 +182,6 @@ def test_whole_float_indices_are_accepted_and_transform_checks_indices() -> None
     for bad in ([4], [-1]):
         with pytest.raises(ValueError, match=r"object indices must lie in \[0, 4\)"):
             soe.transform(bad)
-    with pytest.raises(ValueError, match=r"^this SOE instance is not fitted yet; call fit\(triplets, n_objects\) first$"):
+    unfitted = r"^this SOE instance is not fitted yet; call fit\(triplets, n_objects\) first$"
+    with pytest.raises(ValueError, match=unfitted):
         SOE().transform()
