@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES: dict[str, list[str]] = {
     "core/eval/metrics.py": ["tests/test_metrics.py"],
     "core/eval/fusion.py": ["tests/test_fusion.py", "tests/test_retrieval.py"],
-    "core/vision/pooling.py": ["tests/test_features.py"],
+    "core/vision/pooling.py": ["tests/test_features.py", "tests/test_gpu_paths.py"],
     "core/losses": ["tests/test_losses_vision.py", "tests/test_losses_concepts.py",
                     *(f"tests/test_slimp.py::{t}" for t in ("test_inner_loss_zero_for_single_wound_patient",
                                                             "test_inner_loss_ignores_other_patients_wounds",

@@ -173,3 +173,14 @@ def test_autocast_is_bf16_on_cuda_and_a_no_op_on_the_cpu() -> None:
     with autocast("cpu"):
         assert (a @ a).dtype == torch.float32  # fp32 on the CPU: exact and faster there
 
+
+
+@pytest.mark.parametrize("pooling", ["attention", "mean"])
+def test_wound_head_follows_input_device_and_dtype(pooling: str) -> None:
+    from core.vision.pooling import WoundHead
+
+    head = WoundHead(6, dim=5, pooling=pooling).to(DT)
+    tokens, segment = _unit(7, 6), torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    with guarded():
+        z, w = head(tokens, segment, 3)
+    assert z.shape == (3, 5) and w.shape == (7,)
