@@ -6,7 +6,7 @@ for the next run (mutmut tests new mutants; this script re-tests the survivors).
 module; survivors are listed with ``--survivors`` (inspect one: ``cd WORKDIR/<module> &&
 mutmut show NAME``). Not part of ``make test``: hours on 2 cores for every module.
 
-    python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors]
+    python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors] [--report]
 """
 from __future__ import annotations
 
@@ -65,22 +65,24 @@ def write_config(workdir: Path, module: str, tests: list[str]) -> None:
     pyproject.write_text(f"{text}\n\n[tool.mutmut]\n{body}\n")
 
 
-def score(workdir: Path) -> tuple[int, int, list[str]]:
-    """(killed, total, surviving mutant names) from mutmut's ``.meta`` files under ``workdir/mutants``."""
-    killed, total, survivors = 0, 0, []
+def score(workdir: Path) -> tuple[int, int, list[str], int]:
+    """(killed, total tested, surviving mutant names, not yet tested) from mutmut's ``.meta`` files
+    under ``workdir/mutants``."""
+    killed, total, survivors, pending = 0, 0, [], 0
     for meta in sorted((workdir / "mutants").rglob("*.meta")):
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
             if code in NOT_RUN:
+                pending += 1
                 continue
             total += 1
             if code in KILLED:
                 killed += 1
             else:
                 survivors.append(name)
-    return killed, total, survivors
+    return killed, total, survivors, pending
 
 
-def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[str]]:
+def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[str], int]:
     """Run mutmut on ``module`` in its own scratch copy; returns :func:`score`. Mutants that
     survived an earlier run are tested again (the tests may have changed since)."""
     here = workdir / module.replace("/", "_").removesuffix(".py")
@@ -102,19 +104,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/triderm-mutation"))
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested in parallel")
     parser.add_argument("--survivors", action="store_true", help="list the surviving mutants' names")
+    parser.add_argument("--report", action="store_true", help="print the stored scores; mutate nothing")
     args = parser.parse_args(argv)
     unknown = set(args.modules) - set(MODULES)
     if unknown:
         parser.error(f"not in MODULES: {', '.join(sorted(unknown))}")
     rows = []
     for module in args.modules or list(MODULES):
-        killed, total, survivors = run_module(module, args.workdir, args.jobs)
-        rows.append((module, killed, total))
+        here = args.workdir / module.replace("/", "_").removesuffix(".py")
+        if args.report and not (here / "mutants").exists():
+            continue
+        killed, total, survivors, pending = score(here) if args.report else run_module(module, args.workdir, args.jobs)
+        rows.append((module, killed, total, pending))
         if args.survivors:
             print(f"survivors in {module}:", *survivors, sep="\n  ")
-    print(f"\n{'module':28} {'killed':>7} {'total':>6} {'score':>6}")
-    for module, killed, total in rows:
-        print(f"{module:28} {killed:7d} {total:6d} {100 * killed / max(total, 1):5.1f}%")
+    print(f"\n{'module':28} {'killed':>7} {'tested':>7} {'score':>6} {'not tested':>11}")
+    for module, killed, total, pending in rows:
+        print(f"{module:28} {killed:7d} {total:7d} {100 * killed / max(total, 1):5.1f}% {pending:11d}")
     return 0
 
 
