@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 expect.set_options(timeout=60_000)
@@ -33,6 +34,28 @@ def go(pg, page_name: str) -> None:
     pg.get_by_role("link", name=page_name).click()
     expect(pg.get_by_role("heading", name=page_name)).to_be_visible()
     idle(pg)
+
+
+# True once the drawing component's background canvas (a sibling of the drawing canvas, in the same
+# shadow root) shows a non-transparent pixel; a canvas tainted by the photo cannot be read, and is
+# tainted only once the photo is drawn
+PAINTED = """c => {
+    const bg = c.getRootNode().querySelector('canvas.dc-background-canvas');
+    if (!bg || !bg.width || !bg.height) return false;
+    try {
+        const d = bg.getContext('2d').getImageData(0, 0, bg.width, bg.height).data;
+        for (let i = 3; i < d.length; i += 4) if (d[i]) return true;
+        return false;
+    } catch (e) { return true; }
+}"""
+
+
+def wait_for_painted_photo(canvas) -> None:
+    """Wait (generous timeout, clear message) until the canvas component has drawn its photo."""
+    try:
+        canvas.page.wait_for_function(PAINTED, arg=canvas.element_handle(), timeout=120_000)
+    except PlaywrightTimeout:
+        pytest.fail("the outline canvas never painted its background photo within 120 s")
 
 
 def test_triplets_click_keyboard_undo(app_server, page, screenshot):
@@ -73,9 +96,9 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
     canvas = page.locator("canvas.upper-canvas").first
     expect(canvas).to_be_visible()
     # fabric.js binds its mouse handlers once the background photo has loaded; clicks before
-    # that are lost (seen as a flaky test), so let the page settle and re-read the layout
+    # that are lost (seen as a flaky test): wait until the photo is painted, then read the layout
     idle(page)
-    page.wait_for_timeout(2000)
+    wait_for_painted_photo(canvas)
     box = canvas.bounding_box()
     # an empty corner of the photo, away from the phantom's wounds
     pts = [(0.80, 0.78), (0.95, 0.78), (0.95, 0.95), (0.80, 0.95)]
