@@ -50,6 +50,14 @@ PAINTED = """c => {
 }"""
 
 
+# a checksum of the drawing canvases (fabric's lower and upper canvas) of the component
+DRAWN = """c => [...c.getRootNode().querySelectorAll('canvas.lower-canvas, canvas.upper-canvas')].reduce((sum, x) => {
+    const d = x.getContext('2d').getImageData(0, 0, x.width, x.height).data;
+    for (let i = 0; i < d.length; i += 97) sum = (sum * 31 + d[i]) % 1000000007;
+    return sum;
+}, 7)"""
+
+
 def wait_for_painted_photo(canvas) -> None:
     """Wait (generous timeout, clear message) until the canvas component has drawn its photo."""
     try:
@@ -106,8 +114,11 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
     h, w = free.shape
     assert all(free[int(y * (h - 1)), int(x * (w - 1))] == 0 for x, y in pts)
     for x, y in pts + [pts[0]]:  # clicking the first vertex again closes the polygon
+        drawn = canvas.evaluate(DRAWN)
         page.mouse.click(box["x"] + x * box["width"], box["y"] + y * box["height"])
-        page.wait_for_timeout(250)
+        # each click draws (a vertex, an edge or the closed outline): wait for the drawing to change
+        canvas.page.wait_for_function(f"c => ({DRAWN})(c) !== {drawn}", arg=canvas.element_handle(),
+                                      timeout=60_000)
     new_index = max(before, default=0) + 1
     # the wound list (not the one-shot "Saved wound" flash, which a second rerun may clear)
     expect(page.get_by_text(re.compile(rf"^Wound {new_index} · [\d,]+ px"))).to_be_visible()
