@@ -36,3 +36,10 @@ gpu-check: install
 .PHONY: results
 results: install
 	$(PY) -m benchmarks.results --run $(or $(SECTION),all)
+
+# Mutation testing with mutmut, one module at a time against its own tests (hours on 2 cores; not in
+# `make test`): prints killed / total and the score per module. MODULES="core/eval/metrics.py ..." for some.
+.PHONY: mutation
+mutation: install
+	$(VENV)/bin/pip install "mutmut>=3.3"
+	$(PY) scripts/mutation.py $(MODULES)

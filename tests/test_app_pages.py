@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,10 @@ def app(name: str | None = None, annotator: str | None = "Tess", timeout: float 
 
 
 def texts(at: AppTest) -> str:
+    """Every text the page shows: markdown, captions, alerts, headings and progress-bar texts."""
     parts = [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error", "title",
                                   "subheader", "header") for e in getattr(at, kind)]
-    return "\n".join(str(p) for p in parts)
+    return "\n".join([*(str(p) for p in parts), *(p.proto.text for p in at.progress)])
 
 
 def add_test_embedding(ws: Workspace, with_attention: bool = False) -> int:
@@ -151,10 +153,13 @@ def test_triplets_page_answer_undo_and_reliability(ws):
     at.button(key="btn_skip").click().run()
     rows = ws.store.triplets(source=source)
     assert [r["choice"] for r in rows] == ["j", "skip"] and all(r["latency_ms"] >= 0 for r in rows)
+    (bar,) = at.progress
+    assert bar.proto.text == "Tess: 2 of 100 triplets (0 planned repeats, 1 skipped)" and bar.value == 2
     at.button(key="btn_undo").click().run()
     assert [r["choice"] for r in ws.store.triplets(source=source)] == ["j"]
-    assert "2 of 100" not in texts(at)
-    assert "Self-consistency" in texts(at) and "Cohen" in texts(at)
+    assert "Tess: 1 of 100 triplets (0 planned repeats, 0 skipped)" in texts(at) and "2 of 100" not in texts(at)
+    consistency = [list(d.value["annotator"]) for d in at.dataframe if "consistency" in d.value.columns]
+    assert consistency and "Tess" in consistency[0], "no self-consistency row for Tess"
 
 
 def test_triplets_page_needs_a_name(ws):
@@ -286,6 +291,16 @@ def test_explore_page_concepts_top_table_and_heatmap(ws):
 
 
 # -- jobs ----------------------------------------------------------------------------------------
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 600.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after a generous ``timeout`` (seconds)
+    that only a hung job reaches, however loaded the machine."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
 def test_job_runs_detached_logs_and_stops(ws, tmp_path):
     out = tmp_path / "ph"
     rec = jobs.start_job(ws, "phantoms-small", "phantoms",
@@ -294,10 +309,7 @@ def test_job_runs_detached_logs_and_stops(ws, tmp_path):
     assert rec["alive"] and rec["pid"] > 0
     with pytest.raises(ValueError, match="still running"):
         jobs.start_job(ws, "phantoms-small", "phantoms", ["--out", str(out)], pass_workspace=False)
-    deadline = time.time() + 120
-    while jobs.job(ws, "phantoms-small")["alive"] and time.time() < deadline:
-        time.sleep(0.5)
-    assert not jobs.job(ws, "phantoms-small")["alive"]
+    wait_for(lambda: not jobs.job(ws, "phantoms-small")["alive"], "the phantoms-small job to finish")
     assert (out / "wounds.csv").exists()
     assert "core.phantoms" in jobs.tail_log(ws, "phantoms-small")
     big = jobs.start_job(ws, "phantoms-big", "phantoms", ["--out", str(tmp_path / "big"), "--photos", "200",
@@ -313,8 +325,12 @@ def test_job_runs_detached_logs_and_stops(ws, tmp_path):
 
 def test_session_rules(monkeypatch):
     monkeypatch.delenv("TRIDERM_WORKSPACE", raising=False)
-    assert session.workspace_root(["--workspace", "/tmp/x"], {}) == session.workspace_root(["--workspace=/tmp/x"], {})
-    assert str(session.workspace_root([], {"TRIDERM_WORKSPACE": "/tmp/y"})) == "/tmp/y"
+    x, y = Path("/tmp/x").resolve(), Path("/tmp/y").resolve()
+    assert session.workspace_root(["--workspace", "/tmp/x"], {}) == x
+    assert session.workspace_root(["app.py", "--workspace=/tmp/x"], {}) == x
+    assert session.workspace_root([], {"TRIDERM_WORKSPACE": "/tmp/y"}) == y
+    assert session.workspace_root(["--workspace", "/tmp/x"], {"TRIDERM_WORKSPACE": "/tmp/y"}) == x  # argv wins
+    assert session.workspace_root([], {}) == (Path.cwd() / "workspace").resolve()
     assert session.required_access_code({}, {"access_code": "abc"}) == "abc"
     assert session.required_access_code({"TRIDERM_ACCESS_CODE": "env"}, {"access_code": "abc"}) == "env"
     assert session.required_access_code({}, None) is None

@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from benchmarks.results import REQUIRED, render
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+# every benchmarks/*.py and the test that runs it with a quick / tiny setting
+SMOKE = {
+    "soe": "test_benchmarks_smoke.py::test_soe_quick",
+    "active": "test_benchmarks_smoke.py::test_active_quick",
+    "flip": "test_benchmarks_smoke.py::test_flip_quick",
+    "vision_ablation": "test_benchmarks_smoke.py::test_vision_ablation_quick",
+    "concepts": "test_benchmarks_smoke.py::test_concepts_quick",
+    "train_triderm": "test_benchmarks_smoke.py::test_train_triderm_tiny",
+    "orderings": "test_orderings.py::test_quick_run_writes_the_result_file",
+    "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
+    "results": "test_results.py (the renderer every quick run above feeds)",
+}
 
 
 def _run_quick(name: str, tmp_path, *extra: str) -> dict:
@@ -75,3 +91,25 @@ def test_bad_flags_exit_2_before_any_work(tmp_path, capsys, name, argv, message)
         main([*argv, "--results", str(tmp_path)])
     assert exc.value.code == 2 and message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_every_benchmark_has_a_smoke_run():
+    """A new benchmark needs a quick run in the suite (listed in SMOKE, with an existing test)."""
+    assert {p.stem for p in BENCHMARKS.glob("*.py") if p.stem != "__init__"} == set(SMOKE)
+    for where in SMOKE.values():
+        module, _, test = where.split(" ")[0].partition("::")
+        source = (Path(__file__).parent / module).read_text(encoding="utf-8")
+        assert not test or f"def {test}(" in source, where
+
+
+def test_train_triderm_tiny(tiny_phantom, imported, capsys):
+    """The cache-vs-no-cache timing benchmark on a tiny phantom workspace (1 epoch, 2 views)."""
+    from benchmarks.train_triderm import main
+
+    ws = imported(tiny_phantom(5, 5, 2, 8, 30))
+    assert main(["--workspace", str(ws.root), "--epochs", "1", "--views", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "5 photos, 8 wounds" in out and "[SYNTHETIC phantom data]" in out
+    assert re.search(r"speed-up cached vs naive : +\d+\.\d×", out)
+    runs = ws.store.runs(kind="vision-triderm")
+    assert sorted(r["config"]["no_cache"] for r in runs) == [False, True] and all(r["status"] == "done" for r in runs)

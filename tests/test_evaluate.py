@@ -1,8 +1,10 @@
 """The agreement report (``python -m core.evaluate``) on a tiny hand-built workspace."""
 from __future__ import annotations
 
+import collections
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,12 +85,12 @@ def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
     assert fusion_run["metrics"]["missing"] == {"text": [ids[-1]]}
 
     paths = result["paths"]
-    md = open(paths["markdown"], encoding="utf-8").read()
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
     assert "SYNTHETIC phantom data" in md and "## fusion" in md and f"#{vision} vision-triderm" in md
     assert f"- #{vision} vision-triderm: {by_id[vision]['per_anchor'][0]['anchor']} " in md
-    rows = list(csv.DictReader(open(paths["csv"], encoding="utf-8")))
+    rows = list(csv.DictReader(Path(paths["csv"]).read_text(encoding="utf-8").splitlines()))
     assert len(rows) == 5 and float(rows[0]["balanced_lo"]) <= float(rows[0]["balanced"])
-    js = json.load(open(paths["json"], encoding="utf-8"))
+    js = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
     assert js["synthetic"] is True and len(js["rows"]) == 5 and js["rows"][0]["per_anchor"]
     report = ws.store.run(result["run_id"])
     assert report["kind"] == "report" and report["status"] == "done"
@@ -190,13 +192,17 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     ws, truth = _tiny_workspace(tmp_path / "ws")
     ids = [f"img{n:02d}" for n in range(N)]
     calls = []
+    scores: dict[tuple, dict[int, float]] = collections.defaultdict(dict)  # config -> seed -> balanced
 
     def fake_train(ws_, progress, seed, pooling, loss, epochs, batch_size, lr, **resolved):
         assert progress is False and set(resolved) == set(DEFAULTS) - {"seed", "pooling", "loss", "epochs",
                                                                          "batch_size", "lr"}
         calls.append((pooling, loss, batch_size, lr, seed, epochs))
-        quality = {"mean": 0.8, "attention": 0.3}[pooling] + {"vicreg": 0.0, "contrastive": 0.5, "triplet": 0.2}[loss]
+        quality = ({"mean": 0.9, "attention": 0.3}[pooling] + {"vicreg": 0.0, "contrastive": 0.45, "triplet": 0.2}[loss]
+                   + 0.1 * (batch_size != 32))  # a different noise level for each of the 6 configurations
         emb = truth + quality * np.random.default_rng(seed).normal(size=truth.shape)
+        scores[(pooling, loss, batch_size, lr)][seed] = evaluate(ids, pairwise_euclidean(emb),
+                                                                 ws_.store.expert_triplets())["balanced"]
         return _add_run(ws_, "vision-triderm", "vision", emb, ids)
 
     monkeypatch.setitem(sys.modules, "core.vision.triderm", types.SimpleNamespace(train=fake_train, DEFAULTS=DEFAULTS))
@@ -210,8 +216,11 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     rows = {s["label"]: s for s in out["summary"]}
     assert list(rows) == ["pooling mean", "pooling attention", "loss vicreg", "loss contrastive", "loss triplet",
                           "loss contrastive, batch 128, lr 1e-3", "loss triplet, batch 8"]
-    assert rows["pooling attention"]["balanced_mean"] == rows["loss vicreg"]["balanced_mean"]
-    assert rows["pooling attention"]["balanced_mean"] > rows["pooling mean"]["balanced_mean"]
+    # every row reports the agreement of its own configuration's runs, one value per seed
+    for label, config in zip(rows, [configs[0], configs[1], *configs[1:]]):
+        assert rows[label]["balanced_values"] == pytest.approx([scores[config][s] for s in range(3)]), label
+        assert rows[label]["balanced_mean"] == pytest.approx(np.mean([scores[config][s] for s in range(3)])), label
+    assert len({tuple(v.values()) for v in scores.values()}) == 6  # so that a row showing another cell fails
     assert rows["loss triplet, batch 8"]["paper"] == 70.1 and rows["loss triplet"]["paper"] is None
     assert run_ablation(ws, seeds=3, quick=True, tables=("vision",))["computed"] == 0 and len(calls) == 18
 

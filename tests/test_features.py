@@ -60,7 +60,7 @@ def test_attention_weights_nonnegative_sum_to_one_per_wound_and_zero_outside():
         manual = (weights[sel, None] * bank.eval_tokens[sel]).sum(0)
         assert torch.allclose(pooled[e], manual, atol=1e-6)
     assert (bank.eval_segment == 2).sum() == 1  # the one-pixel wound still has a token
-    mean, mw = MeanPooling()(bank.eval_tokens, bank.eval_segment, 3)
+    mean, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, 3)
     assert torch.allclose(mean[0], bank.eval_tokens[bank.eval_segment == 0].mean(0), atol=1e-6)
     head = WoundHead(c, dim=12, pooling="attention")
     z, _ = head(bank.eval_tokens, bank.eval_segment, 3)
@@ -151,3 +151,31 @@ def test_tokens_for_all_medetec_wounds(medetec_dir: Path):
         assert all(t.numel() >= 1 for t in toks), path.name
         total += n
     assert total == 60
+
+
+def test_wound_head_pooling_choice_defaults_and_output():
+    torch.manual_seed(0)
+    tokens, segment = torch.randn(7, 6), torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    mean_head = WoundHead(6, dim=5, pooling="mean")
+    z, w = mean_head(tokens, segment, 3)
+    assert isinstance(mean_head.pool, MeanPooling)
+    assert torch.allclose(w, torch.tensor([1 / 2] * 2 + [1 / 3] * 3 + [1 / 2] * 2))
+    # the predictor ends in a LayerNorm (default affine 1, 0): every wound row has mean 0 and variance 1
+    assert torch.allclose(z.mean(1), torch.zeros(3), atol=1e-5) and torch.allclose(z.var(1, unbiased=False),
+                                                                                   torch.ones(3), atol=1e-3)
+    head = WoundHead(6)  # attention pooling, 512-d output, 128 hidden units by default
+    z, w = head(tokens, segment, 3)
+    assert z.shape == (3, 512) and head.pool.score[0].out_features == 128
+    assert torch.allclose(torch.zeros(3).index_add_(0, segment, w), torch.ones(3), atol=1e-6)
+    with pytest.raises(ValueError, match="^pooling must be 'attention' or 'mean', got 'max'$"):
+        WoundHead(6, pooling="max")
+
+
+def test_attention_scores_are_nonlinear_in_the_tokens():
+    """The scorer is Linear → tanh → Linear: scaling the tokens does not just scale the logits."""
+    torch.manual_seed(1)
+    pool = AttentionPooling(4, hidden=8)
+    x = torch.randn(5, 4)
+    s1, s3 = pool.score(x).squeeze(-1), pool.score(3 * x).squeeze(-1)
+    bias = pool.score(torch.zeros(1, 4)).squeeze()
+    assert not torch.allclose(s3 - bias, 3 * (s1 - bias), atol=1e-4)

@@ -146,3 +146,58 @@ def test_bad_inputs():
         uncertainty_fusion([DV, DT], alpha=1.5)
     with pytest.raises(ValueError, match="NaN"):
         similarity_fusion([DV, np.full((3, 3), np.nan)])
+
+
+def _random_distances(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(n, 3))
+    return np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+
+
+def test_fuse_dispatches_the_method_and_reports_missing_images():
+    ids = [f"p{n:02d}" for n in range(14)]
+    Dv, Dt = _random_distances(14, 0), _random_distances(14, 1)
+    fused = fuse([(ids, Dv), (ids, Dt)], method="similarity")
+    assert np.allclose(fused.D, similarity_fusion([Dv, Dt])) and fused.missing == {}
+    assert np.allclose(fuse([(ids, Dv), (ids, Dt)]).D, uncertainty_fusion([Dv, Dt]))
+    assert np.allclose(fuse([(ids, Dv), (ids, Dt)], alpha=0.8).D, uncertainty_fusion([Dv, Dt], 0.8))
+    # the text input lacks 11 photos: listed (10 shown, then …), or left out on request
+    short = ids[:3]
+    with pytest.raises(MissingImagesError, match=r"^images missing from some inputs \(input 1 lacks 11: "
+                                                 + ", ".join(ids[3:13]) + r" …\)$") as err:
+        fuse([(ids, Dv), (short, Dt[:3, :3])])
+    assert err.value.missing == {1: ids[3:]}
+    with pytest.raises(MissingImagesError, match=r"\(input 1 lacks 10: " + ", ".join(ids[4:]) + r"\)$"):
+        fuse([(ids, Dv), (ids[:4], Dt[:4, :4])])
+    partial = fuse([(ids, Dv), (ids[:4], Dt[:4, :4])], allow_missing=True)
+    assert partial.ids == ids[:4] and partial.missing == {1: ids[4:]}
+    assert np.allclose(partial.D, uncertainty_fusion([Dv[:4, :4], Dt[:4, :4]]))
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ("one", "^fusion needs at least 2 inputs, got 1$"),
+    ("rect", r"^input 1 must be a square distance matrix, got shape \(3, 4\)$"),
+    ("ids", "^input 1: 3 ids for a 4×4 matrix$"),
+    ("dup", "^input 0: duplicate image ids$"),
+    ("few", "^only 2 images are shared by all inputs; fusion needs at least 3$"),
+])
+def test_align_names_the_bad_input(inputs, message):
+    ids, D = ["a", "b", "c", "d"], _random_distances(4, 2)
+    bad = {"one": [(ids, D)], "rect": [(ids, D), (ids[:3], D[:3])], "ids": [(ids, D), (ids[:3], D)],
+           "dup": [(["a", "a", "c", "d"], D), (ids, D)], "few": [(ids, D), (["a", "b"], D[:2, :2])]}[inputs]
+    with pytest.raises(ValueError, match=message):
+        fuse(bad, allow_missing=True)
+
+
+def test_priors_bounds_and_normalisation():
+    Ds = [_random_distances(6, s) for s in range(3)]
+    assert np.allclose(uncertainty_weights(Ds, [2.0, 2.0, 4.0]), uncertainty_weights(Ds, [0.25, 0.25, 0.5]))
+    for alpha in (0.0, 1.0):
+        with pytest.raises(ValueError, match=r"^alpha must be in \(0, 1\), got"):
+            uncertainty_weights(Ds[:2], alpha)
+    with pytest.raises(ValueError, match="^a scalar alpha applies to 2 modalities; give 3 priors instead$"):
+        uncertainty_weights(Ds, 0.5)
+    for priors in ([1.0, 0.0, 1.0], [1.0, 1.0]):
+        with pytest.raises(ValueError, match=r"^need 3 positive modality priors, got \["):
+            uncertainty_weights(Ds, priors)
+    with pytest.raises(ValueError, match=r"^distance matrix 1 must be a square distance matrix, got shape \(6,\)$"):
+        similarity_fusion([Ds[0], Ds[1][0]])

@@ -34,7 +34,7 @@ class _Sentinel(TorchDispatchMode):
         super().__init__()
         self.device, self.dtype, self.bad = torch.device(device), dtype, []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and (t.device != self.device
@@ -160,3 +160,27 @@ def test_slimp_forward_and_loss_follow_input_device_and_dtype() -> None:
     with guarded():
         loss, _ = batch_loss(model, model(inputs), inputs, 2, None, 1)
     assert loss.dtype == DT and torch.isfinite(loss)
+
+
+def test_autocast_is_bf16_on_cuda_and_a_no_op_on_the_cpu() -> None:
+    """The one place that picks the mixed-precision dtype (core.runtime.autocast), checked on CPU."""
+    from core.runtime import autocast
+
+    ctx = autocast("cuda:0")
+    assert isinstance(ctx, torch.autocast) and ctx.device == "cuda" and ctx.fast_dtype == torch.bfloat16
+    assert isinstance(autocast(torch.device("cpu")), contextlib.nullcontext)
+    a = torch.randn(4, 4)
+    with autocast("cpu"):
+        assert (a @ a).dtype == torch.float32  # fp32 on the CPU: exact and faster there
+
+
+
+@pytest.mark.parametrize("pooling", ["attention", "mean"])
+def test_wound_head_follows_input_device_and_dtype(pooling: str) -> None:
+    from core.vision.pooling import WoundHead
+
+    head = WoundHead(6, dim=5, pooling=pooling).to(DT)
+    tokens, segment = _unit(7, 6), torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    with guarded():
+        z, w = head(tokens, segment, 3)
+    assert z.shape == (3, 5) and w.shape == (7,)

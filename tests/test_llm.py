@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ollama_stub import OllamaStub  # noqa: E402
+from ollama_stub import OllamaStub
 
-from core.text.llm import (  # noqa: E402
+from core.text.llm import (
     PROMPT_VERSION,
     SYSTEM_PROMPT,
     OllamaOracle,
@@ -99,13 +99,22 @@ def test_missing_model_fails_clearly(stub: OllamaStub) -> None:
     assert len(stub.chats) == 1  # a 404 is not retried
 
 
-def test_unreachable_server_fails_within_seconds() -> None:
+def test_unreachable_server_fails_clearly_without_hanging() -> None:
     with OllamaStub() as s:
         host = s.host
-    t0 = time.perf_counter()
-    with pytest.raises(OracleUnavailable, match="cannot reach an Ollama server"):
-        OllamaOracle("stub-model", host=host, connect_timeout=2.0).check()
-    assert time.perf_counter() - t0 < 10
+    errors: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            OllamaOracle("stub-model", host=host, connect_timeout=2.0).check()
+        except OracleUnavailable as e:  # anything else fails the thread and leaves ``errors`` empty
+            errors.append(e)
+
+    worker = threading.Thread(target=check, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # generous: the connect timeout is 2 s; a shared machine may be slow
+    assert not worker.is_alive(), "check() against a closed port still blocked after 120 s"
+    assert len(errors) == 1 and "cannot reach an Ollama server" in str(errors[0]), errors
 
 
 def test_phantom_oracle_answers_from_the_descriptions_only(demo_workspace) -> None:
@@ -117,7 +126,7 @@ def test_phantom_oracle_answers_from_the_descriptions_only(demo_workspace) -> No
     ids = sorted(texts)
     vec = {im: o.text_oracle.vector(texts[im]) for im in ids}
     agree = total = 0
-    for a in range(0, 40, 4):
+    for a in range(53):
         for j, k in ((a + 1, a + 2), (a + 3, a + 5), (a + 7, a + 11)):
             i_, j_, k_ = ids[a], ids[j % 53], ids[k % 53]
             q = Question(i_, j_, k_, texts[i_], texts[j_], texts[k_])
@@ -126,7 +135,9 @@ def test_phantom_oracle_answers_from_the_descriptions_only(demo_workspace) -> No
             total += 1
             near = ((vec[i_] - vec[j_]) ** 2).sum() < ((vec[i_] - vec[k_]) ** 2).sum()
             agree += (first == "j") == near
-    assert agree / total > 0.6  # noisy (85 % expected) but it follows what the texts say
+    # noisy (85 % expected) but it follows what the texts say: over 159 questions 75 % is 3 sd below
+    # the expected 85 %, and a coin flip reaches it with probability < 1e-9
+    assert agree / total > 0.75, f"{agree} of {total}"
     # The hidden truth is not consulted: without truth/images.csv and truth/wounds.csv the answers stay.
     q = Question(ids[0], ids[1], ids[2], texts[ids[0]], texts[ids[1]], texts[ids[2]])
     before = [o.answer_question(Question(ids[a], ids[a + 1], ids[a + 2], texts[ids[a]], texts[ids[a + 1]],

@@ -66,7 +66,7 @@ def test_make_lambda_weighs_the_summed_terms_as_eq8() -> None:
     mask = torch.tensor([[True], [False]])
     patches = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])
     s = 2.0
-    lse = lambda *v: math.log(sum(math.exp(x) for x in v))  # noqa: E731
+    lse = lambda *v: math.log(sum(math.exp(x) for x in v))
     # raw slot: logits s·img·rawᵀ = 2·[[0.6, 0], [0.8, 1]]
     raw_pairs = 0.5 * ((lse(1.2, 0.0) - 1.2) + (lse(1.2, 1.6) - 1.2)) + 0.5 * ((lse(1.6, 2.0) - 2.0) + (lse(0.0, 2.0) - 2.0))
     # sub slot, only image 0 valid: i2t over the valid text only (→ 0), t2i over both images
@@ -156,3 +156,13 @@ def test_unimodal_term_goes_through_its_own_projector() -> None:
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in g.parameters())
+
+
+def test_siglip_loss_is_it_align_with_its_scale_and_bias() -> None:
+    from core.losses.conceptclip import SigLIPLoss
+
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.nn.functional.normalize(torch.randn(3, 4, generator=g), dim=1) for _ in range(2))
+    t, b = torch.tensor(5.0), torch.tensor(-2.0)
+    assert SigLIPLoss()(x, y, t, b).item() == pytest.approx(sigmoid_it_align(x, y, t, b).item(), rel=1e-6)
+    assert SigLIPLoss()(x, y, t, b).item() != pytest.approx(sigmoid_it_align(x, y, b, t).item(), rel=1e-3)

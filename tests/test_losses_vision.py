@@ -61,3 +61,29 @@ def test_triplet_batch_hard_by_hand():
     assert TripletLoss(margin=2.0)(z1, z2).item() == pytest.approx(2 - math.sqrt(2), rel=1e-6)
     # swapped positives: d(a,p) = sqrt 2, hardest negative 0 → sqrt 2 + 0.2
     assert TripletLoss(margin=0.2)(z1, z2.flip(0)).item() == pytest.approx(math.sqrt(2) + 0.2, rel=1e-6)
+
+
+def test_expert_triplet_loss_by_hand():
+    from core.losses import ExpertTripletLoss
+
+    z = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    t = torch.tensor([[0, 1, 2], [0, 2, 1]])
+    # unit vectors (1, 0), (0, 1), (1, 1)/√2: squared chords d01 = 2, d02 = 2 − √2;
+    # [0, 1, 2] costs 0.1 + 2 − (2 − √2), [0, 2, 1] is satisfied by more than the margin
+    assert ExpertTripletLoss()(z, t).item() == pytest.approx((0.1 + math.sqrt(2)) / 2, rel=1e-6)
+    assert ExpertTripletLoss(margin=0.5)(z, t[:1]).item() == pytest.approx(0.5 + math.sqrt(2), rel=1e-6)
+    # raw squared distances d01 = 13, d02 = 5
+    assert ExpertTripletLoss(normalize=False)(z, t).item() == pytest.approx((0.1 + 13 - 5) / 2, rel=1e-6)
+    assert ExpertTripletLoss(margin=0.0, normalize=False)(z, t[1:]).item() == 0.0
+    with pytest.raises(ValueError, match="margin must be ≥ 0"):
+        ExpertTripletLoss(margin=-0.1)
+
+
+def test_info_nce_default_temperature_and_validation():
+    g = torch.Generator().manual_seed(2)
+    z1, z2 = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    assert InfoNCELoss()(z1, z2).item() == pytest.approx(InfoNCELoss(0.1)(z1, z2).item())
+    assert InfoNCELoss(0.5)(z1, z2).item() != pytest.approx(InfoNCELoss(0.1)(z1, z2).item())
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            InfoNCELoss(bad)

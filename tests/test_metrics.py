@@ -154,3 +154,25 @@ def test_per_anchor_breakdown_sorted_worst_first():
     mask = t[:, 0] == ids.index(worst["anchor"])
     pred = np.where(D[t[mask, 0], t[mask, 1]] < D[t[mask, 0], t[mask, 2]], "j", "k")
     assert worst["accuracy"] == pytest.approx(np.mean(pred == choices[mask]))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (([0], [1], [2, 1], ["j"]), r"^anchors, refs_j, refs_k and choices differ in length: 1, 1, 2, 1$"),
+    (([3], [1], [2], ["j"]), r"^anchors holds an index outside \[0, 3\) for a 3×3 distance matrix$"),
+    (([0], [-1], [2], ["j"]), r"^refs_j holds an index outside \[0, 3\)"),
+    (([0], [1], [3], ["j"]), r"^refs_k holds an index outside \[0, 3\)"),
+    (([0, 0], [1, 1], [2, 2], ["j", "skip"]),
+     r"^choice at position 1 is 'skip'; expected 'j' or 'k' \(drop skips first\)$"),
+])
+def test_agreement_from_choices_names_the_bad_input(args, message):
+    D = np.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.5], [2.0, 1.5, 0.0]])
+    with pytest.raises(ValueError, match=message):
+        agreement_from_choices(D, *args)
+    with pytest.raises(ValueError, match=r"^D must be a square n×n distance matrix, got shape \(3, 2\)$"):
+        agreement_from_choices(D[:, :2], [0], [1], [2], ["j"])
+
+
+def test_integer_distances_and_nested_index_lists_are_accepted():
+    D = np.array([[0, 1, 2], [1, 0, 1], [2, 1, 0]])  # ints: compared as floats
+    r = agreement_from_choices(D, [[0], [2]], [[1], [1]], [[2], [0]], [["j"], ["j"]])
+    assert r["micro"] == 1.0 and r["n"] == 2

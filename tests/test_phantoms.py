@@ -139,11 +139,21 @@ def test_oracle_follows_latent_distance(demo_dataset: Path) -> None:
 
 
 def test_calibration_hits_targets_on_random_latents() -> None:
+    """Answers drawn from the calibrated expert agree with the latent order at the target rate
+    and skip at the target rate, each inside a 99.9 % binomial interval (3.3 standard errors)."""
     latent = np.random.default_rng(1).normal(size=(40, 5))
-    for target in (0.75, 0.9):
-        sigma, skip_scale = calibrate_oracle(latent, target_agreement=target)
+    rng = np.random.default_rng(2)
+    for target, skip in ((0.75, 0.05), (0.9, 0.15)):
+        sigma, skip_scale = calibrate_oracle(latent, target_agreement=target, target_skip=skip)
         t = PhantomTruth([f"x{n}" for n in range(40)], latent, sigma, skip_scale, 0, [])
-        assert abs(t.expected_agreement() - target) < 0.01
+        trip = [rng.permutation(40)[:3] for _ in range(6000)]
+        answers = np.array([t.answer(int(i), int(j), int(k), rng) for i, j, k in trip])
+        d = np.linalg.norm(latent[:, None] - latent[None], axis=-1)
+        near_j = np.array([d[i, j] < d[i, k] for i, j, k in trip])
+        kept = answers != "skip"
+        agree = ((answers == "j") == near_j)[kept]
+        for observed, p, n in ((agree.mean(), target, kept.sum()), (1 - kept.mean(), skip, len(trip))):
+            assert abs(observed - p) < 3.3 * np.sqrt(p * (1 - p) / n), (target, skip, observed, p, n)
 
 
 def test_truth_concepts_and_fibrin_masks(demo_dataset: Path) -> None:

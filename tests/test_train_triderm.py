@@ -1,12 +1,17 @@
 """TriDerm-V training end to end on a tiny phantom workspace (few epochs, few views)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+import torch
 
 from annotations.workspace import Workspace
 from core.runtime import load_embeddings
 from core.train_triderm import agreement_table, main
+from core.vision import triderm
+from core.vision.pooling import WoundHead
 from core.vision.triderm import run_agreement, train
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
@@ -22,12 +27,28 @@ def tiny_ws(tiny_dataset, imported) -> Workspace:
     return imported(tiny_dataset)
 
 
+def assert_learned(ws: Workspace, run_id: int) -> None:
+    """The run's epoch loss went down and every tensor of the saved head moved away from the
+    initialisation its seed gives (an optimiser that never steps fails both)."""
+    run = ws.store.run(run_id)
+    loss = run["metrics"]["loss"]
+    assert len(loss) >= 2 and loss[-1] < loss[0], f"loss did not decrease: {loss}"
+    saved = torch.load(ws.run_dir(run_id) / "head.pt", weights_only=False)
+    cfg = saved["config"]
+    torch.manual_seed(cfg["seed"])
+    start = WoundHead(saved["channels"], cfg["dim"], cfg["pooling"], cfg["hidden"]).state_dict()
+    assert start.keys() == saved["head"].keys()
+    unmoved = [k for k, v in start.items() if torch.equal(v, saved["head"][k])]
+    assert not unmoved, f"head parameters left at their initial values: {unmoved}"
+
+
 def test_train_writes_run_embeddings_and_attention(tiny_ws):
     run_id = train(tiny_ws, progress=False, seed=1, **FAST)
     run = tiny_ws.store.run(run_id)
     assert run["kind"] == "vision-triderm" and run["status"] == "done"
     assert run["config"]["modality"] == "vision" and run["config"]["seed"] == 1
     assert len(run["metrics"]["loss"]) == 2 and all(np.isfinite(run["metrics"]["loss"]))
+    assert_learned(tiny_ws, run_id)
     emb = load_embeddings(tiny_ws, run_id)
     wounds = tiny_ws.store.wounds()
     assert emb["wound_emb"].shape == (len(wounds), 16)
@@ -42,12 +63,26 @@ def test_train_writes_run_embeddings_and_attention(tiny_ws):
     assert np.allclose(np.bincount(seg, weights=w, minlength=len(wounds)), 1.0, atol=1e-5)
     assert emb["token_pos"].max() < emb["grid"].max() and tuple(emb["grid"]) == (14, 14)
     score = run_agreement(tiny_ws, run_id)
-    assert 0.0 <= score["balanced"] <= 1.0 and score["n"] > 0
+    answers = [t["choice"] for t in tiny_ws.store.expert_triplets()]
+    assert score["n"] == sum(c in ("j", "k") for c in answers) and score["n_skipped"] == answers.count("skip")
 
 
-def test_no_cache_path_and_option_validation(tiny_ws):
-    run_id = train(tiny_ws, progress=False, no_cache=True, loss="triplet", pooling="mean", **{**FAST, "epochs": 1})
-    assert tiny_ws.store.run(run_id)["status"] == "done"
+def test_no_cache_path_and_option_validation(tiny_ws, monkeypatch):
+    """``no_cache``: every training step draws two fresh augmented views through the backbone."""
+    pairs = []
+    fresh_pair = triderm.FreshViews.pair
+
+    def spy(self, wounds, gen):
+        pairs.append(len(wounds))
+        return fresh_pair(self, wounds, gen)
+
+    monkeypatch.setattr(triderm.FreshViews, "pair", spy)
+    run_id = train(tiny_ws, progress=False, no_cache=True, loss="triplet", pooling="mean", **FAST)
+    run = tiny_ws.store.run(run_id)
+    assert run["status"] == "done" and run["config"]["no_cache"] is True
+    assert pairs == [4, 4] * 2, pairs  # 8 wounds, batches of 4, 2 epochs: one fresh pair per step
+    assert_learned(tiny_ws, run_id)
+    assert load_embeddings(tiny_ws, run_id)["wound_emb"].shape == (len(tiny_ws.store.wounds()), 16)
     with pytest.raises(TypeError, match="unknown training options"):
         train(tiny_ws, progress=False, epoch=3)
     with pytest.raises(ValueError, match="loss must be one of"):
@@ -58,10 +93,23 @@ def test_cli_prints_baseline_vs_trained_table(tiny_ws, capsys):
     assert main(["--workspace", str(tiny_ws.root), "--epochs", "2", "--views", "2", "--batch-size", "4",
                  "--dim", "16", "--loss", "contrastive"]) == 0
     out = capsys.readouterr().out
-    assert "frozen efficientnet-lite0@full mean-pool" in out and "TriDerm-V attention/contrastive" in out
     assert "SYNTHETIC" in out
-    kinds = [r["kind"] for r in tiny_ws.store.runs()]
-    assert sorted(kinds) == ["vision-baseline", "vision-triderm"]
+    runs = {r["kind"]: r for r in tiny_ws.store.runs()}
+    assert sorted(runs) == ["vision-baseline", "vision-triderm"]
+    trained, frozen = runs["vision-triderm"], runs["vision-baseline"]
+    assert trained["config"]["loss"] == "contrastive" and trained["config"]["epochs"] == 2
+    assert_learned(tiny_ws, trained["id"])
+    # each printed row holds its run's agreement with the expert triplets, and the run records it
+    for label, run in ((f"frozen efficientnet-lite0@full mean-pool (run {frozen['id']})", frozen),
+                       (f"TriDerm-V attention/contrastive (run {trained['id']})", trained)):
+        score = run_agreement(tiny_ws, run["id"])
+        (line,) = [x for x in out.splitlines() if x.startswith(label)]
+        assert line.split()[-5:] == f"{100 * score['balanced']:.1f} {100 * score['micro']:.1f} " \
+            f"{100 * score['macro_f1']:.1f} {score['kappa']:.3f} {score['n']}".split(), line
+    recorded = tiny_ws.store.run(trained["id"])["metrics"]
+    assert recorded["agreement"] == run_agreement(tiny_ws, trained["id"])
+    assert recorded["baseline"] == {"run": frozen["id"], **run_agreement(tiny_ws, frozen["id"])}
+    assert re.search(rf"run {trained['id']} → .*runs", out)
     with pytest.raises(SystemExit) as err:
         main(["--workspace", str(tiny_ws.root), "--views", "1"])
     assert err.value.code == 2

@@ -58,7 +58,7 @@ def _per_triplet(
     bad = ~np.isin(c, ["j", "k"])
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"choice at position {pos} is {c[pos]!r}; expected 'j' or 'k' (drop skips first)")
+        raise ValueError(f"choice at position {pos} is {str(c[pos])!r}; expected 'j' or 'k' (drop skips first)")
     y_true = (c == "k").astype(np.int64)
     dj, dk = D[a, j], D[a, k]
     y_pred = np.where(dj < dk, 0, np.where(dk < dj, 1, 1 - y_true))

@@ -189,7 +189,7 @@ class SOE(BaseEstimator):
         else:
             gen.manual_seed(int(self.random_state))
         if init is not None:
-            x0 = torch.as_tensor(np.asarray(init, dtype=np.float32))
+            x0 = torch.tensor(np.asarray(init, dtype=np.float32))  # a copy: the caller's array stays as given
             if tuple(x0.shape) != (n, self.n_components):
                 raise ValueError(f"init must have shape ({n}, {self.n_components}), got {tuple(x0.shape)}")
         else:

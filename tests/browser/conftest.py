@@ -43,9 +43,10 @@ class AppServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
              "--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=REPO, env=child_env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-        deadline = time.time() + 90
-        while time.time() < deadline:
+            cwd=REPO, env=child_env, stdout=open(log, "wb"),  # noqa: SIM115 (stays open for the server's life)
+            stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300  # generous: the first start imports torch on a loaded machine
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"streamlit exited: {log.read_text()[-2000:]}")
             try:
@@ -55,7 +56,7 @@ class AppServer:
             except OSError:
                 time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"streamlit did not become healthy: {log.read_text()[-2000:]}")
+        raise RuntimeError(f"streamlit did not become healthy within 300 s: {log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         self.proc.terminate()

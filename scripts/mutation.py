@@ -1,0 +1,128 @@
+"""Mutation testing with mutmut, one module at a time against its own test files (issue 22).
+
+Each module is mutated in a scratch copy of the working tree (``--workdir``, default
+``/tmp/triderm-mutation``), so the checkout is never touched and a module's results survive
+for the next run (mutmut tests new mutants; this script re-tests the survivors). Prints killed / total and the score per
+module; survivors are listed with ``--survivors`` (inspect one: ``cd WORKDIR/<module> &&
+mutmut show NAME``). Not part of ``make test``: hours on 2 cores for every module.
+
+    python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors] [--report]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    from tomllib import loads as toml_loads
+except ModuleNotFoundError:  # Python 3.10: mutmut depends on toml there
+    from toml import loads as toml_loads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# module (or package folder) -> the test files that exercise it
+MODULES: dict[str, list[str]] = {
+    "core/eval/metrics.py": ["tests/test_metrics.py"],
+    "core/eval/fusion.py": ["tests/test_fusion.py", "tests/test_retrieval.py"],
+    "core/vision/pooling.py": ["tests/test_features.py", "tests/test_gpu_paths.py"],
+    "core/losses": ["tests/test_losses_vision.py", "tests/test_losses_concepts.py",
+                    *(f"tests/test_slimp.py::{t}" for t in ("test_inner_loss_zero_for_single_wound_patient",
+                                                            "test_inner_loss_ignores_other_patients_wounds",
+                                                            "test_outer_loss_matches_hand_computed_three_patients",
+                                                            "test_temperature_is_learnable_from_clip_init"))],
+    "annotations/scheduler.py": ["tests/test_scheduler.py"],
+    "core/text/soe.py": ["tests/test_soe.py"],
+    "annotations/store.py": ["tests/test_store.py"],
+    "annotations/dataset.py": ["tests/test_dataset.py"],
+}
+KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
+NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
+
+
+def scratch_copy(workdir: Path) -> None:
+    """Copy the working tree's tracked and untracked, not ignored files to ``workdir``."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        src, dst = ROOT / name, workdir / name
+        if src.is_file() and (not dst.exists() or dst.read_bytes() != src.read_bytes()):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+def write_config(workdir: Path, module: str, tests: list[str]) -> None:
+    """The copy's ``[tool.mutmut]``: the checkout's settings plus ``module`` and its ``tests``."""
+    settings = toml_loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    settings = {**settings, "source_paths": [module], "pytest_add_cli_args_test_selection": tests}
+    pyproject = workdir / "pyproject.toml"
+    text = pyproject.read_text().split("[tool.mutmut]")[0].rstrip()
+    body = "\n".join(f"{key} = {json.dumps(value)}" for key, value in settings.items())
+    pyproject.write_text(f"{text}\n\n[tool.mutmut]\n{body}\n")
+
+
+def score(workdir: Path) -> tuple[int, int, list[str], int]:
+    """(killed, total tested, surviving mutant names, not yet tested) from mutmut's ``.meta`` files
+    under ``workdir/mutants``."""
+    killed, total, survivors, pending = 0, 0, [], 0
+    for meta in sorted((workdir / "mutants").rglob("*.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if code in NOT_RUN:
+                pending += 1
+                continue
+            total += 1
+            if code in KILLED:
+                killed += 1
+            else:
+                survivors.append(name)
+    return killed, total, survivors, pending
+
+
+def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[str], int]:
+    """Run mutmut on ``module`` in its own scratch copy; returns :func:`score`. Mutants that
+    survived an earlier run are tested again (the tests may have changed since)."""
+    here = workdir / module.replace("/", "_").removesuffix(".py")
+    here.mkdir(parents=True, exist_ok=True)
+    scratch_copy(here)
+    write_config(here, module, MODULES[module])
+    survivors = score(here)[2] if (here / "mutants").exists() else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(jobs)]
+    subprocess.run(mutmut, cwd=here, env=env, check=False)
+    if survivors:
+        subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
+    return score(here)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/mutation.py", description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all, in order: {', '.join(MODULES)})")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/triderm-mutation"))
+    parser.add_argument("--jobs", type=int, default=2, help="mutants tested in parallel")
+    parser.add_argument("--survivors", action="store_true", help="list the surviving mutants' names")
+    parser.add_argument("--report", action="store_true", help="print the stored scores; mutate nothing")
+    args = parser.parse_args(argv)
+    unknown = set(args.modules) - set(MODULES)
+    if unknown:
+        parser.error(f"not in MODULES: {', '.join(sorted(unknown))}")
+    rows = []
+    for module in args.modules or list(MODULES):
+        here = args.workdir / module.replace("/", "_").removesuffix(".py")
+        if args.report and not (here / "mutants").exists():
+            continue
+        killed, total, survivors, pending = score(here) if args.report else run_module(module, args.workdir, args.jobs)
+        rows.append((module, killed, total, pending))
+        if args.survivors:
+            print(f"survivors in {module}:", *survivors, sep="\n  ")
+    print(f"\n{'module':28} {'killed':>7} {'tested':>7} {'score':>6} {'not tested':>11}")
+    for module, killed, total, pending in rows:
+        print(f"{module:28} {killed:7d} {total:7d} {100 * killed / max(total, 1):5.1f}% {pending:11d}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
