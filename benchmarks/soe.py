@@ -38,6 +38,7 @@ import numpy as np
 
 from annotations.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
+from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.phantoms import PhantomTruth, load_truth
@@ -99,15 +100,16 @@ def cblearn_fit(train: np.ndarray, n: int, backend: str, seed: int, max_iter: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workspace", default=None, help="a SYNTHETIC phantom workspace (default: build one)")
-    parser.add_argument("--seed", type=int, default=0, help="phantom, question order, oracle and SOE seed")
+    cli.add_workspace(parser, help="a SYNTHETIC phantom workspace (default: build one)")
+    cli.add_seed(parser, help="phantom, question order, oracle and SOE seed")
+    cli.add_device(parser)
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per contender (best kept)")
     parser.add_argument("--torch-cap-s", type=float, default=300.0,
                         help="projected seconds above which cblearn torch's max_iter is capped")
     parser.add_argument("--skip-cblearn-torch", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke setting: 1 repeat, no cblearn torch")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file soe.json")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be ≥ 1, got {args.repeats}")
     if args.torch_cap_s <= 0:

@@ -7,7 +7,7 @@ Spellings (each helper adds one option with its canonical help; ``**kw`` overrid
 ``--seed``         one integer seed
 ``--seeds``        a list of seeds (``--seeds 0 1 2``)
 ``--n-seeds``      a count of seeds (seeds ``0 … N−1``)
-``--device``       ``auto`` (CUDA when available), ``cpu`` or ``cuda``; fixed for the whole process
+``--device``       ``auto`` (CUDA when available), ``cpu`` or ``cuda``; resolved and fixed for the process
 ``--batch-size``   items (or patients, for SLIMP) per optimiser step
 ``--epochs``       training epochs
 ``--lr``           learning rate
@@ -65,7 +65,7 @@ def add_n_seeds(parser: Parser, default: int | None = 3, **kw: Any) -> argparse.
 
 
 def add_device(parser: Parser, **kw: Any) -> argparse.Action:
-    """``--device {auto,cpu,cuda}``; :func:`parse_args` turns it into a fixed ``torch.device``."""
+    """``--device {auto,cpu,cuda}``; :func:`parse_args` resolves it to ``"cpu"``/``"cuda"`` for the process."""
     return _add(parser, "--device", {"choices": DEVICES, "default": "auto",
                                      "help": "auto (CUDA when available), cpu or cuda (default: auto)"}, kw)
 
@@ -120,14 +120,14 @@ def deprecated(parser: Parser, old: str, new: argparse.Action) -> argparse.Actio
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``; a ``--device`` becomes the process's fixed ``torch.device``
-    (a ``cuda`` request without CUDA exits through ``parser.error``)."""
+    """``parser.parse_args(argv)``; a ``--device`` is resolved (``auto`` → ``"cuda"`` or ``"cpu"``) and
+    fixed for the whole process; a ``cuda`` request without CUDA exits through ``parser.error``."""
     with warnings.catch_warnings():
         warnings.simplefilter("always", FutureWarning)  # every deprecated spelling is reported, even twice
         args = parser.parse_args(argv)
     if isinstance(getattr(args, "device", None), str):
         try:
-            args.device = use_device(args.device)
+            args.device = str(use_device(args.device))  # "cpu" or "cuda": JSON-safe in run configs
         except ValueError as e:
             parser.error(str(e))
     return args
