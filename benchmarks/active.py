@@ -68,7 +68,7 @@ def run_seed(seed: int, ids: list[str], answers: dict[str, np.ndarray], expert: 
         return oriented_all[np.searchsorted(keys_all, canonical_key(q, n))]
 
     def fit(triplets: np.ndarray) -> np.ndarray:
-        return SOE(random_state=seed).fit(triplets, n).embedding_
+        return SOE(n_objects=n, random_state=seed).fit(triplets).embedding_
 
     order = uniform_order(n, seed)
     uniform = [scores(fit(orient(order[:m])), ids, expert, truth_oriented) for m in marks]

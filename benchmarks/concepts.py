@@ -116,8 +116,8 @@ def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:  
         heat = scorer.heatmaps(patches, grid)[:, scorer.names.index("fibrin")]
         res["heatmap"] = heatmap_test(ws, pairs, heat, labels[:, names.index("fibrin")])
         known = np.array([y is not None for y in ys])
-        cbm = ConceptBottleneck(names, seed=seed).fit(sc["fused"][known & ~held][:, order],
-                                                      [ys[i] for i in np.flatnonzero(known & ~held)])
+        cbm = ConceptBottleneck(names, random_state=seed).fit(sc["fused"][known & ~held][:, order],
+                                                              [ys[i] for i in np.flatnonzero(known & ~held)])
         res["bottleneck_top3"] = cbm.top_concepts(3)
         res["bottleneck_heldout_accuracy"] = cbm.score(sc["fused"][known & held][:, order],
                                                        [ys[i] for i in np.flatnonzero(known & held)])

@@ -84,7 +84,7 @@ def text_embedding(ws: Workspace, seed: int, budget: float) -> tuple[list[str], 
         q = Question(ids[a], ids[j], ids[k], texts[ids[a]], texts[ids[j]], texts[ids[k]])
         if oracle.answer_question(q).choice == "k":
             oriented[row, 1], oriented[row, 2] = k, j
-    soe = SOE(n_components=4, random_state=seed).fit(oriented, n_objects=len(ids))
+    soe = SOE(n_components=4, n_objects=len(ids), random_state=seed).fit(oriented)
     return ids, soe.embedding_, len(oriented)
 
 

@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         print(notes[-1])
     contenders: list[tuple[str, Callable[[], np.ndarray], int]] = [
         ("this SOE, default (δ = 0.1, full batch, 100 steps)",
-         lambda: SOE(random_state=args.seed).fit(train, n).embedding_, repeats),
+         lambda: SOE(n_objects=n, random_state=args.seed).fit(train).embedding_, repeats),
         ("this SOE, paper protocol (δ = 0, batch 2048, 50 epochs)",
-         lambda: SOE.paper_protocol(random_state=args.seed).fit(train, n).embedding_, repeats),
+         lambda: SOE.paper_protocol(n_objects=n, random_state=args.seed).fit(train).embedding_, repeats),
     ]
     if have_cblearn:
         contenders.append(("cblearn SOE, scipy backend (L-BFGS-B, n_init 1)",
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         contenders.append((f"cblearn SOE, torch backend (Adam, n_init 1, max_iter {max_iter})",
                            lambda: cblearn_fit(train, n, "torch", args.seed, max_iter), 1))
 
-    SOE(random_state=args.seed, epochs=2).fit(train[:100], n)  # torch warm-up outside the timings
+    SOE(n_objects=n, random_state=args.seed, epochs=2).fit(train[:100])  # torch warm-up outside the timings
     rows: list[dict[str, Any]] = []
     for name, fit, reps in contenders:
         emb, wall, cpu, load = measure(fit, reps)

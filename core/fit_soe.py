@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         source = max(llm, key=llm.get)
     overrides = {k: v for k, v in (("margin", args.margin), ("epochs", args.epochs), ("lr", args.lr)) if v is not None}
     base = SOE.paper_protocol() if args.paper_protocol else SOE()
-    soe = base.set_params(n_components=args.dim, random_state=args.seed, device=args.device, **overrides)
+    soe = base.set_params(n_components=args.dim, random_state=args.seed, **overrides)
     try:
         summary = fit_source(ws, source, soe)
     except ValueError as exc:

@@ -118,8 +118,8 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
             metrics[f"auroc_{kind}"] = concept_auroc(s, labels[held][:, [names.index(n) for n in common]], common)
         ys = target_values(pairs, args.target)
         known = np.array([y is not None for y in ys])
-        if known.sum() >= 4 and len(set(y for y in ys if y)) >= 2:
-            cbm = ConceptBottleneck(scorer.names, seed=args.seed)
+        if known.sum() >= 4 and len({y for y in ys if y}) >= 2:
+            cbm = ConceptBottleneck(scorer.names, random_state=args.seed)
             tr, te = known & ~held, known & held
             cbm.fit(sc["fused"][tr], [ys[i] for i in np.flatnonzero(tr)])
             metrics["bottleneck"] = {"target": args.target, "top3": cbm.top_concepts(3),
