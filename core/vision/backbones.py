@@ -303,16 +303,31 @@ def _hub_reachable(host: str = HUB_HOST, timeout: float = HUB_TIMEOUT_S) -> bool
     return bool(ok)
 
 
+def hub_offline() -> bool:
+    """True when the Hugging Face hub must not be used: ``HF_HUB_OFFLINE`` set (read, never
+    written), or the hub unreachable within :data:`HUB_TIMEOUT_S`."""
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()
+
+
+def open_clip_ref(model_name: str, offline: bool) -> str:
+    """``hf-hub:<repo>`` as open_clip should open it: unchanged online; offline the cached snapshot
+    as ``local-dir:<folder>``, found with huggingface_hub's supported cache-only API
+    (``local_files_only=True``: no network attempt, an error when not cached)."""
+    if not (offline and model_name.startswith("hf-hub:")):
+        return model_name
+    from huggingface_hub import snapshot_download
+
+    return f"local-dir:{snapshot_download(model_name[len('hf-hub:'):], local_files_only=True)}"
+
+
 def _cached_open_clip(model_name: str, pretrained: str | None) -> nn.Module:
-    """Build an open_clip model from the local Hugging Face cache only, through huggingface_hub's
-    supported cache-only API (``local_files_only=True``: no network attempt, an error when the
-    files are not cached) and open_clip's ``local-dir:`` schema — no huggingface_hub internals."""
+    """Build an open_clip model from the local Hugging Face cache only (``local_files_only=True``
+    and open_clip's ``local-dir:`` schema) — no huggingface_hub internals edited."""
     import open_clip
-    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub import hf_hub_download
 
     if model_name.startswith("hf-hub:"):
-        folder = snapshot_download(model_name[len("hf-hub:"):], local_files_only=True)
-        return open_clip.create_model(f"local-dir:{folder}")
+        return open_clip.create_model(open_clip_ref(model_name, offline=True))
     model_id, filename = os.path.split(open_clip.get_pretrained_cfg(model_name, pretrained).get("hf_hub", ""))
     if not model_id:
         raise FileNotFoundError(f"open_clip {model_name}:{pretrained} has no Hugging Face hub weights to look up")
@@ -335,12 +350,12 @@ def _create_open_clip(model_name: str, pretrained: str | None, label: str) -> nn
 
     if not _needs_hub(model_name, pretrained):
         return open_clip.create_model(model_name, pretrained=pretrained)
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()  # read, never written
+    offline = hub_offline()
     try:
         if offline:
             return _cached_open_clip(model_name, pretrained)
         return open_clip.create_model(model_name, pretrained=pretrained)
-    except Exception as e:  # noqa: BLE001 — any hub/cache failure is reported the same way
+    except Exception as e:
         where = f"{HUB_HOST} is unreachable and the weights are not cached" if offline else str(e)
         raise BackboneUnavailable(
             f"cannot load backbone {label!r}: {where}. "
@@ -357,7 +372,7 @@ def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.de
 
     visual = model.visual
     if not isinstance(visual, VisionTransformer):
-        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")
+        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")  # noqa: TRY004 — user input error; jobs report ValueError
     size = visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else int(size)
     patch = visual.patch_size
@@ -426,7 +441,7 @@ def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone
         return bb
     state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a state dict")
+        raise ValueError(f"{path}: not a state dict")  # noqa: TRY004 — user input error
     state = {k.removeprefix("module."): v for k, v in state.items()}
     import open_clip
 
