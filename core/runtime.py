@@ -1,6 +1,7 @@
 """Shared plumbing of every job: device choice, opening a workspace, run artifacts.
 
-- **Device**: CUDA (bf16 autocast) when available, else the CPU (fp32).
+- **Device**: CUDA (bf16 autocast) when available, else the CPU (fp32); a job's ``--device``
+  fixes it for the whole process (:func:`use_device`, called by :func:`core.cli.parse_args`).
 - **Workspace**: :func:`open_workspace` opens the ``--workspace`` of a job, importing the
   SYNTHETIC phantom demo into an empty one, and turns user errors into one clear ``parser``
   error (:func:`user_errors`).
