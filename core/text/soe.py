@@ -124,7 +124,6 @@ class SOE(BaseEstimator):
     Parameters
     ----------
     n_components : embedding dimension (TriDerm: 4).
-    n_objects : number of embedded objects; ``None`` = max index in ``X`` + 1.
     margin : hinge margin δ on squared distances (paper: 0; default 0.1, see module doc).
     lr : Adam learning rate (paper: 0.05).
     batch_size : triplets per step; ``None`` = full batch (exact anchor weights).
@@ -134,7 +133,8 @@ class SOE(BaseEstimator):
     random_state : int (the same seed gives the same embedding on the same device), a
         ``numpy.random.RandomState`` (a seed is drawn from it) or ``None`` (fresh OS entropy on
         every fit: two fits differ).
-    device : ``"cpu"``, ``"cuda"`` or ``None`` (CUDA when available).
+    device : ``"cpu"``, ``"cuda"`` or ``None`` (the process's device, :func:`core.runtime.pick_device`).
+    n_objects : number of embedded objects; ``None`` = max index in ``X`` + 1.
 
     Attributes
     ----------
@@ -146,7 +146,6 @@ class SOE(BaseEstimator):
     def __init__(
         self,
         n_components: int = 4,
-        n_objects: int | None = None,
         margin: float = 0.1,
         lr: float = 0.05,
         batch_size: int | None = None,
@@ -155,9 +154,9 @@ class SOE(BaseEstimator):
         init_scale: float = 0.1,
         random_state: int | None = None,
         device: str | None = None,
+        n_objects: int | None = None,
     ) -> None:
         self.n_components = n_components
-        self.n_objects = n_objects
         self.margin = margin
         self.lr = lr
         self.batch_size = batch_size
@@ -166,6 +165,7 @@ class SOE(BaseEstimator):
         self.init_scale = init_scale
         self.random_state = random_state
         self.device = device
+        self.n_objects = n_objects
 
     def __sklearn_tags__(self) -> Tags:
         """A transductive transformer of integer triplets: no target, no float dtype to preserve."""
