@@ -21,6 +21,7 @@ from PIL import Image, ImageFilter
 from annotations.dataset import import_dataset
 from annotations.readers import DatasetFolder, labels_and_geometry, read_mask, read_photo, wound_geometry
 from annotations.workspace import Workspace
+from core import cli
 
 
 def make_dataset(root: Path, width: int, height: int, wounds: int, seed: int = 0) -> Path:
@@ -59,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wounds", type=int, default=470)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--per-wound", action="store_true", help="also time the former per-wound loop")
-    args = parser.parse_args(argv)
+    cli.add_seed(parser)
+    args = cli.parse_args(parser, argv)
     with tempfile.TemporaryDirectory() as tmp:
-        root = make_dataset(Path(tmp) / "ds", args.width, args.height, args.wounds)
+        root = make_dataset(Path(tmp) / "ds", args.width, args.height, args.wounds, args.seed)
         folder = DatasetFolder(root)
         photo = read_photo(folder, root / "images" / "big.jpg")
         array = np.asarray(Image.open(root / "masks" / "big.png"))

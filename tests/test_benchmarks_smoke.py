@@ -22,6 +22,7 @@ SMOKE = {
     "train_triderm": "test_benchmarks_smoke.py::test_train_triderm_tiny",
     "orderings": "test_orderings.py::test_quick_run_writes_the_result_file",
     "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
+    "readers": "test_benchmarks_smoke.py::test_readers_tiny",
     "results": "test_results.py (the renderer every quick run above feeds)",
 }
 
@@ -73,6 +74,13 @@ def test_vision_ablation_quick(tmp_path, demo_workspace):
 def test_concepts_quick(tmp_path, demo_workspace):
     record = _run_quick("concepts", tmp_path, "--workspace", str(demo_workspace.root))
     assert record["tables"][0]["columns"] == ["concept", "untrained", "clip", "make", "conceptclip"]
+
+
+def test_readers_tiny(capsys):
+    from benchmarks.readers import main
+    assert main(["--width", "400", "--height", "300", "--wounds", "12", "--repeats", "1"]) == 0
+    stages = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert stages and all(s["wounds"] == 12 for s in stages if "wounds" in s)
 
 
 @pytest.mark.parametrize(("name", "argv", "message"), [

@@ -43,6 +43,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.soe": ({"--workspace", "--device", "--seed"}, []),
     "benchmarks.train_triderm": ({"--workspace", "--device", "--seed", "--epochs"}, []),
     "benchmarks.vision_ablation": ({"--workspace", "--device", "--seeds", "--epochs"}, []),
+    "benchmarks.readers": ({"--seed"}, []),  # a generated mask: no workspace, no torch
     "benchmarks.results": (set(), []),  # renders result files and reruns the commands above: none of it applies
 }
 # spellings of the old vocabulary that no --help may offer any more

@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from sklearn.exceptions import NotFittedError
 
 from core.text.soe import SOE, hinge_sq, hinge_sq_loss_and_grad, triplet_margins
 
@@ -43,14 +44,14 @@ def test_paper_protocol_runs_minibatch_and_orders_triplets() -> None:
 def test_minibatch_path_recovers_the_order_and_follows_the_seed() -> None:
     """batch_size < number of triplets: resampled mini-batches (the paper protocol on real data)."""
     _, t = planted_triplets(n=15)
-    a = SOE(batch_size=256, epochs=30, random_state=0).fit(t, 15)
+    a = SOE(batch_size=256, epochs=30, random_state=0, n_objects=15).fit(t)
     assert a.score(t) > 0.9  # measured 0.98; the random start satisfies about half
     assert len(a.loss_curve_) == 30 and a.loss_curve_[-1] < a.loss_curve_[0] / 5
     # epoch 1 starts from a tiny cloud (init_scale 0.1): its mean hinge is near, and below, δ = 0.1
     assert 0.03 < a.loss_curve_[0] < 0.1
-    assert np.array_equal(a.embedding_, SOE(batch_size=256, epochs=30, random_state=0).fit(t, 15).embedding_)
-    assert not np.allclose(a.embedding_, SOE(batch_size=256, epochs=30, random_state=1).fit(t, 15).embedding_)
-    plain = SOE(batch_size=256, epochs=30, random_state=0, anchor_balanced=False).fit(t, 15)
+    assert np.array_equal(a.embedding_, SOE(batch_size=256, epochs=30, random_state=0, n_objects=15).fit(t).embedding_)
+    assert not np.allclose(a.embedding_, SOE(batch_size=256, epochs=30, random_state=1, n_objects=15).fit(t).embedding_)
+    plain = SOE(batch_size=256, epochs=30, random_state=0, anchor_balanced=False, n_objects=15).fit(t)
     assert plain.score(t) > 0.9 and not np.allclose(plain.embedding_, a.embedding_)
 
 
@@ -87,7 +88,7 @@ def test_anchor_balanced_loss_is_the_mean_over_anchors_of_each_anchors_mean_hing
     assert abs(np.mean(per_anchor) - hinge.mean()) > 0.01 * hinge.mean()  # the two weightings differ here
 
     def first_loss(balanced: bool) -> float:
-        soe = SOE(n_components=2, margin=0.1, epochs=1, anchor_balanced=balanced).fit(t, 12, init=x0)
+        soe = SOE(n_components=2, margin=0.1, epochs=1, anchor_balanced=balanced, n_objects=12).fit(t, init=x0)
         return soe.loss_curve_[0]
 
     assert first_loss(True) == pytest.approx(np.mean(per_anchor), rel=1e-5)
@@ -139,13 +140,14 @@ def test_bad_params_and_unfitted() -> None:
 
 def test_defaults_paper_protocol_and_fit_transform() -> None:
     assert SOE().get_params() == {"n_components": 4, "margin": 0.1, "lr": 0.05, "batch_size": None, "epochs": 100,
-                                  "anchor_balanced": True, "init_scale": 0.1, "random_state": None, "device": None}
+                                  "anchor_balanced": True, "init_scale": 0.1, "random_state": None, "device": None,
+                                  "n_objects": None}
     assert SOE.paper_protocol(random_state=2).get_params() == {
         "n_components": 4, "margin": 0.0, "lr": 0.05, "batch_size": 2048, "epochs": 50, "anchor_balanced": True,
-        "init_scale": 0.1, "random_state": 2, "device": None}
+        "init_scale": 0.1, "random_state": 2, "device": None, "n_objects": None}
     _, t = planted_triplets(n=8)
-    emb = SOE(random_state=0, epochs=3).fit_transform(t, 9)
-    assert emb.shape == (9, 4) and np.array_equal(emb, SOE(random_state=0, epochs=3).fit(t, 9).embedding_)
+    emb = SOE(random_state=0, epochs=3, n_objects=9).fit_transform(t)
+    assert emb.shape == (9, 4) and np.array_equal(emb, SOE(random_state=0, epochs=3, n_objects=9).fit(t).embedding_)
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -158,30 +160,29 @@ def test_defaults_paper_protocol_and_fit_transform() -> None:
 ])
 def test_each_bad_parameter_is_named(params, message) -> None:
     with pytest.raises(ValueError, match=f"^{message}$"):
-        SOE(**params).fit([[0, 1, 2]], 3)
+        SOE(**params, n_objects=3).fit([[0, 1, 2]])
 
 
 @pytest.mark.parametrize(("triplets", "n", "message"), [
-    ([[0, 1, 2], [1, 2]], 3, "triplets must be an .m, 3. array of integer object indices"),
-    ([[0, 1, 2], [0, 1, 7]], 5, r"triplets row 1 = \[0, 1, 7\] has an index ≥ n_objects=5"),
-    ([[0, 1, 2], [3, -1, 2]], 5, r"triplets row 1 has a negative index: \[3, -1, 2\]"),
-    ([[0, 1, 2], [3, 2, 2]], 5, r"triplets row 1 = \[3, 2, 2\] repeats an object; i, j, k must differ"),
-    ([[0.0, 1.0, 2.0], [1.0, 2.5, 3.0]], 5, "triplets must hold integer object indices, got dtype float64"),
-    ([[0, 1, 2, 3]], 5, r"triplets must have shape \(m, 3\) \[anchor, closer, farther\], got \(1, 4\)"),
-    ([[0, 1, 2]], 2, "n_objects must be an integer ≥ 3, got 2"),
+    ([[0, 1, 2], [1, 2]], 3, "X must be an .m, 3. array of integer object indices"),
+    ([[0, 1, 2], [0, 1, 7]], 5, r"X row 1 = \[0, 1, 7\] has an index ≥ n_objects=5"),
+    ([[0, 1, 2], [3, -1, 2]], 5, r"X row 1 has a negative index: \[3, -1, 2\]"),
+    ([[0, 1, 2], [3, 2, 2]], 5, r"X row 1 = \[3, 2, 2\] repeats an object; i, j, k must differ"),
+    ([[0.0, 1.0, 2.0], [1.0, 2.5, 3.0]], 5, "X must hold integer object indices, got dtype float64"),
+    ([[0, 1, 2, 3]], 5, r"X must have shape \(m, 3\) \[anchor, closer, farther\], got \(1, 4\)"),
+    ([[0, 1, 2]], 2, "n_objects must be an integer ≥ 3 or None, got 2"),
 ])
 def test_bad_triplets_name_the_row(triplets, n, message) -> None:
     with pytest.raises(ValueError, match=message):
-        SOE().fit(triplets, n)
+        SOE(n_objects=n).fit(triplets)
 
 
 def test_whole_float_indices_are_accepted_and_transform_checks_indices() -> None:
-    soe = SOE(random_state=0, epochs=2).fit([[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]], 4)
+    soe = SOE(random_state=0, epochs=2, n_objects=4).fit([[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]])
     assert soe.n_objects_ == 4 and soe.score([[0, 1, 2]]) in (0.0, 1.0)
     assert np.array_equal(soe.transform(), soe.embedding_) and soe.transform() is not soe.embedding_
     for bad in ([4], [-1]):
         with pytest.raises(ValueError, match=r"object indices must lie in \[0, 4\)"):
             soe.transform(bad)
-    unfitted = r"^this SOE instance is not fitted yet; call fit\(triplets, n_objects\) first$"
-    with pytest.raises(ValueError, match=unfitted):
+    with pytest.raises(NotFittedError, match="This SOE instance is not fitted yet"):
         SOE().transform()
