@@ -154,7 +154,8 @@ def main() -> None:
     if ac.account() is None:
         nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)])
     else:  # every page is routable; each one tells a role without access why it is closed
-        nav = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]
+        st.session_state["_home_page"] = st.Page(home, title="Home", icon=":material/home:", default=True)
+        nav = st.navigation([st.session_state["_home_page"]]
                             + [st.Page(p, title=t, icon=i) for p, t, i, _ in ac.PAGES], position="hidden")
     nav.run()
 

@@ -161,10 +161,15 @@ def allowed(permission: str | None) -> bool:
     return found is not None and (permission is None or found.can(permission))
 
 
-def page(title: str, need: str | None = None) -> Workspace:
+def page(title: str, need: str | None = None, compact: bool = False) -> Workspace:
     """Start a page: config, sign-in and role gate (stops the script when either fails), sidebar,
-    synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account)."""
-    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide")
+    synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
+    ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width."""
+    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide",
+                       initial_sidebar_state="collapsed" if compact else "auto")
+    if compact:
+        st.html("<style>[data-testid='stMainBlockContainer'] {padding: 3.75rem 1rem 1rem 1rem;} "
+                "[data-testid='stMainBlockContainer'] h1 {font-size: 1.6rem; padding: 0;}</style>")
     sync_cookie()
     found = account()
     if found is None:
@@ -186,7 +191,8 @@ def sidebar(ws: Workspace) -> None:
     found = account()
     with st.sidebar:
         if found is not None:
-            st.page_link("app.py", label="Home", icon=":material/home:")
+            if "_home_page" in st.session_state:  # set by app.py (absent when a page script runs alone)
+                st.page_link(st.session_state["_home_page"], label="Home", icon=":material/home:")
             for script, title, icon, permission in PAGES:
                 if found.can(permission):
                     st.page_link(script, label=title, icon=icon)

@@ -10,7 +10,7 @@ import streamlit as st
 import app_common as ac
 from core.vision.backbones import LITE0_LAYERS
 
-ws = ac.page("Train")
+ws = ac.page("Train", need="jobs")
 st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
            "Progress and losses come from each job's run record in the store.")
 

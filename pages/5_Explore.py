@@ -12,7 +12,7 @@ from PIL import Image
 import app_common as ac
 from annotations.session import PALETTE
 
-ws = ac.page("Explore")
+ws = ac.page("Explore", need="view")
 
 try:
     from core.eval.distances import pairwise_euclidean

@@ -16,7 +16,7 @@ import app_common as ac
 
 METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %", "kappa": "κ"}
 
-ws = ac.page("Report")
+ws = ac.page("Report", need="view")
 report_dir = ws.runs_dir / "report"
 ablation_dir = ws.runs_dir / "ablation"
 bench_dir = ws.runs_dir / "bench_contrastive"
