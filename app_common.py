@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import sys
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -300,6 +301,47 @@ def data_uri(png: bytes) -> str:
 def status_badge(status: str) -> str:
     """Plain-text run status (no emoji: clinical workstations often lack emoji fonts)."""
     return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped"}.get(status, status)
+
+
+def category_colours(values: list[str], limit: int = 24) -> tuple[list[str], dict[str, str]]:
+    """Map categories to ``limit`` distinct colours (plotly's Dark24): up to ``limit`` categories each
+    get their own; beyond that the ``limit - 1`` most frequent keep theirs and the rest become
+    ``other`` (grey). Returns the (possibly grouped) values and {category: colour}, legend order."""
+    from collections import Counter
+
+    import plotly.express as px
+
+    counts = Counter(values)
+    if len(counts) > limit:
+        keep = {v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit - 1]}
+        values = [v if v in keep else "other" for v in values]
+    names = sorted(set(values) - {"other"})
+    colours = {name: px.colors.qualitative.Dark24[n] for n, name in enumerate(names)}
+    if "other" in values:
+        colours["other"] = "#9e9e9e"
+    return values, colours
+
+
+_BACKGROUND: set[str] = set()
+_BACKGROUND_LOCK = threading.Lock()
+
+
+def in_background(key: str, fn, *args) -> None:
+    """Run ``fn(*args)`` in a daemon thread unless a task with ``key`` is already running in this
+    server process (e.g. one UMAP per run, however many browsers ask for it)."""
+    with _BACKGROUND_LOCK:
+        if key in _BACKGROUND:
+            return
+        _BACKGROUND.add(key)
+
+    def work() -> None:
+        try:
+            fn(*args)
+        finally:
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.discard(key)
+
+    threading.Thread(target=work, name=f"triderm-{key}", daemon=True).start()
 
 
 # -- background jobs ------------------------------------------------------------------------------
