@@ -79,7 +79,7 @@ def account() -> Account | None:
         if fresh != current:
             state["account"] = fresh
         return fresh
-    token = st.context.cookies.get(accounts.COOKIE_NAME)
+    token = browser_cookie()
     if token and token != state.get("_rejected_cookie"):
         try:
             restored = accounts.account_from_token(store, accounts.secret_key(workspace().root), token)
@@ -102,6 +102,12 @@ def account() -> Account | None:
     return None
 
 
+def browser_cookie() -> str | None:
+    """The session cookie this browser sent when it connected (None when absent)."""
+    token = st.context.cookies.get(accounts.COOKIE_NAME)
+    return token if isinstance(token, str) and token else None  # (AppTest's context answers a mock)
+
+
 def sign_in(found: Account) -> None:
     """Start this browser's session for ``found`` (and set the signed session cookie)."""
     st.session_state["account"] = found
@@ -121,7 +127,7 @@ def _forget(notice: str | None = None) -> None:
 
 def sign_out() -> None:
     """End the session in this browser: forget the account and delete the cookie."""
-    token = st.context.cookies.get(accounts.COOKIE_NAME)
+    token = browser_cookie()
     if token:
         st.session_state["_rejected_cookie"] = token  # this connection still carries the old cookie
     _forget()
@@ -133,7 +139,7 @@ def sync_cookie() -> None:
     """Write (or delete) the session cookie in the browser to match this session."""
     state = st.session_state
     token = state.get("_cookie")
-    if token and token != st.context.cookies.get(accounts.COOKIE_NAME):
+    if token and token != browser_cookie():
         value = f"{accounts.COOKIE_NAME}={token}; path=/; max-age={accounts.SESSION_MAX_AGE_S}; SameSite=Strict"
     elif state.get("_clear_cookie"):
         value = f"{accounts.COOKIE_NAME}=; path=/; max-age=0; SameSite=Strict"
