@@ -176,6 +176,17 @@ def test_triplets_page_answer_undo_and_reliability(ws):
     assert changes == [("insert", "Tess"), ("insert", "Tess"), ("delete", "Tess")]
 
 
+def test_two_windows_answering_the_same_triplet_store_it_once(ws):
+    first, second = app("triplets", role="annotator"), app("triplets", role="annotator")
+    second.session_state["question"] = first.session_state["question"]  # both windows hold one question
+    second.run()
+    first.button(key="btn_left").click().run()
+    second.button(key="btn_right").click().run()
+    assert [r["choice"] for r in ws.store.triplets(source="expert:Tess")] == ["j"]
+    assert any("already answered under your account" in w.value for w in second.warning)
+    assert second.session_state["question"] != first.session_state["question"]  # moved on to another one
+
+
 def test_review_excludes_an_annotator_from_every_metric(ws):
     for n, row in enumerate(ws.store.expert_triplets()[:6]):  # a practice account answering like the expert
         ws.store.add_triplet(row["anchor"], row["ref_j"], row["ref_k"], row["choice"] if n % 2 else "k",
