@@ -382,3 +382,15 @@ def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
     at.button[[b.label for b in at.button].index("Import")].click().run()
     assert any("Imported 53 photos" in s.value for s in at.success)
     assert Workspace(tmp_path / "empty").store.counts()["images"] == 53
+
+
+def test_category_colours_distinct_up_to_24_then_other():
+    import app_common as ac
+
+    values = [f"site {n}" for n in range(24)]
+    grouped, colours = ac.category_colours(values)
+    assert grouped == values and len(set(colours.values())) == 24
+    many = values + ["site 0"] * 3 + [f"rare {n}" for n in range(5)]
+    grouped, colours = ac.category_colours(many)
+    assert len(colours) == 24 and "other" in colours and len(set(colours.values())) == 24
+    assert grouped.count("other") == 6 and "site 0" in colours  # the most frequent keep their colour
