@@ -73,7 +73,7 @@ def explore_load(browser, url: str) -> tuple[float, str]:
     title = pg.locator(".js-plotly-plot .gtitle").first
     title.wait_for()
     seconds = time.perf_counter() - t0
-    text = title.inner_text()
+    text = title.text_content()
     context.close()
     return seconds, text
 
