@@ -86,8 +86,12 @@ def data_section(ws) -> None:
         left, right = st.columns(2)
         with left:
             st.markdown("**Import a dataset folder** (`images/`, `masks/`, `wounds.csv`, optional CSVs)")
-            folder = st.text_input("Dataset folder on the server", key="import_folder")
-            if st.button("Import", disabled=not folder):
+            with st.form("import_form", border=False):  # typing never reruns: sidebar links always navigate
+                folder = st.text_input("Dataset folder on the server", key="import_folder")
+                submitted = st.form_submit_button("Import")
+            if submitted and not folder.strip():
+                st.error("Enter the dataset folder to import.")
+            elif submitted:
                 try:
                     summary = import_dataset(ws, Path(folder).expanduser())
                 except DatasetError as err:

@@ -49,19 +49,21 @@ with annotators_tab:
             "in evaluation": n not in excluded_names,
         } for n in names]), hide_index=True, width="stretch")
         st.markdown("**Exclude an annotator from evaluation** (e.g. a test or practice account)")
-        c1, c2, c3 = st.columns([2, 3, 1], vertical_alignment="bottom")
-        who = c1.selectbox("Annotator", names, key="review_who")
+        who = st.selectbox("Annotator", names, key="review_who")
         if who in excluded_names:
-            c2.caption(f"Excluded by {ac.escape_md(excluded_names[who]['actor'])}: "
+            c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
+            c1.caption(f"Excluded by {ac.escape_md(excluded_names[who]['actor'])}: "
                        f"{ac.escape_md(excluded_names[who]['reason']) or 'no reason given'}")
-            if c3.button("Include again", key="review_include"):
+            if c2.button("Include again", key="review_include"):
                 accounts.include(store, "annotator", who, actor)
                 st.rerun()
-        else:
-            reason = c2.text_input("Reason", key="review_reason", placeholder="practice account")
-            if c3.button("Exclude", key="review_exclude", type="primary"):
-                accounts.exclude(store, "annotator", who, reason, actor)
-                st.rerun()
+        else:  # a form: typing the reason never reruns the page, so the sidebar links always navigate
+            with st.form("review_exclude_form", border=False):
+                c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
+                reason = c1.text_input("Reason", key="review_reason", placeholder="practice account")
+                if c2.form_submit_button("Exclude", type="primary", key="review_exclude"):
+                    accounts.exclude(store, "annotator", who, reason, actor)
+                    st.rerun()
 
 with agreement_tab:
     kappa = consistency.inter_annotator_kappa(kept)

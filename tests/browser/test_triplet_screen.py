@@ -88,6 +88,12 @@ def test_review_page_excludes_a_practice_annotator(app_server, chromium, add_acc
     expect(pg.get_by_text(re.compile(r"\d+ shared triplets answered differently"))).to_be_visible()
     pg.get_by_role("tab", name="Annotators", exact=True).click()
     screenshot(pg, "review")
+    pg.get_by_role("textbox", name="Reason").fill("draft, not submitted")  # typing, then the sidebar at once
+    pg.get_by_role("link", name="Report").click()
+    expect(pg.get_by_role("heading", name="Report")).to_be_visible()
+    pg.get_by_role("link", name="Review").click()
+    expect(pg.get_by_role("heading", name="Review")).to_be_visible()
+    idle(pg)
     pg.get_by_test_id("stSelectbox").filter(has_text="Annotator").click()
     pg.get_by_role("option", name="Practice Run").click()
     idle(pg)
