@@ -375,10 +375,10 @@ def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(tmp_path / "empty"))
     at = app()
     assert "This workspace is empty" in texts(at)
-    at.text_input(key="import_folder").input(str(tmp_path / "missing")).run()
+    at.text_input(key="import_folder").input(str(tmp_path / "missing"))  # a form: submitted with the button
     at.button[[b.label for b in at.button].index("Import")].click().run()
     assert any("Nothing imported" in e.value for e in at.error)
-    at.text_input(key="import_folder").input(str(demo_dataset)).run()
+    at.text_input(key="import_folder").input(str(demo_dataset))
     at.button[[b.label for b in at.button].index("Import")].click().run()
     assert any("Imported 53 photos" in s.value for s in at.success)
     assert Workspace(tmp_path / "empty").store.counts()["images"] == 53
