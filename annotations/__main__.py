@@ -1,4 +1,5 @@
-"""``python -m annotations <command>``: dataset import/export, revision history, privacy, backup.
+"""``python -m annotations <command>``: dataset import/export, revision history, privacy, backup,
+accounts (``users``).
 
 Each subcommand is one function taking the parsed arguments; :data:`COMMANDS` maps names to
 (help, add-arguments, run) so new subcommands slot in beside the others.
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from annotations import accounts
 from annotations.backup import backup, restore
 from annotations.dataset import EXPORT_FORMATS, PREFER, import_dataset
 from annotations.history import history_lines, restore_revision
@@ -117,14 +119,17 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m annotations",
-                                     description="TriDerm datasets, revision history, privacy and backups.")
+                                     description="TriDerm datasets, revision history, privacy, backups and accounts.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (text, add_arguments, _) in COMMANDS.items():
         p = sub.add_parser(name, help=text, description=text)
         add_arguments(p)
         p.add_argument("--workspace", default=None,
                        help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    accounts.add_cli(sub.add_parser("users", help="manage accounts (first run: users add --role admin NAME)"))
     args = parser.parse_args(argv)
+    if args.command == "users":
+        return accounts.run_cli(Workspace(args.workspace).store, args)
     try:
         result = COMMANDS[args.command][2](args)
     except DatasetError as err:

@@ -13,7 +13,7 @@ TOOLS = {"Polygon (click points, click the first point to close)": "polygon",
          "Rectangle": "rect"}
 CANVAS_W = 600  # fits the drawing column of the wide layout on a 1366 px screen
 
-ws = ac.page("Wound masks")
+ws = ac.page("Wound masks", need="annotate")
 state = st.session_state
 images = ws.store.images()
 if not images:

@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from annotations import accounts
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
+PASSWORD = "browser-test-password"  # every test account's password
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 
@@ -38,13 +40,13 @@ class AppServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.workspace = str(workspace)
-        child_env = {k: v for k, v in os.environ.items() if k != "TRIDERM_ACCESS_CODE"}
+        child_env = dict(os.environ)
         child_env.update({"TRIDERM_WORKSPACE": str(workspace), **(env or {})})
+        self._log = open(log, "wb")  # noqa: SIM115 — the server's log stays open until stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
              "--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=REPO, env=child_env, stdout=open(log, "wb"),  # noqa: SIM115 (stays open for the server's life)
-            stderr=subprocess.STDOUT)
+            cwd=REPO, env=child_env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300  # generous: the first start imports torch on a loaded machine
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -64,6 +66,7 @@ class AppServer:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self._log.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,41 @@ def browser_workspace(demo_dataset, tmp_path_factory) -> Path:
     run_report(ws, n_boot=50)
     ws.store.close()
     return root
+
+
+def create_account(workspace: Path | str, name: str, role: str = "annotator") -> str:
+    """Create the account ``name`` (password :data:`PASSWORD`) unless it exists; returns the name."""
+    ws = Workspace(workspace)
+    if accounts.get(ws.store, name) is None:
+        accounts.add_account(ws.store, name, role, PASSWORD, "test")
+    ws.store.close()
+    return name
+
+
+def sign_in_as(pg, url: str, name: str, password: str = PASSWORD, expect_ok: bool = True) -> None:
+    """Fill the sign-in form at ``url`` (and wait for the home page unless ``expect_ok`` is False)."""
+    from playwright.sync_api import expect
+
+    pg.goto(url)
+    box = pg.get_by_role("textbox", name="Account name")
+    expect(box).to_be_visible()
+    box.fill(name)
+    pg.get_by_label("Password", exact=True).fill(password)
+    pg.get_by_role("button", name="Sign in").click()
+    if expect_ok:
+        expect(pg.get_by_text("Signed in as").first).to_be_visible()
+
+
+@pytest.fixture
+def add_account():
+    """``add_account(workspace, name, role="annotator")`` → the account's name (see :func:`create_account`)."""
+    return create_account
+
+
+@pytest.fixture
+def sign_in():
+    """``sign_in(page, url, name, password=PASSWORD, expect_ok=True)`` (see :func:`sign_in_as`)."""
+    return sign_in_as
 
 
 @pytest.fixture(scope="module")

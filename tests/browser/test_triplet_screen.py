@@ -1,0 +1,108 @@
+"""The triplet screen at 1366×768 and the admin review page, in Chromium."""
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+from playwright.sync_api import expect
+
+from annotations import session
+from annotations.workspace import Workspace
+
+expect.set_options(timeout=60_000)
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def idle(pg) -> None:
+    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
+
+
+def outline_pixels(png: bytes) -> int:
+    """Pixels within a small distance of a wound-outline colour."""
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int32)
+    palette = np.array(session.PALETTE, dtype=np.int32)
+    dist = np.abs(rgb[:, :, None, :] - palette[None, None]).sum(-1).min(-1)
+    return int((dist < 40).sum())
+
+
+def test_triplet_photos_large_outlined_and_zoomable(app_server, chromium, add_account, sign_in, screenshot):
+    name = add_account(app_server.workspace, "Dr Screen")
+    context = chromium.new_context(viewport={"width": 1366, "height": 768})
+    pg = context.new_page()
+    sign_in(pg, app_server.url, name)
+    pg.goto(f"{app_server.url}/Triplets")
+    expect(pg.get_by_text(re.compile(rf"^{name}: 0 of"))).to_be_visible()
+    idle(pg)
+    photos = pg.get_by_test_id("stMain").get_by_test_id("stImage").locator("img")
+    expect(photos).to_have_count(3)
+    boxes = [photos.nth(i).bounding_box() for i in range(3)]
+    assert all(b["width"] >= 420 for b in boxes), boxes  # anchor and both references
+    assert boxes[0]["x"] < boxes[1]["x"] < boxes[2]["x"] and max(b["x"] + b["width"] for b in boxes) <= 1366
+    ws = Workspace(app_server.workspace)
+    ids = [pg.get_by_role("button", name=re.compile(f"Zoom {role} · ")).inner_text().split("· ")[1].split()[0]
+           for role in ("left", "query", "right")]
+    for n, image_id in enumerate(ids):  # each photo with outlined wounds carries their outline colours
+        shown = photos.nth(n).screenshot()
+        if ws.store.wounds(image_id):
+            raw = Image.open(ws.image_path(image_id)).convert("RGB").resize(Image.open(io.BytesIO(shown)).size)
+            buf = io.BytesIO()
+            raw.save(buf, format="PNG")
+            assert outline_pixels(shown) > outline_pixels(buf.getvalue()) + 20, image_id
+    screenshot(pg, "triplets_1366x768")
+    pg.keyboard.press("w")  # zoom the query photo
+    dialog = pg.get_by_role("dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_text(f"Query · {ids[1]}")).to_be_visible()
+    assert dialog.locator("img").first.bounding_box()["width"] > 1000
+    screenshot(pg, "triplets_zoom")
+    pg.keyboard.press("Escape")
+    expect(dialog).to_have_count(0)
+    pg.keyboard.press("ArrowLeft")
+    expect(pg.get_by_text(re.compile(rf"^{name}: 1 of"))).to_be_visible()
+    assert [r["choice"] for r in ws.store.triplets(source=f"expert:{name}")] == ["j"]
+    assert pg.get_by_text("Cohen").count() == 0 and pg.get_by_text("consistency").count() == 0
+    context.close()
+
+
+def test_review_page_excludes_a_practice_annotator(app_server, chromium, add_account, sign_in, screenshot):
+    ws = Workspace(app_server.workspace)
+    expert = ws.store.expert_triplets()[:8]
+    for n, row in enumerate(expert):  # a practice account sharing the expert's triplets, disagreeing on some
+        ws.store.add_triplet(row["anchor"], row["ref_j"], row["ref_k"], row["choice"] if n % 3 else
+                             ("k" if row["choice"] == "j" else "j"), "expert:Practice Run")
+    before = len(ws.store.expert_triplets())
+    name = add_account(app_server.workspace, "Dr Admin", "admin")
+    context = chromium.new_context(viewport={"width": 1366, "height": 900})
+    pg = context.new_page()
+    sign_in(pg, app_server.url, name)
+    pg.get_by_role("link", name="Review").click()
+    expect(pg.get_by_role("heading", name="Review")).to_be_visible()
+    idle(pg)
+    expect(pg.get_by_test_id("stDataFrame").first).to_be_visible()
+    pg.get_by_role("tab", name="Agreement", exact=True).click()
+    expect(pg.get_by_text("Cohen's κ between annotators")).to_be_visible()
+    pg.get_by_role("tab", name="Disagreements", exact=True).click()
+    expect(pg.get_by_text(re.compile(r"\d+ shared triplets answered differently"))).to_be_visible()
+    pg.get_by_role("tab", name="Annotators", exact=True).click()
+    screenshot(pg, "review")
+    pg.get_by_role("textbox", name="Reason").fill("draft, not submitted")  # typing, then the sidebar at once
+    pg.get_by_role("link", name="Report").click()
+    expect(pg.get_by_role("heading", name="Report")).to_be_visible()
+    pg.get_by_role("link", name="Review").click()
+    expect(pg.get_by_role("heading", name="Review")).to_be_visible()
+    idle(pg)
+    pg.get_by_test_id("stSelectbox").filter(has_text="Annotator").click()
+    pg.get_by_role("option", name="Practice Run").click()
+    idle(pg)
+    pg.get_by_role("textbox", name="Reason").fill("practice account")
+    pg.get_by_role("button", name="Exclude", exact=True).click()
+    expect(pg.get_by_text("Excluded by Dr Admin: practice account")).to_be_visible()
+    assert len(ws.store.expert_triplets()) == before - len(expert)
+    assert len(ws.store.expert_triplets(include_excluded=True)) == before
+    pg.get_by_role("tab", name="Audit trail", exact=True).click()
+    expect(pg.get_by_test_id("stMultiSelect").get_by_text("Accounts")).to_be_visible()
+    assert ws.store.revisions("exclusions")[-1]["actor"] == name
+    context.close()
