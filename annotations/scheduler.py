@@ -274,8 +274,10 @@ class TripletScheduler:
         return abs(D[i, j] - D[i, k]) / total if total > 0 else 0.0
 
     # -- answering ----------------------------------------------------------------------
-    def answer(self, question: Question, choice: str, answered_at: float | None = None) -> int | None:
-        """Store the annotator's answer with its latency (served → answered, ms).
+    def answer(self, question: Question, choice: str, answered_at: float | None = None,
+               actor: str | None = None) -> int | None:
+        """Store the annotator's answer with its latency (served → answered, ms); the revision names
+        ``actor`` (the signed-in account; default the source).
 
         Returns the triplet row id, or None when this exact judgment was already stored.
         """
@@ -285,7 +287,7 @@ class TripletScheduler:
         latency_ms = max(0, int(round((answered_at - question.served_at) * 1000)))
         return self.ws.store.add_triplet(
             question.anchor, question.ref_j, question.ref_k, choice, self.source,
-            latency_ms=latency_ms, rep=question.rep,
+            latency_ms=latency_ms, rep=question.rep, actor=actor,
         )
 
     def progress(self) -> dict[str, int]:

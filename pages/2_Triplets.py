@@ -87,12 +87,11 @@ def answer(choice: str, token: tuple) -> None:
     q = state.get("question")
     if q is None or dataclasses.astuple(q) != token:  # a stale click (double press): ignore
         return
-    row_id = sched.answer(q, choice)
+    row_id = sched.answer(q, choice, actor=actor)
     if row_id is None:  # the store's unique key: another window of this account answered it first
         state["_notice"] = ("This triplet was already answered under your account (another browser window?). "
                             "Your answer was not stored twice; here is the next one.")
     else:
-        ws.store.record_revision("triplets", row_id, "choice", "insert", None, choice, actor)
         state["history"].append((row_id, q, choice))
     state["question"] = None
 
@@ -101,8 +100,7 @@ def undo() -> None:
     if not state["history"]:
         return
     row_id, q, choice = state["history"].pop()
-    ws.store.delete_triplet(row_id)
-    ws.store.record_revision("triplets", row_id, "choice", "delete", choice, None, actor)
+    ws.store.delete_triplet(row_id, actor=actor)
     if state.get("question") is not None:
         state["pending"].append(state["question"])
     state["question"] = dataclasses.replace(q, served_at=time.time())
