@@ -1,6 +1,7 @@
 """core.segmentation: training on tiny synthetic masks, suggestions, click-to-outline, checkpoints, the job."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,15 @@ from PIL import Image
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from core import train_segmenter as job
-from core.segmentation import (SamClicker, SamUnavailable, Segmenter, SegmenterError, load_segmenter,
-                               outline_from_click, suggest_outlines)
+from core.segmentation import (
+    SamClicker,
+    SamUnavailable,
+    Segmenter,
+    SegmenterError,
+    load_segmenter,
+    outline_from_click,
+    suggest_outlines,
+)
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
 from core.segmentation.model import RUN_KIND, FPNDecoder, encoder
 from core.segmentation.training import cache_features, fit_decoder, folder_samples, series_group, split_groups
@@ -190,7 +198,14 @@ def test_a_checkpoint_from_another_backbone_is_refused(tmp_path):
         Segmenter.load(tmp_path / "bb.pt")
 
 
+def test_sam_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "segment_anything", None)  # makes the import fail
+    with pytest.raises(SamUnavailable, match="pip install segment-anything"):
+        SamClicker(tmp_path / "sam_vit_b.pth")
+
+
 def test_sam_reports_a_missing_or_unloadable_checkpoint(tmp_path):
+    pytest.importorskip("segment_anything")
     with pytest.raises(SamUnavailable, match="not found"):
         SamClicker(tmp_path / "sam_vit_b.pth")
     (tmp_path / "sam_vit_b.pth").write_bytes(b"not a checkpoint")
