@@ -129,12 +129,12 @@ def score(method: str, probs: dict[int, np.ndarray], samples: list[Sample]) -> l
 
 
 def inference_seconds(seg: Segmenter, threads: int, repeats: int = 5) -> float:
-    """Median wall seconds of :meth:`Segmenter.probability` on a 512-px photo (one warm-up call)."""
+    """Median wall seconds of :meth:`Segmenter.probability` on a new 512-px photo each call (one warm-up)."""
     rng = np.random.default_rng(0)
-    photo = Image.fromarray(rng.integers(0, 256, (TIMING_SIDE, TIMING_SIDE, 3), dtype=np.uint8))
     times = []
     with torch_threads(threads):
         for _ in range(repeats + 1):
+            photo = Image.fromarray(rng.integers(0, 256, (TIMING_SIDE, TIMING_SIDE, 3), dtype=np.uint8))
             t0 = time.perf_counter()
             seg.probability(photo)
             times.append(time.perf_counter() - t0)

@@ -211,3 +211,29 @@ def test_sam_reports_a_missing_or_unloadable_checkpoint(tmp_path):
     (tmp_path / "sam_vit_b.pth").write_bytes(b"not a checkpoint")
     with pytest.raises(SamUnavailable, match="not a loadable Segment Anything checkpoint"):
         SamClicker(tmp_path / "sam_vit_b.pth")
+
+
+def test_probability_maps_are_reused_for_the_same_photo():
+    enc = encoder("cpu")
+    seg = Segmenter(FPNDecoder(enc.channels), enc, input_size=SIZE)
+    photo = Image.fromarray(np.full((20, 30, 3), 120, np.uint8))
+    first = seg.probability(photo)
+    assert first.shape == (20, 30) and seg.probability(photo.copy()) is first
+    assert seg.probability(Image.fromarray(np.full((20, 30, 3), 121, np.uint8))) is not first
+
+
+def test_benchmark_folds_keep_photo_series_together():
+    from benchmarks.segmentation import group_folds, otsu_red
+    from core.segmentation.training import Sample
+
+    names = ["a-0001", "a-0002", "a-0003", "s-2-1", "s-2-2", "s-2-3", "t1-1", "t1-2", "b-0004", "b-0005"]
+    photo = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+    samples = [Sample(n, series_group(n), photo, np.zeros((4, 4), bool)) for n in names]
+    folds = group_folds(samples, 3, seed=0)
+    assert sorted(i for f in folds for i in f) == list(range(len(names)))
+    for series in ("s-2", "t1"):
+        assert sum(any(samples[i].group == series for i in f) for f in folds) == 1
+    assert max(map(len, folds)) - min(map(len, folds)) <= 2
+    img = np.full((10, 10, 3), 200, np.uint8)
+    img[2:5, 2:5, 0] = 60
+    assert otsu_red(Image.fromarray(img)).sum() == 9
