@@ -10,11 +10,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from annotations import accounts
 from annotations.backup import backup, restore
 from annotations.dataset import EXPORT_FORMATS, PREFER, import_dataset
+from annotations.formats import FORMATS, export_outlines
 from annotations.history import history_lines, restore_revision
 from annotations.privacy import erase_patient
 from annotations.readers import DatasetError
@@ -33,22 +35,32 @@ def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study-ids", metavar="CSV", default=None,
                    help="replace photo names by study ids; the original→study id mapping is kept in "
                         "this CSV (outside the workspace's images/)")
+    p.add_argument("--keep-metadata", action="store_true",
+                   help="keep the photos' EXIF/XMP/IPTC metadata (GPS, dates, camera serials); "
+                        "by default it is stripped on import")
 
 
 def _import(args: argparse.Namespace) -> dict[str, Any]:
     return import_dataset(Workspace(args.workspace), args.dir, prefer=args.prefer, dry_run=args.dry_run,
-                          prune=args.prune, study_ids=args.study_ids)
+                          prune=args.prune, study_ids=args.study_ids, keep_metadata=args.keep_metadata)
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder (new or empty)")
-    p.add_argument("--format", choices=sorted(EXPORT_FORMATS), default="dataset",
-                   help="what to write (default: a dataset folder that imports back losslessly)")
-    p.add_argument("--force", action="store_true", help="replace the dataset files of a non-empty folder")
+    p.add_argument("--format", choices=(*sorted(EXPORT_FORMATS), *FORMATS), default="dataset",
+                   help="what to write (default: a dataset folder that imports back losslessly; "
+                        "coco, coco-rle, geojson: the outlines only, for other annotation tools)")
+    p.add_argument("--force", action="store_true", help="replace the files of a non-empty folder")
 
 
 def _export(args: argparse.Namespace) -> dict[str, Any]:
-    return EXPORT_FORMATS[args.format](Workspace(args.workspace), args.out, force=args.force)
+    ws = Workspace(args.workspace)
+    if args.format in EXPORT_FORMATS:
+        return EXPORT_FORMATS[args.format](ws, args.out, force=args.force)
+    out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise DatasetError(f"{out}: not empty; export into a new folder or give --force")
+    return export_outlines(ws, out, args.format)
 
 
 def _history_args(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,8 @@ SMOKE = {
     "orderings": "test_orderings.py::test_quick_run_writes_the_result_file",
     "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
     "readers": "test_benchmarks_smoke.py::test_readers_tiny",
+    "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",
+    "app_latency": "test_benchmarks_smoke.py::test_app_latency_tiny",
     "results": "test_results.py (the renderer every quick run above feeds)",
 }
 
@@ -81,6 +83,28 @@ def test_readers_tiny(capsys):
     assert main(["--width", "400", "--height", "300", "--wounds", "12", "--repeats", "1"]) == 0
     stages = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert stages and all(s["wounds"] == 12 for s in stages if "wounds" in s)
+
+
+@pytest.mark.slow
+def test_segmentation_tiny(tmp_path, tiny_phantom):
+    from benchmarks.segmentation import main
+    data = tiny_phantom(0, 8, 4, 12, 10)
+    argv = ["--data", str(data), "--folds", "2", "--epochs", "1", "--no-curve", "--quiet",
+            "--section", "segmentation_smoke", "--results", str(tmp_path)]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "segmentation_smoke.json").read_text(encoding="utf-8"))
+    methods = [row[0] for row in record["tables"][0]["rows"]]
+    assert any("Otsu" in m for m in methods) and any("logistic" in m for m in methods) and len(methods) >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
+def test_app_latency_tiny(capsys):
+    from benchmarks.app_latency import main
+    assert main(["--presses", "2", "--photos", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Explore, restarted server, UMAP stored" in out and "median ms" in out
 
 
 @pytest.mark.parametrize(("name", "argv", "message"), [

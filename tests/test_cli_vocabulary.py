@@ -33,6 +33,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "core.bench_contrastive": ({"--workspace", "--device", "--n-seeds", "--batch-size", "--epochs", "--lr",
                                 "--lambda", "--crop-size"},
                                ["--seeds", "2", "--batch", "4", "--size", "64", "--lam", "0.3"]),
+    "core.train_segmenter": ({"--workspace", "--device", "--seed", "--batch-size", "--epochs", "--lr"}, []),
     "core.phantoms": ({"--seed"}, []),  # writes a dataset folder (--out), numpy only; imports nothing of core
     "annotations": ({"--workspace"}, []),  # checked on its import subcommand; never imports core
     "benchmarks.active": ({"--workspace", "--device", "--seeds"}, []),
@@ -43,7 +44,9 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.soe": ({"--workspace", "--device", "--seed"}, []),
     "benchmarks.train_triderm": ({"--workspace", "--device", "--seed", "--epochs"}, []),
     "benchmarks.vision_ablation": ({"--workspace", "--device", "--seeds", "--epochs"}, []),
-    "benchmarks.readers": ({"--seed"}, []),  # a generated mask: no workspace, no torch
+    "benchmarks.readers": ({"--seed"}, []),
+    "benchmarks.segmentation": ({"--device", "--seed", "--epochs"}, []),  # dataset folders, not a workspace
+    "benchmarks.app_latency": (set(), []),  # browser-driven on its own phantom workspace: no torch, no seeds  # a generated mask: no workspace, no torch
     "benchmarks.results": (set(), []),  # renders result files and reruns the commands above: none of it applies
 }
 # spellings of the old vocabulary that no --help may offer any more
