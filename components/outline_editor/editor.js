@@ -15,6 +15,8 @@
 const SVGNS = "http://www.w3.org/2000/svg";
 const HANDLE_PX = 6;      // vertex handle radius on screen
 const CLOSE_PX = 10;      // a click this near the first point closes a drawing
+const DOUBLE_MS = 450;    // two presses this close in time (and 6 px in space) are a double-click
+const EDGE_PX = 12;       // a double-click this near an edge of the selected outline adds a vertex there
 const MAX_ZOOM = 40;
 
 function el(tag, attrs = {}, parent = null) {
@@ -231,23 +233,30 @@ class Editor {
     this.render();
   }
 
-  insertVertex(shape, poly, at) {
-    const pts = shape.polys[poly];
-    let best = 0;
-    let bestD = Infinity;
-    for (let i = 0; i < pts.length; i++) {
-      const [ax, ay] = pts[i];
-      const [bx, by] = pts[(i + 1) % pts.length];
-      const dx = bx - ax;
-      const dy = by - ay;
-      const t = Math.max(0, Math.min(1, ((at[0] - ax) * dx + (at[1] - ay) * dy) / (dx * dx + dy * dy || 1)));
-      const d = Math.hypot(ax + t * dx - at[0], ay + t * dy - at[1]);
-      if (d < bestD) { bestD = d; best = i; }
-    }
+  nearestEdge(shape, at) {  // {poly, after, point, dist} of the edge of `shape` nearest to `at`
+    let best = null;
+    shape.polys.forEach((pts, poly) => {
+      for (let i = 0; i < pts.length; i++) {
+        const [ax, ay] = pts[i];
+        const [bx, by] = pts[(i + 1) % pts.length];
+        const dx = bx - ax;
+        const dy = by - ay;
+        const t = Math.max(0, Math.min(1, ((at[0] - ax) * dx + (at[1] - ay) * dy) / (dx * dx + dy * dy || 1)));
+        const point = [ax + t * dx, ay + t * dy];
+        const dist = Math.hypot(point[0] - at[0], point[1] - at[1]);
+        if (!best || dist < best.dist) best = { poly, after: i, point, dist };
+      }
+    });
+    return best;
+  }
+
+  insertVertex(shape, at) {
+    const edge = this.nearestEdge(shape, at);
+    if (!edge || edge.dist * this.scale() > EDGE_PX) return;
     this.remember();
-    pts.splice(best + 1, 0, at);
+    shape.polys[edge.poly].splice(edge.after + 1, 0, edge.point);
     shape.dirty = true;
-    this.sel = { key: shape.key, poly, vertex: best + 1 };
+    this.sel = { key: shape.key, poly: edge.poly, vertex: edge.after + 1 };
     this.render();
   }
 
@@ -306,15 +315,6 @@ class Editor {
     svg.addEventListener("pointerdown", (e) => this.onDown(e));
     svg.addEventListener("pointermove", (e) => this.onMove(e));
     svg.addEventListener("pointerup", (e) => this.onUp(e));
-    svg.addEventListener("dblclick", (e) => {
-      const t = e.target;
-      if (this.mode === "edit" && t.classList.contains("shape")) {
-        const shape = this.shapes.find((s) => s.key === t.dataset.key);
-        this.insertVertex(shape, +t.dataset.poly, this.toPhoto(e));
-      } else if (this.mode === "draw" && this.draft.length >= 3) {
-        this.closeDraft();
-      }
-    });
     svg.addEventListener("keydown", (e) => this.onKey(e));
     svg.addEventListener("keyup", (e) => { if (e.key === " ") this.space = false; });
     this.root.addEventListener("keydown", (e) => { if (e.target !== svg) this.onKey(e); });
@@ -336,6 +336,16 @@ class Editor {
     this.svg.focus({ preventScroll: true });
     const t = e.target;
     const at = this.toPhoto(e);
+    // Double clicks are detected here: every press redraws the SVG, so the browser's dblclick never fires.
+    const now = performance.now();
+    const last = this.lastDown;
+    this.lastDown = { t: now, x: e.clientX, y: e.clientY };
+    if (e.button === 0 && last && now - last.t < DOUBLE_MS && Math.hypot(e.clientX - last.x, e.clientY - last.y) < 6) {
+      this.lastDown = null;
+      const shape = this.selected();
+      if (this.mode === "edit" && shape) { this.insertVertex(shape, at); return; }
+      if (this.mode === "draw" && this.draft.length >= 3) { this.closeDraft(); return; }
+    }
     if (e.button === 1 || this.space || (e.button === 0 && this.mode === "edit" && !t.dataset.key)) {
       this.pan = { from: [e.clientX, e.clientY], view: { ...this.view } };
       this.svg.setPointerCapture(e.pointerId);
