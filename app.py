@@ -1,8 +1,10 @@
 """TriDerm Studio — ``streamlit run app.py [-- --workspace PATH]``.
 
-Home page (sign-in, workspace overview, import / demo) and the router for the pages in
-``pages/``. Until the access code (``TRIDERM_ACCESS_CODE`` or the ``access_code`` secret) is
-given, only the sign-in form exists: no other page is even routable.
+Home page (sign-in, workspace overview, import / demo for admins) and the router for the pages in
+``pages/``. Until a visitor signs in with a personal account (or the identity provider configured
+in the ``[auth]`` secrets), only the sign-in page exists: no other page is even routable. The
+first admin account is created on the command line: ``python -m annotations users add --role
+admin NAME``.
 """
 
 from __future__ import annotations
@@ -14,38 +16,36 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import session
+from annotations import accounts, session
+from annotations.accounts import AuthError
 from annotations.dataset import import_dataset
 from annotations.readers import DatasetError
 
-PAGES = [
-    ("pages/1_Wound_masks.py", "Wound masks", ":material/draw:"),
-    ("pages/2_Triplets.py", "Triplet judgments", ":material/compare:"),
-    ("pages/3_LLM_oracle.py", "LLM oracle", ":material/smart_toy:"),
-    ("pages/4_Train.py", "Train", ":material/model_training:"),
-    ("pages/5_Explore.py", "Explore", ":material/scatter_plot:"),
-    ("pages/6_Report.py", "Report", ":material/table_chart:"),
-]
 
-
-def sign_in_form(need_code: bool) -> None:
+def sign_in_form() -> None:
+    store = ac.workspace().store
+    notice = st.session_state.pop("_auth_notice", None)
+    if notice:
+        st.warning(notice)
+    if not accounts.has_accounts(store):
+        st.info("No account exists in this workspace yet. Create the first admin on the server:\n\n"
+                "`python -m annotations users add --role admin NAME`")
+    providers = ac.oidc_providers()
+    if providers:
+        for provider in providers:
+            if st.button(f"Sign in with {provider or 'your organisation'}", key=f"oidc_{provider}"):
+                st.login(provider) if provider else st.login()
     with st.form("sign_in", border=True):
         st.subheader("Sign in")
-        name = st.text_input("Your name (annotator)", value=ac.annotator() or "",
-                             help="Your triplet judgments are stored under this name.")
-        code = st.text_input("Access code", type="password") if need_code else None
+        name = st.text_input("Account name", autocomplete="username")
+        password = st.text_input("Password", type="password", autocomplete="current-password")
         if st.form_submit_button("Sign in", type="primary"):
-            if need_code and not session.access_granted(code, ac.required_code()):
-                st.error("Wrong access code.")
-                return
             try:
-                clean = session.clean_annotator_name(name)
-            except ValueError as err:
+                found = accounts.authenticate(store, name, password)
+            except AuthError as err:
                 st.error(str(err))
                 return
-            st.session_state["access_code"] = code
-            st.session_state["annotator"] = clean
-            ac.workspace().store.add_annotator(clean)
+            ac.sign_in(found)
             st.rerun()
 
 
@@ -97,48 +97,67 @@ def data_section(ws) -> None:
                                f"{summary['new_triplets']} new triplets.")
         with right:
             st.markdown("**Build the synthetic demo** (phantom wounds, labelled SYNTHETIC everywhere)")
+            refusal = demo_refusal(ws)
+            if refusal:
+                st.caption(refusal)
             photos = st.number_input("Photos", min_value=6, max_value=200, value=53)
-            if st.button("Build demo"):
+            if st.button("Build demo", disabled=refusal is not None):
                 from core.phantoms import build
 
-                with st.spinner("Rendering phantom photos…"):
-                    with tempfile.TemporaryDirectory() as tmp:
-                        out = Path(tmp) / "demo"
-                        n = int(photos)
-                        build(out, seed=0, photos=n, patients=max(1, round(n * 21 / 53)),
-                              wounds=max(n, round(n * 120 / 53)),
-                              triplets=min(513, n * (n - 1) * (n - 2) // 2))
+                with st.spinner("Rendering phantom photos…"), tempfile.TemporaryDirectory() as tmp:
+                    out = Path(tmp) / "demo"
+                    n = int(photos)
+                    build(out, seed=0, photos=n, patients=max(1, round(n * 21 / 53)),
+                          wounds=max(n, round(n * 120 / 53)),
+                          triplets=min(513, n * (n - 1) * (n - 2) // 2))
+                    try:
                         summary = import_dataset(ws, out)
+                    except DatasetError as err:
+                        st.error(f"Nothing imported: {err}")
+                        return
                 st.success(f"Demo imported: {summary['images']} synthetic photos, {summary['wounds']} wounds.")
                 st.rerun()
 
 
+def demo_refusal(ws) -> str | None:
+    """Why the synthetic demo may not be built into this workspace (None: it may)."""
+    from annotations import dataset
+
+    guard = getattr(dataset, "demo_refusal", None)  # the import guard of annotations.dataset, where present
+    if guard is not None:
+        return guard(ws)
+    if ws.store.counts()["images"] and not ws.is_synthetic:
+        return ("This workspace holds real photos: the synthetic demo can only be built into an empty or "
+                "synthetic workspace. Start the app with another `--workspace` for the demo.")
+    return None
+
+
 def home() -> None:
     ws = ac.page("TriDerm Studio")
+    found = ac.account()
     st.caption("Collect expert wound-similarity judgments, learn image and text embeddings, explore them.")
-    if ac.annotator():
-        st.success(f"Signed in as **{ac.escape_md(ac.annotator())}**. "
-                   "Use the pages on the left: outline wounds, judge triplets, run the models.")
-    else:
-        sign_in_form(need_code=False)
+    st.success(f"Signed in as **{ac.escape_md(found.name)}** ({found.role}). Use the pages on the left.")
     overview_section(ws)
-    data_section(ws)
-
-
-def main() -> None:
-    st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
-    if not ac.access_ok():
-        nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)])
-    else:
-        nav = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]
-                            + [st.Page(p, title=t, icon=i) for p, t, i in PAGES])
-    nav.run()
+    if found.can("manage"):
+        data_section(ws)
 
 
 def gate() -> None:
     st.title("TriDerm Studio")
-    st.caption("Access is restricted. Enter your name and the study's access code.")
-    sign_in_form(need_code=True)
+    ac.sync_cookie()
+    st.caption("Access is restricted to personal accounts.")
+    sign_in_form()
+
+
+def main() -> None:
+    st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
+    if ac.account() is None:
+        nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)])
+    else:  # every page is routable; each one tells a role without access why it is closed
+        st.session_state["_home_page"] = st.Page(home, title="Home", icon=":material/home:", default=True)
+        nav = st.navigation([st.session_state["_home_page"]]
+                            + [st.Page(p, title=t, icon=i) for p, t, i, _ in ac.PAGES], position="hidden")
+    nav.run()
 
 
 main()

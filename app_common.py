@@ -1,21 +1,43 @@
-"""Streamlit helpers shared by the app's pages: workspace, sign-in gate, banners, images.
+"""Streamlit helpers shared by the app's pages: workspace, accounts and roles, banners, images.
 
-The rules themselves (who may enter, which workspace) live in :mod:`annotations.session`.
+The rules themselves live in :mod:`annotations.accounts` (passwords, lock-out, session tokens,
+roles) and :mod:`annotations.session`; this module only wires them to Streamlit. Every page
+starts with ``ws = page(title, need=PERMISSION)``: it stops the script with a clear message for a
+visitor who is not signed in or whose role lacks ``PERMISSION``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import json
 import sys
+import threading
+from collections.abc import Mapping
 
+import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from annotations import session
+from annotations import accounts, session
+from annotations.accounts import Account, AuthError
 from annotations.workspace import Workspace
 
 APP_TITLE = "TriDerm Studio"
+#: (script, title, icon, permission) of every page after Home, in sidebar order.
+PAGES = [
+    ("pages/1_Wound_masks.py", "Wound masks", ":material/draw:", "annotate"),
+    ("pages/2_Triplets.py", "Triplet judgments", ":material/compare:", "annotate"),
+    ("pages/3_LLM_oracle.py", "LLM oracle", ":material/smart_toy:", "jobs"),
+    ("pages/4_Train.py", "Train", ":material/model_training:", "jobs"),
+    ("pages/5_Explore.py", "Explore", ":material/scatter_plot:", "view"),
+    ("pages/6_Report.py", "Report", ":material/table_chart:", "view"),
+    ("pages/7_Review.py", "Review", ":material/fact_check:", "manage"),
+    ("pages/8_Accounts.py", "Accounts", ":material/group:", "manage"),
+]
+PERMISSION_TEXT = {"manage": "admins", "jobs": "admins and researchers", "annotate": "admins and annotators",
+                   "view": "admins, researchers and viewers"}
 
 
 def workspace() -> Workspace:
@@ -28,48 +50,165 @@ def workspace() -> Workspace:
     return ws
 
 
-def required_code() -> str | None:
+# -- accounts -------------------------------------------------------------------------------------
+def oidc_providers() -> list[str | None] | None:
+    """Identity providers of the ``[auth]`` secrets section (None: OIDC is not configured; a
+    ``None`` entry is the unnamed default provider)."""
     try:
-        secrets = st.secrets
-    except Exception:  # no secrets.toml anywhere
-        secrets = None
-    return session.required_access_code(secrets=secrets)
+        auth = st.secrets.get("auth")
+    except FileNotFoundError:  # no secrets.toml anywhere (StreamlitSecretNotFoundError)
+        return None
+    if not isinstance(auth, Mapping):
+        return None
+    named = [k for k, v in auth.items() if isinstance(v, Mapping)]
+    return ([None] if "client_id" in auth else []) + named or None
 
 
-def access_ok() -> bool:
-    """Whether this session gave the access code (always True when none is configured)."""
-    return session.access_granted(st.session_state.get("access_code"), required_code())
+def account() -> Account | None:
+    """The signed-in account, refreshed from the store (a role change or a disabled account takes
+    effect on the next click); restored from the session cookie or the identity provider after a
+    reload. A forged or expired cookie signs the visitor out with a message."""
+    state = st.session_state
+    store = workspace().store
+    current = state.get("account")
+    if current is not None:
+        fresh = accounts.active(store, current.name)
+        if fresh is None:
+            _forget("Your account was removed or disabled; you are signed out.")
+            return None
+        if fresh != current:
+            state["account"] = fresh
+        return fresh
+    token = browser_cookie()
+    if token and token != state.get("_rejected_cookie"):
+        try:
+            restored = accounts.account_from_token(store, accounts.secret_key(workspace().root), token)
+        except AuthError as err:
+            state["_rejected_cookie"] = token
+            _forget(str(err))
+            return None
+        state["account"] = restored
+        state["_cookie"] = token
+        return restored
+    if oidc_providers() and getattr(st.user, "is_logged_in", False):
+        email = str(st.user.get("email") or "")
+        found = accounts.by_email(store, email) if email else None
+        if found is None:
+            state["_auth_notice"] = (f"The identity provider signed you in as {email or 'an unknown user'}, but no "
+                                     "TriDerm account has that e-mail. Ask an admin to create one.")
+            return None
+        sign_in(found)
+        return found
+    return None
+
+
+def browser_cookie() -> str | None:
+    """The session cookie this browser sent when it connected (None when absent)."""
+    token = st.context.cookies.get(accounts.COOKIE_NAME)
+    return token if isinstance(token, str) and token else None  # (AppTest's context answers a mock)
+
+
+def sign_in(found: Account) -> None:
+    """Start this browser's session for ``found`` (and set the signed session cookie)."""
+    st.session_state["account"] = found
+    st.session_state["_cookie"] = accounts.issue_token(workspace().store, accounts.secret_key(workspace().root),
+                                                       found)
+    st.session_state.pop("_auth_notice", None)
+    workspace().store.add_annotator(found.name)
+
+
+def _forget(notice: str | None = None) -> None:
+    for key in ("account", "_cookie", "question", "history", "pending", "_sched", "_sched_settings"):
+        st.session_state.pop(key, None)
+    st.session_state["_clear_cookie"] = True
+    if notice:
+        st.session_state["_auth_notice"] = notice
+
+
+def sign_out() -> None:
+    """End the session in this browser: forget the account and delete the cookie."""
+    token = browser_cookie()
+    if token:
+        st.session_state["_rejected_cookie"] = token  # this connection still carries the old cookie
+    _forget()
+    if oidc_providers() and getattr(st.user, "is_logged_in", False):
+        st.logout()
+
+
+def sync_cookie() -> None:
+    """Write (or delete) the session cookie in the browser to match this session."""
+    state = st.session_state
+    token = state.get("_cookie")
+    if token and token != browser_cookie():
+        value = f"{accounts.COOKIE_NAME}={token}; path=/; max-age={accounts.SESSION_MAX_AGE_S}; SameSite=Strict"
+    elif state.get("_clear_cookie"):
+        value = f"{accounts.COOKIE_NAME}=; path=/; max-age=0; SameSite=Strict"
+    else:
+        return
+    # the token is URL-safe base64 from itsdangerous: no quote or semicolon to escape
+    st.html(f"<script>document.cookie = {json.dumps(value)};</script>", unsafe_allow_javascript=True)
 
 
 def annotator() -> str | None:
-    return st.session_state.get("annotator")
+    """The signed-in account's name (judgments are stored as ``expert:<name>``)."""
+    found = account()
+    return found.name if found else None
 
 
-def page(title: str, needs_name: bool = False) -> Workspace:
-    """Start a page: config, access gate (stops the script when it fails), synthetic banner."""
-    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide")
-    if not access_ok():
-        st.error("This TriDerm Studio needs an access code. Sign in on the Home page.")
-        st.stop()
-    if needs_name and not annotator():
-        st.warning("Sign in with your name on the Home page to use this page.")
+def actor() -> str:
+    """The name to record in the revisions table for a change made on this page."""
+    found = account()
+    if found is None:
+        raise RuntimeError("no account is signed in")
+    return found.name
+
+
+def allowed(permission: str | None) -> bool:
+    found = account()
+    return found is not None and (permission is None or found.can(permission))
+
+
+def page(title: str, need: str | None = None, compact: bool = False) -> Workspace:
+    """Start a page: config, sign-in and role gate (stops the script when either fails), sidebar,
+    synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
+    ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width."""
+    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide",
+                       initial_sidebar_state="collapsed" if compact else "auto")
+    if compact:
+        st.html("<style>[data-testid='stMainBlockContainer'] {padding: 3.75rem 1rem 1rem 1rem;} "
+                "[data-testid='stMainBlockContainer'] h1 {font-size: 1.6rem; padding: 0;}</style>")
+    sync_cookie()
+    found = account()
+    if found is None:
+        st.error(st.session_state.get("_auth_notice") or "Sign in on the Home page to use TriDerm Studio.")
         st.stop()
     ws = workspace()
     sidebar(ws)
+    if need is not None and not found.can(need):
+        st.title(title)
+        st.error(f"**{title}** is only for {PERMISSION_TEXT[need]}. You are signed in as "
+                 f"{escape_md(found.name)} ({found.role}); ask an admin if you need access.")
+        st.stop()
     st.title(title)
     synthetic_banner(ws)
     return ws
 
 
 def sidebar(ws: Workspace) -> None:
+    found = account()
     with st.sidebar:
-        who = annotator()
-        st.caption(f"Signed in as **{escape_md(who)}**" if who else "Not signed in")
+        if found is not None:
+            if "_home_page" in st.session_state:  # set by app.py (absent when a page script runs alone)
+                st.page_link(st.session_state["_home_page"], label="Home", icon=":material/home:")
+            for script, title, icon, permission in PAGES:
+                if found.can(permission):
+                    st.page_link(script, label=title, icon=icon)
+            st.divider()
+            st.caption(f"Signed in as **{escape_md(found.name)}** ({found.role})")
+            if st.button("Sign out", key="_signout"):
+                sign_out()
+                st.rerun()
         st.caption(f"Workspace: `{ws.root}`")
-        if who and st.button("Sign out", key="_signout"):
-            for key in ("annotator", "access_code", "question", "history"):
-                st.session_state.pop(key, None)
-            st.rerun()
 
 
 def synthetic_banner(ws: Workspace) -> None:
@@ -92,9 +231,17 @@ def escape_md(text: str | None) -> str:
     return "".join(out)
 
 
+def _digest(ws: Workspace, image_id: str) -> str:
+    """Content hash of a photo (the store's sha256, updated by every import) plus its mask file's, so
+    cached pictures follow a re-import or a new outline rather than the file path."""
+    row = ws.store.image(image_id) or {}
+    mask = ws.masks_dir / f"{image_id}.png"
+    mask_hash = hashlib.sha1(mask.read_bytes()).hexdigest() if mask.exists() else ""
+    return f"{row.get('sha256', '')}:{mask_hash}"
+
+
 @st.cache_data(show_spinner=False, max_entries=512)
-def thumbnail(path: str, size: int = 320) -> bytes:
-    """PNG bytes of a photo file shrunk to ``size`` px on its longer side (cached)."""
+def _thumbnail(path: str, size: int, digest: str) -> bytes:
     with Image.open(path) as im:
         im = im.convert("RGB")
         im.thumbnail((size, size))
@@ -104,20 +251,53 @@ def thumbnail(path: str, size: int = 320) -> bytes:
 
 
 def photo(ws: Workspace, image_id: str, size: int = 320) -> bytes:
-    return thumbnail(str(ws.image_path(image_id)), size)
+    """PNG bytes of a photo shrunk to ``size`` px on its longer side (cached by content hash)."""
+    return _thumbnail(str(ws.image_path(image_id)), size, _digest(ws, image_id))
+
+
+def _frame(im: Image.Image, width: int, height: int) -> bytes:
+    im = ImageOps.contain(im.convert("RGB"), (width, height))  # enlarges small photos too
+    frame = Image.new("RGB", (width, height), (242, 245, 247))
+    frame.paste(im, ((width - im.width) // 2, (height - im.height) // 2))
+    buf = io.BytesIO()
+    frame.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 @st.cache_data(show_spinner=False, max_entries=512)
-def letterboxed(path: str, width: int = 720, height: int = 540) -> bytes:
-    """The photo fitted into a fixed width×height frame (neutral margins), so that photos of
-    different shapes shown side by side line up."""
+def _letterboxed(path: str, width: int, height: int, digest: str) -> bytes:
     with Image.open(path) as im:
-        im = ImageOps.contain(im.convert("RGB"), (width, height))  # enlarges small photos too
-        frame = Image.new("RGB", (width, height), (242, 245, 247))
-        frame.paste(im, ((width - im.width) // 2, (height - im.height) // 2))
-        buf = io.BytesIO()
-        frame.save(buf, format="PNG")
-    return buf.getvalue()
+        return _frame(im, width, height)
+
+
+def letterboxed(ws: Workspace, image_id: str, width: int = 720, height: int = 540) -> bytes:
+    """The photo fitted into a fixed width×height frame (neutral margins), so that photos of
+    different shapes shown side by side line up (cached by content hash)."""
+    return _letterboxed(str(ws.image_path(image_id)), width, height, _digest(ws, image_id))
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _outlined(root: str, image_id: str, width: int, height: int, digest: str) -> bytes:
+    ws = workspace()
+    return _frame(outline_overlay(ws.load_image(image_id), ws.load_mask(image_id)), width, height)
+
+
+def outline_overlay(image: Image.Image, labels: np.ndarray) -> Image.Image:
+    """The photo with each wound's contour drawn in its colour (a 3-px line; the wound stays visible)."""
+    from scipy import ndimage
+
+    out = np.asarray(image.convert("RGB")).copy()
+    width = max(2, round(max(out.shape[:2]) / 300))
+    for i in (int(v) for v in np.unique(labels) if v > 0):
+        region = labels == i
+        edge = region & ~ndimage.binary_erosion(region, iterations=width)
+        out[edge] = session.PALETTE[(i - 1) % len(session.PALETTE)]
+    return Image.fromarray(out)
+
+
+def outlined(ws: Workspace, image_id: str, width: int = 720, height: int = 540) -> bytes:
+    """:func:`letterboxed` with each outlined wound's contour drawn on the photo."""
+    return _outlined(str(ws.root), image_id, width, height, _digest(ws, image_id))
 
 
 def data_uri(png: bytes) -> str:
@@ -127,6 +307,47 @@ def data_uri(png: bytes) -> str:
 def status_badge(status: str) -> str:
     """Plain-text run status (no emoji: clinical workstations often lack emoji fonts)."""
     return {"running": "● running", "done": "✓ done", "failed": "✗ failed", "stopped": "■ stopped"}.get(status, status)
+
+
+def category_colours(values: list[str], limit: int = 24) -> tuple[list[str], dict[str, str]]:
+    """Map categories to ``limit`` distinct colours (plotly's Dark24): up to ``limit`` categories each
+    get their own; beyond that the ``limit - 1`` most frequent keep theirs and the rest become
+    ``other`` (grey). Returns the (possibly grouped) values and {category: colour}, legend order."""
+    from collections import Counter
+
+    import plotly.express as px
+
+    counts = Counter(values)
+    if len(counts) > limit:
+        keep = {v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit - 1]}
+        values = [v if v in keep else "other" for v in values]
+    names = sorted(set(values) - {"other"})
+    colours = {name: px.colors.qualitative.Dark24[n] for n, name in enumerate(names)}
+    if "other" in values:
+        colours["other"] = "#9e9e9e"
+    return values, colours
+
+
+_BACKGROUND: set[str] = set()
+_BACKGROUND_LOCK = threading.Lock()
+
+
+def in_background(key: str, fn, *args) -> None:
+    """Run ``fn(*args)`` in a daemon thread unless a task with ``key`` is already running in this
+    server process (e.g. one UMAP per run, however many browsers ask for it)."""
+    with _BACKGROUND_LOCK:
+        if key in _BACKGROUND:
+            return
+        _BACKGROUND.add(key)
+
+    def work() -> None:
+        try:
+            fn(*args)
+        finally:
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.discard(key)
+
+    threading.Thread(target=work, name=f"triderm-{key}", daemon=True).start()
 
 
 # -- background jobs ------------------------------------------------------------------------------
@@ -161,10 +382,10 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         if c2.button("Stop", key=f"stop_{name}"):
             jobs.stop_job(ws, name)
             st.rerun()
-    elif record is not None:
-        if c2.button("Resume", key=f"resume_{name}", help="Relaunch the same command; it continues from its cache"):
-            jobs.resume_job(ws, name)
-            st.rerun()
+    elif record is not None and c2.button("Resume", key=f"resume_{name}",
+                                          help="Relaunch the same command; it continues from its cache"):
+        jobs.resume_job(ws, name)
+        st.rerun()
     if record is not None:
         run = record.get("run")
         state = "running" if alive else (run["status"] if run else "exited")

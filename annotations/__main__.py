@@ -1,10 +1,11 @@
-"""``python -m annotations import DIR`` / ``python -m annotations export OUT``."""
+"""``python -m annotations import DIR`` / ``export OUT`` / ``users add --role admin NAME``."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from annotations import accounts
 from annotations.dataset import export_dataset, import_dataset
 from annotations.readers import DatasetError
 from annotations.workspace import Workspace
@@ -12,7 +13,7 @@ from annotations.workspace import Workspace
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m annotations",
-                                     description="Import or export a TriDerm dataset folder.")
+                                     description="Import or export a TriDerm dataset folder; manage accounts.")
     sub = parser.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="validate, then import a dataset folder (idempotent)")
     imp.add_argument("dir", help="dataset folder (images/, masks/, wounds.csv, …)")
@@ -21,8 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     for p in (imp, exp):
         p.add_argument("--workspace", default=None,
                        help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    accounts.add_cli(sub.add_parser("users", help="manage accounts (first run: users add --role admin NAME)"))
     args = parser.parse_args(argv)
     ws = Workspace(args.workspace)
+    if args.command == "users":
+        return accounts.run_cli(ws.store, args)
     try:
         summary = import_dataset(ws, args.dir) if args.command == "import" else export_dataset(ws, args.out)
     except DatasetError as err:

@@ -113,3 +113,49 @@ def inter_annotator_kappa(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         })
     defined = [p["kappa"] for p in pairs if not math.isnan(p["kappa"])]
     return {"pairs": pairs, "mean_kappa": sum(defined) / len(defined) if defined else math.nan}
+
+
+def progress(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per annotator: judgments stored, skips, planned repeats, median latency (ms), last answer time."""
+    out: dict[str, dict[str, Any]] = {}
+    latencies: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        who = annotator_of(row["source"])
+        if who is None:
+            continue
+        entry = out.setdefault(who, {"answered": 0, "skips": 0, "repeats": 0, "last": ""})
+        entry["answered"] += 1
+        entry["skips"] += row["choice"] == "skip"
+        entry["repeats"] += int(row.get("rep") or 0) > 0
+        entry["last"] = max(entry["last"], str(row.get("created") or ""))
+        if row.get("latency_ms") is not None:
+            latencies[who].append(float(row["latency_ms"]))
+    for who, entry in out.items():
+        values = sorted(latencies[who])
+        entry["median_ms"] = values[len(values) // 2] if values else math.nan
+    return out
+
+
+def disagreements(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Triplets (first showing) that two or more annotators answered differently.
+
+    Returns ``[{"anchor", "refs": (a, b), "answers": {annotator: (row id, chosen reference)}}]``,
+    the most divided first (then by anchor).
+    """
+    by_key: dict[Key, dict[str, tuple[int, str]]] = defaultdict(dict)
+    for row in rows:
+        who = annotator_of(row["source"])
+        chosen = chosen_reference(row)
+        if who is None or chosen is None or int(row.get("rep") or 0) != 0:
+            continue
+        by_key[triplet_key(row["anchor"], row["ref_j"], row["ref_k"])][who] = (int(row["id"]), chosen)
+    out = []
+    for key, answers in by_key.items():
+        picks = [c for _, c in answers.values()]
+        if len(set(picks)) > 1:
+            minority = min(picks.count(key[1]), picks.count(key[2]))
+            out.append({"anchor": key[0], "refs": (key[1], key[2]), "answers": answers, "_m": minority})
+    out.sort(key=lambda d: (-d["_m"] / len(d["answers"]), d["anchor"], d["refs"]))
+    for d in out:
+        del d["_m"]
+    return out

@@ -1,14 +1,13 @@
-"""Page-independent logic behind the app: workspace choice, sign-in gate, overview, outlines.
+"""Page-independent logic behind the app: workspace choice, overview, outlines (accounts and
+sign-in: :mod:`annotations.accounts`).
 
 Nothing here imports Streamlit, so every rule the pages apply is testable on its own.
 """
 
 from __future__ import annotations
 
-import hmac
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +19,11 @@ from PIL import Image, ImageDraw
 from annotations.readers import wound_geometry
 from annotations.workspace import ENV_VAR, Workspace, resolve_workspace
 
-ACCESS_ENV = "TRIDERM_ACCESS_CODE"
-NAME_RE = re.compile(r"^[\w][\w .'-]{0,47}$")
-
 #: Overview targets (store meta keys, defaults). The paper's expert answered 513 triplets.
 TARGETS = {"target_expert_triplets": 513, "target_per_annotator": 100}
 
 
-# -- workspace and sign-in ----------------------------------------------------------------------
+# -- workspace ---------------------------------------------------------------------------------
 def workspace_root(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> Path:
     """The app's workspace: ``--workspace PATH`` after ``streamlit run app.py --``, else
     ``$TRIDERM_WORKSPACE``, else ``./workspace``."""
@@ -41,35 +37,6 @@ def workspace_root(argv: Sequence[str], environ: Mapping[str, str] = os.environ)
     if path is None:
         path = environ.get(ENV_VAR) or None
     return resolve_workspace(path).resolve()
-
-
-def required_access_code(environ: Mapping[str, str] = os.environ, secrets: Mapping[str, Any] | None = None) -> str | None:
-    """The access code every visitor must give: ``$TRIDERM_ACCESS_CODE``, else the
-    ``access_code`` Streamlit secret; None when neither is set (open access)."""
-    code = environ.get(ACCESS_ENV)
-    if not code and secrets is not None:
-        try:
-            code = secrets.get("access_code")
-        except Exception:  # no secrets file: Streamlit raises on access
-            code = None
-    return str(code) if code else None
-
-
-def access_granted(given: str | None, required: str | None) -> bool:
-    """Constant-time check of the code a visitor typed."""
-    if required is None:
-        return True
-    return given is not None and hmac.compare_digest(given.encode(), required.encode())
-
-
-def clean_annotator_name(name: str) -> str:
-    """A trimmed annotator name: letters, digits, space, ``.'-_``, at most 48 characters."""
-    name = " ".join((name or "").split())
-    if not name:
-        raise ValueError("Enter your name to sign in.")
-    if not NAME_RE.match(name):
-        raise ValueError("Names may use letters, digits, spaces and . ' - _ (at most 48 characters).")
-    return name
 
 
 # -- overview -----------------------------------------------------------------------------------

@@ -115,8 +115,34 @@ CREATE TABLE revisions (
 CREATE INDEX revisions_entity_key ON revisions (entity, key);
 """
 
+# Accounts (annotations/accounts.py): one row per person, names unique ignoring case; a session
+# token names the account and its ``session_epoch``. ``exclusions`` marks an annotator (by name) or
+# one judgment (by triplet id) as left out of every metric; the rows themselves stay.
+_SCHEMA_ACCOUNTS = """
+CREATE TABLE accounts (
+    name TEXT PRIMARY KEY COLLATE NOCASE,
+    password_hash TEXT,
+    role TEXT NOT NULL CHECK (role IN ('admin', 'researcher', 'annotator', 'viewer')),
+    email TEXT UNIQUE COLLATE NOCASE,
+    failed INTEGER NOT NULL DEFAULT 0,
+    locked_until TEXT,
+    disabled INTEGER NOT NULL DEFAULT 0,
+    session_epoch INTEGER NOT NULL DEFAULT 0,
+    created TEXT NOT NULL
+);
+CREATE TABLE exclusions (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL CHECK (kind IN ('annotator', 'triplet')),
+    target TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    actor TEXT NOT NULL,
+    created TEXT NOT NULL,
+    UNIQUE (kind, target)
+);
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2]
+MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_ACCOUNTS]
 
 
 def now() -> str:
@@ -294,8 +320,15 @@ class Store:
                                       [prefix.replace("%", r"\%") + "%"]))
         return list(self.db.query("SELECT * FROM triplets ORDER BY id"))
 
-    def expert_triplets(self) -> list[dict]:
-        return self.triplets(prefix="expert:")
+    def expert_triplets(self, include_excluded: bool = False) -> list[dict]:
+        """Expert judgments, oldest first, without those an admin excluded from evaluation (a
+        test/practice annotator or a single judgment) unless ``include_excluded``."""
+        if include_excluded:
+            return self.triplets(prefix="expert:")
+        return list(self.db.query(
+            "SELECT * FROM triplets WHERE source LIKE 'expert:%' AND id NOT IN (SELECT CAST(target AS INTEGER) "
+            "FROM exclusions WHERE kind = 'triplet') AND substr(source, 8) NOT IN (SELECT target FROM exclusions "
+            "WHERE kind = 'annotator') ORDER BY id"))
 
     def triplet_sources(self) -> dict[str, int]:
         return {r["source"]: r["n"] for r in self.db.query(

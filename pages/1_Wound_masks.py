@@ -15,7 +15,7 @@ from annotations import session
 from annotations.readers import parse_value
 from components.outline_editor import image_uri, outline_editor
 
-ws = ac.page("Wound masks")
+ws = ac.page("Wound masks", need="annotate")
 state = st.session_state
 images = ws.store.images()
 if not images:

@@ -7,7 +7,7 @@ import streamlit as st
 
 import app_common as ac
 
-ws = ac.page("LLM oracle")
+ws = ac.page("LLM oracle", need="jobs")
 st.caption("The LLM acts as a *synthetic expert*: it reads the three photos' wound descriptions and says whether "
            "the query is more like the first or the second reference (TriDerm §2.2). Answers are cached in the "
            "store, so a stopped run resumes with only the missing questions.")

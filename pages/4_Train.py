@@ -10,7 +10,7 @@ import streamlit as st
 import app_common as ac
 from core.vision.backbones import LITE0_LAYERS
 
-ws = ac.page("Train")
+ws = ac.page("Train", need="jobs")
 st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
            "Progress and losses come from each job's run record in the store.")
 
@@ -18,8 +18,10 @@ counts = ws.store.counts()
 if counts["wounds"] == 0:
     st.info("No wound is outlined yet: the vision model trains on wound outlines (Wound masks page).")
 
-vision, text, evaluation, ablation, bench = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations",
-                                                    "Contrastive benchmark"])
+has_segmenter = ac.module_available("train_segmenter")  # shown only where `core.train_segmenter` is installed
+tabs = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations", "Contrastive benchmark"]
+               + (["Retrain segmenter"] if has_segmenter else []))
+vision, text, evaluation, ablation, bench = tabs[:5]
 
 with vision:
     st.markdown("Wound attention pooling + predictor on a frozen backbone, VICReg on augmented views "
@@ -99,6 +101,11 @@ def panels() -> None:
         ac.job_panel(ws, "ablate", "ablate", ablate_args, "ablations")
     with bench:
         ac.job_panel(ws, "bench-contrastive", "bench_contrastive", bench_args, "benchmark")
+    if has_segmenter:
+        with tabs[5]:
+            st.markdown("Retrain the wound segmenter that suggests outlines on the Wound masks page, on every "
+                        "outline drawn or imported so far (`python -m core.train_segmenter --workspace W`).")
+            ac.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining")
     loss_curves()
 
 
@@ -114,8 +121,8 @@ def loss_curves() -> None:
     for label in chosen:
         losses = labels[label]["metrics"]["loss"]
         fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=losses, mode="lines+markers", name=label))
-    fig.update_layout(xaxis_title="epoch", yaxis_title="training loss", height=380, margin=dict(t=20, b=40),
-                      legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(xaxis_title="epoch", yaxis_title="training loss", height=380, margin={"t": 20, "b": 40},
+                      legend={"orientation": "h", "y": -0.25})
     st.plotly_chart(fig, width="stretch")
     st.dataframe(pd.DataFrame([{
         "run": r["id"], "kind": r["kind"], "status": ac.status_badge(r["status"]), "epochs": len(r["metrics"]["loss"]),

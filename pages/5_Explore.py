@@ -3,6 +3,8 @@ and per-wound top concepts with concept heatmaps from a `concepts` run."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -10,9 +12,9 @@ import streamlit as st
 from PIL import Image
 
 import app_common as ac
-from annotations.session import PALETTE
+from annotations.fileio import write_bytes
 
-ws = ac.page("Explore")
+ws = ac.page("Explore", need="view")
 
 try:
     from core.eval.distances import pairwise_euclidean
@@ -35,9 +37,8 @@ def wound_data(root: str, run_id: int, stamp: str):
     return emb["wound_keys"], emb["wound_emb"]
 
 
-@st.cache_data(show_spinner="UMAP projection (the first one compiles numba; later ones are fast)…", max_entries=32)
 def umap_2d(D: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np.ndarray:
-    """2-d UMAP of a precomputed distance matrix."""
+    """2-d UMAP of a precomputed distance matrix (the first one in a process compiles numba: ~20 s)."""
     import umap
 
     n = len(D)
@@ -46,6 +47,45 @@ def umap_2d(D: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np.n
     reducer = umap.UMAP(n_neighbors=max(2, min(n_neighbors, n - 1)), min_dist=min_dist, metric="precomputed",
                         init="random", random_state=seed, n_components=2, n_jobs=1)
     return reducer.fit_transform(np.asarray(D, dtype=np.float64))
+
+
+def classical_mds(D: np.ndarray) -> np.ndarray:
+    """2-d classical (Torgerson) MDS: instant, shown while the run's UMAP is being computed."""
+    n = len(D)
+    centre = np.eye(n) - 1.0 / n
+    values, vectors = np.linalg.eigh(-0.5 * centre @ (np.asarray(D, dtype=np.float64) ** 2) @ centre)
+    top = np.argsort(values)[::-1][:2]
+    return vectors[:, top] * np.sqrt(np.maximum(values[top], 0.0))
+
+
+def save_umap(path, D: np.ndarray, n_neighbors: int, min_dist: float) -> None:
+    buf = io.BytesIO()
+    np.save(buf, umap_2d(D, n_neighbors, min_dist, 0))
+    write_bytes(path, buf.getvalue())
+
+
+def umap_file(run_ids: tuple[int, ...], level: str, method: str, n_neighbors: int, min_dist: float):
+    """Where the UMAP of one map is stored: beside the (first) embedding run's artifacts."""
+    name = f"umap_{level}_{method}_{'-'.join(map(str, run_ids))}_{n_neighbors}_{min_dist:.2f}.npy"
+    return ws.run_dir(run_ids[0]) / name
+
+
+def cached_map(run_ids: tuple[int, ...], level: str, method: str, D: np.ndarray, n_neighbors: int,
+               min_dist: float) -> tuple[np.ndarray, bool]:
+    """(2-d coordinates, is UMAP): the run's UMAP from ``runs/<id>/`` when computed, else an instant
+    MDS layout while a background thread computes and stores the UMAP (once per run and setting)."""
+    path = umap_file(run_ids, level, method, n_neighbors, min_dist)
+    if path.exists():
+        xy = np.load(path)
+        if len(xy) == len(D):
+            return xy, True
+    ac.in_background(str(path), save_umap, path, D, n_neighbors, min_dist)
+    return classical_mds(D), False
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def wound_distances(root: str, run_id: int, stamp: str) -> np.ndarray:
+    return pairwise_euclidean(wound_data(root, run_id, stamp)[1])
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -95,7 +135,7 @@ show_thumbs = c4.toggle("Thumbnails on the map", value=False)
 
 try:
     ids, D = distances(str(ws.root), run_ids, method, stamp)
-except Exception as err:  # e.g. fused runs that cover different photos
+except (ValueError, KeyError) as err:  # e.g. fused runs that cover different photos
     st.error(f"Cannot build distances for these runs: {err}")
     st.stop()
 images = {im["image_id"]: im for im in ws.store.images()}
@@ -104,14 +144,14 @@ patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
 if emb_level == "wounds":
     point_ids = [f"{i} #{w}" for i, w in wound_keys]
     point_images = [i for i, _ in wound_keys]
-    PD = pairwise_euclidean(wound_emb)
+    PD = wound_distances(str(ws.root), run_ids[0], stamp)
 else:
     point_ids, point_images, PD = list(ids), list(ids), D
 with st.expander("UMAP settings"):
     n_neighbors = st.slider("Neighbours", 2, 50, 15)
     min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
     k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
-xy = umap_2d(PD, n_neighbors, min_dist, 0)
+xy, is_umap = cached_map(run_ids, emb_level, method, PD, n_neighbors, min_dist)
 
 
 def colour_value(image_id: str, n: int) -> str:
@@ -125,34 +165,47 @@ def colour_value(image_id: str, n: int) -> str:
     return str((im.get("metadata") or {}).get(colour_by, "unknown"))
 
 
+@st.fragment(run_every=2.0)
+def poll_umap(run_ids: tuple[int, ...], level: str, method: str, n_neighbors: int, min_dist: float) -> None:
+    """Rerun the page once the background UMAP of this map is stored."""
+    if umap_file(run_ids, level, method, n_neighbors, min_dist).exists():
+        st.rerun(scope="app")
+    st.caption("The UMAP of this run is being computed once (later visits load it instantly); the map "
+               "switches to it by itself.")
+
+
 cluster_labels = clusters(PD, k_clusters) if colour_by == "cluster" else None
-frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "point": point_ids, "image": point_images,
-                      "colour": [colour_value(i, n) for n, i in enumerate(point_images)]})
+grouped, colours = ac.category_colours([colour_value(i, n) for n, i in enumerate(point_images)])
+frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "point": point_ids, "image": point_images, "colour": grouped})
 
 fig = go.Figure()
-for n, (value, part) in enumerate(frame.groupby("colour", sort=True)):
+for value in colours:
+    part = frame[frame["colour"] == value]
     fig.add_trace(go.Scatter(
         x=part["x"], y=part["y"], mode="markers", name=value, customdata=part[["point", "image"]].to_numpy(),
-        marker=dict(size=12, color="rgb" + str(PALETTE[n % len(PALETTE)]), line=dict(width=1, color="white")),
+        marker={"size": 12, "color": colours[value], "line": {"width": 1, "color": "white"}},
         hovertemplate="<b>%{customdata[0]}</b><br>" + colour_by + ": " + value.replace("<", "&lt;")
                       + "<extra></extra>"))
 if show_thumbs:
     span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
     for x, y, image_id in zip(frame["x"], frame["y"], frame["image"]):
-        fig.add_layout_image(dict(source=ac.data_uri(ac.photo(ws, image_id, 96)), x=x, y=y, xref="x", yref="y",
-                                  sizex=span * 0.07, sizey=span * 0.07, xanchor="center", yanchor="middle",
-                                  layer="above"))
+        fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 96)), "x": x, "y": y, "xref": "x", "yref": "y",
+                                  "sizex": span * 0.07, "sizey": span * 0.07, "xanchor": "center", "yanchor": "middle",
+                                  "layer": "above"})
 title = " + ".join(f"run {r}" for r in run_ids)
-fig.update_layout(height=560, margin=dict(t=40, b=10, l=10, r=10), title=f"UMAP of {title} ({emb_level})",
-                  xaxis=dict(showticklabels=False, title=""), yaxis=dict(showticklabels=False, title=""),
-                  legend=dict(title=colour_by), dragmode="pan")
+projection = "UMAP" if is_umap else "Classical MDS (UMAP being computed)"
+fig.update_layout(height=560, margin={"t": 40, "b": 10, "l": 10, "r": 10}, title=f"{projection} of {title} ({emb_level})",
+                  xaxis={"showticklabels": False, "title": ""}, yaxis={"showticklabels": False, "title": ""},
+                  legend={"title": colour_by}, dragmode="pan")
 if ws.is_synthetic:
     fig.add_annotation(text="SYNTHETIC", xref="paper", yref="paper", x=0.99, y=0.01, showarrow=False,
-                       font=dict(size=14, color="#b00"))
+                       font={"size": 14, "color": "#b00"})
 map_col, side_col = st.columns([3, 2], gap="large")
 with map_col:
     event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
     st.caption("Hover a point for its photo id; click a point to show it and its neighbours.")
+    if not is_umap:
+        poll_umap(run_ids, emb_level, method, n_neighbors, min_dist)
 clicked = None
 try:
     points = event.selection.points if event else []
@@ -181,12 +234,14 @@ for title_, key in (("Most similar", "similar"), ("Most dissimilar", "dissimilar
     st.markdown(f"**{title_}**")
     cols = st.columns(len(result[key]))
     for col, (image_id, dist) in zip(cols, result[key]):
-        col.image(ac.letterboxed(str(ws.image_path(image_id)), 320, 240), caption=f"{image_id} · d = {dist:.2f}",
+        col.image(ac.letterboxed(ws, image_id, 320, 240), caption=f"{image_id} · d = {dist:.2f}",
                   width="stretch")
 
 
-def attention_maps(run_id: int, image_id: str) -> list[tuple[int, Image.Image]]:
-    """Per wound of the photo: its tokens' attention weights as a heat map over the photo."""
+@st.cache_data(show_spinner=False, max_entries=64)
+def attention_maps(root: str, run_id: int, image_id: str, stamp: str) -> list[tuple[int, bytes]]:
+    """Per wound of the photo: its tokens' attention weights as a heat map over the photo (PNG,
+    at most 480 px; cached per run, photo and run state)."""
     emb = load_embeddings(ws, run_id)
     need = ("token_wound", "token_pos", "token_weight", "grid")
     if emb.get("wound_keys") is None or any(k not in emb for k in need):
@@ -209,19 +264,22 @@ def attention_maps(run_id: int, image_id: str) -> list[tuple[int, Image.Image]]:
         red = np.zeros_like(base)
         red[..., 0] = 255
         mix = base * (1 - 0.6 * big[..., None]) + red * 0.6 * big[..., None]
-        out.append((index, Image.fromarray(mix.clip(0, 255).astype(np.uint8))))
+        picture = Image.fromarray(mix.clip(0, 255).astype(np.uint8))
+        picture.thumbnail((480, 480))
+        buf = io.BytesIO()
+        picture.save(buf, format="PNG")
+        out.append((index, buf.getvalue()))
     return out
 
 
 if len(run_ids) == 1 and run["config"].get("modality") == "vision":
     st.subheader("Wound attention")
-    maps = attention_maps(run_ids[0], query)
+    maps = attention_maps(str(ws.root), run_ids[0], query, stamp)
     if maps:
         st.caption("Attention weight of each feature-grid token inside the wound (red = high), from the run's "
                    "attention pooling head.")
         cols = st.columns(4)
         for n, (index, picture) in enumerate(maps):
-            picture.thumbnail((480, 480))
             cols[n % len(cols)].image(picture, caption=f"{query} · wound {index}", width="stretch")
     else:
         st.caption("This run stored no attention weights (mean pooling or a frozen baseline).")

@@ -16,7 +16,7 @@ import app_common as ac
 
 METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %", "kappa": "κ"}
 
-ws = ac.page("Report")
+ws = ac.page("Report", need="view")
 report_dir = ws.runs_dir / "report"
 ablation_dir = ws.runs_dir / "ablation"
 bench_dir = ws.runs_dir / "bench_contrastive"
@@ -58,8 +58,8 @@ if report_json.exists():
                      labels={"balanced": "balanced agreement % (95 % CI)", "method": ""})
         fig.add_vline(x=50, line_dash="dot", annotation_text="chance")
         low = max(0.0, min(45.0, float(chart["lo"].min()) - 5))
-        fig.update_layout(height=120 + 36 * len(rows), margin=dict(t=20, b=40), yaxis=dict(autorange="reversed"),
-                          xaxis=dict(range=[low, min(100.0, float(chart["hi"].max()) + 5)]))
+        fig.update_layout(height=120 + 36 * len(rows), margin={"t": 20, "b": 40}, yaxis={"autorange": "reversed"},
+                          xaxis={"range": [low, min(100.0, float(chart["hi"].max()) + 5)]})
         st.plotly_chart(fig, width="stretch")
     c1, c2, c3 = st.columns(3)
     for col, name, mime in ((c1, "report.csv", "text/csv"), (c2, "report.md", "text/markdown"),
@@ -144,7 +144,7 @@ for path in real:
     st.markdown(f"**{res['title']}** — {len(res['seeds'])} seeds, {res['date'][:10]}, `{res['command']}`")
     table, curve = res["tables"][0], res["tables"][1]
 
-    def show(c):  # noqa: ANN001, ANN202 — a cell of the result file
+    def show(c):
         return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" if isinstance(c, dict) else c
 
     st.caption(table["caption"])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from annotations import jobs, session
+from annotations import accounts, jobs, session
 from annotations.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,21 +21,30 @@ PAGES = {
     "train": "pages/4_Train.py",
     "explore": "pages/5_Explore.py",
     "report": "pages/6_Report.py",
+    "review": "pages/7_Review.py",
+    "accounts": "pages/8_Accounts.py",
 }
+PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
 def ws(demo_workspace, monkeypatch, tmp_path) -> Workspace:
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
     monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))  # not the repository's result files
-    monkeypatch.delenv("TRIDERM_ACCESS_CODE", raising=False)
     return demo_workspace
 
 
-def app(name: str | None = None, annotator: str | None = "Tess", timeout: float = 60) -> AppTest:
+def account(name: str = "Tess", role: str = "admin") -> accounts.Account:
+    """The account ``name`` of the test's workspace ($TRIDERM_WORKSPACE), created when missing."""
+    store = Workspace(None).store
+    return accounts.get(store, name) or accounts.add_account(store, name, role, PASSWORD, "test")
+
+
+def app(name: str | None = None, annotator: str | None = "Tess", timeout: float = 60, role: str = "admin") -> AppTest:
+    """The app signed in as ``annotator`` (an account with ``role``), switched to page ``name``."""
     at = AppTest.from_file(APP, default_timeout=timeout)
     if annotator:
-        at.session_state["annotator"] = annotator
+        at.session_state["account"] = account(annotator, role)
     at.run()
     if name:
         at.switch_page(PAGES[name]).run()
@@ -69,44 +78,52 @@ def add_test_embedding(ws: Workspace, with_attention: bool = False) -> int:
 
 
 # -- home and the gate --------------------------------------------------------------------------
+def sign_in(at: AppTest, name: str, password: str) -> AppTest:
+    at.text_input[0].input(name)
+    at.text_input[1].input(password)
+    return at.button[0].click().run()
+
+
 def test_home_sign_in_and_overview(ws):
+    account("Dr Who", "annotator")
     at = app(annotator=None)
-    assert "Sign in" in texts(at)
-    assert {m.label: m.value for m in at.metric}["Photos"] == "53"
-    assert "SYNTHETIC DATA" in texts(at)
-    at.text_input[0].input("  Dr   Who ")
-    at.button[0].click().run()
-    assert at.session_state["annotator"] == "Dr Who"
+    assert "Sign in" in texts(at) and not at.metric
+    sign_in(at, "  dr WHO ", PASSWORD)  # names ignore case and extra spaces
+    assert at.session_state["account"].name == "Dr Who"
     assert "Dr Who" in ws.store.annotators()
     assert "Signed in as" in texts(at)
+    assert {m.label: m.value for m in at.metric}["Photos"] == "53"
+    assert "SYNTHETIC DATA" in texts(at)
+    assert "Build demo" not in [b.label for b in at.button]  # annotators do not import or build the demo
 
 
-def test_home_rejects_a_bad_name(ws):
+def test_wrong_password_then_lock_out(ws):
+    account("Dr Who", "annotator")
     at = app(annotator=None)
-    at.text_input[0].input("<script>")
-    at.button[0].click().run()
-    assert any("Names may use" in e.value for e in at.error)
-    assert "annotator" not in at.session_state
+    sign_in(at, "Nobody", PASSWORD)
+    assert any("Unknown account or wrong password" in e.value for e in at.error)
+    for n in range(accounts.MAX_FAILED):
+        sign_in(at, "Dr Who", "wrong password")
+    assert any("Too many failed sign-ins" in e.value for e in at.error)
+    sign_in(at, "Dr Who", PASSWORD)  # the right password is refused while locked
+    assert any("locked until" in e.value for e in at.error) and "account" not in at.session_state
 
 
-def test_access_code_gates_every_page(ws, monkeypatch):
-    monkeypatch.setenv("TRIDERM_ACCESS_CODE", "letmein")
+def test_every_page_needs_an_account_and_the_right_role(ws):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.metric and "Workspace" not in texts(at)
     for path in PAGES.values():  # even a page script run directly stops at the gate
-        page = AppTest.from_file(str(REPO / path), default_timeout=60)
-        page.session_state["annotator"] = "Tess"
-        page.run()
-        assert any("access code" in e.value for e in page.error), path
+        page = AppTest.from_file(str(REPO / path), default_timeout=60).run()
+        assert any("Sign in" in e.value for e in page.error), path
         assert not page.dataframe and not page.metric and not page.button, path
-    at.text_input[0].input("Mallory")
-    at.text_input[1].input("wrong")
-    at.button[0].click().run()
-    assert any("Wrong access code" in e.value for e in at.error) and "annotator" not in at.session_state
-    at.text_input[1].input("letmein")
-    at.button[0].click().run()
-    assert at.session_state["annotator"] == "Mallory"
-    assert {m.label for m in at.metric} >= {"Photos", "Expert triplets"}
+    closed = {"annotator": ["llm", "train", "explore", "report", "review", "accounts"],
+              "viewer": ["masks", "triplets", "llm", "train", "review", "accounts"],
+              "researcher": ["masks", "triplets", "review", "accounts"]}
+    for role, names in closed.items():
+        for name in names:
+            at = app(name, annotator=f"Dr {role}", role=role)
+            assert any("is only for" in e.value and f"({role})" in e.value for e in at.error), (role, name)
+            assert not at.dataframe and not at.get("plotly_chart"), (role, name)
 
 
 # -- annotation pages -----------------------------------------------------------------------------
@@ -151,13 +168,26 @@ def test_triplets_page_answer_undo_and_reliability(ws):
     at.button(key="btn_undo").click().run()
     assert [r["choice"] for r in ws.store.triplets(source=source)] == ["j"]
     assert "2 of 100" not in texts(at)
-    assert "Self-consistency" in texts(at) and "Cohen" in texts(at)
+    assert "Cohen" not in texts(at) and "consistency" not in texts(at).lower()  # annotators never see agreement
+    changes = [(r["action"], r["actor"]) for r in ws.store.revisions("triplets")]
+    assert changes == [("insert", "Tess"), ("insert", "Tess"), ("delete", "Tess")]
 
 
-def test_triplets_page_needs_a_name(ws):
-    at = AppTest.from_file(str(REPO / PAGES["triplets"]), default_timeout=60).run()
-    assert any("Sign in with your name" in w.value for w in at.warning)
-    assert not at.button
+def test_review_excludes_an_annotator_from_every_metric(ws):
+    for n, row in enumerate(ws.store.expert_triplets()[:6]):  # a practice account answering like the expert
+        ws.store.add_triplet(row["anchor"], row["ref_j"], row["ref_k"], row["choice"] if n % 2 else "k",
+                             "expert:Practice")
+    before = len(ws.store.expert_triplets())
+    at = app("review")
+    assert "Practice" in at.dataframe[0].value["annotator"].tolist()
+    at.selectbox(key="review_who").select("Practice").run()
+    at.text_input(key="review_reason").input("practice account").run()
+    at.button(key="review_exclude").click().run()
+    assert len(ws.store.expert_triplets()) == before - 6  # left out of every metric ...
+    assert len(ws.store.expert_triplets(include_excluded=True)) == before  # ... and kept
+    assert ws.store.revisions("exclusions")[-1]["actor"] == "Tess"
+    table = at.dataframe[0].value.set_index("annotator")
+    assert not table.loc["Practice", "in evaluation"]
 
 
 # -- model pages -----------------------------------------------------------------------------------
@@ -262,7 +292,7 @@ def test_explore_page_concepts_top_table_and_heatmap(ws):
     assert run["status"] == "done"
     photo = ws.store.wounds()[0]["image_id"]
     at = AppTest.from_file(APP, default_timeout=300)
-    at.session_state["annotator"] = "Tess"
+    at.session_state["account"] = account()
     at.run()
     at.switch_page(PAGES["explore"]).run()
     assert not at.exception, at.exception
@@ -312,18 +342,10 @@ def test_session_rules(monkeypatch):
     monkeypatch.delenv("TRIDERM_WORKSPACE", raising=False)
     assert session.workspace_root(["--workspace", "/tmp/x"], {}) == session.workspace_root(["--workspace=/tmp/x"], {})
     assert str(session.workspace_root([], {"TRIDERM_WORKSPACE": "/tmp/y"})) == "/tmp/y"
-    assert session.required_access_code({}, {"access_code": "abc"}) == "abc"
-    assert session.required_access_code({"TRIDERM_ACCESS_CODE": "env"}, {"access_code": "abc"}) == "env"
-    assert session.required_access_code({}, None) is None
-    assert session.access_granted(None, None) and session.access_granted("a", "a")
-    assert not session.access_granted(None, "a") and not session.access_granted("b", "a")
-    with pytest.raises(ValueError):
-        session.clean_annotator_name("   ")
 
 
 def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(tmp_path / "empty"))
-    monkeypatch.delenv("TRIDERM_ACCESS_CODE", raising=False)
     at = app()
     assert "This workspace is empty" in texts(at)
     at.text_input(key="import_folder").input(str(tmp_path / "missing")).run()

@@ -1,0 +1,398 @@
+"""Personal accounts, roles, sign-in throttling and signed session tokens (no Streamlit here).
+
+* Passwords are stored as salted Argon2id hashes (``argon2-cffi``); nothing here does crypto by hand.
+* Names are unique case-insensitively (``"Dr A"`` and ``"dr a"`` are one account); the stored
+  spelling is the one shown and the one judgments are stored under (``expert:<name>``).
+* After :data:`MAX_FAILED` wrong passwords in a row an account is locked for :data:`LOCK_MINUTES`
+  minutes; the count and the lock are stored, so a reload or another browser does not reset them.
+* A session survives a reload through a cookie holding an ``itsdangerous`` signed, timestamped
+  token; it names the account and its ``session_epoch`` (bumped by a password or role change,
+  which signs every browser of that account out).
+* Free-text annotator names of earlier versions are mapped to accounts by an admin: their
+  judgments move to the account's source, each move recorded in the revisions table.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+
+from annotations.store import Store, now
+
+ROLES = ("admin", "researcher", "annotator", "viewer")
+#: What each role may do: ``manage`` (import, export, demo, accounts, review), ``jobs`` (LLM and
+#: training jobs), ``annotate`` (outlines, descriptions, triplets), ``view`` (Explore, Report).
+PERMISSIONS: dict[str, frozenset[str]] = {
+    "admin": frozenset({"manage", "jobs", "annotate", "view"}),
+    "researcher": frozenset({"jobs", "view"}),
+    "annotator": frozenset({"annotate"}),
+    "viewer": frozenset({"view"}),
+}
+MAX_FAILED = 5
+LOCK_MINUTES = 15
+SESSION_MAX_AGE_S = 12 * 3600
+COOKIE_NAME = "triderm_session"
+MIN_PASSWORD = 10
+NAME_RE = re.compile(r"^[\w][\w .'-]{0,47}$")
+_HASHER = PasswordHasher()
+_DUMMY_HASH = _HASHER.hash("not a password of any account")  # equalises timing for unknown names
+
+
+class AuthError(Exception):
+    """A sign-in or account change that was refused; the message is shown as is."""
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    role: str
+    email: str | None = None
+
+    def can(self, permission: str) -> bool:
+        return permission in PERMISSIONS[self.role]
+
+
+def clean_name(name: str) -> str:
+    """A trimmed account name: letters, digits, space, ``.'-_``, at most 48 characters."""
+    name = " ".join((name or "").split())
+    if not name:
+        raise AuthError("Enter an account name.")
+    if not NAME_RE.match(name):
+        raise AuthError("Names may use letters, digits, spaces and . ' - _ (at most 48 characters).")
+    return name
+
+
+def check_password_strength(password: str) -> None:
+    if len(password or "") < MIN_PASSWORD:
+        raise AuthError(f"A password needs at least {MIN_PASSWORD} characters.")
+
+
+def _row(store: Store, name: str) -> dict | None:
+    rows = list(store.db.query("SELECT * FROM accounts WHERE name = ? COLLATE NOCASE", [name.strip()]))
+    return rows[0] if rows else None
+
+
+def _account(row: dict) -> Account:
+    return Account(row["name"], row["role"], row["email"])
+
+
+def get(store: Store, name: str) -> Account | None:
+    """The account named ``name`` (any case), or None."""
+    row = _row(store, name)
+    return _account(row) if row else None
+
+
+def active(store: Store, name: str) -> Account | None:
+    """The account named ``name`` unless it is missing or disabled."""
+    row = _row(store, name)
+    return _account(row) if row and not row["disabled"] else None
+
+
+def by_email(store: Store, email: str) -> Account | None:
+    rows = list(store.db.query("SELECT * FROM accounts WHERE email = ? COLLATE NOCASE AND disabled = 0",
+                               [email.strip()]))
+    return _account(rows[0]) if rows else None
+
+
+def list_accounts(store: Store) -> list[dict[str, Any]]:
+    """Every account without its hash: name, role, email, failed, locked_until, disabled, created."""
+    return [{k: v for k, v in r.items() if k != "password_hash"}
+            for r in store.db.query("SELECT * FROM accounts ORDER BY name COLLATE NOCASE")]
+
+
+def add_account(store: Store, name: str, role: str, password: str | None, actor: str,
+                email: str | None = None) -> Account:
+    """Create an account; ``password`` None makes an identity-provider-only (OIDC) account."""
+    name = clean_name(name)
+    if role not in ROLES:
+        raise AuthError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    if password is None and not email:
+        raise AuthError("An account without a password needs the e-mail its identity provider reports.")
+    if password is not None:
+        check_password_strength(password)
+    with store.transaction():
+        if _row(store, name) is not None:
+            raise AuthError(f"An account named {name!r} already exists (names ignore case).")
+        if email and by_email(store, email) is not None:
+            raise AuthError(f"Another account already uses the e-mail {email!r}.")
+        store.db.execute(
+            "INSERT INTO accounts (name, password_hash, role, email, created) VALUES (?, ?, ?, ?, ?)",
+            [name, _HASHER.hash(password) if password is not None else None, role, email or None, now()])
+        store.record_revision("accounts", name, "role", "insert", None, role, actor)
+    store.add_annotator(name)
+    return Account(name, role, email or None)
+
+
+def set_role(store: Store, name: str, role: str, actor: str) -> None:
+    if role not in ROLES:
+        raise AuthError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    with store.transaction():
+        row = _existing(store, name)
+        if row["role"] == "admin" and role != "admin" and _admins(store) == 1:
+            raise AuthError("This is the only admin account; make another admin first.")
+        store.db.execute("UPDATE accounts SET role = ?, session_epoch = session_epoch + 1 WHERE name = ?",
+                         [role, row["name"]])
+        store.record_revision("accounts", row["name"], "role", "update", row["role"], role, actor)
+
+
+def set_password(store: Store, name: str, password: str, actor: str) -> None:
+    check_password_strength(password)
+    with store.transaction():
+        row = _existing(store, name)
+        store.db.execute("UPDATE accounts SET password_hash = ?, failed = 0, locked_until = NULL, "
+                         "session_epoch = session_epoch + 1 WHERE name = ?", [_HASHER.hash(password), row["name"]])
+        store.record_revision("accounts", row["name"], "password", "update", None, None, actor)
+
+
+def unlock(store: Store, name: str, actor: str) -> None:
+    with store.transaction():
+        row = _existing(store, name)
+        store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL WHERE name = ?", [row["name"]])
+        store.record_revision("accounts", row["name"], "locked_until", "update", row["locked_until"], None, actor)
+
+
+def set_disabled(store: Store, name: str, disabled: bool, actor: str) -> None:
+    with store.transaction():
+        row = _existing(store, name)
+        if disabled and row["role"] == "admin" and _admins(store) == 1:
+            raise AuthError("This is the only admin account; it cannot be disabled.")
+        store.db.execute("UPDATE accounts SET disabled = ?, session_epoch = session_epoch + 1 WHERE name = ?",
+                         [int(disabled), row["name"]])
+        store.record_revision("accounts", row["name"], "disabled", "update", bool(row["disabled"]), disabled, actor)
+
+
+def _existing(store: Store, name: str) -> dict:
+    row = _row(store, name)
+    if row is None:
+        raise AuthError(f"No account named {name!r}.")
+    return row
+
+
+def _admins(store: Store) -> int:
+    return store.db.execute("SELECT count(*) FROM accounts WHERE role = 'admin' AND disabled = 0").fetchone()[0]
+
+
+def has_accounts(store: Store) -> bool:
+    return store.db.execute("SELECT count(*) FROM accounts").fetchone()[0] > 0
+
+
+# -- sign-in --------------------------------------------------------------------------------------
+def _parse(ts: str | None) -> datetime | None:
+    return datetime.fromisoformat(ts) if ts else None
+
+
+def authenticate(store: Store, name: str, password: str, at: datetime | None = None) -> Account:
+    """The account when ``password`` is right; else :class:`AuthError` (and the failure is counted).
+
+    Unknown names and wrong passwords get the same message; a locked account is refused without
+    checking the password, with the time the lock ends.
+    """
+    at = at or datetime.now(timezone.utc)
+    row = _row(store, name or "")
+    if row is None or row["password_hash"] is None or row["disabled"]:
+        try:  # same work as a real check, so response time does not reveal which names exist
+            _HASHER.verify(_DUMMY_HASH, password or "")
+        except VerificationError:
+            pass
+        raise AuthError("Unknown account or wrong password.")
+    locked = _parse(row["locked_until"])
+    if locked is not None and locked > at:
+        minutes = max(1, round((locked - at).total_seconds() / 60))
+        raise AuthError(f"Too many failed sign-ins: account {row['name']} is locked until "
+                        f"{locked:%H:%M} UTC (about {minutes} min). An admin can unlock it.")
+    try:
+        _HASHER.verify(row["password_hash"], password or "")
+    except (VerificationError, InvalidHashError):
+        failed = (0 if locked is not None else int(row["failed"])) + 1
+        until = (at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds") if failed >= MAX_FAILED else None
+        store.db.execute("UPDATE accounts SET failed = ?, locked_until = ? WHERE name = ?",
+                         [0 if until else failed, until, row["name"]])
+        if until:
+            raise AuthError(f"Too many failed sign-ins: account {row['name']} is locked for {LOCK_MINUTES} min. "
+                            "An admin can unlock it.") from None
+        left = MAX_FAILED - failed
+        raise AuthError(f"Unknown account or wrong password ({left} tr{'y' if left == 1 else 'ies'} left "
+                        "before a lock-out).") from None
+    if row["failed"] or row["locked_until"]:
+        store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL WHERE name = ?", [row["name"]])
+    if _HASHER.check_needs_rehash(row["password_hash"]):
+        store.db.execute("UPDATE accounts SET password_hash = ? WHERE name = ?", [_HASHER.hash(password), row["name"]])
+    return _account(row)
+
+
+# -- session tokens -------------------------------------------------------------------------------
+def secret_key(root: str | Path) -> str:
+    """The workspace's cookie-signing key (``<root>/.session_key``, mode 0600, made on first use)."""
+    path = Path(root) / ".session_key"
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(48)
+    try:
+        with open(path, "x", encoding="ascii", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
+            fh.write(key)
+    except FileExistsError:  # another process made it first
+        return path.read_text(encoding="ascii").strip()
+    return key
+
+
+def _serializer(key: str) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(key, salt="triderm-session")
+
+
+def issue_token(store: Store, key: str, account: Account) -> str:
+    """A signed, timestamped session token for ``account``."""
+    row = _existing(store, account.name)
+    return _serializer(key).dumps({"name": row["name"], "epoch": int(row["session_epoch"])})
+
+
+def account_from_token(store: Store, key: str, token: str, max_age_s: int = SESSION_MAX_AGE_S) -> Account:
+    """The account a session token names; :class:`AuthError` (with the reason) when it is forged,
+    expired, or names an account that is gone, disabled or was signed out everywhere."""
+    try:
+        data = _serializer(key).loads(token, max_age=max_age_s)
+    except SignatureExpired:
+        raise AuthError("Your sign-in has expired. Please sign in again.") from None
+    except BadSignature:
+        raise AuthError("Your sign-in could not be verified (invalid session cookie). Please sign in again.") from None
+    row = _row(store, str(data.get("name", ""))) if isinstance(data, dict) else None
+    if row is None or row["disabled"] or int(row["session_epoch"]) != data.get("epoch"):
+        raise AuthError("Your sign-in is no longer valid (account changed or disabled). Please sign in again.")
+    return _account(row)
+
+
+# -- free-text annotator names of earlier versions --------------------------------------------------
+def legacy_names(store: Store) -> list[str]:
+    """Annotator names with judgments that belong to no account."""
+    names = {r["source"].split(":", 1)[1] for r in store.db.query(
+        "SELECT DISTINCT source FROM triplets WHERE source LIKE 'expert:%'")}
+    accounts = {r["name"] for r in store.db.query("SELECT name FROM accounts")}
+    return sorted(names - accounts, key=str.lower)
+
+
+def map_name(store: Store, legacy: str, account: str, actor: str) -> int:
+    """Move every judgment of the free-text annotator ``legacy`` to ``account``; returns how many.
+
+    Each moved row is recorded in the revisions table (old and new source). A judgment the account
+    already gave (the same triplet and showing) is kept as a further repeat of it.
+    """
+    target = _existing(store, account)["name"]
+    old_source, new_source = f"expert:{legacy}", f"expert:{target}"
+    if old_source == new_source:
+        return 0
+    moved = 0
+    with store.transaction():
+        for row in list(store.db.query("SELECT * FROM triplets WHERE source = ? ORDER BY id", [old_source])):
+            rep = int(row["rep"])
+            clash = "SELECT 1 FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND ref_k = ? AND rep = ?"
+            while store.db.execute(clash, [new_source, row["anchor"], row["ref_j"], row["ref_k"], rep]).fetchone():
+                rep += 1
+            store.db.execute("UPDATE triplets SET source = ?, rep = ? WHERE id = ?", [new_source, rep, row["id"]])
+            store.record_revision("triplets", row["id"], "source", "update",
+                                  {"source": old_source, "rep": row["rep"]}, {"source": new_source, "rep": rep}, actor)
+            moved += 1
+        store.db.execute("UPDATE exclusions SET target = ? WHERE kind = 'annotator' AND target = ?",
+                         [target, legacy])
+    return moved
+
+
+# -- exclusion from evaluation ------------------------------------------------------------------------
+def exclude(store: Store, kind: str, target: str | int, reason: str, actor: str) -> None:
+    """Leave an annotator (``kind="annotator"``, by name) or one judgment (``kind="triplet"``, by id)
+    out of every metric; the data stays in the store, marked."""
+    if kind not in ("annotator", "triplet"):
+        raise AuthError(f"kind must be 'annotator' or 'triplet', got {kind!r}")
+    with store.transaction():
+        cur = store.db.execute("INSERT OR IGNORE INTO exclusions (kind, target, reason, actor, created) "
+                               "VALUES (?, ?, ?, ?, ?)", [kind, str(target), reason.strip(), actor, now()])
+        if cur.rowcount == 1:
+            store.record_revision("exclusions", [kind, str(target)], "excluded", "insert", False,
+                                  reason.strip() or True, actor)
+
+
+def include(store: Store, kind: str, target: str | int, actor: str) -> None:
+    """Undo :func:`exclude`."""
+    with store.transaction():
+        cur = store.db.execute("DELETE FROM exclusions WHERE kind = ? AND target = ?", [kind, str(target)])
+        if cur.rowcount == 1:
+            store.record_revision("exclusions", [kind, str(target)], "excluded", "delete", True, False, actor)
+
+
+def exclusions(store: Store) -> list[dict[str, Any]]:
+    return list(store.db.query("SELECT * FROM exclusions ORDER BY kind, target"))
+
+
+# -- command line (``python -m annotations users …``) ------------------------------------------------
+def add_cli(parser: Any) -> None:
+    """The ``users`` sub-commands on an argparse (sub)parser."""
+    sub = parser.add_subparsers(dest="users_command", required=True)
+    add = sub.add_parser("add", help="create an account (password from a prompt or --password-stdin)")
+    add.add_argument("name")
+    add.add_argument("--role", required=True, choices=ROLES)
+    add.add_argument("--email", default=None, help="the e-mail an identity provider (st.login) reports")
+    how = add.add_mutually_exclusive_group()
+    how.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    how.add_argument("--no-password", action="store_true", help="identity-provider sign-in only (needs --email)")
+    pw = sub.add_parser("password", help="set a new password (signs the account out everywhere)")
+    pw.add_argument("name")
+    pw.add_argument("--password-stdin", action="store_true")
+    role = sub.add_parser("role", help="change an account's role")
+    role.add_argument("name")
+    role.add_argument("role", choices=ROLES)
+    unl = sub.add_parser("unlock", help="clear an account's failed sign-ins and lock-out")
+    unl.add_argument("name")
+    lst = sub.add_parser("list", help="list accounts")
+    for p in (add, pw, role, unl, lst):
+        p.add_argument("--workspace", default=None,
+                       help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+
+
+def _read_password(from_stdin: bool) -> str:
+    import getpass
+    import sys
+
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass("Password: ")
+    if getpass.getpass("Repeat password: ") != first:
+        raise AuthError("The two passwords differ; nothing changed.")
+    return first
+
+
+def run_cli(store: Store, args: Any) -> int:
+    """Run one ``users`` sub-command; prints the result, returns the exit status."""
+    import sys
+
+    actor = "cli"
+    try:
+        if args.users_command == "add":
+            password = None if args.no_password else _read_password(args.password_stdin)
+            account = add_account(store, args.name, args.role, password, actor, email=args.email)
+            print(f"created {account.role} account {account.name}")
+        elif args.users_command == "password":
+            set_password(store, args.name, _read_password(args.password_stdin), actor)
+            print(f"password of {get(store, args.name).name} changed")
+        elif args.users_command == "role":
+            set_role(store, args.name, args.role, actor)
+            print(f"{get(store, args.name).name} is now {args.role}")
+        elif args.users_command == "unlock":
+            unlock(store, args.name, actor)
+            print(f"{get(store, args.name).name} unlocked")
+        else:
+            for row in list_accounts(store):
+                state = "disabled" if row["disabled"] else ("locked" if row["locked_until"] else "active")
+                print(f"{row['name']}\t{row['role']}\t{row['email'] or ''}\t{state}")
+    except AuthError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

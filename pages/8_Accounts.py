@@ -1,0 +1,82 @@
+"""Accounts (admins): create accounts, change roles, unlock, disable, reset passwords, and map the
+free-text annotator names of earlier versions to accounts."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+import app_common as ac
+from annotations import accounts
+from annotations.accounts import ROLES, AuthError
+
+ws = ac.page("Accounts", need="manage")
+actor = ac.actor()
+store = ws.store
+
+
+def attempt(action, success: str) -> None:
+    """Run one account change; show its refusal, or rerun with a success note."""
+    try:
+        action()
+    except AuthError as err:
+        st.error(str(err))
+    else:
+        st.session_state["_accounts_done"] = success
+        st.rerun()
+
+
+done = st.session_state.pop("_accounts_done", None)
+if done:
+    st.success(done)
+
+rows = accounts.list_accounts(store)
+st.dataframe(pd.DataFrame([{"account": r["name"], "role": r["role"], "e-mail (identity provider)": r["email"] or "",
+                            "state": "disabled" if r["disabled"] else ("locked" if r["locked_until"] else "active"),
+                            "failed sign-ins": r["failed"], "locked until": r["locked_until"] or "",
+                            "created": r["created"][:16].replace("T", " ")} for r in rows]),
+             hide_index=True, width="stretch")
+
+new_tab, edit_tab, legacy_tab = st.tabs(["New account", "Change an account", "Earlier annotator names"])
+with new_tab, st.form("new_account", clear_on_submit=True):
+    c1, c2, c3 = st.columns(3)
+    name = c1.text_input("Account name")
+    role = c2.selectbox("Role", ROLES, index=ROLES.index("annotator"))
+    email = c3.text_input("E-mail (for identity-provider sign-in; optional)")
+    password = st.text_input(f"Initial password (at least {accounts.MIN_PASSWORD} characters; empty = identity "
+                             "provider only)", type="password")
+    if st.form_submit_button("Create account", type="primary"):
+        attempt(lambda: accounts.add_account(store, name, role, password or None, actor, email=email or None),
+                f"Account {name.strip()} created.")
+
+with edit_tab:
+    names = [r["name"] for r in rows]
+    who = st.selectbox("Account", names, key="acct_who")
+    if who:
+        row = next(r for r in rows if r["name"] == who)
+        c1, c2, c3 = st.columns(3, vertical_alignment="bottom")
+        role = c1.selectbox("Role", ROLES, index=ROLES.index(row["role"]), key="acct_role")
+        if c1.button("Change role", disabled=role == row["role"]):
+            attempt(lambda: accounts.set_role(store, who, role, actor), f"{who} is now {role}.")
+        if c2.button("Unlock", disabled=not (row["locked_until"] or row["failed"])):
+            attempt(lambda: accounts.unlock(store, who, actor), f"{who} unlocked.")
+        if c3.button("Enable" if row["disabled"] else "Disable"):
+            attempt(lambda: accounts.set_disabled(store, who, not row["disabled"], actor),
+                    f"{who} {'enabled' if row['disabled'] else 'disabled'}.")
+        with st.form("reset_password", clear_on_submit=True):
+            new = st.text_input("New password (signs the account out in every browser)", type="password")
+            if st.form_submit_button("Set password"):
+                attempt(lambda: accounts.set_password(store, who, new, actor), f"Password of {who} changed.")
+
+with legacy_tab:
+    legacy = accounts.legacy_names(store)
+    if not legacy:
+        st.caption("Every annotator name with judgments belongs to an account.")
+    else:
+        st.caption("Judgments stored under a free-text name move to the account you pick; each move is recorded "
+                   "in the audit trail (old and new source), nothing is deleted.")
+        c1, c2, c3 = st.columns([2, 2, 1], vertical_alignment="bottom")
+        old = c1.selectbox("Earlier name", legacy, key="legacy_name")
+        target = c2.selectbox("Account", [r["name"] for r in rows], key="legacy_account")
+        if c3.button("Move judgments", type="primary"):
+            attempt(lambda: accounts.map_name(store, old, target, actor), f"Judgments of {old!r} now belong to {target}.")
