@@ -16,8 +16,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from annotations.readers import wound_geometry
-from annotations.workspace import ENV_VAR, Workspace, resolve_workspace
+from annotations.workspace import ENV_VAR, Workspace, outline_of, resolve_workspace
+
+#: Where a wound's outline came from (wound metadata key ``origin``).
+ORIGINS = ("drawn", "suggested", "edited", "import")
+#: Actor of app writes whose caller names nobody; pages pass the signed-in annotator.
+APP_ACTOR = "app"
 
 #: Overview targets (store meta keys, defaults). The paper's expert answered 513 triplets.
 TARGETS = {"target_expert_triplets": 513, "target_per_annotator": 100}
@@ -162,21 +166,18 @@ def overlap_mask(ws: Workspace, plan: OutlinePlan) -> np.ndarray:
     return plan.region & (labels > 0) & (labels != (plan.wound_index or 0))
 
 
-ORIGINS = ("drawn", "suggested", "edited")
-
-
 def wound_origin(wound: Mapping[str, Any]) -> str | None:
-    """How a stored wound's outline was made (drawn/suggested/edited), when recorded."""
-    return wound.get("origin")
+    """How a stored wound's outline was made (one of :data:`ORIGINS`), when recorded."""
+    return (wound.get("metadata") or {}).get("origin")
 
 
 def edit_origin(previous: str | None) -> str:
-    """Origin of an outline after the clinician moved its vertices: a hand-drawn one stays drawn,
-    a model's suggestion becomes edited."""
+    """Origin of an outline after the clinician changed it: a hand-drawn one stays drawn, any other
+    (a model's suggestion, an imported outline) becomes edited."""
     return "drawn" if previous in (None, "drawn") else "edited"
 
 
-def apply_outline(ws: Workspace, plan: OutlinePlan, keeps: Mapping[int, bool], actor: str | None = None) -> int:
+def apply_outline(ws: Workspace, plan: OutlinePlan, keeps: Mapping[int, bool], actor: str = APP_ACTOR) -> int:
     """Write a planned outline; ``keeps[j]`` says whether the planned wound keeps the pixels it shares
     with wound j (True: they are taken from j; False: they stay with j). Every overlap must have a
     decision, no wound may end below the minimum area; otherwise ValueError and nothing is written.
@@ -200,55 +201,76 @@ def apply_outline(ws: Workspace, plan: OutlinePlan, keeps: Mapping[int, bool], a
     if region.sum() < minimum:
         raise ValueError(f"Without the overlap the outline covers {int(region.sum())} px, less than the minimum "
                          f"wound area of {minimum} px. Nothing was saved.")
+    origins = {w["wound_index"]: wound_origin(w) for w in ws.store.wounds(plan.image_id)}
     for other, rest in shrunk.items():
-        add_wound(ws, plan.image_id, rest, wound_index=other, actor=actor, origin="edited")
+        add_wound(ws, plan.image_id, rest, wound_index=other, actor=actor, origin=edit_origin(origins.get(other)))
     return add_wound(ws, plan.image_id, region, wound_index=plan.wound_index, actor=actor, origin=plan.origin)
 
 
 def add_wound(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int | None = None,
-              description: str = "", metadata: dict | None = None) -> int:
+              description: str = "", metadata: dict | None = None, *, actor: str = APP_ACTOR,
+              origin: str = "drawn") -> int:
     """Write a drawn region into the photo's label mask and the store; returns the wound index.
 
     A new wound (``wound_index`` None) takes the next free index and only claims skin pixels,
-    never another wound's; redrawing an existing wound replaces its outline. Raises
-    ValueError when the region is empty or lies entirely on other wounds.
+    never another wound's; redrawing an existing wound replaces its outline. ``origin`` (one of
+    :data:`ORIGINS`) is kept in the wound's metadata and the change in the revisions, under
+    ``actor``. The mask and the row change in one store transaction, so concurrent editors and a
+    re-import never lose each other's outlines. Raises ValueError when the region is empty or
+    lies entirely on other wounds.
     """
-    labels = ws.load_mask(image_id).copy()
-    if region.shape != labels.shape:
-        raise ValueError(f"outline is {region.shape}, photo {image_id} is {labels.shape}")
-    existing = {w["wound_index"]: w for w in ws.store.wounds(image_id)}
-    if wound_index is None:
-        wound_index = max([*existing, int(labels.max(initial=0))], default=0) + 1
-    else:
-        labels[labels == wound_index] = 0
-    claim = region & (labels == 0)
-    if not claim.any():
-        raise ValueError("The outline is empty or lies entirely on wounds already outlined.")
-    labels[claim] = wound_index
-    area, bbox = wound_geometry(labels, wound_index)
-    old = existing.get(wound_index, {})
-    ws.save_mask(image_id, labels)
-    ws.store.upsert_wound(image_id, wound_index, area, bbox,
-                          description if description else old.get("description", ""),
-                          metadata if metadata is not None else old.get("metadata"))
+    if origin not in ORIGINS:
+        raise ValueError(f"origin must be one of {', '.join(ORIGINS)}, got {origin!r}")
+    with ws.store.transaction():
+        labels = ws.load_mask(image_id).copy()
+        if region.shape != labels.shape:
+            raise ValueError(f"outline is {region.shape}, photo {image_id} is {labels.shape}")
+        existing = {w["wound_index"]: w for w in ws.store.wounds(image_id)}
+        if wound_index is None:
+            wound_index = max([*existing, int(labels.max(initial=0))], default=0) + 1
+        else:
+            labels[labels == wound_index] = 0
+        claim = region & (labels == 0)
+        if not claim.any():
+            raise ValueError("The outline is empty or lies entirely on wounds already outlined.")
+        labels[claim] = wound_index
+        outline = outline_of(labels, wound_index)
+        old = existing.get(wound_index, {})
+        meta = dict(metadata if metadata is not None else old.get("metadata") or {})
+        meta["origin"] = origin
+        ws.save_mask(image_id, labels)
+        ws.store.upsert_wound(image_id, wound_index, outline["area"], outline["bbox"],
+                              description if description else old.get("description", ""), meta,
+                              actor=actor, outline=outline)
     return wound_index
 
 
-def update_wound_text(ws: Workspace, image_id: str, wound_index: int, description: str, metadata: dict) -> None:
-    """Save a wound's description and metadata, keeping its outline."""
-    wound = next((w for w in ws.store.wounds(image_id) if w["wound_index"] == wound_index), None)
-    if wound is None:
-        raise KeyError(f"photo {image_id} has no wound {wound_index}")
-    clean = {k: v for k, v in metadata.items() if v not in (None, "")}
-    ws.store.upsert_wound(image_id, wound_index, wound["area"], wound["bbox"], description.strip(), clean)
+def update_wound_text(ws: Workspace, image_id: str, wound_index: int, description: str, metadata: dict, *,
+                      actor: str = APP_ACTOR, origin: str | None = None) -> None:
+    """Save a wound's description and metadata, keeping its outline (and its ``origin`` unless
+    a new one is given)."""
+    if origin is not None and origin not in ORIGINS:
+        raise ValueError(f"origin must be one of {', '.join(ORIGINS)}, got {origin!r}")
+    with ws.store.transaction():
+        wound = ws.store.wound(image_id, wound_index)
+        if wound is None:
+            raise KeyError(f"photo {image_id} has no wound {wound_index}")
+        clean = {k: v for k, v in metadata.items() if v not in (None, "")}
+        kept = origin or wound["metadata"].get("origin")
+        if kept:
+            clean["origin"] = kept
+        ws.store.upsert_wound(image_id, wound_index, wound["area"], wound["bbox"], description.strip(), clean,
+                              actor=actor)
 
 
-def delete_wound(ws: Workspace, image_id: str, wound_index: int) -> None:
-    """Remove a wound from the label mask and the store (other wounds keep their numbers)."""
-    labels = ws.load_mask(image_id).copy()
-    labels[labels == wound_index] = 0
-    ws.save_mask(image_id, labels)
-    ws.store.delete_wound(image_id, wound_index)
+def delete_wound(ws: Workspace, image_id: str, wound_index: int, *, actor: str = APP_ACTOR) -> None:
+    """Remove a wound from the label mask and the store (other wounds keep their numbers); its
+    outline, description and metadata stay in the revisions for a restore."""
+    with ws.store.transaction():
+        labels = ws.load_mask(image_id).copy()
+        labels[labels == wound_index] = 0
+        ws.save_mask(image_id, labels)
+        ws.store.delete_wound(image_id, wound_index, actor=actor)
 
 
 PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),

@@ -141,8 +141,24 @@ CREATE TABLE exclusions (
 );
 """
 
+# What each import last read from the dataset, per row and field (sha256 of the value): with the
+# current value it decides a re-import's three-way merge ("changed in the app since the last import").
+_SCHEMA_IMPORT_BASE = """
+CREATE TABLE import_base (
+    entity TEXT NOT NULL,
+    key TEXT NOT NULL,
+    field TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    updated TEXT NOT NULL,
+    PRIMARY KEY (entity, key, field)
+);
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_ACCOUNTS]
+MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_ACCOUNTS, _SCHEMA_IMPORT_BASE]
+
+#: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
+SYSTEM_ACTOR = "system"
 
 
 def now() -> str:
@@ -167,6 +183,28 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
         if col in row and isinstance(row[col], str):
             row[col] = json.loads(row[col])
     return row
+
+
+def key_json(key: Any) -> str:
+    """The canonical JSON of a row's natural key, as stored in ``revisions.key``."""
+    return json.dumps(key, sort_keys=True, default=_json_default)
+
+
+def wound_key(image_id: str, wound_index: int) -> dict[str, Any]:
+    return {"image_id": image_id, "wound_index": int(wound_index)}
+
+
+def triplet_key(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("source", "anchor", "ref_j", "ref_k")} | {"rep": int(row["rep"])}
+
+
+def image_file_value(file: str, sha256: str, width: int, height: int) -> dict[str, Any]:
+    """An image's file as one revision/merge value."""
+    return {"file": file, "sha256": sha256, "width": int(width), "height": int(height)}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=_json_default)
 
 
 def _dumps(value: Any) -> str:
@@ -234,22 +272,54 @@ class Store:
                         "SET value = excluded.value", [key, json.dumps(value)])
 
     # -- patients and images ---------------------------------------------------------------------
-    def upsert_patient(self, patient_id: str, metadata: dict | None = None) -> None:
-        self.db.execute(
-            "INSERT INTO patients (patient_id, metadata) VALUES (?, ?) ON CONFLICT(patient_id) "
-            "DO UPDATE SET metadata = excluded.metadata", [patient_id, _dumps(metadata)])
+    def upsert_patient(self, patient_id: str, metadata: dict | None = None, *,
+                       actor: str = SYSTEM_ACTOR) -> None:
+        with self.transaction():
+            old = self.patient(patient_id)
+            self.db.execute(
+                "INSERT INTO patients (patient_id, metadata) VALUES (?, ?) ON CONFLICT(patient_id) "
+                "DO UPDATE SET metadata = excluded.metadata", [patient_id, _dumps(metadata)])
+            self._record_changes("patients", patient_id, old, {"metadata": metadata or {}}, actor)
+
+    def patient(self, patient_id: str) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM patients WHERE patient_id = ?", [patient_id]))
+        return _decode(rows[0]) if rows else None
 
     def patients(self) -> list[dict]:
         return [_decode(r) for r in self.db.query("SELECT * FROM patients ORDER BY patient_id")]
 
     def upsert_image(self, image_id: str, file: str, sha256: str, width: int, height: int,
-                     patient_id: str | None = None, metadata: dict | None = None) -> None:
-        self.db.execute(
-            "INSERT INTO images (image_id, file, sha256, width, height, patient_id, metadata) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(image_id) DO UPDATE SET file = excluded.file, "
-            "sha256 = excluded.sha256, width = excluded.width, height = excluded.height, "
-            "patient_id = excluded.patient_id, metadata = excluded.metadata",
-            [image_id, file, sha256, int(width), int(height), patient_id, _dumps(metadata)])
+                     patient_id: str | None = None, metadata: dict | None = None, *,
+                     actor: str = SYSTEM_ACTOR) -> None:
+        with self.transaction():
+            old = self.image(image_id)
+            self.db.execute(
+                "INSERT INTO images (image_id, file, sha256, width, height, patient_id, metadata) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(image_id) DO UPDATE SET file = excluded.file, "
+                "sha256 = excluded.sha256, width = excluded.width, height = excluded.height, "
+                "patient_id = excluded.patient_id, metadata = excluded.metadata",
+                [image_id, file, sha256, int(width), int(height), patient_id, _dumps(metadata)])
+            new = {"file": image_file_value(file, sha256, width, height), "patient_id": patient_id,
+                   "metadata": metadata or {}}
+            if old is not None:
+                old = {"file": image_file_value(old["file"], old["sha256"], old["width"], old["height"]),
+                       "patient_id": old["patient_id"], "metadata": old["metadata"]}
+            self._record_changes("images", image_id, old, new, actor)
+
+    def delete_image(self, image_id: str, *, actor: str = SYSTEM_ACTOR) -> None:
+        """Remove a photo's row; its wounds and the judgments naming it go with it (each recorded)."""
+        with self.transaction():
+            old = self.image(image_id)
+            if old is None:
+                return
+            for w in self.wounds(image_id):
+                self.delete_wound(image_id, w["wound_index"], actor=actor)
+            for t in self.db.query("SELECT id FROM triplets WHERE ? IN (anchor, ref_j, ref_k)", [image_id]):
+                self.delete_triplet(t["id"], actor=actor)
+            self.db.execute("DELETE FROM images WHERE image_id = ?", [image_id])
+            self.record_revision("images", image_id, "row", "delete",
+                                 {k: old[k] for k in ("file", "sha256", "width", "height", "patient_id",
+                                                      "metadata")}, None, actor)
 
     def images(self) -> list[dict]:
         return [_decode(r) for r in self.db.query("SELECT * FROM images ORDER BY image_id")]
@@ -260,21 +330,65 @@ class Store:
 
     # -- wounds --------------------------------------------------------------------------------
     def upsert_wound(self, image_id: str, wound_index: int, area: int, bbox: Iterable[int],
-                     description: str = "", metadata: dict | None = None) -> int:
-        """Insert or update the wound ``wound_index`` of ``image_id``; returns its id."""
-        self.db.execute(
-            "INSERT INTO wounds (image_id, wound_index, area, bbox, description, metadata) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(image_id, wound_index) DO UPDATE SET "
-            "area = excluded.area, bbox = excluded.bbox, description = excluded.description, "
-            "metadata = excluded.metadata",
-            [image_id, int(wound_index), int(area), json.dumps([int(v) for v in bbox]),
-             description or "", _dumps(metadata)])
-        return self.db.execute("SELECT id FROM wounds WHERE image_id = ? AND wound_index = ?",
-                               [image_id, int(wound_index)]).fetchone()[0]
+                     description: str = "", metadata: dict | None = None, *,
+                     actor: str = SYSTEM_ACTOR, outline: dict | None = None) -> int:
+        """Insert or update the wound ``wound_index`` of ``image_id``; returns its id.
 
-    def delete_wound(self, image_id: str, wound_index: int) -> None:
-        self.db.execute("DELETE FROM wounds WHERE image_id = ? AND wound_index = ?",
-                        [image_id, int(wound_index)])
+        ``outline`` ({area, bbox, png}: :func:`annotations.workspace.outline_value`) is the wound's
+        new pixels, kept in its revision so a redraw can be undone; without it only the geometry
+        is recorded."""
+        bbox = [int(v) for v in bbox]
+        with self.transaction():
+            old = self.wound(image_id, wound_index)
+            self.db.execute(
+                "INSERT INTO wounds (image_id, wound_index, area, bbox, description, metadata) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(image_id, wound_index) DO UPDATE SET "
+                "area = excluded.area, bbox = excluded.bbox, description = excluded.description, "
+                "metadata = excluded.metadata",
+                [image_id, int(wound_index), int(area), json.dumps(bbox), description or "",
+                 _dumps(metadata)])
+            key = wound_key(image_id, wound_index)
+            new_outline = outline if outline is not None else {"area": int(area), "bbox": bbox}
+            new = {"outline": new_outline, "description": description or "", "metadata": metadata or {}}
+            if old is not None:
+                old = {"outline": self._last_outline(key, old), "description": old["description"],
+                       "metadata": old["metadata"]}
+                if outline is None and (old["outline"]["area"], old["outline"]["bbox"]) == (int(area), bbox):
+                    new["outline"] = old["outline"]  # geometry unchanged: the pixels are too
+            self._record_changes("wounds", key, old, new, actor)
+            return self.db.execute("SELECT id FROM wounds WHERE image_id = ? AND wound_index = ?",
+                                   [image_id, int(wound_index)]).fetchone()[0]
+
+    def delete_wound(self, image_id: str, wound_index: int, *, actor: str = SYSTEM_ACTOR) -> None:
+        with self.transaction():
+            old = self.wound(image_id, wound_index)
+            if old is None:
+                return
+            key = wound_key(image_id, wound_index)
+            self.db.execute("DELETE FROM wounds WHERE image_id = ? AND wound_index = ?",
+                            [image_id, int(wound_index)])
+            self.record_revision("wounds", key, "row", "delete",
+                                 {"outline": self._last_outline(key, old), "description": old["description"],
+                                  "metadata": old["metadata"]}, None, actor)
+
+    def wound(self, image_id: str, wound_index: int) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM wounds WHERE image_id = ? AND wound_index = ?",
+                                  [image_id, int(wound_index)]))
+        return _decode(rows[0]) if rows else None
+
+    def _last_outline(self, key: dict, row: dict) -> dict:
+        """The wound's outline as last recorded (with its pixels when a revision kept them)."""
+        last = self.db.execute(
+            "SELECT new FROM revisions WHERE entity = 'wounds' AND key = ? AND field IN ('outline', 'row') "
+            "ORDER BY id DESC LIMIT 1", [key_json(key)]).fetchone()
+        geometry = {"area": int(row["area"]), "bbox": [int(v) for v in row["bbox"]]}
+        if last and last[0] is not None:
+            value = json.loads(last[0])
+            value = value.get("outline", value) if isinstance(value, dict) else None
+            if isinstance(value, dict) and (value.get("area"), value.get("bbox")) == (geometry["area"],
+                                                                                      geometry["bbox"]):
+                return value
+        return geometry
 
     def wounds(self, image_id: str | None = None) -> list[dict]:
         if image_id is None:
@@ -296,20 +410,39 @@ class Store:
 
     def add_triplet(self, anchor: str, ref_j: str, ref_k: str, choice: str, source: str,
                     latency_ms: float | None = None, rep: int = 0,
-                    created: str | None = None) -> int | None:
-        """Store one judgment; returns its id, or ``None`` when it is already stored."""
+                    created: str | None = None, *, actor: str | None = None) -> int | None:
+        """Store one judgment; returns its id, or ``None`` when it is already stored.
+
+        ``actor`` defaults to ``source`` (``expert:<annotator>``, ``llm:<model>``)."""
         if choice not in CHOICES:
             raise ValueError(f"choice must be one of {CHOICES}, got {choice!r}")
         if len({anchor, ref_j, ref_k}) != 3:
             raise ValueError(f"a triplet needs three different images, got {anchor}, {ref_j}, {ref_k}")
-        cur = self.db.execute(
-            "INSERT OR IGNORE INTO triplets (anchor, ref_j, ref_k, choice, source, rep, latency_ms,"
-            " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [anchor, ref_j, ref_k, choice, source, int(rep), latency_ms, created or now()])
-        return cur.lastrowid if cur.rowcount == 1 else None
+        created = created or now()
+        with self.transaction():
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO triplets (anchor, ref_j, ref_k, choice, source, rep, latency_ms,"
+                " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [anchor, ref_j, ref_k, choice, source, int(rep), latency_ms, created])
+            if cur.rowcount != 1:
+                return None
+            row = {"source": source, "anchor": anchor, "ref_j": ref_j, "ref_k": ref_k, "rep": rep}
+            self.record_revision("triplets", triplet_key(row), "row", "insert", None,
+                                 {"choice": choice, "latency_ms": latency_ms, "created": created},
+                                 actor or source)
+            return cur.lastrowid
 
-    def delete_triplet(self, triplet_id: int) -> None:
-        self.db.execute("DELETE FROM triplets WHERE id = ?", [int(triplet_id)])
+    def delete_triplet(self, triplet_id: int, *, actor: str | None = None) -> None:
+        """Remove one judgment (an undo); ``actor`` defaults to the judgment's source."""
+        with self.transaction():
+            rows = list(self.db.query("SELECT * FROM triplets WHERE id = ?", [int(triplet_id)]))
+            if not rows:
+                return
+            self.db.execute("DELETE FROM triplets WHERE id = ?", [int(triplet_id)])
+            row = rows[0]
+            self.record_revision("triplets", triplet_key(row), "row", "delete",
+                                 {k: row[k] for k in ("choice", "latency_ms", "created")}, None,
+                                 actor or row["source"])
 
     def triplets(self, source: str | None = None, prefix: str | None = None) -> list[dict]:
         """Judgments, oldest first; filter by exact ``source`` or by a source ``prefix``."""
@@ -376,10 +509,30 @@ class Store:
         cur = self.db.execute(
             "INSERT INTO revisions (entity, key, field, action, old, new, actor, created) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [entity, json.dumps(key, sort_keys=True, default=_json_default), field, action,
+            [entity, key_json(key), field, action,
              json.dumps(old, sort_keys=True, default=_json_default),
              json.dumps(new, sort_keys=True, default=_json_default), str(actor).strip(), now()])
         return int(cur.lastrowid)
+
+    def _record_changes(self, entity: str, key: Any, old: dict | None, new: dict, actor: str) -> None:
+        """One ``insert`` revision for a new row, else one ``update`` per changed field."""
+        if old is None:
+            self.record_revision(entity, key, "row", "insert", None, new, actor)
+            return
+        for field_name, value in new.items():
+            if _canonical(old.get(field_name)) != _canonical(value):
+                self.record_revision(entity, key, field_name, "update", old.get(field_name), value, actor)
+
+    def revision(self, revision_id: int) -> dict | None:
+        rows = self._revision_rows("SELECT * FROM revisions WHERE id = ?", [int(revision_id)])
+        return rows[0] if rows else None
+
+    def _revision_rows(self, sql: str, args: list) -> list[dict]:
+        rows = list(self.db.query(sql, args))
+        for r in rows:
+            for col in ("key", "old", "new"):
+                r[col] = json.loads(r[col]) if r[col] is not None else None
+        return rows
 
     def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
         """Recorded changes, oldest first (``old``/``new``/``key`` decoded from JSON)."""
@@ -389,13 +542,26 @@ class Store:
             args.append(entity)
         if key is not None:
             where.append("key = ?")
-            args.append(json.dumps(key, sort_keys=True, default=_json_default))
+            args.append(key_json(key))
         sql = "SELECT * FROM revisions" + (" WHERE " + " AND ".join(where) if where else "")
-        rows = list(self.db.query(sql + " ORDER BY id", args))
-        for r in rows:
-            for col in ("key", "old", "new"):
-                r[col] = json.loads(r[col]) if r[col] is not None else None
-        return rows
+        return self._revision_rows(sql + " ORDER BY id", args)
+
+    # -- import bases (what each import last read, for the re-import merge) -----------------------
+    def import_bases(self) -> dict[tuple[str, str, str], str]:
+        """``(entity, key JSON, field) → sha256`` of the value the last import read."""
+        return {(r["entity"], r["key"], r["field"]): r["hash"]
+                for r in self.db.query("SELECT entity, key, field, hash FROM import_base")}
+
+    def set_import_base(self, entity: str, key: Any, field: str, value_hash: str | None) -> None:
+        """Remember (or, with ``None``, forget) what an import read for one row field."""
+        if value_hash is None:
+            self.db.execute("DELETE FROM import_base WHERE entity = ? AND key = ? AND field = ?",
+                            [entity, key_json(key), field])
+        else:
+            self.db.execute(
+                "INSERT INTO import_base (entity, key, field, hash, updated) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(entity, key, field) DO UPDATE SET hash = excluded.hash, updated = excluded.updated",
+                [entity, key_json(key), field, value_hash, now()])
 
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, kind: str, config: dict, seed: int | None = None,

@@ -1,11 +1,16 @@
 """A workspace: one folder holding a project's store, photos, label masks, caches and runs."""
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
+from scipy import ndimage
 
 from annotations.store import Store
 
@@ -15,6 +20,44 @@ DB_NAME = "triderm.sqlite"
 #: Smallest wound, in pixels of the stored photo; a workspace setting (store meta ``min_wound_area``)
 #: used by import, the outline editor and outline suggestions alike.
 DEFAULT_MIN_WOUND_AREA = 25
+
+
+def outlines(labels: np.ndarray) -> dict[int, dict[str, Any]]:
+    """Every wound of a label map as ``{index: {area, bbox, png}}`` in one pass.
+
+    ``png`` is the base64 PNG of the wound's 1-bit pixels inside its bounding box: a revision
+    keeps it so an outline can be restored exactly."""
+    labels = np.asarray(labels)
+    found: dict[int, dict[str, Any]] = {}
+    for n, box in enumerate(ndimage.find_objects(labels.astype(np.int64, copy=False)), start=1):
+        if box is None:
+            continue
+        crop = labels[box] == n
+        buf = io.BytesIO()
+        Image.fromarray(crop).save(buf, format="PNG", optimize=True)
+        found[n] = {"area": int(crop.sum()),
+                    "bbox": [box[1].start, box[0].start, box[1].stop, box[0].stop],
+                    "png": base64.b64encode(buf.getvalue()).decode("ascii")}
+    return found
+
+
+def outline_of(labels: np.ndarray, index: int) -> dict[str, Any] | None:
+    """The outline value of one wound of a label map (None when it has no pixels)."""
+    return outlines(np.asarray(labels) == index).get(1)
+
+
+def outline_pixels(value: dict[str, Any]) -> np.ndarray:
+    """The boolean crop (bounding-box sized) of an outline value from :func:`outlines`."""
+    with Image.open(io.BytesIO(base64.b64decode(value["png"]))) as im:
+        return np.asarray(im.convert("1"), dtype=bool)
+
+
+def outline_hash(value: dict[str, Any] | None) -> str | None:
+    """A hash of an outline's pixels and place (None for no outline)."""
+    if value is None:
+        return None
+    bits = np.packbits(outline_pixels(value)).tobytes()
+    return hashlib.sha256(repr(value["bbox"]).encode() + bits).hexdigest()
 
 
 def resolve_workspace(path: str | Path | None = None) -> Path:
