@@ -1,0 +1,194 @@
+"""Outline suggestions and click-to-outline, over the trained segmenter, GrabCut or Segment Anything.
+
+- :func:`suggest_outlines`: one outline per connected component (4-connected, holes filled) of the
+  segmenter's probability ≥ 0.5 whose area reaches the workspace's ``min_wound_area``; pixels of
+  existing outlines are removed first, so a suggestion never overlaps (or overwrites) one.
+- :func:`outline_from_click`: the component of the probability map under the click; ``exclude``
+  clicks inside it split it by a marker watershed (Meyer 1994, OpenCV) and keep the clicked side.
+  When the click lies on low probability, or no segmenter was trained, GrabCut (Rother et al.,
+  SIGGRAPH 2004, OpenCV) is seeded at the click: a disc around it is foreground, a window of a
+  quarter of the photo's short side probable foreground, the rest probable background, existing
+  outlines and ``exclude`` clicks background.
+- :class:`SamClicker`: the online choice, Segment Anything (Kirillov et al., ICCV 2023) with a
+  checkpoint the user provides; the click is a positive point, ``exclude`` clicks negative ones.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+from scipy import ndimage
+
+from annotations.workspace import Workspace
+from core.runtime import pick_device
+from core.segmentation.model import THRESHOLD, Segmenter, SegmenterError, load_segmenter
+
+GRABCUT_MAX_SIDE = 512
+GRABCUT_ITERATIONS = 5
+SAM_TYPES = ("vit_b", "vit_l", "vit_h")
+
+
+class SamUnavailable(RuntimeError):
+    """Segment Anything cannot be used: package missing, checkpoint missing or not loadable."""
+
+
+def wound_components(prob: np.ndarray, min_area: int, existing: np.ndarray | None = None,
+                     threshold: float = THRESHOLD) -> list[np.ndarray]:
+    """Bool masks of the components of ``prob ≥ threshold`` (holes filled, ``existing`` removed) of area
+    ≥ ``min_area``, largest first."""
+    fg = ndimage.binary_fill_holes(prob >= threshold)
+    if existing is not None:
+        fg &= ~existing
+    labels, n = ndimage.label(fg)
+    areas = np.bincount(labels.ravel(), minlength=n + 1)
+    keep = sorted((k for k in range(1, n + 1) if areas[k] >= min_area), key=lambda k: -areas[k])
+    return [labels == k for k in keep]
+
+
+def suggest_outlines(ws: Workspace, image_id: str, segmenter: Segmenter | None = None) -> list[np.ndarray]:
+    """Suggested wound outlines of a photo (bool H×W each), never over its existing outlines."""
+    segmenter = segmenter or load_segmenter(ws)
+    if segmenter is None:
+        raise SegmenterError(f"no trained segmenter in {ws.root}: train one on the Train page or with "
+                             f"python -m core.train_segmenter --workspace {ws.root}")
+    existing = ws.load_mask(image_id) > 0
+    return wound_components(segmenter.probability(ws.load_image(image_id)), ws.min_wound_area, existing)
+
+
+def component_at(mask: np.ndarray, x: int, y: int) -> np.ndarray:
+    """The 4-connected component of ``mask`` containing pixel (x, y); all False when (x, y) is outside it."""
+    if not mask[y, x]:
+        return np.zeros(mask.shape, bool)
+    labels, _ = ndimage.label(mask)
+    return labels == labels[y, x]
+
+
+def _disc(shape: tuple[int, int], x: int, y: int, r: int) -> np.ndarray:
+    yy, xx = np.ogrid[: shape[0], : shape[1]]
+    return (xx - x) ** 2 + (yy - y) ** 2 <= r * r
+
+
+def split_at(rgb: np.ndarray, region: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The part of ``region`` a marker watershed on the photo gives to (x, y) rather than to ``exclude``."""
+    inside = [(ex, ey) for ex, ey in exclude if region[ey, ex]]
+    if not inside:
+        return region
+    markers = np.where(region, 0, 2).astype(np.int32)
+    for ex, ey in inside:
+        markers[_disc(region.shape, ex, ey, 2) & region] = 2
+    markers[_disc(region.shape, x, y, 2) & region] = 1
+    cv2.watershed(np.ascontiguousarray(rgb[..., ::-1]), markers)
+    return component_at((markers == 1) & region, x, y)
+
+
+def grabcut_outline(rgb: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int, int]] = (),
+                    existing: np.ndarray | None = None) -> np.ndarray:
+    """GrabCut seeded at the click (on a copy at most :data:`GRABCUT_MAX_SIDE` px), the clicked component."""
+    h, w = rgb.shape[:2]
+    scale = min(1.0, GRABCUT_MAX_SIDE / max(h, w))
+    small = cv2.resize(rgb, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
+    sh, sw = small.shape[:2]
+    sx, sy = min(sw - 1, int(x * scale)), min(sh - 1, int(y * scale))
+    r = max(8, round(0.25 * min(sh, sw)))
+    mask = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
+    mask[max(0, sy - r): sy + r + 1, max(0, sx - r): sx + r + 1] = cv2.GC_PR_FGD
+    if existing is not None and existing.any():
+        mask[cv2.resize(existing.astype(np.uint8), (sw, sh), interpolation=cv2.INTER_NEAREST) > 0] = cv2.GC_BGD
+    seed = max(2, r // 8)
+    for ex, ey in exclude:
+        mask[_disc((sh, sw), int(ex * scale), int(ey * scale), seed)] = cv2.GC_BGD
+    mask[_disc((sh, sw), sx, sy, seed)] = cv2.GC_FGD
+    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+    cv2.grabCut(np.ascontiguousarray(small[..., ::-1]), mask, None, bgd, fgd, GRABCUT_ITERATIONS,
+                cv2.GC_INIT_WITH_MASK)
+    fg = ((mask == cv2.GC_FGD) | (mask == cv2.GC_PR_FGD)).astype(np.uint8)
+    fg = cv2.resize(fg, (w, h), interpolation=cv2.INTER_NEAREST) > 0
+    if existing is not None:
+        fg &= ~existing
+    return ndimage.binary_fill_holes(component_at(fg, x, y)) & (~existing if existing is not None else True)
+
+
+class SamClicker:
+    """Segment Anything with a user-provided checkpoint; :meth:`outline` answers a click like the segmenter."""
+
+    def __init__(self, checkpoint_path: str | Path, model_type: str | None = None,
+                 device: torch.device | str | None = None) -> None:
+        try:
+            from segment_anything import SamPredictor, sam_model_registry
+        except ImportError:
+            raise SamUnavailable("Segment Anything needs the 'segment-anything' package "
+                                 "(pip install segment-anything)") from None
+        path = Path(checkpoint_path)
+        if not path.is_file():
+            raise SamUnavailable(f"Segment Anything checkpoint not found: {path} (download one of the "
+                                 "sam_vit_b/l/h checkpoints of the Segment Anything project)")
+        if model_type is not None and model_type not in SAM_TYPES:
+            raise SamUnavailable(f"unknown Segment Anything model type {model_type!r}; choose one of {SAM_TYPES}")
+        types = [model_type] if model_type else [t for t in SAM_TYPES if t in path.name] or list(SAM_TYPES)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
+            raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({e})") from None
+        errors = []
+        for t in types:
+            try:
+                model = sam_model_registry[t]()
+                model.load_state_dict(state)
+                break
+            except (RuntimeError, TypeError, AttributeError) as e:
+                errors.append(f"{t}: {str(e).splitlines()[0]}")
+        else:
+            raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({'; '.join(errors)})")
+        self.model_type = t
+        self.predictor = SamPredictor(model.to(pick_device() if device is None else device).eval())
+        self._image_key: str | None = None
+
+    def outline(self, image: Image.Image, x: int, y: int, exclude: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+        """Bool (H, W) mask of the best-scoring of SAM's masks for the click (+ negative ``exclude`` points)."""
+        rgb = np.ascontiguousarray(np.asarray(image.convert("RGB")))
+        key = hashlib.sha1(rgb.tobytes()).hexdigest() + str(rgb.shape)
+        if key != self._image_key:
+            self.predictor.set_image(rgb)
+            self._image_key = key
+        points = np.array([(x, y), *exclude], dtype=np.float32)
+        labels = np.array([1] + [0] * len(exclude))
+        masks, scores, _ = self.predictor.predict(point_coords=points, point_labels=labels, multimask_output=True)
+        return np.asarray(masks[int(np.argmax(scores))], bool)
+
+
+def click_outline(image: Image.Image, x: int, y: int, segmenter: Segmenter | SamClicker | None = None,
+                  exclude: Sequence[tuple[int, int]] = (), existing: np.ndarray | None = None) -> np.ndarray:
+    """The wound under the click (x = column, y = row) as a bool mask; see :func:`outline_from_click`."""
+    w, h = image.size
+    for px, py in [(x, y), *exclude]:
+        if not (0 <= px < w and 0 <= py < h):
+            raise ValueError(f"click ({px}, {py}) is outside the {w}×{h} photo")
+    existing = np.zeros((h, w), bool) if existing is None else existing
+    if existing[y, x]:
+        return np.zeros((h, w), bool)
+    rgb = np.asarray(image.convert("RGB"))
+    if isinstance(segmenter, SamClicker):
+        mask = segmenter.outline(image, x, y, exclude) & ~existing
+        return component_at(mask, x, y)
+    if segmenter is not None:
+        fg = ndimage.binary_fill_holes(segmenter.probability(image) >= THRESHOLD) & ~existing
+        if fg[y, x]:
+            return split_at(rgb, component_at(fg, x, y), x, y, exclude)
+    return grabcut_outline(rgb, x, y, exclude, existing)
+
+
+def outline_from_click(ws: Workspace, image_id: str, x: int, y: int,
+                       segmenter: Segmenter | SamClicker | None = None,
+                       exclude: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+    """Outline of the wound clicked at (x, y) on a workspace photo, never over its existing outlines.
+
+    ``segmenter=None`` uses the workspace's latest trained segmenter, or GrabCut when there is none.
+    """
+    segmenter = segmenter if segmenter is not None else load_segmenter(ws)
+    return click_outline(ws.load_image(image_id), int(x), int(y), segmenter,
+                         [(int(a), int(b)) for a, b in exclude], ws.load_mask(image_id) > 0)
