@@ -83,20 +83,31 @@ Point = tuple[float, float]
 
 
 def mask_polygons(mask: np.ndarray, tolerance: float | None = None) -> list[list[Point]]:
-    """Outer outlines of a boolean mask, one per connected part, simplified (Douglas–Peucker,
-    ``tolerance`` px; default 1 px per 400 px of the photo's longer side, at least 1 px)."""
+    """Outer outlines of a boolean mask along its pixels' edges, one per connected part, simplified
+    (Douglas–Peucker, ``tolerance`` px; default 1 px per 400 px of the longer side, at least 0.75 px).
+    :func:`rasterise_outlines` of the result gives the mask back up to the simplification."""
     import cv2
+    from shapely import unary_union
+    from shapely.geometry import LineString, Polygon
+    from shapely.geometry import Point as ShapelyPoint
 
     if tolerance is None:
-        tolerance = max(1.0, max(mask.shape) / 400)
-    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+        tolerance = max(0.75, max(mask.shape) / 400)
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     outlines = []
     for contour in contours:
-        simple = cv2.approxPolyDP(contour, tolerance, True).reshape(-1, 2)
-        if len(simple) < 3:  # a one-pixel-wide sliver: keep its full boundary
-            simple = contour.reshape(-1, 2)
-        if len(simple) >= 3:
-            outlines.append([(float(x) + 0.5, float(y) + 0.5) for x, y in simple])
+        centres = contour.reshape(-1, 2).astype(float) + 0.5
+        # the boundary pixels' centres and a half-pixel band around them: the pixels' outer edges
+        if len(centres) == 1:
+            band = ShapelyPoint(centres[0]).buffer(0.5, cap_style="square")
+        else:
+            band = LineString(np.vstack([centres, centres[:1]])).buffer(0.5, cap_style="square", join_style="mitre")
+        inside = Polygon(centres).buffer(0) if len(centres) >= 3 else band
+        shape = unary_union([inside, band]).simplify(tolerance)
+        for part in getattr(shape, "geoms", [shape]):
+            ring = list(part.exterior.coords)[:-1]
+            if len(ring) >= 3:
+                outlines.append([(round(x, 2), round(y, 2)) for x, y in ring])
     return outlines
 
 
@@ -120,15 +131,39 @@ def outline_problem(outline: Sequence[Point]) -> str | None:
     return None
 
 
+def fill_outline(outline: Sequence[Point], shape: tuple[int, int]) -> np.ndarray:
+    """Boolean H×W mask of the pixels whose centre lies inside the closed outline (even–odd rule;
+    image coordinates, see :func:`mask_polygons`), so a vertex a fraction of a pixel off changes nothing."""
+    h, w = shape
+    mask = np.zeros(shape, dtype=bool)
+    pts = np.asarray(outline, dtype=float)
+    x0, y0 = pts[:, 0], pts[:, 1]
+    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
+    rows = np.arange(max(0, int(np.floor(y0.min()))), min(h, int(np.ceil(y0.max()))))
+    if len(rows) == 0:
+        return mask
+    yc = rows[:, None] + 0.5
+    crosses = (y0 <= yc) != (y1 <= yc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xs = np.where(crosses, x0 + (yc - y0) * (x1 - x0) / (y1 - y0), np.inf)
+    xs.sort(axis=1)
+    for r, row in zip(rows, xs):
+        cuts = row[np.isfinite(row)]
+        for a, b in zip(cuts[0::2], cuts[1::2]):  # centres c + 0.5 in [a, b)
+            c0, c1 = max(0, int(np.ceil(a - 0.5))), min(w, int(np.ceil(b - 0.5)))
+            mask[r, c0:c1] = True
+    return mask
+
+
 def rasterise_outlines(outlines: Sequence[Sequence[Point]], shape: tuple[int, int]) -> np.ndarray:
-    """Boolean H×W union of closed outlines in image coordinates (see :func:`mask_polygons`).
+    """Boolean H×W union of closed outlines in image coordinates (see :func:`fill_outline`).
     Raises ValueError, naming the outline, when one has < 3 vertices or crosses itself."""
     region = np.zeros(shape, dtype=bool)
     for n, outline in enumerate(outlines, start=1):
         problem = outline_problem(outline)
         if problem:
             raise ValueError(f"Outline {n}: {problem}" if len(outlines) > 1 else problem)
-        region |= rasterise([(x - 0.5, y - 0.5) for x, y in outline], shape)
+        region |= fill_outline(outline, shape)
     return region
 
 

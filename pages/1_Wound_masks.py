@@ -73,7 +73,7 @@ def user_error(err: Exception) -> None:
 def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None) -> None:
     """Store a planned outline (overlaps decided in ``keeps``); errors become the page's message."""
     try:
-        index = session.apply_outline(ws, plan, keeps, actor=ac.annotator())
+        index = session.apply_outline(ws, plan, keeps, actor=ac.actor())
     except ValueError as err:
         user_error(err)
         return
@@ -254,11 +254,11 @@ def save_text(image_id: str, index: int, names: list[str]) -> None:
     for name in names:
         text = str(state.get(f"meta_{name}_{base}", "")).strip()
         meta[name] = parse_value(text)  # numbers stay numbers, as on import; empty removes the field
-    session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta)
+    session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta, actor=ac.actor())
 
 
 def remove(image_id: str, index: int) -> None:
-    session.delete_wound(ws, image_id, index)
+    session.delete_wound(ws, image_id, index, actor=ac.actor())
     bump(image_id)
     state["mask_flash"] = f"Deleted wound {index} of {image_id}."
 

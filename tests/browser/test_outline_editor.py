@@ -12,6 +12,7 @@ import pytest
 from PIL import Image, ImageDraw
 from playwright.sync_api import expect
 
+from annotations import accounts
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 
@@ -50,12 +51,14 @@ def make_workspace(root: Path, data: Path, min_area: int | None = None) -> Works
     import_dataset(ws, data)
     if min_area is not None:
         ws.store.set_meta("min_wound_area", min_area)
+    accounts.add_account(ws.store, USER, "annotator", PASSWORD, actor="test")
     return ws
 
 
 def sign_in(pg, url: str) -> None:
     pg.goto(url)
-    pg.get_by_role("textbox", name="Your name (annotator)").fill(USER)
+    pg.get_by_role("textbox", name="Account name").fill(USER)
+    pg.get_by_role("textbox", name="Password").fill(PASSWORD)
     pg.get_by_role("button", name="Sign in").click()
     expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
 
@@ -184,9 +187,11 @@ def test_zoom_vertex_edit_undo_and_photo_kept(app, page):
     tool(page, "Save outline").click()
     expect(page.get_by_text("Saved wound 1 of leg-02 (drawn)")).to_be_visible()
     expect(page.get_by_role("heading", name="Wounds of leg-02")).to_be_visible()
-    expect(page.get_by_test_id("stSelectbox").first).to_contain_text("leg-02")
+    expect(page.get_by_role("combobox", name="Photo")).to_have_value("leg-02")
     (saved,) = ws.store.wounds("leg-02")
     assert saved["bbox"] == [40, 40, 90, 80] and saved["area"] == 50 * 40
+    assert saved["metadata"]["origin"] == "drawn"
+    assert {r["actor"] for r in ws.store.revisions("wounds") if r["actor"] != "import"} == {USER}
 
 
 def test_min_area_invalid_outlines_and_overlap_decision(app, page):
