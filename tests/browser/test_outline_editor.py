@@ -3,7 +3,6 @@ minimum wound area, invalid outlines, the overlap decision, the photo kept after
 imported metadata field in its own box."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from annotations.workspace import Workspace
 expect.set_options(timeout=60_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "Dr Outline", "outline-pass-1234"
 WOUNDS_CSV = ("image_id,wound_index,description,anatomical_site,size_cm,exudate\n"
               "leg-01,1,fibrin base,left shin,3.5,moderate\n"
@@ -115,7 +113,7 @@ def app(tmp_path, start_app):
     return start
 
 
-def test_zoom_vertex_edit_undo_and_photo_kept(app, page):
+def test_zoom_vertex_edit_undo_and_photo_kept(app, page, screenshot):
     ws, server = app()
     open_editor(page, server.url)
     # every imported metadata field in its own box
@@ -170,13 +168,10 @@ def test_zoom_vertex_edit_undo_and_photo_kept(app, page):
     tool(page, "Save outline").click()
     expect(page.get_by_text("Saved wound 1 of leg-01")).to_be_visible()
     idle(page)
-    if os.environ.get("TRIDERM_SCREENSHOT_DIR") or os.environ.get("TRIDERM_DOCS_SCREENSHOT"):
-        tool(page, "+").click()
-        tool(page, "+").click()
-        page.mouse.click(*to_screen(page, 100, 95))
-        path = REPO / "docs" / "screenshots" / "outline_editor.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(path), full_page=False)
+    tool(page, "+").click()  # zoomed in on the saved wound, its vertices showing: docs/screenshots/outline_editor.png
+    page.mouse.click(*to_screen(page, 100, 95))
+    expect(vertex.first).to_be_visible()
+    screenshot(page, "outline_editor")
     wound = ws.store.wounds("leg-01")[0]
     assert wound["area"] > area_before  # the vertex was pulled outwards
     assert wound["area"] == int((ws.load_mask("leg-01") == 1).sum())
