@@ -103,7 +103,10 @@ def mask_polygons(mask: np.ndarray, tolerance: float | None = None) -> list[list
         else:
             band = LineString(np.vstack([centres, centres[:1]])).buffer(0.5, cap_style="square", join_style="mitre")
         inside = Polygon(centres).buffer(0) if len(centres) >= 3 else band
-        shape = unary_union([inside, band]).simplify(tolerance)
+        exact = unary_union([inside, band])
+        shape = exact.simplify(tolerance)
+        if shape.area < 0.9 * exact.area:  # a part a few pixels across: simplifying would erase it
+            shape = exact
         for part in getattr(shape, "geoms", [shape]):
             ring = list(part.exterior.coords)[:-1]
             if len(ring) >= 3:
@@ -119,15 +122,15 @@ def label_polygons(labels: np.ndarray) -> dict[int, list[list[Point]]]:
 def outline_problem(outline: Sequence[Point]) -> str | None:
     """Why an outline cannot be a wound (fewer than 3 vertices, self-intersecting), or None."""
     from shapely.geometry import Polygon
-    from shapely.validation import explain_validity
+    from shapely.validation import explain_validity, make_valid
 
     if len(outline) < 3:
         return f"An outline needs at least 3 vertices; this one has {len(outline)}."
     poly = Polygon(outline)
+    if make_valid(poly).area == 0:
+        return "The outline encloses no area."
     if not poly.is_valid:
         return f"The outline crosses itself ({explain_validity(poly)}); move the vertices so that no edges cross."
-    if poly.area == 0:
-        return "The outline encloses no area."
     return None
 
 

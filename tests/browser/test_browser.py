@@ -70,21 +70,20 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
     ws = Workspace(app_server.workspace)
     photo = ws.store.images()[0]["image_id"]
     before = {w["wound_index"] for w in ws.store.wounds(photo)}
-    canvas = page.locator("canvas.upper-canvas").first
-    expect(canvas).to_be_visible()
-    # fabric.js binds its mouse handlers once the background photo has loaded; clicks before
-    # that are lost (seen as a flaky test), so let the page settle and re-read the layout
+    svg = page.locator(".oe svg")  # the outline editor (components/outline_editor)
+    expect(svg.locator("image")).to_be_attached()
     idle(page)
-    page.wait_for_timeout(2000)
-    box = canvas.bounding_box()
     # an empty corner of the photo, away from the phantom's wounds
     pts = [(0.80, 0.78), (0.95, 0.78), (0.95, 0.95), (0.80, 0.95)]
     free = ws.load_mask(photo)
     h, w = free.shape
     assert all(free[int(y * (h - 1)), int(x * (w - 1))] == 0 for x, y in pts)
+    page.locator(".oe .bar button", has_text="Draw new").click()
     for x, y in pts + [pts[0]]:  # clicking the first vertex again closes the polygon
-        page.mouse.click(box["x"] + x * box["width"], box["y"] + y * box["height"])
-        page.wait_for_timeout(250)
+        page.mouse.click(*svg.evaluate(
+            "(svg, [x, y]) => { const p = svg.createSVGPoint(); p.x = x; p.y = y;"
+            " const q = p.matrixTransform(svg.getScreenCTM()); return [q.x, q.y]; }", [x * w, y * h]))
+    page.locator(".oe .bar button", has_text="Save outline").click()
     new_index = max(before, default=0) + 1
     # the wound list (not the one-shot "Saved wound" flash, which a second rerun may clear)
     expect(page.get_by_text(re.compile(rf"^Wound {new_index} · [\d,]+ px"))).to_be_visible()
