@@ -35,6 +35,15 @@ def segmenter(root: str, run_id: int | None, _ws):
     return load_segmenter(_ws)
 
 
+@st.cache_data(show_spinner=False, max_entries=32)
+def photo_uri(path: str, sha256: str) -> str:
+    """The photo as the editor's data URI (cached per file content)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return image_uri(im)
+
+
 def latest_segmenter_run() -> int | None:
     done = [r for r in ws.store.runs("segmenter") if r["status"] == "done"]
     return done[0]["id"] if done else None
@@ -206,7 +215,7 @@ with draw_col:
     overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
     version = f"{state.get(f'mask_ver_{pick}', 0)}:{sum(w['area'] for w in wounds)}:{len(wounds)}"
     action = outline_editor(
-        image=image_uri(photo), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
+        image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
         shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
     if action and action.get("nonce") != state.get("mask_nonce"):
         state["mask_nonce"] = action["nonce"]

@@ -168,8 +168,15 @@ def test_zoom_vertex_edit_undo_and_photo_kept(app, page, screenshot):
     tool(page, "Save outline").click()
     expect(page.get_by_text("Saved wound 1 of leg-01")).to_be_visible()
     idle(page)
-    tool(page, "+").click()  # zoomed in on the saved wound, its vertices showing: docs/screenshots/outline_editor.png
-    page.mouse.click(*to_screen(page, 100, 95))
+    # the mouse wheel zooms about the pointer: wound 1 stays under it (docs/screenshots/outline_editor.png)
+    tool(page, "Fit").click()
+    at = to_screen(page, 100, 95)
+    page.mouse.move(*at)
+    for _ in range(3):
+        page.mouse.wheel(0, -100)
+    expect(page.locator(".oe .zoom")).to_have_text("Zoom 195%")
+    assert to_screen(page, 100, 95) == pytest.approx(at, abs=1)
+    page.mouse.click(*at)
     expect(vertex.first).to_be_visible()
     screenshot(page, "outline_editor")
     wound = ws.store.wounds("leg-01")[0]
