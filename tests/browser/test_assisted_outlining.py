@@ -171,7 +171,20 @@ def test_click_to_outline_on_medetec(medetec_app, page):
     y, x = np.unravel_index(depth.argmax(), depth.shape)  # the wound's innermost pixel
 
     sign_in_and_open(page, server.url, photo)
+    # the online choice without its package or checkpoint: one clear message, nothing proposed
+    page.get_by_text("Segment Anything", exact=True).click()
+    sam_path = page.get_by_role("textbox", name="Segment Anything checkpoint (.pth)")
+    sam_path.fill("/nonexistent/sam_vit_b.pth")
+    sam_path.press("Enter")
+    idle(page)
     tool(page, "Click to outline").click()
+    page.mouse.click(*to_screen(page, x + 0.5, y + 0.5))
+    expect(page.get_by_text(re.compile(r"Segment Anything (needs the 'segment-anything' package|checkpoint not "
+                                       r"found: /nonexistent/sam_vit_b\.pth)"))).to_be_visible()
+    assert page.locator(".oe path.candidate").count() == 0
+    page.get_by_text("Wound model", exact=True).click()
+    idle(page)
+
     page.mouse.click(*to_screen(page, x + 0.5, y + 0.5))
     expect(page.locator('.oe path.candidate[data-key="cclick"]')).to_have_count(1)
     idle(page)
