@@ -7,6 +7,7 @@ import sys
 
 from annotations import accounts
 from annotations.dataset import export_dataset, import_dataset
+from annotations.formats import FORMATS, export_outlines
 from annotations.readers import DatasetError
 from annotations.workspace import Workspace
 
@@ -19,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("dir", help="dataset folder (images/, masks/, wounds.csv, …)")
     exp = sub.add_parser("export", help="write the workspace as a dataset folder")
     exp.add_argument("out", help="output folder")
+    exp.add_argument("--format", default="dataset", choices=("dataset", *FORMATS),
+                     help="dataset folder (default), or the outlines only: COCO polygons/RLE or GeoJSON")
     for p in (imp, exp):
         p.add_argument("--workspace", default=None,
                        help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
@@ -28,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "users":
         return accounts.run_cli(ws.store, args)
     try:
-        summary = import_dataset(ws, args.dir) if args.command == "import" else export_dataset(ws, args.out)
+        if args.command == "import":
+            summary = import_dataset(ws, args.dir)
+        elif args.format == "dataset":
+            summary = export_dataset(ws, args.out)
+        else:
+            summary = export_outlines(ws, args.out, args.format)
     except DatasetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

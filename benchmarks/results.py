@@ -53,6 +53,7 @@ SECTIONS: dict[str, str] = {
     "concepts": "python -m benchmarks.concepts",
     "contrastive": "python -m core.bench_contrastive",
     "flip": "python -m benchmarks.flip",
+    "segmentation": "python -m benchmarks.segmentation",
 }
 REQUIRED = ("section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
             "claims", "notes")

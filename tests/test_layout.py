@@ -15,9 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CORE = REPO / "core"
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
-        "train_concepts", "bench_contrastive")
+        "train_concepts", "bench_contrastive", "train_segmenter")
 PLUMBING = "runtime"
-PARTS = ("vision", "text", "eval", "nested", "concepts", "losses", "experiments", "phantoms")
+PARTS = ("vision", "text", "eval", "nested", "concepts", "losses", "experiments", "phantoms", "segmentation")
 
 
 def module_name(path: Path) -> str:

@@ -11,6 +11,8 @@ encoder it was trained on; loading it over another encoder is a :class:`Segmente
 from __future__ import annotations
 
 import functools
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +36,7 @@ INPUT_SIZE = 384
 LEVELS = (1, 2, 3, 4)
 WIDTH = 32
 THRESHOLD = 0.5
+RECENT_MAPS = 4
 
 
 class SegmenterError(ValueError):
@@ -120,17 +123,28 @@ class Segmenter:
         self.input_size = int(input_size)
         self.run_id = run_id
         self.device = enc.device
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"Segmenter(run {self.run_id}, {self.encoder.identity}, {self.input_size}px, {self.device})"
 
     @torch.no_grad()
     def probability(self, image: Image.Image) -> np.ndarray:
-        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1]."""
-        w, h = image.size
-        logits = self.decoder(self.encoder(to_batch([image], self.input_size)))
+        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1] (the last few photos' maps are
+        kept, so repeated clicks on one photo run the network once; treat the result as read-only)."""
+        rgb = image.convert("RGB")
+        key = hashlib.sha1(rgb.tobytes()).hexdigest() + repr(rgb.size)
+        if key in self._recent:
+            self._recent.move_to_end(key)
+            return self._recent[key]
+        w, h = rgb.size
+        logits = self.decoder(self.encoder(to_batch([rgb], self.input_size)))
         logits = F.interpolate(logits.float(), size=(h, w), mode="bilinear", align_corners=False)
-        return torch.sigmoid(logits)[0, 0].cpu().numpy().astype(np.float32)
+        prob = torch.sigmoid(logits)[0, 0].cpu().numpy().astype(np.float32)
+        self._recent[key] = prob
+        while len(self._recent) > RECENT_MAPS:
+            self._recent.popitem(last=False)
+        return prob
 
     def save(self, path: str | Path) -> Path:
         """Atomically write the decoder with the encoder identity it was trained on."""

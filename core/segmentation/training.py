@@ -4,8 +4,8 @@ Samples come from a workspace (every photo with an outlined wound) and from data
 (``images/NAME.*`` with ``masks/NAME.png``, read like an import: binary masks split into wounds).
 The encoder is frozen, so each photo's pyramid is computed once for each of four flips (identity,
 horizontal, vertical, both — the label-preserving symmetries of a skin photo) and reused by every
-epoch and, in the benchmark, by every fold. Loss: binary cross-entropy + soft Dice at the model's
-input resolution; AdamW with a cosine schedule.
+epoch and, in the benchmark, by every fold. Loss: binary cross-entropy + soft Dice against the
+mask's area fractions on the decoder's output grid (stride 4); AdamW with a cosine schedule.
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def _flip(x: torch.Tensor, view: str) -> torch.Tensor:
 
 @dataclass
 class FeatureCache:
-    """Encoder pyramids (float16, CPU) and targets for every sample × view; row ``i * len(views) + v``."""
+    """Encoder pyramids (float16, CPU) and targets (wound fraction of each stride-4 cell) for every
+    sample × view; row ``i * len(views) + v``."""
 
     levels: list[torch.Tensor]
     targets: torch.Tensor
@@ -113,13 +114,18 @@ def cache_features(samples: Sequence[Sample], enc: Encoder, size: int = INPUT_SI
     targets = []
     for s in tqdm(samples, desc="segmenter features", unit="photo", disable=not progress, leave=False):
         x = to_batch([s.image], size)
-        t = torch.from_numpy(np.asarray(Image.fromarray(s.mask.astype(np.uint8) * 255).resize(
-            (size, size), Image.NEAREST)) > 127)[None, None]
         for view in views:
-            for store, f in zip(levels, enc(_flip(x, view))):
+            feats = enc(_flip(x, view))
+            for store, f in zip(levels, feats):
                 store.append(f.half().cpu())
-            targets.append(_flip(t, view))
+            targets.append(_flip(_target(s.mask, feats[0].shape[-2:]), view))
     return FeatureCache([torch.cat(level) for level in levels], torch.cat(targets), tuple(views), size)
+
+
+def _target(mask: np.ndarray, grid: tuple[int, int]) -> torch.Tensor:
+    """Share of wound pixels in each cell of a ``grid`` laid over the mask (1×1×h×w, float16)."""
+    m = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))[None, None]
+    return F.interpolate(m, size=tuple(grid), mode="area").half()
 
 
 def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> torch.Tensor:
@@ -129,7 +135,7 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
     return (1 - (2 * (p * t).sum(1) + eps) / (p.sum(1) + t.sum(1) + eps)).mean()
 
 
-def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[int], epochs: int = 40,
+def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[int], epochs: int = 20,
                 batch_size: int = 8, lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
                 progress: bool = True, on_epoch: Callable[[int, list[float]], None] | None = None,
                 ) -> tuple[FPNDecoder, list[float]]:
@@ -152,13 +158,13 @@ def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[
         for batch in rows[torch.randperm(len(rows), generator=gen)].split(batch_size):
             feats = [level[batch].to(device).float() for level in cache.levels]
             target = cache.targets[batch].to(device).float()
-            logits = F.interpolate(decoder(feats), size=target.shape[-2:], mode="bilinear", align_corners=False)
+            logits = decoder(feats)
             loss = F.binary_cross_entropy_with_logits(logits, target) + dice_loss(logits, target)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
-            total += float(loss) * len(batch)
+            total += loss.item() * len(batch)
         losses.append(total / len(rows))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if on_epoch is not None:
@@ -203,7 +209,7 @@ def collect_samples(ws: Workspace, data: Sequence[str | Path] = ()) -> list[Samp
     return samples
 
 
-def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int = 40, batch_size: int = 8,
+def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int = 20, batch_size: int = 8,
                     lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
                     val_fraction: float = 0.2, progress: bool = True) -> int:
     """Train the decoder on the workspace's masks (+ ``data`` folders) and record a ``segmenter`` run.

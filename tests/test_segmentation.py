@@ -1,0 +1,239 @@
+"""core.segmentation: training on tiny synthetic masks, suggestions, click-to-outline, checkpoints, the job."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from annotations.dataset import import_dataset
+from annotations.workspace import Workspace
+from core import train_segmenter as job
+from core.segmentation import (
+    SamClicker,
+    SamUnavailable,
+    Segmenter,
+    SegmenterError,
+    load_segmenter,
+    outline_from_click,
+    suggest_outlines,
+)
+from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
+from core.segmentation.model import RUN_KIND, FPNDecoder, encoder
+from core.segmentation.training import cache_features, fit_decoder, folder_samples, series_group, split_groups
+
+SIZE = 64
+
+
+def _photo(rng: np.random.Generator, wounds: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A skin-toned photo with red discs (cx, cy, r) and its label map."""
+    img = np.empty((SIZE, SIZE, 3), np.uint8)
+    img[:] = (224, 180, 150)
+    img = np.clip(img + rng.normal(0, 6, img.shape), 0, 255).astype(np.uint8)
+    labels = np.zeros((SIZE, SIZE), np.uint8)
+    yy, xx = np.mgrid[:SIZE, :SIZE]
+    for k, (cx, cy, r) in enumerate(wounds, start=1):
+        disc = (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
+        img[disc] = (170, 40, 40)
+        labels[disc] = k
+    return img, labels
+
+
+def _dataset(root: Path, n: int, with_masks: bool = True) -> Path:
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    for i in range(n):
+        wounds = [(int(rng.integers(14, 50)), int(rng.integers(14, 50)), int(rng.integers(5, 12)))]
+        img, labels = _photo(rng, wounds)
+        Image.fromarray(img).save(root / "images" / f"p{i}.png")
+        if with_masks:
+            Image.fromarray(labels).save(root / "masks" / f"p{i}.png")
+    return root
+
+
+class MapSegmenter:
+    """A stand-in segmenter whose probability map is fixed (tests the logic around the model)."""
+
+    def __init__(self, prob: np.ndarray) -> None:
+        self.prob = prob.astype(np.float32)
+
+    def probability(self, image: Image.Image) -> np.ndarray:
+        assert image.size == self.prob.shape[::-1]
+        return self.prob
+
+
+def _workspace(tmp_path: Path, n: int = 3, with_masks: bool = True) -> Workspace:
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, _dataset(tmp_path / "ds", n, with_masks))
+    return ws
+
+
+def test_metrics_on_known_masks():
+    a = np.zeros((20, 20), bool)
+    a[5:15, 5:15] = True
+    b = np.zeros((20, 20), bool)
+    b[5:15, 10:20] = True
+    assert dice(a, b) == pytest.approx(0.5) and iou(a, b) == pytest.approx(50 / 150)
+    assert dice(a, a) == 1 and boundary_f(a, a) == 1 and boundary_f(a, np.zeros_like(a)) == 0
+    labels = np.zeros((20, 20), np.int32)
+    labels[5:15, 5:15] = 1
+    labels[0:3, 0:3] = 2
+    matched = match_wounds(b, labels)
+    assert (matched[1] == b).all() and not matched[2].any()
+    assert vertices_to_move(a, a) == 0 and vertices_to_move(np.zeros_like(a), a) == 4
+
+
+def test_series_groups_keep_near_duplicates_together():
+    assert series_group("foot-ulcer-2-3") == series_group("foot-ulcer-2-1") == "foot-ulcer-2"
+    assert series_group("foot-ulcer1-5") == "foot-ulcer1"
+    assert series_group("foot-ulcer-0001") == "foot-ulcer-0001"
+
+
+def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
+    samples = folder_samples(_dataset(tmp_path / "ds", 6))
+    train, val = split_groups(samples, 0.2, seed=0)
+    assert val and not {samples[i].group for i in train} & {samples[i].group for i in val}
+    enc = encoder("cpu")
+    cache = cache_features(samples, enc, size=SIZE, progress=False)
+    decoder, losses = fit_decoder(cache, list(range(len(samples))), enc.channels, epochs=12, batch_size=8,
+                                  lr=3e-3, progress=False)
+    assert losses[-1] < 0.7 * losses[0]
+    seg = Segmenter(decoder, enc, input_size=SIZE)
+    prob = seg.probability(samples[0].image)
+    assert prob.shape == samples[0].mask.shape and prob.dtype == np.float32
+    assert dice(prob >= 0.5, samples[0].mask) > 0.5
+
+
+def test_suggestions_respect_min_area_and_never_cover_existing_outlines(tmp_path):
+    ws = _workspace(tmp_path)
+    existing = ws.load_mask("p0") > 0
+    prob = np.zeros(existing.shape, np.float32)
+    prob[existing] = 0.9                       # the model finds the outlined wound again …
+    prob[0:4, 0:4] = 0.9                       # … a 16-px speck (below min area 25) …
+    prob[56:64, 0:10] = 0.8                    # … and a new 80-px wound
+    ys, xs = np.nonzero(existing)
+    prob[ys.min():ys.max() + 1, xs.max():xs.max() + 3] = 0.9  # a rim touching the outlined wound
+    out = suggest_outlines(ws, "p0", segmenter=MapSegmenter(prob))
+    assert all(m.sum() >= ws.min_wound_area for m in out)
+    assert not any((m & existing).any() for m in out)
+    assert any(m[60, 5] for m in out) and not any(m[1, 1] for m in out)
+    ws.store.set_meta("min_wound_area", 100)
+    assert not any(m[60, 5] for m in suggest_outlines(ws, "p0", segmenter=MapSegmenter(prob)))
+
+
+def test_suggestions_without_a_trained_model_say_how_to_train(tmp_path):
+    ws = _workspace(tmp_path)
+    with pytest.raises(SegmenterError, match="train_segmenter"):
+        suggest_outlines(ws, "p0")
+
+
+def test_click_returns_the_clicked_component_and_exclude_removes_a_region(tmp_path):
+    ws = _workspace(tmp_path)
+    ws.save_mask("p1", np.zeros((SIZE, SIZE), np.uint8))  # no existing outline on p1
+    prob = np.zeros((SIZE, SIZE), np.float32)
+    prob[5:20, 5:20] = 0.9
+    prob[40:60, 30:60] = 0.9
+    seg = MapSegmenter(prob)
+    out = outline_from_click(ws, "p1", 10, 10, segmenter=seg)
+    assert (out == (prob > 0.5) & (np.arange(SIZE)[:, None] < 30)).all()
+    both = outline_from_click(ws, "p1", 35, 50, segmenter=seg)
+    assert both[50, 55] and not both[10, 10]
+    trimmed = outline_from_click(ws, "p1", 32, 50, segmenter=seg, exclude=[(58, 50)])
+    assert trimmed[50, 32] and not trimmed[50, 58] and trimmed.sum() < both.sum()
+    with pytest.raises(ValueError, match="outside"):
+        outline_from_click(ws, "p1", SIZE, 3, segmenter=seg)
+
+
+def test_grabcut_fallback_outlines_the_clicked_wound(tmp_path):
+    ws = _workspace(tmp_path, n=1)
+    truth = ws.load_mask("p0") > 0
+    ys, xs = np.nonzero(truth)
+    ws.save_mask("p0", np.zeros_like(truth, np.uint8))
+    out = outline_from_click(ws, "p0", int(xs.mean()), int(ys.mean()))  # no model trained → GrabCut
+    assert dice(out, truth) > 0.8
+
+
+def test_click_on_an_existing_outline_proposes_nothing(tmp_path):
+    ws = _workspace(tmp_path, n=1)
+    ys, xs = np.nonzero(ws.load_mask("p0"))
+    assert not outline_from_click(ws, "p0", int(xs[0]), int(ys[0]), segmenter=MapSegmenter(np.ones((SIZE, SIZE)))).any()
+
+
+def test_job_trains_records_and_loads_the_segmenter(tmp_path, capsys):
+    ws = _workspace(tmp_path, n=4)
+    assert load_segmenter(ws) is None
+    assert job.main(["--workspace", str(ws.root), "--epochs", "2", "--device", "cpu", "--val-fraction", "0.25"]) == 0
+    assert "held-out Dice" in capsys.readouterr().out
+    run = ws.store.runs(kind=RUN_KIND)[0]
+    assert run["status"] == "done" and len(run["metrics"]["loss"]) == 2 and 0 <= run["metrics"]["dice"] <= 1
+    seg = load_segmenter(ws)
+    assert seg.run_id == run["id"]
+    assert len(outline_from_click(ws, "p0", 0, 0, segmenter=seg).shape) == 2
+
+
+def test_no_masks_is_one_clear_error_and_nothing_is_written(tmp_path, capsys):
+    ws = _workspace(tmp_path, with_masks=False)
+    with pytest.raises(SystemExit) as exit_:
+        job.main(["--workspace", str(ws.root), "--epochs", "1"])
+    assert exit_.value.code == 2
+    assert "no wound masks to train on" in capsys.readouterr().err
+    assert ws.store.runs() == [] and not any(ws.runs_dir.iterdir())
+
+
+def test_a_checkpoint_from_another_backbone_is_refused(tmp_path):
+    enc = encoder("cpu")
+    path = Segmenter(FPNDecoder(enc.channels), enc).save(tmp_path / "seg.pt")
+    assert isinstance(Segmenter.load(path, device="cpu"), Segmenter)
+    blob = torch.load(path, weights_only=True)
+    blob["backbone"] = "dermlip:hub-dermlip"
+    torch.save(blob, tmp_path / "other.pt")
+    with pytest.raises(SegmenterError, match="trained over backbone 'dermlip"):
+        Segmenter.load(tmp_path / "other.pt", device="cpu")
+    torch.save({"triderm_backbone": "efficientnet-lite0", "state_dict": {}}, tmp_path / "bb.pt")
+    with pytest.raises(SegmenterError, match="not a TriDerm segmenter checkpoint"):
+        Segmenter.load(tmp_path / "bb.pt")
+
+
+def test_sam_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "segment_anything", None)  # makes the import fail
+    with pytest.raises(SamUnavailable, match="pip install segment-anything"):
+        SamClicker(tmp_path / "sam_vit_b.pth")
+
+
+def test_sam_reports_a_missing_or_unloadable_checkpoint(tmp_path):
+    pytest.importorskip("segment_anything")
+    with pytest.raises(SamUnavailable, match="not found"):
+        SamClicker(tmp_path / "sam_vit_b.pth")
+    (tmp_path / "sam_vit_b.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(SamUnavailable, match="not a loadable Segment Anything checkpoint"):
+        SamClicker(tmp_path / "sam_vit_b.pth")
+
+
+def test_probability_maps_are_reused_for_the_same_photo():
+    enc = encoder("cpu")
+    seg = Segmenter(FPNDecoder(enc.channels), enc, input_size=SIZE)
+    photo = Image.fromarray(np.full((20, 30, 3), 120, np.uint8))
+    first = seg.probability(photo)
+    assert first.shape == (20, 30) and seg.probability(photo.copy()) is first
+    assert seg.probability(Image.fromarray(np.full((20, 30, 3), 121, np.uint8))) is not first
+
+
+def test_benchmark_folds_keep_photo_series_together():
+    from benchmarks.segmentation import group_folds, otsu_red
+    from core.segmentation.training import Sample
+
+    names = ["a-0001", "a-0002", "a-0003", "s-2-1", "s-2-2", "s-2-3", "t1-1", "t1-2", "b-0004", "b-0005"]
+    photo = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+    samples = [Sample(n, series_group(n), photo, np.zeros((4, 4), bool)) for n in names]
+    folds = group_folds(samples, 3, seed=0)
+    assert sorted(i for f in folds for i in f) == list(range(len(names)))
+    for series in ("s-2", "t1"):
+        assert sum(any(samples[i].group == series for i in f) for f in folds) == 1
+    assert max(map(len, folds)) - min(map(len, folds)) <= 2
+    img = np.full((10, 10, 3), 200, np.uint8)
+    img[2:5, 2:5, 0] = 60
+    assert otsu_red(Image.fromarray(img)).sum() == 9
