@@ -45,8 +45,10 @@ def photo_uri(path: str, sha256: str) -> str:
 
 
 def latest_segmenter_run() -> int | None:
-    done = [r for r in ws.store.runs("segmenter") if r["status"] == "done"]
-    return done[0]["id"] if done else None
+    from core.segmentation.model import latest_run
+
+    run = latest_run(ws)
+    return run["id"] if run else None
 
 
 def hex_colour(index: int) -> str:
