@@ -79,6 +79,7 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot):
     h, w = free.shape
     assert all(free[int(y * (h - 1)), int(x * (w - 1))] == 0 for x, y in pts)
     page.locator(".oe .bar button", has_text="Draw new").click()
+    svg.scroll_into_view_if_needed()
     for x, y in pts + [pts[0]]:  # clicking the first vertex again closes the polygon
         page.mouse.click(*svg.evaluate(
             "(svg, [x, y]) => { const p = svg.createSVGPoint(); p.x = x; p.y = y;"

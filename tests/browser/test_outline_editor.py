@@ -96,6 +96,7 @@ def tool(pg, name: str):
 def draw(pg, points: list[tuple[float, float]]) -> None:
     """Draw mode: click each point, then the first again to close the outline."""
     tool(pg, "Draw new").click()
+    pg.locator(".oe svg").scroll_into_view_if_needed()
     for x, y in [*points, points[0]]:
         pg.mouse.click(*to_screen(pg, x, y))
         pg.wait_for_timeout(80)
