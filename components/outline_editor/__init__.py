@@ -42,8 +42,7 @@ def image_uri(image: Image.Image) -> str:
 
 def outline_editor(*, image: str, image_key: str, size: tuple[int, int], shapes: list[dict[str, Any]],
                    version: str, overlap: list | None = None, clicks: list[dict] | None = None,
-                   click_enabled: bool = True, mode: str | None = None, stage_height: int = 620,
-                   key: str) -> dict | None:
+                   stage_height: int = 620, key: str) -> dict | None:
     """Mount the editor; returns this rerun's action (a dict with ``type``) or None.
 
     ``shapes``: ``{key, kind: "wound"|"candidate", index | id, label, colour, polys}``; ``version``
@@ -53,8 +52,7 @@ def outline_editor(*, image: str, image_key: str, size: tuple[int, int], shapes:
     result = _component(
         key=key,
         data={"image": image, "image_key": image_key, "width": width, "height_px": height, "shapes": shapes,
-              "version": version, "overlap": overlap or [], "clicks": clicks or [], "click_enabled": click_enabled,
-              "mode": mode, "stage_height": stage_height},
+              "version": version, "overlap": overlap or [], "clicks": clicks or [], "stage_height": stage_height},
         on_action_change=lambda: None,
         height="content",
     )

@@ -140,10 +140,6 @@ class Editor {
       const cand = this.shapes.find((s) => s.kind === "candidate");
       if (cand) this.sel = { key: cand.key, poly: 0, vertex: null };
     }
-    if (data.mode && data.mode !== this.modeFromData) {
-      this.modeFromData = data.mode;
-      this.mode = data.mode;
-    }
     if (newImage || !this.view) this.fit(false);
     this.render();
   }
@@ -430,7 +426,6 @@ class Editor {
     this.root.dataset.zoom = zoom.toFixed(3);
     this.zoomLabel.textContent = `Zoom ${Math.round(zoom * 100)}%`;
     for (const [m, b] of Object.entries(this.modeButtons)) b.setAttribute("aria-pressed", String(m === this.mode));
-    this.modeButtons.click.disabled = !this.data.click_enabled;
     this.undoBtn.disabled = !this.undoStack.length;
     this.redoBtn.disabled = !this.redoStack.length;
     const s = this.selected();
