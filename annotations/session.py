@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,54 +67,182 @@ def overview(ws: Workspace) -> dict[str, Any]:
     }
 
 
-# -- outlines from the drawing canvas -------------------------------------------------------------
-def _points_of_path(path: list) -> list[tuple[float, float]]:
-    """Vertices of a Fabric.js path (M/L/Q/C commands; curves by their end and control points)."""
-    pts: list[tuple[float, float]] = []
-    for cmd in path:
-        nums = [float(v) for v in cmd[1:]]
-        pts.extend(zip(nums[0::2], nums[1::2]))
-    return pts
-
-
-def canvas_outlines(json_data: Mapping[str, Any] | None) -> list[list[tuple[float, float]]]:
-    """Closed outlines (canvas pixels) of every polygon, freehand path or rectangle drawn."""
-    outlines = []
-    for obj in (json_data or {}).get("objects", []):
-        kind = str(obj.get("type", "")).lower()
-        if kind in ("polygon", "polyline"):
-            pts = [(float(p["x"]), float(p["y"])) for p in obj.get("points", [])]
-        elif kind == "path":
-            pts = _points_of_path(obj.get("path") or [])
-        elif kind == "rect":
-            x, y = float(obj["left"]), float(obj["top"])
-            w, h = float(obj["width"]) * obj.get("scaleX", 1), float(obj["height"]) * obj.get("scaleY", 1)
-            outlines.append([(x, y), (x + w, y), (x + w, y + h), (x, y + h)])
-            continue
-        else:
-            continue
-        if len(pts) < 3:
-            continue
-        # Points are scene coordinates when drawn; an edited (moved/scaled) object shifts them.
-        sw = float(obj.get("strokeWidth", 0) or 0)
-        sx, sy = float(obj.get("scaleX", 1) or 1), float(obj.get("scaleY", 1) or 1)
-        x0, y0 = min(p[0] for p in pts), min(p[1] for p in pts)
-        left = float(obj.get("left", x0 - sw / 2))
-        top = float(obj.get("top", y0 - sw / 2))
-        if obj.get("originX") == "center":
-            left -= (max(p[0] for p in pts) - x0 + sw) * sx / 2
-        if obj.get("originY") == "center":
-            top -= (max(p[1] for p in pts) - y0 + sw) * sy / 2
-        outlines.append([(left + (x - x0 + sw / 2) * sx, top + (y - y0 + sw / 2) * sy) for x, y in pts])
-    return outlines
-
-
+# -- outlines -----------------------------------------------------------------------------------------
 def rasterise(outline: Sequence[tuple[float, float]], shape: tuple[int, int], scale: float = 1.0) -> np.ndarray:
     """Boolean H×W mask of the closed outline, its coordinates multiplied by ``scale``."""
     h, w = shape
     canvas = Image.new("L", (w, h), 0)
     ImageDraw.Draw(canvas).polygon([(x * scale, y * scale) for x, y in outline], fill=1, outline=1)
     return np.asarray(canvas, dtype=bool)
+
+
+# -- outlines as polygons (derived for editing; the label map stays the stored truth) ----------------
+# Polygon coordinates are continuous image coordinates: pixel (col, row) covers [col, col+1) × [row, row+1),
+# so its centre is (col + 0.5, row + 0.5). The outline editor draws the photo over [0, W] × [0, H].
+Point = tuple[float, float]
+
+
+def mask_polygons(mask: np.ndarray, tolerance: float | None = None) -> list[list[Point]]:
+    """Outer outlines of a boolean mask along its pixels' edges, one per connected part, simplified
+    (Douglas–Peucker, ``tolerance`` px; default 1 px per 400 px of the longer side, at least 0.75 px).
+    :func:`rasterise_outlines` of the result gives the mask back up to the simplification."""
+    import cv2
+    from shapely import unary_union
+    from shapely.geometry import LineString, Polygon
+    from shapely.geometry import Point as ShapelyPoint
+
+    if tolerance is None:
+        tolerance = max(0.75, max(mask.shape) / 400)
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    outlines = []
+    for contour in contours:
+        centres = contour.reshape(-1, 2).astype(float) + 0.5
+        # the boundary pixels' centres and a half-pixel band around them: the pixels' outer edges
+        if len(centres) == 1:
+            band = ShapelyPoint(centres[0]).buffer(0.5, cap_style="square")
+        else:
+            band = LineString(np.vstack([centres, centres[:1]])).buffer(0.5, cap_style="square", join_style="mitre")
+        inside = Polygon(centres).buffer(0) if len(centres) >= 3 else band
+        exact = unary_union([inside, band])
+        shape = exact.simplify(tolerance)
+        if shape.area < 0.9 * exact.area:  # a part a few pixels across: simplifying would erase it
+            shape = exact
+        for part in getattr(shape, "geoms", [shape]):
+            ring = list(part.exterior.coords)[:-1]
+            if len(ring) >= 3:
+                outlines.append([(round(x, 2), round(y, 2)) for x, y in ring])
+    return outlines
+
+
+def label_polygons(labels: np.ndarray) -> dict[int, list[list[Point]]]:
+    """Editable outlines of every wound of a label map: {wound index: [polygon, ...]}."""
+    return {int(i): mask_polygons(labels == i) for i in np.unique(labels) if i > 0}
+
+
+def outline_problem(outline: Sequence[Point]) -> str | None:
+    """Why an outline cannot be a wound (fewer than 3 vertices, self-intersecting), or None."""
+    from shapely.geometry import Polygon
+    from shapely.validation import explain_validity, make_valid
+
+    if len(outline) < 3:
+        return f"An outline needs at least 3 vertices; this one has {len(outline)}."
+    poly = Polygon(outline)
+    if make_valid(poly).area == 0:
+        return "The outline encloses no area."
+    if not poly.is_valid:
+        return f"The outline crosses itself ({explain_validity(poly)}); move the vertices so that no edges cross."
+    return None
+
+
+def fill_outline(outline: Sequence[Point], shape: tuple[int, int]) -> np.ndarray:
+    """Boolean H×W mask of the pixels whose centre lies inside the closed outline (even–odd rule;
+    image coordinates, see :func:`mask_polygons`), so a vertex a fraction of a pixel off changes nothing."""
+    h, w = shape
+    mask = np.zeros(shape, dtype=bool)
+    pts = np.asarray(outline, dtype=float)
+    x0, y0 = pts[:, 0], pts[:, 1]
+    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
+    rows = np.arange(max(0, int(np.floor(y0.min()))), min(h, int(np.ceil(y0.max()))))
+    if len(rows) == 0:
+        return mask
+    yc = rows[:, None] + 0.5
+    crosses = (y0 <= yc) != (y1 <= yc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xs = np.where(crosses, x0 + (yc - y0) * (x1 - x0) / (y1 - y0), np.inf)
+    xs.sort(axis=1)
+    for r, row in zip(rows, xs):
+        cuts = row[np.isfinite(row)]
+        for a, b in zip(cuts[0::2], cuts[1::2]):  # centres c + 0.5 in [a, b)
+            c0, c1 = max(0, int(np.ceil(a - 0.5))), min(w, int(np.ceil(b - 0.5)))
+            mask[r, c0:c1] = True
+    return mask
+
+
+def rasterise_outlines(outlines: Sequence[Sequence[Point]], shape: tuple[int, int]) -> np.ndarray:
+    """Boolean H×W union of closed outlines in image coordinates (see :func:`fill_outline`).
+    Raises ValueError, naming the outline, when one has < 3 vertices or crosses itself."""
+    region = np.zeros(shape, dtype=bool)
+    for n, outline in enumerate(outlines, start=1):
+        problem = outline_problem(outline)
+        if problem:
+            raise ValueError(f"Outline {n}: {problem}" if len(outlines) > 1 else problem)
+        region |= fill_outline(outline, shape)
+    return region
+
+
+@dataclass
+class OutlinePlan:
+    """A region about to be saved as wound ``wound_index`` (None: a new wound) of ``image_id``, with
+    the pixels it shares with each other wound; overlaps must be resolved before it is written."""
+
+    image_id: str
+    wound_index: int | None
+    region: np.ndarray
+    origin: str
+    overlaps: dict[int, int] = field(default_factory=dict)
+
+
+def plan_outline(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int | None = None,
+                 origin: str = "drawn") -> OutlinePlan:
+    """Check a region against the workspace's minimum wound area and find the wounds it overlaps.
+    Raises ValueError (nothing written) when it is too small."""
+    labels = ws.load_mask(image_id)
+    if region.shape != labels.shape:
+        raise ValueError(f"outline is {region.shape}, photo {image_id} is {labels.shape}")
+    area, minimum = int(region.sum()), ws.min_wound_area
+    if area < minimum:
+        raise ValueError(f"The outline covers {area} px, less than this workspace's minimum wound area of "
+                         f"{minimum} px. Nothing was saved.")
+    others = labels[region & (labels > 0) & (labels != (wound_index or 0))]
+    overlaps = {int(i): int(n) for i, n in zip(*np.unique(others, return_counts=True))}
+    return OutlinePlan(image_id, wound_index, region, origin, overlaps)
+
+
+def overlap_mask(ws: Workspace, plan: OutlinePlan) -> np.ndarray:
+    """Pixels the planned region shares with other wounds."""
+    labels = ws.load_mask(plan.image_id)
+    return plan.region & (labels > 0) & (labels != (plan.wound_index or 0))
+
+
+def wound_origin(wound: Mapping[str, Any]) -> str | None:
+    """How a stored wound's outline was made (one of :data:`ORIGINS`), when recorded."""
+    return (wound.get("metadata") or {}).get("origin")
+
+
+def edit_origin(previous: str | None) -> str:
+    """Origin of an outline after the clinician changed it: a hand-drawn one stays drawn, any other
+    (a model's suggestion, an imported outline) becomes edited."""
+    return "drawn" if previous in (None, "drawn") else "edited"
+
+
+def apply_outline(ws: Workspace, plan: OutlinePlan, keeps: Mapping[int, bool], actor: str = APP_ACTOR) -> int:
+    """Write a planned outline; ``keeps[j]`` says whether the planned wound keeps the pixels it shares
+    with wound j (True: they are taken from j; False: they stay with j). Every overlap must have a
+    decision, no wound may end below the minimum area; otherwise ValueError and nothing is written.
+    Returns the saved wound's index."""
+    missing = sorted(set(plan.overlaps) - set(keeps))
+    if missing:
+        raise ValueError(f"Decide which wound keeps the overlap with wound(s) {', '.join(map(str, missing))}.")
+    labels = ws.load_mask(plan.image_id)
+    region = plan.region.copy()
+    shrunk: dict[int, np.ndarray] = {}
+    for other in plan.overlaps:
+        if keeps[other]:
+            shrunk[other] = (labels == other) & ~region
+        else:
+            region &= labels != other
+    minimum = ws.min_wound_area
+    for other, rest in shrunk.items():
+        if rest.sum() < minimum:
+            raise ValueError(f"Wound {other} would be left with {int(rest.sum())} px, less than the minimum "
+                             f"wound area of {minimum} px. Delete wound {other} or keep its pixels with it.")
+    if region.sum() < minimum:
+        raise ValueError(f"Without the overlap the outline covers {int(region.sum())} px, less than the minimum "
+                         f"wound area of {minimum} px. Nothing was saved.")
+    origins = {w["wound_index"]: wound_origin(w) for w in ws.store.wounds(plan.image_id)}
+    for other, rest in shrunk.items():
+        add_wound(ws, plan.image_id, rest, wound_index=other, actor=actor, origin=edit_origin(origins.get(other)))
+    return add_wound(ws, plan.image_id, region, wound_index=plan.wound_index, actor=actor, origin=plan.origin)
 
 
 def add_wound(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int | None = None,

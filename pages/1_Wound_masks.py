@@ -1,17 +1,19 @@
-"""Wound masks: outline each wound on the photo, describe it; everything is saved at once."""
+"""Wound masks: outline each wound on the photo (zoom, vertex editing, undo), describe it.
+
+The label mask is the stored truth: the editor gets polygons derived from it and every saved
+outline is rasterised back into it. Suggestions (the segmentation model) and click-to-outline
+proposals become outlines only when the clinician accepts them.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
-from streamlit_drawable_canvas import st_canvas
 
 import app_common as ac
 from annotations import session
-
-TOOLS = {"Polygon (click points, click the first point to close)": "polygon",
-         "Freehand (drag around the wound)": "freedraw",
-         "Rectangle": "rect"}
-CANVAS_W = 600  # fits the drawing column of the wide layout on a 1366 px screen
+from annotations.readers import parse_value
+from components.outline_editor import image_uri, outline_editor
 
 ws = ac.page("Wound masks", need="annotate")
 state = st.session_state
@@ -20,86 +22,282 @@ if not images:
     st.info("No photos yet. Import a dataset folder or build the demo on the Home page.")
     st.stop()
 
-counts: dict[str, int] = {}
-for w in ws.store.wounds():
-    counts[w["image_id"]] = counts.get(w["image_id"], 0) + 1
+#: Metadata fields every wound shows, with their labels; any other imported field gets its own too.
+FIELDS = {"anatomical_site": "Anatomical site", "size_cm": "Size (cm)"}
+HIDDEN_FIELDS = {"origin"}
+
+
+@st.cache_resource(show_spinner="Loading the segmentation model…", max_entries=2)
+def segmenter(root: str, run_id: int | None, _ws):
+    """The workspace's latest trained segmenter (one per workspace and run, shared by the sessions)."""
+    from core.segmentation import load_segmenter
+
+    return load_segmenter(_ws)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def photo_uri(path: str, sha256: str) -> str:
+    """The photo as the editor's data URI (cached per file content)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return image_uri(im)
+
+
+def latest_segmenter_run() -> int | None:
+    from core.segmentation.model import latest_run
+
+    run = latest_run(ws)
+    return run["id"] if run else None
+
+
+def hex_colour(index: int) -> str:
+    r, g, b = session.PALETTE[(index - 1) % len(session.PALETTE)]
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def bump(image_id: str) -> None:
+    """Mark the photo's outlines as changed: the editor drops its unsaved edits and redraws."""
+    state[f"mask_ver_{image_id}"] = state.get(f"mask_ver_{image_id}", 0) + 1
+
+
+# -- photo choice (kept across saves: the options and their labels never change) ---------------------
 ids = [im["image_id"] for im in images]
-pick = st.selectbox(
-    "Photo", ids, key="mask_photo",
-    format_func=lambda i: f"{i} — {counts.get(i, 0)} wound(s)" if counts.get(i) else f"{i} — not outlined yet")
+if state.get("mask_photo") not in ids:
+    state["mask_photo"] = ids[0]
+pick = st.selectbox("Photo", ids, key="mask_photo")
 image = ws.store.image(pick)
 wounds = ws.store.wounds(pick)
-rev_key = f"canvas_rev_{pick}"
-state.setdefault(rev_key, 0)
+labels = ws.load_mask(pick)
+photo = ws.load_image(pick)
+suggestions: dict[str, np.ndarray] = state.setdefault(f"mask_sugg_{pick}", {})
+clicks: list[dict] = state.setdefault(f"mask_clicks_{pick}", [])
+pending: session.OutlinePlan | None = state.get("mask_pending")
+if pending is not None and pending.image_id != pick:
+    pending = state["mask_pending"] = None
 
+
+def user_error(err: Exception) -> None:
+    state["mask_error"] = str(err)
+
+
+def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None) -> None:
+    """Store a planned outline (overlaps decided in ``keeps``); errors become the page's message."""
+    try:
+        index = session.apply_outline(ws, plan, keeps, actor=ac.actor())
+    except ValueError as err:
+        user_error(err)
+        return
+    state["mask_pending"] = None
+    for j in plan.overlaps:
+        state.pop(f"mask_keep_{j}", None)
+    if after is not None:
+        after()
+    bump(plan.image_id)
+    state["mask_flash"] = f"Saved wound {index} of {plan.image_id} ({plan.origin})."
+
+
+def submit(region: np.ndarray, wound_index: int | None, origin: str, after=None) -> None:
+    """Check a region; save it, or hold it for the overlap decision."""
+    try:
+        plan = session.plan_outline(ws, pick, region, wound_index, origin)
+    except ValueError as err:
+        user_error(err)
+        return
+    if plan.overlaps:
+        state["mask_pending"] = plan
+        state["mask_pending_after"] = after
+    else:
+        write(plan, {}, after)
+
+
+def handle(action: dict) -> None:
+    """One action from the editor: save a drawn/edited outline, accept/reject a suggestion, a click."""
+    kind = action["type"]
+    if kind == "save" or (kind == "accept" and action.get("edited")):
+        try:
+            region = session.rasterise_outlines([[tuple(p) for p in poly] for poly in action["polys"]], labels.shape)
+        except ValueError as err:
+            user_error(err)
+            return
+    if kind == "save":
+        index = action.get("index")
+        old = next((w for w in wounds if w["wound_index"] == index), None)
+        origin = "drawn" if old is None else session.edit_origin(session.wound_origin(old))
+        submit(region, index, origin)
+    elif kind == "accept":
+        key = action["id"]
+        if key not in suggestions:
+            return
+        if not action.get("edited"):
+            region = suggestions[key]  # unchanged: the model's own pixels, not the simplified polygon
+        submit(region, None, "edited" if action.get("edited") else "suggested",
+               after=lambda: (suggestions.pop(key, None), clicks.clear() if key == "click" else None))
+    elif kind == "reject":
+        suggestions.pop(action["id"], None)
+        if action["id"] == "click":
+            clicks.clear()
+        bump(pick)
+    elif kind == "click":
+        click_outline(int(action["x"]), int(action["y"]))
+
+
+def click_outline(x: int, y: int) -> None:
+    """First click: the wound under it; each later click: a region to remove from the proposal."""
+    from core.segmentation import SamUnavailable, outline_from_click
+
+    include = not clicks
+    clicks.append({"x": x + 0.5, "y": y + 0.5, "include": include})
+    first, *excluded = clicks
+    try:
+        model = clicker()
+        mask = outline_from_click(ws, pick, int(first["x"]), int(first["y"]), segmenter=model,
+                                  exclude=[(int(c["x"]), int(c["y"])) for c in excluded])
+    except (ValueError, SamUnavailable) as err:
+        clicks.pop()
+        user_error(err)
+        return
+    if not mask.any():
+        clicks.pop()
+        user_error("No wound was found at that click. Try a click nearer the wound's centre, or draw it.")
+        return
+    suggestions["click"] = mask
+    bump(pick)
+
+
+def clicker():
+    """The model behind click-to-outline: Segment Anything when chosen, else the trained segmenter."""
+    if state.get("mask_click_engine") == "Segment Anything":
+        path = (state.get("mask_sam_path") or "").strip()
+        return sam(path)
+    return segmenter(str(ws.root), latest_segmenter_run(), ws)
+
+
+@st.cache_resource(show_spinner="Loading Segment Anything…", max_entries=1)
+def sam(path: str):
+    from core.segmentation import SamClicker
+
+    return SamClicker(path)
+
+
+def suggest() -> None:
+    from core.segmentation import suggest_outlines
+
+    try:
+        masks = suggest_outlines(ws, pick, segmenter=segmenter(str(ws.root), latest_segmenter_run(), ws))
+    except ValueError as err:
+        user_error(err)
+        return
+    suggestions.clear()
+    suggestions.update({str(n): m for n, m in enumerate(masks, start=1)})
+    state["mask_flash"] = (f"{len(masks)} suggested outline(s): select one to edit it, then accept or reject it."
+                           if masks else "The model found no wound on this photo; draw or click to outline.")
+    bump(pick)
+
+
+# -- the editor ----------------------------------------------------------------------------------------
 draw_col, list_col = st.columns([2, 1], gap="medium")
 with draw_col:
-    c1, c2 = st.columns([3, 2])
-    tool = TOOLS[c1.radio("Outline tool", list(TOOLS), horizontal=False, key="mask_tool")]
-    targets = ["New wound"] + [f"Redraw wound {w['wound_index']}" for w in wounds]
-    redraw = c2.selectbox("Draw", targets, key=f"mask_target_{pick}")
-    photo = ws.load_image(pick)
-    labels = ws.load_mask(pick)
-    width = CANVAS_W  # small photos are shown enlarged, large ones reduced
-    height = max(1, round(photo.height * width / photo.width))
-    background = session.overlay(photo, labels).resize((width, height))
-    result = st_canvas(
-        fill_color="rgba(255, 215, 0, 0.25)", stroke_width=2, stroke_color="#ffd700",
-        background_image=background, update_streamlit=True, width=width, height=height,
-        drawing_mode=tool, key=f"canvas_{pick}_{state[rev_key]}")
-    outlines = session.canvas_outlines(result.json_data)
-    if outlines:
-        scale = photo.width / width
-        index = None if redraw == "New wound" else int(redraw.rsplit(" ", 1)[1])
-        saved = []
-        for outline in outlines:
-            region = session.rasterise(outline, labels.shape, scale=scale)
-            try:
-                saved.append(session.add_wound(ws, pick, region, wound_index=index))
-            except ValueError as err:
-                st.error(str(err))
-        state[rev_key] += 1  # a fresh, empty canvas over the updated overlay
-        if saved:
-            state["mask_flash"] = f"Saved wound {', '.join(map(str, saved))} of {pick}."
-            st.rerun()
+    b1, b2, b3 = st.columns([1, 1, 2])
+    b1.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest,
+              help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
+    if clicks:
+        b2.button("New click outline", on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
+                  help="Forget the clicks so far; your next click starts a new wound")
+    engine = b3.radio("Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True,
+                      key="mask_click_engine",
+                      help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
+    if engine == "Segment Anything":
+        st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
+
+    shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
+              for i, polys in session.label_polygons(labels).items()]
+    shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
+                "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
+    overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
+    version = f"{state.get(f'mask_ver_{pick}', 0)}:{sum(w['area'] for w in wounds)}:{len(wounds)}"
+    action = outline_editor(
+        image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
+        shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
+    if action and action.get("nonce") != state.get("mask_nonce"):
+        state["mask_nonce"] = action["nonce"]
+        handle(action)
+        st.rerun()
+
+    if state.get("mask_error"):
+        st.error(state.pop("mask_error"))
     if state.get("mask_flash"):
         st.success(state.pop("mask_flash"))
+    if pending is not None:
+        with st.container(border=True):
+            target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"
+            shared = ", ".join(f"wound {j} ({n:,} px)" for j, n in sorted(pending.overlaps.items()))
+            st.warning(f"{target} overlaps {shared}: the shared pixels are hatched in red. "
+                       "Nothing is clipped on its own — decide which wound keeps them.", icon=":material/layers:")
+            keeps = {}
+            for j in sorted(pending.overlaps):
+                mine = f"{target} keeps them"
+                choice = st.radio(f"Overlap with wound {j}", [mine, f"Wound {j} keeps them"], key=f"mask_keep_{j}",
+                                  horizontal=True, index=None)
+                if choice is not None:
+                    keeps[j] = choice == mine
+            c1, c2 = st.columns(2)
+            if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
+                write(pending, keeps, state.pop("mask_pending_after", None))
+                st.rerun()
+            if c2.button("Cancel (keep editing)"):
+                state["mask_pending"] = None
+                st.rerun()
     st.caption(f"{image['width']}×{image['height']} px · patient {image.get('patient_id') or '—'} · "
-               "outlines are stored as a label mask (0 = skin, n = wound n) and in the store at once.")
+               f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
+               "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
 
 
-def save_text(image_id: str, index: int) -> None:
+# -- wounds: description and every metadata field ------------------------------------------------------
+def field_names(meta: dict) -> list[str]:
+    return list(FIELDS) + [k for k in meta if k not in FIELDS and k not in HIDDEN_FIELDS]
+
+
+def save_text(image_id: str, index: int, names: list[str]) -> None:
     base = f"{image_id}_{index}"
     old = next(w for w in ws.store.wounds(image_id) if w["wound_index"] == index)
-    meta = {**old["metadata"], "site": state.get(f"site_{base}", ""), "size": state.get(f"size_{base}", "")}
-    meta = {k: v for k, v in meta.items() if v not in (None, "")}
-    session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta)
+    meta = dict(old["metadata"] or {})
+    for name in names:
+        text = str(state.get(f"meta_{name}_{base}", "")).strip()
+        meta[name] = parse_value(text)  # numbers stay numbers, as on import; empty removes the field
+    session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta, actor=ac.actor())
 
 
 def remove(image_id: str, index: int) -> None:
-    session.delete_wound(ws, image_id, index)
+    session.delete_wound(ws, image_id, index, actor=ac.actor())
+    bump(image_id)
     state["mask_flash"] = f"Deleted wound {index} of {image_id}."
 
 
 with list_col:
     st.subheader(f"Wounds of {pick}")
     if not wounds:
-        st.info("No wound outlined on this photo yet. Draw one on the left: it is saved as soon as it is closed.")
+        st.info("No wound outlined on this photo yet. Draw one, click inside one, or ask for suggestions.")
     for w in wounds:
         i, base = w["wound_index"], f"{pick}_{w['wound_index']}"
         meta = w["metadata"] or {}
+        names = field_names(meta)
         with st.container(border=True):
             st.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
             st.text_area("Description", value=w["description"], key=f"desc_{base}", on_change=save_text,
-                         args=(pick, i), placeholder="granulation, fibrin, border, erythema, crusts…",
+                         args=(pick, i, names), placeholder="granulation, fibrin, border, erythema, crusts…",
                          height=90)
-            m1, m2 = st.columns(2)
-            m1.text_input("Site", value=str(meta.get("site", "")), key=f"site_{base}", on_change=save_text,
-                          args=(pick, i), placeholder="e.g. left shin")
-            m2.text_input("Size", value=str(meta.get("size", "")), key=f"size_{base}", on_change=save_text,
-                          args=(pick, i), placeholder="e.g. 3 × 2 cm")
+            cols = st.columns(2)
+            for n, name in enumerate(names):
+                value = meta.get(name)
+                cols[n % 2].text_input(FIELDS.get(name, name.replace("_", " ").capitalize()),
+                                       value="" if value is None else str(value), key=f"meta_{name}_{base}",
+                                       on_change=save_text, args=(pick, i, names))
             st.button(f"Delete wound {i}", icon=":material/delete:", key=f"del_{base}", on_click=remove,
                       args=(pick, i), help="Remove this wound's outline and description")
     done = sum(1 for w in wounds if w["description"].strip())
     if wounds:
         st.caption(f"{done} of {len(wounds)} wounds described. Text is saved when you leave a field.")
+    if suggestions:
+        st.caption(f"{len(suggestions)} suggestion(s) waiting (dashed, cyan): select one in the editor, "
+                   "edit it if needed, then Accept or Reject.")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 expect.set_options(timeout=60_000)
@@ -23,36 +22,6 @@ def go(pg, page_name: str) -> None:
     pg.get_by_role("link", name=page_name).click()
     expect(pg.get_by_role("heading", name=page_name)).to_be_visible()
     idle(pg)
-
-
-# True once the drawing component's background canvas (a sibling of the drawing canvas, in the same
-# shadow root) shows a non-transparent pixel; a canvas tainted by the photo cannot be read, and is
-# tainted only once the photo is drawn
-PAINTED = """c => {
-    const bg = c.getRootNode().querySelector('canvas.dc-background-canvas');
-    if (!bg || !bg.width || !bg.height) return false;
-    try {
-        const d = bg.getContext('2d').getImageData(0, 0, bg.width, bg.height).data;
-        for (let i = 3; i < d.length; i += 4) if (d[i]) return true;
-        return false;
-    } catch (e) { return true; }
-}"""
-
-
-# a checksum of the drawing canvases (fabric's lower and upper canvas) of the component
-DRAWN = """c => [...c.getRootNode().querySelectorAll('canvas.lower-canvas, canvas.upper-canvas')].reduce((sum, x) => {
-    const d = x.getContext('2d').getImageData(0, 0, x.width, x.height).data;
-    for (let i = 0; i < d.length; i += 97) sum = (sum * 31 + d[i]) % 1000000007;
-    return sum;
-}, 7)"""
-
-
-def wait_for_painted_photo(canvas) -> None:
-    """Wait (generous timeout, clear message) until the canvas component has drawn its photo."""
-    try:
-        canvas.page.wait_for_function(PAINTED, arg=canvas.element_handle(), timeout=120_000)
-    except PlaywrightTimeout:
-        pytest.fail("the outline canvas never painted its background photo within 120 s")
 
 
 def test_triplets_click_keyboard_undo(app_server, page, screenshot, add_account, sign_in):
@@ -90,24 +59,21 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot, add_accou
     ws = Workspace(app_server.workspace)
     photo = ws.store.images()[0]["image_id"]
     before = {w["wound_index"] for w in ws.store.wounds(photo)}
-    canvas = page.locator("canvas.upper-canvas").first
-    expect(canvas).to_be_visible()
-    # fabric.js binds its mouse handlers once the background photo has loaded; clicks before
-    # that are lost (seen as a flaky test): wait until the photo is painted, then read the layout
+    svg = page.locator(".oe svg")  # the outline editor (components/outline_editor)
+    expect(svg.locator("image")).to_be_attached()
     idle(page)
-    wait_for_painted_photo(canvas)
-    box = canvas.bounding_box()
     # an empty corner of the photo, away from the phantom's wounds
     pts = [(0.80, 0.78), (0.95, 0.78), (0.95, 0.95), (0.80, 0.95)]
     free = ws.load_mask(photo)
     h, w = free.shape
     assert all(free[int(y * (h - 1)), int(x * (w - 1))] == 0 for x, y in pts)
+    page.locator(".oe .bar button", has_text="Draw new").click()
+    svg.scroll_into_view_if_needed()
     for x, y in pts + [pts[0]]:  # clicking the first vertex again closes the polygon
-        drawn = canvas.evaluate(DRAWN)
-        page.mouse.click(box["x"] + x * box["width"], box["y"] + y * box["height"])
-        # each click draws (a vertex, an edge or the closed outline): wait for the drawing to change
-        canvas.page.wait_for_function(f"c => ({DRAWN})(c) !== {drawn}", arg=canvas.element_handle(),
-                                      timeout=60_000)
+        page.mouse.click(*svg.evaluate(
+            "(svg, [x, y]) => { const p = svg.createSVGPoint(); p.x = x; p.y = y;"
+            " const q = p.matrixTransform(svg.getScreenCTM()); return [q.x, q.y]; }", [x * w, y * h]))
+    page.locator(".oe .bar button", has_text="Save outline").click()
     new_index = max(before, default=0) + 1
     # the wound list (not the one-shot "Saved wound" flash, which a second rerun may clear)
     expect(page.get_by_text(re.compile(rf"^Wound {new_index} · [\d,]+ px"))).to_be_visible()
