@@ -124,15 +124,14 @@ def data_section(ws) -> None:
 
 
 def demo_refusal(ws) -> str | None:
-    """Why the synthetic demo may not be built into this workspace (None: it may)."""
-    from annotations import dataset
+    """Why the synthetic demo may not be built into this workspace (None: it may) — the import's own
+    kind guard, so the button and ``python -m annotations import`` apply one rule."""
+    from annotations.dataset import check_kind
 
-    guard = getattr(dataset, "demo_refusal", None)  # the import guard of annotations.dataset, where present
-    if guard is not None:
-        return guard(ws)
-    if ws.store.counts()["images"] and not ws.is_synthetic:
-        return ("This workspace holds real photos: the synthetic demo can only be built into an empty or "
-                "synthetic workspace. Start the app with another `--workspace` for the demo.")
+    try:
+        check_kind(ws, synthetic=True)
+    except DatasetError as err:
+        return str(err)
     return None
 
 
