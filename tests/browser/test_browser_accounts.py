@@ -146,7 +146,7 @@ def test_demo_guard_keeps_real_workspaces_real(demo_dataset, chromium, start_app
     sign_in(pg, server.url, "Boss")
     assert pg.get_by_text("SYNTHETIC DATA").count() == 0
     pg.get_by_text("Import a dataset folder or build the demo").click()
-    expect(pg.get_by_text("can only be built into an empty or synthetic workspace")).to_be_visible()
+    expect(pg.get_by_text("build or import the SYNTHETIC demo into a new, empty workspace")).to_be_visible()
     expect(pg.get_by_role("button", name="Build demo")).to_be_disabled()
     assert Workspace(root).store.counts()["images"] == before and not Workspace(root).is_synthetic
     context.close()
