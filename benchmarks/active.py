@@ -41,6 +41,7 @@ from benchmarks.results import (
     write_result,
 )
 from benchmarks.soe import phantom_triplets, phantom_workspace
+from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.text.sampling import ActiveSampler, all_questions, canonical_key, default_active_batch, uniform_order
@@ -67,7 +68,7 @@ def run_seed(seed: int, ids: list[str], answers: dict[str, np.ndarray], expert: 
         return oriented_all[np.searchsorted(keys_all, canonical_key(q, n))]
 
     def fit(triplets: np.ndarray) -> np.ndarray:
-        return SOE(random_state=seed).fit(triplets, n).embedding_
+        return SOE(n_objects=n, random_state=seed).fit(triplets).embedding_
 
     order = uniform_order(n, seed)
     uniform = [scores(fit(orient(order[:m])), ids, expert, truth_oriented) for m in marks]
@@ -93,13 +94,14 @@ def first_within(curve: np.ndarray, budgets: tuple[float, ...], tol: float = 0.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.active", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workspace", default=None, help="a SYNTHETIC phantom workspace (default: build one)")
+    cli.add_workspace(parser, help="a SYNTHETIC phantom workspace (default: build one)")
+    cli.add_device(parser)
     parser.add_argument("--phantom-seed", type=int, default=0, help="seed of the phantom demo and its oracle")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds (question orders, SOE)")
+    cli.add_seeds(parser, help="run seeds (question orders, SOE; default 0 1 2)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"smoke setting: seeds 0 1, budgets {', '.join(f'{b:.0%}' for b in QUICK_BUDGETS)}")
+                        help=f"smoke setting: seeds 0 1, budgets {', '.join(f'{b:.0%}' for b in QUICK_BUDGETS)}".replace("%", "%%"))
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file active.json")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     seeds = [0, 1] if args.quick else args.seeds
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         parser.error(f"give at least two distinct --seeds for sd, CI and paired tests, got {seeds}")

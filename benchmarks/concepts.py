@@ -31,6 +31,7 @@ from PIL import Image
 
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from benchmarks.soe import phantom_workspace
+from core import cli
 from core.concepts.dual_encoder import load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
@@ -115,8 +116,8 @@ def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:  
         heat = scorer.heatmaps(patches, grid)[:, scorer.names.index("fibrin")]
         res["heatmap"] = heatmap_test(ws, pairs, heat, labels[:, names.index("fibrin")])
         known = np.array([y is not None for y in ys])
-        cbm = ConceptBottleneck(names, seed=seed).fit(sc["fused"][known & ~held][:, order],
-                                                      [ys[i] for i in np.flatnonzero(known & ~held)])
+        cbm = ConceptBottleneck(names, random_state=seed).fit(sc["fused"][known & ~held][:, order],
+                                                              [ys[i] for i in np.flatnonzero(known & ~held)])
         res["bottleneck_top3"] = cbm.top_concepts(3)
         res["bottleneck_heldout_accuracy"] = cbm.score(sc["fused"][known & held][:, order],
                                                        [ys[i] for i in np.flatnonzero(known & held)])
@@ -160,17 +161,18 @@ def tables_and_notes(res: dict[str, Any]) -> tuple[list[dict], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.concepts", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workspace", default=None, help="a phantom workspace (default: generate one in a temp dir)")
-    p.add_argument("--epochs", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0, help="phantom, split, initialisation and training seed")
+    cli.add_workspace(p, help="a phantom workspace (default: generate one in a temp dir)")
+    cli.add_device(p)
+    cli.add_epochs(p, 40)
+    cli.add_seed(p, help="phantom, split, initialisation and training seed")
     p.add_argument("--target", default="body_region")
-    p.add_argument("--size", type=int, default=160)
+    cli.deprecated(p, "--size", cli.add_crop_size(p, 160))
     p.add_argument("--quick", action="store_true", help="smoke setting: 2 epochs, 96 px crops")
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file concepts.json")
-    args = p.parse_args(argv)
-    epochs, size = (2, 96) if args.quick else (args.epochs, args.size)
+    args = cli.parse_args(p, argv)
+    epochs, size = (2, 96) if args.quick else (args.epochs, args.crop_size)
     if epochs < 1 or size < 32:
-        p.error(f"--epochs must be ≥ 1 and --size ≥ 32, got {epochs} and {size}")
+        p.error(f"--epochs must be ≥ 1 and --crop-size ≥ 32, got {epochs} and {size}")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if args.workspace:

@@ -7,7 +7,7 @@ AdamW) of the DermLIP architecture (open_clip ViT-B-16, 224 px, 196 patches) wit
 **randomly initialised weights** — the step cost does not depend on the weights, and the
 DermLIP weights need the hub — for each patch-dropout rate, against the no-dropout baseline.
 
-    python -m benchmarks.flip [--batch 16] [--steps 3] [--rates 0 0.5 0.75] [--seed 0] [--quick]
+    python -m benchmarks.flip [--batch-size 16] [--steps 3] [--rates 0 0.5 0.75] [--seed 0] [--quick]
 
 Inputs are random tensors (``synthetic``); writes ``results/flip.json`` (:mod:`benchmarks.results`).
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
+from core import cli
 from core.concepts.dual_encoder import DualEncoder, ImageTower, MiniLMTower
 from core.losses.make import CLIPLoss
 from core.runtime import pick_device
@@ -64,19 +65,20 @@ def step_seconds(model: DualEncoder, rate: float, batch: int, steps: int, seed: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.flip", description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
+    cli.add_device(parser)
+    cli.deprecated(parser, "--batch", cli.add_batch_size(parser, 16))
     parser.add_argument("--steps", type=int, default=3, help="timed steps per rate (after one warm-up)")
     parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.5, 0.75],
                         help="patch-dropout rates; 0 (the baseline) is always measured first")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    cli.add_seed(parser, help="seed of the random weights and inputs")
     parser.add_argument("--quick", action="store_true", help="smoke setting: batch 2, 1 step, rates 0 and 0.5")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file flip.json")
-    args = parser.parse_args(argv)
-    batch, steps, rates = (2, 1, [0.0, 0.5]) if args.quick else (args.batch, args.steps, args.rates)
+    args = cli.parse_args(parser, argv)
+    batch, steps, rates = (2, 1, [0.0, 0.5]) if args.quick else (args.batch_size, args.steps, args.rates)
     if any(not 0 <= r < 1 for r in rates):
         parser.error("--rates must lie in [0, 1)")
     if batch < 2 or steps < 1:
-        parser.error("--batch must be ≥ 2 and --steps ≥ 1")
+        parser.error("--batch-size must be ≥ 2 and --steps ≥ 1")
     t0 = time.perf_counter()
     device = pick_device()
     torch.manual_seed(args.seed)

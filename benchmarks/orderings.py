@@ -34,6 +34,7 @@ from scipy import stats
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from benchmarks.results import machine, write_result
+from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.fusion import fuse
 from core.eval.metrics import evaluate
@@ -83,7 +84,7 @@ def text_embedding(ws: Workspace, seed: int, budget: float) -> tuple[list[str], 
         q = Question(ids[a], ids[j], ids[k], texts[ids[a]], texts[ids[j]], texts[ids[k]])
         if oracle.answer_question(q).choice == "k":
             oriented[row, 1], oriented[row, 2] = k, j
-    soe = SOE(n_components=4, random_state=seed).fit(oriented, n_objects=len(ids))
+    soe = SOE(n_components=4, n_objects=len(ids), random_state=seed).fit(oriented)
     return ids, soe.embedding_, len(oriented)
 
 
@@ -254,9 +255,10 @@ def render_text(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.orderings", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, a small phantom, 5 epochs (smoke test)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds")
+    cli.add_seeds(parser, None, help="override the seeds (a list)")
+    cli.add_device(parser)
     parser.add_argument("--results", type=Path, default=ROOT / "results", help="folder of the result file")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.seeds is not None:
         if len(set(args.seeds)) < 2:

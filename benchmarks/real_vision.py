@@ -35,6 +35,7 @@ from tqdm import tqdm
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from benchmarks.results import write_result
+from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.runtime import torch_threads
@@ -248,7 +249,8 @@ def print_report(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.real_vision", description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, required=True, help="a dataset folder in the product layout")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    cli.add_seeds(p)
+    cli.add_device(p)
     p.add_argument("--views", type=int, default=DEFAULTS["views"])
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--supervised-epochs", type=int, default=DEFAULTS["epochs"],
@@ -256,11 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve-supervised", action="store_true",
                    help="also run the supervised TriDerm-V at every learning-curve budget (K trainings each)")
     p.add_argument("--quick", action="store_true", help="5 epochs, 4 views, one seed, no learning curve (a smoke run)")
-    p.add_argument("--workspace", type=Path, default=None, help="reuse this workspace (and its feature cache)")
+    cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
     p.add_argument("--section", default="real_vision")
     p.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     if not (args.data / "images").is_dir():
         p.error(f"--data {args.data}: no images/ folder (expected the product's dataset layout)")
     if args.quick:

@@ -38,6 +38,7 @@ import numpy as np
 
 from annotations.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
+from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.phantoms import PhantomTruth, load_truth
@@ -99,15 +100,16 @@ def cblearn_fit(train: np.ndarray, n: int, backend: str, seed: int, max_iter: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workspace", default=None, help="a SYNTHETIC phantom workspace (default: build one)")
-    parser.add_argument("--seed", type=int, default=0, help="phantom, question order, oracle and SOE seed")
+    cli.add_workspace(parser, help="a SYNTHETIC phantom workspace (default: build one)")
+    cli.add_seed(parser, help="phantom, question order, oracle and SOE seed")
+    cli.add_device(parser)
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per contender (best kept)")
     parser.add_argument("--torch-cap-s", type=float, default=300.0,
                         help="projected seconds above which cblearn torch's max_iter is capped")
     parser.add_argument("--skip-cblearn-torch", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke setting: 1 repeat, no cblearn torch")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file soe.json")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be ≥ 1, got {args.repeats}")
     if args.torch_cap_s <= 0:
@@ -140,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         print(notes[-1])
     contenders: list[tuple[str, Callable[[], np.ndarray], int]] = [
         ("this SOE, default (δ = 0.1, full batch, 100 steps)",
-         lambda: SOE(random_state=args.seed).fit(train, n).embedding_, repeats),
+         lambda: SOE(n_objects=n, random_state=args.seed).fit(train).embedding_, repeats),
         ("this SOE, paper protocol (δ = 0, batch 2048, 50 epochs)",
-         lambda: SOE.paper_protocol(random_state=args.seed).fit(train, n).embedding_, repeats),
+         lambda: SOE.paper_protocol(n_objects=n, random_state=args.seed).fit(train).embedding_, repeats),
     ]
     if have_cblearn:
         contenders.append(("cblearn SOE, scipy backend (L-BFGS-B, n_init 1)",
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         contenders.append((f"cblearn SOE, torch backend (Adam, n_init 1, max_iter {max_iter})",
                            lambda: cblearn_fit(train, n, "torch", args.seed, max_iter), 1))
 
-    SOE(random_state=args.seed, epochs=2).fit(train[:100], n)  # torch warm-up outside the timings
+    SOE(n_objects=n, random_state=args.seed, epochs=2).fit(train[:100])  # torch warm-up outside the timings
     rows: list[dict[str, Any]] = []
     for name, fit, reps in contenders:
         emb, wall, cpu, load = measure(fit, reps)

@@ -22,6 +22,7 @@ import time
 import torch
 
 from annotations.workspace import Workspace
+from core import cli
 from core.runtime import ensure_images
 from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
@@ -34,11 +35,13 @@ def _clock() -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.train_triderm", description=__doc__.splitlines()[0])
-    parser.add_argument("--workspace", default=None, help="workspace to use (default: fresh phantom demo in a temp dir)")
+    cli.add_workspace(parser, help="workspace to use (default: fresh phantom demo in a temp dir)")
+    cli.add_device(parser)
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT)
-    parser.add_argument("--epochs", type=int, default=2)
+    cli.add_epochs(parser, 2)
+    cli.add_seed(parser)
     parser.add_argument("--views", type=int, default=16)
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     tmp = None if args.workspace else tempfile.mkdtemp(prefix="triderm-bench-")
     ws = Workspace(args.workspace or os.path.join(tmp, "ws"))
     try:
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         w0, c0 = _clock()
         cache.build(image_ids, args.views, progress=False)
         w1, c1 = _clock()
-        common = dict(backbone=backbone, epochs=args.epochs, views=args.views, seed=0)
+        common = dict(backbone=backbone, epochs=args.epochs, views=args.views, seed=args.seed)
         cached = ws.store.run(train(ws, progress=False, **common))["metrics"]["timing"]["train_s"]
         naive = ws.store.run(train(ws, progress=False, no_cache=True, **common))["metrics"]["timing"]["train_s"]
     finally:

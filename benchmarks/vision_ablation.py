@@ -31,6 +31,7 @@ from benchmarks.results import (
     render_tables,
     write_result,
 )
+from core import cli
 from core.eval.metrics import evaluate
 from core.phantoms import load_truth
 from core.runtime import ensure_images
@@ -44,15 +45,16 @@ LOSSES = ("vicreg", "contrastive", "triplet")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vision_ablation", description=__doc__.splitlines()[0])
-    parser.add_argument("--workspace", default=None, help="workspace to use (default: fresh phantom demo in a temp dir)")
+    cli.add_workspace(parser, help="workspace to use (default: fresh phantom demo in a temp dir)")
+    cli.add_device(parser)
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=50)
+    cli.add_seeds(parser)
+    cli.add_epochs(parser, 50)
     parser.add_argument("--views", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="smoke setting: seeds 0 1, 2 epochs, 2 views")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR,
                         help="folder of the result file vision_ablation.json")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     seeds, epochs, views = ([0, 1], 2, 2) if args.quick else (args.seeds, args.epochs, args.views)
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         parser.error(f"give at least two distinct --seeds for sd, CI and paired tests, got {seeds}")

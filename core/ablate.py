@@ -1,6 +1,6 @@
 """Ablation tables (TriDerm paper Table 2) on any workspace, resumable.
 
-``python -m core.ablate [--workspace WS] [--quick] [--seeds 3]`` measures balanced
+``python -m core.ablate [--workspace WS] [--quick] [--n-seeds 3]`` measures balanced
 agreement with the expert's triplets (mean ± sd over seeds) for
 
 - Table 2a, text (SOE on LLM triplets, :class:`core.text.soe.SOE`): embedding dimension 2–6;
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from annotations.workspace import Workspace, resolve_workspace
+from core import cli
 from core.experiments.ablation import (
     BUDGETS,
     DEFAULT_DIM,
@@ -89,18 +90,18 @@ def write_results(ws: Workspace, out: dict[str, Any], seeds: int, quick: bool, a
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.ablate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(parser)
+    cli.add_device(parser)
     parser.add_argument("--quick", action="store_true", help="short vision training (10 epochs) for a fast pass")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per cell (≥ 1; the paper's protocol uses ≥ 3)")
+    cli.deprecated(parser, "--seeds", cli.add_n_seeds(parser, 3, help="seeds 0 … N−1 per cell (default 3; the paper's "
+                                                                     "protocol uses ≥ 3)"))
     parser.add_argument("--tables", nargs="+", choices=("text", "vision"), default=["text", "vision"])
     parser.add_argument("--source", default=None, help="LLM triplet source for the dim/budget rows "
                         "(default: the llm:<model> source with most triplets)")
     parser.add_argument("--vision-epochs", type=int, default=None, help="training epochs per vision cell")
     parser.add_argument("--results", type=Path, default=None,
                         help="also write the result file ablation.json to this folder (e.g. results)")
-    args = parser.parse_args(argv)
-    if args.seeds < 1:
-        parser.error(f"--seeds must be ≥ 1, got {args.seeds}")
+    args = cli.parse_args(parser, argv)
     if args.vision_epochs is not None and args.vision_epochs < 1:
         parser.error(f"--vision-epochs must be ≥ 1, got {args.vision_epochs}")
     if args.source is not None and "text" not in args.tables:
@@ -113,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     ws = Workspace(root)
     t0 = time.perf_counter()
     try:
-        out = run_ablation(ws, args.seeds, args.quick, tuple(args.tables), args.source, args.vision_epochs)
+        out = run_ablation(ws, args.n_seeds, args.quick, tuple(args.tables), args.source, args.vision_epochs)
     except AblationInputError as exc:
         parser.error(str(exc))
-    t = titles(ws, args.seeds, args.quick)
+    t = titles(ws, args.n_seeds, args.quick)
     for table in ("text", "vision"):
         if any(s["table"] == table for s in out["summary"]):
             print("\n" + format_table(out["summary"], table, t[table]))
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if not out["summary"]:
             parser.error("nothing measured, so no result file: the workspace has no llm:<model> triplets for "
                          "Table 2a (run `python -m core.llm_triplets` first) and --tables excludes vision")
-        print(f"result file: {write_results(ws, out, args.seeds, args.quick, argv, time.perf_counter() - t0, args.results)}")
+        print(f"result file: {write_results(ws, out, args.n_seeds, args.quick, argv, time.perf_counter() - t0, args.results)}")
     print(f"\ncells computed {out['computed']}, reused {out['reused']}; written: {', '.join(out['paths'].values())}")
     return 0
 

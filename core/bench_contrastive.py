@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from annotations.fileio import read_json, write_json
+from core import cli
 from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 from core.concepts.training import Trainer, build_text_inputs, concept_labels, load_pairs, split_holdout, target_values
 from core.concepts.vocabulary import ConceptTagger, load_vocab
@@ -52,18 +53,19 @@ from core.experiments.contrastive import (
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.bench_contrastive", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(p)
+    cli.add_device(p)
     p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs, 96 px crops")
     p.add_argument("--model", default=OFFLINE_DEFAULT)
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 1)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs (default 8; quick 2)")
-    p.add_argument("--size", type=int, default=None, help="crop size px (default 160; quick 96)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3, help="projection heads")
+    cli.deprecated(p, "--seeds", cli.add_n_seeds(p, None, help="number of seeds 0 … N−1 (default 5; quick 1)"))
+    cli.add_epochs(p, None, help="epochs (default 8; quick 2)")
+    cli.deprecated(p, "--size", cli.add_crop_size(p, None, help="crop side in px (default 160; quick 96)"))
+    cli.deprecated(p, "--batch", cli.add_batch_size(p, 32))
+    cli.add_lr(p, 1e-3, help="learning rate of the projection heads (default 1e-3)")
     p.add_argument("--tower-lr", type=float, default=1e-4, help="unlocked tower blocks")
     p.add_argument("--partial-image", type=int, default=2, help="image_partial: top L image blocks unlocked")
     p.add_argument("--partial-text", type=int, default=3, help="text_partial: top L text layers unlocked")
-    p.add_argument("--lam", type=float, default=0.5, help="λ of λ·L_clip + (1−λ)·L_uni")
+    cli.deprecated(p, "--lam", cli.add_lambda(p, 0.5, help="λ of λ·L_clip + (1−λ)·L_uni (default 0.5)"))
     p.add_argument("--patch-dropout", type=float, default=0.5, help="flip: fraction of ViT patches dropped")
     p.add_argument("--holdout", type=float, default=0.3)
     p.add_argument("--target", default="fitzpatrick", help="metadata column for the linear probe")
@@ -76,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     from core.runtime import open_workspace
 
     parser = _parser()
-    args = parser.parse_args(argv)
-    defaults = {"seeds": (1, 5), "epochs": (2, 8), "size": (96, 160)}  # (quick, full)
+    args = cli.parse_args(parser, argv)
+    defaults = {"n_seeds": (1, 5), "epochs": (2, 8), "crop_size": (96, 160)}  # (quick, full)
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -85,21 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         parser.error(f"unknown variant(s) {bad or args.variants!r}; choose from {VARIANTS}")
-    for flag, ok in (("--seeds must be ≥ 1", args.seeds >= 1), ("--epochs must be ≥ 1", args.epochs >= 1),
-                     ("--batch must be ≥ 2", args.batch >= 2), ("--size must be ≥ 32 px", args.size >= 32),
-                     ("--holdout must be in (0, 1)", 0 < args.holdout < 1), ("--lam must be in [0, 1]", 0 <= args.lam <= 1),
+    for flag, ok in (("--epochs must be ≥ 1", args.epochs >= 1),
+                     ("--batch-size must be ≥ 2", args.batch_size >= 2), ("--crop-size must be ≥ 32 px", args.crop_size >= 32),
+                     ("--holdout must be in (0, 1)", 0 < args.holdout < 1), ("--lambda must be in [0, 1]", 0 <= args.lam <= 1),
                      ("--patch-dropout must be in [0, 1)", 0 <= args.patch_dropout < 1),
                      ("--partial-image and --partial-text must be ≥ 1", min(args.partial_image, args.partial_text) >= 1)):
         if not ok:
             parser.error(flag)
     ws = open_workspace(args.workspace)
-    pairs = load_pairs(ws, size=args.size)
+    pairs = load_pairs(ws, size=args.crop_size)
     targets = target_values(pairs, args.target)
     if all(t is None for t in targets):
         columns = sorted({k for m in pairs.metadata for k in m})
         parser.error(f"--target {args.target!r}: no wound, photo or patient has a value in that metadata column; "
                      f"columns: {', '.join(columns) or 'none'}")
-    settings = {k: getattr(args, k) for k in ("model", "epochs", "size", "batch", "lr", "tower_lr", "partial_image",
+    settings = {k: getattr(args, k) for k in ("model", "epochs", "crop_size", "batch_size", "lr", "tower_lr", "partial_image",
                                                "partial_text", "lam", "patch_dropout", "holdout", "target")}
     try:
         model = load_vlm(args.model)
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} {value}: {args.model} has {tower.n_levels} blocks in that tower")
     out = ws.runs_dir / OUT_DIR
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    run_id = ws.store.start_run("bench-contrastive", {**settings, "seeds": args.seeds, "variants": variants,
+    run_id = ws.store.start_run("bench-contrastive", {**settings, "n_seeds": args.n_seeds, "variants": variants,
                                                       "quick": args.quick, "synthetic": ws.is_synthetic}, seed=0)
     t0 = time.perf_counter()
     try:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         init = {k: v.clone() for k, v in model.state_dict().items()}
         cells: dict[str, list[dict[str, float]]] = {}
         skipped: dict[str, str] = {}
-        todo = [(v, s) for v in variants for s in range(args.seeds)]
+        todo = [(v, s) for v in variants for s in range(args.n_seeds)]
         for n_done, (variant, seed) in enumerate(todo):
             reason = skip_reason(variant, model)
             if reason:
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             ws.store.update_run(run_id, progress=(n_done + 1) / len(todo))
         summary = summarise(cells)
         held_sizes = [r["n_heldout"] for rows in cells.values() for r in rows if "n_heldout" in r]
-        settings_out = {**settings, "seeds": args.seeds, "concept_labels": source, "n_wounds": len(pairs),
+        settings_out = {**settings, "n_seeds": args.n_seeds, "concept_labels": source, "n_wounds": len(pairs),
                         "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
         write_outputs(out, summary, skipped, settings_out, ws.is_synthetic, paired_vs_baseline(cells))
         artifacts = {name: str(out / name) for name in ("table.md", "table.csv", "results.json", "chart.json", "chart.html")}

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from annotations.readers import load_photo
+from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.runtime import load_embeddings, open_workspace, user_errors
 from core.vision.backbones import OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
@@ -55,7 +56,8 @@ def place_new_photos(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.embed", description=__doc__.splitlines()[0])
-    parser.add_argument("--workspace", default=None, help="workspace folder (default $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(parser)
+    cli.add_device(parser)
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT, help=f"backbone name (default {OFFLINE_DEFAULT})")
     parser.add_argument("--layer", default=None, help="backbone layer (default: the backbone's registry default)")
     parser.add_argument("--model", type=int, default=None, metavar="RUN",
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=Path, default=None, metavar="DIR", help="new photos to embed (with --model)")
     parser.add_argument("--neighbours", type=int, default=5, help="nearest study photos printed per new photo")
     parser.add_argument("--out", type=Path, default=None, help="CSV of distances from each new photo to the study's")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     if (args.model is None) != (args.images is None):
         parser.error("--model and --images go together: embed new photos with a trained run")
     if args.neighbours < 1:

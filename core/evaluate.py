@@ -14,21 +14,22 @@ from __future__ import annotations
 import argparse
 
 from annotations.workspace import Workspace, resolve_workspace
+from core import cli
 from core.eval.fusion import DEFAULT_ALPHA
 from core.eval.report import run_report, text_table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(parser)
     parser.add_argument("--vision", type=int, default=None, help="vision run id to fuse (default: latest)")
     parser.add_argument("--text", type=int, default=None, help="text run id to fuse (default: latest)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="vision prior of the uncertainty fusion")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    cli.add_seed(parser, help="bootstrap seed")
     parser.add_argument("--include-ablation", action="store_true",
                         help="also list the runs trained by `python -m core.ablate`")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     if not 0 < args.alpha < 1:
         parser.error(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.n_boot < 10:

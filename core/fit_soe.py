@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
 from annotations.workspace import Workspace, resolve_workspace
+from core import cli
 from core.eval.metrics import METRICS
 from core.text.fit import fit_source
 from core.text.soe import SOE
@@ -27,7 +29,8 @@ def agreement_table(summary: dict[str, Any]) -> str:
              + (", SYNTHETIC data)" if summary["synthetic"] else ")"), head, "-" * len(head)]
     for m in METRICS:
         v = e.get(m)
-        lines.append(f"{m:<10} {('%.3f' % v) if v is not None and v == v else 'n/a':>8}")
+        shown = f"{v:.3f}" if v is not None and not math.isnan(v) else "n/a"
+        lines.append(f"{m:<10} {shown:>8}")
     lines.append(f"expert triplets scored: {e.get('n', 0)} over {e.get('n_anchors', 0)} anchors "
                  f"(skipped {e.get('n_skipped', 0)}, photos without text triplets {e.get('n_missing', 0)})")
     return "\n".join(lines)
@@ -36,17 +39,18 @@ def agreement_table(summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.fit_soe",
                                      description="Fit SOE to a triplet source (e.g. llm:<model>) and record a text-soe run.")
-    parser.add_argument("--workspace", default=None)
+    cli.add_workspace(parser)
+    cli.add_device(parser)
     parser.add_argument("--source", default=None,
                         help="triplet source, e.g. llm:gpt-oss:120b (default: the llm:* source with most triplets)")
     parser.add_argument("--dim", type=int, default=4, help="embedding dimension (paper: 4)")
     parser.add_argument("--paper-protocol", action="store_true",
                         help="the paper's settings (δ=0, batch 2048, 50 epochs) instead of the measured default")
     parser.add_argument("--margin", type=float, default=None)
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    cli.add_epochs(parser, None, help="training epochs (default: SOE's)")
+    cli.add_lr(parser, None, help="learning rate (default: SOE's)")
+    cli.add_seed(parser)
+    args = cli.parse_args(parser, argv)
     if args.dim < 1:
         parser.error("--dim must be ≥ 1")
     ws = Workspace(resolve_workspace(args.workspace))

@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from annotations.workspace import Workspace, resolve_workspace
+from core import cli
 from core.text.llm import DEFAULT_MODELS, OLLAMA_HOSTS_ENV, ORACLES, OracleUnavailable, make_oracle, ollama_hosts
 from core.text.queries import run
 from core.text.sampling import SAMPLINGS, parse_budget
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m core.llm_triplets",
         description="Ask a triplet oracle (synthetic expert) about the workspace's photos. Resumable: "
                     "answers are cached in the store; a rerun asks only what is missing.")
-    parser.add_argument("--workspace", default=None, help="workspace folder (default $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(parser)
+    cli.add_device(parser, help="device of the local oracle: auto (CUDA when available), cpu or cuda")
     parser.add_argument("--oracle", choices=ORACLES, default="local",
                         help="ollama (real LLM server), local (offline SmolLM2-135M DEMO oracle), "
                              "phantom (SYNTHETIC text oracle of a phantom workspace: reads only the descriptions; "
@@ -54,15 +56,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="questions per active round (default 0.5%% of all, at least one per photo)")
     parser.add_argument("--workers", type=int, default=1, help="concurrent queries")
     parser.add_argument("--debias", action="store_true", help="ask both reference orders; report position bias")
-    parser.add_argument("--seed", type=int, default=0)
+    cli.add_seed(parser)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per Ollama request")
     parser.add_argument("--retries", type=int, default=3,
                         help="retries per Ollama request on network and server errors (exponential backoff)")
     parser.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to the Ollama server")
     parser.add_argument("--max-failures", type=int, default=5,
                         help="stop asking after this many questions failed after retries (0: never stop)")
-    parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (local oracle)")
-    args = parser.parse_args(argv)
+    cli.add_batch_size(parser, 8, help="questions per forward pass (local oracle; default 8)")
+    args = cli.parse_args(parser, argv)
     try:
         budget = parse_budget(args.budget)
     except ValueError as exc:

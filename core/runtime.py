@@ -1,6 +1,7 @@
 """Shared plumbing of every job: device choice, opening a workspace, run artifacts.
 
-- **Device**: CUDA (bf16 autocast) when available, else the CPU (fp32).
+- **Device**: CUDA (bf16 autocast) when available, else the CPU (fp32); a job's ``--device``
+  fixes it for the whole process (:func:`use_device`, called by :func:`core.cli.parse_args`).
 - **Workspace**: :func:`open_workspace` opens the ``--workspace`` of a job, importing the
   SYNTHETIC phantom demo into an empty one, and turns user errors into one clear ``parser``
   error (:func:`user_errors`).
@@ -29,16 +30,42 @@ from annotations.fileio import atomic_write
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
-__all__ = ["pick_device", "autocast", "torch_threads", "source_fingerprint", "DEMO_SEED", "ensure_images", "open_workspace",
-           "user_errors", "save_embeddings", "load_embeddings", "load_checkpoint", "json_safe", "git_sha"]
+__all__ = ["DEMO_SEED", "DEVICES", "autocast", "ensure_images", "git_sha", "json_safe", "load_checkpoint",
+           "load_embeddings", "open_workspace", "pick_device", "resolve_device", "save_embeddings",
+           "source_fingerprint", "torch_threads", "use_device", "user_errors"]
 
 DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"
 
 
+DEVICES = ("auto", "cpu", "cuda")
+_chosen_device: torch.device | None = None
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """``auto``/``None``: ``cuda`` when a GPU is available, else ``cpu``; ``cpu``/``cuda`` as asked
+    (``cuda`` without a GPU is a ValueError, never a silent fall-back)."""
+    if spec is None or str(spec) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type not in DEVICES:
+        raise ValueError(f"device {spec!r}: choose from {', '.join(DEVICES)}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    return device
+
+
+def use_device(spec: str | torch.device | None) -> torch.device:
+    """Fix the process's device (a job's ``--device``): every later :func:`pick_device` returns it,
+    so one job never mixes devices."""
+    global _chosen_device
+    _chosen_device = resolve_device(spec)
+    return _chosen_device
+
+
 def pick_device() -> torch.device:
-    """Return ``cuda`` when a GPU is available, else ``cpu``."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The device fixed by :func:`use_device`, else ``cuda`` when a GPU is available, else ``cpu``."""
+    return _chosen_device if _chosen_device is not None else resolve_device("auto")
 
 
 def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:

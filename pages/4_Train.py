@@ -67,7 +67,7 @@ with ablation:
     c1, c2 = st.columns(2)
     quick = c1.checkbox("Quick pass (10 vision epochs)", value=True)
     seeds = c2.number_input("Seeds per cell", min_value=1, max_value=10, value=3)
-    ablate_args = (["--quick"] if quick else []) + ["--seeds", str(int(seeds))]
+    ablate_args = (["--quick"] if quick else []) + ["--n-seeds", str(int(seeds))]
 
 with bench:
     from core.experiments.contrastive import VARIANTS

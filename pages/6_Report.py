@@ -106,7 +106,7 @@ if results.exists():
     res = read_json(results)
     st.subheader("Contrastive-objective benchmark")
     settings = res.get("settings", {})
-    st.caption(f"{settings.get('seeds', '?')} seed(s), {settings.get('epochs', '?')} epochs, "
+    st.caption(f"{settings.get('n_seeds', settings.get('seeds', '?'))} seed(s), {settings.get('epochs', '?')} epochs, "
                f"{settings.get('n_wounds', '?')} wounds ({settings.get('n_heldout', '?')} held out per seed on "
                f"average), model {settings.get('model', '?')}. Chance: Recall@K = K / held-out wounds; the linear "
                f"probe ({settings.get('target', '?')}) against `probe_majority`.")

@@ -2,8 +2,8 @@
 
 Prints one PASS/FAIL line per command (exit status, seconds, peak CUDA memory the command
 allocated — a command that ran on the CPU by mistake shows 0 and fails) and exits 1 if any
-failed. Without CUDA it says so and exits 0. The jobs have no ``--device`` flag: each picks CUDA
-when present (``core.runtime.pick_device``), so running on a CUDA machine is what forces it.
+failed. Without CUDA it says so and exits 0. Every job that runs torch gets ``--device cuda``
+(``--device cpu`` with ``--cpu``), so a job that cannot use CUDA fails instead of falling back.
 
     python scripts/gpu_check.py [--keep] [--timeout SECONDS] [--cpu]
 
@@ -38,17 +38,18 @@ sys.exit(code)
 MARKER = "GPU_CHECK_CUDA_BYTES="
 
 
-def steps(ws: str) -> list[tuple[str, list[str]]]:
-    """(label, argv) of every command, in dependency order, on workspace ``ws``."""
+def steps(ws: str, device: str = "cuda") -> list[tuple[str, list[str]]]:
+    """(label, argv) of every command, in dependency order, on workspace ``ws`` and ``device``
+    (``core.evaluate`` is numpy only and takes no ``--device``)."""
     py = [sys.executable, "-c", _LAUNCHER]
-    w = ["--workspace", ws]
+    w = ["--workspace", ws, "--device", device]
     return [
         ("train_triderm", [*py, "core.train_triderm", *w, "--epochs", "2"]),  # imports the demo first
         ("embed", [*py, "core.embed", *w]),
         ("text_embed", [*py, "core.text_embed", *w]),
         ("llm_triplets (local oracle, for fit_soe)", [*py, "core.llm_triplets", *w, "--oracle", "local", "--budget", "40"]),
         ("fit_soe", [*py, "core.fit_soe", *w, "--epochs", "2"]),
-        ("evaluate", [*py, "core.evaluate", *w, "--n-boot", "50"]),
+        ("evaluate", [*py, "core.evaluate", "--workspace", ws, "--n-boot", "50"]),
         ("train_slimp", [*py, "core.train_slimp", *w, "--epochs", "2", "--target", "fitzpatrick", "--ablation"]),
         ("torchrun train_slimp (1 process)", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
                                               "-m", "core.train_slimp", *w, "--epochs", "1"]),
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check on {where}; fresh demo workspace {ws}", flush=True)
     failed = 0
     try:
-        for label, cmd in steps(ws):
+        for label, cmd in steps(ws, "cpu" if args.cpu else "cuda"):
             ok, detail = run_step(cmd, args.timeout, need_cuda=not args.cpu)
             failed += not ok
             print(f"{'PASS' if ok else 'FAIL'}  {label:<40} {detail}", flush=True)

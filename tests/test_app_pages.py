@@ -260,7 +260,7 @@ def test_explore_page_umap_retrieval_attention(ws):
 def test_explore_page_concepts_top_table_and_heatmap(ws):
     from core.train_concepts import main as train_concepts
 
-    assert train_concepts(["--workspace", str(ws.root), "--objective", "clip", "--epochs", "1", "--size", "64"]) == 0
+    assert train_concepts(["--workspace", str(ws.root), "--objective", "clip", "--epochs", "1", "--crop-size", "64"]) == 0
     (run,) = ws.store.runs(kind="concepts")
     assert run["status"] == "done"
     photo = ws.store.wounds()[0]["image_id"]

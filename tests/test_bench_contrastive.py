@@ -193,7 +193,7 @@ def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> N
     from core.bench_contrastive import main
     from core.experiments.contrastive import OUT_DIR
 
-    argv = ["--workspace", str(demo_workspace.root), "--quick", "--epochs", "1", "--size", "64",
+    argv = ["--workspace", str(demo_workspace.root), "--quick", "--epochs", "1", "--crop-size", "64",
             "--variants", "clip,flip"]
     assert main(argv) == 0
     out = demo_workspace.runs_dir / OUT_DIR
@@ -202,7 +202,7 @@ def test_cli_runs_writes_the_table_and_reuses_cells(demo_workspace, capsys) -> N
     assert "Paired difference vs clip" not in table  # one variant trained: nothing to pair
     assert {p.name for p in out.iterdir()} >= {"table.csv", "results.json", "chart.json", "chart.html", "cells"}
     run = demo_workspace.store.runs(kind="bench-contrastive")[0]
-    assert run["status"] == "done" and run["config"]["seeds"] == 1 and run["git_sha"] is not None
+    assert run["status"] == "done" and run["config"]["n_seeds"] == 1 and run["git_sha"] is not None
     capsys.readouterr()
     assert main(argv) == 0  # the finished cell is reused, not retrained
     assert "[cached] clip seed 0" in capsys.readouterr().out

@@ -146,6 +146,6 @@ def test_train_concepts_groups_without_results_is_a_clean_error(demo_workspace, 
     from core.train_concepts import main
 
     with pytest.raises(SystemExit) as e:
-        main(["--workspace", str(demo_workspace.root), "--epochs", "1", "--size", "64", *flags])
+        main(["--workspace", str(demo_workspace.root), "--epochs", "1", "--crop-size", "64", *flags])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert demo_workspace.store.runs(kind="concepts") == []

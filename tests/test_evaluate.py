@@ -168,7 +168,7 @@ def test_text_ablation_rows_shared_cells_and_resume(tmp_path, capsys):
     assert rows["budget 1%"]["n_train_triplets"] == round(0.01 * n_good)
     assert rows["oracle coin"]["n_train_triplets"] == n_coin
 
-    assert ablate_main(["--workspace", str(ws.root), "--tables", "text", "--seeds", "2"]) == 0
+    assert ablate_main(["--workspace", str(ws.root), "--tables", "text", "--n-seeds", "2"]) == 0
     printed = capsys.readouterr().out
     assert "cells computed 0, reused 18" in printed and "Table 2a" in printed and "SYNTHETIC" in printed
     assert (ws.runs_dir / "ablation" / "ablation.md").exists()
@@ -270,7 +270,7 @@ def test_ablate_writes_its_result_file_with_paired_claims(tmp_path, capsys):
 
     ws, truth = _tiny_workspace(tmp_path / "ws")
     out = tmp_path / "results"
-    argv = ["--workspace", str(ws.root), "--tables", "text", "--seeds", "2", "--results", str(out)]
+    argv = ["--workspace", str(ws.root), "--tables", "text", "--n-seeds", "2", "--results", str(out)]
     with pytest.raises(SystemExit) as exc:  # no llm:<model> source: nothing to measure, so no result file
         ablate_main(argv)
     assert exc.value.code == 2 and "no llm:<model> triplets" in capsys.readouterr().err and not out.exists()

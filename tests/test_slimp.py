@@ -213,7 +213,7 @@ def tiny_ws(tmp_path) -> Workspace:
     return _tiny_workspace(tmp_path / "ws")
 
 
-COMMON = ["--epochs", "2", "--batch-patients", "4", "--max-wounds", "2", "--crop-size", "64", "--lr", "1e-3", "--dim", "16"]
+COMMON = ["--epochs", "2", "--batch-size", "4", "--max-wounds", "2", "--crop-size", "64", "--lr", "1e-3", "--dim", "16"]
 
 
 def _run(ws: Workspace, *extra: str) -> dict:

@@ -25,7 +25,7 @@ def test_recovers_planted_embedding() -> None:
     rng = np.random.default_rng(1)
     perm = rng.permutation(len(t))
     train, held = t[perm[: len(t) // 2]], t[perm[len(t) // 2:]]
-    soe = SOE(n_components=4, random_state=0).fit(train, n_objects=30)
+    soe = SOE(n_components=4, n_objects=30, random_state=0).fit(train)
     assert soe.embedding_.shape == (30, 4)
     assert soe.score(train) >= 0.95
     assert soe.score(held) >= 0.95
@@ -34,7 +34,7 @@ def test_recovers_planted_embedding() -> None:
 
 def test_paper_protocol_runs_minibatch_and_orders_triplets() -> None:
     _, t = planted_triplets(n=15)
-    soe = SOE.paper_protocol(random_state=0, epochs=10).fit(t, 15)
+    soe = SOE.paper_protocol(n_objects=15, random_state=0, epochs=10).fit(t)
     assert soe.get_params()["margin"] == 0.0 and soe.batch_size == 2048
     assert len(soe.loss_curve_) == 10
     assert soe.score(t) > 0.6
@@ -54,9 +54,9 @@ def test_manual_gradient_matches_autograd() -> None:
 
 def test_deterministic_per_seed() -> None:
     _, t = planted_triplets(n=12)
-    a = SOE(random_state=3, epochs=20).fit(t, 12).embedding_
-    b = SOE(random_state=3, epochs=20).fit(t, 12).embedding_
-    c = SOE(random_state=4, epochs=20).fit(t, 12).embedding_
+    a = SOE(n_objects=12, random_state=3, epochs=20).fit(t).embedding_
+    b = SOE(n_objects=12, random_state=3, epochs=20).fit(t).embedding_
+    c = SOE(n_objects=12, random_state=4, epochs=20).fit(t).embedding_
     assert np.array_equal(a, b)
     assert not np.allclose(a, c)
 
@@ -66,15 +66,15 @@ def test_anchor_balanced_weights_sparse_anchor() -> None:
     _, t = planted_triplets(n=12)
     rare = t[t[:, 0] == 0][:3]
     t = np.concatenate([t[t[:, 0] != 0], rare])
-    soe = SOE(random_state=0).fit(t, 12)
+    soe = SOE(n_objects=12, random_state=0).fit(t)
     assert soe.score(rare) == 1.0
 
 
 def test_transform_and_warm_start() -> None:
     _, t = planted_triplets(n=10)
-    soe = SOE(random_state=0, epochs=5).fit(t, 10)
+    soe = SOE(n_objects=10, random_state=0, epochs=5).fit(t)
     assert np.array_equal(soe.transform([2, 0]), soe.embedding_[[2, 0]])
-    warm = SOE(random_state=0, epochs=1, lr=1e-9).fit(t, 10, init=soe.embedding_)
+    warm = SOE(n_objects=10, random_state=0, epochs=1, lr=1e-9).fit(t, init=soe.embedding_)
     assert np.allclose(warm.embedding_, soe.embedding_, atol=1e-5)
 
 
@@ -91,13 +91,13 @@ def test_transform_and_warm_start() -> None:
 )
 def test_validation_errors(triplets, n, msg) -> None:
     with pytest.raises(ValueError, match=msg):
-        SOE().fit(triplets, n)
+        SOE(n_objects=n).fit(triplets)
 
 
 def test_bad_params_and_unfitted() -> None:
     with pytest.raises(ValueError, match="margin"):
-        SOE(margin=-1).fit([[0, 1, 2]], 3)
+        SOE(margin=-1, n_objects=3).fit([[0, 1, 2]])
     with pytest.raises(ValueError, match="batch_size"):
-        SOE(batch_size=0).fit([[0, 1, 2]], 3)
+        SOE(batch_size=0, n_objects=3).fit([[0, 1, 2]])
     with pytest.raises(ValueError, match="not fitted"):
         SOE().score([[0, 1, 2]])

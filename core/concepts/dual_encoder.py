@@ -32,7 +32,6 @@ steps); evaluation always sees every patch. Learnable logit scale/bias: CLIP's
 from __future__ import annotations
 
 import abc
-import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +154,8 @@ class MiniLMTower(TextTower):
         return list(self.bert.encoder.layer)
 
     def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
+        # BertLayer is transformers-internal (no public per-layer API): pyproject caps transformers < 6,
+        # and tests/test_concepts.py runs it on the floor (4.45, tuple output) and the current 5.x (tensor)
         ext = (1.0 - mask[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
         out = layer(h, attention_mask=ext)
         return out[0] if isinstance(out, tuple) else out
@@ -166,7 +167,7 @@ class MiniLMTower(TextTower):
 class OpenCLIPTextTower(TextTower):
     """open_clip's causal text transformer (for ``dermlip``); no character offsets."""
 
-    def __init__(self, model: nn.Module, tokenizer) -> None:  # noqa: ANN001 — open_clip tokenizer
+    def __init__(self, model: nn.Module, tokenizer) -> None:
         super().__init__()
         self.clip = model
         self.tokenizer = tokenizer
@@ -209,7 +210,7 @@ class ImageTower(nn.Module):
     at 0 or the end (no per-block caching), where the output is B×(1+P)×C: the pooled token,
     then the patch tokens."""
 
-    def __init__(self, backbone) -> None:  # noqa: ANN001 — core.vision.backbones.Backbone
+    def __init__(self, backbone) -> None:
         super().__init__()
         self.backbone = backbone
         self.is_cnn = backbone.arch == "efficientnet-lite0"
@@ -266,7 +267,7 @@ class ImageTower(nn.Module):
     def stem_parameters(self) -> list[nn.Parameter]:
         return list(self.backbone.stem_parameters())
 
-    def train(self, mode: bool = True) -> "ImageTower":
+    def train(self, mode: bool = True) -> ImageTower:
         super().train(False)  # BatchNorm statistics stay frozen (see module docstring)
         if not self.is_cnn:
             self.net.visual.patch_dropout.train(mode)  # FLIP drops patches in training only
@@ -408,7 +409,7 @@ class DualEncoder(nn.Module):
         g = F.normalize(self.text_head(self.text.pool(states, mask)), dim=-1)
         return g, F.normalize(self.text_head(states), dim=-1) if tokens else None
 
-    def preprocess(self, images, size: int | None = None) -> Tensor:  # noqa: ANN001 — PIL list or uint8 array
+    def preprocess(self, images, size: int | None = None) -> Tensor:
         return self.image.backbone.preprocess(images, size)
 
     @torch.no_grad()
@@ -481,17 +482,16 @@ def _dermlip(device: torch.device) -> DualEncoder:
         raise VLMUnavailable(f"{e} (image–text model: use --model {OFFLINE_DEFAULT})") from e
     import open_clip
 
-    from core.vision.backbones import _hf_offline, _hub_reachable
+    from core.vision.backbones import hub_offline, open_clip_ref
 
     try:
-        with _hf_offline() if not _hub_reachable() else contextlib.nullcontext():
-            tokenizer = open_clip.get_tokenizer(DERMLIP_HUB)
-    except Exception as e:  # noqa: BLE001 — hub or cache failure reported the same way
+        tokenizer = open_clip.get_tokenizer(open_clip_ref(DERMLIP_HUB, hub_offline()))
+    except Exception as e:
         raise VLMUnavailable(f"cannot load the DermLIP tokenizer: {e}. Use --model {OFFLINE_DEFAULT}.") from e
     return open_clip_encoder(backbone, tokenizer, name="dermlip")
 
 
-def open_clip_encoder(backbone, tokenizer, name: str) -> DualEncoder:  # noqa: ANN001 — Backbone, open_clip tokenizer
+def open_clip_encoder(backbone, tokenizer, name: str) -> DualEncoder:
     """Both towers of an open_clip CLIP (``backbone.model``) with its own projections as heads
     and its logit scale: at initialisation the global embeddings are ``encode_image`` /
     ``encode_text`` (L2-normalised)."""

@@ -28,8 +28,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
 from core.concepts.vocabulary import Concept, _term_pattern
@@ -73,7 +76,7 @@ class ConceptScorer:
     SigLIP's global (t_g, b_g) (``siglip``, ``conceptclip``), else CLIP's logit scale."""
 
     def __init__(self, model, concepts: Sequence[Concept], beta: float = 0.5, k_frac: float = 0.2,
-                 sigmoid: bool = False) -> None:  # noqa: ANN001 — DualEncoder
+                 sigmoid: bool = False) -> None:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         if not 0.0 < k_frac <= 1.0:
@@ -113,8 +116,8 @@ class ConceptScorer:
         out = {kind: np.zeros((len(image), len(self.names)), dtype=np.float32) for kind in ("global", "local", "fused")}
         for c in range(len(self.names)):
             p = zero_shot(image, patches, self.text[c], self.g[c], self.mask[c], self.scales, k, self.beta)
-            for kind in out:
-                out[kind][:, c] = p[kind][:, 0].numpy()
+            for kind, arr in out.items():
+                arr[:, c] = p[kind][:, 0].numpy()
         return out
 
     def heatmaps(self, patches: Tensor, grid: tuple[int, int]) -> np.ndarray:
@@ -124,51 +127,58 @@ class ConceptScorer:
         return m.reshape(patches.shape[0], len(self.names), *grid).numpy()
 
 
-class ConceptBottleneck:
+class ConceptBottleneck(ClassifierMixin, BaseEstimator):
     """Concept-score vector → class: standardised scores + multinomial logistic regression.
 
-    ``fit(S, y)``; ``predict``/``score`` as scikit-learn; ``top_concepts(k)`` gives, per
-    class, the k concepts with the largest positive weights. Fitted: ``classes_``,
-    ``coef_`` (classes × concepts), ``scaler_``, ``clf_``.
+    A scikit-learn classifier (``clone``, ``get_params``, grid search): ``fit(X, y)`` with ``X``
+    the n × concepts score matrix; ``predict``/``score`` as scikit-learn; ``top_concepts(k)``
+    gives, per class, the k concepts with the largest positive weights. ``concept_names``
+    (optional) names the columns and fixes their number. Fitted: ``classes_``, ``coef_``
+    (classes × concepts), ``scaler_``, ``clf_``, ``n_features_in_``.
     """
 
-    def __init__(self, concept_names: Sequence[str], C: float = 1.0, seed: int = 0) -> None:
-        self.concept_names = list(concept_names)
+    def __init__(self, concept_names: Sequence[str] | None = None, C: float = 1.0,
+                 random_state: int | np.random.RandomState | None = 0) -> None:
+        self.concept_names = concept_names
         self.C = C
-        self.seed = seed
+        self.random_state = random_state
 
-    def _check(self, S: np.ndarray) -> np.ndarray:
-        S = np.asarray(S, dtype=np.float64)
-        if S.ndim != 2 or S.shape[1] != len(self.concept_names):
-            raise ValueError(f"concept scores must be n×{len(self.concept_names)}, got shape {S.shape}")
-        return S
+    def _check_names(self, X: np.ndarray) -> None:
+        shape = np.asarray(X).shape
+        if self.concept_names is not None and (len(shape) != 2 or shape[1] != len(self.concept_names)):
+            raise ValueError(f"concept scores must be n×{len(self.concept_names)}, got shape {shape}")
 
-    def fit(self, S: np.ndarray, y: Sequence) -> "ConceptBottleneck":
-        S = self._check(S)
-        y = np.asarray(y)
-        if len(y) != len(S):
-            raise ValueError(f"{len(S)} score rows but {len(y)} labels")
+    def fit(self, X: np.ndarray, y: Sequence) -> ConceptBottleneck:
+        """Standardise ``X`` and fit the logistic regression to the labels ``y``."""
+        self._check_names(X)
+        X, y = validate_data(self, X, y)
+        check_classification_targets(y)
         if len(np.unique(y)) < 2:
-            raise ValueError("the target needs at least two classes")
-        self.scaler_ = StandardScaler().fit(S)
-        self.clf_ = LogisticRegression(C=self.C, max_iter=2000, random_state=self.seed).fit(self.scaler_.transform(S), y)
+            raise ValueError("the target needs at least two classes, got one class")
+        self.scaler_ = StandardScaler().fit(X)
+        self.clf_ = LogisticRegression(C=self.C, max_iter=2000, random_state=self.random_state).fit(
+            self.scaler_.transform(X), y)
         self.classes_ = self.clf_.classes_
         coef = self.clf_.coef_
         self.coef_ = np.vstack([-coef[0], coef[0]]) if len(self.classes_) == 2 else coef
         return self
 
-    def predict(self, S: np.ndarray) -> np.ndarray:
-        return self.clf_.predict(self.scaler_.transform(self._check(S)))
-
-    def score(self, S: np.ndarray, y: Sequence) -> float:
-        return float(np.mean(self.predict(S) == np.asarray(y)))
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Class of every row of concept scores."""
+        check_is_fitted(self, "clf_")
+        self._check_names(X)
+        X = validate_data(self, X, reset=False)
+        return self.clf_.predict(self.scaler_.transform(X))
 
     def top_concepts(self, k: int = 3) -> dict[str, list[tuple[str, float]]]:
         """Class → [(concept, weight)] with the k largest weights."""
+        check_is_fitted(self, "coef_")
+        names = list(self.concept_names) if self.concept_names is not None else [
+            f"concept_{i}" for i in range(self.n_features_in_)]
         out = {}
         for cls, w in zip(self.classes_, self.coef_):
             order = np.argsort(-w)[:k]
-            out[str(cls)] = [(self.concept_names[i], float(w[i])) for i in order]
+            out[str(cls)] = [(names[i], float(w[i])) for i in order]
         return out
 
 
@@ -193,7 +203,7 @@ def top_concepts(emb: dict, row: int, k: int = 5) -> list[dict]:
              "local": float(emb["concept_local"][row][c])} for c in order]
 
 
-def heatmap_overlay(photo, heat: np.ndarray, box, alpha: float = 0.6):  # noqa: ANN001 — PIL image, crop box
+def heatmap_overlay(photo, heat: np.ndarray, box, alpha: float = 0.6):
     """A concept heatmap (h×w, cos P − cos N on the wound crop's patch grid) drawn over the crop
     ``box`` (x0, y0, x1, y1 in photo pixels, as the run computed it; parts outside the photo are
     black, as in the crop the model saw). Red = evidence for the concept, blue = against,

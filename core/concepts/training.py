@@ -4,7 +4,6 @@ METHODS.md §3–4): pairs, text inputs with concept spans, the trainer and its 
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
 from core.losses.make import CLIPLoss, MAKELoss
 from core.losses.unimodal import CLIPUnimodalLoss
 from core.runtime import autocast
+from core.vision.augment import crop_views
 
 OBJECTIVES = ("clip", "siglip", "make", "conceptclip")
 SIGMOID_OBJECTIVES = ("siglip", "conceptclip")  # trained with SigLIP's (t_g, b_g), see ConceptScorer
@@ -60,12 +60,12 @@ def crop_box(bbox: list[int], width: int, height: int, margin: float = 0.25, min
     side = max(x1 - x0, y1 - y0) * (1 + 2 * margin)
     side = int(min(max(side, min_side), max(width, height)))
     cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-    bx = int(round(min(max(cx - side / 2, 0), max(width - side, 0))))
-    by = int(round(min(max(cy - side / 2, 0), max(height - side, 0))))
+    bx = round(min(max(cx - side / 2, 0), max(width - side, 0)))
+    by = round(min(max(cy - side / 2, 0), max(height - side, 0)))
     return [bx, by, bx + side, by + side]
 
 
-def load_pairs(ws, size: int = 160, margin: float = 0.25) -> WoundPairs:  # noqa: ANN001 — Workspace
+def load_pairs(ws, size: int = 160, margin: float = 0.25) -> WoundPairs:
     """All described wounds of the workspace as square crops of ``size`` px."""
     store = ws.store
     images = {im["image_id"]: im for im in store.images()}
@@ -113,7 +113,7 @@ def split_holdout(groups: list[str], frac: float, seed: int) -> np.ndarray:
     return mask
 
 
-def truth_concepts(ws, keys: list[tuple[str, int]]) -> tuple[list[str], np.ndarray] | None:  # noqa: ANN001
+def truth_concepts(ws, keys: list[tuple[str, int]]) -> tuple[list[str], np.ndarray] | None:
     """Phantom truth concept presence (N×C, 1/0) for ``keys``, or None without truth."""
     path = Path(ws.root) / "truth" / "concepts.csv"
     if not path.is_file():
@@ -188,27 +188,6 @@ class TextBank:
         return self.hidden[rows, :t], mask
 
 
-def _augment(crops: Tensor, gen: torch.Generator) -> Tensor:
-    """SimCLR-style view of float crops B×3×S×S in [0, 1]: random resized crop, flip, colour jitter."""
-    b, _, s, _ = crops.shape
-    out = []
-    for x in crops:
-        scale = 0.5 + 0.5 * torch.rand(1, generator=gen).item()
-        side = max(8, int(s * math.sqrt(scale)))
-        x0, y0 = (torch.randint(0, s - side + 1, (2,), generator=gen)).tolist()
-        v = F.interpolate(x[None, :, y0:y0 + side, x0:x0 + side], size=(s, s), mode="bilinear", align_corners=False)[0]
-        if torch.rand(1, generator=gen).item() < 0.5:
-            v = v.flip(-1)
-        jit = 1 + 0.3 * (2 * torch.rand(3, generator=gen) - 1)
-        mean = v.mean()
-        v = (v * jit[0]).clamp(0, 1)  # brightness
-        v = ((v - mean) * jit[1] + mean).clamp(0, 1)  # contrast
-        grey = v.mean(0, keepdim=True)
-        v = ((v - grey) * jit[2] + grey).clamp(0, 1)  # saturation
-        out.append(v)
-    return torch.stack(out)
-
-
 def _patch_mask(crops: Tensor, patch: int, ratio: float, gen: torch.Generator) -> Tensor:
     """Masked view: a random ``ratio`` of the patch×patch cells set to grey (0.5)."""
     b, _, s, _ = crops.shape
@@ -230,7 +209,7 @@ class ImageBank:
         self.views: Tensor | None = None
         if views is not None:
             gen = torch.Generator().manual_seed(seed)
-            make = (lambda x: _augment(x, gen)) if views == "augment" else \
+            make = (lambda x: crop_views(x, gen)) if views == "augment" else \
                 (lambda x: _patch_mask(x, 16, mask_ratio, gen))
             self.views = torch.stack([self._through(model, make(raw), batch) for _ in range(n_views)], dim=1)
 
@@ -243,6 +222,14 @@ class ImageBank:
 
 
 # ----------------------------------------------------------------------------- training
+def decay_groups(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups at ``lr`` as open_clip builds them: weight decay on weight matrices only; the
+    temperatures (logit scales), logit biases, linear biases and norm gains (ndim < 2) get none."""
+    decay, rest = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+    return [g for g in ({"params": decay, "lr": lr, "weight_decay": weight_decay},
+                        {"params": rest, "lr": lr, "weight_decay": 0.0}) if g["params"]]
+
+
 @dataclass
 class TrainConfig:
     objective: str = "make"
@@ -295,10 +282,9 @@ class Trainer:
         # the unimodal term's own SimCLR projector (contrastive benchmark §2.2.2), not the CLIP head
         self.uni = CLIPUnimodalLoss(model.image.width, lam=cfg.unimodal_lambda).to(model.device)
         heads = model.head_parameters() + (list(self.uni.parameters()) if cfg.unimodal else [])
-        groups = [{"params": heads, "lr": cfg.lr}]
-        if model.tower_parameters():
-            groups.append({"params": model.tower_parameters(), "lr": cfg.tower_lr})
-        self.opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        groups = decay_groups(heads, cfg.lr, cfg.weight_decay) + decay_groups(model.tower_parameters(), cfg.tower_lr,
+                                                                              cfg.weight_decay)
+        self.opt = torch.optim.AdamW(groups)
         self.gen = torch.Generator().manual_seed(cfg.seed)
 
     def _encode_rows(self, rows: Tensor, tokens: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -344,7 +330,7 @@ class Trainer:
         conc = torch.einsum("nwt,ntd->nwd", smask.float(), tok) / smask.sum(-1, keepdim=True).clamp(min=1)
         return self.cc(img, g, patches, F.normalize(conc, dim=-1), smask.any(-1), scales, biases)
 
-    def fit(self, train_idx: np.ndarray, progress: bool = True, on_epoch=None) -> list[float]:  # noqa: ANN001
+    def fit(self, train_idx: np.ndarray, progress: bool = True, on_epoch=None) -> list[float]:
         """Train for ``cfg.epochs``; returns the mean loss per epoch."""
         torch.manual_seed(self.cfg.seed)
         self.model.train()
@@ -409,7 +395,7 @@ def concept_auroc(scores: np.ndarray, labels: np.ndarray, names: list[str]) -> d
     return out
 
 
-def concept_labels(ws, pairs: WoundPairs, tagger: ConceptTagger) -> tuple[list[str], np.ndarray, str]:  # noqa: ANN001
+def concept_labels(ws, pairs: WoundPairs, tagger: ConceptTagger) -> tuple[list[str], np.ndarray, str]:
     """(names, N×C labels, source): phantom truth when present, else the tagger."""
     truth = truth_concepts(ws, pairs.keys)
     if truth is not None:

@@ -146,10 +146,11 @@ def oriented_indices(rows: list[dict], index: dict[str, int]) -> np.ndarray:
 
 
 def soe_defaults(dim: int) -> dict[str, Any]:
-    """Every SOE hyperparameter of a text cell, defaults filled in (seed and device are keyed apart)."""
+    """Every SOE hyperparameter of a text cell, defaults filled in (seed, device and the number of
+    photos are keyed apart)."""
     from core.text.soe import SOE
 
-    return {k: v for k, v in SOE(n_components=dim).get_params().items() if k not in ("random_state", "device")}
+    return {k: v for k, v in SOE(n_components=dim).get_params().items() if k not in ("random_state", "device", "n_objects")}
 
 
 def text_rows(sources: list[str], default_source: str) -> list[Row]:
@@ -173,7 +174,7 @@ def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, 
     rng = np.random.default_rng([seed, int(round(config["budget"] * 1e6))])
     m = max(1, int(round(config["budget"] * len(llm))))
     subset = llm[np.sort(rng.choice(len(llm), size=m, replace=False))]
-    soe = SOE(**config["soe"], random_state=seed).fit(subset, n_objects=len(ids))
+    soe = SOE(**config["soe"], n_objects=len(ids), random_state=seed).fit(subset)
     result = evaluate(ids, pairwise_euclidean(soe.embedding_), expert)
     return {**{k: result[k] for k in METRICS}, "n_train_triplets": m, "train_score": soe.score(subset)}
 

@@ -53,7 +53,7 @@ def variant_config(variant: str, args: argparse.Namespace, seed: int) -> TrainCo
               "image_partial": (args.partial_image, -1), "text_partial": (-1, args.partial_text),
               "clip_unimodal": (-1, -1), "clip_masked": (-1, -1), "flip": (-1, -1)}[variant]
     return TrainConfig(
-        objective="siglip" if variant == "siglip" else "clip", epochs=args.epochs, batch=args.batch, lr=args.lr,
+        objective="siglip" if variant == "siglip" else "clip", epochs=args.epochs, batch=args.batch_size, lr=args.lr,
         tower_lr=args.tower_lr, image_unlock=unlock[0], text_unlock=unlock[1],
         unimodal={"clip_unimodal": "augment", "clip_masked": "mask"}.get(variant),
         unimodal_lambda=args.lam, patch_dropout=args.patch_dropout if variant == "flip" else 0.0, seed=seed)
@@ -124,7 +124,7 @@ def paired_vs_baseline(cells: dict[str, list[dict[str, float]]], baseline: str =
     Cells of the same seed share the held-out split and head initialisation, so differences are
     paired by seed; ``significant`` is a two-sided paired t-test at ``alpha`` (needs ≥ 3 seeds).
     """
-    from scipy.stats import t as student_t
+    from scipy.stats import ttest_rel
 
     base = {r["seed"]: r for r in cells.get(baseline, [])}
     out = {}
@@ -133,14 +133,14 @@ def paired_vs_baseline(cells: dict[str, list[dict[str, float]]], baseline: str =
             continue
         out[variant] = {}
         for m in METRICS:
-            d = np.array([r[m] - base[r["seed"]][m] for r in rows if r["seed"] in base
-                          and r[m] == r[m] and base[r["seed"]][m] == base[r["seed"]][m]], dtype=float)
+            pairs = np.array([(r[m], base[r["seed"]][m]) for r in rows if r["seed"] in base
+                              and r[m] == r[m] and base[r["seed"]][m] == base[r["seed"]][m]], dtype=float).reshape(-1, 2)
+            d = pairs[:, 0] - pairs[:, 1]
             if len(d) < 2:
                 out[variant][m] = (float(d.mean()) if len(d) else float("nan"), float("nan"), False)
                 continue
-            sd = float(d.std(ddof=1))
-            sig = len(d) >= 3 and abs(d.mean()) > student_t.ppf(1 - alpha / 2, len(d) - 1) * sd / np.sqrt(len(d))
-            out[variant][m] = (float(d.mean()), sd, bool(sig))
+            p_value = float(ttest_rel(pairs[:, 0], pairs[:, 1]).pvalue) if len(d) >= 3 else float("nan")
+            out[variant][m] = (float(d.mean()), float(d.std(ddof=1)), bool(p_value < alpha))
     return out
 
 

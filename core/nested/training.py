@@ -36,7 +36,7 @@ def init_distributed() -> tuple[int, int, torch.device]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1, pick_device()
-    if torch.cuda.is_available():
+    if pick_device().type == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         dist.init_process_group("nccl")

@@ -37,13 +37,14 @@ def fit_source(ws: Workspace, source: str, soe: SOE, name: str | None = None) ->
         raise ValueError(f"source {source!r} covers only {len(ids)} photos; need at least 3")
     index = {im: n for n, im in enumerate(ids)}
     triplets = oriented_triplets(rows, index)
-    config = {"modality": "text", "method": "soe", "source": source, "n_triplets": int(len(triplets)),
+    soe.set_params(n_objects=len(ids))
+    config = {"modality": "text", "method": "soe", "source": source, "n_triplets": len(triplets),
               "n_images": len(ids), "synthetic": ws.is_synthetic, **soe.get_params()}
     run_id = ws.store.start_run("text-soe", config, seed=soe.random_state,
                                 name=name or f"SOE {source} d={soe.n_components}")
     try:
         t0 = time.perf_counter()
-        soe.fit(triplets, n_objects=len(ids))
+        soe.fit(triplets)
         seconds = time.perf_counter() - t0
         save_embeddings(ws, run_id, ids, image_emb=soe.embedding_)
         expert = evaluate(ids, pairwise_euclidean(soe.embedding_), ws.store.expert_triplets())
@@ -56,6 +57,6 @@ def fit_source(ws: Workspace, source: str, soe: SOE, name: str | None = None) ->
     ws.store.finish_run(run_id, status="done", metrics=metrics)
     n_all = len(ws.store.images())
     return {"run_id": run_id, "source": source, "n_images": len(ids), "n_images_without_triplets": n_all - len(ids),
-            "n_triplets": int(len(triplets)), "train_score": metrics["train_score"],
+            "n_triplets": len(triplets), "train_score": metrics["train_score"],
             "fit_seconds": round(seconds, 3), "expert_agreement": metrics["expert"], "synthetic": ws.is_synthetic}
 

@@ -141,11 +141,11 @@ class ActiveSampler:
 
     def fit(self, oriented: np.ndarray) -> np.ndarray:
         """Refit SOE on oriented triplets (i, closer, farther); returns the embedding."""
-        soe = SOE(n_components=self.n_components, random_state=self.seed, **self.soe_params)
+        soe = SOE(n_components=self.n_components, n_objects=self.n, random_state=self.seed, **self.soe_params)
         warm = self.embedding_ is not None
         if warm:
             soe.set_params(epochs=max(1, soe.epochs // 2))
-        soe.fit(oriented, self.n, init=self.embedding_ if warm else None)
+        soe.fit(oriented, init=self.embedding_ if warm else None)
         self.embedding_ = soe.embedding_
         return self.embedding_
 

@@ -27,7 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.sparse import issparse
 from sklearn.base import BaseEstimator
+from sklearn.utils import Tags, TransformerTags
+from sklearn.utils.validation import check_is_fitted
 
 from core.eval.distances import pairwise_euclidean
 from core.runtime import pick_device, torch_threads
@@ -74,17 +77,22 @@ def _cpu_threads(device: torch.device, n: int = 1) -> contextlib.AbstractContext
 
 def validate_triplets(triplets: Any, n_objects: int | None = None, name: str = "triplets") -> np.ndarray:
     """Return ``triplets`` as an int64 (m, 3) array; raise ValueError naming the first bad row."""
+    if issparse(triplets):
+        raise TypeError(f"sparse input is not supported: {name} is a dense (m, 3) array of object indices")
     try:
         t = np.asarray(triplets)
     except Exception as exc:  # ragged nested lists
         raise ValueError(f"{name} must be an (m, 3) array of integer object indices: {exc}") from exc
+    if np.iscomplexobj(t):
+        raise ValueError(f"Complex data not supported: {name} holds integer object indices")
     if t.size == 0:
         raise ValueError(f"{name} is empty; need at least one triplet (i, j, k)")
     if t.ndim != 2 or t.shape[1] != 3:
         raise ValueError(f"{name} must have shape (m, 3) [anchor, closer, farther], got {t.shape}")
-    if not np.issubdtype(t.dtype, np.integer):
-        if not np.issubdtype(t.dtype, np.floating) or not np.all(np.isfinite(t)) or np.any(t != np.round(t)):
-            raise ValueError(f"{name} must hold integer object indices, got dtype {t.dtype}")
+    integral = np.issubdtype(t.dtype, np.integer) or (
+        np.issubdtype(t.dtype, np.floating) and np.all(np.isfinite(t)) and np.all(t == np.round(t)))
+    if not integral:
+        raise ValueError(f"{name} must hold integer object indices, got dtype {t.dtype}")
     t = t.astype(np.int64)
     if t.min() < 0:
         row = int(np.flatnonzero((t < 0).any(1))[0])
@@ -107,7 +115,11 @@ def triplet_margins(embedding: np.ndarray, triplets: np.ndarray) -> np.ndarray:
 
 
 class SOE(BaseEstimator):
-    """Soft Ordinal Embedding estimator (scikit-learn style).
+    """Soft Ordinal Embedding estimator (scikit-learn API: ``fit(X, y=None)``, ``get_params``,
+    ``clone``, ``NotFittedError``).
+
+    ``X`` is the (m, 3) integer array of triplets (i, j, k) = "i is closer to j than to k";
+    ``y`` is ignored. SOE is transductive: ``transform`` takes object indices, not new rows.
 
     Parameters
     ----------
@@ -118,8 +130,11 @@ class SOE(BaseEstimator):
     epochs : passes over the triplets (full batch: optimisation steps).
     anchor_balanced : weigh every anchor equally (paper: resampled each epoch).
     init_scale : standard deviation of the Gaussian initial embedding (paper: 0.1).
-    random_state : seed; the same seed gives the same embedding on the same device.
-    device : ``"cpu"``, ``"cuda"`` or ``None`` (CUDA when available).
+    random_state : int (the same seed gives the same embedding on the same device), a
+        ``numpy.random.RandomState`` (a seed is drawn from it) or ``None`` (fresh OS entropy on
+        every fit: two fits differ).
+    device : ``"cpu"``, ``"cuda"`` or ``None`` (the process's device, :func:`core.runtime.pick_device`).
+    n_objects : number of embedded objects; ``None`` = max index in ``X`` + 1.
 
     Attributes
     ----------
@@ -139,6 +154,7 @@ class SOE(BaseEstimator):
         init_scale: float = 0.1,
         random_state: int | None = None,
         device: str | None = None,
+        n_objects: int | None = None,
     ) -> None:
         self.n_components = n_components
         self.margin = margin
@@ -149,11 +165,20 @@ class SOE(BaseEstimator):
         self.init_scale = init_scale
         self.random_state = random_state
         self.device = device
+        self.n_objects = n_objects
+
+    def __sklearn_tags__(self) -> Tags:
+        """A transductive transformer of integer triplets: no target, no float dtype to preserve."""
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags = TransformerTags(preserves_dtype=[])
+        tags.target_tags.required = False
+        tags.non_deterministic = self.random_state is None
+        return tags
 
     @classmethod
-    def paper_protocol(cls, **overrides: Any) -> "SOE":
+    def paper_protocol(cls, **overrides: Any) -> SOE:
         """The TriDerm paper's settings (§3.2): δ = 0, lr 0.05, batch 2048, 50 epochs, init 0.1."""
-        params = dict(margin=0.0, lr=0.05, batch_size=2048, epochs=50, anchor_balanced=True, init_scale=0.1)
+        params = {"margin": 0.0, "lr": 0.05, "batch_size": 2048, "epochs": 50, "anchor_balanced": True, "init_scale": 0.1}
         params.update(overrides)
         return cls(**params)
 
@@ -170,24 +195,34 @@ class SOE(BaseEstimator):
             raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
         if not self.init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {self.init_scale!r}")
+        n = self.n_objects
+        if n is not None and not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 3):
+            raise ValueError(f"n_objects must be an integer ≥ 3 or None, got {n!r}")
 
-    def fit(self, triplets: Any, n_objects: int | None = None, init: np.ndarray | None = None) -> "SOE":
-        """Fit the embedding to ``triplets`` rows (i, j, k) = "i closer to j than to k".
-
-        ``n_objects`` defaults to max index + 1. ``init`` (n_objects × n_components)
-        warm-starts the optimisation (used by active selection between refits).
-        """
-        self._check_params()
-        if n_objects is not None and not (isinstance(n_objects, (int, np.integer)) and n_objects >= 3):
-            raise ValueError(f"n_objects must be an integer ≥ 3, got {n_objects!r}")
-        t_np = validate_triplets(triplets, n_objects)
-        n = int(n_objects) if n_objects is not None else int(t_np.max()) + 1
-        device = torch.device(self.device) if self.device else pick_device()
+    def _generator(self) -> torch.Generator:
         gen = torch.Generator()
         if self.random_state is None:
-            gen.seed()
+            gen.seed()  # fresh OS entropy: documented, two fits differ
+        elif isinstance(self.random_state, np.random.RandomState):
+            gen.manual_seed(int(self.random_state.randint(np.iinfo(np.int32).max)))
         else:
             gen.manual_seed(int(self.random_state))
+        return gen
+
+    def fit(self, X: Any, y: None = None, init: np.ndarray | None = None) -> SOE:
+        """Fit the embedding to the triplets ``X`` (m × 3 rows (i, j, k) = "i closer to j than to k").
+
+        ``y`` is ignored (scikit-learn convention). ``init`` (n_objects × n_components)
+        warm-starts the optimisation (used by active selection between refits).
+        """
+        if isinstance(y, (int, np.integer)):
+            raise TypeError(f"SOE.fit(X, y): y is ignored; n_objects is a constructor parameter now: "
+                            f"SOE(n_objects={y}).fit(X)")
+        self._check_params()
+        t_np = validate_triplets(X, self.n_objects, name="X")
+        n = int(self.n_objects) if self.n_objects is not None else int(t_np.max()) + 1
+        device = torch.device(self.device) if self.device else pick_device()
+        gen = self._generator()
         if init is not None:
             x0 = torch.as_tensor(np.asarray(init, dtype=np.float32))
             if tuple(x0.shape) != (n, self.n_components):
@@ -197,6 +232,7 @@ class SOE(BaseEstimator):
         with _cpu_threads(device):
             self._optimise(x0.to(device), t_np, n, device, gen)
         self.n_objects_ = n
+        self.n_features_in_ = 3
         return self
 
     def _optimise(self, x0: torch.Tensor, t_np: np.ndarray, n: int, device: torch.device,
@@ -239,13 +275,9 @@ class SOE(BaseEstimator):
         self.embedding_ = x.detach().cpu().numpy().astype(np.float64)
         self.loss_curve_ = curve
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "embedding_"):
-            raise ValueError("this SOE instance is not fitted yet; call fit(triplets, n_objects) first")
-
     def transform(self, objects: Any = None) -> np.ndarray:
         """Embedding rows of ``objects`` (indices; all objects when None). SOE is transductive."""
-        self._check_fitted()
+        check_is_fitted(self, "embedding_")
         if objects is None:
             return self.embedding_.copy()
         idx = np.asarray(objects, dtype=np.int64).reshape(-1)
@@ -253,12 +285,12 @@ class SOE(BaseEstimator):
             raise ValueError(f"object indices must lie in [0, {self.n_objects_})")
         return self.embedding_[idx]
 
-    def fit_transform(self, triplets: Any, n_objects: int | None = None) -> np.ndarray:
-        """Fit and return ``embedding_``."""
-        return self.fit(triplets, n_objects).embedding_.copy()
+    def fit_transform(self, X: Any, y: None = None, init: np.ndarray | None = None) -> np.ndarray:
+        """Fit and return ``embedding_`` (n_objects × n_components)."""
+        return self.fit(X, y, init=init).embedding_.copy()
 
-    def score(self, triplets: Any) -> float:
-        """Fraction of ``triplets`` (i, j, k) the embedding satisfies strictly (d_ij < d_ik)."""
-        self._check_fitted()
-        t = validate_triplets(triplets, self.n_objects_)
+    def score(self, X: Any, y: None = None) -> float:
+        """Fraction of the triplets ``X`` (i, j, k) the embedding satisfies strictly (d_ij < d_ik)."""
+        check_is_fitted(self, "embedding_")
+        t = validate_triplets(X, self.n_objects_, name="X")
         return float((triplet_margins(self.embedding_, t) > 0).mean())

@@ -15,6 +15,9 @@ geometric op moves it with the image, always with nearest interpolation):
 
 Views are reproducible: :func:`view_generator` seeds each view from (run seed, image sha256,
 config hash, view index), which is what the feature cache keys on.
+
+:func:`crop_views` is the SimCLR-style view of ready-made wound crops (no mask) used by the
+image–text training's unimodal term: random resized square crop, horizontal flip, colour jitter.
 """
 from __future__ import annotations
 
@@ -148,3 +151,17 @@ class WoundAugment:
     def __call__(self, image: Image.Image | np.ndarray, labels: np.ndarray,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         return self.augment_prepared(*self.prepare(image, labels), generator)
+
+
+def crop_views(crops: Tensor, generator: torch.Generator, scale: tuple[float, float] = (0.5, 1.0),
+               jitter: float = 0.3) -> Tensor:
+    """One SimCLR-style view of each float crop B×3×S×S in [0, 1] (torchvision v2, parameters drawn
+    per crop, reproducible from ``generator``): a random square crop of ``scale`` of the area resized
+    back to S, a horizontal flip (p = 0.5), brightness/contrast/saturation jitter of ±``jitter``."""
+    side = crops.shape[-1]
+    view = v2.Compose([v2.RandomResizedCrop(side, scale=scale, ratio=(1.0, 1.0), antialias=True),
+                       v2.RandomHorizontalFlip(0.5),
+                       v2.ColorJitter(brightness=jitter, contrast=jitter, saturation=jitter)])
+    with torch.random.fork_rng(devices=[]):  # torchvision v2 draws from the global RNG
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        return torch.stack([view(x) for x in crops])

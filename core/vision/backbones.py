@@ -32,7 +32,7 @@ import hashlib
 import os
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,10 +60,25 @@ class BackboneUnavailable(RuntimeError):
     """A backbone's weights cannot be obtained (hub unreachable and nothing cached)."""
 
 
+#: home-made registry name → canonical name (the library's own spelling); both are accepted everywhere,
+#: and a backbone loaded by either has the same :attr:`Backbone.name`, so cached features are shared.
+ALIASES: dict[str, str] = {OFFLINE_DEFAULT: LITE0_TIMM, "dermlip": DERMLIP_HUB}
+
+
+def canonical_name(name: str) -> str:
+    """The canonical spelling of a backbone name (a ``@layer`` suffix is kept): ``timm:<model>``,
+    ``open_clip:<model>[:<tag>]`` or ``hf-hub:<org>/<repo>``; home-made aliases are resolved and
+    ``open_clip:hf-hub:…`` is written ``hf-hub:…``. Paths and unknown names come back unchanged."""
+    base, layer = split_layer(name)
+    base = ALIASES.get(base, base.removeprefix("open_clip:") if base.startswith("open_clip:hf-hub:") else base)
+    return f"{base}@{layer}" if layer else base
+
+
 def available_backbones() -> list[str]:
-    """Registry names; ``open_clip:<model>[:<tag>]`` and checkpoint paths are accepted too."""
-    return [OFFLINE_DEFAULT, LITE0_TIMM, "dermlip", DERMLIP_HUB, "open_clip:<model>[:<pretrained tag>]",
-            "<checkpoint .pt/.pth>"]
+    """Registry names, canonical first then their home-made aliases; any ``open_clip:<model>[:<tag>]``,
+    ``hf-hub:<org>/<repo>`` (an open_clip model on the Hugging Face hub) and checkpoint paths too."""
+    return [LITE0_TIMM, OFFLINE_DEFAULT, DERMLIP_HUB, "dermlip", "open_clip:<model>[:<pretrained tag>]",
+            "hf-hub:<org>/<repo>", "<checkpoint .pt/.pth>"]
 
 
 class Backbone:
@@ -290,22 +305,40 @@ def _hub_reachable(host: str = HUB_HOST, timeout: float = HUB_TIMEOUT_S) -> bool
     return bool(ok)
 
 
-@contextlib.contextmanager
-def _hf_offline() -> Iterator[None]:
-    """Make huggingface_hub serve from its local cache only (no network attempts)."""
-    from huggingface_hub import constants
+def hub_offline() -> bool:
+    """True when the Hugging Face hub must not be used: ``HF_HUB_OFFLINE`` set (read, never
+    written), or the hub unreachable within :data:`HUB_TIMEOUT_S`."""
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()
 
-    old_env, old_const = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = old_const
-        if old_env is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = old_env
+
+def open_clip_ref(model_name: str, offline: bool) -> str:
+    """``hf-hub:<repo>`` as open_clip should open it: unchanged online; offline the cached snapshot
+    as ``local-dir:<folder>``, found with huggingface_hub's supported cache-only API
+    (``local_files_only=True``: no network attempt, an error when not cached)."""
+    if not (offline and model_name.startswith("hf-hub:")):
+        return model_name
+    from huggingface_hub import snapshot_download
+
+    return f"local-dir:{snapshot_download(model_name[len('hf-hub:'):], local_files_only=True)}"
+
+
+def _cached_open_clip(model_name: str, pretrained: str | None) -> nn.Module:
+    """Build an open_clip model from the local Hugging Face cache only (``local_files_only=True``
+    and open_clip's ``local-dir:`` schema) — no huggingface_hub internals edited."""
+    import open_clip
+    from huggingface_hub import hf_hub_download
+
+    if model_name.startswith("hf-hub:"):
+        return open_clip.create_model(open_clip_ref(model_name, offline=True))
+    model_id, filename = os.path.split(open_clip.get_pretrained_cfg(model_name, pretrained).get("hf_hub", ""))
+    if not model_id:
+        raise FileNotFoundError(f"open_clip {model_name}:{pretrained} has no Hugging Face hub weights to look up")
+    filename = filename or "open_clip_pytorch_model.bin"
+    for candidate in (str(Path(filename).with_suffix(".safetensors")), filename):  # open_clip prefers safetensors
+        with contextlib.suppress(Exception):
+            return open_clip.create_model(model_name, pretrained=hf_hub_download(model_id, candidate,
+                                                                                 local_files_only=True))
+    raise FileNotFoundError(f"{model_id}/{filename} is not in the Hugging Face cache")
 
 
 def _needs_hub(model_name: str, pretrained: str | None) -> bool:
@@ -319,12 +352,12 @@ def _create_open_clip(model_name: str, pretrained: str | None, label: str) -> nn
 
     if not _needs_hub(model_name, pretrained):
         return open_clip.create_model(model_name, pretrained=pretrained)
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _hub_reachable()
-    ctx = _hf_offline() if offline else contextlib.nullcontext()
+    offline = hub_offline()
     try:
-        with ctx:
-            return open_clip.create_model(model_name, pretrained=pretrained)
-    except Exception as e:  # noqa: BLE001 — any hub/cache failure is reported the same way
+        if offline:
+            return _cached_open_clip(model_name, pretrained)
+        return open_clip.create_model(model_name, pretrained=pretrained)
+    except Exception as e:
         where = f"{HUB_HOST} is unreachable and the weights are not cached" if offline else str(e)
         raise BackboneUnavailable(
             f"cannot load backbone {label!r}: {where}. "
@@ -341,7 +374,7 @@ def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.de
 
     visual = model.visual
     if not isinstance(visual, VisionTransformer):
-        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")
+        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")  # noqa: TRY004 — user input error; jobs report ValueError
     size = visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else int(size)
     patch = visual.patch_size
@@ -410,7 +443,7 @@ def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone
         return bb
     state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a state dict")
+        raise ValueError(f"{path}: not a state dict")  # noqa: TRY004 — user input error
     state = {k.removeprefix("module."): v for k, v in state.items()}
     import open_clip
 
@@ -422,9 +455,12 @@ def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone
 # ---------------------------------------------------------------- registry
 
 def _build(name: str, device: torch.device, pretrained: bool, layer: str | None = None) -> Backbone:
-    if name in (OFFLINE_DEFAULT, LITE0_TIMM):
+    name = canonical_name(name)
+    if name == LITE0_TIMM:
         return _efficientnet_lite0(device, pretrained, layer)
-    if name in ("dermlip", DERMLIP_HUB, f"open_clip:{DERMLIP_HUB}"):
+    if name.startswith("timm:"):
+        raise ValueError(f"unknown backbone {name!r}: of timm's models only {LITE0_TIMM} ships offline weights here")
+    if name == DERMLIP_HUB:
         if pretrained:
             model = _create_open_clip(DERMLIP_HUB, None, name)
             return _open_clip_backbone(model, "dermlip", "open_clip:ViT-B-16", device, layer, "hub-dermlip")
@@ -434,6 +470,11 @@ def _build(name: str, device: torch.device, pretrained: bool, layer: str | None 
         return _open_clip_backbone(model, "dermlip:random", "open_clip:ViT-B-16", device, layer)
     if name.startswith("open_clip:"):
         return _open_clip_named(name, device, layer)
+    if name.startswith("hf-hub:"):
+        if not pretrained:
+            raise ValueError(f"{name}: random weights need a known architecture; use open_clip:<model>")
+        model = _create_open_clip(name, None, name)
+        return _open_clip_backbone(model, name, f"open_clip:{name}", device, layer, f"hub-{_safe_tag(name[7:])}")
     path = Path(name)
     if path.suffix in (".pt", ".pth"):
         if not path.is_file():

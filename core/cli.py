@@ -1,0 +1,140 @@
+"""One command-line vocabulary for every job (``python -m core.<job>``) and benchmark.
+
+Spellings (each helper adds one option with its canonical help; ``**kw`` overrides help/default):
+
+=================  =========================================================================
+``--workspace``    workspace folder (default ``$TRIDERM_WORKSPACE`` or ``./workspace``)
+``--seed``         one integer seed
+``--seeds``        a list of seeds (``--seeds 0 1 2``)
+``--n-seeds``      a count of seeds (seeds ``0 … N−1``)
+``--device``       ``auto`` (CUDA when available), ``cpu`` or ``cuda``; resolved and fixed for the process
+``--batch-size``   items (or patients, for SLIMP) per optimiser step
+``--epochs``       training epochs
+``--lr``           learning rate
+``--lambda``       λ, a loss-mixing weight (dest ``lam``)
+``--crop-size``    crop side in px
+=================  =========================================================================
+
+Old spellings stay accepted for one release through :func:`deprecated`: hidden from ``--help``,
+they store into the new option and print a ``FutureWarning`` naming the new spelling (a
+FutureWarning, not a DeprecationWarning, because it is meant for the person at the terminal).
+:func:`parse_args` parses and fixes the process's device (:func:`core.runtime.use_device`).
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from core.runtime import DEVICES, use_device
+
+__all__ = ["DEVICES", "add_batch_size", "add_crop_size", "add_device", "add_epochs", "add_lambda", "add_lr",
+           "add_n_seeds", "add_seed", "add_seeds", "add_workspace", "deprecated", "parse_args"]
+
+WORKSPACE_HELP = "workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)"
+
+Parser = argparse.ArgumentParser | argparse._ArgumentGroup
+
+
+def _add(parser: Parser, flag: str, defaults: dict[str, Any], kw: dict[str, Any]) -> argparse.Action:
+    return parser.add_argument(flag, **{**defaults, **kw})
+
+
+def add_workspace(parser: Parser, **kw: Any) -> argparse.Action:
+    """``--workspace PATH``."""
+    return _add(parser, "--workspace", {"default": None, "help": WORKSPACE_HELP}, kw)
+
+
+def add_seed(parser: Parser, default: int | None = 0, **kw: Any) -> argparse.Action:
+    """``--seed N``: one integer seed."""
+    return _add(parser, "--seed", {"type": int, "default": default, "help": "random seed"}, kw)
+
+
+def add_seeds(parser: Parser, default: Sequence[int] | None = (0, 1, 2), **kw: Any) -> argparse.Action:
+    """``--seeds N [N …]``: a list of seeds (stored as a list)."""
+    help_ = "seeds, a list" + (f" (default: {' '.join(map(str, default))})" if default else "")
+    return _add(parser, "--seeds", {"type": int, "nargs": "+", "metavar": "SEED",
+                                    "default": None if default is None else list(default), "help": help_}, kw)
+
+
+def add_n_seeds(parser: Parser, default: int | None = 3, **kw: Any) -> argparse.Action:
+    """``--n-seeds N``: a count of seeds (0 … N−1)."""
+    return _add(parser, "--n-seeds", {"type": _positive, "default": default, "metavar": "N",
+                                      "help": f"number of seeds 0 … N−1 (default: {default})"}, kw)
+
+
+def add_device(parser: Parser, **kw: Any) -> argparse.Action:
+    """``--device {auto,cpu,cuda}``; :func:`parse_args` resolves it to ``"cpu"``/``"cuda"`` for the process."""
+    return _add(parser, "--device", {"choices": DEVICES, "default": "auto",
+                                     "help": "auto (CUDA when available), cpu or cuda (default: auto)"}, kw)
+
+
+def add_batch_size(parser: Parser, default: int | None, **kw: Any) -> argparse.Action:
+    """``--batch-size N``."""
+    return _add(parser, "--batch-size", {"type": int, "default": default, "help": f"batch size (default: {default})"}, kw)
+
+
+def add_epochs(parser: Parser, default: int | None, **kw: Any) -> argparse.Action:
+    """``--epochs N``."""
+    return _add(parser, "--epochs", {"type": int, "default": default, "help": f"training epochs (default: {default})"}, kw)
+
+
+def add_lr(parser: Parser, default: float | None, **kw: Any) -> argparse.Action:
+    """``--lr X``."""
+    return _add(parser, "--lr", {"type": float, "default": default, "help": f"learning rate (default: {default})"}, kw)
+
+
+def add_lambda(parser: Parser, default: float | None, **kw: Any) -> argparse.Action:
+    """``--lambda X`` (dest ``lam``)."""
+    return _add(parser, "--lambda", {"dest": "lam", "type": float, "default": default, "metavar": "λ",
+                                     "help": f"λ, a loss-mixing weight (default: {default})"}, kw)
+
+
+def add_crop_size(parser: Parser, default: int | None, **kw: Any) -> argparse.Action:
+    """``--crop-size PX``."""
+    return _add(parser, "--crop-size", {"type": int, "default": default, "metavar": "PX",
+                                        "help": f"crop side in px (default: {default})"}, kw)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling: stores into the new option's ``dest`` and warns once per use."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        warnings.warn(f"{option_string} is deprecated and will be removed in the next release; use {self.new}",
+                      FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
+def deprecated(parser: Parser, old: str, new: argparse.Action) -> argparse.Action:
+    """Accept ``old`` (hidden from ``--help``) as a deprecated spelling of the option ``new``
+    (the action :func:`add_*` or ``add_argument`` returned): same type, nargs, choices and dest."""
+    return parser.add_argument(old, action=_Deprecated, new=new.option_strings[0], dest=new.dest, type=new.type,
+                               nargs=new.nargs, choices=new.choices, default=argparse.SUPPRESS,
+                               metavar=new.metavar, help=argparse.SUPPRESS)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; a ``--device`` is resolved (``auto`` → ``"cuda"`` or ``"cpu"``) and
+    fixed for the whole process; a ``cuda`` request without CUDA exits through ``parser.error``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FutureWarning)  # every deprecated spelling is reported, even twice
+        args = parser.parse_args(argv)
+    if isinstance(getattr(args, "device", None), str):
+        try:
+            args.device = str(use_device(args.device))  # "cpu" or "cuda": JSON-safe in run configs
+        except ValueError as e:
+            parser.error(str(e))
+    return args
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
