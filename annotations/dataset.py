@@ -237,7 +237,6 @@ def import_dataset(ws: Workspace, root: str | Path, keep_metadata: bool = False)
             ws.save_mask(img.image_id, img.labels)
     if (plan.root / "truth").is_dir():
         shutil.copytree(plan.root / "truth", ws.truth_dir, dirs_exist_ok=True)
-    new_triplets = 0
     with store.transaction():
         for pid, meta in plan.patients.items():
             store.upsert_patient(pid, meta)
@@ -251,12 +250,9 @@ def import_dataset(ws: Workspace, root: str | Path, keep_metadata: bool = False)
                     store.delete_wound(img.image_id, index)
         for (image_id, index), w in plan.wounds.items():
             store.upsert_wound(image_id, index, w["area"], w["bbox"], w["description"], w["metadata"])
-        for t in plan.triplets:
-            if t["source"].startswith("expert:"):
-                store.add_annotator(t["source"].split(":", 1)[1])
-            if store.add_triplet(t["anchor"], t["ref_j"], t["ref_k"], t["choice"], t["source"],
-                                 latency_ms=t["latency_ms"], rep=t["rep"], created=t["created"]):
-                new_triplets += 1
+        for name in sorted({t["source"].split(":", 1)[1] for t in plan.triplets if t["source"].startswith("expert:")}):
+            store.add_annotator(name)
+        new_triplets = store.add_triplets(plan.triplets)
         if "name" in plan.info:
             store.set_meta("dataset_name", plan.info["name"])
         if "synthetic" in plan.info:

@@ -7,10 +7,11 @@ every insert idempotent: a re-import or a double click never duplicates a row.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,18 @@ ALTER TABLE runs ADD COLUMN pid_created REAL;
 ALTER TABLE runs ADD COLUMN heartbeat TEXT;
 """
 
+# scale: child-key indexes so deleting a photo does not scan a million judgments per reference
+# (ON DELETE CASCADE looks triplets up by anchor, ref_j and ref_k), the patient lookup of photos,
+# and the scheduler's per-annotator, per-anchor lookup (source, anchor) is the UNIQUE key's prefix.
+_SCHEMA_SCALE = """
+CREATE INDEX IF NOT EXISTS triplets_anchor ON triplets (anchor);
+CREATE INDEX IF NOT EXISTS triplets_ref_j ON triplets (ref_j);
+CREATE INDEX IF NOT EXISTS triplets_ref_k ON triplets (ref_k);
+CREATE INDEX IF NOT EXISTS images_patient ON images (patient_id);
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS]
+MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_SCALE]
 
 
 def now() -> str:
@@ -297,6 +308,29 @@ class Store:
             " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [anchor, ref_j, ref_k, choice, source, int(rep), latency_ms, created or now()])
         return cur.lastrowid if cur.rowcount == 1 else None
+
+    def add_triplets(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Store many judgments in one transaction (one batched insert); returns how many were new.
+
+        Each row holds ``anchor``, ``ref_j``, ``ref_k``, ``choice``, ``source`` and optionally
+        ``latency_ms``, ``rep``, ``created``. A bad row raises ValueError naming its index, and
+        nothing is stored. Inside an open :meth:`transaction` it joins that transaction."""
+        stamp = now()
+        params = []
+        for i, t in enumerate(rows):
+            if t["choice"] not in CHOICES:
+                raise ValueError(f"triplet row {i}: choice must be one of {CHOICES}, got {t['choice']!r}")
+            if len({t["anchor"], t["ref_j"], t["ref_k"]}) != 3:
+                raise ValueError(f"triplet row {i}: a triplet needs three different images, got "
+                                 f"{t['anchor']}, {t['ref_j']}, {t['ref_k']}")
+            params.append((t["anchor"], t["ref_j"], t["ref_k"], t["choice"], t["source"], int(t.get("rep") or 0),
+                           t.get("latency_ms"), t.get("created") or stamp))
+        conn = self.db.conn
+        with contextlib.nullcontext() if conn.in_transaction else self.transaction():
+            before = conn.total_changes
+            conn.executemany("INSERT OR IGNORE INTO triplets (anchor, ref_j, ref_k, choice, source, rep, latency_ms,"
+                             " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", params)
+            return conn.total_changes - before
 
     def delete_triplet(self, triplet_id: int) -> None:
         self.db.execute("DELETE FROM triplets WHERE id = ?", [int(triplet_id)])
