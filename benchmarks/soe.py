@@ -116,7 +116,7 @@ def cblearn_fit(train: np.ndarray, n: int, backend: str, seed: int, max_iter: in
 
 
 SCALE_N, SCALE_DIM, SCALE_TRAIN, SCALE_HELD, SCALE_TAU = 10_000, 8, 10_000_000, 100_000, 2.0
-SCALE_EPOCHS = 300
+SCALE_EPOCHS = 400
 CBLEARN_TRIPLETS = 1_000_000
 CBLEARN_SCRIPT = """
 import json, sys, time
