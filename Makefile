@@ -39,7 +39,7 @@ results: install
 
 # The fast tests against the declared minimum versions: a separate venv where every ">=X" of
 # pyproject.toml is installed as "==X" (scripts/min_constraints.py writes the pip constraints).
-# torch/torchvision are exempt: MIN_TORCH is installed first as given (default: what pip picks).
+# torch/torchvision are exempt: MIN_TORCH, a matching pair, is installed first (default: the pair pip picks).
 MIN_VENV ?= .venv-min
 MIN_PY := $(MIN_VENV)/bin/python
 MIN_TORCH ?= torch torchvision

@@ -7,7 +7,7 @@ Spellings (each helper adds one option with its canonical help; ``**kw`` overrid
 ``--seed``         one integer seed
 ``--seeds``        a list of seeds (``--seeds 0 1 2``)
 ``--n-seeds``      a count of seeds (seeds ``0 … N−1``)
-``--device``       ``auto`` (CUDA when available), ``cpu`` or ``cuda``; resolved and fixed for the process
+``--device``       ``auto`` (CUDA when available), ``cpu`` or ``cuda``; one device for the whole job
 ``--batch-size``   items (or patients, for SLIMP) per optimiser step
 ``--epochs``       training epochs
 ``--lr``           learning rate
@@ -18,7 +18,8 @@ Spellings (each helper adds one option with its canonical help; ``**kw`` overrid
 Old spellings stay accepted for one release through :func:`deprecated`: hidden from ``--help``,
 they store into the new option and print a ``FutureWarning`` naming the new spelling (a
 FutureWarning, not a DeprecationWarning, because it is meant for the person at the terminal).
-:func:`parse_args` parses and fixes the process's device (:func:`core.runtime.use_device`).
+:func:`parse_args` parses and sets the process's device (:func:`core.runtime.use_device`), so every
+``core.runtime.pick_device()`` of the job returns the same one.
 """
 from __future__ import annotations
 

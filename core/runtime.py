@@ -56,11 +56,13 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
 
 
 def use_device(spec: str | torch.device | None) -> torch.device:
-    """Fix the process's device (a job's ``--device``): every later :func:`pick_device` returns it,
-    so one job never mixes devices."""
+    """Set the process's device (a job's ``--device``) and return it: after ``cpu``/``cuda`` every
+    :func:`pick_device` returns that device, so one job never mixes devices; ``auto``/``None``
+    clears the choice (``pick_device`` then takes CUDA when available, the same for the whole job)."""
     global _chosen_device
-    _chosen_device = resolve_device(spec)
-    return _chosen_device
+    device = resolve_device(spec)
+    _chosen_device = None if spec is None or str(spec) == "auto" else device
+    return device
 
 
 def pick_device() -> torch.device:

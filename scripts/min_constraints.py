@@ -16,22 +16,30 @@ from pathlib import Path
 import tomllib
 
 EXEMPT = {"torch", "torchvision"}
+# Caps the floors themselves need: pyarrow >= 20 refuses NumPy < 2 at import (see numpy in pyproject.toml)
+EXTRA = ["pyarrow<20"]
 FLOOR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)$")
 
 
 def floors(pyproject: Path) -> list[str]:
-    """``name==floor`` for every dependency (and the test extra) declared with ``>=floor``."""
+    """``name==floor`` for every dependency (and the test extra) declared with ``>=floor``; a name
+    declared twice gets the higher floor."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
-    out = []
+    out: dict[str, str] = {}
     for spec in [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]:
         match = FLOOR.match(spec)
         if match is None:
             raise ValueError(f"{pyproject}: cannot read the requirement {spec!r}")
         name, rest = match.groups()
         lower = re.search(r">=\s*([^,;\s]+)", rest)
-        if name.lower() not in EXEMPT and lower:
-            out.append(f"{name}=={lower.group(1)}")
-    return out
+        key = name.lower().replace("_", "-")
+        if key not in EXEMPT and lower and _version(lower.group(1)) > _version(out.get(key, "0")):
+            out[key] = lower.group(1)
+    return [f"{name}=={version}" for name, version in out.items()] + EXTRA
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ class ConceptTagger:
             out[name] = max(out.get(name, -1), value)
         return out
 
-    def labels(self, descriptions: Sequence[str]) -> tuple[list[str], "list[list[int]]"]:
+    def labels(self, descriptions: Sequence[str]) -> tuple[list[str], list[list[int]]]:
         """Label matrix rows = descriptions, columns = concept names: 1, 0 (negated) or −1 (unknown)."""
         names = [c.name for c in self.concepts]
         rows = []
