@@ -186,14 +186,18 @@ def run_scale(args: argparse.Namespace, argv: list[str] | None) -> int:
         return {"emb": soe.embedding_, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                 "load": load, "rss": peak_rss_mib(), "device": str(pick_device())}
 
+    def report(row: dict[str, Any]) -> None:
+        acc = 100 * float((triplet_margins(row["emb"], held) > 0).mean())
+        print(f"  measured {row['method']}: {row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU, "
+              f"held-out {acc:.2f}%", flush=True)
+
     rows: list[dict[str, Any]] = []
-    r = ours(train, SCALE_EPOCHS)
-    rows.append({"method": f"this SOE, {len(train):,} triplets (sampled steps, {SCALE_EPOCHS} epochs)", **r})
-    print(f"  measured {rows[-1]['method']}: {r['wall_s']:.1f} s", flush=True)
+    rows.append({"method": f"this SOE, {len(train):,} triplets (sampled steps, {SCALE_EPOCHS} epochs)",
+                 **ours(train, SCALE_EPOCHS)})
+    report(rows[-1])
     sub = train[:CBLEARN_TRIPLETS]
-    r = ours(sub, 100)
-    rows.append({"method": f"this SOE, {len(sub):,} triplets (full batch, 100 steps)", **r})
-    print(f"  measured {rows[-1]['method']}: {r['wall_s']:.1f} s", flush=True)
+    rows.append({"method": f"this SOE, {len(sub):,} triplets (full batch, 100 steps)", **ours(sub, 100)})
+    report(rows[-1])
     notes = []
     if args.cblearn_python:
         with tempfile.TemporaryDirectory() as tmp:
@@ -208,7 +212,7 @@ def run_scale(args: argparse.Namespace, argv: list[str] | None) -> int:
             timing = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append({"method": f"cblearn 0.4 SOE, scipy backend, {len(sub):,} triplets", "emb":
                          np.load(Path(tmp) / "emb.npy"), "load": load, "rss": None, "device": "cpu", **timing})
-        print(f"  measured {rows[-1]['method']}: {rows[-1]['wall_s']:.1f} s", flush=True)
+        report(rows[-1])
     else:
         notes.append("cblearn row left out: no --cblearn-python given (cblearn 0.4 needs numpy 1.26).")
     table_rows = []
