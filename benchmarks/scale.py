@@ -1,6 +1,10 @@
 """How each part grows with the study: phantom studies of N photos, timed stage by stage.
 
     python -m benchmarks.scale [--sizes 100 1000] [--full] [--seed 0]
+    python -m benchmarks.scale --scheduler 1000 1000000
+
+``--scheduler N M`` times only the scheduler: a store of N photo rows holding M judgments (10 %
+from ten expert annotators, the rest from an LLM), 40 draws by one of those annotators.
 
 For each N (default 100 and 1,000; ``--full`` adds 10,000), SYNTHETIC phantom data:
 
@@ -103,6 +107,40 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     return out
 
 
+def scheduler_latency(n: int, m: int, root: Path, seed: int, draws: int = 40) -> dict[str, float]:
+    """``TripletScheduler.next`` wall and CPU ms with ``m`` judgments stored over ``n`` photos."""
+    from annotations.scheduler import TripletScheduler
+    from annotations.workspace import Workspace
+
+    ws = Workspace(root / "ws")
+    ids = [f"P{i:06d}" for i in range(n)]
+    with ws.store.transaction():
+        for i in ids:
+            ws.store.upsert_image(i, f"{i}.png", "0" * 64, 64, 64)
+    rng = np.random.default_rng(seed)
+    t0, stored = time.perf_counter(), 0
+    for start in range(0, m, 200_000):  # batches keep memory bounded
+        t = rng.integers(0, n, (min(200_000, m - start), 3))
+        t = t[(t[:, 0] != t[:, 1]) & (t[:, 0] != t[:, 2]) & (t[:, 1] != t[:, 2])]
+        stored += ws.store.add_triplets(
+            {"anchor": ids[a], "ref_j": ids[j], "ref_k": ids[k], "choice": "j",
+             "source": f"expert:a{(start + r) % 10}" if start + r < m // 10 else "llm:scale"}
+            for r, (a, j, k) in enumerate(t.tolist()))
+    insert_s = time.perf_counter() - t0
+    sched = TripletScheduler(ws, "a0", seed=seed)
+    wall, cpu = [], []
+    for _ in range(draws):
+        t0, c0 = time.perf_counter(), time.process_time()
+        question = sched.next()
+        wall.append(1000 * (time.perf_counter() - t0))
+        cpu.append(1000 * (time.process_time() - c0))
+        sched.answer(question, "j")
+    ws.store.close()
+    return {"stored": stored, "insert s": insert_s, "wall median": float(np.median(wall)),
+            "wall p95": float(np.percentile(wall, 95)), "wall max": max(wall), "cpu median": float(np.median(cpu)),
+            "cpu p95": float(np.percentile(cpu, 95)), "cpu max": max(cpu)}
+
+
 def growth(sizes: list[int], values: list[float]) -> float | None:
     """Slope of log value vs log N between the two largest sizes."""
     if len(sizes) < 2 or min(values[-2:]) <= 0:
@@ -115,7 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="study sizes N (photos)")
     parser.add_argument("--full", action="store_true", help="add N = 10,000")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scheduler", type=int, nargs=2, metavar=("N", "M"),
+                        help="only the scheduler: N photos, M judgments stored")
     args = parser.parse_args(argv)
+    if args.scheduler:
+        n, m = args.scheduler
+        if n < 3 or m < 0:
+            parser.error(f"--scheduler needs N ≥ 3 photos and M ≥ 0 judgments, got {n} {m}")
+        load = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            r = scheduler_latency(n, m, Path(tmp), args.seed)
+        print(f"{r['stored']:,} judgments over {n:,} photos stored in {r['insert s']:.1f} s (batched); "
+              f"next(): wall median {r['wall median']:.1f} ms, p95 {r['wall p95']:.1f}, max {r['wall max']:.1f}; "
+              f"CPU median {r['cpu median']:.1f} ms, p95 {r['cpu p95']:.1f}, max {r['cpu max']:.1f} "
+              f"(load average before: {load:.1f})")
+        return 0
     sizes = sorted(set(args.sizes + ([10_000] * args.full)))
     if sizes[0] < 20:
         parser.error(f"--sizes must be ≥ 20 (the feature sample is 16 photos), got {sizes[0]}")
