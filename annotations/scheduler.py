@@ -16,6 +16,10 @@ Every question served is leased in a small SQLite file next to the store
 (``<workspace>/cache/scheduler.sqlite``) inside an ``IMMEDIATE`` transaction, so any number of
 threads, processes or browser tabs drawing at once never hand the same triplet to the same
 annotator twice. Answers go to the store, whose unique key stores each judgment once.
+
+At registry scale (a million judgments stored) a draw reads only this annotator's answers (the
+store's ``(source, …)`` key), counts other annotators' answers in SQL over the ``expert:`` key
+range, and only when a shared question is due, and counts anchor load on an index of the leases.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ CREATE TABLE IF NOT EXISTS served (
     ref_k TEXT NOT NULL,
     served_at REAL NOT NULL,
     PRIMARY KEY (annotator, anchor, ref_a, ref_b, rep)
-)
+);
+CREATE INDEX IF NOT EXISTS served_rep_anchor ON served (rep, anchor)
 """
 
 
@@ -119,6 +124,7 @@ class TripletScheduler:
         self._rng = random.Random(seed)
         self._dist: dict[str, int] = {}
         self._D: np.ndarray | None = None
+        self._shared_ranking: tuple[int, list[tuple]] | None = None  # (others' answer count, ranked keys)
         if distances is not None:
             ids, D = distances
             D = np.asarray(D, dtype=float)
@@ -129,7 +135,8 @@ class TripletScheduler:
         ws.store.add_annotator(self.annotator)
         self.lease_path = Path(ws.cache_dir) / "scheduler.sqlite"
         with self._connect() as con:
-            con.execute(_SCHEMA)
+            for statement in _SCHEMA.split(";"):
+                con.execute(statement)
 
     # -- leases -------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -149,7 +156,7 @@ class TripletScheduler:
     # -- drawing ------------------------------------------------------------------------
     def next(self) -> Question | None:
         """Lease and return the next question, or None when every triplet has been served."""
-        image_ids = [im["image_id"] for im in self.ws.store.images()]
+        image_ids = [r[0] for r in self.ws.store.db.execute("SELECT image_id FROM images ORDER BY image_id")]
         if len(image_ids) < 3:
             return None
         con = self._connect()
@@ -179,19 +186,19 @@ class TripletScheduler:
         seen = {(r[0], r[1], r[2]) for r in mine}
         repeated = {(r[0], r[1], r[2]) for r in mine if r[3] > 0}
         kinds = Counter(r[4] for r in mine)
-        expert = self.ws.store.expert_triplets()
-        for row in expert:  # answers imported or given outside the scheduler count as seen
-            if row["source"] == self.source:
-                seen.add(triplet_key(row["anchor"], row["ref_j"], row["ref_k"]))
+        answered = self.ws.store.db.execute(
+            "SELECT anchor, ref_j, ref_k, rep, choice FROM triplets WHERE source = ?", [self.source]).fetchall()
+        # answers imported or given outside the scheduler count as seen
+        seen.update((a, j, k) if j < k else (a, k, j) for a, j, k, _, _ in answered)
         total = len(mine)
         now = time.time()
 
         if kinds["repeat"] < self.repeat_share * total:
-            question = self._repeat(mine, expert, repeated, now)
+            question = self._repeat(mine, answered, repeated, now)
             if question is not None:
                 return question
         if kinds["shared"] < self.shared_share * total:
-            question = self._shared(expert, seen, now)
+            question = self._shared(seen, now)
             if question is not None:
                 return question
         return self._new(con, image_ids, seen, now)
@@ -204,33 +211,38 @@ class TripletScheduler:
             j, k = (a, b) if self._rng.random() < 0.5 else (b, a)
         return Question(anchor, j, k, rep, kind, now)
 
-    def _repeat(self, mine: list, expert: list[dict], repeated: set, now: float) -> Question | None:
+    def _repeat(self, mine: list, answered: list[tuple], repeated: set, now: float) -> Question | None:
+        """A planned repeat of one of this annotator's answers (rows anchor, ref_j, ref_k, rep, choice)."""
         recent = {(r[0], r[1], r[2]) for r in sorted(mine, key=lambda r: r[5])[-5:]}
-        pool = [
-            row for row in expert
-            if row["source"] == self.source and int(row.get("rep") or 0) == 0 and row["choice"] != "skip"
-            and triplet_key(row["anchor"], row["ref_j"], row["ref_k"]) not in repeated | recent
-        ]
+        excluded = repeated | recent
+        pool = [row for row in answered if not row[3] and row[4] != "skip"
+                and triplet_key(row[0], row[1], row[2]) not in excluded]
         if not pool:
             return None
-        row = self._rng.choice(pool)
-        anchor, a, b = triplet_key(row["anchor"], row["ref_j"], row["ref_k"])
-        return self._orient(anchor, a, b, 1, "repeat", now, swap_of=(row["ref_j"], row["ref_k"]))
+        anchor, ref_j, ref_k = self._rng.choice(pool)[:3]
+        anchor, a, b = triplet_key(anchor, ref_j, ref_k)
+        return self._orient(anchor, a, b, 1, "repeat", now, swap_of=(ref_j, ref_k))
 
-    def _shared(self, expert: list[dict], seen: set, now: float) -> Question | None:
-        counts = Counter(
-            triplet_key(r["anchor"], r["ref_j"], r["ref_k"]) for r in expert
-            if r["source"] != self.source and int(r.get("rep") or 0) == 0 and r["choice"] != "skip"
-        )
-        pool = [key for key in counts if key not in seen]
-        if not pool:
-            return None
-        best = max(counts[k] for k in pool)  # most-shared first: κ needs items in common
-        anchor, a, b = self._rng.choice(sorted(k for k in pool if counts[k] == best))
-        return self._orient(anchor, a, b, 0, "shared", now)
+    def _shared(self, seen: set, now: float) -> Question | None:
+        """A triplet other annotators answered, most-shared first (κ needs items in common), ties in
+        a seeded random order. The ranking is counted in SQL once and reused until the number of
+        other annotators' answers changes (two index counts per draw)."""
+        db = self.ws.store.db
+        others = (db.execute("SELECT count(*) FROM triplets WHERE source >= 'expert:' AND source < 'expert;'")
+                  .fetchone()[0] - db.execute("SELECT count(*) FROM triplets WHERE source = ?", [self.source]).fetchone()[0])
+        if self._shared_ranking is None or self._shared_ranking[0] != others:
+            salt = self._rng.randrange(1, 2**31 - 1)
+            self._shared_ranking = (others, db.execute(
+                "SELECT anchor, min(ref_j, ref_k), max(ref_j, ref_k), count(*) AS n, min(id) AS first FROM triplets"
+                " WHERE source >= 'expert:' AND source < 'expert;' AND source <> ? AND rep = 0 AND choice <> 'skip'"
+                " GROUP BY 1, 2, 3 ORDER BY n DESC, (first * ?) % 2147483647", [self.source, salt]).fetchall())
+        for anchor, a, b, _, _ in self._shared_ranking[1]:
+            if (anchor, a, b) not in seen:
+                return self._orient(anchor, a, b, 0, "shared", now)
+        return None
 
     def _new(self, con: sqlite3.Connection, image_ids: list[str], seen: set, now: float) -> Question | None:
-        load = Counter(r[0] for r in con.execute("SELECT anchor FROM served WHERE rep = 0"))
+        load = Counter(dict(con.execute("SELECT anchor, count(*) FROM served WHERE rep = 0 GROUP BY anchor")))
         n_pairs = (len(image_ids) - 1) * (len(image_ids) - 2) // 2
         per_anchor = Counter(k[0] for k in seen)
         anchors = [i for i in image_ids if per_anchor[i] < n_pairs]
@@ -284,7 +296,7 @@ class TripletScheduler:
         if choice not in ("j", "k", "skip"):
             raise ValueError(f"choice must be 'j', 'k' or 'skip', got {choice!r}")
         answered_at = time.time() if answered_at is None else answered_at
-        latency_ms = max(0, int(round((answered_at - question.served_at) * 1000)))
+        latency_ms = max(0, round((answered_at - question.served_at) * 1000))
         return self.ws.store.add_triplet(
             question.anchor, question.ref_j, question.ref_k, choice, self.source,
             latency_ms=latency_ms, rep=question.rep, actor=actor,

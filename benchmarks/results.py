@@ -42,6 +42,7 @@ SECTIONS: dict[str, str] = {
     "real_vision_medetec": "python -m benchmarks.real_vision --data ../shared/data/medetec --section real_vision_medetec",
     "train_triderm": "python -m benchmarks.train_triderm",
     "soe": "python -m benchmarks.soe",
+    "soe_scale": "python -m benchmarks.soe --scale",
     "active": "python -m benchmarks.active",
     "ablation": ("d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && python -m core.phantoms --out $d/data --seed 0"
                  " && python -m annotations import $d/data --workspace $d/ws"

@@ -1,8 +1,19 @@
 """SOE speed and accuracy: this repo's SOE vs cblearn's SOE (scipy and torch backends).
 
     python -m benchmarks.soe [--workspace WS] [--seed 0] [--repeats 3] [--torch-cap-s 300] [--quick]
+    python -m benchmarks.soe --scale [--cblearn-python PY] [--seed 0]
 
-Writes ``results/soe.json`` (:mod:`benchmarks.results`).
+Writes ``results/soe.json`` (``--scale``: ``results/soe_scale.json``; :mod:`benchmarks.results`).
+
+``--scale`` (SYNTHETIC, planted): 10,000 objects at random positions in dimension 8; 10,000,000
+training and 100,000 held-out triplets over uniformly drawn distinct (i, j, k), each answered
+"j closer" with probability σ((‖x_i − x_k‖² − ‖x_i − x_j‖²) / τ), τ = 2 (Bradley–Terry noise on
+squared distances). The planted positions' held-out accuracy is the ceiling. Columns: wall and CPU
+time of the fit, peak resident memory of the process (``resource.getrusage``; it includes the data),
+held-out accuracy and its gap to the ceiling, and the Spearman correlation between embedding and
+planted distances over 200,000 random pairs. cblearn's reference row is fitted on the first
+1,000,000 training triplets (its scipy backend, the faster one on CPU) in a separate interpreter
+(``--cblearn-python``: cblearn 0.4 pins numpy 1.26, which the project's environment cannot take).
 
 Data (SYNTHETIC): the phantom demo's 53 photos; every (anchor, unordered pair) question
 (53·C(52,2) = 70,278) in a seeded random order, answered by the phantom oracle (the
@@ -27,14 +38,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
+import resource
+import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+import torch
 
 from annotations.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
@@ -42,6 +58,7 @@ from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.phantoms import PhantomTruth, load_truth
+from core.runtime import pick_device
 from core.text.llm import PhantomOracle, Question
 from core.text.queries import photo_texts
 from core.text.sampling import n_questions, uniform_order
@@ -98,6 +115,129 @@ def cblearn_fit(train: np.ndarray, n: int, backend: str, seed: int, max_iter: in
                  device="cpu").fit(train, n_objects=n).embedding_
 
 
+SCALE_N, SCALE_DIM, SCALE_TRAIN, SCALE_HELD, SCALE_TAU = 10_000, 8, 10_000_000, 100_000, 2.0
+SCALE_EPOCHS = 400
+CBLEARN_TRIPLETS = 1_000_000
+CBLEARN_SCRIPT = """
+import json, sys, time
+import numpy as np
+from cblearn.embedding import SOE
+data = np.load(sys.argv[1])
+t0, c0 = time.perf_counter(), time.process_time()
+emb = SOE(n_components=int(sys.argv[2]), n_init=1, backend="scipy", random_state=int(sys.argv[3]),
+          max_iter=1000).fit(data["train"], n_objects=int(data["n"])).embedding_
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+np.save(sys.argv[4], emb)
+print(json.dumps({"wall_s": wall, "cpu_s": cpu}))
+"""
+
+
+def planted_triplets(n: int, dim: int, m: int, tau: float, seed: int,
+                     chunk: int = 1_000_000) -> tuple[np.ndarray, np.ndarray]:
+    """(planted positions n × dim, m × 3 int32 triplets answered with Bradley–Terry noise), in chunks."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    out = np.empty((m, 3), dtype=np.int32)
+    for start in range(0, m, chunk):
+        k = min(chunk, m - start)
+        t = rng.integers(0, n, size=(k, 3), dtype=np.int32)
+        t[:, 1] = (t[:, 0] + rng.integers(1, n, size=k)) % n  # j ≠ i
+        t[:, 2] = (t[:, 0] + rng.integers(1, n - 1, size=k)) % n  # k ≠ i, then ≠ j below
+        t[:, 2] = np.where(t[:, 2] == t[:, 1], (t[:, 0] + n - 1) % n, t[:, 2])
+        d_ij = ((x[t[:, 0]] - x[t[:, 1]]) ** 2).sum(1)
+        d_ik = ((x[t[:, 0]] - x[t[:, 2]]) ** 2).sum(1)
+        swap = rng.random(k) >= 1 / (1 + np.exp(-(d_ik - d_ij) / tau))
+        t[swap, 1], t[swap, 2] = t[swap, 2], t[swap, 1].copy()
+        out[start:start + k] = t
+    return x, out
+
+
+def rank_correlation(emb: np.ndarray, truth: np.ndarray, pairs: int, seed: int) -> float:
+    """Spearman correlation of embedding vs planted distances over random pairs of distinct objects."""
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(seed)
+    n = len(truth)
+    i = rng.integers(0, n, pairs)
+    j = (i + rng.integers(1, n, pairs)) % n
+    return float(spearmanr(np.linalg.norm(emb[i] - emb[j], axis=1), np.linalg.norm(truth[i] - truth[j], axis=1))[0])
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_scale(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """The registry-scale row (module doc, ``--scale``)."""
+    t_start = time.perf_counter()
+    n, dim = SCALE_N, SCALE_DIM
+    x, triplets = planted_triplets(n, dim, SCALE_TRAIN + SCALE_HELD, SCALE_TAU, args.seed)
+    train, held = triplets[:SCALE_TRAIN], triplets[SCALE_TRAIN:]
+    ceiling = 100 * float((triplet_margins(x, held) > 0).mean())
+    rss_data = peak_rss_mib()
+    print(f"planted: {n} objects, dim {dim}, {len(train):,} training / {len(held):,} held-out triplets; "
+          f"ceiling {ceiling:.2f}%; peak RSS after generating {rss_data:.0f} MiB", flush=True)
+
+    def ours(rows: np.ndarray, epochs: int) -> dict[str, Any]:
+        load = os.getloadavg()[0]
+        t0, c0 = time.perf_counter(), time.process_time()
+        soe = SOE(n_components=dim, epochs=epochs, n_objects=n, random_state=args.seed).fit(rows)
+        return {"emb": soe.embedding_, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                "load": load, "rss": peak_rss_mib(), "device": str(pick_device())}
+
+    def report(row: dict[str, Any]) -> None:
+        acc = 100 * float((triplet_margins(row["emb"], held) > 0).mean())
+        print(f"  measured {row['method']}: {row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU, "
+              f"held-out {acc:.2f}%", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    rows.append({"method": f"this SOE, {len(train):,} triplets (sampled steps, {SCALE_EPOCHS} epochs)",
+                 **ours(train, SCALE_EPOCHS)})
+    report(rows[-1])
+    sub = train[:CBLEARN_TRIPLETS]
+    rows.append({"method": f"this SOE, {len(sub):,} triplets (full batch, 100 steps)", **ours(sub, 100)})
+    report(rows[-1])
+    notes = []
+    if args.cblearn_python:
+        with tempfile.TemporaryDirectory() as tmp:
+            np.savez(Path(tmp) / "data.npz", train=sub, n=n)
+            load = os.getloadavg()[0]
+            proc = subprocess.run([args.cblearn_python, "-c", CBLEARN_SCRIPT, str(Path(tmp) / "data.npz"), str(dim),
+                                   str(args.seed), str(Path(tmp) / "emb.npy")],
+                                  check=False, capture_output=True, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if proc.returncode:
+                raise SystemExit(f"cblearn ({args.cblearn_python}) failed: {proc.stderr.strip()[-2000:]}")
+            timing = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append({"method": f"cblearn 0.4 SOE, scipy backend, {len(sub):,} triplets", "emb":
+                         np.load(Path(tmp) / "emb.npy"), "load": load, "rss": None, "device": "cpu", **timing})
+        report(rows[-1])
+    else:
+        notes.append("cblearn row left out: no --cblearn-python given (cblearn 0.4 needs numpy 1.26).")
+    table_rows = []
+    for row in rows:
+        acc = 100 * float((triplet_margins(row["emb"], held) > 0).mean())
+        table_rows.append([row["method"], row["device"], row["wall_s"], row["cpu_s"], row["load"], row["rss"], acc,
+                           acc - ceiling, rank_correlation(row["emb"], x, 200_000, args.seed)])
+    table_rows.append(["planted positions (the ceiling; not fitted)", None, None, None, None, None, ceiling, 0.0,
+                       1.0])
+    notes.append(f"SYNTHETIC planted triplets, τ = {SCALE_TAU}, seed {args.seed}. Machine shared with other jobs "
+                 f"({os.cpu_count()} cores, torch threads {torch.get_num_threads()}); the load average before each "
+                 f"fit is in its row, so the wall time is an upper bound on an idle machine's. Peak RSS is the "
+                 f"process's high-water mark after the fit (it includes the {rss_data:.0f} MiB reached while "
+                 f"generating the data).")
+    tables = [{"caption": f"SOE at registry scale: {n:,} objects, dim {dim}, held-out {len(held):,} triplets",
+               "columns": ["method", "device", "wall s", "CPU s", "load avg", "peak RSS MiB", "held-out %",
+                           "Δ ceiling pp", "Spearman ρ (distances)"], "rows": table_rows}]
+    print(render_tables(tables))
+    path = write_result("soe_scale", "SOE at registry scale (10⁷ planted triplets, 10⁴ objects)",
+                        command_line("benchmarks.soe", argv), [args.seed], tables, notes=notes, synthetic=True,
+                        seconds=time.perf_counter() - t_start, results_dir=args.results)
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soe", description=__doc__.split("\n\n")[0])
     cli.add_workspace(parser, help="a SYNTHETIC phantom workspace (default: build one)")
@@ -109,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cblearn-torch", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke setting: 1 repeat, no cblearn torch")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file soe.json")
+    parser.add_argument("--scale", action="store_true",
+                        help="registry scale: 10,000,000 planted triplets over 10,000 objects (results/soe_scale.json)")
+    parser.add_argument("--cblearn-python", help="--scale: a Python with cblearn 0.4 for the reference row")
     args = cli.parse_args(parser, argv)
+    if args.scale:
+        return run_scale(args, argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be ≥ 1, got {args.repeats}")
     if args.torch_cap_s <= 0:
@@ -131,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     flip = truth_D[questions[:, 0], questions[:, 1]] > truth_D[questions[:, 0], questions[:, 2]]
     truth_oriented[flip, 1], truth_oriented[flip, 2] = questions[flip, 2], questions[flip, 1]
     ceiling = float((triplet_margins(truth.latent, train) > 0).mean())
-    notes = [f"{n} photos, {n_questions(n)} questions, {len(train)} training / {len(held)} held-out triplets "
-             f"(phantom oracle, no skips), dim 4; the latent truth satisfies {100 * ceiling:.2f}% of the training "
-             f"triplets (the noise ceiling)."]
+    notes = [(f"{n} photos, {n_questions(n)} questions, {len(train)} training / {len(held)} held-out triplets "
+              f"(phantom oracle, no skips), dim 4; the latent truth satisfies {100 * ceiling:.2f}% of the training "
+              f"triplets (the noise ceiling).")]
     print(notes[0])
 
     have_cblearn = importlib.util.find_spec("cblearn") is not None  # the bench extra

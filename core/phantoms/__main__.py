@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Build the SYNTHETIC wound-phantom demo dataset (dataset-folder layout with latent truth/).")
     parser.add_argument("--out", required=True, type=Path, help="dataset folder to write")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--photos", type=int, default=53)
+    parser.add_argument("--photos", "--images", type=int, default=53, help="photos to render (any size; written one at a time)")
     parser.add_argument("--patients", type=int, default=21)
     parser.add_argument("--wounds", type=int, default=120)
     parser.add_argument("--triplets", type=int, default=513)

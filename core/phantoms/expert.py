@@ -43,6 +43,10 @@ def _skip_probability(delta: np.ndarray, sigma: float, skip_scale: float) -> np.
     return np.minimum(skip_scale * np.exp(-0.5 * (delta / sigma) ** 2), 0.5)
 
 
+EXACT_AGREEMENT_MAX = 150  # photos; all_triplets(n) holds n³ indices while it enumerates
+AGREEMENT_SAMPLE = 1_000_000
+
+
 def calibrate_oracle(latent: np.ndarray, target_agreement: float = TARGET_AGREEMENT,
                      target_skip: float = TARGET_SKIP, sample: int = 60000,
                      seed: int = 0) -> tuple[float, float]:
@@ -147,9 +151,13 @@ class PhantomTruth:
 
     def expected_agreement(self, triplets: np.ndarray | None = None, D: np.ndarray | None = None) -> float:
         """Expected agreement with the expert's non-skip answers (over the noise) of the perfect
-        embedding, or of the distance matrix ``D`` (ties count half); all triplets by default."""
+        embedding, or of the distance matrix ``D`` (ties count half); by default over all triplets,
+        or, above ``EXACT_AGREEMENT_MAX`` photos (memory grows as n³), over ``AGREEMENT_SAMPLE``
+        seeded uniform triplets."""
         if triplets is None:
-            triplets = all_triplets(len(self.image_ids))
+            n = len(self.image_ids)
+            triplets = (all_triplets(n) if n <= EXACT_AGREEMENT_MAX
+                        else uniform_triplets(np.random.default_rng([self.seed, 12]), n, AGREEMENT_SAMPLE))
         triplets = np.asarray(triplets)
         delta = _margins(self.latent, triplets)
         keep = 1.0 - _skip_probability(np.abs(delta), self.sigma, self.skip_scale)
@@ -166,6 +174,15 @@ class PhantomTruth:
 def distances(latent: np.ndarray) -> np.ndarray:
     """Euclidean distance matrix of the rows of ``latent``."""
     return cdist(latent, latent)
+
+
+def uniform_triplets(rng: np.random.Generator, n: int, m: int) -> np.ndarray:
+    """``m`` uniform (anchor, j, k) of three distinct photos, drawn with replacement (vectorised)."""
+    a = rng.integers(0, n, m)
+    j = (a + rng.integers(1, n, m)) % n
+    k = (a + rng.integers(1, n - 1, m)) % n  # n − 2 offsets; the one landing on j moves to offset n − 1
+    k = np.where(k == j, (a + n - 1) % n, k)
+    return np.stack([a, j, k], axis=1)
 
 
 def all_triplets(n: int) -> np.ndarray:

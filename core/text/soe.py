@@ -19,6 +19,15 @@ Two protocols share one estimator:
   expectation of the per-epoch resampling), every step is one vectorised pass over all
   triplets, and the positive margin fixes the scale so the hinge keeps pushing
   violated and barely satisfied triplets apart. ``benchmarks/soe.py`` measures both.
+
+At registry scale (more than ``LARGE_TRIPLETS`` triplets, ``batch_size=None``) a full pass per
+step is too slow, so each of the ``epochs`` steps uses ``LARGE_BATCH`` triplets drawn uniformly
+with replacement and importance-weighted by ``w_t · m`` (an unbiased estimate of the same
+anchor-balanced full-batch gradient), with the learning rate cosine-decayed to 0 so the
+stochastic steps settle. Beyond ``DENSE_MAX_OBJECTS`` objects the n×n distance matrix of
+:func:`hinge_sq_loss_and_grad` is replaced by per-triplet gathers
+(:func:`hinge_sq_loss_and_grad_sparse`). Everything runs on the estimator's one device
+(CUDA when present); ``benchmarks/soe.py --scale`` measures 10⁷ triplets over 10⁴ objects.
 """
 from __future__ import annotations
 
@@ -34,6 +43,10 @@ from sklearn.utils.validation import check_is_fitted
 
 from core.eval.distances import pairwise_euclidean
 from core.runtime import pick_device, torch_threads
+
+LARGE_TRIPLETS = 2_000_000  # above this (batch_size=None), each step samples LARGE_BATCH triplets
+LARGE_BATCH = 200_000
+DENSE_MAX_OBJECTS = 2_048  # above this the n×n distance matrix gives way to per-triplet gathers
 
 
 def hinge_sq(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, margin: float) -> torch.Tensor:
@@ -64,6 +77,22 @@ def hinge_sq_loss_and_grad(
     g = g.reshape(n, n)
     s = g + g.T
     grad = 2 * (s.sum(1, keepdim=True) * x - s @ x)
+    return loss, grad
+
+
+def hinge_sq_loss_and_grad_sparse(
+    x: torch.Tensor, t: torch.Tensor, w: torch.Tensor, margin: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same weighted hinge and gradient as :func:`hinge_sq_loss_and_grad`, from per-triplet
+    gathers of the rows of ``t`` (m × 3 indices): memory O(m·d) instead of O(n²)."""
+    a, b, c = t[:, 0], t[:, 1], t[:, 2]
+    u_ab, u_ac = x[a] - x[b], x[a] - x[c]
+    viol = margin + u_ab.pow(2).sum(1) - u_ac.pow(2).sum(1)
+    wa = torch.where(viol > 0, w, torch.zeros((), dtype=w.dtype, device=w.device))
+    loss = (wa * viol).sum()
+    wa2 = (2 * wa).unsqueeze(1)
+    grad = torch.zeros_like(x)
+    grad.index_add_(0, a, (u_ac - u_ab) * -wa2).index_add_(0, b, u_ab * -wa2).index_add_(0, c, u_ac * wa2)
     return loss, grad
 
 
@@ -126,8 +155,9 @@ class SOE(BaseEstimator):
     n_components : embedding dimension (TriDerm: 4).
     margin : hinge margin δ on squared distances (paper: 0; default 0.1, see module doc).
     lr : Adam learning rate (paper: 0.05).
-    batch_size : triplets per step; ``None`` = full batch (exact anchor weights).
-    epochs : passes over the triplets (full batch: optimisation steps).
+    batch_size : triplets per step; ``None`` = full batch (exact anchor weights), or above
+        ``LARGE_TRIPLETS`` triplets ``LARGE_BATCH`` importance-weighted samples per step.
+    epochs : passes over the triplets (full batch and sampled steps: optimisation steps).
     anchor_balanced : weigh every anchor equally (paper: resampled each epoch).
     init_scale : standard deviation of the Gaussian initial embedding (paper: 0.1).
     random_state : int (the same seed gives the same embedding on the same device), a
@@ -240,23 +270,43 @@ class SOE(BaseEstimator):
         """Adam/AMSGrad on the hinge; sets ``embedding_`` and ``loss_curve_``."""
         x = x0.requires_grad_(True)
         t = torch.as_tensor(t_np, device=device)
-        ab = t[:, 0] * n + t[:, 1]
-        ac = t[:, 0] * n + t[:, 2]
         m = len(t_np)
         counts = torch.bincount(t[:, 0], minlength=n).float()
         if self.anchor_balanced:
             w = 1.0 / (counts[t[:, 0]] * (counts > 0).sum())
         else:
             w = torch.full((m,), 1.0 / m, device=device)
+        del counts
+        dense = n <= DENSE_MAX_OBJECTS
+        if dense:
+            ab = t[:, 0] * n + t[:, 1]
+            ac = t[:, 0] * n + t[:, 2]
+
+        def step(idx: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
+            if dense:
+                rows_ab, rows_ac = (ab, ac) if idx is None else (ab[idx], ac[idx])
+                loss, grad = hinge_sq_loss_and_grad(x.detach(), rows_ab, rows_ac, weights, self.margin)
+            else:
+                loss, grad = hinge_sq_loss_and_grad_sparse(x.detach(), t if idx is None else t[idx], weights,
+                                                           self.margin)
+            x.grad = grad
+            opt.step()
+            return loss
+
         opt = torch.optim.Adam([x], lr=self.lr, amsgrad=True)
         full = self.batch_size is None or self.batch_size >= m
+        sampled = self.batch_size is None and m > LARGE_TRIPLETS
+        if sampled:  # the device's own generator: sampled indices never cross devices
+            dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
         curve: list[float] = []
-        for _ in range(self.epochs):
+        for epoch in range(self.epochs):
+            if sampled:
+                opt.param_groups[0]["lr"] = self.lr * 0.5 * (1 + np.cos(np.pi * epoch / self.epochs))
+                idx = torch.randint(m, (LARGE_BATCH,), generator=dev_gen, device=device)
+                curve.append(float(step(idx, w[idx] * (m / LARGE_BATCH))))
+                continue
             if full:
-                loss, grad = hinge_sq_loss_and_grad(x.detach(), ab, ac, w, self.margin)
-                x.grad = grad
-                opt.step()
-                curve.append(float(loss))
+                curve.append(float(step(None, w)))
                 continue
             # Resampling: anchor-balanced draws triplet t with probability w_t (with replacement).
             if self.anchor_balanced:
@@ -266,11 +316,7 @@ class SOE(BaseEstimator):
             total = torch.zeros((), device=device)
             for start in range(0, m, self.batch_size):
                 idx = order[start:start + self.batch_size]
-                uniform = torch.full((len(idx),), 1.0 / len(idx), device=device)
-                loss, grad = hinge_sq_loss_and_grad(x.detach(), ab[idx], ac[idx], uniform, self.margin)
-                x.grad = grad
-                opt.step()
-                total += loss * len(idx)
+                total += step(idx, torch.full((len(idx),), 1.0 / len(idx), device=device)) * len(idx)
             curve.append(float(total) / m)
         self.embedding_ = x.detach().cpu().numpy().astype(np.float64)
         self.loss_curve_ = curve

@@ -17,13 +17,18 @@ features) holds, per view index, the fp16 feature map (K×C×H×W) and the downs
 per-wound area fractions (K×E×H×W, fp16), plus the un-augmented inference view
 (resize to the backbone's input size). The mask hash is part of the key because the
 wound-keeping crop and the grid depend on the outline. Asking for more views later
-computes only the missing ones.
+computes only the missing ones. :meth:`FeatureCache.extract` fills the cache one photo at a
+time without keeping features in memory (memory bounded by one photo, whatever the study's
+size); each photo's file is written atomically, so a killed extraction resumes with the photos
+it had not finished, and ``torchrun`` ranks each take a slice of the photos into the same
+folder (one merged cache).
 
 :class:`TokenBank` flattens all of it into tensors once, so a training step is a gather.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,6 +148,10 @@ class FeatureCache:
 
     def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
         """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones)."""
+        return self._photo(image_id, n_views, use_cache)[0]
+
+    def _photo(self, image_id: str, n_views: int, use_cache: bool = True) -> tuple[PhotoFeatures, bool]:
+        """(features, whether anything was computed)."""
         row = self.ws.store.image(image_id)
         if row is None:
             raise KeyError(f"unknown image {image_id!r}")
@@ -154,7 +163,7 @@ class FeatureCache:
             cached = None
         have = 0 if cached is None else cached["views"].shape[0]
         if cached is not None and have >= n_views:
-            return self._unpack(cached, n_views)
+            return self._unpack(cached, n_views), False
         image = self.ws.load_image(image_id)
         if cached is None:
             eval_feat = self._forward([self._unit(image)])[0]
@@ -170,7 +179,7 @@ class FeatureCache:
             self.root.mkdir(parents=True, exist_ok=True)
             with atomic_write(path, "wb", suffix=".pt") as fh:
                 torch.save(cached, fh)
-        return self._unpack(cached, n_views)
+        return self._unpack(cached, n_views), True
 
     def _unit(self, image) -> Tensor:
         """Un-augmented inference input in [0, 1]: square resize to the backbone input size."""
@@ -187,6 +196,19 @@ class FeatureCache:
         """Features of every photo (from disk when cached)."""
         return {i: self.photo(i, n_views) for i in tqdm(image_ids, desc=f"features {self.backbone.name}",
                                                         unit="photo", disable=not progress, leave=False)}
+
+    def extract(self, image_ids: Sequence[str], n_views: int, rank: int | None = None,
+                world_size: int | None = None, progress: bool = True) -> list[str]:
+        """Write the cache of this rank's slice of ``image_ids`` (every ``world_size``-th photo from
+        ``rank``; by default torchrun's ``RANK``/``WORLD_SIZE``, else all photos), one photo in memory
+        at a time; photos already cached are skipped. Returns the ids it computed."""
+        rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        mine = list(image_ids)[rank::world_size]
+        return [i for i in tqdm(mine, desc=f"features {self.backbone.name} rank {rank}/{world_size}", unit="photo",
+                                disable=not progress, leave=False) if self._photo(i, n_views)[1]]
 
 
 class TokenBank:
@@ -210,7 +232,7 @@ class TokenBank:
         for image_id, p in photos.items():
             rows = torch.tensor([row_of.get((image_id, w), -1) for w in p.wound_indices], dtype=torch.long)
             keep = rows >= 0
-            c, h, w = p.eval_feat.shape
+            _, h, w = p.eval_feat.shape
             self.grid = (h, w)
             e = len(rows)
             # augmented views: nonzero() is ordered (view, wound, location), so every

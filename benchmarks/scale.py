@@ -1,0 +1,193 @@
+"""How each part grows with the study: phantom studies of N photos, timed stage by stage.
+
+    python -m benchmarks.scale [--sizes 100 1000] [--full] [--seed 0]
+    python -m benchmarks.scale --scheduler 1000 1000000
+
+``--scheduler N M`` times only the scheduler: a store of N photo rows holding M judgments (10 %
+from ten expert annotators, the rest from an LLM), 40 draws by one of those annotators.
+
+For each N (default 100 and 1,000; ``--full`` adds 10,000), SYNTHETIC phantom data:
+
+- phantom: ``core.phantoms.build`` with N photos, N/2 patients, 3N wounds, 5N expert triplets;
+- import: ``import_dataset`` wall time and peak traced memory (``tracemalloc``: Python and numpy
+  allocations);
+- judgments: 100·N extra judgments stored with one batched ``Store.add_triplets``;
+- features: ``FeatureCache.extract`` (efficientnet-lite0@stage5, untrained weights: the same
+  compute as trained ones, no download; CPU, 1 view) on 16 photos after one warm-up photo,
+  seconds per photo;
+- SOE: 100·N planted triplets over N objects, dim 8 (``benchmarks.soe.planted_triplets``), after
+  an untimed warm-up fit;
+- scheduler: median and 95th percentile of ``TripletScheduler.next`` over 30 draws;
+- explorer: bytes of the Plotly figure JSON for 3N wound points (the Explore page's scatter,
+  without thumbnails).
+
+Then the growth exponent of each (slope of log value vs log N between the two largest sizes,
+so start-up costs do not hide the growth). The machine is shared: the load average is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.results import render_tables
+from benchmarks.soe import planted_triplets
+
+STAGES = ("phantom s", "import s", "import peak MiB", "100·N judgments s", "feature s/photo", "SOE s",
+          "next() median ms", "next() p95 ms", "explorer KiB")
+
+
+def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
+    """Every stage's figure for a study of ``n`` photos built under ``root``."""
+    import plotly.graph_objects as go
+
+    from annotations.dataset import import_dataset
+    from annotations.scheduler import TripletScheduler
+    from annotations.workspace import Workspace
+    from core.phantoms import build
+    from core.text.soe import SOE
+    from core.vision.backbones import load_backbone
+    from core.vision.features import FeatureCache
+
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    build(root / "data", seed=seed, photos=n, patients=max(1, n // 2), wounds=3 * n, triplets=5 * n)
+    out["phantom s"] = time.perf_counter() - t0
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    ws = Workspace(root / "ws")
+    import_dataset(ws, root / "data")
+    out["import s"] = time.perf_counter() - t0
+    out["import peak MiB"] = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+
+    ids = [r[0] for r in ws.store.db.execute("SELECT image_id FROM images ORDER BY image_id")]
+    rng = np.random.default_rng(seed)
+    t = rng.integers(0, n, (100 * n, 3))
+    t = t[(t[:, 0] != t[:, 1]) & (t[:, 0] != t[:, 2]) & (t[:, 1] != t[:, 2])]
+    rows = [{"anchor": ids[a], "ref_j": ids[j], "ref_k": ids[k], "choice": "j", "source": "llm:scale"}
+            for a, j, k in t.tolist()]
+    t0 = time.perf_counter()
+    ws.store.add_triplets(rows)
+    out["100·N judgments s"] = time.perf_counter() - t0
+
+    backbone = load_backbone("efficientnet-lite0@stage5", device="cpu", pretrained=False)
+    cache = FeatureCache(ws, backbone)
+    cache.extract(ids[:1], 1, progress=False)  # warm-up (first forward pass), not timed
+    sample = ids[1:17]
+    t0 = time.perf_counter()
+    cache.extract(sample, 1, progress=False)
+    out["feature s/photo"] = (time.perf_counter() - t0) / len(sample)
+
+    _, triplets = planted_triplets(n, 8, 100 * n, 2.0, seed)
+    SOE(n_components=8, n_objects=n, epochs=2, random_state=seed).fit(triplets[:100])  # warm-up, not timed
+    t0 = time.perf_counter()
+    SOE(n_components=8, n_objects=n, random_state=seed).fit(triplets)
+    out["SOE s"] = time.perf_counter() - t0
+
+    sched = TripletScheduler(ws, "scale", seed=seed)
+    lat = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        question = sched.next()
+        lat.append(time.perf_counter() - t0)
+        sched.answer(question, "j")
+    out["next() median ms"] = 1000 * float(np.median(lat))
+    out["next() p95 ms"] = 1000 * float(np.percentile(lat, 95))
+
+    xy = rng.standard_normal((3 * n, 2))
+    points = [f"{ids[i % n]} #{i // n + 1}" for i in range(3 * n)]
+    fig = go.Figure(go.Scatter(x=xy[:, 0], y=xy[:, 1], mode="markers", customdata=np.c_[points, points],
+                               hovertemplate="<b>%{customdata[0]}</b><extra></extra>"))
+    out["explorer KiB"] = len(fig.to_json()) / 1024
+    ws.store.close()
+    return out
+
+
+def scheduler_latency(n: int, m: int, root: Path, seed: int, draws: int = 40) -> dict[str, float]:
+    """``TripletScheduler.next`` wall and CPU ms with ``m`` judgments stored over ``n`` photos."""
+    from annotations.scheduler import TripletScheduler
+    from annotations.workspace import Workspace
+
+    ws = Workspace(root / "ws")
+    ids = [f"P{i:06d}" for i in range(n)]
+    with ws.store.transaction():
+        for i in ids:
+            ws.store.upsert_image(i, f"{i}.png", "0" * 64, 64, 64)
+    rng = np.random.default_rng(seed)
+    t0, stored = time.perf_counter(), 0
+    for start in range(0, m, 200_000):  # batches keep memory bounded
+        t = rng.integers(0, n, (min(200_000, m - start), 3))
+        t = t[(t[:, 0] != t[:, 1]) & (t[:, 0] != t[:, 2]) & (t[:, 1] != t[:, 2])]
+        stored += ws.store.add_triplets(
+            {"anchor": ids[a], "ref_j": ids[j], "ref_k": ids[k], "choice": "j",
+             "source": f"expert:a{(start + r) % 10}" if start + r < m // 10 else "llm:scale"}
+            for r, (a, j, k) in enumerate(t.tolist()))
+    insert_s = time.perf_counter() - t0
+    sched = TripletScheduler(ws, "a0", seed=seed)
+    wall, cpu = [], []
+    for _ in range(draws):
+        t0, c0 = time.perf_counter(), time.process_time()
+        question = sched.next()
+        wall.append(1000 * (time.perf_counter() - t0))
+        cpu.append(1000 * (time.process_time() - c0))
+        sched.answer(question, "j")
+    ws.store.close()
+    return {"stored": stored, "insert s": insert_s, "wall median": float(np.median(wall)),
+            "wall p95": float(np.percentile(wall, 95)), "wall max": max(wall), "cpu median": float(np.median(cpu)),
+            "cpu p95": float(np.percentile(cpu, 95)), "cpu max": max(cpu)}
+
+
+def growth(sizes: list[int], values: list[float]) -> float | None:
+    """Slope of log value vs log N between the two largest sizes."""
+    if len(sizes) < 2 or min(values[-2:]) <= 0:
+        return None
+    return math.log(values[-1] / values[-2]) / math.log(sizes[-1] / sizes[-2])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="study sizes N (photos)")
+    parser.add_argument("--full", action="store_true", help="add N = 10,000")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scheduler", type=int, nargs=2, metavar=("N", "M"),
+                        help="only the scheduler: N photos, M judgments stored")
+    args = parser.parse_args(argv)
+    if args.scheduler:
+        n, m = args.scheduler
+        if n < 3 or m < 0:
+            parser.error(f"--scheduler needs N ≥ 3 photos and M ≥ 0 judgments, got {n} {m}")
+        load = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            r = scheduler_latency(n, m, Path(tmp), args.seed)
+        print(f"{r['stored']:,} judgments over {n:,} photos stored in {r['insert s']:.1f} s (batched); "
+              f"next(): wall median {r['wall median']:.1f} ms, p95 {r['wall p95']:.1f}, max {r['wall max']:.1f}; "
+              f"CPU median {r['cpu median']:.1f} ms, p95 {r['cpu p95']:.1f}, max {r['cpu max']:.1f} "
+              f"(load average before: {load:.1f})")
+        return 0
+    sizes = sorted(set(args.sizes + ([10_000] * args.full)))
+    if sizes[0] < 20:
+        parser.error(f"--sizes must be ≥ 20 (the feature sample is 17 photos), got {sizes[0]}")
+    results: list[dict[str, Any]] = []
+    for n in sizes:
+        load = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            results.append(measure_size(n, Path(tmp), args.seed))
+        print(f"N = {n}: done (load average before: {load:.1f})", flush=True)
+    columns = ["stage", *[f"N = {n:,}" for n in sizes], "growth exponent"]
+    rows = [[stage, *[r[stage] for r in results], growth(sizes, [r[stage] for r in results])] for stage in STAGES]
+    print(render_tables([{"caption": "SYNTHETIC phantom studies (machine shared; wall times)", "columns": columns,
+                          "rows": rows}]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
