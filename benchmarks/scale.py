@@ -39,6 +39,7 @@ import numpy as np
 
 from benchmarks.results import render_tables
 from benchmarks.soe import planted_triplets
+from core import cli
 
 STAGES = ("phantom s", "import s", "import peak MiB", "100·N judgments s", "feature s/photo", "SOE s",
           "next() median ms", "next() p95 ms", "explorer KiB")
@@ -157,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="study sizes N (photos)")
     parser.add_argument("--full", action="store_true", help="add N = 10,000")
-    parser.add_argument("--seed", type=int, default=0)
+    cli.add_seed(parser)
+    cli.add_device(parser)
     parser.add_argument("--scheduler", type=int, nargs=2, metavar=("N", "M"),
                         help="only the scheduler: N photos, M judgments stored")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(parser, argv)
     if args.scheduler:
         n, m = args.scheduler
         if n < 3 or m < 0:

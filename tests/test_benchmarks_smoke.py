@@ -23,6 +23,7 @@ SMOKE = {
     "orderings": "test_orderings.py::test_quick_run_writes_the_result_file",
     "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
     "readers": "test_benchmarks_smoke.py::test_readers_tiny",
+    "scale": "test_benchmarks_smoke.py::test_scale_tiny",
     "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",
     "app_latency": "test_benchmarks_smoke.py::test_app_latency_tiny",
     "results": "test_results.py (the renderer every quick run above feeds)",
@@ -83,6 +84,14 @@ def test_readers_tiny(capsys):
     assert main(["--width", "400", "--height", "300", "--wounds", "12", "--repeats", "1"]) == 0
     stages = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert stages and all(s["wounds"] == 12 for s in stages if "wounds" in s)
+
+
+@pytest.mark.slow
+def test_scale_tiny(capsys):
+    from benchmarks.scale import main
+    assert main(["--sizes", "20", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "SOE" in out and "growth" in out.lower()
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.train_triderm": ({"--workspace", "--device", "--seed", "--epochs"}, []),
     "benchmarks.vision_ablation": ({"--workspace", "--device", "--seeds", "--epochs"}, []),
     "benchmarks.readers": ({"--seed"}, []),
+    "benchmarks.scale": ({"--seed", "--device"}, []),  # builds its own phantom studies: no workspace
     "benchmarks.segmentation": ({"--device", "--seed", "--epochs"}, []),  # dataset folders, not a workspace
     "benchmarks.app_latency": (set(), []),  # browser-driven on its own phantom workspace: no torch, no seeds  # a generated mask: no workspace, no torch
     "benchmarks.results": (set(), []),  # renders result files and reruns the commands above: none of it applies
