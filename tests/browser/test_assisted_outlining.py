@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 from playwright.sync_api import expect
 from scipy import ndimage
+from wound_photos import wound_photo
 
 from annotations import accounts, session
 from annotations.dataset import import_dataset
@@ -20,18 +21,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 MEDETEC = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "medetec"
 USER, PASSWORD = "Dr Assist", "assist-pass-1234"
-
-
-def wound_photo(seed: int, blobs: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """A 320×240 skin-coloured photo with dark red elliptic wounds, and its label map."""
-    rng = np.random.default_rng(seed)
-    img = np.full((240, 320, 3), (214, 170, 150), np.uint8) + rng.integers(0, 12, (240, 320, 3), dtype=np.uint8)
-    mask = Image.new("L", (320, 240), 0)
-    for n, box in enumerate(blobs, start=1):
-        ImageDraw.Draw(mask).ellipse(box, fill=n)
-    labels = np.asarray(mask)
-    img[labels > 0] = (150, 40, 40)
-    return img, labels
 
 
 def sign_in_and_open(pg, url: str, image_id: str) -> None:

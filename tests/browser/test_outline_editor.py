@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 from playwright.sync_api import expect
+from wound_photos import wound_photo
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -22,18 +23,6 @@ USER, PASSWORD = "Dr Outline", "outline-pass-1234"
 WOUNDS_CSV = ("image_id,wound_index,description,anatomical_site,size_cm,exudate\n"
               "leg-01,1,fibrin base,left shin,3.5,moderate\n"
               "leg-01,2,,right calf,2,\n")
-
-
-def wound_photo(seed: int, blobs: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """A 320×240 skin-coloured photo with dark red elliptic wounds, and its label map."""
-    rng = np.random.default_rng(seed)
-    img = np.full((240, 320, 3), (214, 170, 150), np.uint8) + rng.integers(0, 12, (240, 320, 3), dtype=np.uint8)
-    mask = Image.new("L", (320, 240), 0)
-    for n, box in enumerate(blobs, start=1):
-        ImageDraw.Draw(mask).ellipse(box, fill=n)
-    labels = np.asarray(mask)
-    img[labels > 0] = (150, 40, 40)
-    return img, labels
 
 
 def make_workspace(root: Path, data: Path, min_area: int | None = None) -> Workspace:
