@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def cli(ws, host: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "core.llm_triplets", "--workspace", str(ws.root), "--oracle", "ollama",
-            "--host", host, "--model", "stub-model", *extra]
+            "--ollama-host", host, "--model", "stub-model", *extra]
 
 
 def cached(ws) -> set[tuple[str, str, str]]:
@@ -38,7 +38,7 @@ def test_killed_run_resumes_without_asking_again(demo_workspace) -> None:
     with OllamaStub(delay_s=0.25) as stub:
         cmd = cli(ws, stub.host, "--budget", str(budget), "--workers", "2", "--seed", "3")
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 600  # generous: an event wait, not a timing check
         while len(cached(ws)) < kill_after:
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the run never reached the kill point"
@@ -118,7 +118,7 @@ def test_active_phantom_run_then_fit_soe(demo_workspace, capsys) -> None:
 
     emb = load_embeddings(ws, out["run_id"])
     assert emb["image_emb"].shape == (out["n_images"], 4)
-    assert out["expert_agreement"]["balanced"] > 0.6  # far above chance on the phantom truth
+    assert out["expert_agreement"]["balanced"] > 0.7  # measured 0.78; chance 0.5
 
 
 def test_active_selection_prefers_uncertain_questions() -> None:
