@@ -318,6 +318,23 @@ def _typed(value: str, kind: str, where: str) -> Any:
     return number
 
 
+def typed_value(text: str, previous: Any = None) -> Any:
+    """A metadata value typed in the app, typed by the import's rules: the type the field already
+    has (bool, int, float or text) when the text parses as it, else inferred from the text alone (a
+    number only without leading zeros: ``'007'`` stays text). Empty text is ``None`` (no value)."""
+    text = text.strip()
+    if not text:
+        return None
+    kinds = {bool: "bool", int: "int", float: "float", str: "str"}
+    kind = kinds.get(type(previous))
+    if kind is not None:
+        try:
+            return _typed(text, kind, "value")
+        except DatasetError:
+            pass
+    return _typed(text, _column_type("", "", [text], None), "value")
+
+
 def row_metadata(row: CsvRow, skip: tuple[str, ...]) -> dict[str, Any]:
     """The row's non-empty cells with their column types, without the ``skip`` columns."""
     return {k: v for k, v in row.typed.items() if k not in skip}

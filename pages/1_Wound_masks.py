@@ -12,7 +12,7 @@ import streamlit as st
 
 import app_common as ac
 from annotations import session
-from annotations.readers import parse_value
+from annotations.readers import typed_value
 from components.outline_editor import image_uri, outline_editor
 
 ws = ac.page("Wound masks", need="annotate")
@@ -264,7 +264,7 @@ def save_text(image_id: str, index: int, names: list[str]) -> None:
     meta = dict(old["metadata"] or {})
     for name in names:
         text = str(state.get(f"meta_{name}_{base}", "")).strip()
-        meta[name] = parse_value(text)  # numbers stay numbers, as on import; empty removes the field
+        meta[name] = typed_value(text, meta.get(name))  # the import's type rules; empty removes the field
     session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta, actor=ac.actor())
 
 

@@ -387,3 +387,13 @@ def test_jpeg_strip_is_lossless_for_progressive_and_restart_markers(options, tmp
     photo = read_photo(DatasetFolder(d), d / "images" / "a.jpg")
     assert not any(s in photo.data for s in IDENTIFYING)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(photo.data))), np.asarray(Image.open(buf)))
+
+
+def test_a_value_typed_in_the_app_follows_the_import_rules():
+    from annotations.readers import typed_value
+
+    assert typed_value("007") == "007" and typed_value("01234") == "01234"  # leading zeros stay text
+    assert typed_value("3.5") == 3.5 and typed_value("12") == 12 and typed_value("true") is True
+    assert typed_value("3", previous=2.0) == 3.0 and isinstance(typed_value("3", previous=2.0), float)
+    assert typed_value("yes", previous=False) is True and typed_value("12", previous="a") == "12"
+    assert typed_value("unknown", previous=3) == "unknown" and typed_value("  ") is None
