@@ -61,7 +61,7 @@ def setup():
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(epochs=1, batch=4, lr=1e-2, tower_lr=1e-2, partial_image=2, partial_text=3, lam=0.5,
+    base = dict(epochs=1, batch_size=4, lr=1e-2, tower_lr=1e-2, partial_image=2, partial_text=3, lam=0.5,
                 patch_dropout=0.5)
     return argparse.Namespace(**{**base, **kw})
 
