@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ollama_stub import OllamaStub
 
-from annotations import jobs
+from annotations import accounts, jobs
 from annotations.workspace import Workspace
 from core import llm_triplets
 from core.text.llm import (
@@ -125,11 +125,10 @@ def test_llm_page_runs_exactly_the_submitted_settings(demo_workspace, monkeypatc
     ws = demo_workspace
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(ws.root))
     monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))
-    monkeypatch.delenv("TRIDERM_ACCESS_CODE", raising=False)
     monkeypatch.delenv(OLLAMA_HOSTS_ENV, raising=False)
     ws.store.set_meta("ollama_hosts", ["http://gpu-a:11434", "http://gpu-b:11434"])
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60)
-    at.session_state["annotator"] = "Tess"
+    at.session_state["account"] = accounts.add_account(ws.store, "Rae", "researcher", "llm-page-password", "test")
     at.run()
     at.switch_page("pages/3_LLM_oracle.py").run()
     assert not at.exception, at.exception
