@@ -41,7 +41,8 @@ def demo_workspace(root: Path, photos: int) -> Workspace:
     from core.runtime import save_embeddings
 
     build(root / "demo", seed=0, photos=photos, patients=max(1, round(photos * 21 / 53)),
-          wounds=max(photos, round(photos * 120 / 53)))
+          wounds=max(photos, round(photos * 120 / 53)),
+          triplets=min(round(photos * 513 / 53), photos * (photos - 1) * (photos - 2) // 2))
     ws = Workspace(root / "ws")
     import_dataset(ws, root / "demo")
     ids = [im["image_id"] for im in ws.store.images()]

@@ -40,6 +40,7 @@ def ws(tmp_path) -> Workspace:
     Image.fromarray(np.full((30, 30, 3), 200, np.uint8)).save(root / "images" / "b.png")
     (root / "dataset.json").write_text(json.dumps({"mask_format": "label"}))
     ws = Workspace(tmp_path / "ws")
+    ws.store.set_meta("min_wound_area", 1)  # wound 3 is two pixels touching at a corner, on purpose
     import_dataset(ws, root)
     return ws
 
