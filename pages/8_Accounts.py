@@ -1,5 +1,5 @@
 """Accounts (admins): create accounts, change roles, unlock, disable, reset passwords, and map the
-free-text annotator names of earlier versions to accounts."""
+free-text annotator names of earlier versions to accounts; set the Ollama hosts LLM runs may call."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import streamlit as st
 import app_common as ac
 from annotations import accounts
 from annotations.accounts import ROLES, AuthError
+from core.text.llm import DEFAULT_OLLAMA_HOSTS, allowed_ollama_host
 
 ws = ac.page("Accounts", need="manage")
 actor = ac.actor()
@@ -19,7 +20,7 @@ def attempt(action, success: str) -> None:
     """Run one account change; show its refusal, or rerun with a success note."""
     try:
         action()
-    except AuthError as err:
+    except (AuthError, ValueError) as err:  # a refused change, or a malformed host
         st.error(str(err))
     else:
         st.session_state["_accounts_done"] = success
@@ -37,7 +38,8 @@ st.dataframe(pd.DataFrame([{"account": r["name"], "role": r["role"], "e-mail (id
                             "created": r["created"][:16].replace("T", " ")} for r in rows]),
              hide_index=True, width="stretch")
 
-new_tab, edit_tab, legacy_tab = st.tabs(["New account", "Change an account", "Earlier annotator names"])
+new_tab, edit_tab, legacy_tab, hosts_tab = st.tabs(["New account", "Change an account", "Earlier annotator names",
+                                                    "Ollama hosts"])
 with new_tab, st.form("new_account", clear_on_submit=True):
     c1, c2, c3 = st.columns(3)
     name = c1.text_input("Account name")
@@ -80,3 +82,18 @@ with legacy_tab:
         target = c2.selectbox("Account", [r["name"] for r in rows], key="legacy_account")
         if c3.button("Move judgments", type="primary"):
             attempt(lambda: accounts.map_name(store, old, target, actor), f"Judgments of {old!r} now belong to {target}.")
+
+with hosts_tab, st.form("ollama_hosts"):
+    st.caption("The only Ollama servers LLM runs may call (one per line: host, host:port or http(s)://host:port). "
+               "Researchers pick from this list; nobody types an address per run.")
+    current = ws.store.get_meta("ollama_hosts", list(DEFAULT_OLLAMA_HOSTS))
+    text = st.text_area("Allowed hosts", "\n".join(current), key="ollama_hosts_text")
+    if st.form_submit_button("Save hosts"):
+        hosts = [h.strip() for h in text.splitlines() if h.strip()]
+
+        def save() -> None:
+            for h in hosts:
+                allowed_ollama_host(h, [h])  # one clear error for a malformed entry; nothing saved
+            ws.store.set_meta("ollama_hosts", hosts)
+
+        attempt(save, f"{len(hosts)} Ollama host(s) allowed.")

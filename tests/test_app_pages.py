@@ -394,3 +394,16 @@ def test_category_colours_distinct_up_to_24_then_other():
     grouped, colours = ac.category_colours(many)
     assert len(colours) == 24 and "other" in colours and len(set(colours.values())) == 24
     assert grouped.count("other") == 6 and "site 0" in colours  # the most frequent keep their colour
+
+
+def test_admin_sets_the_ollama_allow_list_and_a_bad_host_changes_nothing(ws):
+    at = app("accounts")
+    area = next(t for t in at.text_area if t.label == "Allowed hosts")
+    area.input("gpu-a:11434\nhttp://user:pw@evil:80")
+    next(b for b in at.button if b.label == "Save hosts").click().run()
+    assert any("no credentials" in e.value for e in at.error)
+    assert ws.store.get_meta("ollama_hosts") is None
+    area = next(t for t in at.text_area if t.label == "Allowed hosts")
+    area.input("gpu-a:11434\nhttps://gpu-b")
+    next(b for b in at.button if b.label == "Save hosts").click().run()
+    assert ws.store.get_meta("ollama_hosts") == ["gpu-a:11434", "https://gpu-b"]
