@@ -6,13 +6,14 @@ import re
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 from playwright.sync_api import expect
 
-from annotations import session
 from annotations.workspace import Workspace
+from app_common import outline_overlay
 
 expect.set_options(timeout=60_000)
+FRAME = (960, 720)  # the Triplets page's letterbox of each photo (pages/2_Triplets.py)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
@@ -20,12 +21,12 @@ def idle(pg) -> None:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
-def outline_pixels(png: bytes) -> int:
-    """Pixels within a small distance of a wound-outline colour."""
-    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int32)
-    palette = np.array(session.PALETTE, dtype=np.int32)
-    dist = np.abs(rgb[:, :, None, :] - palette[None, None]).sum(-1).min(-1)
-    return int((dist < 40).sum())
+def framed(photo: Image.Image, size: tuple[int, int]) -> np.ndarray:
+    """``photo`` in the Triplets page's letterbox frame, resized to ``size`` (RGB int array)."""
+    fitted = ImageOps.contain(photo.convert("RGB"), FRAME)
+    frame = Image.new("RGB", FRAME, (242, 245, 247))
+    frame.paste(fitted, ((FRAME[0] - fitted.width) // 2, (FRAME[1] - fitted.height) // 2))
+    return np.asarray(frame.resize(size), dtype=np.int32)
 
 
 def test_triplet_photos_large_outlined_and_zoomable(app_server, chromium, add_account, sign_in, screenshot):
@@ -47,10 +48,16 @@ def test_triplet_photos_large_outlined_and_zoomable(app_server, chromium, add_ac
     for n, image_id in enumerate(ids):  # each photo with outlined wounds carries their outline colours
         shown = photos.nth(n).screenshot()
         if ws.store.wounds(image_id):
-            raw = Image.open(ws.image_path(image_id)).convert("RGB").resize(Image.open(io.BytesIO(shown)).size)
-            buf = io.BytesIO()
-            raw.save(buf, format="PNG")
-            assert outline_pixels(shown) > outline_pixels(buf.getvalue()) + 20, image_id
+            # the shown photo is far closer, on the contour pixels, to the photo with its outlines drawn
+            # than to the plain photo (both in the page's letterbox, at the size shown)
+            size = Image.open(io.BytesIO(shown)).size
+            photo, labels = ws.load_image(image_id), ws.load_mask(image_id)
+            plain, drawn = framed(photo, size), framed(outline_overlay(photo, labels), size)
+            seen = np.asarray(Image.open(io.BytesIO(shown)).convert("RGB"), dtype=np.int32)
+            contour = np.abs(drawn - plain).sum(-1) > 60
+            assert contour.sum() > 20, image_id
+            to_drawn, to_plain = (np.abs(seen - x).sum(-1)[contour].mean() for x in (drawn, plain))
+            assert to_drawn < 0.5 * to_plain, (image_id, to_drawn, to_plain)
     screenshot(pg, "triplets_1366x768")
     pg.keyboard.press("w")  # zoom the query photo
     dialog = pg.get_by_role("dialog")
