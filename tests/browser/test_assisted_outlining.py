@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 from scipy import ndimage
-from wound_photos import wound_photo
+from wound_photos import to_screen, tool, wound_photo
 
 from annotations import accounts, session
 from annotations.dataset import import_dataset
@@ -42,16 +42,6 @@ def sign_in_and_open(pg, url: str, image_id: str) -> None:
 def idle(pg) -> None:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
     pg.wait_for_timeout(300)
-
-
-def to_screen(pg, x: float, y: float) -> tuple[float, float]:
-    return tuple(pg.locator(".oe svg").evaluate(
-        "(svg, [x, y]) => { const p = svg.createSVGPoint(); p.x = x; p.y = y;"
-        " const q = p.matrixTransform(svg.getScreenCTM()); return [q.x, q.y]; }", [x, y]))
-
-
-def tool(pg, name: str):
-    return pg.locator(".oe .bar button", has_text=re.compile(rf"^{re.escape(name)}$"))
 
 
 def candidate_mask(pg, key: str, shape: tuple[int, int]) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import wound_photo
+from wound_photos import to_screen, tool, wound_photo
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -69,17 +69,6 @@ def choose_photo(pg, image_id: str) -> None:
     pg.get_by_role("option", name=image_id, exact=True).click()
     expect(pg.get_by_role("heading", name=f"Wounds of {image_id}")).to_be_visible()
     idle(pg)
-
-
-def to_screen(pg, x: float, y: float) -> tuple[float, float]:
-    """Screen position of photo coordinates (x, y), through the SVG's current zoom and pan."""
-    return tuple(pg.locator(".oe svg").evaluate(
-        "(svg, [x, y]) => { const p = svg.createSVGPoint(); p.x = x; p.y = y;"
-        " const q = p.matrixTransform(svg.getScreenCTM()); return [q.x, q.y]; }", [x, y]))
-
-
-def tool(pg, name: str):
-    return pg.locator(".oe .bar button", has_text=re.compile(rf"^{re.escape(name)}$"))
 
 
 def draw(pg, points: list[tuple[float, float]]) -> None:
