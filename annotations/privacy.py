@@ -9,11 +9,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from annotations.fileio import write_text
 from annotations.readers import DatasetError, valid_id
+from annotations.readings import readings_dir
 from annotations.store import key_json
 from annotations.workspace import Workspace
 
@@ -131,10 +133,13 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
         removed["revisions"] = len(revision_ids)
     files = 0  # after the commit: a failed transaction leaves the photos in place
     for image_id, file in images:
-        for path in (ws.images_dir / file, ws.mask_path(image_id)):
+        layers = readings_dir(ws) / image_id  # second-reading layers (rows gone with the photo: ON DELETE CASCADE)
+        for path in (ws.images_dir / file, ws.mask_path(image_id), *sorted(layers.glob("*.png"))):
             if path.exists():
                 path.unlink()
                 files += 1
+        if layers.is_dir():
+            shutil.rmtree(layers)
     removed["files"] = files
     if study_ids is not None:
         removed["mapping_rows"] = StudyIds(ws, study_ids).forget(gone)
@@ -151,9 +156,9 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
 def _names(entity: str, key: Any, images: set[str], patient_id: str) -> bool:
     if entity == "patients":
         return key == patient_id
-    if entity == "images":
+    if entity in ("images", "reading_photos"):
         return key in images
-    if entity == "wounds":
+    if entity in ("wounds", "readings"):
         return isinstance(key, dict) and key.get("image_id") in images
     if entity == "triplets":
         return isinstance(key, dict) and bool(images & {key.get("anchor"), key.get("ref_j"), key.get("ref_k")})

@@ -176,8 +176,28 @@ CREATE INDEX IF NOT EXISTS triplets_ref_k ON triplets (ref_k);
 CREATE INDEX IF NOT EXISTS images_patient ON images (patient_id);
 """
 
+# Second reading (annotations/readings.py): photos an admin marked for independent outlining, and each
+# reader's own label map of such a photo (a file under masks/readings/); the stored truth is untouched.
+_SCHEMA_READINGS = """
+CREATE TABLE reading_photos (
+    image_id TEXT PRIMARY KEY REFERENCES images(image_id) ON DELETE CASCADE,
+    actor TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE TABLE readings (
+    image_id TEXT NOT NULL REFERENCES images(image_id) ON DELETE CASCADE,
+    reader TEXT NOT NULL COLLATE NOCASE,
+    file TEXT NOT NULL,
+    wounds INTEGER NOT NULL,
+    area INTEGER NOT NULL,
+    updated TEXT NOT NULL,
+    PRIMARY KEY (image_id, reader)
+);
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE]
+MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE,
+                         _SCHEMA_READINGS]
 
 #: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
 SYSTEM_ACTOR = "system"
