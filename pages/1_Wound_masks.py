@@ -2,7 +2,8 @@
 
 The label mask is the stored truth: the editor gets polygons derived from it and every saved
 outline is rasterised back into it. Suggestions (the segmentation model) and click-to-outline
-proposals become outlines only when the clinician accepts them.
+proposals become outlines only when the clinician accepts them. A photo an admin marked for second
+reading is outlined blind into the annotator's own layer (annotations.readings), apart from the truth.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import streamlit as st
 
 import app_common as ac
-from annotations import session
+from annotations import readings, session
 from annotations.readers import typed_value
 from components.outline_editor import image_uri, outline_editor
 
@@ -61,11 +62,83 @@ def bump(image_id: str) -> None:
     state[f"mask_ver_{image_id}"] = state.get(f"mask_ver_{image_id}", 0) + 1
 
 
+def second_reading(image_id: str) -> None:
+    """A photo marked for second reading, read blind: only this annotator's own layer is shown and saved."""
+    me = ac.actor()
+    image = ws.store.image(image_id)
+    layer = readings.load_layer(ws, image_id, me)
+    st.info("**Second reading**: outline this photo on your own. Only your outlines are shown; the stored outline "
+            "and other annotators' readings stay hidden, and your reading is stored apart from them. Suggestions "
+            "and click-to-outline are off so that the readings stay independent.", icon=":material/visibility_off:")
+    draw_col, list_col = st.columns([2, 1], gap="medium")
+    with draw_col:
+        shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i),
+                   "polys": polys} for i, polys in session.label_polygons(layer).items()]
+        version = f"reading:{state.get(f'reading_ver_{image_id}', 0)}:{int((layer > 0).sum())}"
+        action = outline_editor(
+            image=photo_uri(str(ws.image_path(image_id)), image["sha256"]),
+            image_key=f"{ws.root}/{image_id}/{image['sha256']}", size=(image["width"], image["height"]),
+            shapes=shapes, version=version, key="reading_editor")
+        if action and action.get("nonce") != state.get("mask_nonce"):
+            state["mask_nonce"] = action["nonce"]
+            read_action(image_id, me, layer.shape, action)
+            st.rerun()
+        if state.get("mask_error"):
+            st.error(state.pop("mask_error"))
+        if state.get("mask_flash"):
+            st.success(state.pop("mask_flash"))
+        st.caption(f"{image['width']}×{image['height']} px · minimum wound area {ws.min_wound_area} px · "
+                   "overlapping wounds of one reading are refused, never clipped.")
+    with list_col:
+        st.subheader(f"Your reading of {image_id}")
+        found = [int(i) for i in np.unique(layer) if i > 0]
+        if not found:
+            st.info("You have not outlined a wound on this photo yet.")
+        for i in found:
+            c1, c2 = st.columns([3, 2], vertical_alignment="center")
+            c1.markdown(f"**Wound {i}** · {int((layer == i).sum()):,} px")
+            c2.button(f"Delete wound {i}", icon=":material/delete:", key=f"rdel_{image_id}_{i}",
+                      on_click=read_delete, args=(image_id, me, i))
+
+
+def read_action(image_id: str, me: str, shape: tuple[int, int], action: dict) -> None:
+    """Store a drawn or edited outline in the reader's layer; anything else is refused with a message."""
+    if action["type"] != "save":
+        state["mask_error"] = "Suggestions and click-to-outline are off during a second reading: draw the outline."
+        return
+    try:
+        region = session.rasterise_outlines([[tuple(p) for p in poly] for poly in action["polys"]], shape)
+        index = readings.add_wound(ws, image_id, region, action.get("index"), reader=me, actor=me)
+    except ValueError as err:
+        state["mask_error"] = str(err)
+        return
+    state[f"reading_ver_{image_id}"] = state.get(f"reading_ver_{image_id}", 0) + 1
+    state["mask_flash"] = f"Saved wound {index} of your reading of {image_id}."
+
+
+def read_delete(image_id: str, me: str, index: int) -> None:
+    try:
+        readings.delete_wound(ws, image_id, index, reader=me, actor=me)
+    except ValueError as err:
+        state["mask_error"] = str(err)
+        return
+    state[f"reading_ver_{image_id}"] = state.get(f"reading_ver_{image_id}", 0) + 1
+    state["mask_flash"] = f"Deleted wound {index} of your reading of {image_id}."
+
+
 # -- photo choice (kept across saves: the options and their labels never change) ---------------------
 ids = [im["image_id"] for im in images]
 if state.get("mask_photo") not in ids:
     state["mask_photo"] = ids[0]
-pick = st.selectbox("Photo", ids, key="mask_photo")
+to_read = set(readings.marked(ws))
+pick = st.selectbox("Photo", ids, key="mask_photo",
+                    format_func=lambda i: f"{i} · second reading" if i in to_read else i)
+# annotators read marked photos blind; an admin sees the stored outline unless reading the photo too
+if pick in to_read and (not ac.allowed("manage") or st.toggle(
+        "My second reading of this photo", key="mask_reading",
+        help="On: outline this photo blind, into your own layer. Off: the stored outline (admins only while marked)")):
+    second_reading(pick)
+    st.stop()
 image = ws.store.image(pick)
 wounds = ws.store.wounds(pick)
 labels = ws.load_mask(pick)

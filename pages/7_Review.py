@@ -1,6 +1,7 @@
 """Review (admins): each annotator's progress and reliability, agreement between annotators,
 disagreements to look at, exclusion of test/practice annotators or single judgments from every
-metric, and the audit trail of who changed what."""
+metric, second reading of outlines (photos marked here, Dice beside the triplet κ), and the audit trail
+of who changed what."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import accounts, consistency
+from annotations import accounts, consistency, readings
 
 ws = ac.page("Review", need="manage")
 actor = ac.actor()
@@ -30,7 +31,7 @@ st.caption(f"{len(all_rows)} expert judgments stored; {len(kept)} count in evalu
            f"({len(all_rows) - len(kept)} excluded: kept in the store, marked, left out of every metric).")
 
 annotators_tab, agreement_tab, disagreement_tab, outlines_tab, audit_tab = st.tabs(
-    ["Annotators", "Agreement", "Disagreements", "Outline agreement", "Audit trail"])
+    ["Annotators", "Agreement", "Disagreements", "Second reading", "Audit trail"])
 
 with annotators_tab:
     progress = consistency.progress(all_rows)
@@ -66,16 +67,35 @@ with annotators_tab:
                     st.rerun()
 
 with agreement_tab:
+    kappa_col, dice_col = st.columns(2, gap="large")
     kappa = consistency.inter_annotator_kappa(kept)
     mean = kappa["mean_kappa"]
-    st.markdown("**Cohen's κ between annotators on shared triplets** (first showing, skips left out)"
-                + ("" if math.isnan(mean) else f" — mean κ = {mean:.3f}"))
+    kappa_col.markdown("**Triplets: Cohen's κ between annotators on shared triplets** (first showing, skips left "
+                       "out)" + ("" if math.isnan(mean) else f" — mean κ = {mean:.3f}"))
     if kappa["pairs"]:
-        st.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "shared": p["n"],
-                                    "agreement": num(p["agreement"]), "κ": num(p["kappa"])}
-                                   for p in kappa["pairs"]]), hide_index=True, width="stretch")
+        kappa_col.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "shared": p["n"],
+                                           "agreement": num(p["agreement"]), "κ": num(p["kappa"])}
+                                          for p in kappa["pairs"]]), hide_index=True, width="stretch")
     else:
-        st.caption("No triplet has been answered by two annotators (in evaluation) yet.")
+        kappa_col.caption("No triplet has been answered by two annotators (in evaluation) yet.")
+    outline = readings.agreement(ws, exclude=set(excluded_names))
+    dice_col.markdown("**Outlines: Dice between annotators on photos read by both** (wound union per photo)"
+                      + ("" if math.isnan(outline["mean"]) else f" — mean Dice = {outline['mean']:.3f}"))
+    if outline["pairs"]:
+        dice_col.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "photos": p["n"],
+                                          "mean Dice": num(p["mean"]), "lowest Dice": num(p["min"])}
+                                         for p in outline["pairs"]]), hide_index=True, width="stretch")
+    else:
+        dice_col.caption("No photo has two second readings (in evaluation) yet: mark photos for second reading "
+                         "in the Second reading tab.")
+    if outline["photos"]:
+        st.markdown("**Outline agreement per photo** (Dice of each pair of readers; *vs stored*: each reading "
+                    "against the photo's stored outline)")
+        st.dataframe(pd.DataFrame([{
+            "photo": ph["image_id"], "readers": ", ".join(ph["readers"]), "mean Dice": num(ph["mean"]),
+            "pairs": "; ".join(f"{p['a']}–{p['b']} {p['dice']:.3f}" for p in ph["pairs"]),
+            "vs stored": "; ".join(f"{r} {v:.3f}" for r, v in sorted(ph["vs_stored"].items())) or "no stored outline",
+        } for ph in sorted(outline["photos"], key=lambda ph: ph["mean"])]), hide_index=True, width="stretch")
     st.markdown("**Self-consistency on planned repeats**")
     sc = consistency.self_consistency(kept)
     if sc:
@@ -114,9 +134,30 @@ with disagreement_tab:
                                    for i, e in sorted(excluded_ids.items())]), hide_index=True, width="stretch")
 
 with outlines_tab:
-    st.caption("Outline agreement (Dice) needs several annotators' outlines of one photo. This workspace keeps one "
-               "label map per photo (the latest outline is the truth; earlier ones are in the audit trail), so "
-               "there is no pair of outlines to compare yet.")
+    st.caption("Photos marked here are outlined again, independently, by each annotator who opens them: every "
+               "reading is stored as that annotator's own layer beside the stored outline, which it never changes. "
+               "Readers see only their own outline; agreement (Agreement tab) is shown to admins only. Unmarking "
+               "closes a photo's reading: its readings are kept and still count.")
+    photo_ids = [im["image_id"] for im in store.images()]
+    now_marked = readings.marked(ws)
+    with st.form("reading_form", border=False):
+        chosen = st.multiselect("Photos for second reading", photo_ids, default=now_marked, key="reading_photos")
+        if st.form_submit_button("Save marks", type="primary", key="reading_save"):
+            for image_id in sorted(set(chosen) - set(now_marked)):
+                readings.mark(ws, image_id, actor)
+            for image_id in sorted(set(now_marked) - set(chosen)):
+                readings.unmark(ws, image_id, actor)
+            st.rerun()
+    done = readings.readings(ws)
+    left_out = {n.casefold() for n in excluded_names}
+    if done:
+        st.dataframe(pd.DataFrame([{"photo": r["image_id"], "reader": r["reader"], "wounds": r["wounds"],
+                                    "wound pixels": r["area"], "updated": r["updated"][:16].replace("T", " "),
+                                    "open": r["image_id"] in now_marked,
+                                    "in evaluation": r["reader"].casefold() not in left_out} for r in done]),
+                     hide_index=True, width="stretch")
+    else:
+        st.caption("No second reading stored yet.")
 
 with audit_tab:
     changes = store.revisions()[-300:][::-1]
