@@ -1,6 +1,7 @@
 """Second reading: per-annotator layers beside the stored truth, their guards, and Dice agreement."""
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -22,8 +23,10 @@ def ws(tmp_path: Path) -> Workspace:
     ws = Workspace(tmp_path / "ws")
     ws.store.upsert_patient("pat")
     for image_id in ("p1", "p2"):
-        Image.new("RGB", (W, H), (200, 160, 150)).save(ws.images_dir / f"{image_id}.png")
-        ws.store.upsert_image(image_id, f"{image_id}.png", "0" * 64, W, H, patient_id="pat")
+        path = ws.images_dir / f"{image_id}.png"
+        Image.new("RGB", (W, H), (200, 160, 150)).save(path)
+        ws.store.upsert_image(image_id, path.name, hashlib.sha256(path.read_bytes()).hexdigest(), W, H,
+                              patient_id="pat")
     truth = np.zeros((H, W), np.int32)
     truth[2:6, 2:10] = 1
     ws.save_mask("p1", truth)
@@ -158,3 +161,15 @@ def test_erasing_a_patient_removes_the_readings(ws: Workspace) -> None:
     assert readings.readings(ws) == [] and readings.marked(ws) == []
     assert not layer.exists() and not layer.parent.exists()
     assert ws.store.revisions("readings") == [] and ws.store.revisions("reading_photos") == []
+
+
+def test_backup_and_restore_keep_the_readings(ws: Workspace, tmp_path: Path) -> None:
+    from annotations.backup import backup, restore
+
+    readings.mark(ws, "p1", "Admin")
+    readings.add_wound(ws, "p1", box(2, 6, 2, 10), reader="A", actor="A")
+    backup(ws, tmp_path / "copy")
+    restore(tmp_path / "copy", tmp_path / "restored")
+    again = Workspace(tmp_path / "restored")
+    assert readings.marked(again) == ["p1"] and [r["reader"] for r in readings.readings(again)] == ["A"]
+    assert (readings.load_layer(again, "p1", "A") == readings.load_layer(ws, "p1", "A")).all()
