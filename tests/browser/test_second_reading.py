@@ -52,8 +52,20 @@ def server(tmp_path, start_app, add_account):
     return ws, start_app(ws.root, tmp_path / "streamlit.log")
 
 
-def read_blind(chromium, url: str, sign_in, name: str, square: list[tuple[int, int]]) -> None:
-    """Sign in as ``name``, open the marked photo: no outline is shown; draw ``square`` and save it."""
+def draw(pg, points: list[tuple[int, int]]) -> None:
+    """Draw mode: click each point, the first again to close, then Save outline."""
+    tool(pg, "Draw new").click()
+    pg.locator(".oe svg").scroll_into_view_if_needed()
+    for x, y in [*points, points[0]]:
+        pg.mouse.click(*to_screen(pg, x, y))
+        pg.wait_for_timeout(80)
+    tool(pg, "Save outline").click()
+
+
+def read_blind(chromium, url: str, sign_in, ws: Workspace, name: str, square: list[tuple[int, int]],
+               extra: bool = False) -> None:
+    """Sign in as ``name``, open the marked photo: no outline is shown; draw ``square`` and save it.
+    ``extra``: also an overlapping outline (refused) and a second wound, deleted again."""
     context = chromium.new_context(viewport={"width": 1440, "height": 1000})
     pg = context.new_page()
     pg.set_default_timeout(120_000)
@@ -66,15 +78,25 @@ def read_blind(chromium, url: str, sign_in, name: str, square: list[tuple[int, i
     idle(pg)
     # blind: neither the stored outline (two wounds) nor the other reader's outline is drawn
     expect(pg.locator(".oe path.shape")).to_have_count(0)
-    tool(pg, "Draw new").click()
-    pg.locator(".oe svg").scroll_into_view_if_needed()
-    for x, y in [*square, square[0]]:
-        pg.mouse.click(*to_screen(pg, x, y))
-        pg.wait_for_timeout(80)
-    tool(pg, "Save outline").click()
+    draw(pg, square)
     expect(pg.get_by_text("Saved wound 1 of your reading of leg-01.")).to_be_visible()
     idle(pg)
     expect(pg.locator(".oe path.shape")).to_have_count(1)
+    if extra:
+        before = readings.readings(ws)
+        draw(pg, [(120, 100), (180, 100), (180, 150), (120, 150)])
+        expect(pg.get_by_text(re.compile(r"overlaps wound\(s\) 1 of your reading.*Nothing was saved"))).to_be_visible()
+        idle(pg)
+        assert readings.readings(ws) == before
+        pg.keyboard.press("Escape")
+        draw(pg, [(200, 160), (240, 160), (240, 200), (200, 200)])
+        expect(pg.get_by_text("Saved wound 2 of your reading of leg-01.")).to_be_visible()
+        idle(pg)
+        expect(pg.locator(".oe path.shape")).to_have_count(2)
+        pg.get_by_role("button", name="Delete wound 2").click()
+        expect(pg.get_by_text("Deleted wound 2 of your reading of leg-01.")).to_be_visible()
+        idle(pg)
+        expect(pg.locator(".oe path.shape")).to_have_count(1)
     assert pg.get_by_text(re.compile("Dice|agreement", re.IGNORECASE)).count() == 0  # no score on their page
     pg.goto(f"{url}/Review")  # nor by URL
     expect(pg.get_by_text("Review is only for admins")).to_be_visible()
@@ -101,14 +123,23 @@ def test_two_blind_readings_and_their_dice_on_the_review_page(server, chromium, 
     idle(pg)
     assert readings.marked(ws) == ["leg-01"]
 
-    read_blind(chromium, app.url, sign_in, READER_A, SQUARE_A)
-    read_blind(chromium, app.url, sign_in, READER_B, SQUARE_B)
+    # the admin sees the stored outline of the marked photo, and reads it blind only when asking to
+    pg.get_by_role("link", name="Wound masks").click()
+    expect(pg.get_by_role("heading", name="Wounds of leg-01")).to_be_visible()
+    expect(pg.locator('.oe path.shape[data-key="w1"]')).to_have_count(1)
+    idle(pg)
+    pg.get_by_text("My second reading of this photo").click()
+    expect(pg.get_by_role("heading", name="Your reading of leg-01")).to_be_visible()
+    expect(pg.locator(".oe path.shape")).to_have_count(0)
+
+    read_blind(chromium, app.url, sign_in, ws, READER_A, SQUARE_A, extra=True)
+    read_blind(chromium, app.url, sign_in, ws, READER_B, SQUARE_B)
     a, b = (readings.load_layer(ws, "leg-01", n) for n in (READER_A, READER_B))
     assert int((a == 1).sum()) == 5600 and int((b == 1).sum()) == 5600 and int(((a > 0) & (b > 0)).sum()) == 4200
     assert (ws.load_mask("leg-01") == truth).all() and ws.store.wounds("leg-01") == wounds  # the truth untouched
     assert {r["actor"] for r in ws.store.revisions("readings")} == {READER_A, READER_B}
 
-    pg.reload()
+    pg.get_by_role("link", name="Review").click()
     expect(pg.get_by_role("heading", name="Review")).to_be_visible()
     idle(pg)
     pg.get_by_role("tab", name="Agreement", exact=True).click()
