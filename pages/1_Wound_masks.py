@@ -95,7 +95,7 @@ def second_reading(image_id: str) -> None:
         if not found:
             st.info("You have not outlined a wound on this photo yet.")
         for i in found:
-            c1, c2 = st.columns([3, 2], vertical_alignment="center")
+            c1, c2 = st.columns([1, 1], vertical_alignment="center")
             c1.markdown(f"**Wound {i}** · {int((layer == i).sum()):,} px")
             c2.button(f"Delete wound {i}", icon=":material/delete:", key=f"rdel_{image_id}_{i}",
                       on_click=read_delete, args=(image_id, me, i))

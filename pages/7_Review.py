@@ -96,6 +96,15 @@ with agreement_tab:
             "pairs": "; ".join(f"{p['a']}–{p['b']} {p['dice']:.3f}" for p in ph["pairs"]),
             "vs stored": "; ".join(f"{r} {v:.3f}" for r, v in sorted(ph["vs_stored"].items())) or "no stored outline",
         } for ph in sorted(outline["photos"], key=lambda ph: ph["mean"])]), hide_index=True, width="stretch")
+        worst = sorted(outline["photos"], key=lambda ph: ph["mean"])
+        look = st.selectbox("Look at the readings of", range(len(worst)), key="reading_look",
+                            format_func=lambda n: f"{worst[n]['image_id']} (mean Dice {worst[n]['mean']:.3f})")
+        shown = worst[look]
+        photo = ws.load_image(shown["image_id"])
+        layers = [("stored outline", ws.load_mask(shown["image_id"]))]
+        layers += [(name, readings.load_layer(ws, shown["image_id"], name)) for name in shown["readers"]]
+        for col, (name, labels) in zip(st.columns(len(layers)), layers):
+            col.image(ac.outline_overlay(photo, labels), caption=name, width="stretch")
     st.markdown("**Self-consistency on planned repeats**")
     sc = consistency.self_consistency(kept)
     if sc:

@@ -63,9 +63,10 @@ def draw(pg, points: list[tuple[int, int]]) -> None:
 
 
 def read_blind(chromium, url: str, sign_in, ws: Workspace, name: str, square: list[tuple[int, int]],
-               extra: bool = False) -> None:
+               extra: bool = False, shot=None) -> None:
     """Sign in as ``name``, open the marked photo: no outline is shown; draw ``square`` and save it.
-    ``extra``: also an overlapping outline (refused) and a second wound, deleted again."""
+    ``extra``: also an overlapping outline (refused) and a second wound, deleted again; ``shot``: the
+    screenshot fixture, to keep the reader's page (docs/screenshots/second_reading.png)."""
     context = chromium.new_context(viewport={"width": 1440, "height": 1000})
     pg = context.new_page()
     pg.set_default_timeout(120_000)
@@ -98,6 +99,8 @@ def read_blind(chromium, url: str, sign_in, ws: Workspace, name: str, square: li
         idle(pg)
         expect(pg.locator(".oe path.shape")).to_have_count(1)
     assert pg.get_by_text(re.compile("Dice|agreement", re.IGNORECASE)).count() == 0  # no score on their page
+    if shot is not None:
+        shot(pg, "second_reading")
     pg.goto(f"{url}/Review")  # nor by URL
     expect(pg.get_by_text("Review is only for admins")).to_be_visible()
     assert pg.get_by_text(re.compile("Dice")).count() == 0
@@ -133,7 +136,7 @@ def test_two_blind_readings_and_their_dice_on_the_review_page(server, chromium, 
     expect(pg.locator(".oe path.shape")).to_have_count(0)
 
     read_blind(chromium, app.url, sign_in, ws, READER_A, SQUARE_A, extra=True)
-    read_blind(chromium, app.url, sign_in, ws, READER_B, SQUARE_B)
+    read_blind(chromium, app.url, sign_in, ws, READER_B, SQUARE_B, shot=screenshot)
     a, b = (readings.load_layer(ws, "leg-01", n) for n in (READER_A, READER_B))
     assert int((a == 1).sum()) == 5600 and int((b == 1).sum()) == 5600 and int(((a > 0) & (b > 0)).sum()) == 4200
     assert (ws.load_mask("leg-01") == truth).all() and ws.store.wounds("leg-01") == wounds  # the truth untouched
@@ -148,6 +151,10 @@ def test_two_blind_readings_and_their_dice_on_the_review_page(server, chromium, 
     expect(pg.get_by_text("Outline agreement per photo")).to_be_visible()
     # κ pairs, Dice pairs, Dice per photo, self-consistency (canvas grids: their cells are not in the DOM)
     expect(pg.get_by_role("tabpanel", name="Agreement").get_by_test_id("stDataFrame")).to_have_count(4)
+    panel = pg.get_by_role("tabpanel", name="Agreement")  # the photo with the stored outline and each reading
+    expect(panel.get_by_test_id("stImage")).to_have_count(3)
+    for caption in ("stored outline", READER_A, READER_B):
+        expect(panel.get_by_test_id("stImageCaption").filter(has_text=caption)).to_be_visible()
     (pair,) = readings.agreement(ws)["pairs"]
     assert (pair["a"], pair["b"], pair["n"]) == (READER_A, READER_B, 1) and pair["mean"] == pytest.approx(0.75)
     screenshot(pg, "review_agreement")
