@@ -135,22 +135,21 @@ def _check_writer(ws: Workspace, image_id: str, reader: str, actor: str) -> dict
 def save_layer(ws: Workspace, image_id: str, labels: np.ndarray, *, reader: str, actor: str) -> None:
     """Store ``labels`` as ``reader``'s reading of ``image_id`` (only the reader may, only while the photo is
     marked). One ``readings`` revision holds the old and new outlines."""
-    image = _check_writer(ws, image_id, reader, actor)
     labels = np.asarray(labels)
-    if labels.shape != (image["height"], image["width"]):
-        raise ReadingError(f"The reading is {labels.shape[::-1]} px, photo {image_id} is "
-                           f"{image['width']}×{image['height']} px. Nothing was saved.")
-    if not np.issubdtype(labels.dtype, np.integer) or labels.min(initial=0) < 0 or labels.max(initial=0) > 65535:
-        raise ReadingError("A reading is a label map of whole numbers 0–65535 (0 = skin). Nothing was saved.")
-    reader = reader.strip()
-    old_row = _row(ws, image_id, reader)
-    old = outlines(load_layer(ws, image_id, reader)) if old_row else None
-    new = outlines(labels)
-    if old is not None and old == new:
-        return
-    file = old_row["file"] if old_row else layer_file(image_id, reader)
-    wounds, area = len(new), int((labels > 0).sum())
     with ws.store.transaction():
+        image = _check_writer(ws, image_id, reader, actor)
+        if labels.shape != (image["height"], image["width"]):
+            raise ReadingError(f"The reading is {labels.shape[::-1]} px, photo {image_id} is "
+                               f"{image['width']}×{image['height']} px. Nothing was saved.")
+        if not np.issubdtype(labels.dtype, np.integer) or labels.min(initial=0) < 0 or labels.max(initial=0) > 65535:
+            raise ReadingError("A reading is a label map of whole numbers 0–65535 (0 = skin). Nothing was saved.")
+        reader, new = reader.strip(), outlines(labels)
+        old_row = _row(ws, image_id, reader)
+        old = outlines(load_layer(ws, image_id, reader)) if old_row else None
+        if old is not None and old == new:
+            return
+        file = old_row["file"] if old_row else layer_file(image_id, reader)
+        wounds, area = len(new), int((labels > 0).sum())
         ws.store.db.execute(
             "INSERT INTO readings (image_id, reader, file, wounds, area, updated) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(image_id, reader) DO UPDATE SET wounds = excluded.wounds, area = excluded.area, "
@@ -167,39 +166,42 @@ def save_layer(ws: Workspace, image_id: str, labels: np.ndarray, *, reader: str,
 def add_wound(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int | None = None, *,
               reader: str, actor: str) -> int:
     """Put ``region`` into the reader's layer as wound ``wound_index`` (None: a new wound); returns its index.
-    Too small, or overlapping another wound of the same reading: ReadingError, nothing saved."""
-    _check_writer(ws, image_id, reader, actor)
-    labels = load_layer(ws, image_id, reader)
-    region = np.asarray(region, bool)
-    if region.shape != labels.shape:
-        raise ReadingError(f"The outline is {region.shape[::-1]} px, photo {image_id} is "
-                           f"{labels.shape[::-1]} px. Nothing was saved.")
-    area, minimum = int(region.sum()), ws.min_wound_area
-    if area < minimum:
-        raise ReadingError(f"The outline covers {area} px, less than this workspace's minimum wound area of "
-                           f"{minimum} px. Nothing was saved.")
-    if wound_index is not None and not (labels == wound_index).any():
-        raise ReadingError(f"Your reading of {image_id} has no wound {wound_index}. Nothing was saved.")
-    others = np.unique(labels[region & (labels > 0) & (labels != (wound_index or 0))])
-    if len(others):
-        names = ", ".join(str(int(j)) for j in others)
-        raise ReadingError(f"The outline overlaps wound(s) {names} of your reading; move its vertices so the "
-                           "wounds do not overlap. Nothing was saved.")
-    index = wound_index or int(labels.max(initial=0)) + 1
-    labels[labels == index] = 0
-    labels[region] = index
-    save_layer(ws, image_id, labels, reader=reader, actor=actor)
+    Too small, or overlapping another wound of the same reading: ReadingError, nothing saved. The layer is
+    read and written in one transaction, so a second browser of the same reader cannot lose this change."""
+    with ws.store.transaction():
+        _check_writer(ws, image_id, reader, actor)
+        labels = load_layer(ws, image_id, reader)
+        region = np.asarray(region, bool)
+        if region.shape != labels.shape:
+            raise ReadingError(f"The outline is {region.shape[::-1]} px, photo {image_id} is "
+                               f"{labels.shape[::-1]} px. Nothing was saved.")
+        area, minimum = int(region.sum()), ws.min_wound_area
+        if area < minimum:
+            raise ReadingError(f"The outline covers {area} px, less than this workspace's minimum wound area of "
+                               f"{minimum} px. Nothing was saved.")
+        if wound_index is not None and not (labels == wound_index).any():
+            raise ReadingError(f"Your reading of {image_id} has no wound {wound_index}. Nothing was saved.")
+        others = np.unique(labels[region & (labels > 0) & (labels != (wound_index or 0))])
+        if len(others):
+            names = ", ".join(str(int(j)) for j in others)
+            raise ReadingError(f"The outline overlaps wound(s) {names} of your reading; move its vertices so the "
+                               "wounds do not overlap. Nothing was saved.")
+        index = wound_index or int(labels.max(initial=0)) + 1
+        labels[labels == index] = 0
+        labels[region] = index
+        save_layer(ws, image_id, labels, reader=reader, actor=actor)
     return index
 
 
 def delete_wound(ws: Workspace, image_id: str, wound_index: int, *, reader: str, actor: str) -> None:
     """Remove one wound from the reader's layer (the reading stays: a reading may find no wound)."""
-    _check_writer(ws, image_id, reader, actor)
-    labels = load_layer(ws, image_id, reader)
-    if not (labels == wound_index).any():
-        raise ReadingError(f"Your reading of {image_id} has no wound {wound_index}. Nothing was changed.")
-    labels[labels == wound_index] = 0
-    save_layer(ws, image_id, labels, reader=reader, actor=actor)
+    with ws.store.transaction():
+        _check_writer(ws, image_id, reader, actor)
+        labels = load_layer(ws, image_id, reader)
+        if not (labels == wound_index).any():
+            raise ReadingError(f"Your reading of {image_id} has no wound {wound_index}. Nothing was changed.")
+        labels[labels == wound_index] = 0
+        save_layer(ws, image_id, labels, reader=reader, actor=actor)
 
 
 # -- agreement ------------------------------------------------------------------------------------------
