@@ -173,3 +173,42 @@ def test_backup_and_restore_keep_the_readings(ws: Workspace, tmp_path: Path) -> 
     again = Workspace(tmp_path / "restored")
     assert readings.marked(again) == ["p1"] and [r["reader"] for r in readings.readings(again)] == ["A"]
     assert (readings.load_layer(again, "p1", "A") == readings.load_layer(ws, "p1", "A")).all()
+
+
+def review_page(ws: Workspace, monkeypatch, name: str, role: str):
+    """The Review page (AppTest, no browser) signed in as ``name`` with ``role``."""
+    from streamlit.testing.v1 import AppTest
+
+    from annotations import accounts
+
+    monkeypatch.setenv("TRIDERM_WORKSPACE", str(ws.root))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=60)
+    at.session_state["account"] = (accounts.get(ws.store, name)
+                                   or accounts.add_account(ws.store, name, role, "correct horse battery", "test"))
+    at.run()
+    at.switch_page("pages/7_Review.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_review_page_marks_photos_and_shows_dice_to_admins_only(ws: Workspace, monkeypatch) -> None:
+    at = review_page(ws, monkeypatch, "Ada", "admin")
+    at.multiselect(key="reading_photos").set_value(["p2"])  # inside the form: sent with its submit button
+    at.button(key="reading_save").click().run()
+    assert readings.marked(ws) == ["p2"]
+    assert [r["actor"] for r in ws.store.revisions("reading_photos", "p2")] == ["Ada"]
+    readings.add_wound(ws, "p2", box(0, 4, 0, 10), reader="A", actor="A")
+    readings.add_wound(ws, "p2", box(0, 4, 4, 14), reader="B", actor="B")
+    at.run()
+    shown = "\n".join(m.value for m in at.markdown)
+    assert "mean Dice = 0.600" in shown
+    frames = [f.value for f in at.dataframe]
+    pair = next(f for f in frames if "lowest Dice" in f.columns)
+    assert pair[["annotator A", "annotator B", "photos"]].values.tolist() == [["A", "B", 1]]
+    assert pair["mean Dice"].tolist() == [0.6]
+    photo = next(f for f in frames if "vs stored" in f.columns)
+    assert photo[["photo", "pairs", "vs stored"]].values.tolist() == [["p2", "A–B 0.600", "no stored outline"]]
+
+    annotator = review_page(ws, monkeypatch, "A", "annotator")
+    assert any("is only for" in e.value for e in annotator.error)
+    assert not annotator.dataframe and "Dice" not in "\n".join(m.value for m in annotator.markdown)
