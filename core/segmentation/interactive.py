@@ -6,9 +6,11 @@
 - :func:`outline_from_click`: the component of the probability map under the click; ``exclude``
   clicks inside it split it by a marker watershed (Meyer 1994, OpenCV) and keep the clicked side.
   When the click lies on low probability, or no segmenter was trained, GrabCut (Rother et al.,
-  SIGGRAPH 2004, OpenCV) is seeded at the click: a disc around it is foreground, a window of a
-  quarter of the photo's short side probable foreground, the rest probable background, existing
-  outlines and ``exclude`` clicks background.
+  SIGGRAPH 2004, OpenCV) is seeded at the click: a disc around it is foreground, a small window
+  (a fifth of the photo's short side) probable foreground — GrabCut grows the wound out of it by
+  colour, whereas a large window tends to be filled whole — and, when a segmenter exists, every
+  pixel it gives probability ≥ :data:`GRABCUT_PROBABLE` as well; the rest is probable background,
+  existing outlines and ``exclude`` clicks background.
 - :class:`SamClicker`: the online choice, Segment Anything (Kirillov et al., ICCV 2023) with a
   checkpoint the user provides; the click is a positive point, ``exclude`` clicks negative ones.
 """
@@ -30,6 +32,10 @@ from core.segmentation.model import THRESHOLD, Segmenter, SegmenterError, load_s
 
 GRABCUT_MAX_SIDE = 512
 GRABCUT_ITERATIONS = 5
+#: Half-side of GrabCut's probable-foreground window around the click, as a share of the photo's short side.
+GRABCUT_WINDOW = 0.1
+#: Segmenter probability from which a pixel seeds GrabCut as probable foreground.
+GRABCUT_PROBABLE = 0.25
 SAM_TYPES = ("vit_b", "vit_l", "vit_h")
 
 
@@ -87,15 +93,18 @@ def split_at(rgb: np.ndarray, region: np.ndarray, x: int, y: int, exclude: Seque
 
 
 def grabcut_outline(rgb: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int, int]] = (),
-                    existing: np.ndarray | None = None) -> np.ndarray:
-    """GrabCut seeded at the click (on a copy at most :data:`GRABCUT_MAX_SIDE` px), the clicked component."""
+                    existing: np.ndarray | None = None, prob: np.ndarray | None = None) -> np.ndarray:
+    """GrabCut seeded at the click and, when given, by the segmenter's probability map (on a copy at most
+    :data:`GRABCUT_MAX_SIDE` px); the clicked component."""
     h, w = rgb.shape[:2]
     scale = min(1.0, GRABCUT_MAX_SIDE / max(h, w))
     small = cv2.resize(rgb, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
     sh, sw = small.shape[:2]
     sx, sy = min(sw - 1, int(x * scale)), min(sh - 1, int(y * scale))
-    r = max(8, round(0.25 * min(sh, sw)))
+    r = max(8, round(GRABCUT_WINDOW * min(sh, sw)))
     mask = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
+    if prob is not None:
+        mask[cv2.resize(prob, (sw, sh), interpolation=cv2.INTER_LINEAR) >= GRABCUT_PROBABLE] = cv2.GC_PR_FGD
     mask[max(0, sy - r): sy + r + 1, max(0, sx - r): sx + r + 1] = cv2.GC_PR_FGD
     if existing is not None and existing.any():
         mask[cv2.resize(existing.astype(np.uint8), (sw, sh), interpolation=cv2.INTER_NEAREST) > 0] = cv2.GC_BGD
@@ -175,11 +184,13 @@ def click_outline(image: Image.Image, x: int, y: int, segmenter: Segmenter | Sam
     if isinstance(segmenter, SamClicker):
         mask = segmenter.outline(image, x, y, exclude) & ~existing
         return component_at(mask, x, y)
+    prob = None
     if segmenter is not None:
-        fg = ndimage.binary_fill_holes(segmenter.probability(image) >= THRESHOLD) & ~existing
+        prob = segmenter.probability(image)
+        fg = ndimage.binary_fill_holes(prob >= THRESHOLD) & ~existing
         if fg[y, x]:
             return split_at(rgb, component_at(fg, x, y), x, y, exclude)
-    return grabcut_outline(rgb, x, y, exclude, existing)
+    return grabcut_outline(rgb, x, y, exclude, existing, prob)
 
 
 def outline_from_click(ws: Workspace, image_id: str, x: int, y: int,
