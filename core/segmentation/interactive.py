@@ -36,7 +36,9 @@ GRABCUT_ITERATIONS = 5
 GRABCUT_WINDOW = 0.1
 #: Segmenter probability from which a pixel seeds GrabCut as probable foreground.
 GRABCUT_PROBABLE = 0.25
-SAM_TYPES = ("vit_b", "vit_l", "vit_h")
+#: Segment Anything image-encoder width → registry entry; the width is read from this checkpoint tensor.
+SAM_WIDTHS = {768: "vit_b", 1024: "vit_l", 1280: "vit_h"}
+SAM_PATCH_KEY = "image_encoder.patch_embed.proj.weight"
 
 
 class SamUnavailable(RuntimeError):
@@ -125,35 +127,32 @@ def grabcut_outline(rgb: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int
 class SamClicker:
     """Segment Anything with a user-provided checkpoint; :meth:`outline` answers a click like the segmenter."""
 
-    def __init__(self, checkpoint_path: str | Path, model_type: str | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(self, checkpoint_path: str | Path, device: torch.device | str | None = None) -> None:
         try:
             from segment_anything import SamPredictor, sam_model_registry
         except ImportError:
             raise SamUnavailable("Segment Anything needs the 'segment-anything' package "
-                                 "(pip install segment-anything)") from None
+                                 "(pip install segment-anything, or pip install 'triderm-studio[sam]')") from None
         path = Path(checkpoint_path)
         if not path.is_file():
             raise SamUnavailable(f"Segment Anything checkpoint not found: {path} (download one of the "
                                  "sam_vit_b/l/h checkpoints of the Segment Anything project)")
-        if model_type is not None and model_type not in SAM_TYPES:
-            raise SamUnavailable(f"unknown Segment Anything model type {model_type!r}; choose one of {SAM_TYPES}")
-        types = [model_type] if model_type else [t for t in SAM_TYPES if t in path.name] or list(SAM_TYPES)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
             raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({e})") from None
-        errors = []
-        for t in types:
-            try:
-                model = sam_model_registry[t]()
-                model.load_state_dict(state)
-                break
-            except (RuntimeError, TypeError, AttributeError) as e:
-                errors.append(f"{t}: {str(e).splitlines()[0]}")
-        else:
-            raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({'; '.join(errors)})")
-        self.model_type = t
+        patch = state.get(SAM_PATCH_KEY) if isinstance(state, dict) else None
+        model_type = SAM_WIDTHS.get(int(patch.shape[0])) if isinstance(patch, torch.Tensor) and patch.ndim else None
+        if model_type is None:
+            raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint (no {SAM_PATCH_KEY} of width "
+                                 f"{'/'.join(map(str, SAM_WIDTHS))}, as in sam_vit_b/l/h)")
+        model = sam_model_registry[model_type]()
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise SamUnavailable(f"{path}: not a loadable Segment Anything {model_type} checkpoint "
+                                 f"({str(e).splitlines()[0]} …)") from None
+        self.model_type = model_type
         self.predictor = SamPredictor(model.to(pick_device() if device is None else device).eval())
         self._image_key: str | None = None
 
