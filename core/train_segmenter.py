@@ -1,7 +1,8 @@
 """Train the wound segmenter (frozen EfficientNet-Lite0 + FPN decoder) on a workspace's masks.
 
 Photos with outlined wounds in the workspace, plus every ``--data`` dataset folder's photos that
-have a mask, train the decoder (:mod:`core.segmentation`); whole patients / file-name series making
+have a mask, train the decoder (:mod:`core.segmentation`; an epoch shows each training photo once, as
+itself, a flip or a random scaled/colour-jittered view); whole patients / file-name series making
 up ``--val-fraction`` of the photos are held out and their mean per-photo Dice is the run's
 ``dice``. The run (kind ``segmenter``) records the loss per epoch and the checkpoint
 ``runs/<id>/segmenter.pt``, which the outline editor's suggestions and click-to-outline use.
