@@ -24,7 +24,14 @@ from core.segmentation import (
 from core.segmentation.interactive import SAM_PATCH_KEY
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
 from core.segmentation.model import RUN_KIND, FPNDecoder, encoder
-from core.segmentation.training import cache_features, fit_decoder, folder_samples, series_group, split_groups
+from core.segmentation.training import (
+    augment,
+    cache_features,
+    fit_decoder,
+    folder_samples,
+    series_group,
+    split_groups,
+)
 
 SIZE = 64
 
@@ -92,6 +99,21 @@ def test_series_groups_keep_near_duplicates_together():
     assert series_group("foot-ulcer-2-3") == series_group("foot-ulcer-2-1") == "foot-ulcer-2"
     assert series_group("foot-ulcer1-5") == "foot-ulcer1"
     assert series_group("foot-ulcer-0001") == "foot-ulcer-0001"
+
+
+def test_augmented_views_move_the_mask_with_the_photo():
+    rng = np.random.default_rng(0)
+    mask = np.zeros((40, 60), bool)
+    mask[5:25, 10:30] = True
+    mask[30:38, 45:58] = True
+    img = np.where(mask[..., None], np.array([255, 0, 0], np.uint8), np.array([0, 0, 255], np.uint8))
+    sizes = set()
+    for _ in range(20):
+        photo, m = augment(Image.fromarray(img), mask, rng)
+        out = np.asarray(photo).astype(int)
+        assert m.shape == out.shape[:2] and ((out[..., 0] > out[..., 2]) == m).all()
+        sizes.add(m.shape[1] > 60 or m.shape[0] > 40)
+    assert sizes == {True, False}  # both zoomed out (reflect-padded) and zoomed in
 
 
 def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
