@@ -1,6 +1,6 @@
 """Wound segmentation: the segmenter against two classical baselines, k-fold by photo group.
 
-    python -m benchmarks.segmentation [--data ../shared/data/medetec ...] [--folds 5] [--epochs 20] [--seed 0]
+    python -m benchmarks.segmentation [--data ../shared/data/medetec ...] [--folds 5] [--epochs 80] [--seed 0]
                                       [--no-curve] [--section segmentation]
 
 Folds split whole groups (:func:`core.segmentation.training.series_group`: a file-name series such
@@ -17,8 +17,11 @@ scored at the photo's resolution: Dice and IoU per photo and per wound (predicte
 matched to the wound they overlap most), boundary F (DAVIS tolerance), the share of wounds whose
 suggestion needs no edit (Dice ≥ 0.9) and the vertices a clinician would move otherwise
 (:mod:`core.segmentation.metrics`). Also: a learning curve (segmenter Dice against the number of
-training photos, subsets drawn from each fold's training photos) and CPU inference time on a
-512-px photo. Backbone features are computed once (four flips per photo) and shared by all folds.
+training photos, subsets drawn from each fold's training photos), CPU inference time on a
+512-px photo, and click-to-outline: one click at each test wound's deepest interior point (the
+maximum of its distance transform), answered by GrabCut alone (no model) and by the fold's
+segmenter (its component under the click, else GrabCut seeded by its probability map), scored by
+Dice to that wound. Backbone features are computed once (all cached views) and shared by all folds.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from scipy import stats
+from scipy import ndimage, stats
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -43,10 +46,12 @@ from annotations.workspace import DEFAULT_MIN_WOUND_AREA
 from benchmarks.results import RESULTS_DIR, command_line, mean_sd_ci, render_tables, write_result
 from core import cli
 from core.runtime import torch_threads
-from core.segmentation.interactive import wound_components
-from core.segmentation.metrics import photo_scores
+from core.segmentation.interactive import click_outline, wound_components
+from core.segmentation.metrics import dice, photo_scores
 from core.segmentation.model import Segmenter, encoder
 from core.segmentation.training import (
+    AUGMENTED_VIEWS,
+    EPOCHS,
     FeatureCache,
     Sample,
     cache_features,
@@ -93,7 +98,7 @@ def otsu_red(image: Image.Image) -> np.ndarray:
 
 def stride8_features(cache: FeatureCache, sample: int) -> torch.Tensor:
     """All levels of a sample's identity view at stride 8, concatenated: C×h×w (float32)."""
-    row = sample * len(cache.views) + cache.views.index("identity")
+    row = cache.row(sample)
     size = cache.levels[1].shape[-2:]
     return torch.cat([F.interpolate(level[row:row + 1].float(), size=size, mode="bilinear", align_corners=False)[0]
                       for level in cache.levels])
@@ -130,6 +135,41 @@ def score(method: str, probs: dict[int, np.ndarray], samples: list[Sample]) -> l
     return rows
 
 
+class FixedMap:
+    """A fold's precomputed probability map standing in for the segmenter in :func:`click_outline`."""
+
+    def __init__(self, prob: np.ndarray) -> None:
+        self.prob = prob
+
+    def probability(self, image: Image.Image) -> np.ndarray:
+        return self.prob
+
+
+def deepest_points(mask: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    """(x, y, wound) for each wound of a mask: the pixel farthest from the wound's boundary."""
+    labels = mask_to_labels(mask.astype(np.uint8))
+    out = []
+    for k in range(1, int(labels.max()) + 1):
+        wound = labels == k
+        if wound.any():
+            depth = ndimage.distance_transform_edt(np.pad(wound, 1))[1:-1, 1:-1]
+            y, x = np.unravel_index(int(np.argmax(depth)), depth.shape)
+            out.append((int(x), int(y), wound))
+    return out
+
+
+def click_scores(samples: list[Sample], probs: dict[int, np.ndarray]) -> list[dict]:
+    """Per-wound Dice and seconds of one click at each test wound, by GrabCut alone and by the segmenter."""
+    rows = []
+    for i, prob in probs.items():
+        for x, y, wound in deepest_points(samples[i].mask):
+            for method, model in (("grabcut", None), ("segmenter", FixedMap(prob))):
+                t0 = time.perf_counter()
+                out = click_outline(samples[i].image, x, y, model)
+                rows.append({"method": method, "dice": dice(out, wound), "seconds": time.perf_counter() - t0})
+    return rows
+
+
 def inference_seconds(seg: Segmenter, threads: int, repeats: int = 5) -> float:
     """Median wall seconds of :meth:`Segmenter.probability` on a new 512-px photo each call (one warm-up)."""
     rng = np.random.default_rng(0)
@@ -147,9 +187,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     samples = [s for d in args.data for s in folder_samples(d)]
     enc = encoder("cpu")
     with torch_threads(1):
-        cache = cache_features(samples, enc, progress=not args.quiet)
+        cache = cache_features(samples, enc, seed=args.seed, progress=not args.quiet)
     folds = group_folds(samples, args.folds, args.seed)
     rows: list[dict] = []
+    clicks: list[dict] = []
     curve: dict[int | str, list[float]] = {}
     last = None
     for f, test in enumerate(tqdm(folds, desc="folds", unit="fold", disable=args.quiet)):
@@ -160,6 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             decoder, _ = fit_decoder(cache, train, enc.channels, args.epochs, seed=args.seed + f, progress=False)
             probs = {i: cached_probability(decoder, cache, i, samples[i].mask.shape) for i in test}
             rows += score("segmenter", probs, samples)
+            clicks += click_scores(samples, probs)
             curve.setdefault("all", []).extend(r["dice"] for r in rows[-len(test):])
             rng = np.random.default_rng(args.seed + f)
             for n in CURVE if args.curve else ():
@@ -172,7 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         last = decoder
     seg = Segmenter(last, enc)
     timing = {1: inference_seconds(seg, 1)}
-    return {"rows": rows, "curve": curve, "timing": timing, "folds": folds, "n": len(samples),
+    return {"rows": rows, "clicks": clicks, "curve": curve, "timing": timing, "folds": folds, "n": len(samples),
             "train_sizes": [len(samples) - len(t) for t in folds]}
 
 
@@ -205,16 +247,23 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
          "rows": table},
         {"caption": "Learning curve: segmenter per-photo Dice against training photos", "columns":
          ["training photos", "Dice/photo"], "rows": curve_rows},
+        {"caption": "Click to outline: one click at each wound's deepest interior point, Dice to that wound",
+         "columns": ["method", "Dice/wound", "seconds/click"],
+         "rows": [[label, mean_sd_ci(c["dice"] for c in out["clicks"] if c["method"] == key),
+                   float(np.median([c["seconds"] for c in out["clicks"] if c["method"] == key]))]
+                  for key, label in (("grabcut", "GrabCut at the click (no model)"),
+                                     ("segmenter", "segmenter component, else GrabCut seeded by it"))]},
         {"caption": f"CPU inference, one {TIMING_SIDE}-px photo (Segmenter.probability, median of 5)",
          "columns": ["torch threads", "seconds"], "rows": [[t, s] for t, s in out["timing"].items()]},
     ]
     seg, logi = np.mean(per_photo["segmenter"]), np.mean(per_photo["logistic"])
     notes = [(f"Segmenter mean per-photo Dice {seg:.3f} vs logistic {logi:.3f} (difference {seg - logi:+.3f}) "
               f"and Otsu {np.mean(per_photo['otsu']):.3f}; targets: ≥ 0.75 and ≥ 0.1 above logistic."),
-             (f"Recipe (input 384 px, 4 flips, {args.epochs} epochs, AdamW 1e-3, BCE + soft Dice) chosen on general "
-              "grounds, not on test scores: one smoke run on these photos (30 epochs, one split) was seen first; the "
-              "job's 20-epoch default was set for CPU time; a 30-epoch run followed because the training loss had "
-              "not converged at 20 epochs. Cells are mean ± sd over photos (or wounds) [95 % CI]."),
+             (f"Recipe (input 384 px; views: 4 flips + {AUGMENTED_VIEWS} random scale/aspect/colour views; "
+              f"{args.epochs} epochs of one random view per photo; AdamW 1e-3, cosine; BCE + soft Dice; "
+              "horizontal-flip test-time augmentation) chosen on general grounds, not on test scores; earlier "
+              "configurations and their figures: results/segmentation_search.md. Cells are mean ± sd over photos "
+              "(or wounds) [95 % CI]."),
              f"Folds (photo groups kept together): {', '.join(str(len(f)) for f in out['folds'])} test photos.",
              "Inference timed on one torch thread (an upper bound for 2 cores) on a machine shared with other jobs."]
     return tables, claims, notes
@@ -225,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, action="append", default=None,
                    help=f"dataset folder with images/ and masks/ (repeatable; default {MEDETEC})")
     p.add_argument("--folds", type=int, default=5)
-    cli.add_epochs(p, 20, help="segmenter training epochs (default: 20)")
+    cli.add_epochs(p, EPOCHS, help=f"segmenter training epochs (default: {EPOCHS})")
     cli.add_seed(p)
     cli.add_device(p)
     p.add_argument("--no-curve", dest="curve", action="store_false", help="skip the learning curve")

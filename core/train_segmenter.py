@@ -1,12 +1,13 @@
 """Train the wound segmenter (frozen EfficientNet-Lite0 + FPN decoder) on a workspace's masks.
 
 Photos with outlined wounds in the workspace, plus every ``--data`` dataset folder's photos that
-have a mask, train the decoder (:mod:`core.segmentation`); whole patients / file-name series making
+have a mask, train the decoder (:mod:`core.segmentation`; an epoch shows each training photo once, as
+itself, a flip or a random scaled/colour-jittered view); whole patients / file-name series making
 up ``--val-fraction`` of the photos are held out and their mean per-photo Dice is the run's
 ``dice``. The run (kind ``segmenter``) records the loss per epoch and the checkpoint
 ``runs/<id>/segmenter.pt``, which the outline editor's suggestions and click-to-outline use.
 
-    python -m core.train_segmenter [--workspace W] [--data DIR ...] [--epochs 20] [--batch-size 8]
+    python -m core.train_segmenter [--workspace W] [--data DIR ...] [--epochs 80] [--batch-size 8]
                                    [--lr 1e-3] [--seed 0] [--val-fraction 0.2] [--device auto|cpu|cuda]
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from core import cli
 from core.runtime import open_workspace, user_errors
-from core.segmentation.training import train_segmenter
+from core.segmentation.training import EPOCHS, train_segmenter
 from core.vision.backbones import BackboneUnavailable
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_workspace(parser)
     parser.add_argument("--data", action="append", default=[], metavar="DIR",
                         help="a dataset folder with images/ and masks/ to train on as well (repeatable)")
-    cli.add_epochs(parser, 20)
+    cli.add_epochs(parser, EPOCHS)
     cli.add_batch_size(parser, 8)
     cli.add_lr(parser, 1e-3)
     cli.add_seed(parser)

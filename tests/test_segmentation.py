@@ -21,9 +21,17 @@ from core.segmentation import (
     outline_from_click,
     suggest_outlines,
 )
+from core.segmentation.interactive import SAM_PATCH_KEY
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
 from core.segmentation.model import RUN_KIND, FPNDecoder, encoder
-from core.segmentation.training import cache_features, fit_decoder, folder_samples, series_group, split_groups
+from core.segmentation.training import (
+    augment,
+    cache_features,
+    fit_decoder,
+    folder_samples,
+    series_group,
+    split_groups,
+)
 
 SIZE = 64
 
@@ -93,13 +101,28 @@ def test_series_groups_keep_near_duplicates_together():
     assert series_group("foot-ulcer-0001") == "foot-ulcer-0001"
 
 
+def test_augmented_views_move_the_mask_with_the_photo():
+    rng = np.random.default_rng(0)
+    mask = np.zeros((40, 60), bool)
+    mask[5:25, 10:30] = True
+    mask[30:38, 45:58] = True
+    img = np.where(mask[..., None], np.array([255, 0, 0], np.uint8), np.array([0, 0, 255], np.uint8))
+    sizes = set()
+    for _ in range(20):
+        photo, m = augment(Image.fromarray(img), mask, rng)
+        out = np.asarray(photo).astype(int)
+        assert m.shape == out.shape[:2] and ((out[..., 0] > out[..., 2]) == m).all()
+        sizes.add(m.shape[1] > 60 or m.shape[0] > 40)
+    assert sizes == {True, False}  # both zoomed out (reflect-padded) and zoomed in
+
+
 def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
     samples = folder_samples(_dataset(tmp_path / "ds", 6))
     train, val = split_groups(samples, 0.2, seed=0)
     assert val and not {samples[i].group for i in train} & {samples[i].group for i in val}
     enc = encoder("cpu")
     cache = cache_features(samples, enc, size=SIZE, progress=False)
-    decoder, losses = fit_decoder(cache, list(range(len(samples))), enc.channels, epochs=12, batch_size=8,
+    decoder, losses = fit_decoder(cache, list(range(len(samples))), enc.channels, epochs=30, batch_size=2,
                                   lr=3e-3, progress=False)
     assert losses[-1] < 0.7 * losses[0]
     seg = Segmenter(decoder, enc, input_size=SIZE)
@@ -202,15 +225,42 @@ def test_sam_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "segment_anything", None)  # makes the import fail
     with pytest.raises(SamUnavailable, match="pip install segment-anything"):
         SamClicker(tmp_path / "sam_vit_b.pth")
+    assert not any(tmp_path.iterdir())
 
 
 def test_sam_reports_a_missing_or_unloadable_checkpoint(tmp_path):
     pytest.importorskip("segment_anything")
     with pytest.raises(SamUnavailable, match="not found"):
         SamClicker(tmp_path / "sam_vit_b.pth")
-    (tmp_path / "sam_vit_b.pth").write_bytes(b"not a checkpoint")
-    with pytest.raises(SamUnavailable, match="not a loadable Segment Anything checkpoint"):
-        SamClicker(tmp_path / "sam_vit_b.pth")
+    (tmp_path / "garbage.pth").write_bytes(b"not a checkpoint")
+    enc = encoder("cpu")
+    Segmenter(FPNDecoder(enc.channels), enc).save(tmp_path / "segmenter.pt")  # a checkpoint, but not SAM's
+    torch.save({SAM_PATCH_KEY: torch.zeros(768, 3, 16, 16)}, tmp_path / "sam_vit_b_cut.pth")  # vit_b width only
+    before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.iterdir())
+    for name, says in (("garbage.pth", "not a loadable Segment Anything checkpoint"),
+                       ("segmenter.pt", f"no {SAM_PATCH_KEY}"),
+                       ("sam_vit_b_cut.pth", "not a loadable Segment Anything vit_b checkpoint")):
+        with pytest.raises(SamUnavailable, match=says):
+            SamClicker(tmp_path / name)
+    assert sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.slow
+def test_sam_loads_a_local_checkpoint_and_answers_a_click(tmp_path):
+    """A real vit_b checkpoint (random weights: no download here) goes through the product's loading path."""
+    sam = pytest.importorskip("segment_anything")
+    torch.manual_seed(0)
+    torch.save(sam.sam_model_registry["vit_b"](checkpoint=None).state_dict(), tmp_path / "any_name.pth")
+    clicker = SamClicker(tmp_path / "any_name.pth", device="cpu")
+    assert clicker.model_type == "vit_b"
+    ws = _workspace(tmp_path, n=1)
+    existing = ws.load_mask("p0") > 0
+    photo = ws.load_image("p0")
+    raw = clicker.outline(photo, 3, 3)
+    assert raw.shape == existing.shape and raw.dtype == bool
+    ys, xs = np.nonzero(~existing)
+    out = outline_from_click(ws, "p0", int(xs[0]), int(ys[0]), segmenter=clicker)
+    assert out.shape == existing.shape and out.dtype == bool and not (out & existing).any()
 
 
 def test_probability_maps_are_reused_for_the_same_photo():

@@ -5,7 +5,8 @@ encoder: the offline EfficientNet-Lite0 (the same frozen backbone TriDerm-V toke
 timm ``tf_efficientnet_lite0`` with ``features_only``, ImageNet weights of the embedded package)
 gives strides 4–32; a light top-down FPN decoder (Lin et al., CVPR 2017) fuses them into a wound
 probability map. Only the decoder is trained (binary cross-entropy + soft Dice, Milletari et al.
-2016), on the workspace's masks, from backbone features cached once per photo and flip.
+2016), on the workspace's masks, from backbone features cached once per photo and view (the four
+flips and random scale/aspect/colour views); predictions average the photo and its horizontal flip.
 
 - :mod:`.model` — :class:`Segmenter` (frozen encoder + decoder), checkpoints.
 - :mod:`.training` — training samples (workspace masks, dataset folders), feature cache, fitting,

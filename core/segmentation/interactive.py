@@ -6,9 +6,11 @@
 - :func:`outline_from_click`: the component of the probability map under the click; ``exclude``
   clicks inside it split it by a marker watershed (Meyer 1994, OpenCV) and keep the clicked side.
   When the click lies on low probability, or no segmenter was trained, GrabCut (Rother et al.,
-  SIGGRAPH 2004, OpenCV) is seeded at the click: a disc around it is foreground, a window of a
-  quarter of the photo's short side probable foreground, the rest probable background, existing
-  outlines and ``exclude`` clicks background.
+  SIGGRAPH 2004, OpenCV) is seeded at the click: a disc around it is foreground, a small window
+  (a fifth of the photo's short side) probable foreground — GrabCut grows the wound out of it by
+  colour, whereas a large window tends to be filled whole — and, when a segmenter exists, every
+  pixel it gives probability ≥ :data:`GRABCUT_PROBABLE` as well; the rest is probable background,
+  existing outlines and ``exclude`` clicks background.
 - :class:`SamClicker`: the online choice, Segment Anything (Kirillov et al., ICCV 2023) with a
   checkpoint the user provides; the click is a positive point, ``exclude`` clicks negative ones.
 """
@@ -30,7 +32,13 @@ from core.segmentation.model import THRESHOLD, Segmenter, SegmenterError, load_s
 
 GRABCUT_MAX_SIDE = 512
 GRABCUT_ITERATIONS = 5
-SAM_TYPES = ("vit_b", "vit_l", "vit_h")
+#: Half-side of GrabCut's probable-foreground window around the click, as a share of the photo's short side.
+GRABCUT_WINDOW = 0.1
+#: Segmenter probability from which a pixel seeds GrabCut as probable foreground.
+GRABCUT_PROBABLE = 0.25
+#: Segment Anything image-encoder width → registry entry; the width is read from this checkpoint tensor.
+SAM_WIDTHS = {768: "vit_b", 1024: "vit_l", 1280: "vit_h"}
+SAM_PATCH_KEY = "image_encoder.patch_embed.proj.weight"
 
 
 class SamUnavailable(RuntimeError):
@@ -87,15 +95,18 @@ def split_at(rgb: np.ndarray, region: np.ndarray, x: int, y: int, exclude: Seque
 
 
 def grabcut_outline(rgb: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int, int]] = (),
-                    existing: np.ndarray | None = None) -> np.ndarray:
-    """GrabCut seeded at the click (on a copy at most :data:`GRABCUT_MAX_SIDE` px), the clicked component."""
+                    existing: np.ndarray | None = None, prob: np.ndarray | None = None) -> np.ndarray:
+    """GrabCut seeded at the click and, when given, by the segmenter's probability map (on a copy at most
+    :data:`GRABCUT_MAX_SIDE` px); the clicked component."""
     h, w = rgb.shape[:2]
     scale = min(1.0, GRABCUT_MAX_SIDE / max(h, w))
     small = cv2.resize(rgb, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
     sh, sw = small.shape[:2]
     sx, sy = min(sw - 1, int(x * scale)), min(sh - 1, int(y * scale))
-    r = max(8, round(0.25 * min(sh, sw)))
+    r = max(8, round(GRABCUT_WINDOW * min(sh, sw)))
     mask = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
+    if prob is not None:
+        mask[cv2.resize(prob, (sw, sh), interpolation=cv2.INTER_LINEAR) >= GRABCUT_PROBABLE] = cv2.GC_PR_FGD
     mask[max(0, sy - r): sy + r + 1, max(0, sx - r): sx + r + 1] = cv2.GC_PR_FGD
     if existing is not None and existing.any():
         mask[cv2.resize(existing.astype(np.uint8), (sw, sh), interpolation=cv2.INTER_NEAREST) > 0] = cv2.GC_BGD
@@ -116,35 +127,32 @@ def grabcut_outline(rgb: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int
 class SamClicker:
     """Segment Anything with a user-provided checkpoint; :meth:`outline` answers a click like the segmenter."""
 
-    def __init__(self, checkpoint_path: str | Path, model_type: str | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(self, checkpoint_path: str | Path, device: torch.device | str | None = None) -> None:
         try:
             from segment_anything import SamPredictor, sam_model_registry
         except ImportError:
             raise SamUnavailable("Segment Anything needs the 'segment-anything' package "
-                                 "(pip install segment-anything)") from None
+                                 "(pip install segment-anything, or pip install 'triderm-studio[sam]')") from None
         path = Path(checkpoint_path)
         if not path.is_file():
             raise SamUnavailable(f"Segment Anything checkpoint not found: {path} (download one of the "
                                  "sam_vit_b/l/h checkpoints of the Segment Anything project)")
-        if model_type is not None and model_type not in SAM_TYPES:
-            raise SamUnavailable(f"unknown Segment Anything model type {model_type!r}; choose one of {SAM_TYPES}")
-        types = [model_type] if model_type else [t for t in SAM_TYPES if t in path.name] or list(SAM_TYPES)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
             raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({e})") from None
-        errors = []
-        for t in types:
-            try:
-                model = sam_model_registry[t]()
-                model.load_state_dict(state)
-                break
-            except (RuntimeError, TypeError, AttributeError) as e:
-                errors.append(f"{t}: {str(e).splitlines()[0]}")
-        else:
-            raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({'; '.join(errors)})")
-        self.model_type = t
+        patch = state.get(SAM_PATCH_KEY) if isinstance(state, dict) else None
+        model_type = SAM_WIDTHS.get(int(patch.shape[0])) if isinstance(patch, torch.Tensor) and patch.ndim else None
+        if model_type is None:
+            raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint (no {SAM_PATCH_KEY} of width "
+                                 f"{'/'.join(map(str, SAM_WIDTHS))}, as in sam_vit_b/l/h)")
+        model = sam_model_registry[model_type]()
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise SamUnavailable(f"{path}: not a loadable Segment Anything {model_type} checkpoint "
+                                 f"({str(e).splitlines()[0]} …)") from None
+        self.model_type = model_type
         self.predictor = SamPredictor(model.to(pick_device() if device is None else device).eval())
         self._image_key: str | None = None
 
@@ -175,11 +183,13 @@ def click_outline(image: Image.Image, x: int, y: int, segmenter: Segmenter | Sam
     if isinstance(segmenter, SamClicker):
         mask = segmenter.outline(image, x, y, exclude) & ~existing
         return component_at(mask, x, y)
+    prob = None
     if segmenter is not None:
-        fg = ndimage.binary_fill_holes(segmenter.probability(image) >= THRESHOLD) & ~existing
+        prob = segmenter.probability(image)
+        fg = ndimage.binary_fill_holes(prob >= THRESHOLD) & ~existing
         if fg[y, x]:
             return split_at(rgb, component_at(fg, x, y), x, y, exclude)
-    return grabcut_outline(rgb, x, y, exclude, existing)
+    return grabcut_outline(rgb, x, y, exclude, existing, prob)
 
 
 def outline_from_click(ws: Workspace, image_id: str, x: int, y: int,

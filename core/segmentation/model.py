@@ -107,6 +107,14 @@ class FPNDecoder(nn.Module):
         return self.head(fused)
 
 
+def probability_map(logits: Tensor, shape: tuple[int, int]) -> np.ndarray:
+    """Logits of a photo and of its horizontal flip (2×1×h×w) → the photo's mean probability at ``shape``
+    (horizontal-flip test-time augmentation)."""
+    mean = (logits[0:1] + logits[1:2].flip(-1)) / 2
+    mean = F.interpolate(mean.float(), size=tuple(shape), mode="bilinear", align_corners=False)
+    return torch.sigmoid(mean)[0, 0].cpu().numpy().astype(np.float32)
+
+
 def to_batch(images: Sequence[Image.Image], size: int = INPUT_SIZE) -> Tensor:
     """PIL photos → float batch B×3×size×size in [0, 1] (square bilinear resize)."""
     arrs = [np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR)) for im in images]
@@ -130,17 +138,16 @@ class Segmenter:
 
     @torch.no_grad()
     def probability(self, image: Image.Image) -> np.ndarray:
-        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1] (the last few photos' maps are
-        kept, so repeated clicks on one photo run the network once; treat the result as read-only)."""
+        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1], the mean over the photo and its
+        horizontal flip (the last few photos' maps are kept, so repeated clicks on one photo run the network
+        once; treat the result as read-only)."""
         rgb = image.convert("RGB")
         key = hashlib.sha1(rgb.tobytes()).hexdigest() + repr(rgb.size)
         if key in self._recent:
             self._recent.move_to_end(key)
             return self._recent[key]
-        w, h = rgb.size
-        logits = self.decoder(self.encoder(to_batch([rgb], self.input_size)))
-        logits = F.interpolate(logits.float(), size=(h, w), mode="bilinear", align_corners=False)
-        prob = torch.sigmoid(logits)[0, 0].cpu().numpy().astype(np.float32)
+        x = to_batch([rgb], self.input_size)
+        prob = probability_map(self.decoder(self.encoder(torch.cat([x, x.flip(-1)]))), (rgb.height, rgb.width))
         self._recent[key] = prob
         while len(self._recent) > RECENT_MAPS:
             self._recent.popitem(last=False)

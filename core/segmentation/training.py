@@ -1,11 +1,16 @@
-"""Training the segmenter's decoder on wound masks, from backbone features cached once per photo and flip.
+"""Training the segmenter's decoder on wound masks, from backbone features cached once per photo and view.
 
 Samples come from a workspace (every photo with an outlined wound) and from dataset folders
 (``images/NAME.*`` with ``masks/NAME.png``, read like an import: binary masks split into wounds).
-The encoder is frozen, so each photo's pyramid is computed once for each of four flips (identity,
-horizontal, vertical, both — the label-preserving symmetries of a skin photo) and reused by every
-epoch and, in the benchmark, by every fold. Loss: binary cross-entropy + soft Dice against the
-mask's area fractions on the decoder's output grid (stride 4); AdamW with a cosine schedule.
+The encoder is frozen, so each photo's pyramid is computed once per view and reused by every epoch
+and, in the benchmark, by every fold. The views are the four flips (identity, horizontal, vertical,
+both — the label-preserving symmetries of a skin photo) and :data:`AUGMENTED_VIEWS` random ones
+(:func:`augment`): a scaled crop (zoom in or out, reflect-padded, as albumentations'
+ShiftScaleRotate), an aspect-ratio change, brightness/contrast/saturation/hue jitter and a random
+flip, so the decoder sees wounds at other sizes and under other light than the training photos'.
+One epoch shows every training photo once, in one of its views drawn at random. Loss: binary
+cross-entropy + soft Dice against the mask's area fractions on the decoder's output grid (stride 4);
+AdamW with a cosine schedule.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageEnhance
 from tqdm.auto import tqdm
 
 from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
@@ -32,10 +37,20 @@ from core.segmentation.model import (
     FPNDecoder,
     Segmenter,
     encoder,
+    probability_map,
     to_batch,
 )
 
-VIEWS = ("identity", "hflip", "vflip", "hvflip")
+FLIPS = ("identity", "hflip", "vflip", "hvflip")
+#: Random augmented views cached per photo, besides the four flips.
+AUGMENTED_VIEWS = 4
+#: Crop side relative to the photo (log-uniform; > 1 zooms out), aspect-ratio and colour jitter ranges.
+SCALE_RANGE = (0.6, 1.5)
+ASPECT_JITTER = 0.15
+COLOUR_JITTER = 0.25
+HUE_JITTER = 0.03
+#: Default training length: passes over the training photos (one random view each).
+EPOCHS = 80
 _SERIES = re.compile(r"^(.*\d)[-_]\d+$")
 
 
@@ -93,33 +108,59 @@ def _flip(x: torch.Tensor, view: str) -> torch.Tensor:
     return x.flip(dims) if dims else x
 
 
+def augment(image: Image.Image, mask: np.ndarray, rng: np.random.Generator) -> tuple[Image.Image, np.ndarray]:
+    """A random scaled, reshaped, colour-jittered crop of a photo and its mask (flips are applied later)."""
+    rgb, m = np.asarray(image.convert("RGB")), mask
+    h, w = m.shape
+    scale = float(np.exp(rng.uniform(*np.log(SCALE_RANGE))))
+    aspect = float(np.exp(rng.uniform(-ASPECT_JITTER, ASPECT_JITTER)))
+    cw, ch = max(8, round(w * scale * aspect ** 0.5)), max(8, round(h * scale / aspect ** 0.5))
+    px, py = min(max(0, cw - w), w - 1), min(max(0, ch - h), h - 1)
+    if px or py:
+        rgb = np.pad(rgb, ((py, py), (px, px), (0, 0)), mode="reflect")
+        m = np.pad(m, ((py, py), (px, px)), mode="reflect")
+    cw, ch = min(cw, m.shape[1]), min(ch, m.shape[0])
+    x0, y0 = int(rng.integers(0, m.shape[1] - cw + 1)), int(rng.integers(0, m.shape[0] - ch + 1))
+    out = Image.fromarray(np.ascontiguousarray(rgb[y0:y0 + ch, x0:x0 + cw]))
+    for enhance in (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color):
+        out = enhance(out).enhance(float(rng.uniform(1 - COLOUR_JITTER, 1 + COLOUR_JITTER)))
+    hsv = np.asarray(out.convert("HSV")).copy()
+    hsv[..., 0] = (hsv[..., 0].astype(np.int16) + round(rng.uniform(-HUE_JITTER, HUE_JITTER) * 255)) % 256
+    return Image.fromarray(hsv, "HSV").convert("RGB"), np.ascontiguousarray(m[y0:y0 + ch, x0:x0 + cw])
+
+
 @dataclass
 class FeatureCache:
     """Encoder pyramids (float16, CPU) and targets (wound fraction of each stride-4 cell) for every
-    sample × view; row ``i * len(views) + v``."""
+    sample × view; row ``i * views + v``, view 0 the photo itself and view 1 its horizontal flip."""
 
     levels: list[torch.Tensor]
     targets: torch.Tensor
-    views: tuple[str, ...]
+    views: int
     size: int
 
-    def rows(self, samples: Sequence[int]) -> list[int]:
-        return [i * len(self.views) + v for i in samples for v in range(len(self.views))]
+    def row(self, sample: int, view: int = 0) -> int:
+        return sample * self.views + view
 
 
 def cache_features(samples: Sequence[Sample], enc: Encoder, size: int = INPUT_SIZE,
-                   views: Sequence[str] = VIEWS, progress: bool = True) -> FeatureCache:
-    """Run the frozen encoder once per sample and view."""
+                   augmented: int = AUGMENTED_VIEWS, seed: int = 0, progress: bool = True) -> FeatureCache:
+    """Run the frozen encoder once per sample and view (the four flips, then ``augmented`` random views)."""
     levels: list[list[torch.Tensor]] = [[] for _ in enc.channels]
     targets = []
+    rng = np.random.default_rng(seed)
     for s in tqdm(samples, desc="segmenter features", unit="photo", disable=not progress, leave=False):
         x = to_batch([s.image], size)
-        for view in views:
-            feats = enc(_flip(x, view))
+        views = [(x, s.mask, flip) for flip in FLIPS]
+        for _ in range(augmented):
+            image, mask = augment(s.image, s.mask, rng)
+            views.append((to_batch([image], size), mask, FLIPS[int(rng.integers(len(FLIPS)))]))
+        for xv, mask, flip in views:
+            feats = enc(_flip(xv, flip))
             for store, f in zip(levels, feats):
                 store.append(f.half().cpu())
-            targets.append(_flip(_target(s.mask, feats[0].shape[-2:]), view))
-    return FeatureCache([torch.cat(level) for level in levels], torch.cat(targets), tuple(views), size)
+            targets.append(_flip(_target(mask, feats[0].shape[-2:]), flip))
+    return FeatureCache([torch.cat(level) for level in levels], torch.cat(targets), len(FLIPS) + augmented, size)
 
 
 def _target(mask: np.ndarray, grid: tuple[int, int]) -> torch.Tensor:
@@ -135,19 +176,20 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
     return (1 - (2 * (p * t).sum(1) + eps) / (p.sum(1) + t.sum(1) + eps)).mean()
 
 
-def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[int], epochs: int = 20,
+def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[int], epochs: int = EPOCHS,
                 batch_size: int = 8, lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
                 progress: bool = True, on_epoch: Callable[[int, list[float]], None] | None = None,
                 ) -> tuple[FPNDecoder, list[float]]:
-    """Train a fresh decoder on the cached rows of ``samples``; returns it (eval mode) and the loss per epoch."""
+    """Train a fresh decoder on the cached views of ``samples`` (each photo once per epoch, in a random view);
+    returns it (eval mode) and the loss per epoch."""
     if not samples:
         raise ValueError("no training photos")
     device = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     decoder = FPNDecoder(channels).to(device)
-    rows = torch.tensor(cache.rows(samples))
-    steps_per_epoch = -(-len(rows) // batch_size)
+    photos = torch.tensor(list(samples))
+    steps_per_epoch = -(-len(photos) // batch_size)
     opt = torch.optim.AdamW(decoder.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs * steps_per_epoch))
     losses: list[float] = []
@@ -155,6 +197,8 @@ def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[
     for epoch in bar:
         decoder.train()
         total = 0.0
+        views = torch.randint(cache.views, (len(photos),), generator=gen)
+        rows = photos * cache.views + views
         for batch in rows[torch.randperm(len(rows), generator=gen)].split(batch_size):
             feats = [level[batch].to(device).float() for level in cache.levels]
             target = cache.targets[batch].to(device).float()
@@ -175,11 +219,11 @@ def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[
 @torch.no_grad()
 def cached_probability(decoder: FPNDecoder, cache: FeatureCache, sample: int, shape: tuple[int, int],
                        device: torch.device | str = "cpu") -> np.ndarray:
-    """Probability map (H, W) of one sample's identity view, from its cached features."""
-    row = sample * len(cache.views) + cache.views.index("identity")
-    feats = [level[row:row + 1].to(device).float() for level in cache.levels]
-    logits = F.interpolate(decoder(feats), size=shape, mode="bilinear", align_corners=False)
-    return torch.sigmoid(logits)[0, 0].cpu().numpy().astype(np.float32)
+    """Probability map (H, W) of one sample from its cached photo and horizontal-flip views (the test-time
+    augmentation of :meth:`Segmenter.probability`)."""
+    rows = slice(cache.row(sample, 0), cache.row(sample, 1) + 1)
+    logits = decoder([level[rows].to(device).float() for level in cache.levels])
+    return probability_map(logits, shape)
 
 
 def split_groups(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -209,7 +253,7 @@ def collect_samples(ws: Workspace, data: Sequence[str | Path] = ()) -> list[Samp
     return samples
 
 
-def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int = 20, batch_size: int = 8,
+def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int = EPOCHS, batch_size: int = 8,
                     lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
                     val_fraction: float = 0.2, progress: bool = True) -> int:
     """Train the decoder on the workspace's masks (+ ``data`` folders) and record a ``segmenter`` run.
@@ -226,11 +270,11 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int 
     device = torch.device(device)
     config = {"data": [str(d) for d in data], "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "device": device.type, "val_fraction": val_fraction, "input_size": INPUT_SIZE,
-              "n_train": len(train), "n_val": len(val)}
+              "augmented_views": AUGMENTED_VIEWS, "n_train": len(train), "n_val": len(val)}
     run_id = ws.store.start_run(RUN_KIND, config, seed=seed)
     try:
         enc = encoder(str(device))
-        cache = cache_features(samples, enc, progress=progress)
+        cache = cache_features(samples, enc, seed=seed, progress=progress)
         decoder, losses = fit_decoder(
             cache, train, enc.channels, epochs, batch_size, lr, seed, device, progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
