@@ -110,7 +110,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         "TriDerm-V, real-data default (attention, 128-d, centred unit length)": {**DEFAULTS, **epochs},
         "TriDerm-V, default with mean pooling": {**DEFAULTS, **epochs, "pooling": "mean"},
     }
-    supervised = {**DEFAULTS, "epochs": args.supervised_epochs, **epochs, "supervise": "triplets"}
+    supervised = {**DEFAULTS, "supervise": "triplets", **({"supervise_steps": 30} if args.quick else {})}
     skipped: dict[str, str] = {}
     if not has_triplets:
         skipped["agreement and supervised rows"] = (f"{args.data} has no triplets: nothing to agree with, and no "
@@ -133,7 +133,6 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             continue
         budgets = CURVE if seed == args.seeds[0] and not args.quick else (None,)
         for budget in budgets:
-            with_supervised = budget is None or args.curve_supervised
             lm_name = "linear metric on frozen new tokens, out of fold" + (f" ({budget} triplets)" if budget else "")
 
             def linear_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
@@ -143,16 +142,14 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             b.record(lm_name, seed, lambda: cross_validate(len(b.image_ids), b.folds_rows(seed), b.triplets,
                                                           linear_fold, budget, seed))
             sup = TriDermTrainer(full, {**supervised, "seed": seed}, torch.device("cpu"), b.image_ids)
-            sv_name = (f"TriDerm-V --supervise triplets ({supervised['epochs']} epochs), out of fold"
-                       + (f" ({budget} triplets)" if budget else ""))
-            if with_supervised:
-                b.record(sv_name, seed, lambda: sup.cross_validate(b.triplets, b.patients, b.k, budget,
-                                                                   progress=b.progress)[0])
+            sv_name = (f"TriDerm-V --supervise triplets (metric head, {supervised['supervise_pooling']} pooling, "
+                       "augmented views), out of fold" + (f" ({budget} triplets)" if budget else ""))
+            b.record(sv_name, seed, lambda: sup.cross_validate(b.triplets, b.patients, b.k, budget,
+                                                               progress=b.progress)[0])
             if budgets != (None,):
                 n = budget or int(np.mean([(~np.isin(b.triplets, r).any(1)).sum() for r in b.folds_rows(seed)]))
                 curve["linear metric"].setdefault(str(n), []).extend(b.rows[lm_name]["balanced"][-1:])
-                if with_supervised:
-                    curve["TriDerm-V supervised"].setdefault(str(n), []).extend(b.rows[sv_name]["balanced"][-1:])
+                curve["TriDerm-V supervised"].setdefault(str(n), []).extend(b.rows[sv_name]["balanced"][-1:])
     return {"bench": b, "skipped": skipped, "curve": curve}
 
 
@@ -207,12 +204,9 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
              f"({SEARCH_LOG.name}); the rows above are the frozen recipe's final run."]
     notes += [f"skipped {k}: {v}" for k, v in out["skipped"].items()]
     if args.quick:
-        notes.append("--quick: 5 training epochs, 4 views, one seed; not a result")
+        notes.append("--quick: 5 training epochs, 30 metric-head steps, 4 views, one seed; not a result")
     command = " ".join(["python -m benchmarks.real_vision --data", str(args.data),
                         *([f"--seeds {' '.join(map(str, args.seeds))}"] if args.seeds != [0, 1, 2] else []),
-                        *([f"--supervised-epochs {args.supervised_epochs}"]
-                          if args.supervised_epochs != DEFAULTS["epochs"] else []),
-                        *(["--curve-supervised"] if args.curve_supervised else []),
                         *([f"--section {args.section}"] if args.section != "real_vision" else []),
                         *(["--quick"] if args.quick else [])])
     tables = [{"caption": f"Balanced agreement (%) with {len(b.expert)} triplets of {Path(args.data).name}, "
@@ -253,11 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_device(p)
     p.add_argument("--views", type=int, default=DEFAULTS["views"])
     p.add_argument("--folds", type=int, default=5)
-    p.add_argument("--supervised-epochs", type=int, default=DEFAULTS["epochs"],
-                   help="epochs of the supervised rows (each is K trainings; fewer to save time, stated in the row)")
-    p.add_argument("--curve-supervised", action="store_true",
-                   help="also run the supervised TriDerm-V at every learning-curve budget (K trainings each)")
-    p.add_argument("--quick", action="store_true", help="5 epochs, 4 views, one seed, no learning curve (a smoke run)")
+    p.add_argument("--quick", action="store_true",
+                   help="5 epochs, 30 metric-head steps, 4 views, one seed, no learning curve (a smoke run)")
     cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
     p.add_argument("--section", default="real_vision")
     p.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")

@@ -69,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--normalize", choices=list(NORMALIZE), default=None,
                         help="embedding distances: center-l2 (centre, unit length) or none (raw Euclidean)")
     parser.add_argument("--supervise", choices=["triplets"], default=None,
-                        help="also learn from the workspace's expert triplets (an ordinal term)")
-    parser.add_argument("--supervise-weight", type=float, default=None)
+                        help="learn from the workspace's expert triplets: a metric head (pooling, standardisation, "
+                             "linear map) trained with the ordinal hinge over the augmented views")
+    parser.add_argument("--supervise-steps", type=int, default=None,
+                        help=f"optimiser steps of the metric head (default {DEFAULTS['supervise_steps']})")
+    parser.add_argument("--supervise-dim", type=int, default=None,
+                        help=f"dimension of the metric space (default {DEFAULTS['supervise_dim']})")
     parser.add_argument("--cv", type=int, default=None, metavar="K",
                         help="with --supervise: first report out-of-fold agreement over K patient-disjoint folds "
                              "(default 5 with --supervise; 0 to skip)")

@@ -40,8 +40,9 @@ with vision:
     lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=1e-2, format="%.5f")
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
-    supervise = s1.checkbox("Also learn from the expert's triplets", value=False, disabled=n_expert == 0,
-                            help=f"{n_expert} expert judgments in this workspace (--supervise triplets)")
+    supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
+                            help=f"{n_expert} expert judgments in this workspace (--supervise triplets): a metric "
+                                 "head trained on them over the augmented views, instead of self-supervision")
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20, value=5,
                             disabled=not supervise,
                             help="out-of-fold agreement over patient-disjoint folds, reported before the final model")

@@ -20,6 +20,8 @@ from core.runtime import load_checkpoint
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.features import token_mask, wound_fractions
 from core.vision.pooling import WoundHead
+from core.vision.supervised import MetricHead
+from core.vision.triderm import embedding_normalize
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
@@ -30,7 +32,7 @@ class TrainedHead:
 
     run_id: int
     backbone: Backbone
-    head: WoundHead
+    head: WoundHead | MetricHead
     center: np.ndarray
     normalize: str
 
@@ -44,10 +46,16 @@ class TrainedHead:
             raise ValueError(f"--model {run_id}: the run has no saved head ({path}); it predates head saving")
         blob = load_checkpoint(path)
         cfg = blob["config"]
+        if cfg["supervise"] and "supervise_dim" not in cfg:
+            raise ValueError(f"--model {run_id}: a supervised run from before the metric head (its head mixes "
+                             "VICReg and expert terms and is no longer built); train it again")
         backbone = load_backbone(blob["backbone"], device=device)
-        head = WoundHead(int(blob["channels"]), cfg["dim"], cfg["pooling"], cfg["hidden"])
+        head: WoundHead | MetricHead = (
+            MetricHead(int(blob["channels"]), cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"]) if cfg["supervise"]
+            else WoundHead(int(blob["channels"]), cfg["dim"], cfg["pooling"], cfg["hidden"]))
         head.load_state_dict(blob["head"])
-        return cls(run_id, backbone, head.to(backbone.device).eval(), blob["center"].numpy(), cfg["normalize"])
+        return cls(run_id, backbone, head.to(backbone.device).eval(), blob["center"].numpy(),
+                   embedding_normalize(cfg))
 
     def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
         """One photo's embedding: the mean over its wounds (label values > 0; the whole photo

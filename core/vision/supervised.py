@@ -12,6 +12,11 @@ anchors are stitched into one matrix, so the usual metrics and their bootstrap C
 
 **Linear metric** (:class:`LinearMetric`): the supervised baseline on frozen features — a linear
 map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`).
+
+**Metric head** (:class:`MetricHead`, :func:`fit_metric_head`): the supervised TriDerm-V head —
+wound pooling of the tokens, fixed standardisation, a linear map — trained with the same hinge on
+the image means of its wound embeddings, each wound seen through a random cached augmented view
+at every step (the self-supervised recipe's views, used as data augmentation).
 """
 from __future__ import annotations
 
@@ -23,8 +28,11 @@ import torch
 from scipy import stats
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
+from tqdm.auto import tqdm
 
 from core.losses import ExpertTripletLoss
+from core.vision.features import TokenBank
+from core.vision.pooling import AttentionPooling, MeanPooling
 
 
 def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -154,3 +162,83 @@ class LinearMetric(TransformerMixin, BaseEstimator):
     def transform(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "components_")
         return ((np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_) @ self.components_
+
+
+class MetricHead(torch.nn.Module):
+    """``z = ((pool(tokens) − μ) / σ) · W``: wound pooling (mean, or attention that starts as the
+    mean — its last layer is zero), standardisation by the training wounds' mean-pooled tokens
+    (buffers ``mean``/``scale``, set by :func:`fit_metric_head`), a bias-free linear map to ``dim``."""
+
+    def __init__(self, channels: int, dim: int = 64, pooling: str = "mean", hidden: int = 128) -> None:
+        super().__init__()
+        if pooling == "attention":
+            self.pool: torch.nn.Module = AttentionPooling(channels, hidden)
+            torch.nn.init.zeros_(self.pool.score[2].weight)
+            torch.nn.init.zeros_(self.pool.score[2].bias)
+        elif pooling == "mean":
+            self.pool = MeanPooling()
+        else:
+            raise ValueError(f"pooling must be 'attention' or 'mean', got {pooling!r}")
+        self.register_buffer("mean", torch.zeros(channels))
+        self.register_buffer("scale", torch.ones(channels))
+        self.proj = torch.nn.Linear(channels, dim, bias=False)
+        torch.nn.init.normal_(self.proj.weight, std=channels ** -0.5)
+
+    def forward(self, tokens: torch.Tensor, segment: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(wound embeddings n×dim, attention weight per token)."""
+        pooled, w = self.pool(tokens, segment, n)
+        return self.proj((pooled - self.mean) / self.scale), w
+
+
+def image_rows_mean(z: torch.Tensor, rows: torch.Tensor, n_images: int) -> torch.Tensor:
+    """n_images×d means of the wound embeddings ``z`` grouped by their image row (0 when none)."""
+    sums = z.new_zeros((n_images, z.shape[1])).index_add_(0, rows, z)
+    return sums / torch.bincount(rows, minlength=n_images).clamp(min=1).to(z.dtype)[:, None]
+
+
+def view_means(bank: TokenBank, wounds: torch.Tensor, eval_means: torch.Tensor) -> torch.Tensor:
+    """len(wounds)×(1 + views)×C mean tokens: column 0 the inference view (``eval_means``), column
+    v + 1 augmented view v (the inference view where the wound is lost in view v)."""
+    cols = [eval_means]
+    for v in range(bank.n_views):
+        views = torch.where(bank.valid[wounds, v], v, -1)
+        pooled, _ = MeanPooling()(*bank.gather(wounds, views), len(wounds))
+        cols.append(pooled)
+    return torch.stack(cols, 1)
+
+
+def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor, n_images: int,
+                    wounds: torch.Tensor, triplets: torch.Tensor, cfg: dict[str, Any], gen: torch.Generator,
+                    device: torch.device, progress: bool = False) -> list[float]:
+    """Train ``head`` on the bank rows ``wounds`` with the ordinal hinge (margin 1 on squared
+    distances) over ``triplets`` (image rows): full batch, one random augmented view per wound and
+    step (the inference view when ``cfg['supervise_augment']`` is false), Adam for ``cfg['supervise_steps']`` steps (lr ``supervise_lr``, weight decay
+    ``supervise_weight_decay``). Returns the loss of every step."""
+    head = head.to(device)
+    with torch.no_grad():
+        pooled, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
+        head.mean.copy_(pooled[wounds].mean(0))
+        std = pooled[wounds].std(0)
+        # a channel (near) constant over the training wounds but not over their augmented views
+        # would blow up: floor the scale at a tenth of the typical channel's
+        head.scale.copy_(std.clamp_min(0.1 * float(std.mean()) + 1e-6))
+        # mean pooling has no parameters: pool every (wound, view) once, then a step is an index
+        means = view_means(bank, wounds, pooled[wounds]).to(device) if isinstance(head.pool, MeanPooling) else None
+    opt = torch.optim.Adam(head.parameters(), lr=cfg["supervise_lr"], weight_decay=cfg["supervise_weight_decay"])
+    loss_fn, trip, rows = ExpertTripletLoss(1.0, normalize=False), triplets.to(device), wound_image[wounds].to(device)
+    losses: list[float] = []
+    head.train()
+    for _ in tqdm(range(cfg["supervise_steps"]), desc="metric head", unit="step", disable=not progress, leave=False):
+        views = bank.sample_views(wounds, gen)[0] if cfg["supervise_augment"] else torch.full((len(wounds),), -1)
+        if means is None:
+            x, s = bank.gather(wounds, views)
+            z, _ = head(x.to(device), s.to(device), len(wounds))
+        else:
+            z = head.proj((means[torch.arange(len(wounds)), views + 1] - head.mean) / head.scale)
+        loss = loss_fn(image_rows_mean(z, rows, n_images), trip)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    head.eval()
+    return losses

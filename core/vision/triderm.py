@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,25 +17,27 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
-from core.losses import ExpertTripletLoss, InfoNCELoss, TripletLoss, VICRegLoss
+from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
 from core.vision.backbones import OFFLINE_DEFAULT, Backbone, load_backbone
 from core.vision.baseline import embed_baseline, image_means
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
 from core.vision.pooling import WoundHead
-from core.vision.supervised import cross_validate, patient_folds, patient_of
+from core.vision.supervised import MetricHead, cross_validate, fit_metric_head, patient_folds, patient_of
 
 #: the TriDerm paper's recipe (§3.2): attention pooling, VICReg, 50 epochs, batch 32, lr 1e-2, dim 512
 PAPER_RECIPE: dict[str, Any] = {
     "backbone": OFFLINE_DEFAULT, "layer": None, "pooling": "attention", "loss": "vicreg", "epochs": 50,
     "batch_size": 32, "lr": 1e-2, "weight_decay": 1e-5, "views": 16, "seed": 0, "no_cache": False, "dim": 512,
-    "hidden": 128, "min_steps": 0, "normalize": "none", "supervise": None, "supervise_weight": 1.0, "cv": 0,
+    "hidden": 128, "min_steps": 0, "normalize": "none", "supervise": None, "cv": 0,
+    "supervise_steps": 300, "supervise_dim": 64, "supervise_lr": 1e-2, "supervise_weight_decay": 1e-2,
+    "supervise_pooling": "mean", "supervise_augment": True,
 }
 #: the real-data default (benchmarks/real_vision.py): a 128-d predictor (VICReg's covariance term is
 #: estimated from batches of 32, so a 512-d output is mostly noise) and distances between
 #: centred, unit-length embeddings
-DEFAULTS: dict[str, Any] = {**PAPER_RECIPE, "dim": 128, "normalize": "center-l2", "supervise_weight": 25.0}
+DEFAULTS: dict[str, Any] = {**PAPER_RECIPE, "dim": 128, "normalize": "center-l2"}
 NORMALIZE = ("center-l2", "none")
 
 
@@ -97,44 +98,11 @@ def _batches(wounds: Tensor, batch_size: int, gen: torch.Generator) -> list[Tens
     return [b for b in perm.split(batch_size) if len(b) >= 2]
 
 
-@dataclass
-class ExpertSupervision:
-    """The expert's triplets as an extra training signal (``--supervise triplets``): oriented
-    ``triplets`` [i, j, k] over image rows, the image row of every wound of the bank, and the
-    weight and batch size of the :class:`~core.losses.ExpertTripletLoss` term."""
-
-    triplets: Tensor
-    wound_image: Tensor
-    n_images: int
-    weight: float = 1.0
-    batch: int = 256
-    criterion: torch.nn.Module = field(default_factory=ExpertTripletLoss)
-
-    def loss(self, head: WoundHead, bank: TokenBank, gen: torch.Generator, device: torch.device) -> Tensor:
-        """Expert-triplet loss on a random batch of triplets; each image is the mean of its wounds,
-        each wound seen through one random augmented view."""
-        trip = self.triplets[torch.randint(len(self.triplets), (min(self.batch, len(self.triplets)),),
-                                           generator=gen)]
-        images = torch.unique(trip)
-        local = torch.full((self.n_images,), -1, dtype=torch.long)
-        local[images] = torch.arange(len(images))
-        wounds = torch.nonzero(torch.isin(self.wound_image, images), as_tuple=True)[0]
-        views, _ = bank.sample_views(wounds, gen)
-        x, s = bank.gather(wounds, views)
-        z, _ = head(x.to(device), s.to(device), len(wounds))
-        rows = local[self.wound_image[wounds]].to(device)
-        sums = z.new_zeros((len(images), z.shape[1])).index_add_(0, rows, z)
-        counts = torch.bincount(rows, minlength=len(images)).clamp(min=1).to(z.dtype)
-        return self.criterion(sums / counts[:, None], local[trip].to(device))
-
-
 def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[str, Any],
         gen: torch.Generator, device: torch.device, fresh: FreshViews | None = None, progress: bool = True,
-        on_epoch: Callable[[int, list[float]], None] | None = None, wounds: Tensor | None = None,
-        expert: ExpertSupervision | None = None) -> list[float]:
+        on_epoch: Callable[[int, list[float]], None] | None = None, wounds: Tensor | None = None) -> list[float]:
     """AdamW + cosine schedule over all steps; returns the mean loss per epoch. ``wounds``
-    restricts the self-supervised batches to those bank rows (cross-validation); ``expert``
-    adds the expert-triplet term to every step."""
+    restricts the batches to those bank rows."""
     wounds = torch.arange(len(bank)) if wounds is None else wounds
     opt = torch.optim.AdamW(head.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     steps = cfg["epochs"] * max(1, len(_batches(wounds, cfg["batch_size"], torch.Generator())))
@@ -154,8 +122,6 @@ def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[
             z1, _ = head(x1.to(device), s1.to(device), len(batch))
             z2, _ = head(x2.to(device), s2.to(device), len(batch))
             loss = criterion(z1, z2)
-            if expert is not None:
-                loss = loss + expert.weight * expert.loss(head, bank, gen, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -178,8 +144,9 @@ def check_config(cfg: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be ≥ {low}, got {cfg[key]}")
     if cfg["lr"] <= 0 or cfg["weight_decay"] < 0:
         raise ValueError(f"need lr > 0 and weight_decay ≥ 0, got {cfg['lr']} and {cfg['weight_decay']}")
-    if cfg["pooling"] not in ("attention", "mean"):
-        raise ValueError(f"pooling must be 'attention' or 'mean', got {cfg['pooling']!r}")
+    for key in ("pooling", "supervise_pooling"):
+        if cfg[key] not in ("attention", "mean"):
+            raise ValueError(f"{key} must be 'attention' or 'mean', got {cfg[key]!r}")
     if cfg["loss"] not in LOSSES:
         raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {cfg['loss']!r}")
     if cfg["normalize"] not in NORMALIZE:
@@ -188,8 +155,12 @@ def check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(f"supervise must be 'triplets' or None, got {cfg['supervise']!r}")
     if cfg["cv"] and (cfg["supervise"] is None or int(cfg["cv"]) < 2):
         raise ValueError(f"cv needs supervise='triplets' and at least 2 folds, got cv={cfg['cv']}")
-    if cfg["supervise_weight"] <= 0:
-        raise ValueError(f"supervise_weight must be > 0, got {cfg['supervise_weight']}")
+    for key in ("supervise_steps", "supervise_dim"):
+        if int(cfg[key]) < 1:
+            raise ValueError(f"{key} must be ≥ 1, got {cfg[key]}")
+    if cfg["supervise_lr"] <= 0 or cfg["supervise_weight_decay"] < 0:
+        raise ValueError(f"need supervise_lr > 0 and supervise_weight_decay ≥ 0, got {cfg['supervise_lr']} "
+                         f"and {cfg['supervise_weight_decay']}")
 
 
 def check_workspace(ws: Workspace, cfg: dict[str, Any]) -> None:
@@ -225,6 +196,12 @@ def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tup
     return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12), center
 
 
+def embedding_normalize(cfg: dict[str, Any]) -> str:
+    """How a run's image embeddings are normalised: the supervised metric head's raw space, else
+    ``cfg['normalize']``."""
+    return "none" if cfg["supervise"] else cfg["normalize"]
+
+
 def effective_epochs(cfg: dict[str, Any], n_wounds: int) -> int:
     """``epochs``, raised so that training takes at least ``min_steps`` optimiser steps."""
     per_epoch = max(1, n_wounds // cfg["batch_size"] + (n_wounds % cfg["batch_size"] >= 2))
@@ -244,33 +221,39 @@ class TriDermTrainer:
 
     def fit(self, train_rows: np.ndarray | None = None, triplets: np.ndarray | None = None,
             progress: bool = False, on_epoch: Callable[[int, list[float]], None] | None = None
-            ) -> tuple[WoundHead, list[float]]:
+            ) -> tuple[WoundHead | MetricHead, list[float]]:
+        """The self-supervised head on the wounds of ``train_rows`` (all by default); with
+        ``triplets`` (image rows), the supervised :class:`MetricHead` instead."""
         cfg = self.cfg
         wounds = (torch.arange(len(self.bank)) if train_rows is None
                   else torch.nonzero(torch.isin(self.wound_image, torch.from_numpy(train_rows)), as_tuple=True)[0])
-        expert = None
-        if triplets is not None and len(triplets):
-            expert = ExpertSupervision(torch.from_numpy(triplets), self.wound_image, len(self.image_ids),
-                                       weight=cfg["supervise_weight"])
         torch.manual_seed(cfg["seed"])
         gen = torch.Generator().manual_seed(cfg["seed"])
+        if triplets is not None:
+            metric = MetricHead(self.bank.channels, cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"])
+            losses = fit_metric_head(metric, self.bank, self.wound_image, len(self.image_ids), wounds,
+                                     torch.from_numpy(triplets), cfg, gen, self.device, progress)
+            if on_epoch is not None:
+                on_epoch(0, losses)
+            return metric, losses
         head = WoundHead(self.bank.channels, cfg["dim"], cfg["pooling"], cfg["hidden"]).to(self.device)
         run_cfg = {**cfg, "epochs": effective_epochs(cfg, len(wounds))}
         losses = fit(head, self.bank, make_loss(cfg["loss"]), run_cfg, gen, self.device, self.fresh, progress,
-                     on_epoch, wounds, expert)
+                     on_epoch, wounds)
         return head, losses
 
-    def embed(self, head: WoundHead, fit_rows: np.ndarray | None = None
+    def embed(self, head: WoundHead | MetricHead, fit_rows: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(wound embeddings, image embeddings in ``image_ids`` order, attention weights, centre);
-        the centre of ``center-l2`` comes from the photos ``fit_rows`` (all by default)."""
+        the centre of ``center-l2`` comes from the photos ``fit_rows`` (all by default). A
+        :class:`MetricHead`'s space is used as learned (raw Euclidean: its hinge sets the scale)."""
         bank = self.bank
         with torch.no_grad():
             z, weights = head(bank.eval_tokens.to(self.device), bank.eval_segment.to(self.device), len(bank))
         wound_emb = z.float().cpu().numpy()
         ids, image_emb = image_means(bank.wound_keys, wound_emb)
         assert ids == self.image_ids
-        image_emb, center = normalized(image_emb, self.cfg["normalize"], fit_rows)
+        image_emb, center = normalized(image_emb, embedding_normalize(self.cfg), fit_rows)
         return wound_emb, image_emb, weights.float().cpu().numpy(), center
 
     def cross_validate(self, triplets: np.ndarray, patients: dict[str, str], k: int, budget: int | None = None,
@@ -336,8 +319,9 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
                 metrics["cv"] = {"folds": int(cfg["cv"]), "fold_sizes": [len(f) for f in folds], "split": "patient",
                                  **{m: oof[m] for m in ("balanced", "micro", "macro_f1", "kappa", "n")},
                                  "ci": oof["ci"]}
+            epochs = 1 if cfg["supervise"] else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
-                run_id, progress=(ep + 1) / effective_epochs(cfg, len(bank)), metrics={"loss": ls}))
+                run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
         timing["train_s"] = time.perf_counter() - t1
         wound_emb, image_emb, weights, center = trainer.embed(head)
         save_embeddings(ws, run_id, image_ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
