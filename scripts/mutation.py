@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 try:
@@ -35,10 +36,10 @@ MODULES: dict[str, list[str]] = {
                                                             "test_inner_loss_ignores_other_patients_wounds",
                                                             "test_outer_loss_matches_hand_computed_three_patients",
                                                             "test_temperature_is_learnable_from_clip_init"))],
-    "annotations/scheduler.py": ["tests/test_scheduler.py"],
+    "annotations/scheduler.py": ["tests/test_scheduler_unit.py"],
     "core/text/soe.py": ["tests/test_soe.py"],
-    "annotations/store.py": ["tests/test_store.py"],
-    "annotations/dataset.py": ["tests/test_dataset.py"],
+    "annotations/store.py": ["tests/test_store_unit.py"],
+    "annotations/dataset.py": ["tests/test_dataset_unit.py"],
 }
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
 NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
@@ -92,9 +93,12 @@ def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[st
     survivors = score(here)[2] if (here / "mutants").exists() else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(jobs)]
-    subprocess.run(mutmut, cwd=here, env=env, check=False)
-    if survivors:
-        subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
+    # the tests' tmp_path workspaces (SQLite, fsync) in memory where there is a tmpfs: ~5x faster
+    with tempfile.TemporaryDirectory(prefix="triderm-mutation-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        env["TMPDIR"] = tmp
+        subprocess.run(mutmut, cwd=here, env=env, check=False)
+        if survivors:
+            subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
     return score(here)
 
 
