@@ -39,7 +39,21 @@ MODULES: dict[str, list[str]] = {
     "annotations/scheduler.py": ["tests/test_scheduler_unit.py"],
     "core/text/soe.py": ["tests/test_soe.py"],
     "annotations/store.py": ["tests/test_store_unit.py"],
-    "annotations/dataset.py": ["tests/test_dataset_unit.py"],
+    "annotations/dataset.py": ["tests/test_dataset_unit.py",
+                               *(f"tests/test_merge.py::{t}" for t in (
+                                   "test_reimport_keeps_app_edits_drawn_outlines_and_undone_answers",
+                                   "test_a_change_in_the_dataset_alone_is_applied",
+                                   "test_both_sides_changed_is_a_conflict_named_by_file_line_field",
+                                   "test_dry_run_reports_and_writes_nothing",
+                                   "test_rows_gone_from_the_dataset_are_deleted_only_with_prune",
+                                   "test_import_is_atomic_when_it_fails_midway",
+                                   "test_export_refuses_a_non_empty_folder_unless_forced",
+                                   "test_study_ids_replace_photo_names_and_keep_the_mapping_apart",
+                                   "test_workspace_kinds_are_kept_apart",
+                                   "test_synthetic_flag_is_parsed_never_truthy_by_being_non_empty",
+                                   "test_every_write_names_its_actor",
+                                   "test_import_waiting_too_long_for_the_lock_changes_nothing",
+                                   "test_an_outline_drawn_in_the_app_is_never_overwritten_by_a_new_dataset_wound"))],
 }
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
 NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
