@@ -3,16 +3,20 @@
 Each module is mutated in a scratch copy of the working tree (``--workdir``, default
 ``/tmp/triderm-mutation``), so the checkout is never touched and a module's results survive
 for the next run (mutmut tests new mutants; this script re-tests the survivors). Prints killed / total and the score per
-module; survivors are listed with ``--survivors`` (inspect one: ``cd WORKDIR/<module> &&
-mutmut show NAME``). Not part of ``make test``: hours on 2 cores for every module.
+module; survivors are listed with ``--survivors`` with their changed lines (or ``cd WORKDIR/<module> &&
+mutmut show NAME``); equivalent ones are excused (:data:`EQUIVALENT`, :func:`sql_case_only`) and left out
+of the score. Not part of ``make test``: hours on 2 cores for every module.
 
     python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors] [--report]
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +59,12 @@ MODULES: dict[str, list[str]] = {
                                    "test_import_waiting_too_long_for_the_lock_changes_nothing",
                                    "test_an_outline_drawn_in_the_app_is_never_overwritten_by_a_new_dataset_wound"))],
 }
+# Surviving mutants reviewed by hand and judged equivalent (no behaviour can tell them from the
+# original): name -> the one-line excuse. Excused mutants leave the score's denominator; the report
+# prints how many. Mutants that only change the letter case of an SQL statement are excused
+# automatically (:func:`sql_case_only`).
+EQUIVALENT: dict[str, str] = {}
+SQL_CASE = "only the letter case of SQL keywords/identifiers changes (SQLite reads them case-insensitively)"
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
 NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
 
@@ -78,6 +88,62 @@ def write_config(workdir: Path, module: str, tests: list[str]) -> None:
     text = pyproject.read_text().split("[tool.mutmut]")[0].rstrip()
     body = "\n".join(f"{key} = {json.dumps(value)}" for key, value in settings.items())
     pyproject.write_text(f"{text}\n\n[tool.mutmut]\n{body}\n")
+
+
+def _functions(source: str) -> dict[str, str]:
+    """Source of every function in a mutmut-instrumented file, by name (methods included)."""
+    lines = source.splitlines()
+    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno]) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|PRAGMA|BEGIN|COMMIT|ROLLBACK|WHERE|VALUES|FROM|GROUP BY|ORDER BY)\b|^\s*(AND|OR)\s*$")
+
+
+def sql_case_only(original: str, mutant: str) -> bool:
+    """Whether two versions of a function differ only in the letter case of SQL text: every changed
+    string literal is SQL (an upper-case SQL keyword) and its quoted SQL literals ('…') are unchanged."""
+    old = [line for line in original.splitlines()[1:]]
+    new = [line for line in mutant.splitlines()[1:]]
+    if len(old) != len(new) or old == new:
+        return False
+    for a, b in zip(old, new):
+        if a == b:
+            continue
+        if a.lower() != b.lower():
+            return False
+        for lit_a, lit_b in zip(re.findall(r'"([^"]*)"', a), re.findall(r'"([^"]*)"', b)):
+            if lit_a != lit_b and (not _SQL.search(lit_a) or re.findall(r"'[^']*'", lit_a) != re.findall(r"'[^']*'", lit_b)):
+                return False
+    return True
+
+
+def excuse(workdir: Path, name: str, cache: dict[str, dict[str, str]]) -> str | None:
+    """Why the surviving mutant ``name`` is equivalent, or None (a survivor that counts)."""
+    if name in EQUIVALENT:
+        return EQUIVALENT[name]
+    module, function = name.rsplit(".", 1)
+    path = workdir / "mutants" / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        return None
+    if module not in cache:
+        cache[module] = _functions(path.read_text())
+    functions = cache[module]
+    original = functions.get(function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+    if original is not None and function in functions and sql_case_only(original, functions[function]):
+        return SQL_CASE
+    return None
+
+
+def diff(workdir: Path, name: str, cache: dict[str, dict[str, str]]) -> str:
+    """The mutant's changed lines (``-``/``+``), for the survivors list."""
+    module, function = name.rsplit(".", 1)
+    if module not in cache:
+        cache[module] = _functions((workdir / "mutants" / (module.replace(".", "/") + ".py")).read_text())
+    functions = cache[module]
+    old = functions[function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"].splitlines()[1:]
+    new = functions[function].splitlines()[1:]
+    return " | ".join(line.strip() for line in difflib.ndiff(old, new) if line[:1] in "-+")
 
 
 def score(workdir: Path) -> tuple[int, int, list[str], int]:
@@ -133,12 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.report and not (here / "mutants").exists():
             continue
         killed, total, survivors, pending = score(here) if args.report else run_module(module, args.workdir, args.jobs)
-        rows.append((module, killed, total, pending))
+        cache: dict[str, dict[str, str]] = {}
+        reasons = {name: excuse(here, name, cache) for name in survivors}
+        excused = [name for name in survivors if reasons[name]]
+        rows.append((module, killed, total, len(excused), pending))
         if args.survivors:
-            print(f"survivors in {module}:", *survivors, sep="\n  ")
-    print(f"\n{'module':28} {'killed':>7} {'tested':>7} {'score':>6} {'not tested':>11}")
-    for module, killed, total, pending in rows:
-        print(f"{module:28} {killed:7d} {total:7d} {100 * killed / max(total, 1):5.1f}% {pending:11d}")
+            print(f"survivors in {module} (not excused):",
+                  *(f"{name}: {diff(here, name, cache)}" for name in survivors if not reasons[name]), sep="\n  ")
+            print(f"equivalent (excused) in {module}:", *(f"{name}: {reasons[name]}" for name in excused), sep="\n  ")
+    print(f"\n{'module':28} {'killed':>7} {'tested':>7} {'excused':>8} {'score':>6} {'raw':>6} {'not tested':>11}")
+    for module, killed, total, excused, pending in rows:
+        print(f"{module:28} {killed:7d} {total:7d} {excused:8d} {100 * killed / max(total - excused, 1):5.1f}% "
+              f"{100 * killed / max(total, 1):5.1f}% {pending:11d}")
+    print("score = killed / (tested - excused); raw = killed / tested; excused: equivalent mutants (--survivors lists them)")
     return 0
 
 

@@ -206,6 +206,29 @@ def test_planned_repeats_start_after_five_and_swap_the_sides(tmp_path, clock):
     assert s.progress() == {"answered": 9, "skips": 0, "repeats": 3}
 
 
+def test_repeats_are_swapped_never_repeated_twice_and_seeded(tmp_path, clock):
+    def run(root, seed: int) -> list[Question]:
+        s = sched(workspace(root, "abcde"), repeat_share=0.5, seed=seed)
+        got = []
+        for _ in range(40):
+            q = s.next()
+            got.append(q)
+            s.answer(q, "k")
+        return got
+
+    got = run(tmp_path / "one", 7)
+    repeats = [q for q in got if q.kind == "repeat"]
+    assert len(repeats) >= 10 and all(q.rep == 1 for q in repeats)
+    assert max(Counter(key(q) for q in got).values()) == 2
+    for q in repeats:
+        first = next(p for p in got if p.rep == 0 and key(p) == key(q))
+        assert (q.ref_j, q.ref_k) == (first.ref_k, first.ref_j)
+    same = run(tmp_path / "two", 7)
+    assert [(q.anchor, q.ref_j, q.ref_k, q.kind) for q in same] == [(q.anchor, q.ref_j, q.ref_k, q.kind) for q in got]
+    other = run(tmp_path / "three", 8)
+    assert [(q.anchor, q.ref_j, q.ref_k) for q in other] != [(q.anchor, q.ref_j, q.ref_k) for q in got]
+
+
 def test_repeats_follow_the_share_and_skip_skips(tmp_path, clock):
     s = sched(workspace(tmp_path, "abcd"), repeat_share=0.1, seed=3)
     got = []
@@ -272,10 +295,30 @@ def test_shared_ranking_is_recounted_when_others_answer(tmp_path, clock):
     ws = shared_workspace(tmp_path)
     s = sched(ws, shared_share=0.9, seed=1)
     s.answer(s.next(), "j")
+    assert s.next().kind == "shared"  # ranks the shared triplets; left unanswered
     for who in ("x", "y", "z"):  # now shared by 3: first in line
         ws.store.add_triplet("b", "e", "d", "j", f"expert:{who}")
     q = s.next()
     assert (key(q), q.kind) == (("b", "d", "e"), "shared")
+
+
+def tied_first_shared(root, seed: int) -> tuple[str, str, str]:
+    """The first shared question when five triplets are each answered by one other annotator (all tied)."""
+    ws = workspace(root, "abcde")
+    for anchor in "abcde":
+        ws.store.add_triplet(anchor, *sorted(set("abcde") - {anchor})[:2], "j", "expert:x")
+    s = sched(ws, shared_share=0.9, seed=seed)
+    first = s.next()
+    s.answer(first, "j")
+    q = s.next()
+    assert q.kind == "shared"
+    return key(q)
+
+
+def test_ties_among_shared_triplets_are_in_a_seeded_random_order(tmp_path, clock):
+    firsts = [tied_first_shared(tmp_path / str(seed), seed) for seed in range(8)]
+    assert tied_first_shared(tmp_path / "again", 5) == firsts[5]  # seeded
+    assert len(set(firsts)) >= 3  # 8 seeds over 5 tied triplets: a fixed order would give 1 or 2
 
 
 def test_shared_share_zero_never_shares(tmp_path, clock):
@@ -322,14 +365,30 @@ def test_active_mode_serves_each_anchor_its_pairs_by_increasing_margin(tmp_path,
     assert got == ACTIVE_ORDER
     assert s._margin("p2", "p0", "p3") == pytest.approx(1 / 7)
     assert s._margin("p0", "p3", "p2") == pytest.approx(4 / 10)
+    small = sched(workspace(tmp_path / "small", IDS), mode="active", distances=(IDS, D / 20))
+    assert small._margin("p0", "p1", "p2") == pytest.approx(2 / 4)  # total distance 0.2: still a margin
 
 
 def test_active_mode_with_zero_distances_and_partial_coverage(tmp_path, clock):
     ids = ["p0", "p1", "p2", "p3", "p4"]
-    s = sched(workspace(tmp_path, ids), mode="active", distances=(ids[:4], np.zeros((4, 4))), seed=2)
-    assert s._margin("p0", "p1", "p2") == 0.0
-    got = [s.next() for _ in range(30)]  # p4 has no embedding: its questions are random, never a KeyError
+    s = sched(workspace(tmp_path, ids), mode="active", distances=(ids[1:], np.zeros((4, 4))), seed=2)
+    assert s._margin("p1", "p2", "p3") == 0.0
+    got = [s.next() for _ in range(30)]  # p0 has no embedding: pairs with it are random, never a KeyError
     assert None not in got and len({key(q) for q in got}) == 30 and s.next() is None
+
+
+def test_active_mode_scores_every_pair_when_few_remain(tmp_path, clock):
+    ids = ["p0", "p1", "p2", "p3", "p4"]
+    x = np.array([0.0, 1.0, 3.0, 7.0, 15.0])
+    D = np.abs(x[:, None] - x[None, :])
+    # 6 unseen pairs per anchor <= 4 × 2 candidates: all are scored, the smallest margin is served
+    s = sched(workspace(tmp_path, ids), mode="active", distances=(ids, D), candidates=2, seed=1)
+    for _ in range(5):
+        q = s.next()
+        i = ids.index(q.anchor)
+        best = min((abs(D[i, a] - D[i, b]) / (D[i, a] + D[i, b]), (a, b)) for a in range(5) for b in range(a + 1, 5)
+                   if i not in (a, b))[1]
+        assert tuple(sorted((q.ref_j, q.ref_k))) == (ids[best[0]], ids[best[1]])
 
 
 def test_active_mode_with_few_candidates_still_serves_unseen_pairs(tmp_path, clock):
@@ -375,6 +434,7 @@ def test_answer_latency_defaults_to_now_and_is_never_negative(tmp_path, clock):
     s.answer(Question("b", "a", "c", 0, "new", 2000.0), "skip", answered_at=1999.0)
     assert [r["latency_ms"] for r in ws.store.triplets(source="expert:me")] == [1500, 0]
     assert ws.store.revisions("triplets")[0]["actor"] == "expert:me"
+    ws.store.add_triplet("c", "a", "b", "skip", "expert:other", rep=1)
     assert s.progress() == {"answered": 2, "skips": 1, "repeats": 0}
 
 

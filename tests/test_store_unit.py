@@ -3,6 +3,7 @@
 Fast companion of tests/test_store.py (mutation-checked, issue 22)."""
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -157,8 +158,8 @@ def test_meta(store):
 
 def test_patients_and_their_revisions(store):
     store.upsert_patient("p2")
-    store.upsert_patient("p1", {"age": 70}, actor="amy")
-    store.upsert_patient("p1", {"age": 70}, actor="bob")  # unchanged: no revision
+    store.upsert_patient("p1", {"age": np.int64(70)}, actor="amy")
+    store.upsert_patient("p1", {"age": np.int64(70)}, actor="bob")  # unchanged: no revision
     store.upsert_patient("p1", {"age": 71}, actor="cid")
     assert store.patients() == [{"patient_id": "p1", "metadata": {"age": 71}}, {"patient_id": "p2", "metadata": {}}]
     assert store.patient("p1") == {"patient_id": "p1", "metadata": {"age": 71}} and store.patient("x") is None
@@ -203,7 +204,7 @@ def test_delete_image_takes_its_wounds_and_judgments_along(store):
     deletes = [r for r in store.revisions() if r["action"] == "delete"]
     assert [(r["entity"], r["actor"]) for r in deletes] == [("wounds", "amy"), ("triplets", "amy"),
                                                              ("triplets", "amy"), ("images", "amy")]
-    assert deletes[-1]["key"] == "a" and deletes[-1]["old"] == {
+    assert (deletes[-1]["key"], deletes[-1]["field"]) == ("a", "row") and deletes[-1]["old"] == {
         "file": "a.png", "sha256": "a" * 64, "width": 8, "height": 6, "patient_id": None, "metadata": {}}
 
 
@@ -301,6 +302,12 @@ def test_add_triplets_in_bulk(store):
     assert got[1]["created"] == "T1" and re.fullmatch(r"\d{4}-.*\+00:00", got[0]["created"])
     assert [(r["key"]["rep"], r["new"]["choice"], r["actor"], r["action"], r["old"]) for r in store.revisions()
             if r["entity"] == "triplets"] == [(0, "j", "expert:x", "insert", None), (2, "skip", "llm:m", "insert", None)]
+    for t in got:  # the same revision key and JSON as one add_triplet writes
+        (rev,) = store.revisions("triplets", store_mod.triplet_key(t))
+        assert (rev["field"], rev["action"], rev["new"]) == \
+            ("row", "insert", {"choice": t["choice"], "latency_ms": t["latency_ms"], "created": t["created"]})
+        raw = store.db.execute("SELECT new FROM revisions WHERE id = ?", [rev["id"]]).fetchone()[0]
+        assert raw == json.dumps(rev["new"], sort_keys=True)
     assert store.add_triplets(rows[:1], actor="bulk") == 0
     assert store.add_triplets([{**rows[0], "anchor": "d"}], actor="bulk") == 1
     assert store.revisions()[-1]["actor"] == "bulk"
@@ -318,6 +325,15 @@ def test_add_triplets_rejects_a_bad_row_and_stores_nothing(store, bad, message):
     assert store.triplets() == [] and store.revisions("triplets") == []
 
 
+def test_add_triplets_is_one_transaction(store):
+    photos(store)
+    rows = [{"anchor": "a", "ref_j": "b", "ref_k": "c", "choice": "j", "source": "s"},
+            {"anchor": "a", "ref_j": "b", "ref_k": "zz", "choice": "j", "source": "s"}]  # no photo zz
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        store.add_triplets(rows)
+    assert store.triplets() == [] and store.revisions()[-1]["entity"] == "images"
+
+
 def test_add_triplets_joins_an_open_transaction(store):
     photos(store)
     with pytest.raises(KeyError), store.transaction():
@@ -332,6 +348,8 @@ def test_delete_triplet(store):
     other = store.add_triplet("b", "c", "d", "k", "expert:y")
     store.delete_triplet(999)
     store.delete_triplet(tid)
+    assert store.revisions("triplets")[-1]["key"] == {"source": "expert:x", "anchor": "a", "ref_j": "b", "ref_k": "c",
+                                                      "rep": 0}
     store.delete_triplet(other, actor="admin")
     assert store.triplets() == []
     assert [(r["action"], r["old"], r["new"], r["actor"]) for r in store.revisions("triplets")][2:] == [
@@ -431,9 +449,11 @@ def test_runs_lifecycle(store, monkeypatch):
     with pytest.raises(ValueError, match=r"^status must be one of \('running', 'done', 'failed', 'stopped', "
                                          r"'interrupted'\), got 'ok'$"):
         store.finish_run(first, "ok")
+    beats = dict(store._heartbeats)
     store.finish_run(second, "failed", message="boom")
-    store.finish_run(first, metrics={"c": 3})
-    assert store._heartbeats == {}
+    store.finish_run(first, metrics={"c": 3}, artifacts={"h": "z"})
+    assert store._heartbeats == {} and all(b._stop.is_set() for b in beats.values())
+    assert store.run(first)["artifacts"] == {"f": "x", "g": "y", "h": "z"}
     one, two = store.run(first), store.run(second)
     assert (one["status"], one["progress"], one["metrics"]) == ("done", 1.0, {"a": 1, "b": 2, "c": 3})
     assert (two["status"], two["progress"], two["message"]) == ("failed", 0.0, "boom")
@@ -443,6 +463,21 @@ def test_runs_lifecycle(store, monkeypatch):
     assert [r["id"] for r in store.runs(status="failed")] == [second]
     assert store.runs(kind="fusion", status="failed") == [] and store.run(99) is None
     assert store._beat(first) is False  # done: the heartbeat stops stamping
+
+
+def test_another_store_finishes_a_run_and_beats_with_the_store_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    one, two = Store(tmp_path / "t.sqlite"), Store(tmp_path / "t.sqlite", timeout_s=7.0)
+    rid = one.start_run("x", {})
+    two.finish_run(rid, "done")  # a run this store did not start: no heartbeat of its own to stop
+    assert one.run(rid)["status"] == "done"
+    seen = []
+    real = store_mod.sqlite3.connect
+    monkeypatch.setattr(store_mod.sqlite3, "connect", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    two._beat(rid)
+    assert seen == [{"timeout": 7.0}]
+    one.close()
+    two.close()
 
 
 def test_beat_stamps_only_running_runs(store, monkeypatch):
@@ -462,12 +497,17 @@ def test_a_run_whose_process_is_gone_is_marked_interrupted(store, monkeypatch):
     keep = store.start_run("y", {})
     store.finish_run(keep, "done")
     monkeypatch.setattr(store_mod.jobs, "run_gone", lambda run: "process gone" if run["status"] == "running" else None)
-    assert [(r["id"], r["status"], r["message"]) for r in store.runs(status="running")] == []
+    (marked,) = [r for r in store.runs() if r["id"] == rid]  # as marked now, not read back
+    assert (marked["status"], marked["message"]) == ("interrupted", "process gone")
+    assert marked["finished"] > marked["created"]
+    stored = store.db.execute("SELECT status, message, finished FROM runs WHERE id = ?", [rid]).fetchone()
+    assert stored == ("interrupted", "process gone", marked["finished"])
+    store.db.execute("UPDATE runs SET status = 'running', message = NULL WHERE id = ?", [rid])
+    assert store.runs(status="running") == []
     run = store.run(rid)
     assert (run["status"], run["message"]) == ("interrupted", "process gone") and run["finished"]
-    stored = store.db.execute("SELECT status, message FROM runs WHERE id = ?", [rid]).fetchone()
-    assert stored == ("interrupted", "process gone")
     assert [r["id"] for r in store.runs(status="interrupted")] == [rid]
+    assert store.run(keep)["status"] == "done"
 
 
 def test_reconcile_reads_a_run_that_finished_meanwhile(store, monkeypatch):

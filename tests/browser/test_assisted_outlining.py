@@ -34,10 +34,12 @@ def sign_in_and_open(pg, url: str, image_id: str) -> None:
     with settled(pg, "opening Wound masks"):
         pg.get_by_role("link", name="Wound masks").click()
         expect(pg.locator(".oe svg image")).to_be_attached()
-    with settled(pg, f"choosing photo {image_id}"):
-        pg.get_by_role("combobox", name="Photo").click()
-        pg.get_by_role("option", name=image_id, exact=True).click()
-        expect(pg.get_by_role("heading", name=f"Wounds of {image_id}")).to_be_visible()
+    heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
+    if not heading.is_visible():  # choosing the photo shown already reruns nothing
+        with settled(pg, f"choosing photo {image_id}"):
+            pg.get_by_role("combobox", name="Photo").click()
+            pg.get_by_role("option", name=image_id, exact=True).click()
+            expect(heading).to_be_visible()
 
 
 def candidate_mask(pg, key: str, shape: tuple[int, int]) -> np.ndarray:
