@@ -443,10 +443,12 @@ def test_swap_in_and_back(tmp_path, monkeypatch):
     assert (tmp_path / "t1").read_text() == "o1" and (tmp_path / "t2").read_text() == "o2"
 
 
-def test_export_round_trip_and_refusals(tmp_path):
+def test_export_round_trip_and_refusals(tmp_path, monkeypatch):
     ws = Workspace(tmp_path / "ws")
     import_dataset(ws, full(tmp_path / "ds"))
     ws.store.add_triplet("c", "a", "b", "k", "llm:m", latency_ms=0.1)
+    ws.store.add_triplet("c", "b", "a", "j", "expert:dr:x")  # a colon inside the annotator's name
+    ws.save_mask("c", np.zeros((H, W), np.int32))  # a mask file without wounds is exported too
     (tmp_path / "file").write_text("x")
     with pytest.raises(DatasetError, match=f"^{tmp_path / 'file'}: not a folder$"):
         export_dataset(ws, tmp_path / "file")
@@ -458,26 +460,40 @@ def test_export_round_trip_and_refusals(tmp_path):
         export_dataset(ws, tmp_path / "busy")
     got = export_dataset(ws, tmp_path / "busy", force=True)
     out = tmp_path / "busy"
-    assert got == {"images": 3, "patients": 2, "wounds": 3, "triplets": 3, "out": str(out)}
+    assert got == {"images": 3, "patients": 2, "wounds": 3, "triplets": 4, "out": str(out)}
     assert sorted(p.name for p in out.iterdir()) == sorted(["keep.txt", "images", "masks", "wounds.csv", "images.csv",
                                                             "patients.csv", "triplets.csv", "dataset.json"])
     assert (out / "keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if ".export-" in p.name] == []
     with (out / "triplets.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert [(r["annotator"], r["source"], r["rep"], r["latency_ms"]) for r in rows] == \
-        [("ann", "expert:ann", "0", "250.0"), ("ann", "expert:ann", "0", ""), ("", "llm:m", "0", "0.1")]
+    assert (out / "triplets.csv").read_text().splitlines()[0] == \
+        "anchor,ref_j,ref_k,choice,annotator,source,rep,latency_ms,created"
+    assert (out / "patients.csv").read_text().splitlines() == ["patient_id,age", "p1,12", "p2,30"]
+    assert [(r["anchor"], r["annotator"], r["source"], r["rep"], r["latency_ms"], bool(r["created"])) for r in rows] == \
+        [("a", "ann", "expert:ann", "0", "250.0", True), ("b", "ann", "expert:ann", "0", "", True),
+         ("c", "", "llm:m", "0", "0.1", True), ("c", "dr:x", "expert:dr:x", "0", "", True)]
     assert (out / "wounds.csv").read_text().splitlines() == \
         ["image_id,wound_index,description,site", "a,1,red,shin", "a,2,,", "b,1,crust,"]
     assert (out / "images.csv").read_text().splitlines()[:2] == ["image_id,patient_id,camera", "a,p1,phone"]
     assert json.loads((out / "dataset.json").read_text()) == {"name": "tiny", "synthetic": False, "mask_format": "label",
                                                               "columns": {"age": "int", "camera": "str",
                                                                           "site": "str"}}
-    assert sorted(p.name for p in (out / "masks").iterdir()) == ["a.png", "b.png"]
+    assert sorted(p.name for p in (out / "masks").iterdir()) == ["a.png", "b.png", "c.png"]
     back = Workspace(tmp_path / "back")
     import_dataset(back, out)
     assert [(w["image_id"], w["wound_index"], w["description"]) for w in back.store.wounds()] == \
         [(w["image_id"], w["wound_index"], w["description"]) for w in ws.store.wounds()]
-    assert len(back.store.triplets()) == 3
-    fresh = export_dataset(ws, tmp_path / "new" / "deeper")
-    assert fresh["out"] == str(tmp_path / "new" / "deeper") and (tmp_path / "new" / "deeper" / "images").is_dir()
+    assert len(back.store.triplets()) == 4
+    staged = []
+    real = dataset.tempfile.mkdtemp
+    monkeypatch.setattr(dataset.tempfile, "mkdtemp", lambda **kw: staged.append(kw) or real(**kw))
+    deep = tmp_path / "new" / "a" / "deeper"
+    fresh = export_dataset(ws, deep)
+    assert fresh["out"] == str(deep) and (deep / "images").is_dir()
+    assert staged == [{"prefix": ".deeper.export-", "dir": deep.parent}]  # beside out: renames stay on one disk
+
+
+def test_write_csv_fills_missing_cells_and_adds_extra_columns(tmp_path):
+    dataset._write_csv(tmp_path / "t.csv", ["id", "note"], [{"id": "a", "note": None, "z": 1}, {"id": "é", "y": "q"}])
+    assert (tmp_path / "t.csv").read_bytes().decode("utf-8") == "id,note,y,z\r\na,,,1\r\né,,q,\r\n"

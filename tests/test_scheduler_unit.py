@@ -378,17 +378,24 @@ def test_active_mode_with_zero_distances_and_partial_coverage(tmp_path, clock):
 
 
 def test_active_mode_scores_every_pair_when_few_remain(tmp_path, clock):
-    ids = ["p0", "p1", "p2", "p3", "p4"]
-    x = np.array([0.0, 1.0, 3.0, 7.0, 15.0])
+    ids = ["p0", "p1", "p2", "p3", "p4", "p5"]
+    x = np.array([0.0, 1.0, 3.0, 7.0, 15.0, 31.0])
     D = np.abs(x[:, None] - x[None, :])
-    # 6 unseen pairs per anchor <= 4 × 2 candidates: all are scored, the smallest margin is served
     s = sched(workspace(tmp_path, ids), mode="active", distances=(ids, D), candidates=2, seed=1)
-    for _ in range(5):
+    served: dict[str, set] = {i: set() for i in ids}
+    checked = 0
+    for _ in range(60):
         q = s.next()
         i = ids.index(q.anchor)
-        best = min((abs(D[i, a] - D[i, b]) / (D[i, a] + D[i, b]), (a, b)) for a in range(5) for b in range(a + 1, 5)
-                   if i not in (a, b))[1]
-        assert tuple(sorted((q.ref_j, q.ref_k))) == (ids[best[0]], ids[best[1]])
+        left = [(a, b) for a in range(6) for b in range(a + 1, 6) if i not in (a, b)
+                and (ids[a], ids[b]) not in served[q.anchor]]
+        pair = tuple(sorted((q.ref_j, q.ref_k)))
+        if len(left) <= 4 * 2:  # few left (<= 4 × candidates): every one is scored, the smallest margin served
+            best = min(left, key=lambda p: (abs(D[i, p[0]] - D[i, p[1]]) / (D[i, p[0]] + D[i, p[1]]), p))
+            assert pair == (ids[best[0]], ids[best[1]]), (q.anchor, len(left))
+            checked += 1
+        served[q.anchor].add(pair)
+    assert checked == 6 * 8 and s.next() is None
 
 
 def test_active_mode_with_few_candidates_still_serves_unseen_pairs(tmp_path, clock):
