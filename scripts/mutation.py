@@ -273,9 +273,9 @@ def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[st
     # the tests' tmp_path workspaces (SQLite, fsync) in memory where there is a tmpfs: ~5x faster
     with tempfile.TemporaryDirectory(prefix="triderm-mutation-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         env["TMPDIR"] = tmp
-        subprocess.run(mutmut, cwd=here, env=env, check=False)
-        if survivors:
+        if survivors:  # first, so that an interrupted run has already re-checked them against the new tests
             subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
+        subprocess.run(mutmut, cwd=here, env=env, check=False)
     return score(here)
 
 
