@@ -86,8 +86,6 @@ EQUIVALENT: dict[str, str] = {
         "a planned repeat takes its sides from swap_of; a and b are not read then",
     "annotations.scheduler.xǁTripletSchedulerǁ_repeat__mutmut_47":
         "a planned repeat takes its sides from swap_of; a and b are not read then",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_2":
-        "the shared ranking is recounted on every draw instead of when others' answers change: same questions",
     "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_3":
         "the shared ranking is recounted on every draw instead of when others' answers change: same questions",
     "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_19":
@@ -97,8 +95,6 @@ EQUIVALENT: dict[str, str] = {
     "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_26":
         "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
     "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_27":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_28":
         "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
     "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_29":
         "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",

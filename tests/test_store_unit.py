@@ -367,6 +367,15 @@ def test_triplet_queries_and_exclusions(store):
     assert [t["source"] for t in store.triplets(prefix="expert:")] == ["expert:x", "expert:y", "expert:y2", "expert:x"]
     assert [t["source"] for t in store.triplets(prefix="expert:y")] == ["expert:y", "expert:y2"]
     assert len(store.triplets()) == 6
+    for source in ("llm:50%x", "llm:50abc", "llm:a_b", "llm:axb", "llm:c\\d", "llm:c\\\\d"):
+        store.add_triplet("d", "a", "b", "j", source)
+    # LIKE wildcards (% _) and the escape character in a prefix are literal
+    assert [t["source"] for t in store.triplets(prefix="llm:50%")] == ["llm:50%x"]
+    assert [t["source"] for t in store.triplets(prefix="llm:a_")] == ["llm:a_b"]
+    assert [t["source"] for t in store.triplets(prefix="llm:c\\d")] == ["llm:c\\d"]
+    for t in store.triplets(prefix="llm:"):
+        if t["anchor"] == "d":
+            store.delete_triplet(t["id"])
     store.db.execute("INSERT INTO exclusions (kind, target, actor, created) VALUES ('triplet', ?, 'a', 'T')",
                      [str(ids[0])])
     store.db.execute("INSERT INTO exclusions (kind, target, actor, created) VALUES ('annotator', 'y', 'a', 'T')")
