@@ -154,6 +154,42 @@ EQUIVALENT: dict[str, str] = {
         "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
     "annotations.dataset.x__write_dataset__mutmut_14":
         "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.store.xǁStoreǁ__init____mutmut_9":
+        "the connect timeout is overridden by PRAGMA busy_timeout on the next line",
+    "annotations.store.xǁStoreǁ__init____mutmut_33":
+        "_action_override is read as `override or action`: '' and None both mean no override",
+    "annotations.store.xǁStoreǁdelete_image__mutmut_4":
+        "deletes (image_id, i) for every stored wound index i: only this photo's wounds exist under its id",
+    "annotations.store.xǁStoreǁadd_triplets__mutmut_44":
+        "always opening self.transaction() is the same: _Transaction joins an open transaction",
+    "annotations.store.xǁStoreǁexpert_triplets__mutmut_4":
+        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
+    "annotations.store.xǁStoreǁexpert_triplets__mutmut_9":
+        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
+    "annotations.store.xǁStoreǁcounts__mutmut_40":
+        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
+    "annotations.store.xǁStoreǁcounts__mutmut_46":
+        "SQLite's LIKE ignores ASCII case: 'LLM:%' matches the same sources",
+    "annotations.store.xǁStoreǁadd_llm_answer__mutmut_10":
+        "only the letter case of SQL keywords/identifiers changes (SQLite reads them case-insensitively)",
+    "annotations.store.xǁStoreǁ_revision_rows__mutmut_15":
+        "key/old/new are never SQL NULL (JSON 'null' is stored), so the None branch never runs",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_7":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_11":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_16":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_19":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_25":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁ_reconciled__mutmut_28":
+        "re-reading the row it just marked returns the same values as the marked dict",
+    "annotations.store.xǁ_Transactionǁ__init____mutmut_2":
+        "outer is always set in __enter__ before it is read",
+    "annotations.store.xǁ_Transactionǁ__init____mutmut_3":
+        "outer is always set in __enter__ before it is read",
     "annotations.scheduler.x_combinations_count__mutmut_12":
         "max(n - 1, 1) differs only for n <= 1, where both give 0 (comb(1, 2) = comb(0, 2) = 0)",
 }
@@ -190,7 +226,8 @@ def _functions(source: str) -> dict[str, str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|PRAGMA|BEGIN|COMMIT|ROLLBACK|WHERE|VALUES|FROM|GROUP BY|ORDER BY)\b|^\s*(AND|OR)\s*$")
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|PRAGMA|BEGIN|COMMIT|ROLLBACK|WHERE|VALUES|FROM|GROUP BY|ORDER BY|SET)\b"
+                  r"|^\s*(AND|OR)\s*$|\w = \?|= excluded\.\w")
 
 
 def sql_case_only(original: str, mutant: str) -> bool:

@@ -7,6 +7,8 @@ import json
 import re
 import sqlite3
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -86,8 +88,15 @@ def test_open_sets_pragmas_and_the_latest_schema(tmp_path):
     assert {"triplets_anchor", "images_patient"} <= {r[0] for r in s.db.execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'")}
     s.set_meta("k", 1)
+    assert Store(tmp_path / "t.sqlite").get_meta("k") == 1  # committed at once: another connection sees it
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(s.get_meta("k")))  # the app's threads share it
+    worker.start()
+    worker.join()
+    assert errors == [1]
     s.close()
     s = Store(tmp_path / "t.sqlite")  # reopening migrates nothing and keeps the data
+    assert s.timeout_s == 30.0
     assert s.schema_version == 6 and s.get_meta("k") == 1
     s.close()
 
@@ -217,6 +226,8 @@ def test_wounds_upsert_keep_outline_pixels_and_delete(store):
     assert wid == store.wound("a", 2)["id"]
     assert store.upsert_wound("a", 1, 5, [np.int64(1), 1, 2, 2], description=None) != wid
     store.upsert_wound("b", 1, 3, [0, 0, 1, 1])
+    assert store.wound("b", 1)["description"] == ""
+    assert store.revisions("wounds", {"image_id": "a", "wound_index": 1})[0]["new"]["description"] == ""
     assert [(w["image_id"], w["wound_index"]) for w in store.wounds()] == [("a", 1), ("a", 2), ("b", 1)]
     assert [w["wound_index"] for w in store.wounds("a")] == [1, 2]
     assert store.wound("a", 1) | {"id": 0} == {"id": 0, "image_id": "a", "wound_index": 1, "area": 5,
@@ -236,7 +247,8 @@ def test_wounds_upsert_keep_outline_pixels_and_delete(store):
     store.delete_wound("a", 2, actor="dan")
     store.delete_wound("a", 2, actor="dan")  # already gone: nothing recorded
     last = store.revisions("wounds", key)
-    assert len(last) == 4 and (last[-1]["action"], last[-1]["new"], last[-1]["actor"]) == ("delete", None, "dan")
+    assert len(last) == 4 and (last[-1]["field"], last[-1]["action"], last[-1]["new"], last[-1]["actor"]) == \
+        ("row", "delete", None, "dan")
     assert last[-1]["old"] == {"outline": {"area": 20, "bbox": [0, 0, 5, 4]}, "description": "shallow",
                                "metadata": {"m": 1}}
     assert store.wound("a", 2) is None
@@ -250,6 +262,12 @@ def test_last_outline_falls_back_to_the_geometry(store):
     assert store._last_outline(key, row)["png"] == "P"
     assert store._last_outline(key, row | {"area": 13}) == {"area": 13, "bbox": [0, 0, 4, 3]}  # pixels of another
     assert store._last_outline({"image_id": "a", "wound_index": 7}, row) == {"area": 12, "bbox": [0, 0, 4, 3]}
+    redrawn = {"area": 12, "bbox": [0, 0, 4, 3], "png": "P2"}
+    store.upsert_wound("a", 1, 12, [0, 0, 4, 3], outline=redrawn)  # an "outline" revision holds the outline itself
+    assert store.revisions("wounds", key)[-1]["field"] == "outline"
+    assert store._last_outline(key, row) == redrawn
+    store.delete_wound("a", 1)
+    assert store.revisions("wounds", key)[-1]["old"]["outline"] == redrawn  # the pixels kept for an undo
     store.record_revision("wounds", key, "outline", "update", None, None, "x")  # a null "new"
     assert store._last_outline(key, row) == {"area": 12, "bbox": [0, 0, 4, 3]}
     store.record_revision("wounds", key, "outline", "update", None, [1, 2], "x")  # not a dict
@@ -281,6 +299,7 @@ def test_add_triplet(store):
     row = store.triplets()[0]
     assert row == {"id": tid, "anchor": "a", "ref_j": "b", "ref_k": "c", "choice": "j", "source": "expert:me",
                    "rep": 1, "latency_ms": 12.5, "created": "T0"}
+    assert {(r["field"], r["action"]) for r in store.revisions("triplets")} == {("row", "insert")}
     assert [(r["key"], r["new"], r["actor"]) for r in store.revisions("triplets")] == [
         ({"source": "expert:me", "anchor": "a", "ref_j": "b", "ref_k": "c", "rep": 1},
          {"choice": "j", "latency_ms": 12.5, "created": "T0"}, "expert:me"),
@@ -352,6 +371,7 @@ def test_delete_triplet(store):
                                                       "rep": 0}
     store.delete_triplet(other, actor="admin")
     assert store.triplets() == []
+    assert [r["field"] for r in store.revisions("triplets")] == ["row"] * 4
     assert [(r["action"], r["old"], r["new"], r["actor"]) for r in store.revisions("triplets")][2:] == [
         ("delete", {"choice": "j", "latency_ms": 4, "created": "T"}, None, "expert:x"),
         ("delete", {"choice": "k", "latency_ms": None, "created": store.revisions("triplets")[1]["new"]["created"]},
@@ -410,6 +430,10 @@ def test_record_revision_and_restoring(store):
                                                       "action": "update", "old": 1.5, "new": {"x": [0, 1]},
                                                       "actor": "amy", "created": "T"}
     assert store.db.execute("SELECT key FROM revisions").fetchone()[0] == '{"a": 2, "b": 1}'
+    rid2 = store.record_revision("e", "k", "f", "update", {"b": np.int64(1), "a": 2}, {"x": np.arange(2), "a": 1}, "amy")
+    assert store.db.execute("SELECT old, new FROM revisions WHERE id = ?", [rid2]).fetchone() == \
+        ('{"a": 2, "b": 1}', '{"a": 1, "x": [0, 1]}')
+    store.db.execute("DELETE FROM revisions WHERE id = ?", [rid2])
     assert store.revision(rid + 1) is None
     with store.restoring():
         assert store.db.conn.in_transaction
@@ -487,6 +511,18 @@ def test_another_store_finishes_a_run_and_beats_with_the_store_timeout(tmp_path,
     assert seen == [{"timeout": 7.0}]
     one.close()
     two.close()
+
+
+def test_a_running_run_is_stamped_by_its_heartbeat_thread(store, monkeypatch):
+    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(store_mod.jobs, "HEARTBEAT_S", 0.01)
+    rid = store.start_run("x", {})
+    store.db.execute("UPDATE runs SET heartbeat = 'old' WHERE id = ?", [rid])
+    deadline = time.monotonic() + 60  # an event wait (the thread beats every 10 ms), generous on a loaded machine
+    while store.db.execute("SELECT heartbeat FROM runs WHERE id = ?", [rid]).fetchone()[0] == "old":
+        assert time.monotonic() < deadline, "the heartbeat thread never stamped the run"
+        time.sleep(0.01)
+    store.finish_run(rid)
 
 
 def test_beat_stamps_only_running_runs(store, monkeypatch):
