@@ -190,6 +190,16 @@ EQUIVALENT: dict[str, str] = {
         "outer is always set in __enter__ before it is read",
     "annotations.store.xǁ_Transactionǁ__init____mutmut_3":
         "outer is always set in __enter__ before it is read",
+    "annotations.dataset.x__short__mutmut_12":
+        "ensure_ascii=None is falsy, the same as False",
+    "annotations.dataset.x__write_csv__mutmut_23":
+        "csv.writer already writes None as an empty cell",
+    "annotations.dataset.x__swap_back__mutmut_3":
+        "rmtree of a folder this import just renamed into place does not fail",
+    "annotations.dataset.x__swap_back__mutmut_5":
+        "rmtree of a folder this import just renamed into place does not fail",
+    "annotations.dataset.x__swap_back__mutmut_6":
+        "rmtree of a folder this import just renamed into place does not fail",
     "annotations.scheduler.x_combinations_count__mutmut_12":
         "max(n - 1, 1) differs only for n <= 1, where both give 0 (comb(1, 2) = comb(0, 2) = 0)",
 }

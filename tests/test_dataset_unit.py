@@ -497,3 +497,62 @@ def test_export_round_trip_and_refusals(tmp_path, monkeypatch):
 def test_write_csv_fills_missing_cells_and_adds_extra_columns(tmp_path):
     dataset._write_csv(tmp_path / "t.csv", ["id", "note"], [{"id": "a", "note": None, "z": 1}, {"id": "é", "y": "q"}])
     assert (tmp_path / "t.csv").read_bytes().decode("utf-8") == "id,note,y,z\r\na,,,1\r\né,,q,\r\n"
+
+
+def test_rows_gone_from_the_dataset_kept_pruned_or_in_conflict(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    ds = full(tmp_path / "ds")
+    import_dataset(ws, ds)
+    ws.store.upsert_patient("p0", {"age": 1}, actor="app")  # made in the app: an import never touches it
+    ws.store.upsert_wound("b", 1, 36, [2, 2, 8, 8], "app edit", {}, actor="app")  # changed in the app
+    (ds / "images" / "c.png").unlink()
+    (ds / "images.csv").write_text("image_id,patient_id,camera\na,p1,phone\nb,p1,\n")
+    (ds / "patients.csv").write_text("patient_id,age\np1,12\n")
+    (ds / "masks" / "b.png").unlink()
+    (ds / "wounds.csv").write_text("image_id,wound_index,description,site\na,1,red,shin\na,2,,\n")
+    got = import_dataset(ws, ds)
+    assert got["merge"] == {**ZERO, "not-in-file": 3}
+    assert sorted(got["changes"]) == [
+        "workspace: image c file: no longer in the dataset: kept (--prune deletes it)",
+        "workspace: patient p2 metadata: no longer in the dataset: kept (--prune deletes it)",
+        "workspace: wound 1 of b outline: no longer in the dataset: kept (--prune deletes it)"]
+    with pytest.raises(MergeConflict) as info:
+        import_dataset(ws, ds, prune=True)
+    (conflict,) = info.value.conflicts
+    assert (conflict.entity, conflict.key, conflict.field, conflict.action, conflict.where, conflict.new) == \
+        ("wounds", {"image_id": "b", "wound_index": 1}, "outline", "conflict", "workspace", None)
+    assert conflict.describe().startswith("workspace: wound 1 of b outline: changed in the app AND in the dataset "
+                                          "(app: outline of 36 px at [2, 2, 8, 8]; file: null)")
+    got = import_dataset(ws, ds, prune=True, prefer="app")  # photo c: still named by judgments; patients stay
+    assert got["merge"] == {**ZERO, "not-in-file": 2, "conflict": 1}
+    assert any(line.endswith("→ app kept") for line in got["changes"])
+    assert ws.store.wound("b", 1)["description"] == "app edit" and ws.store.patient("p0") is not None
+    assert [i["image_id"] for i in ws.store.images()] == ["a", "b", "c"]
+    got = import_dataset(ws, ds, prune=True, prefer="file")
+    assert ws.store.wound("b", 1) is None and got["merge"]["conflict"] == 1
+
+
+def test_prune_keeps_a_photo_with_an_outline_drawn_in_the_app(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    ds = full(tmp_path / "ds")
+    import_dataset(ws, ds)
+    ws.save_mask("c", labels(1))
+    ws.store.upsert_wound("c", 1, 36, [2, 2, 8, 8], "drawn", {"origin": "drawn"}, actor="app")
+    (ds / "images" / "c.png").unlink()
+    (ds / "images.csv").write_text("image_id,patient_id,camera\na,p1,phone\nb,p1,\n")
+    (ds / "triplets.csv").write_text(f"{TRIPLET_HEAD}\n")
+    got = import_dataset(ws, ds, prune=True)
+    assert got["merge"] == {**ZERO, "delete": 2, "not-in-file": 1}
+    assert [i["image_id"] for i in ws.store.images()] == ["a", "b", "c"] and ws.store.wound("c", 1) is not None
+
+
+def test_export_copies_the_truth_folder_and_writes_readable_json(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, full(tmp_path / "ds"))
+    (ws.truth_dir / "sub").mkdir(parents=True)
+    (ws.truth_dir / "sub" / "t.json").write_text("{}")
+    out = tmp_path / "out"
+    export_dataset(ws, out)
+    assert (out / "truth" / "sub" / "t.json").read_text() == "{}"
+    info = json.loads((out / "dataset.json").read_text())
+    assert (out / "dataset.json").read_text() == json.dumps(info, indent=2)
