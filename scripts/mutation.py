@@ -311,6 +311,8 @@ def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[st
     scratch_copy(here)
     write_config(here, module, MODULES[module])
     survivors = score(here)[2] if (here / "mutants").exists() else []
+    # which tests cover which function is cached; the tests may have changed: collect it again
+    (here / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(jobs)]
     # the tests' tmp_path workspaces (SQLite, fsync) in memory where there is a tmpfs: ~5x faster
