@@ -19,6 +19,7 @@ from annotations.dataset import (
     check_kind,
     export_dataset,
     import_dataset,
+    plan_merge,
     validate_dataset,
 )
 from annotations.readers import IMAGE_SUFFIXES
@@ -556,3 +557,34 @@ def test_export_copies_the_truth_folder_and_writes_readable_json(tmp_path):
     assert (out / "truth" / "sub" / "t.json").read_text() == "{}"
     info = json.loads((out / "dataset.json").read_text())
     assert (out / "dataset.json").read_text() == json.dumps(info, indent=2)
+
+
+def test_merge_lines_name_file_line_field_and_both_values(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    ds = full(tmp_path / "ds")
+    import_dataset(ws, ds)
+    ws.store.upsert_patient("p2", {"age": 31}, actor="app")  # app only: kept
+    ws.store.delete_wound("a", 2, actor="app")  # deleted in the app ...
+    (ds / "wounds.csv").write_text("image_id,wound_index,description,site\n"
+                                   "a,1,red,shin\na,2,new text,\nb,1,crust,arm\n")  # ... and changed in the dataset
+    plan = validate_dataset(ds)
+    merge = plan_merge(ws, plan)
+    got = {(c.entity, c.field, c.action): c for c in merge.changes}
+    assert set(got) == {("patients", "metadata", "keep-app"), ("wounds", "metadata", "update"),
+                        ("wounds", "outline", "conflict")}
+    keep = got[("patients", "metadata", "keep-app")]
+    assert (keep.key, keep.where, keep.old, keep.new) == ("p2", "patients.csv: line 3", {"age": 31}, {"age": 30})
+    update = got[("wounds", "metadata", "update")]
+    assert (update.key, update.where, update.old, update.new) == \
+        ({"image_id": "b", "wound_index": 1}, "wounds.csv: line 4", {}, {"site": "arm"})
+    gone = got[("wounds", "outline", "conflict")]
+    assert (gone.key, gone.where, gone.old, gone.resolved) == ({"image_id": "a", "wound_index": 2}, "masks/a.png",
+                                                               None, None)
+    assert gone.new["area"] == 48
+    assert merge.rows["wounds"].get(key_json(wound_key("a", 2))) is None  # unresolved: not written
+    kept = import_dataset(ws, ds, prefer="app")
+    assert ws.store.wound("a", 2) is None and kept["merge"] == {**ZERO, "keep-app": 1, "update": 1, "conflict": 1}
+    (ds / "wounds.csv").write_text("image_id,wound_index,description,site\n"
+                                   "a,1,red,shin\na,2,newer text,\nb,1,crust,arm\n")
+    import_dataset(ws, ds, prefer="file")
+    assert ws.store.wound("a", 2)["description"] == "newer text"
