@@ -538,9 +538,10 @@ class Store:
         """Judgments, oldest first; filter by exact ``source`` or by a source ``prefix``."""
         if source is not None:
             return list(self.db.query("SELECT * FROM triplets WHERE source = ? ORDER BY id", [source]))
-        if prefix is not None:
-            return list(self.db.query("SELECT * FROM triplets WHERE source LIKE ? ORDER BY id",
-                                      [prefix.replace("%", r"\%") + "%"]))
+        if prefix is not None:  # LIKE wildcards in the prefix are literal characters
+            escaped = prefix.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+            return list(self.db.query("SELECT * FROM triplets WHERE source LIKE ? ESCAPE '\\' ORDER BY id",
+                                      [escaped + "%"]))
         return list(self.db.query("SELECT * FROM triplets ORDER BY id"))
 
     def expert_triplets(self, include_excluded: bool = False) -> list[dict]:

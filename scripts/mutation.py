@@ -3,19 +3,24 @@
 Each module is mutated in a scratch copy of the working tree (``--workdir``, default
 ``/tmp/triderm-mutation``), so the checkout is never touched and a module's results survive
 for the next run (mutmut tests new mutants; this script re-tests the survivors). Prints killed / total and the score per
-module; survivors are listed with ``--survivors`` (inspect one: ``cd WORKDIR/<module> &&
-mutmut show NAME``). Not part of ``make test``: hours on 2 cores for every module.
+module; survivors are listed with ``--survivors`` with their changed lines (or ``cd WORKDIR/<module> &&
+mutmut show NAME``); equivalent ones are excused (:data:`EQUIVALENT`, :func:`sql_case_only`) and left out
+of the score. Not part of ``make test``: hours on 2 cores for every module.
 
     python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors] [--report]
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 try:
@@ -35,11 +40,170 @@ MODULES: dict[str, list[str]] = {
                                                             "test_inner_loss_ignores_other_patients_wounds",
                                                             "test_outer_loss_matches_hand_computed_three_patients",
                                                             "test_temperature_is_learnable_from_clip_init"))],
-    "annotations/scheduler.py": ["tests/test_scheduler.py"],
+    "annotations/scheduler.py": ["tests/test_scheduler_unit.py"],
     "core/text/soe.py": ["tests/test_soe.py"],
-    "annotations/store.py": ["tests/test_store.py"],
-    "annotations/dataset.py": ["tests/test_dataset.py"],
+    "annotations/store.py": ["tests/test_store_unit.py"],
+    "annotations/dataset.py": ["tests/test_dataset_unit.py",
+                               *(f"tests/test_merge.py::{t}" for t in (
+                                   "test_reimport_keeps_app_edits_drawn_outlines_and_undone_answers",
+                                   "test_a_change_in_the_dataset_alone_is_applied",
+                                   "test_both_sides_changed_is_a_conflict_named_by_file_line_field",
+                                   "test_dry_run_reports_and_writes_nothing",
+                                   "test_rows_gone_from_the_dataset_are_deleted_only_with_prune",
+                                   "test_import_is_atomic_when_it_fails_midway",
+                                   "test_export_refuses_a_non_empty_folder_unless_forced",
+                                   "test_study_ids_replace_photo_names_and_keep_the_mapping_apart",
+                                   "test_workspace_kinds_are_kept_apart",
+                                   "test_synthetic_flag_is_parsed_never_truthy_by_being_non_empty",
+                                   "test_every_write_names_its_actor",
+                                   "test_import_waiting_too_long_for_the_lock_changes_nothing",
+                                   "test_an_outline_drawn_in_the_app_is_never_overwritten_by_a_new_dataset_wound"))],
 }
+# Surviving mutants reviewed by hand and judged equivalent (no behaviour can tell them from the
+# original): name -> the one-line excuse. Excused mutants leave the score's denominator; the report
+# prints how many. Mutants that only change the letter case of an SQL statement are excused
+# automatically (:func:`sql_case_only`).
+EQUIVALENT: dict[str, str] = {
+    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_44":
+        "_dist is read only in active mode, which needs distances, and then they set it",
+    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_45":
+        "_D is read only by _margin, in active mode, where the distances set it",
+    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_51":
+        "dtype=float matters only for non-numeric distances; numeric matrices give the same margins",
+    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_53":
+        "dtype=float matters only for non-numeric distances; numeric matrices give the same margins",
+    "annotations.scheduler.xǁTripletSchedulerǁ_connect__mutmut_5":
+        "the connect timeout is overridden by PRAGMA busy_timeout = 60000 on the next line",
+    "annotations.scheduler.xǁTripletSchedulerǁ_connect__mutmut_7":
+        "the connect timeout is overridden by PRAGMA busy_timeout = 60000 on the next line",
+    "annotations.scheduler.xǁTripletSchedulerǁ_connect__mutmut_6":
+        "writes run inside the explicit BEGIN IMMEDIATE … COMMIT, so sqlite3's implicit transactions never open",
+    "annotations.scheduler.xǁTripletSchedulerǁ_choose__mutmut_34":
+        "j == k never happens: the store refuses a triplet whose references are equal",
+    "annotations.scheduler.xǁTripletSchedulerǁ_orient__mutmut_8":
+        "random() returns exactly 0.5 with probability 2^-53",
+    "annotations.scheduler.xǁTripletSchedulerǁ_repeat__mutmut_46":
+        "a planned repeat takes its sides from swap_of; a and b are not read then",
+    "annotations.scheduler.xǁTripletSchedulerǁ_repeat__mutmut_47":
+        "a planned repeat takes its sides from swap_of; a and b are not read then",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_3":
+        "the shared ranking is recounted on every draw instead of when others' answers change: same questions",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_19":
+        "the shared ranking is recounted on every draw instead of when others' answers change: same questions",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_24":
+        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_26":
+        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_27":
+        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_29":
+        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_30":
+        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
+    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_31":
+        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
+    "annotations.scheduler.xǁTripletSchedulerǁ_new__mutmut_9":
+        "n_pairs as a float compares and subtracts the same",
+    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_3":
+        "random mode then enumerates the unseen pairs: still one uniformly random unseen pair served",
+    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_7":
+        "random mode samples 2 candidates: still one uniformly random unseen pair served",
+    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_11":
+        "enumerates (scores every pair) at exactly 5×candidates left instead of sampling: more scored",
+    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_14":
+        "51 instead of 50 sampling tries: only moves when the enumeration fallback starts",
+    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_24":
+        "one more candidate than asked: active mode scores one more pair, random still uniform",
+    "annotations.dataset.x__write_csv__mutmut_6":
+        "newline=None vs '': on POSIX writing translates nothing (os.linesep is \\n); csv writes \\r\\n itself",
+    "annotations.dataset.x__write_csv__mutmut_9":
+        "newline=None vs '': on POSIX writing translates nothing (os.linesep is \\n); csv writes \\r\\n itself",
+    "annotations.dataset.x__write_csv__mutmut_7":
+        "the default text encoding is UTF-8 on every supported platform setup (UTF-8 locale / Python UTF-8 mode)",
+    "annotations.dataset.x__write_csv__mutmut_10":
+        "the default text encoding is UTF-8 on every supported platform setup (UTF-8 locale / Python UTF-8 mode)",
+    "annotations.dataset.x__write_csv__mutmut_15":
+        "'UTF-8' and 'utf-8' name the same codec",
+    "annotations.dataset.x_export_dataset__mutmut_22":
+        "the staging folder's name prefix is cosmetic (it is removed at the end)",
+    "annotations.dataset.x_export_dataset__mutmut_24":
+        "the staging folder's name prefix is cosmetic (it is removed at the end)",
+    "annotations.dataset.x_export_dataset__mutmut_35":
+        "the name of the scratch folder for replaced items inside staging is internal",
+    "annotations.dataset.x_export_dataset__mutmut_36":
+        "the name of the scratch folder for replaced items inside staging is internal",
+    "annotations.dataset.x_export_dataset__mutmut_54":
+        "rmtree of our own staging folder does not fail, so ignore_errors never matters",
+    "annotations.dataset.x_export_dataset__mutmut_56":
+        "rmtree of our own staging folder does not fail, so ignore_errors never matters",
+    "annotations.dataset.x_export_dataset__mutmut_57":
+        "rmtree of our own staging folder does not fail, so ignore_errors never matters",
+    "annotations.dataset.x__write_dataset__mutmut_1":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_2":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_3":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_4":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_8":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_9":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_10":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.dataset.x__write_dataset__mutmut_14":
+        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
+    "annotations.store.xǁStoreǁ__init____mutmut_9":
+        "the connect timeout is overridden by PRAGMA busy_timeout on the next line",
+    "annotations.store.xǁStoreǁ__init____mutmut_33":
+        "_action_override is read as `override or action`: '' and None both mean no override",
+    "annotations.store.xǁStoreǁdelete_image__mutmut_4":
+        "deletes (image_id, i) for every stored wound index i: only this photo's wounds exist under its id",
+    "annotations.store.xǁStoreǁadd_triplets__mutmut_44":
+        "always opening self.transaction() is the same: _Transaction joins an open transaction",
+    "annotations.store.xǁStoreǁexpert_triplets__mutmut_4":
+        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
+    "annotations.store.xǁStoreǁexpert_triplets__mutmut_9":
+        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
+    "annotations.store.xǁStoreǁcounts__mutmut_40":
+        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
+    "annotations.store.xǁStoreǁcounts__mutmut_46":
+        "SQLite's LIKE ignores ASCII case: 'LLM:%' matches the same sources",
+    "annotations.store.xǁStoreǁadd_llm_answer__mutmut_10":
+        "only the letter case of SQL keywords/identifiers changes (SQLite reads them case-insensitively)",
+    "annotations.store.xǁStoreǁ_revision_rows__mutmut_15":
+        "key/old/new are never SQL NULL (JSON 'null' is stored), so the None branch never runs",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_7":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_11":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_16":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_19":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁupdate_run__mutmut_25":
+        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
+    "annotations.store.xǁStoreǁ_reconciled__mutmut_28":
+        "re-reading the row it just marked returns the same values as the marked dict",
+    "annotations.store.xǁ_Transactionǁ__init____mutmut_2":
+        "outer is always set in __enter__ before it is read",
+    "annotations.store.xǁ_Transactionǁ__init____mutmut_3":
+        "outer is always set in __enter__ before it is read",
+    "annotations.dataset.x__short__mutmut_12":
+        "ensure_ascii=None is falsy, the same as False",
+    "annotations.dataset.x__write_csv__mutmut_23":
+        "csv.writer already writes None as an empty cell",
+    "annotations.dataset.x__swap_back__mutmut_3":
+        "rmtree of a folder this import just renamed into place does not fail",
+    "annotations.dataset.x__swap_back__mutmut_5":
+        "rmtree of a folder this import just renamed into place does not fail",
+    "annotations.dataset.x__swap_back__mutmut_6":
+        "rmtree of a folder this import just renamed into place does not fail",
+    "annotations.scheduler.x_combinations_count__mutmut_12":
+        "max(n - 1, 1) differs only for n <= 1, where both give 0 (comb(1, 2) = comb(0, 2) = 0)",
+}
+SQL_CASE = "only the letter case of SQL keywords/identifiers changes (SQLite reads them case-insensitively)"
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
 NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
 
@@ -63,6 +227,63 @@ def write_config(workdir: Path, module: str, tests: list[str]) -> None:
     text = pyproject.read_text().split("[tool.mutmut]")[0].rstrip()
     body = "\n".join(f"{key} = {json.dumps(value)}" for key, value in settings.items())
     pyproject.write_text(f"{text}\n\n[tool.mutmut]\n{body}\n")
+
+
+def _functions(source: str) -> dict[str, str]:
+    """Source of every function in a mutmut-instrumented file, by name (methods included)."""
+    lines = source.splitlines()
+    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno]) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|PRAGMA|BEGIN|COMMIT|ROLLBACK|WHERE|VALUES|FROM|GROUP BY|ORDER BY|SET)\b"
+                  r"|^\s*(AND|OR)\s*$|\w = \?|= excluded\.\w")
+
+
+def sql_case_only(original: str, mutant: str) -> bool:
+    """Whether two versions of a function differ only in the letter case of SQL text: every changed
+    string literal is SQL (an upper-case SQL keyword) and its quoted SQL literals ('…') are unchanged."""
+    old = [line for line in original.splitlines()[1:]]
+    new = [line for line in mutant.splitlines()[1:]]
+    if len(old) != len(new) or old == new:
+        return False
+    for a, b in zip(old, new):
+        if a == b:
+            continue
+        if a.lower() != b.lower():
+            return False
+        for lit_a, lit_b in zip(re.findall(r'"([^"]*)"', a), re.findall(r'"([^"]*)"', b)):
+            if lit_a != lit_b and (not _SQL.search(lit_a) or re.findall(r"'[^']*'", lit_a) != re.findall(r"'[^']*'", lit_b)):
+                return False
+    return True
+
+
+def excuse(workdir: Path, name: str, cache: dict[str, dict[str, str]]) -> str | None:
+    """Why the surviving mutant ``name`` is equivalent, or None (a survivor that counts)."""
+    if name in EQUIVALENT:
+        return EQUIVALENT[name]
+    module, function = name.rsplit(".", 1)
+    path = workdir / "mutants" / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        return None
+    if module not in cache:
+        cache[module] = _functions(path.read_text())
+    functions = cache[module]
+    original = functions.get(function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+    if original is not None and function in functions and sql_case_only(original, functions[function]):
+        return SQL_CASE
+    return None
+
+
+def diff(workdir: Path, name: str, cache: dict[str, dict[str, str]]) -> str:
+    """The mutant's changed lines (``-``/``+``), for the survivors list."""
+    module, function = name.rsplit(".", 1)
+    if module not in cache:
+        cache[module] = _functions((workdir / "mutants" / (module.replace(".", "/") + ".py")).read_text())
+    functions = cache[module]
+    old = functions[function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"].splitlines()[1:]
+    new = functions[function].splitlines()[1:]
+    return " | ".join(line.strip() for line in difflib.ndiff(old, new) if line[:1] in "-+")
 
 
 def score(workdir: Path) -> tuple[int, int, list[str], int]:
@@ -90,11 +311,16 @@ def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[st
     scratch_copy(here)
     write_config(here, module, MODULES[module])
     survivors = score(here)[2] if (here / "mutants").exists() else []
+    # which tests cover which function is cached; the tests may have changed: collect it again
+    (here / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(jobs)]
-    subprocess.run(mutmut, cwd=here, env=env, check=False)
-    if survivors:
-        subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
+    # the tests' tmp_path workspaces (SQLite, fsync) in memory where there is a tmpfs: ~5x faster
+    with tempfile.TemporaryDirectory(prefix="triderm-mutation-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        env["TMPDIR"] = tmp
+        if survivors:  # first, so that an interrupted run has already re-checked them against the new tests
+            subprocess.run(mutmut + survivors, cwd=here, env=env, check=False)
+        subprocess.run(mutmut, cwd=here, env=env, check=False)
     return score(here)
 
 
@@ -115,12 +341,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.report and not (here / "mutants").exists():
             continue
         killed, total, survivors, pending = score(here) if args.report else run_module(module, args.workdir, args.jobs)
-        rows.append((module, killed, total, pending))
+        cache: dict[str, dict[str, str]] = {}
+        reasons = {name: excuse(here, name, cache) for name in survivors}
+        excused = [name for name in survivors if reasons[name]]
+        rows.append((module, killed, total, len(excused), pending))
         if args.survivors:
-            print(f"survivors in {module}:", *survivors, sep="\n  ")
-    print(f"\n{'module':28} {'killed':>7} {'tested':>7} {'score':>6} {'not tested':>11}")
-    for module, killed, total, pending in rows:
-        print(f"{module:28} {killed:7d} {total:7d} {100 * killed / max(total, 1):5.1f}% {pending:11d}")
+            print(f"survivors in {module} (not excused):",
+                  *(f"{name}: {diff(here, name, cache)}" for name in survivors if not reasons[name]), sep="\n  ")
+            print(f"equivalent (excused) in {module}:", *(f"{name}: {reasons[name]}" for name in excused), sep="\n  ")
+    print(f"\n{'module':28} {'killed':>7} {'tested':>7} {'excused':>8} {'score':>6} {'raw':>6} {'not tested':>11}")
+    for module, killed, total, excused, pending in rows:
+        print(f"{module:28} {killed:7d} {total:7d} {excused:8d} {100 * killed / max(total - excused, 1):5.1f}% "
+              f"{100 * killed / max(total, 1):5.1f}% {pending:11d}")
+    print("score = killed / (tested - excused); raw = killed / tested; excused: equivalent mutants (--survivors lists them)")
     return 0
 
 

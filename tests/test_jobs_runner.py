@@ -86,10 +86,12 @@ def test_heartbeat_while_running_and_stale_heartbeat_from_another_host(tmp_path,
     run_id = ws.store.start_run("fusion", {})
     first = ws.store.run(run_id)["heartbeat"]
     _wait(lambda: ws.store.run(run_id)["heartbeat"] != first, "a heartbeat")
+    beat = ws.store._heartbeats[run_id]
     ws.store.finish_run(run_id)
+    beat._thread.join(timeout=60)  # the beat stops with the run: its thread ends (event, not a sleep)
+    assert not beat._thread.is_alive(), "the heartbeat thread still runs after finish_run"
     finished = ws.store.run(run_id)["heartbeat"]
-    time.sleep(0.3)
-    assert ws.store.run(run_id)["heartbeat"] == finished  # the beat stops with the run
+    assert ws.store._beat(run_id) is False and ws.store.run(run_id)["heartbeat"] == finished
     far = {"status": "running", "pid": 12345, "pid_created": 1.0, "host": "another-host"}
     assert jobs.run_gone({**far, "heartbeat": now()}) is None
     stale = time.time() - jobs.STALE_S - 5
@@ -102,6 +104,7 @@ def test_concurrent_launches_start_one_job(tmp_path) -> None:
     go = tmp_path / "go"
     code = ("import sys, time, pathlib; from annotations import jobs; from annotations.workspace import Workspace\n"
             "ws = Workspace(sys.argv[1]); go = pathlib.Path(sys.argv[2])\n"
+            "pathlib.Path(sys.argv[4] + '.ready').touch()\n"
             "while not go.exists(): time.sleep(0.005)\n"
             "try:\n"
             "    jobs.start_job(ws, 'phantoms-' + sys.argv[3], 'phantoms', ['--out', sys.argv[4], *sys.argv[5:]],"
@@ -113,7 +116,8 @@ def test_concurrent_launches_start_one_job(tmp_path) -> None:
                               *LONG_JOB], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
             for i, name in enumerate(["a", "a", "b", "c"])]  # two tabs, same job; two more of the same kind
     try:
-        time.sleep(1.0)  # let every tab reach the start line
+        _wait(lambda: all((tmp_path / f"out{i}.ready").exists() for i in range(len(tabs))),
+              "every tab to reach the start line", timeout=300)
         go.touch()
         outs = [t.communicate(timeout=120)[0].strip() for t in tabs]
         assert sum(o == "started" for o in outs) == 1, outs

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 from scipy import ndimage
-from wound_photos import to_screen, tool, wound_photo
+from wound_photos import settled, to_screen, tool, watch_runs, wound_photo
 
 from annotations import accounts, session
 from annotations.dataset import import_dataset
@@ -24,24 +24,22 @@ USER, PASSWORD = "Dr Assist", "assist-pass-1234"
 
 
 def sign_in_and_open(pg, url: str, image_id: str) -> None:
+    watch_runs(pg)
     pg.goto(url)
     pg.get_by_role("textbox", name="Account name").fill(USER)
     pg.get_by_role("textbox", name="Password").fill(PASSWORD)
-    pg.get_by_role("button", name="Sign in").click()
-    expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
-    idle(pg)
-    pg.get_by_role("link", name="Wound masks").click()
-    expect(pg.locator(".oe svg image")).to_be_attached()
-    idle(pg)
-    pg.get_by_role("combobox", name="Photo").click()
-    pg.get_by_role("option", name=image_id, exact=True).click()
-    expect(pg.get_by_role("heading", name=f"Wounds of {image_id}")).to_be_visible()
-    idle(pg)
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
-    pg.wait_for_timeout(300)
+    with settled(pg, "signing in"):
+        pg.get_by_role("button", name="Sign in").click()
+        expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
+    with settled(pg, "opening Wound masks"):
+        pg.get_by_role("link", name="Wound masks").click()
+        expect(pg.locator(".oe svg image")).to_be_attached()
+    heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
+    if not heading.is_visible():  # choosing the photo shown already reruns nothing
+        with settled(pg, f"choosing photo {image_id}"):
+            pg.get_by_role("combobox", name="Photo").click()
+            pg.get_by_role("option", name=image_id, exact=True).click()
+            expect(heading).to_be_visible()
 
 
 def candidate_mask(pg, key: str, shape: tuple[int, int]) -> np.ndarray:
@@ -87,16 +85,16 @@ def test_suggest_accept_edit_reject(suggest_app, page):
     proposed = suggest_outlines(ws, "new-01", load_segmenter(ws))
     assert len(proposed) == 3  # the trained model sees the three wounds
     sign_in_and_open(page, server.url, "new-01")
-    page.get_by_role("button", name="Suggest outlines").click()
-    expect(page.get_by_text("3 suggested outline(s)")).to_be_visible()
-    expect(page.locator(".oe path.candidate")).to_have_count(3)
-    idle(page)
+    with settled(page, "Suggest outlines"):
+        page.get_by_role("button", name="Suggest outlines").click()
+        expect(page.get_by_text("3 suggested outline(s)")).to_be_visible()
+        expect(page.locator(".oe path.candidate")).to_have_count(3)
 
     # accept the first (selected on arrival) as it is
-    tool(page, "Accept suggestion").click()
-    expect(page.get_by_text("Saved wound 1 of new-01 (suggested)")).to_be_visible()
-    expect(page.locator(".oe path.candidate")).to_have_count(2)
-    idle(page)
+    with settled(page, "accepting the first suggestion"):
+        tool(page, "Accept suggestion").click()
+        expect(page.get_by_text("Saved wound 1 of new-01 (suggested)")).to_be_visible()
+        expect(page.locator(".oe path.candidate")).to_have_count(2)
 
     # edit the next one: pull a vertex outwards, then accept
     vertex = page.locator('.oe circle.vertex[data-key="c2"]').first
@@ -107,15 +105,15 @@ def test_suggest_accept_edit_reject(suggest_app, page):
     page.mouse.down()
     page.mouse.move(*to_screen(page, x + dx, y + dy), steps=5)
     page.mouse.up()
-    tool(page, "Accept suggestion").click()
-    expect(page.get_by_text("Saved wound 2 of new-01 (edited)")).to_be_visible()
-    expect(page.locator(".oe path.candidate")).to_have_count(1)
-    idle(page)
+    with settled(page, "accepting the edited suggestion"):
+        tool(page, "Accept suggestion").click()
+        expect(page.get_by_text("Saved wound 2 of new-01 (edited)")).to_be_visible()
+        expect(page.locator(".oe path.candidate")).to_have_count(1)
 
     # reject the last
-    tool(page, "Reject suggestion").click()
-    expect(page.locator(".oe path.candidate")).to_have_count(0)
-    idle(page)
+    with settled(page, "rejecting the last suggestion"):
+        tool(page, "Reject suggestion").click()
+        expect(page.locator(".oe path.candidate")).to_have_count(0)
 
     labels = ws.load_mask("new-01")
     wounds = {w["wound_index"]: w for w in ws.store.wounds("new-01")}
@@ -151,22 +149,25 @@ def test_click_to_outline_on_medetec(medetec_app, page):
 
     sign_in_and_open(page, server.url, photo)
     # the online choice without its package or checkpoint: one clear message, nothing proposed
-    page.get_by_text("Segment Anything", exact=True).click()
     sam_path = page.get_by_role("textbox", name="Segment Anything checkpoint (.pth)")
+    with settled(page, "choosing Segment Anything"):
+        page.get_by_text("Segment Anything", exact=True).click()
+        expect(sam_path).to_be_visible()
     sam_path.fill("/nonexistent/sam_vit_b.pth")
-    sam_path.press("Enter")
-    idle(page)
+    with settled(page, "entering the checkpoint path"):
+        sam_path.press("Enter")
     tool(page, "Click to outline").click()
-    page.mouse.click(*to_screen(page, x + 0.5, y + 0.5))
-    expect(page.get_by_text(re.compile(r"Segment Anything (needs the 'segment-anything' package|checkpoint not "
-                                       r"found: /nonexistent/sam_vit_b\.pth)"))).to_be_visible()
+    with settled(page, "clicking with Segment Anything"):
+        page.mouse.click(*to_screen(page, x + 0.5, y + 0.5))
+        expect(page.get_by_text(re.compile(r"Segment Anything (needs the 'segment-anything' package|checkpoint not "
+                                           r"found: /nonexistent/sam_vit_b\.pth)"))).to_be_visible()
     assert page.locator(".oe path.candidate").count() == 0
-    page.get_by_text("Wound model", exact=True).click()
-    idle(page)
+    with settled(page, "choosing the wound model"):
+        page.get_by_text("Wound model", exact=True).click()
 
-    page.mouse.click(*to_screen(page, x + 0.5, y + 0.5))
-    expect(page.locator('.oe path.candidate[data-key="cclick"]')).to_have_count(1)
-    idle(page)
+    with settled(page, "clicking inside the wound"):
+        page.mouse.click(*to_screen(page, x + 0.5, y + 0.5))
+        expect(page.locator('.oe path.candidate[data-key="cclick"]')).to_have_count(1)
     first = candidate_mask(page, "cclick", truth.shape)
     # no segmenter is trained in this workspace: the GrabCut fallback proposes a region around the click
     # that covers the expert's wound (its tightness is the segmenter benchmark's business, not this test's)
@@ -178,9 +179,9 @@ def test_click_to_outline_on_medetec(medetec_app, page):
         spill = first & ~ndimage.binary_erosion(first, iterations=3)
     far = ndimage.distance_transform_edt(~largest)
     ey, ex = np.unravel_index(np.where(spill, far, -1).argmax(), far.shape)
-    page.mouse.click(*to_screen(page, ex + 0.5, ey + 0.5))
-    expect(page.locator(".oe circle.click-pt")).to_have_count(2)
-    idle(page)
+    with settled(page, "clicking outside the wound"):
+        page.mouse.click(*to_screen(page, ex + 0.5, ey + 0.5))
+        expect(page.locator(".oe circle.click-pt")).to_have_count(2)
     second = candidate_mask(page, "cclick", truth.shape)
     assert second[y, x] and not second[ey, ex] and second.sum() < first.sum()
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from itsdangerous import TimestampSigner, URLSafeTimedSerializer
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 
 from annotations import accounts
@@ -28,13 +29,17 @@ def idle(pg) -> None:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
-def wait_for_cookie(pg, present: bool = True) -> None:
-    """Wait until the browser holds (or no longer holds) the session cookie the app writes."""
-    for _ in range(200):
-        if any(c["name"] == accounts.COOKIE_NAME for c in pg.context.cookies()) == present:
-            return
-        pg.wait_for_timeout(50)
-    raise AssertionError(f"session cookie {'never set' if present else 'never deleted'}")
+def wait_for_cookie(pg, present: bool = True, timeout_ms: int = 120_000) -> None:
+    """Wait until the browser holds (or no longer holds) the session cookie the app writes (from page script,
+    so ``document.cookie`` sees it); fails with a clear message after a generous timeout."""
+    try:
+        pg.wait_for_function("([name, present]) => document.cookie.split('; ').some(c => c.startsWith(name + '=')"
+                             " && c.length > name.length + 1) === present", arg=[accounts.COOKIE_NAME, present],
+                             timeout=timeout_ms)
+    except PlaywrightError as err:
+        raise AssertionError(f"session cookie {'never set' if present else 'never deleted'} within "
+                             f"{timeout_ms / 1000:.0f} s") from err
+    assert any(c["name"] == accounts.COOKIE_NAME for c in pg.context.cookies()) == present
 
 
 def links(pg) -> set[str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import to_screen, tool, wound_photo
+from wound_photos import settled, to_screen, tool, watch_runs, wound_photo
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -43,41 +43,41 @@ def make_workspace(root: Path, data: Path, min_area: int | None = None) -> Works
 
 
 def sign_in(pg, url: str) -> None:
+    watch_runs(pg)
     pg.goto(url)
     pg.get_by_role("textbox", name="Account name").fill(USER)
     pg.get_by_role("textbox", name="Password").fill(PASSWORD)
-    pg.get_by_role("button", name="Sign in").click()
-    expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
-    pg.wait_for_timeout(300)
+    with settled(pg, "signing in"):
+        pg.get_by_role("button", name="Sign in").click()
+        expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
 
 
 def open_editor(pg, url: str) -> None:
     sign_in(pg, url)
-    idle(pg)
-    pg.get_by_role("link", name="Wound masks").click()
-    expect(pg.get_by_role("heading", name="Wound masks")).to_be_visible()
-    expect(pg.locator(".oe svg image")).to_be_attached()
-    idle(pg)
+    with settled(pg, "opening Wound masks"):
+        pg.get_by_role("link", name="Wound masks").click()
+        expect(pg.get_by_role("heading", name="Wound masks")).to_be_visible()
+        expect(pg.locator(".oe svg image")).to_be_attached()
 
 
 def choose_photo(pg, image_id: str) -> None:
-    pg.get_by_role("combobox", name="Photo").click()
-    pg.get_by_role("option", name=image_id, exact=True).click()
-    expect(pg.get_by_role("heading", name=f"Wounds of {image_id}")).to_be_visible()
-    idle(pg)
+    heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
+    if not heading.is_visible():  # choosing the photo shown already reruns nothing
+        with settled(pg, f"choosing photo {image_id}"):
+            pg.get_by_role("combobox", name="Photo").click()
+            pg.get_by_role("option", name=image_id, exact=True).click()
+            expect(heading).to_be_visible()
 
 
 def draw(pg, points: list[tuple[float, float]]) -> None:
-    """Draw mode: click each point, then the first again to close the outline."""
+    """Draw mode: click each point (waiting for its vertex to appear), then the first again to close the outline."""
     tool(pg, "Draw new").click()
     pg.locator(".oe svg").scroll_into_view_if_needed()
-    for x, y in [*points, points[0]]:
+    for n, (x, y) in enumerate(points, start=1):
         pg.mouse.click(*to_screen(pg, x, y))
-        pg.wait_for_timeout(80)
+        expect(pg.locator(".oe polyline.draft ~ circle.vertex")).to_have_count(n)
+    pg.mouse.click(*to_screen(pg, *points[0]))
+    expect(pg.locator(".oe polyline.draft")).to_have_count(0)
 
 
 def image_width(pg) -> float:
@@ -144,9 +144,9 @@ def test_zoom_vertex_edit_undo_and_photo_kept(app, page, screenshot):
     expect(vertex).to_have_count(n)
     tool(page, "Undo").click()
     expect(vertex).to_have_count(n + 1)
-    tool(page, "Save outline").click()
-    expect(page.get_by_text("Saved wound 1 of leg-01")).to_be_visible()
-    idle(page)
+    with settled(page, "saving wound 1"):
+        tool(page, "Save outline").click()
+        expect(page.get_by_text("Saved wound 1 of leg-01")).to_be_visible()
     # the mouse wheel zooms about the pointer: wound 1 stays under it (docs/screenshots/outline_editor.png)
     tool(page, "Fit").click()
     at = to_screen(page, 100, 95)
@@ -181,17 +181,17 @@ def test_min_area_invalid_outlines_and_overlap_decision(app, page):
     before = ws.load_mask("leg-01").copy()
 
     draw(page, [(20, 20), (32, 20), (20, 32)])  # ~80 px, under the 400 px minimum
-    tool(page, "Save outline").click()
-    expect(page.get_by_text(re.compile(r"less than this workspace's minimum wound area of 400 px"))).to_be_visible()
-    idle(page)
+    with settled(page, "saving a too small outline"):
+        tool(page, "Save outline").click()
+        expect(page.get_by_text(re.compile(r"less than this workspace's minimum wound area of 400 px"))).to_be_visible()
     tool(page, "Undo").click()  # the refused outline is still there to fix: undo its closing
     expect(page.locator(".oe .hint")).to_have_text("Undone.")
     page.keyboard.press("Escape")
 
     draw(page, [(10, 150), (60, 200), (60, 150), (10, 200)])  # a bow tie: its edges cross
-    tool(page, "Save outline").click()
-    expect(page.get_by_text(re.compile(r"The outline crosses itself"))).to_be_visible()
-    idle(page)
+    with settled(page, "saving a crossing outline"):
+        tool(page, "Save outline").click()
+        expect(page.get_by_text(re.compile(r"The outline crosses itself"))).to_be_visible()
 
     tool(page, "Draw new").click()  # two points and Enter: refused in the editor itself
     for x, y in [(150, 20), (170, 30)]:

@@ -1,10 +1,16 @@
-"""Synthetic wound photos and outline-editor helpers for the browser tests (not a test module)."""
+"""Synthetic wound photos, outline-editor helpers and an event-based wait for Streamlit reruns, for the
+browser tests (not a test module)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from PIL import Image, ImageDraw
+from playwright.sync_api import Error as PlaywrightError
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 
 def wound_photo(seed: int, blobs: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -29,3 +35,43 @@ def to_screen(pg, x: float, y: float) -> tuple[float, float]:
 def tool(pg, name: str):
     """The outline editor's toolbar button labelled exactly ``name``."""
     return pg.locator(".oe .bar button", has_text=re.compile(rf"^{re.escape(name)}$"))
+
+
+
+_SOCKETS: dict[int, list] = {}  # id(page) -> the app websockets it opened, newest last
+
+
+def _run_finished(payload: bytes | str) -> bool:
+    """Whether a websocket frame is the app's "script run finished" message (not one cut short by a rerun)."""
+    if not isinstance(payload, bytes):
+        return False
+    try:
+        msg = ForwardMsg.FromString(payload)
+    except DecodeError:
+        return False
+    return msg.WhichOneof("type") == "script_finished" and msg.script_finished != ForwardMsg.FINISHED_EARLY_FOR_RERUN
+
+
+def watch_runs(pg) -> None:
+    """Keep the Streamlit websockets ``pg`` opens (call before ``goto``), for :func:`settled`."""
+    sockets = _SOCKETS.setdefault(id(pg), [])
+    pg.on("websocket", lambda ws: sockets.append(ws) if "/_stcore/stream" in ws.url else None)
+
+
+@contextmanager
+def settled(pg, what: str, timeout_ms: int = 120_000) -> Iterator[None]:
+    """Run the body (an action and the checks of its outcome), then wait for the event that the script
+    run it caused has finished: the server's ``script_finished`` message, received after the body began
+    (no fixed sleep, so no race with a rerun that starts late). Fails naming ``what`` when none comes
+    within ``timeout_ms`` (generous: a loaded machine)."""
+    sockets = _SOCKETS.get(id(pg))
+    if not sockets:
+        raise AssertionError("call watch_runs(page) before opening the app")
+    with sockets[-1].expect_event("framereceived", predicate=_run_finished, timeout=timeout_ms) as finished:
+        yield
+        try:
+            _ = finished.value  # blocks until the message arrives
+        except PlaywrightError as err:
+            raise AssertionError(f"the app did not finish a script run within {timeout_ms / 1000:.0f} s after "
+                                 f"{what}") from err
+    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached", timeout=timeout_ms)
