@@ -330,8 +330,7 @@ class _TypeGuess:
         self.present = True
         short = len(v) <= _MAX_NUMBER_CHARS
         self.int = self.int and short and bool(_INT_TEXT.match(v))
-        self.float = self.float and short and bool(_FLOAT_TEXT.match(v)) and any(ch.isdigit() for ch in v) \
-            and math.isfinite(float(v))
+        self.float = self.float and short and bool(_FLOAT_TEXT.match(v)) and _finite(v)
         self.bool = self.bool and v.lower() in ("true", "false")
 
     @property
@@ -339,6 +338,14 @@ class _TypeGuess:
         if not self.present:
             return "str"
         return "int" if self.int else "float" if self.float else "bool" if self.bool else "str"
+
+
+def _finite(v: str) -> bool:
+    """Whether ``v`` reads as a finite number (``'e5'`` matches the float pattern but is text)."""
+    try:
+        return math.isfinite(float(v))
+    except ValueError:
+        return False
 
 
 def _column_type(values: list[str]) -> str:
