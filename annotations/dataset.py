@@ -270,7 +270,8 @@ class TripletTable:
 
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="triderm-triplets-")
-        self.db = sqlite3.connect(os.path.join(self._dir, "triplets.sqlite"), isolation_level=None)
+        self.db = sqlite3.connect(os.path.join(self._dir, "triplets.sqlite"), isolation_level=None,
+                                  check_same_thread=False)  # closed by the finalizer, maybe in another thread
         self.db.execute("PRAGMA journal_mode = OFF")
         self.db.execute("PRAGMA synchronous = OFF")
         self.db.execute("CREATE TABLE t (line INTEGER PRIMARY KEY, anchor TEXT, ref_j TEXT, ref_k TEXT, choice TEXT, "
@@ -963,8 +964,9 @@ def _summary(ws: Workspace, plan: DatasetPlan, merge: _Merge, new_triplets: int,
             "synthetic": plan.synthetic if dry_run else ws.is_synthetic, "workspace": str(ws.root)}
 
 
-def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]]) -> None:
-    extra = sorted({k for r in rows for k in r} - set(fixed))
+def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]] | Iterator[dict[str, Any]]) -> None:
+    """``rows`` as CSV; a list may hold metadata columns beyond ``fixed``, an iterator (streamed) may not."""
+    extra = sorted({k for r in rows for k in r} - set(fixed)) if isinstance(rows, list) else []
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=fixed + extra)
         writer.writeheader()
@@ -1018,7 +1020,7 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
         images = store.images()
         wounds = store.wounds()
         patients = store.patients()
-        triplets = store.triplets()
+        n_triplets = _write_triplets_csv(store, out / "triplets.csv")
         with_wounds = {w["image_id"] for w in wounds}
         for img in images:
             if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
@@ -1033,15 +1035,6 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
                 for i in images])
     _write_csv(out / "patients.csv", ["patient_id"],
                [{"patient_id": p["patient_id"], **p["metadata"]} for p in patients])
-    _write_csv(out / "triplets.csv",
-               ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms",
-                "created"],
-               [{"anchor": t["anchor"], "ref_j": t["ref_j"], "ref_k": t["ref_k"],
-                 "choice": t["choice"],
-                 "annotator": t["source"].split(":", 1)[1] if t["source"].startswith("expert:") else "",
-                 "source": t["source"], "rep": t["rep"],
-                 "latency_ms": "" if t["latency_ms"] is None else repr(t["latency_ms"]),
-                 "created": t["created"]} for t in triplets])
     (out / "dataset.json").write_text(json.dumps(
         {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label",
          "columns": column_schema([[w["metadata"] for w in wounds], [i["metadata"] for i in images],
@@ -1049,4 +1042,25 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
     if ws.truth_dir.is_dir():
         shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),
-            "triplets": len(triplets)}
+            "triplets": n_triplets}
+
+
+def _write_triplets_csv(store: Any, path: Path) -> int:
+    """Every judgment, oldest first, streamed from the store into ``triplets.csv``; returns how many."""
+    count = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal count
+        cur = store.db.conn.execute("SELECT anchor, ref_j, ref_k, choice, source, rep, latency_ms, created "
+                                    "FROM triplets ORDER BY id")
+        while batch := cur.fetchmany(TripletTable.BATCH):
+            for anchor, ref_j, ref_k, choice, source, rep, latency, created in batch:
+                count += 1
+                yield {"anchor": anchor, "ref_j": ref_j, "ref_k": ref_k, "choice": choice,
+                       "annotator": source.split(":", 1)[1] if source.startswith("expert:") else "",
+                       "source": source, "rep": rep, "latency_ms": "" if latency is None else repr(latency),
+                       "created": created}
+
+    _write_csv(path, ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms", "created"],
+               rows())
+    return count
