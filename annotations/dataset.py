@@ -29,8 +29,10 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from annotations.readers import (
     Photo,
     check_id,
     column_schema,
+    iter_csv,
     parse_bool,
     read_csv,
     read_info,
@@ -53,8 +56,8 @@ from annotations.readers import (
     read_photo,
     row_metadata,
 )
-from annotations.store import CHOICES, image_file_value, key_json, triplet_key, wound_key
-from annotations.workspace import Workspace, outline_hash, outlines
+from annotations.store import CHOICES, image_file_value, key_json, now, triplet_key, wound_key
+from annotations.workspace import Workspace, outline_hash, outline_pixels, outlines
 
 
 @dataclass
@@ -66,8 +69,8 @@ class _Image:
     height: int
     patient_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    labels: np.ndarray | None = None
-    photo: Photo | None = None
+    photo: Photo | None = None  # size and orientation; its bytes are dropped once spooled
+    spooled: Path | None = None  # the stored form of the photo, written during validation
 
 
 @dataclass
@@ -78,9 +81,10 @@ class DatasetPlan:
     images: dict[str, _Image]
     patients: dict[str, dict[str, Any]]
     wounds: dict[tuple[str, int], dict[str, Any]]
-    triplets: list[dict[str, Any]]
+    triplets: TripletTable
     info: dict[str, Any]
-    #: ``(entity, key JSON, field) → "file: line n"``: where each imported value was read.
+    #: ``(entity, key JSON, field) → "file: line n"``: where each imported value was read (judgments:
+    #: their ``line`` in :attr:`triplets`).
     where: dict[tuple[str, str, str], str] = field(default_factory=dict)
     #: Mask components under the workspace's minimum wound area, reported and left out.
     dropped: list[dict[str, Any]] = field(default_factory=list)
@@ -91,10 +95,13 @@ class DatasetPlan:
 
 
 def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), keep_metadata: bool = False,
-                     min_wound_area: int = 0) -> DatasetPlan:
+                     min_wound_area: int = 0, spool: Path | None = None) -> DatasetPlan:
     """Read and check a whole dataset folder; raises :class:`DatasetError` on the first problem.
 
-    ``known_images`` are ids already in the target workspace (triplets may name them)."""
+    ``known_images`` are ids already in the target workspace (triplets may name them). Memory stays
+    bounded by the largest photo: each photo's stored form goes to ``spool`` (a folder; dropped
+    without one), each mask is reduced to its wounds' outlines, and the judgments go to a
+    temporary SQLite file (:class:`TripletTable`)."""
     folder = DatasetFolder(root)
     root = folder.root
     images_dir = root / "images"
@@ -117,12 +124,18 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
             raise DatasetError(f"images/{path.name}: a second image with id {image_id!r} "
                                f"(also {images[image_id].path.name})")
         photo = read_photo(folder, path, keep_metadata)
+        spooled = None
+        if spool is not None:
+            spool.mkdir(parents=True, exist_ok=True)
+            spooled = spool / f"{image_id}{path.suffix.lower()}"
+            spooled.write_bytes(photo.data)
         images[image_id] = _Image(image_id, path, photo.sha256, photo.width, photo.height,
-                                  metadata=photo.metadata, photo=photo)
+                                  metadata=photo.metadata, photo=replace(photo, data=b""), spooled=spooled)
         where[("images", key_json(image_id), "file")] = f"images/{path.name}"
     if not images:
         raise DatasetError(f"{images_dir}: no images")
 
+    wounds: dict[tuple[str, int], dict[str, Any]] = {}
     masks_dir = root / "masks"
     if masks_dir.is_dir():
         for path in sorted(masks_dir.iterdir()):
@@ -137,17 +150,13 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
                                    "(no matching file in images/)")
             img = images[path.stem]
             mask = read_mask(folder, path, img.photo, mask_format, min_wound_area)
-            img.labels = mask.labels
             dropped += mask.dropped
-
-    wounds: dict[tuple[str, int], dict[str, Any]] = {}
-    for img in images.values():
-        if img.labels is not None:
-            for index, outline in outlines(img.labels).items():
+            for index, outline in outlines(mask.labels).items():
                 wounds[(img.image_id, index)] = {"area": outline["area"], "bbox": outline["bbox"],
                                                  "outline": outline, "description": "", "metadata": {}}
-                where[("wounds", key_json(wound_key(img.image_id, index)), "outline")] = \
-                    f"masks/{img.image_id}.png"
+                where[("wounds", key_json(wound_key(img.image_id, index)), "outline")] = here
+    order = {iid: n for n, iid in enumerate(images)}
+    wounds = dict(sorted(wounds.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])))  # photo order
     if (root / "wounds.csv").exists():
         seen: set[tuple[str, int]] = set()
         for line, row in read_csv(folder, root / "wounds.csv", ("image_id", "wound_index", "description"),
@@ -209,48 +218,131 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
             for name in ("patient_id", "metadata"):
                 where[("images", key_json(image_id), name)] = here
 
-    triplets: list[dict[str, Any]] = []
-    if (root / "triplets.csv").exists():
-        path = root / "triplets.csv"
-        rows = read_csv(folder, path, ("anchor", "ref_j", "ref_k", "choice"), columns)
-        occurrences: Counter = Counter()
-        allowed = set(images) | set(known_images)
-        for line, row in rows:
-            here = f"triplets.csv: line {line}"
-            ids = [row["anchor"], row["ref_j"], row["ref_k"]]
-            for col, value in zip(("anchor", "ref_j", "ref_k"), ids):
-                if value not in allowed:
-                    raise DatasetError(f"{here}: {col} {value!r} is not a known image")
-            if len(set(ids)) != 3:
-                raise DatasetError(f"{here}: a triplet needs three different images, got "
-                                   f"{', '.join(ids)}")
-            if row["choice"] not in CHOICES:
-                raise DatasetError(f"{here}: choice must be one of {', '.join(CHOICES)}, got "
-                                   f"{row['choice']!r}")
-            source = row.get("source", "")
-            if not source:
-                annotator = row.get("annotator", "")
-                if not annotator:
-                    raise DatasetError(f"{here}: annotator is empty (or give a source column)")
-                source = f"expert:{annotator}"
-            key = (source, *ids)
-            rep_text = row.get("rep", "")
-            try:
-                rep = int(rep_text) if rep_text else occurrences[key]
-                latency = float(row["latency_ms"]) if row.get("latency_ms") else None
-            except ValueError:
-                raise DatasetError(f"{here}: rep/latency_ms must be numbers") from None
-            occurrences[key] += 1
-            triplets.append({"anchor": ids[0], "ref_j": ids[1], "ref_k": ids[2],
-                             "choice": row["choice"], "source": source, "rep": rep,
-                             "latency_ms": latency, "created": row.get("created") or None})
-            where[("triplets", key_json(triplet_key(triplets[-1])), "row")] = here
-        dup = [k for k, n in Counter((t["source"], t["anchor"], t["ref_j"], t["ref_k"], t["rep"])
-                                     for t in triplets).items() if n > 1]
-        if dup:
-            raise DatasetError(f"triplets.csv: the judgment {dup[0][1:4]} by {dup[0][0]} with "
-                               f"rep {dup[0][4]} is listed twice")
+    triplets = TripletTable()
+    try:
+        if (root / "triplets.csv").exists():
+            _read_triplets(folder, root / "triplets.csv", columns, set(images) | set(known_images), triplets)
+        triplets.finish()
+    except BaseException:
+        triplets.close()
+        raise
     return DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped)
+
+
+def _read_triplets(folder: DatasetFolder, path: Path, columns: dict[str, str], allowed: set[str],
+                   table: TripletTable) -> None:
+    """Check ``triplets.csv`` row by row into ``table``."""
+    for line, row in iter_csv(folder, path, ("anchor", "ref_j", "ref_k", "choice"), columns):
+        here = f"triplets.csv: line {line}"
+        ids = [row["anchor"], row["ref_j"], row["ref_k"]]
+        for col, value in zip(("anchor", "ref_j", "ref_k"), ids):
+            if value not in allowed:
+                raise DatasetError(f"{here}: {col} {value!r} is not a known image")
+        if len(set(ids)) != 3:
+            raise DatasetError(f"{here}: a triplet needs three different images, got "
+                               f"{', '.join(ids)}")
+        if row["choice"] not in CHOICES:
+            raise DatasetError(f"{here}: choice must be one of {', '.join(CHOICES)}, got "
+                               f"{row['choice']!r}")
+        source = row.get("source", "")
+        if not source:
+            annotator = row.get("annotator", "")
+            if not annotator:
+                raise DatasetError(f"{here}: annotator is empty (or give a source column)")
+            source = f"expert:{annotator}"
+        rep_text = row.get("rep", "")
+        try:
+            rep = int(rep_text) if rep_text else None
+            latency = float(row["latency_ms"]) if row.get("latency_ms") else None
+        except ValueError:
+            raise DatasetError(f"{here}: rep/latency_ms must be numbers") from None
+        table.add((line, *ids, row["choice"], source, rep, latency, row.get("created") or None))
+
+
+class TripletTable:
+    """A dataset's judgments in file order, kept in a temporary SQLite file so that a million of
+    them never sit in memory. Rows are dicts of :data:`COLUMNS` (plus the merge's ``action``,
+    ``change`` and ``cur_id``); a row without ``rep`` gets the number of earlier rows with the same
+    source and images (:meth:`finish`)."""
+
+    COLUMNS = ("line", "anchor", "ref_j", "ref_k", "choice", "source", "rep", "latency_ms", "created")
+    BATCH = 5000
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="triderm-triplets-")
+        self.db = sqlite3.connect(os.path.join(self._dir, "triplets.sqlite"), isolation_level=None,
+                                  check_same_thread=False)  # closed by the finalizer, maybe in another thread
+        self.db.execute("PRAGMA journal_mode = OFF")
+        self.db.execute("PRAGMA synchronous = OFF")
+        self.db.execute("CREATE TABLE t (line INTEGER PRIMARY KEY, anchor TEXT, ref_j TEXT, ref_k TEXT, choice TEXT, "
+                        "source TEXT, rep INTEGER, latency_ms REAL, created TEXT, action TEXT, change TEXT, "
+                        "cur_id INTEGER)")
+        self._pending: list[tuple] = []
+        self._count = 0
+        self._close = weakref.finalize(self, _drop_table, self.db, self._dir)
+
+    def add(self, row: tuple) -> None:
+        """One row, in :data:`COLUMNS` order (``rep`` may be None)."""
+        self._pending.append(row)
+        if len(self._pending) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.db.executemany(f"INSERT INTO t ({', '.join(self.COLUMNS)}) VALUES ({', '.join('?' * len(self.COLUMNS))})",
+                            self._pending)
+        self._count += len(self._pending)
+        self._pending.clear()
+
+    def finish(self) -> None:
+        """Number the rows without ``rep`` and check that no judgment is listed twice."""
+        self._flush()
+        self.db.execute("UPDATE t SET rep = w.n FROM (SELECT line, row_number() OVER (PARTITION BY source, anchor, "
+                        "ref_j, ref_k ORDER BY line) - 1 AS n FROM t) AS w WHERE t.rep IS NULL AND w.line = t.line")
+        self._index()
+
+    def _index(self) -> None:
+        try:
+            self.db.execute("CREATE UNIQUE INDEX t_key ON t (source, anchor, ref_j, ref_k, rep)")
+        except sqlite3.IntegrityError:
+            source, *ids, rep = self.db.execute(
+                "SELECT source, anchor, ref_j, ref_k, rep FROM t GROUP BY source, anchor, ref_j, ref_k, rep "
+                "HAVING count(*) > 1 ORDER BY min(line) LIMIT 1").fetchone()
+            raise DatasetError(f"triplets.csv: the judgment {tuple(ids)} by {source} with rep {rep} is listed "
+                               "twice") from None
+
+    def rename(self, ref: Callable[[str], str]) -> None:
+        """Replace every image id by ``ref(id)``."""
+        self.db.create_function("ref", 1, ref, deterministic=True)
+        self.db.execute("DROP INDEX t_key")
+        self.db.execute("UPDATE t SET anchor = ref(anchor), ref_j = ref(ref_j), ref_k = ref(ref_k)")
+        self._index()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def rows(self, where: str = "1") -> Iterator[dict[str, Any]]:
+        """The rows matching the SQL condition ``where``, in file order."""
+        cur = self.db.execute(f"SELECT * FROM t WHERE {where} ORDER BY line")
+        names = [d[0] for d in cur.description]
+        while batch := cur.fetchmany(self.BATCH):
+            for values in batch:
+                yield dict(zip(names, values))
+
+    def find(self, key: dict[str, Any]) -> bool:
+        """Whether the judgment ``key`` (:func:`triplet_key`) is in the dataset."""
+        return self.db.execute("SELECT 1 FROM t WHERE source = ? AND anchor = ? AND ref_j = ? AND ref_k = ? AND "
+                               "rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone() is not None
+
+    def close(self) -> None:
+        self._close()
+
+
+_TRIPLET_KEY = ("source", "anchor", "ref_j", "ref_k", "rep")
+
+
+def _drop_table(db: sqlite3.Connection, folder: str) -> None:
+    db.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- re-import merge ------------------------------------------------------------------------------
@@ -327,15 +419,27 @@ class _Merge:
     rows: dict[str, dict[Any, dict[str, Any] | None]]   # entity → key JSON → final row (None: delete)
     keys: dict[str, Any]                                # key JSON → key
     bases: list[tuple[str, Any, str, str | None]]
-    masks: dict[str, np.ndarray]                       # image id → new label map
+    masks: list[str]                                    # image ids whose label map the merge changes
+    triplets: _TripletMerge
 
     @property
     def conflicts(self) -> list[Change]:
         return [c for c in self.changes if c.action == "conflict"]
 
 
+@dataclass
+class _TripletMerge:
+    """The judgments' part of a merge: each dataset row's decision is kept in its
+    :class:`TripletTable` row (``action`` insert/replace, ``change`` insert), not in memory."""
+
+    table: TripletTable
+    inserts: int = 0            # rows whose change is ``insert`` (described from the table)
+    at: int = 0                 # where their lines go among the merge's changes
+    deletes: list[tuple[dict[str, Any], int]] = field(default_factory=list)  # (key, id) removed by --prune
+
+
 def _file_rows(plan: DatasetPlan) -> dict[str, dict[str, dict[str, Any]]]:
-    rows: dict[str, dict[str, dict[str, Any]]] = {
+    return {
         "patients": {key_json(pid): {"metadata": meta} for pid, meta in plan.patients.items()},
         "images": {key_json(i.image_id): {"file": image_file_value(f"{i.image_id}{i.path.suffix.lower()}",
                                                                     i.sha256, i.width, i.height),
@@ -344,22 +448,18 @@ def _file_rows(plan: DatasetPlan) -> dict[str, dict[str, dict[str, Any]]]:
         "wounds": {key_json(wound_key(iid, idx)): {"outline": w["outline"], "description": w["description"],
                                                    "metadata": w["metadata"]}
                    for (iid, idx), w in plan.wounds.items()},
-        "triplets": {key_json(triplet_key(t)): {"row": {"choice": t["choice"]}, "_t": t} for t in plan.triplets},
     }
-    return rows
 
 
-def _current_rows(ws: Workspace) -> tuple[dict[str, dict[str, dict[str, Any]]],
-                                                               dict[str, np.ndarray]]:
+def _current_rows(ws: Workspace) -> dict[str, dict[str, dict[str, Any]]]:
+    """The workspace's patients, images and wounds as merge rows (each mask read once, not kept)."""
     store = ws.store
-    labels: dict[str, np.ndarray] = {}
     wounds: dict[str, dict[str, Any]] = {}
     by_image: dict[str, list[dict]] = {}
     for w in store.wounds():
         by_image.setdefault(w["image_id"], []).append(w)
     for iid, rows in by_image.items():
-        labels[iid] = ws.load_mask(iid)
-        found = outlines(labels[iid])
+        found = outlines(ws.load_mask(iid))
         for w in rows:
             wounds[key_json(wound_key(iid, w["wound_index"]))] = {
                 "outline": found.get(w["wound_index"]) or {"area": 0, "bbox": [0, 0, 0, 0]},
@@ -371,28 +471,34 @@ def _current_rows(ws: Workspace) -> tuple[dict[str, dict[str, dict[str, Any]]],
                                              "patient_id": i["patient_id"], "metadata": i["metadata"]}
                    for i in store.images()},
         "wounds": wounds,
-        "triplets": {key_json(triplet_key(t)): {"row": {"choice": t["choice"]}, "_id": t["id"]}
-                     for t in store.triplets()},
-    }, labels
+    }
 
 
-def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prune: bool = False) -> _Merge:
+def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prune: bool = False,
+               mask_sink: Callable[[str, np.ndarray], None] | None = None) -> _Merge:
     """Three-way merge of the dataset (file), the workspace (app) and what the last import read
     (base): a field changed only in the file is updated, one changed only in the app is kept, one
     changed on both sides is a conflict (``prefer`` resolves it). Rows gone from the file are
     deleted only with ``prune`` and only when the import brought them; outlines drawn in the app
-    are never deleted. Reads only; :func:`import_dataset` writes the result."""
+    are never deleted. Reads only; :func:`import_dataset` writes the result, and each new label map
+    goes to ``mask_sink(image_id, labels)`` as soon as it is made."""
     if prefer not in (None, *PREFER):
         raise DatasetError(f"--prefer must be one of {', '.join(PREFER)}, got {prefer!r}")
-    bases = ws.store.import_bases()
+    bases = {(e, k, n): h for e, k, n, h in ws.store.db.execute(  # judgments' bases: looked up one by one
+        "SELECT entity, key, field, hash FROM import_base WHERE entity != 'triplets'")}
     file_rows = _file_rows(plan)
-    current, labels = _current_rows(ws)
+    current = _current_rows(ws)
+    labels: dict[str, np.ndarray] = {}  # label maps of the workspace changed by a renumbering
     changes: list[Change] = []
     final: dict[str, dict[str, dict[str, Any] | None]] = {e: {} for e in _FIELDS}
     keys: dict[str, Any] = {}
     new_bases: list[tuple[str, Any, str, str | None]] = []
-    _renumber_drawn(file_rows["wounds"], current["wounds"], labels, bases, final["wounds"], keys, changes)
+    triplets = _TripletMerge(plan.triplets)
+    _renumber_drawn(ws, file_rows["wounds"], current["wounds"], labels, bases, final["wounds"], keys, changes)
     for entity, fields in _FIELDS.items():
+        if entity == "triplets":
+            _merge_triplets(ws, triplets, prefer, prune, changes)
+            continue
         presence = _PRESENCE[entity]
         for kj in [*file_rows[entity], *(k for k in current[entity] if k not in file_rows[entity])]:
             key = json.loads(kj)
@@ -403,7 +509,8 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
             if f is None:
                 if base[presence] is None:
                     continue  # made in the app: never touched by an import
-                if not prune or entity == "patients" or (entity == "images" and _in_use(key, current, final)):
+                if not prune or entity == "patients" or \
+                        (entity == "images" and _in_use(ws, key, current, final, triplets)):
                     changes.append(Change(entity, key, presence, "not-in-file", where))
                     continue
                 if all(base[n] == _hash(n, c[n]) for n in fields):
@@ -449,11 +556,90 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
                         row[n], changed = f[n], True
             if changed:
                 final[entity][kj] = row
-    masks = _merge_masks(plan, final["wounds"], keys, current["wounds"], labels, changes)
-    return _Merge(changes, final, keys, new_bases, masks)
+    masks = _merge_masks(ws, plan, final["wounds"], keys, current["wounds"], labels, changes, mask_sink)
+    return _Merge(changes, final, keys, new_bases, masks, triplets)
 
 
-def _renumber_drawn(file_wounds: dict, current: dict, labels: dict[str, np.ndarray], bases: dict,
+def _has_triplet_bases(ws: Workspace) -> bool:
+    return ws.store.db.execute("SELECT 1 FROM import_base WHERE entity = 'triplets' LIMIT 1").fetchone() is not None
+
+
+#: A judgment's merge value's hash, per choice.
+_CHOICE_HASH = {c: hashlib.sha256(json.dumps({"choice": c}, sort_keys=True).encode()).hexdigest() for c in CHOICES}
+
+
+def _merge_triplets(ws: Workspace, merge: _TripletMerge, prefer: str | None, prune: bool,
+                    changes: list[Change]) -> None:
+    """The merge's rules for judgments (one field, ``row``: the choice), streamed: each dataset row
+    is looked up in the store by its key and its decision written back to its table row."""
+    conn, table = ws.store.db.conn, merge.table
+    merge.at = len(changes)
+    table.db.execute("UPDATE t SET action = NULL, change = NULL, cur_id = NULL")
+    if conn.execute("SELECT 1 FROM triplets LIMIT 1").fetchone() is None and not _has_triplet_bases(ws):
+        table.db.execute("UPDATE t SET action = 'insert', change = 'insert'")  # an empty store: all new
+        merge.inserts = len(table)
+        return
+    decided: list[tuple[str | None, str | None, int | None, int]] = []
+    for t in table.rows():
+        key = triplet_key(t)
+        kj = key_json(key)
+        where = f"triplets.csv: line {t['line']}"
+        cur = conn.execute("SELECT id, choice FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND "
+                           "ref_k = ? AND rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone()
+        base = conn.execute("SELECT hash FROM import_base WHERE entity = 'triplets' AND key = ? AND field = 'row'",
+                            [kj]).fetchone()
+        base = base[0] if base else None
+        hf, f_row = _CHOICE_HASH[t["choice"]], {"choice": t["choice"]}
+        action = change = cur_id = None
+        if cur is None:
+            if base is not None and base == hf:
+                changes.append(Change("triplets", key, "row", "keep-deleted", where))
+            elif base is not None:  # deleted in the app, changed in the file
+                changes.append(Change("triplets", key, "row", "conflict", where, None, f_row, resolved=prefer))
+                action = "insert" if prefer == "file" else None
+            else:
+                action = change = "insert"
+                merge.inserts += 1
+        elif hf != _CHOICE_HASH[cur[1]]:
+            c_row = {"choice": cur[1]}
+            if base == hf:
+                changes.append(Change("triplets", key, "row", "keep-app", where, c_row, f_row))
+            elif base is not None and base == _CHOICE_HASH[cur[1]]:
+                changes.append(Change("triplets", key, "row", "update", where, c_row, f_row))
+                action, cur_id = "replace", cur[0]
+            else:
+                changes.append(Change("triplets", key, "row", "conflict", where, c_row, f_row, resolved=prefer))
+                if prefer == "file":
+                    action, cur_id = "replace", cur[0]
+        if action is not None:
+            decided.append((action, change, cur_id, t["line"]))
+        if len(decided) >= TripletTable.BATCH:
+            table.db.executemany("UPDATE t SET action = ?, change = ?, cur_id = ? WHERE line = ?", decided)
+            decided.clear()
+    table.db.executemany("UPDATE t SET action = ?, change = ?, cur_id = ? WHERE line = ?", decided)
+    gone = conn.execute("SELECT key, hash FROM import_base WHERE entity = 'triplets' AND field = 'row'")
+    while batch := gone.fetchmany(TripletTable.BATCH):
+        for kj, base in batch:
+            key = json.loads(kj)
+            if table.find(key):
+                continue
+            cur = conn.execute("SELECT id, choice FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND "
+                               "ref_k = ? AND rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone()
+            if cur is None:
+                continue
+            if not prune:
+                changes.append(Change("triplets", key, "row", "not-in-file", "workspace"))
+            elif base == _CHOICE_HASH[cur[1]]:
+                changes.append(Change("triplets", key, "row", "delete", "workspace", old={"choice": cur[1]}))
+                merge.deletes.append((key, cur[0]))
+            else:  # changed in the app, removed from the dataset
+                changes.append(Change("triplets", key, "row", "conflict", "workspace", {"choice": cur[1]}, None,
+                                      resolved=prefer))
+                if prefer == "file":
+                    merge.deletes.append((key, cur[0]))
+
+
+def _renumber_drawn(ws: Workspace, file_wounds: dict, current: dict, labels: dict[str, np.ndarray], bases: dict,
                     final: dict, keys: dict, changes: list[Change]) -> None:
     """An outline drawn in the app whose number the dataset now gives to a different wound moves
     to the next free number (with its description), so the import never overwrites it."""
@@ -468,7 +654,8 @@ def _renumber_drawn(file_wounds: dict, current: dict, labels: dict[str, np.ndarr
         taken = {json.loads(k)["wound_index"] for k in (*file_wounds, *current) if json.loads(k)["image_id"] == image_id}
         new = wound_key(image_id, max(taken) + 1)
         new_kj = key_json(new)
-        labels[image_id] = np.where(labels[image_id] == old["wound_index"], new["wound_index"], labels[image_id])
+        app = labels[image_id] if image_id in labels else ws.load_mask(image_id)
+        labels[image_id] = np.where(app == old["wound_index"], new["wound_index"], app)
         current[new_kj] = row
         final[new_kj] = row  # the very outline object: _merge_masks paints it from the app's mask
         keys[new_kj] = new
@@ -477,62 +664,71 @@ def _renumber_drawn(file_wounds: dict, current: dict, labels: dict[str, np.ndarr
                               new["wound_index"]))
 
 
-def _in_use(image_id: str, current: dict, final: dict) -> bool:
+def _in_use(ws: Workspace, image_id: str, current: dict, final: dict, triplets: _TripletMerge) -> bool:
     """Whether a wound or judgment that stays after the merge names the photo."""
     for kj in current["wounds"]:
         if json.loads(kj)["image_id"] == image_id and final["wounds"].get(kj, {}) is not None:
             return True
-    for kj in current["triplets"]:
-        k = json.loads(kj)
-        if image_id in (k["anchor"], k["ref_j"], k["ref_k"]) and final["triplets"].get(kj, {}) is not None:
-            return True
-    return False
+    deleted = {tid for _, tid in triplets.deletes}
+    return any(tid not in deleted for (tid,) in ws.store.db.execute(
+        "SELECT id FROM triplets WHERE ? IN (anchor, ref_j, ref_k)", [image_id]))
 
 
-def _merge_masks(plan: DatasetPlan, wounds: dict[str, dict | None], keys: dict[str, Any],
-                 current: dict[str, dict], labels: dict[str, np.ndarray], changes: list[Change]) -> dict:
-    """New label maps of the photos whose outlines the merge changes: the dataset's outlines
-    first, the app's on top (an outline drawn in the app never loses a pixel to an import)."""
-    touched = {keys[kj]["image_id"] for kj in wounds}
-    masks: dict[str, np.ndarray] = {}
-    for iid in sorted(touched):
+def _merge_masks(ws: Workspace, plan: DatasetPlan, wounds: dict[str, dict | None], keys: dict[str, Any],
+                 current: dict[str, dict], labels: dict[str, np.ndarray], changes: list[Change],
+                 sink: Callable[[str, np.ndarray], None] | None) -> list[str]:
+    """New label maps of the photos whose outlines the merge changes, one photo at a time: the
+    dataset's outlines first, the app's on top (an outline drawn in the app never loses a pixel to
+    an import). Returns the ids of the photos whose map changed; each map goes to ``sink``."""
+    merged: dict[str, list[str]] = {}
+    for kj in wounds:
+        merged.setdefault(keys[kj]["image_id"], []).append(kj)
+    in_app: dict[str, list[str]] = {}
+    for kj in current:
+        in_app.setdefault((keys.get(kj) or json.loads(kj))["image_id"], []).append(kj)
+    changed = []
+    for iid in sorted(merged):
         img = plan.images.get(iid)
-        shape = (img.height, img.width) if img is not None else labels[iid].shape
-        old = labels.get(iid, np.zeros(shape, dtype=np.int32))
+        old = labels.pop(iid, None)
+        if old is None and iid in in_app:
+            old = ws.load_mask(iid)
+        shape = (img.height, img.width) if img is not None else old.shape
+        if old is None:
+            old = np.zeros(shape, dtype=np.int32)
         new = np.zeros(shape, dtype=np.int32)
         app_indices = []
-        for kj, row in current.items():
-            key = keys.get(kj) or json.loads(kj)
-            if key["image_id"] != iid:
-                continue
+        for kj in in_app.get(iid, []):
+            row = current[kj]
             if kj in wounds:
                 target = wounds[kj]  # a merged row keeps the very outline object it took
                 if target is None or target["outline"] is not row["outline"]:
                     continue  # deleted, or its outline comes from the file
-            app_indices.append(key["wound_index"])
-        for kj, row in wounds.items():
-            key = keys[kj]
-            if key["image_id"] == iid and row is not None and key["wound_index"] not in app_indices:
-                index = key["wound_index"]
-                new[img.labels == index] = index
+            app_indices.append((keys.get(kj) or json.loads(kj))["wound_index"])
+        for kj in merged[iid]:
+            index = keys[kj]["wound_index"]
+            if wounds[kj] is not None and index not in app_indices:
+                x0, y0, x1, y1 = plan.wounds[(iid, index)]["outline"]["bbox"]
+                new[y0:y1, x0:x1][outline_pixels(plan.wounds[(iid, index)]["outline"])] = index
         for index in app_indices:
             if old.shape == new.shape:
                 new[old == index] = index
         found = outlines(new)
-        for kj, row in wounds.items():
-            key = keys[kj]
-            if key["image_id"] != iid or row is None:
+        for kj in merged[iid]:
+            row = wounds[kj]
+            if row is None:
                 continue
-            outline = found.get(key["wound_index"])
+            outline = found.get(keys[kj]["wound_index"])
             if outline is None:
-                changes.append(Change("wounds", key, "outline", "keep-app", "masks/" + iid + ".png",
+                changes.append(Change("wounds", keys[kj], "outline", "keep-app", "masks/" + iid + ".png",
                                       None, row["outline"]))
                 wounds[kj] = {"skip": True}
             else:
                 row["outline"] = outline
         if not np.array_equal(new, old):
-            masks[iid] = new
-    return masks
+            changed.append(iid)
+            if sink is not None:
+                sink(iid, new)
+    return changed
 
 
 def check_kind(ws: Workspace, synthetic: bool) -> None:
@@ -566,27 +762,31 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
     if study_ids is not None:
         mapping = StudyIds(ws, study_ids)
         known |= set(mapping.ids)
-    plan = validate_dataset(root, known_images=known, keep_metadata=keep_metadata,
-                            min_wound_area=ws.min_wound_area)
-    if mapping is not None:
-        mapping.apply(plan)
-    check_kind(ws, plan.synthetic)
-    if dry_run:
-        return _summary(ws, plan, plan_merge(ws, plan, prefer, prune), 0, dry_run=True)
-    staging = Path(tempfile.mkdtemp(prefix=".import-", dir=ws.root))
+    staging = None if dry_run else Path(tempfile.mkdtemp(prefix=".import-", dir=ws.root))
     swapped: list[tuple[Path, Path | None]] = []
+    plan = None
     try:
+        plan = validate_dataset(root, known_images=known, keep_metadata=keep_metadata,
+                                min_wound_area=ws.min_wound_area, spool=staging / "spool" if staging else None)
+        if mapping is not None:
+            mapping.apply(plan)
+        check_kind(ws, plan.synthetic)
+        if staging is None:
+            return _summary(ws, plan, plan_merge(ws, plan, prefer, prune), 0, dry_run=True)
         staged = _stage_photos(ws, plan, staging)
+        masks: list[tuple[Path, Path]] = []
+
+        def stage_mask(iid: str, labels: np.ndarray) -> None:
+            path = staging / "masks" / f"{iid}.png"
+            path.parent.mkdir(exist_ok=True)
+            _write_label_png(path, labels)
+            masks.append((path, ws.mask_path(iid)))
+
         with store.transaction():
-            merge = plan_merge(ws, plan, prefer, prune)
+            merge = plan_merge(ws, plan, prefer, prune, mask_sink=stage_mask)
             if merge.conflicts and prefer is None:
                 raise MergeConflict(merge.conflicts)
-            staged = [(src, target) for src, target in staged if _photo_wanted(ws, merge, target)]
-            for iid, labels in merge.masks.items():
-                path = staging / "masks" / f"{iid}.png"
-                path.parent.mkdir(exist_ok=True)
-                _write_label_png(path, labels)
-                staged.append((path, ws.mask_path(iid)))
+            staged = [(src, target) for src, target in staged if _photo_wanted(ws, merge, target)] + masks
             if (plan.root / "truth").is_dir():
                 shutil.copytree(plan.root / "truth", staging / "truth")
                 staged.append((staging / "truth", ws.truth_dir))
@@ -594,6 +794,7 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
             if mapping is not None:
                 mapping.save()
             swapped = _swap_in(staged, staging / "replaced")
+        return _summary(ws, plan, merge, new_triplets, dry_run=False)
     except sqlite3.OperationalError as err:
         _swap_back(swapped)
         if "locked" not in str(err):
@@ -604,22 +805,32 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
         _swap_back(swapped)
         raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return _summary(ws, plan, merge, new_triplets, dry_run=False)
+        if plan is not None:
+            plan.triplets.close()
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _stage_photos(ws: Workspace, plan: DatasetPlan, staging: Path) -> list[tuple[Path, Path]]:
-    """Copy the photos that are new or changed into ``staging``; (staged, target) pairs."""
+    """Move the spooled photos that are new or changed into ``staging``; (staged, target) pairs."""
     staged = []
     (staging / "images").mkdir()
     for img in plan.images.values():
         target = ws.images_dir / f"{img.image_id}{img.path.suffix.lower()}"
-        if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == img.sha256:
+        if target.exists() and _file_sha256(target) == img.sha256:
             continue
         tmp = staging / "images" / target.name
-        tmp.write_bytes(img.photo.data)
+        os.replace(img.spooled, tmp)
         staged.append((tmp, target))
     return staged
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _photo_wanted(ws: Workspace, merge: _Merge, target: Path) -> bool:
@@ -688,23 +899,7 @@ def _apply(ws: Workspace, plan: DatasetPlan, merge: _Merge, actor: str) -> int:
             o = row["outline"]
             store.upsert_wound(key["image_id"], key["wound_index"], o["area"], o["bbox"], row["description"],
                                row["metadata"], actor=actor, outline=o)
-    new_triplets = 0
-    for kj, row in rows["triplets"].items():
-        if row is None:
-            tid = store.db.execute(
-                "SELECT id FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND ref_k = ? AND rep = ?",
-                [keys[kj][k] for k in ("source", "anchor", "ref_j", "ref_k", "rep")]).fetchone()
-            if tid:
-                store.delete_triplet(tid[0], actor=actor)
-            continue
-        t = next(t for t in plan.triplets if key_json(triplet_key(t)) == kj) if "_t" not in row else row["_t"]
-        if "_id" in row:  # the dataset changed the choice: replace the judgment
-            store.delete_triplet(row["_id"], actor=actor)
-        if t["source"].startswith("expert:"):
-            store.add_annotator(t["source"].split(":", 1)[1])
-        if store.add_triplet(t["anchor"], t["ref_j"], t["ref_k"], t["choice"], t["source"],
-                             latency_ms=t["latency_ms"], rep=t["rep"], created=t["created"], actor=actor):
-            new_triplets += 1
+    new_triplets = _apply_triplets(ws, merge.triplets, actor)
     for entity, key, name, value_hash in merge.bases:
         store.set_import_base(entity, key, name, value_hash)
     for kj, row in rows["images"].items():
@@ -717,18 +912,61 @@ def _apply(ws: Workspace, plan: DatasetPlan, merge: _Merge, actor: str) -> int:
     return new_triplets
 
 
+def _apply_triplets(ws: Workspace, merge: _TripletMerge, actor: str) -> int:
+    """Write the judgments' decisions in batches (inside the caller's transaction) and remember
+    what the import read of each; returns the new judgments."""
+    store = ws.store
+    for key, tid in merge.deletes:
+        store.delete_triplet(tid, actor=actor)
+        store.set_import_base("triplets", key, "row", None)
+    new, batch, annotators = 0, [], set()
+    for t in merge.table.rows("action IS NOT NULL"):
+        if t["cur_id"] is not None:  # the dataset changed the choice: replace the judgment
+            store.delete_triplet(t["cur_id"], actor=actor)
+        if t["source"].startswith("expert:"):
+            annotators.add(t["source"].split(":", 1)[1])
+        batch.append(t)
+        if len(batch) >= TripletTable.BATCH:
+            new += store.add_triplets(batch, actor=actor)
+            batch.clear()
+    new += store.add_triplets(batch, actor=actor)
+    for name in sorted(annotators):
+        store.add_annotator(name)
+    stamp = now()
+    bases = []
+    for t in merge.table.rows():
+        bases.append((key_json(triplet_key(t)), _CHOICE_HASH[t["choice"]], stamp))
+        if len(bases) >= TripletTable.BATCH:
+            _set_triplet_bases(store, bases)
+    _set_triplet_bases(store, bases)
+    return new
+
+
+def _set_triplet_bases(store: Any, bases: list[tuple[str, str, str]]) -> None:
+    store.db.conn.executemany(
+        "INSERT INTO import_base (entity, key, field, hash, updated) VALUES ('triplets', ?, 'row', ?, ?) "
+        "ON CONFLICT(entity, key, field) DO UPDATE SET hash = excluded.hash, updated = excluded.updated", bases)
+    bases.clear()
+
+
 def _summary(ws: Workspace, plan: DatasetPlan, merge: _Merge, new_triplets: int, dry_run: bool) -> dict[str, Any]:
     counts = Counter(c.action for c in merge.changes)
+    counts["insert"] += merge.triplets.inserts
+    lines = [c.describe() for c in merge.changes[:merge.triplets.at]]
+    lines += [Change("triplets", triplet_key(t), "row", "insert", f"triplets.csv: line {t['line']}", None,
+                     {"choice": t["choice"]}).describe() for t in merge.triplets.table.rows("change = 'insert'")]
+    lines += [c.describe() for c in merge.changes[merge.triplets.at:]]
     return {"images": len(plan.images), "patients": len(plan.patients), "wounds": len(plan.wounds),
             "triplets": len(plan.triplets), "new_triplets": new_triplets, "dry_run": dry_run,
             "merge": {a: counts.get(a, 0) for a in ("insert", "update", "delete", "keep-app", "keep-deleted",
                                                     "not-in-file", "conflict", "renumber")},
-            "changes": [c.describe() for c in merge.changes], "dropped_wounds": plan.dropped,
+            "changes": lines, "dropped_wounds": plan.dropped,
             "synthetic": plan.synthetic if dry_run else ws.is_synthetic, "workspace": str(ws.root)}
 
 
-def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]]) -> None:
-    extra = sorted({k for r in rows for k in r} - set(fixed))
+def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]] | Iterator[dict[str, Any]]) -> None:
+    """``rows`` as CSV; a list may hold metadata columns beyond ``fixed``, an iterator (streamed) may not."""
+    extra = sorted({k for r in rows for k in r} - set(fixed)) if isinstance(rows, list) else []
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=fixed + extra)
         writer.writeheader()
@@ -782,7 +1020,7 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
         images = store.images()
         wounds = store.wounds()
         patients = store.patients()
-        triplets = store.triplets()
+        n_triplets = _write_triplets_csv(store, out / "triplets.csv")
         with_wounds = {w["image_id"] for w in wounds}
         for img in images:
             if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
@@ -797,15 +1035,6 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
                 for i in images])
     _write_csv(out / "patients.csv", ["patient_id"],
                [{"patient_id": p["patient_id"], **p["metadata"]} for p in patients])
-    _write_csv(out / "triplets.csv",
-               ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms",
-                "created"],
-               [{"anchor": t["anchor"], "ref_j": t["ref_j"], "ref_k": t["ref_k"],
-                 "choice": t["choice"],
-                 "annotator": t["source"].split(":", 1)[1] if t["source"].startswith("expert:") else "",
-                 "source": t["source"], "rep": t["rep"],
-                 "latency_ms": "" if t["latency_ms"] is None else repr(t["latency_ms"]),
-                 "created": t["created"]} for t in triplets])
     (out / "dataset.json").write_text(json.dumps(
         {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label",
          "columns": column_schema([[w["metadata"] for w in wounds], [i["metadata"] for i in images],
@@ -813,4 +1042,25 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
     if ws.truth_dir.is_dir():
         shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),
-            "triplets": len(triplets)}
+            "triplets": n_triplets}
+
+
+def _write_triplets_csv(store: Any, path: Path) -> int:
+    """Every judgment, oldest first, streamed from the store into ``triplets.csv``; returns how many."""
+    count = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal count
+        cur = store.db.conn.execute("SELECT anchor, ref_j, ref_k, choice, source, rep, latency_ms, created "
+                                    "FROM triplets ORDER BY id")
+        while batch := cur.fetchmany(TripletTable.BATCH):
+            for anchor, ref_j, ref_k, choice, source, rep, latency, created in batch:
+                count += 1
+                yield {"anchor": anchor, "ref_j": ref_j, "ref_k": ref_k, "choice": choice,
+                       "annotator": source.split(":", 1)[1] if source.startswith("expert:") else "",
+                       "source": source, "rep": rep, "latency_ms": "" if latency is None else repr(latency),
+                       "created": created}
+
+    _write_csv(path, ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms", "created"],
+               rows())
+    return count

@@ -65,9 +65,7 @@ class StudyIds:
             images[img.image_id] = img
         plan.images = images
         plan.wounds = {(rename[iid], idx): w for (iid, idx), w in plan.wounds.items()}
-        for t in plan.triplets:
-            for col in ("anchor", "ref_j", "ref_k"):
-                t[col] = ref(t[col])
+        plan.triplets.rename(ref)
         plan.where = {(entity, _rename_key(entity, kj, ref), name): where
                       for (entity, kj, name), where in plan.where.items()}
 

@@ -33,6 +33,7 @@ import stat
 import struct
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,18 @@ class CsvRow(dict):
 
 def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
              columns: dict[str, str] | None = None) -> list[tuple[int, CsvRow]]:
-    """Rows as (line number, row); checks encoding, header, row lengths, cell sizes and types.
+    """Rows as (line number, row): :func:`iter_csv` as a list."""
+    return list(iter_csv(folder, path, required, columns))
+
+
+def iter_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
+             columns: dict[str, str] | None = None) -> Iterator[tuple[int, CsvRow]]:
+    """Rows as (line number, row), one at a time; checks encoding, header, row lengths, cell sizes
+    and types.
+
+    The whole file is checked (and its column types inferred) when this is called, before the
+    first row is returned, so a bad file raises here and no caller has acted on part of it; the
+    rows are then parsed again one by one, never held as a list.
 
     Any newline convention (LF, CRLF, CR) is read. A metadata column's type is the one declared in
     ``columns`` (``dataset.json``), else inferred: ``int``/``float`` only when every non-empty cell
@@ -237,10 +249,36 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
         line = len(re.findall(rb"\r\n|\r|\n", data[: err.start])) + 1
         raise DatasetError(f"{name}: line {line}: not valid UTF-8 text (byte {err.start}); "
                            "save the file as UTF-8") from None
+    del data
+    header: list[str] = []
+    guesses: dict[str, _TypeGuess] = {}
+    for line, cells in _records(name, text, required, header):
+        for col, cell in zip(header, cells):
+            guesses.setdefault(col, _TypeGuess()).add(cell.strip())
+    types = {c: (columns or {}).get(c) or guesses.get(c, _TypeGuess()).kind for c in header}
+    if any(c in (columns or {}) for c in header):  # a declared type may not fit a cell: checked before any row
+        for line, cells in _records(name, text, required, []):
+            for col, cell in zip(header, cells):
+                if col in columns and cell.strip():
+                    _typed(cell.strip(), types[col], f"{name}: line {line}: {col}")
+    return _typed_rows(name, text, required, header, types)
+
+
+def _typed_rows(name: str, text: str, required: tuple[str, ...], header: list[str],
+                types: dict[str, str]) -> Iterator[tuple[int, CsvRow]]:
+    for line, cells in _records(name, text, required, []):
+        row = CsvRow(zip(header, (c.strip() for c in cells)))
+        row.typed = {col: _typed(value, types[col], f"{name}: line {line}: {col}")
+                     for col, value in row.items() if value != ""}
+        yield line, row
+
+
+def _records(name: str, text: str, required: tuple[str, ...], header: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """(line, cells) of each non-blank record after the checked header (stored into ``header``)."""
     reader = csv.reader(io.StringIO(text, newline=""))
     next_line = 1  # where the next record starts (a quoted cell may span lines)
     try:
-        header = [h.strip() for h in next(reader, [])]
+        header[:] = [h.strip() for h in next(reader, [])]
         _check_cells(name, reader.line_num, [f"column {i + 1}" for i in range(len(header))], header)
         if "" in header:
             raise DatasetError(f"{name}: line 1: column {header.index('') + 1} has no name")
@@ -252,7 +290,6 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
             hint = "; the cells seem separated by ';': save the file with commas" if ";" in "".join(header) else ""
             raise DatasetError(f"{name}: missing required column(s) {', '.join(missing)} "
                                f"(found: {', '.join(header) or 'no header'}){hint}")
-        rows: list[tuple[int, CsvRow]] = []
         next_line = reader.line_num + 1
         for cells in reader:
             line, next_line = next_line, reader.line_num + 1
@@ -265,19 +302,12 @@ def read_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
                 raise DatasetError(f"{name}: line {line}: {len(cells)} cell(s) for {len(header)} columns "
                                    f"(missing {', '.join(header[len(cells):])})")
             _check_cells(name, line, header, cells)
-            rows.append((line, CsvRow(zip(header, (c.strip() for c in cells)))))
+            yield line, cells
     except csv.Error as err:
         if "field larger than field limit" in str(err):
             raise DatasetError(f"{name}: line {next_line}: a cell is longer than {MAX_CELL_CHARS:,} "
                                "characters") from None
         raise DatasetError(f"{name}: line {next_line}: not valid CSV ({err})") from None
-    types = {c: _column_type(name, c, [r[c] for _, r in rows], (columns or {}).get(c)) for c in header}
-    for line, row in rows:
-        row.typed = {}
-        for col, value in row.items():
-            if value != "":
-                row.typed[col] = _typed(value, types[col], f"{name}: line {line}: {col}")
-    return rows
 
 
 def _check_cells(name: str, line: int, header: list[str], cells: list[str]) -> None:
@@ -287,20 +317,42 @@ def _check_cells(name: str, line: int, header: list[str], cells: list[str]) -> N
                                f"(at most {MAX_CELL_CHARS:,})")
 
 
-def _column_type(name: str, column: str, values: list[str], declared: str | None) -> str:
-    if declared is not None:
-        return declared
-    present = [v for v in values if v != ""]
-    if not present:
-        return "str"
-    if all(len(v) <= _MAX_NUMBER_CHARS and _INT_TEXT.match(v) for v in present):
-        return "int"
-    if all(len(v) <= _MAX_NUMBER_CHARS and _FLOAT_TEXT.match(v) and any(ch.isdigit() for ch in v)
-           and math.isfinite(float(v)) for v in present):
-        return "float"
-    if all(v.lower() in ("true", "false") for v in present):
-        return "bool"
-    return "str"
+class _TypeGuess:
+    """A column's inferred type, one cell at a time (see :func:`iter_csv`)."""
+
+    def __init__(self) -> None:
+        self.present = False
+        self.int = self.float = self.bool = True
+
+    def add(self, v: str) -> None:
+        if v == "":
+            return
+        self.present = True
+        short = len(v) <= _MAX_NUMBER_CHARS
+        self.int = self.int and short and bool(_INT_TEXT.match(v))
+        self.float = self.float and short and bool(_FLOAT_TEXT.match(v)) and _finite(v)
+        self.bool = self.bool and v.lower() in ("true", "false")
+
+    @property
+    def kind(self) -> str:
+        if not self.present:
+            return "str"
+        return "int" if self.int else "float" if self.float else "bool" if self.bool else "str"
+
+
+def _finite(v: str) -> bool:
+    """Whether ``v`` reads as a finite number (``'e5'`` matches the float pattern but is text)."""
+    try:
+        return math.isfinite(float(v))
+    except ValueError:
+        return False
+
+
+def _column_type(values: list[str]) -> str:
+    guess = _TypeGuess()
+    for v in values:
+        guess.add(v)
+    return guess.kind
 
 
 def _typed(value: str, kind: str, where: str) -> Any:
@@ -332,7 +384,7 @@ def typed_value(text: str, previous: Any = None) -> Any:
             return _typed(text, kind, "value")
         except DatasetError:
             pass
-    return _typed(text, _column_type("", "", [text], None), "value")
+    return _typed(text, _column_type([text]), "value")
 
 
 def row_metadata(row: CsvRow, skip: tuple[str, ...]) -> dict[str, Any]:

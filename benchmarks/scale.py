@@ -9,12 +9,12 @@ from ten expert annotators, the rest from an LLM), 40 draws by one of those anno
 For each N (default 100 and 1,000; ``--full`` adds 10,000), SYNTHETIC phantom data:
 
 - phantom: ``core.phantoms.build`` with N photos, N/2 patients, 3N wounds, 5N expert triplets;
-- import: ``import_dataset`` wall time and peak traced memory (``tracemalloc``: Python and numpy
-  allocations);
+- import: ``import_dataset`` in a child process (:func:`import_in_child`): wall and CPU time and
+  its peak resident memory (``wait4`` rusage);
 - judgments: 100·N extra judgments stored with one batched ``Store.add_triplets``;
 - features: ``FeatureCache.extract`` (efficientnet-lite0@stage5, untrained weights: the same
   compute as trained ones, no download; CPU, 1 view) on 16 photos after one warm-up photo,
-  seconds per photo;
+  seconds per photo, and the shard files' KiB per photo on disk;
 - SOE: 100·N planted triplets over N objects, dim 8 (``benchmarks.soe.planted_triplets``), after
   an untimed warm-up fit;
 - scheduler: median and 95th percentile of ``TripletScheduler.next`` over 30 draws;
@@ -29,9 +29,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,40 @@ from benchmarks.results import render_tables
 from benchmarks.soe import planted_triplets
 from core import cli
 
-STAGES = ("phantom s", "import s", "import peak MiB", "100·N judgments s", "feature s/photo", "SOE s",
-          "next() median ms", "next() p95 ms", "explorer KiB")
+STAGES = ("phantom s", "import s", "import CPU s", "import peak RSS MiB", "100·N judgments s", "feature s/photo",
+          "feature KiB/photo", "SOE s", "next() median ms", "next() p95 ms", "explorer KiB")
+#: The import as a child process; it prints its own peak resident memory in KiB: VmHWM, the high-water mark
+#: of its address space (``ru_maxrss`` would keep the parent's, inherited through fork and exec).
+IMPORT_CHILD = """import re, resource, sys
+from annotations.dataset import import_dataset
+from annotations.workspace import Workspace
+import_dataset(Workspace(sys.argv[1]), sys.argv[2])
+try:
+    print(re.search(r"VmHWM:\\s*(\\d+) kB", open("/proc/self/status").read()).group(1))
+except (OSError, AttributeError):
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def import_in_child(workspace: Path, dataset: Path) -> dict[str, float]:
+    """Import ``dataset`` into ``workspace`` in a fresh Python process; its wall s, CPU s and peak RSS MiB."""
+    repo = Path(__file__).resolve().parents[1]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", IMPORT_CHILD, str(workspace), str(dataset)], cwd=repo,
+                            stdout=subprocess.PIPE, text=True)
+    peak_kib = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"the import of {dataset} failed (exit {proc.returncode})")
+    return {"import s": time.perf_counter() - t0, "import CPU s": usage.ru_utime + usage.ru_stime,
+            "import peak RSS MiB": int(peak_kib) / 1024}
 
 
 def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     """Every stage's figure for a study of ``n`` photos built under ``root``."""
     import plotly.graph_objects as go
 
-    from annotations.dataset import import_dataset
     from annotations.scheduler import TripletScheduler
     from annotations.workspace import Workspace
     from core.phantoms import build
@@ -62,13 +88,8 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     build(root / "data", seed=seed, photos=n, patients=max(1, n // 2), wounds=3 * n, triplets=5 * n)
     out["phantom s"] = time.perf_counter() - t0
 
-    tracemalloc.start()
-    t0 = time.perf_counter()
+    out.update(import_in_child(root / "ws", root / "data"))
     ws = Workspace(root / "ws")
-    import_dataset(ws, root / "data")
-    out["import s"] = time.perf_counter() - t0
-    out["import peak MiB"] = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
 
     ids = [r[0] for r in ws.store.db.execute("SELECT image_id FROM images ORDER BY image_id")]
     rng = np.random.default_rng(seed)
@@ -87,6 +108,7 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     t0 = time.perf_counter()
     cache.extract(sample, 1, progress=False)
     out["feature s/photo"] = (time.perf_counter() - t0) / len(sample)
+    out["feature KiB/photo"] = sum(p.stat().st_size for p in cache.root.glob("*.safetensors")) / 1024 / (1 + len(sample))
 
     _, triplets = planted_triplets(n, 8, 100 * n, 2.0, seed)
     SOE(n_components=8, n_objects=n, epochs=2, random_state=seed).fit(triplets[:100])  # warm-up, not timed

@@ -6,8 +6,10 @@ photo described by all its wounds' descriptions with their wound numbers.
 
 Every answer is written to the store the moment it arrives (``add_llm_answer``: the query
 cache keyed by oracle, model, prompt version, i, j, k, plus a triplet with source
-``llm:<model>``), so a killed run resumes by asking only what is missing. ``--workers``
-threads query concurrently; only the main thread writes to SQLite.
+``llm:<model>``), so a killed run resumes by asking only what is missing. ``--concurrency`` (or
+``--workers``) threads query concurrently; only the main thread writes to SQLite, in question
+order. Before asking, the run prints its estimate: questions to ask, concurrency, throughput (from
+the stored answers' median latency, else one probe question), time and input tokens.
 
 ``--debias`` asks every question in both reference orders; agreeing pairs stand, and a
 disagreeing pair (the answer followed the position, not the wound) is recorded as position
@@ -54,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampling", choices=SAMPLINGS, default="uniform")
     parser.add_argument("--active-batch", type=int, default=None,
                         help="questions per active round (default 0.5%% of all, at least one per photo)")
-    parser.add_argument("--workers", type=int, default=1, help="concurrent queries")
+    parser.add_argument("--concurrency", "--workers", dest="workers", type=int, default=1,
+                        help="concurrent requests to the oracle (threads; answers are stored in question order); "
+                             "the throughput and time expected are printed before asking")
     parser.add_argument("--debias", action="store_true", help="ask both reference orders; report position bias")
     cli.add_seed(parser)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per Ollama request")
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.workers < 1:
-        parser.error("--workers must be ≥ 1")
+        parser.error("--concurrency must be ≥ 1")
     if args.active_batch is not None and args.active_batch < 1:
         parser.error("--active-batch must be ≥ 1")
     if args.max_failures < 0:

@@ -14,7 +14,9 @@ Tests drive the real ``ollama`` client over real sockets against it and switch b
 
 ``queue(behaviour, n)`` overrides the default for the next ``n`` chat requests (e.g. two HTTP
 500s, then normal answers). Every chat request is recorded (``chats``) for counting.
-Only 127.0.0.1 is bound; ``delay_s`` slows every normal answer (to interrupt a run mid-way).
+Only 127.0.0.1 is bound; ``delay_s`` slows every normal answer (to interrupt a run mid-way), or
+``delay_of(n)`` gives the n-th chat request's delay (answers then complete out of order);
+``in_flight``/``max_in_flight`` count the chat requests being served at once.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -42,13 +45,16 @@ class OllamaStub:
     """Start with ``with OllamaStub() as stub:``; ``stub.host`` is the URL to pass as --host."""
 
     def __init__(self, models: tuple[str, ...] = ("stub-model:latest",), behaviour: str = "normal",
-                 delay_s: float = 0.0, slow_s: float = 5.0, port: int = 0) -> None:
+                 delay_s: float = 0.0, slow_s: float = 5.0, port: int = 0,
+                 delay_of: Callable[[int], float] | None = None) -> None:
         if behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown behaviour {behaviour!r}; choose from {BEHAVIOURS}")
         self.models = list(models)
         self.behaviour = behaviour
         self.delay_s = delay_s
         self.slow_s = slow_s
+        self.delay_of = delay_of
+        self.in_flight = self.max_in_flight = 0
         self.chats: list[dict[str, Any]] = []
         self.tags_requests = 0
         self._queue: deque[str] = deque()
@@ -78,10 +84,14 @@ class OllamaStub:
             self.chats.clear()
             self.tags_requests = 0
 
-    def _next_behaviour(self, body: dict[str, Any]) -> str:
+    def _next_behaviour(self, body: dict[str, Any]) -> tuple[str, float]:
+        """The request's behaviour and delay; counts it in flight."""
         with self._lock:
             self.chats.append(body)
-            return self._queue.popleft() if self._queue else self.behaviour
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            delay = self.delay_of(len(self.chats) - 1) if self.delay_of else self.delay_s
+            return (self._queue.popleft() if self._queue else self.behaviour), delay
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         stub = self
@@ -92,6 +102,7 @@ class OllamaStub:
 
             def _send(self, status: int, payload: Any, raw: bytes | None = None) -> None:
                 data = raw if raw is not None else json.dumps(payload).encode()
+                self._done()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -116,7 +127,21 @@ class OllamaStub:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if self.path != "/api/chat":
                     return self._send(404, {"error": "not found"})
-                behaviour = stub._next_behaviour(body)
+                behaviour, delay = stub._next_behaviour(body)
+                self.counted = True
+                try:
+                    self._chat(body, behaviour, delay)
+                finally:
+                    self._done()
+
+            def _done(self) -> None:
+                """No longer in flight (before the answer is sent: the client may ask again at once)."""
+                if getattr(self, "counted", False):
+                    self.counted = False
+                    with stub._lock:
+                        stub.in_flight -= 1
+
+            def _chat(self, body: dict[str, Any], behaviour: str, delay: float) -> None:
                 model = body.get("model", "")
                 if behaviour == "missing":
                     return self._send(404, {"error": f"model '{model}' not found, try pulling it first"})
@@ -126,8 +151,8 @@ class OllamaStub:
                     return self._send(200, None, raw=b'{"model": "x", "message": {"role": "assist')
                 if behaviour == "slow":
                     time.sleep(stub.slow_s)
-                elif stub.delay_s:
-                    time.sleep(stub.delay_s)
+                elif delay:
+                    time.sleep(delay)
                 user = next((m["content"] for m in body.get("messages", []) if m.get("role") == "user"), "")
                 if behaviour == "outside":
                     content = json.dumps({"answer": "maybe"})

@@ -2,6 +2,9 @@
 and ranks (torchrun) each fill a disjoint slice of one shared cache."""
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 import torch
 
@@ -32,11 +35,14 @@ def bb():
     return load_backbone("efficientnet-lite0@stage5", device="cpu", pretrained=False)
 
 
-def counting_cache(ws: Workspace, bb, kill_after: int | None = None) -> tuple[FeatureCache, list]:
-    """A fresh cache (a new process's) that records every photo it computes (and dies after ``kill_after``)."""
-    cache = FeatureCache(ws, bb)
+def counting_cache(ws: Workspace, bb, kill_after: int | None = None, shard_size: int = 2
+                   ) -> tuple[FeatureCache, list, list]:
+    """A fresh cache (a new process's) that records every photo it computes and every backbone
+    forward call (and dies when the ``kill_after``-th photo would start)."""
+    cache = FeatureCache(ws, bb, shard_size=shard_size)
     computed: list[str] = []
-    unit = cache._unit
+    forwards: list[int] = []
+    unit, forward = cache._unit, cache._forward
 
     def recording_unit(image):
         if kill_after is not None and len(computed) == kill_after:
@@ -44,11 +50,15 @@ def counting_cache(ws: Workspace, bb, kill_after: int | None = None) -> tuple[Fe
         computed.append(image)
         return unit(image)
 
-    cache._unit = recording_unit
-    return cache, computed
+    def recording_forward(images):
+        forwards.append(len(images))
+        return forward(images)
+
+    cache._unit, cache._forward = recording_unit, recording_forward
+    return cache, computed, forwards
 
 
-def test_a_killed_extraction_resumes_with_only_the_unfinished_photos(tmp_path, bb):
+def test_a_killed_extraction_resumes_after_its_last_finished_shard(tmp_path, bb):
     ws = Workspace(tmp_path / "ws")
     from annotations.dataset import import_dataset
     from core.phantoms import build
@@ -56,25 +66,57 @@ def test_a_killed_extraction_resumes_with_only_the_unfinished_photos(tmp_path, b
     build(tmp_path / "ds", seed=4, photos=5, patients=2, wounds=6, triplets=0)
     import_dataset(ws, tmp_path / "ds")
     ids = [im["image_id"] for im in ws.store.images()]
-    first, _ = counting_cache(ws, bb, kill_after=2)
+    first, _, _ = counting_cache(ws, bb, kill_after=3)  # shards of 2 photos: dies inside the second shard
     with pytest.raises(Killed):
         first.extract(ids, 1, progress=False)
-    assert len(list(first.root.glob("*.pt"))) == 2  # two photos finished, written atomically; no partial file
-    assert not [p for p in first.root.iterdir() if p.suffix != ".pt"]
-    second, computed = counting_cache(ws, bb)
+    shards = sorted(first.root.glob("*.safetensors"))
+    assert len(shards) == 1  # the first shard finished, written atomically; no partial file
+    assert not [p for p in first.root.iterdir() if p.suffix != ".safetensors"]
+    assert sorted(v for _, v in first.index().values()) == [1, 1]
+    second, computed, forwards = counting_cache(ws, bb)
     assert second.extract(ids, 1, progress=False) == ids[2:]
-    assert len(computed) == 3
-    third, computed = counting_cache(ws, bb)
-    assert third.extract(ids, 1, progress=False) == [] and computed == []
+    assert len(computed) == 3 and len(forwards) == 2 * 3  # inference + views forward per unfinished photo only
+    assert len(list(second.root.glob("*.safetensors"))) == 3 and len(second.index()) == 5
+    third, computed, forwards = counting_cache(ws, bb)
+    assert third.extract(ids, 1, progress=False) == [] and computed == [] and forwards == []
+    assert set(json.loads((third.root / "index.json").read_text())) == {p.name for p in third.root.glob("*.safetensors")}
     fresh = third.photo(ids[0], 1, use_cache=False)
     assert torch.allclose(fresh.views.float(), third.photo(ids[0], 1).views.float(), atol=1e-2)
+    assert forwards == [1, 1]  # only the uncached recomputation
+
+
+def test_shards_are_read_by_any_new_cache_and_keys_follow_the_image_content(tmp_path, bb):
+    from annotations.dataset import import_dataset
+    from core.phantoms import build
+
+    build(tmp_path / "ds", seed=5, photos=3, patients=1, wounds=3, triplets=0)
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, tmp_path / "ds")
+    ids = [im["image_id"] for im in ws.store.images()]
+    cache, _, _ = counting_cache(ws, bb, shard_size=32)
+    cache.extract(ids, 2, progress=False)
+    (cache.root / "index.json").unlink()  # the shard headers alone rebuild the merged index
+    again, computed, _ = counting_cache(ws, bb)
+    got = again.build(ids, 2, progress=False)
+    assert computed == [] and got[ids[0]].views.shape[0] == 2 and got[ids[0]].views.dtype == torch.float16
+    keys = set(again.index())
+    image = ws.load_image(ids[0])
+    image.putpixel((0, 0), (0, 0, 0) if image.getpixel((0, 0)) != (0, 0, 0) else (255, 255, 255))
+    changed = ws.images_dir / ws.store.image(ids[0])["file"]
+    image.save(changed)
+    row = ws.store.image(ids[0])
+    ws.store.upsert_image(ids[0], row["file"], hashlib.sha256(changed.read_bytes()).hexdigest(), row["width"],
+                          row["height"])
+    third, computed, _ = counting_cache(ws, bb)
+    third.build(ids, 2, progress=False)
+    assert len(computed) == 1 and len(set(third.index()) - keys) == 1  # only the changed photo, under a new key
 
 
 def test_ranks_fill_disjoint_slices_of_one_cache(ws, bb, monkeypatch):
     ids = [im["image_id"] for im in ws.store.images()]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    cache, _ = counting_cache(ws, bb)
+    cache, _, _ = counting_cache(ws, bb)
     assert cache.extract(ids, 1, progress=False) == ids[1::2]
     assert cache.extract(ids, 1, rank=0, world_size=2, progress=False) == ids[0::2]
     assert FeatureCache(ws, bb).extract(ids, 1, rank=0, world_size=1, progress=False) == []

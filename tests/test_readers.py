@@ -326,6 +326,14 @@ def test_types_are_inferred_only_when_every_value_parses(tmp_path):
     assert second["zip"] == "99999" and second["score"] == 2.0 and second["flag"] is False
 
 
+def test_exponent_like_text_is_text(tmp_path):
+    """'e5' fits the float pattern's optional parts but is no number (an annotator named e0 once
+    crashed the type inference with a ValueError)."""
+    rows = _csv(tmp_path, "id,annotator,x\na,e0,1e3\nb,E5,2\n")
+    assert [r.typed for _, r in rows] == [{"id": "a", "annotator": "e0", "x": 1000.0},
+                                         {"id": "b", "annotator": "E5", "x": 2.0}]
+
+
 def test_declared_types_win(tmp_path):
     rows = _csv(tmp_path, "id,answer,zip,n\na,yes,01234,7\nb,0,5,8\n",
                 {"answer": "bool", "zip": "int", "n": "str"})

@@ -7,9 +7,11 @@ dead or broken server is not asked for days); its record is then ``failed`` and 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,7 @@ class QueryRun:
             for r in ws.store.llm_answers(oracle.name, oracle.model, PROMPT_VERSION)}
         self.answered = self.from_cache = self.failed = 0
         self.budget = 0
+        self.estimate: dict[str, Any] | None = None
 
     # -- questions -------------------------------------------------------------------------
     def question(self, q: np.ndarray) -> Question:
@@ -85,11 +88,12 @@ class QueryRun:
 
     # -- asking ----------------------------------------------------------------------------
     def _answers(self, questions: list[Question]) -> Iterator[tuple[Question, Answer | Exception]]:
-        """Answers as they complete; at most 2×workers chunks in flight."""
+        """Answers in question order (so the store's order is the plan's, whatever the timing),
+        ``workers`` requests in flight and at most 2×workers chunks under way."""
         size = max(1, self.oracle.batch_size)
         chunks = [questions[s:s + size] for s in range(0, len(questions), size)]
         pool = ThreadPoolExecutor(self.workers)
-        running: dict[Future, list[Question]] = {}
+        running: deque[tuple[Future, list[Question]]] = deque()
         try:
             todo = iter(chunks)
             while True:
@@ -97,17 +101,62 @@ class QueryRun:
                     chunk = next(todo, None)
                     if chunk is None:
                         break
-                    running[pool.submit(self.oracle.answer_batch, chunk)] = chunk
+                    running.append((pool.submit(self.oracle.answer_batch, chunk), chunk))
                 if not running:
                     return
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    chunk = running.pop(fut)
-                    yield from zip(chunk, fut.result())
+                fut, chunk = running.popleft()
+                yield from zip(chunk, fut.result())
         finally:  # stopped early (failures, unavailable oracle, interrupt): ask nothing more
-            for f in running:
+            for f, _ in running:
                 f.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the estimate printed before a run asks ----------------------------------------------
+    def history(self, last: int = 200) -> tuple[float | None, float | None]:
+        """Median latency (ms) and mean input tokens of this oracle and model's last ``last``
+        stored answers (None when there are none)."""
+        rows = list(self.ws.store.db.execute(
+            "SELECT latency_ms, tokens_in FROM llm_queries WHERE oracle = ? AND model = ? AND latency_ms IS NOT NULL "
+            "ORDER BY id DESC LIMIT ?", [self.oracle.name, self.oracle.model, last]))
+        if not rows:
+            return None, None
+        tokens = [t for _, t in rows if t is not None]
+        return float(np.median([lat for lat, _ in rows])), (float(np.mean(tokens)) if tokens else None)
+
+    def announce(self, to_ask: int, probe_ms: float | None = None) -> dict[str, Any]:
+        """The run's estimate (``self.estimate``, printed to stderr when ``progress``): questions to
+        ask, concurrency, expected throughput (``workers`` × batch / median latency, assuming the
+        server serves the requests in parallel), time and input tokens. The latency is the stored
+        answers' of this oracle and model, else ``probe_ms`` (one question asked first)."""
+        latency, tokens = self.history()
+        basis = "stored answers"
+        if probe_ms is not None:
+            latency, basis = probe_ms, "one probe question"
+        per_request = max(1, self.oracle.batch_size)
+        qps = self.workers * per_request * 1000.0 / latency if latency else None
+        self.estimate = {"to_ask": to_ask, "concurrency": self.workers, "latency_ms": latency, "basis": basis,
+                         "throughput_qps": qps, "eta_s": to_ask / qps if qps else None,
+                         "input_tokens": round(tokens * to_ask) if tokens is not None else None}
+        if self.progress:
+            eta = "unknown" if qps is None else time.strftime("%H:%M:%S", time.gmtime(to_ask / qps))
+            tok = f", ~{self.estimate['input_tokens']:,} input tokens" if tokens is not None else ""
+            print(f"{self.oracle.name}:{self.oracle.model}: {to_ask:,} questions to ask ({self.from_cache:,} cached), "
+                  f"concurrency {self.workers}: ~{qps or 0:.2f} questions/s (median latency "
+                  f"{latency or 0:.0f} ms, from {basis}); estimated time {eta}{tok}", file=sys.stderr, flush=True)
+        return self.estimate
+
+    def start(self, questions: list[Question], to_ask: int, bar: tqdm | None = None) -> list[Question]:
+        """Print the estimate before asking (probing with the first question when nothing is
+        stored yet); returns the questions still to ask."""
+        if self.estimate is not None:
+            return questions
+        probe_ms = None
+        if questions and self.history()[0] is None:
+            t0 = time.perf_counter()
+            self.ask(questions[:1], bar)
+            probe_ms, questions = 1000 * (time.perf_counter() - t0), questions[1:]
+        self.announce(to_ask, probe_ms)
+        return questions
 
     def ask(self, questions: list[Question], bar: tqdm | None = None) -> None:
         """Ask, store every answer at once, count failures and stop at ``max_failures``;
@@ -157,7 +206,7 @@ class QueryRun:
         plan = order[:budget]
         pending = self.pending_orders(plan)
         with self.bar(len(pending)) as bar:
-            self.ask(pending, bar)
+            self.ask(self.start(pending, len(pending), bar), bar)
         return plan
 
     def oriented(self, questions: np.ndarray) -> np.ndarray:
@@ -184,7 +233,8 @@ class QueryRun:
                 nxt = sampler.next_batch(self.oriented(asked_q), canonical_key(asked_q, self.n), size)
                 if len(nxt) == 0:
                     break
-                self.ask(self.pending_orders(nxt), bar)
+                to_ask = max(0, budget - len(asked_q)) * (2 if self.debias else 1)
+                self.ask(self.start(self.pending_orders(nxt), to_ask, bar), bar)
                 asked_q = np.concatenate([asked_q, nxt[[self.is_answered(q) for q in nxt]]])
                 if not all(self.is_answered(q) for q in nxt):  # failures: do not loop forever
                     break
@@ -281,7 +331,7 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
         "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
         "first_position_rate": qr.first_position_rate(plan),
         "expert_overlap": qr.expert_overlap(oriented),
-        "synthetic": ws.is_synthetic, "demo_oracle": oracle.name == "local",
+        "synthetic": ws.is_synthetic, "demo_oracle": oracle.name == "local", "estimate": qr.estimate,
     }
     status = "done" if qr.failed == 0 and len(plan) == count else "failed"
     message = qr.stopped or f"{qr.failed} questions failed after retries; rerun to retry them"

@@ -9,33 +9,36 @@ small to cover half of any cell still gets one token: the cell holding most of i
 
 **Feature cache.** For every photo, K augmented views (:mod:`core.vision.augment`, view *v*
 seeded by run seed + image sha256 + augmentation hash + *v*) are run once through the frozen
-backbone. Each photo's file
-``cache/features/<backbone@layer:weights>/<code>-<aug hash>/seed<s>/<image sha256>-<mask sha>.pt``
+backbone. The cache folder ``cache/features/<backbone@layer:weights>/<code>-<aug hash>/seed<s>/``
 (``code``: a hash of the source of the modules that compute the values, so a change of the
 backbone, its layer or weights, the augmentation, the code or the seed never reads stale
-features) holds, per view index, the fp16 feature map (K×C×H×W) and the downsampled label grid as
-per-wound area fractions (K×E×H×W, fp16), plus the un-augmented inference view
-(resize to the backbone's input size). The mask hash is part of the key because the
-wound-keeping crop and the grid depend on the outline. Asking for more views later
-computes only the missing ones. :meth:`FeatureCache.extract` fills the cache one photo at a
-time without keeping features in memory (memory bounded by one photo, whatever the study's
-size); each photo's file is written atomically, so a killed extraction resumes with the photos
-it had not finished, and ``torchrun`` ranks each take a slice of the photos into the same
-folder (one merged cache).
+features) holds safetensors shards of up to :data:`SHARD_PHOTOS` photos each. A photo's key is
+``<image sha256>-<mask sha>`` (the wound-keeping crop and the grid depend on the outline); under
+``<key>/`` a shard holds the fp16 feature maps of the views (K×C×H×W), the downsampled label grid
+as per-wound area fractions (K×E×H×W, fp16), and the un-augmented inference view (resize to the
+backbone's input size) with its fractions. Shards are read memory-mapped, one photo's tensors at
+a time; ``index.json`` merges every shard's photo list (a shard it does not list is read from
+its header). Asking for more views later computes only the missing ones (the photo then gets a
+shard of its own). :meth:`FeatureCache.extract` fills the cache one shard at a time (memory
+bounded by one shard, whatever the study's size); each shard is written atomically, so a killed
+extraction resumes after its last finished shard, and ``torchrun`` ranks each take a slice of the
+photos into the same folder (one merged cache).
 
 :class:`TokenBank` flattens all of it into tensors once, so a training step is a gather.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -46,7 +49,13 @@ from core.vision.augment import AugmentConfig, WoundAugment, view_generator
 from core.vision.backbones import Backbone
 
 TOKEN_THRESHOLD = 0.5
-CACHE_VERSION = 2
+CACHE_VERSION = 3
+#: Photos per shard file written by :meth:`FeatureCache.extract`.
+SHARD_PHOTOS = 32
+SHARD_SUFFIX = ".safetensors"
+INDEX_NAME = "index.json"
+#: The tensors kept per photo.
+PARTS = ("views", "view_frac", "eval_feat", "eval_frac")
 
 
 def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], grid: tuple[int, int]) -> Tensor:
@@ -112,22 +121,81 @@ class PhotoFeatures:
 
 
 class FeatureCache:
-    """Augmented-view features of a workspace's photos for one backbone and augmentation."""
+    """Augmented-view features of a workspace's photos for one backbone and augmentation, in
+    safetensors shards of up to ``shard_size`` photos (see the module docstring)."""
 
     def __init__(self, ws: Workspace, backbone: Backbone, config: AugmentConfig | None = None,
-                 batch_size: int = 32, seed: int = 0) -> None:
+                 batch_size: int = 32, seed: int = 0, shard_size: int = SHARD_PHOTOS) -> None:
         self.ws = ws
         self.backbone = backbone
         self.config = config or AugmentConfig(size=backbone.input_size)
         self.augment = WoundAugment(self.config)
         self.batch_size = batch_size
         self.seed = int(seed)
+        self.shard_size = int(shard_size)
         code = source_fingerprint("core.vision.augment", "core.vision.features", "core.vision.backbones")
         self.root = (ws.cache_dir / "features" / _safe(backbone.key) / f"{code}-{self.config.key()}"
                      / f"seed{self.seed}")
+        self._shards: dict[str, dict[str, dict]] = {}  # shard file name → photo key → {views, wounds}
+        self._index: dict[str, tuple[str, int]] = {}   # photo key → (shard file name, views): the merged index
 
-    def path(self, sha256: str, labels: np.ndarray) -> Path:
-        return self.root / f"{sha256}-{mask_sha(labels)}.pt"
+    def key(self, sha256: str, labels: np.ndarray) -> str:
+        """A photo's cache key (with the folder's backbone, layer, weights, code, augmentation and seed)."""
+        return f"{sha256}-{mask_sha(labels)}"
+
+    def index(self) -> dict[str, tuple[str, int]]:
+        """Photo key → (shard file, views), merged over every shard in the folder: ``index.json``
+        (written by :meth:`extract`) plus the header of any shard it does not list."""
+        on_disk = {p.name for p in self.root.glob("*" + SHARD_SUFFIX)} if self.root.is_dir() else set()
+        if set(self._shards) != on_disk:
+            listed = {}
+            if (self.root / INDEX_NAME).exists():
+                try:
+                    listed = json.loads((self.root / INDEX_NAME).read_text())
+                except (OSError, json.JSONDecodeError):
+                    listed = {}
+            self._shards = {name: listed[name] if name in listed else self._header(name) for name in sorted(on_disk)}
+            self._index = {}
+            for name, photos in self._shards.items():
+                for key, info in photos.items():
+                    if info["views"] >= self._index.get(key, ("", -1))[1]:
+                        self._index[key] = (name, info["views"])
+        return self._index
+
+    def _header(self, name: str) -> dict[str, dict]:
+        with safe_open(self.root / name, framework="pt") as f:
+            meta = f.metadata() or {}
+        return json.loads(meta["photos"]) if meta.get("version") == str(CACHE_VERSION) else {}
+
+    def _write_index(self) -> None:
+        self.index()
+        with atomic_write(self.root / INDEX_NAME, "w", suffix=".json") as fh:
+            json.dump(self._shards, fh)
+
+    def _write_shard(self, photos: dict[str, dict]) -> str:
+        """One shard file (written atomically) holding ``photos`` (key → cached dict); returns its name."""
+        tensors, meta = {}, {}
+        for key, c in photos.items():
+            for part in PARTS:
+                tensors[f"{key}/{part}"] = c[part].contiguous()
+            meta[key] = {"views": int(c["views"].shape[0]), "wounds": c["wounds"]}
+        name = "shard-" + hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16] + SHARD_SUFFIX
+        self.root.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.root / name, "wb", suffix=SHARD_SUFFIX) as fh:
+            fh.write(save(tensors, {"version": str(CACHE_VERSION), "photos": json.dumps(meta)}))
+        return name
+
+    def _read(self, key: str, n_views: int | None = None) -> dict | None:
+        """The cached dict of photo ``key`` (its first ``n_views`` views), memory-mapped from its shard."""
+        found = self.index().get(key)
+        if found is None:
+            return None
+        name, views = found
+        with safe_open(self.root / name, framework="pt") as f:
+            out = {part: f.get_tensor(f"{key}/{part}") if part.startswith("eval") or n_views is None
+                   else f.get_slice(f"{key}/{part}")[:min(n_views, views)] for part in PARTS}
+        out["wounds"] = self._shards[name][key]["wounds"]
+        return out
 
     def _forward(self, images: list[Tensor]) -> Tensor:
         out = [self.backbone(self.backbone.normalize(torch.stack(images[i:i + self.batch_size])))
@@ -147,39 +215,41 @@ class FeatureCache:
         return feats, frac
 
     def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
-        """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones)."""
-        return self._photo(image_id, n_views, use_cache)[0]
+        """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones;
+        a photo given more views is written to a shard of its own)."""
+        key, cached, computed = self._photo(image_id, n_views, use_cache)
+        if computed and use_cache:
+            self._write_shard({key: cached})
+        return self._unpack(cached, n_views)
 
-    def _photo(self, image_id: str, n_views: int, use_cache: bool = True) -> tuple[PhotoFeatures, bool]:
-        """(features, whether anything was computed)."""
+    def _photo(self, image_id: str, n_views: int, use_cache: bool = True) -> tuple[str, dict, bool]:
+        """(key, cached dict, whether anything was computed)."""
         row = self.ws.store.image(image_id)
         if row is None:
             raise KeyError(f"unknown image {image_id!r}")
         labels = self.ws.load_mask(image_id)
         wounds = [w["wound_index"] for w in self.ws.store.wounds(image_id)]
-        path = self.path(row["sha256"], labels)
-        cached = torch.load(path, weights_only=True) if use_cache and path.exists() else None
-        if cached is not None and (cached.get("version") != CACHE_VERSION or cached["wounds"] != wounds):
+        key = self.key(row["sha256"], labels)
+        cached = self._read(key, n_views) if use_cache else None
+        if cached is not None and cached["wounds"] != wounds:
             cached = None
         have = 0 if cached is None else cached["views"].shape[0]
         if cached is not None and have >= n_views:
-            return self._unpack(cached, n_views), False
+            return key, cached, False
+        if cached is not None:
+            cached = self._read(key)  # every stored view, to extend
         image = self.ws.load_image(image_id)
         if cached is None:
             eval_feat = self._forward([self._unit(image)])[0]
             eval_frac = wound_fractions(labels, wounds, tuple(eval_feat.shape[-2:]))
-            cached = {"version": CACHE_VERSION, "wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
+            cached = {"wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
                       "views": eval_feat.new_zeros((0, *eval_feat.shape)),
                       "view_frac": eval_frac.half().new_zeros((0, *eval_frac.shape))}
         if n_views > have:
             feats, frac = self.augmented_views(image, labels, wounds, row["sha256"], range(have, n_views))
             cached["views"] = torch.cat([cached["views"], feats])
             cached["view_frac"] = torch.cat([cached["view_frac"], frac])
-        if use_cache:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with atomic_write(path, "wb", suffix=".pt") as fh:
-                torch.save(cached, fh)
-        return self._unpack(cached, n_views), True
+        return key, cached, True
 
     def _unit(self, image) -> Tensor:
         """Un-augmented inference input in [0, 1]: square resize to the backbone input size."""
@@ -193,22 +263,35 @@ class FeatureCache:
                              cached["eval_feat"], cached["eval_frac"].float())
 
     def build(self, image_ids: Sequence[str], n_views: int, progress: bool = True) -> dict[str, PhotoFeatures]:
-        """Features of every photo (from disk when cached)."""
-        return {i: self.photo(i, n_views) for i in tqdm(image_ids, desc=f"features {self.backbone.name}",
-                                                        unit="photo", disable=not progress, leave=False)}
+        """Features of every photo (computed into shards first where missing, then read from disk)."""
+        self.extract(image_ids, n_views, rank=0, world_size=1, progress=progress)
+        return {i: self.photo(i, n_views) for i in image_ids}
 
     def extract(self, image_ids: Sequence[str], n_views: int, rank: int | None = None,
                 world_size: int | None = None, progress: bool = True) -> list[str]:
         """Write the cache of this rank's slice of ``image_ids`` (every ``world_size``-th photo from
-        ``rank``; by default torchrun's ``RANK``/``WORLD_SIZE``, else all photos), one photo in memory
-        at a time; photos already cached are skipped. Returns the ids it computed."""
+        ``rank``; by default torchrun's ``RANK``/``WORLD_SIZE``, else all photos), ``shard_size``
+        photos per shard file and at most one shard in memory; photos already cached are skipped,
+        so a killed extraction resumes after its last finished shard. Ends by rewriting the
+        merged ``index.json``. Returns the ids it computed."""
         rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         mine = list(image_ids)[rank::world_size]
-        return [i for i in tqdm(mine, desc=f"features {self.backbone.name} rank {rank}/{world_size}", unit="photo",
-                                disable=not progress, leave=False) if self._photo(i, n_views)[1]]
+        computed: list[str] = []
+        pending: dict[str, dict] = {}
+        for n, image_id in enumerate(tqdm(mine, desc=f"features {self.backbone.name} rank {rank}/{world_size}",
+                                          unit="photo", disable=not progress, leave=False)):
+            key, cached, fresh = self._photo(image_id, n_views)
+            if fresh:
+                pending[key] = cached
+                computed.append(image_id)
+            if pending and ((n + 1) % self.shard_size == 0 or n + 1 == len(mine)):
+                self._write_shard(pending)
+                pending = {}
+        self._write_index()
+        return computed
 
 
 class TokenBank:
