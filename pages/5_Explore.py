@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 from PIL import Image
 
@@ -28,6 +27,7 @@ try:
         map_input,
         quick_layout,
         retrieval,
+        scatter_figure,
         stored_umap,
         umap_path,
     )
@@ -138,17 +138,7 @@ def poll_umap(path: str) -> None:
 
 cluster_of = clusters(str(ws.root), run_ids, emb_level, method, stamp, k_clusters) if colour_by == "cluster" else None
 grouped, colours = ac.category_colours([colour_value(i, n) for n, i in enumerate(m.images)])
-group_of = np.asarray(grouped, dtype=object)
-small = len(m) <= THUMBNAILS_MAX
-fig = go.Figure()
-for value in colours:  # WebGL: 10,000 points draw as fast as 100; customdata is the point's row
-    rows = np.flatnonzero(group_of == value)
-    fig.add_trace(go.Scattergl(
-        x=xy[rows, 0].astype(np.float32), y=xy[rows, 1].astype(np.float32), mode="markers", name=value,
-        customdata=rows.astype(np.int32), text=[m.points[r] for r in rows],
-        marker={"size": 12 if small else 6, "color": colours[value],
-                "line": {"width": 1 if small else 0, "color": "white"}},
-        hovertemplate="<b>%{text}</b><br>" + colour_by + ": " + value.replace("<", "&lt;") + "<extra></extra>"))
+fig = scatter_figure(xy, m.points, grouped, colours, colour_by)
 if show_thumbs:
     span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
     for (x, y), image_id in zip(xy, m.images):

@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,10 +27,15 @@ from core.eval.fusion import minmax_normalise
 from core.eval.retrieval import EmbeddingIndex, neighbours, run_distances
 from core.runtime import load_embeddings
 
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
 __all__ = ["LARGE", "DistanceRetrieval", "MapInput", "cluster_labels", "compute_umap", "embeddings_stamp",
-           "has_wound_embedding", "map_input", "quick_layout", "retrieval", "stored_umap", "umap_path"]
+           "has_wound_embedding", "map_input", "quick_layout", "retrieval", "scatter_figure", "stored_umap",
+           "umap_path"]
 
 LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
+SMALL_MAP = 200  # points up to which markers are large and outlined
 
 
 @dataclass(frozen=True)
@@ -210,3 +216,23 @@ def retrieval(ws: Workspace, run_ids: Sequence[int], method: str = "uncertainty"
             return EmbeddingIndex(emb["image_ids"], emb["image_emb"])
     ids, D = run_distances(ws, [int(r) for r in run_ids], method=method)
     return DistanceRetrieval(list(ids), D)
+
+
+def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
+                   colour_by: str) -> go.Figure:
+    """The map as a WebGL scatter (``Scattergl``: 10,000 points draw about as fast as 100): one trace
+    per colour group in ``colours``' order; each point's ``text`` is its label (shown on hover) and its
+    ``customdata`` its row in ``xy`` (int32, float32 coordinates: a compact payload)."""
+    import plotly.graph_objects as go
+
+    small = len(xy) <= SMALL_MAP
+    group_of, label_of = np.asarray(groups, dtype=object), np.asarray(labels, dtype=object)
+    fig = go.Figure()
+    for value, colour in colours.items():
+        rows = np.flatnonzero(group_of == value)
+        fig.add_trace(go.Scattergl(
+            x=xy[rows, 0].astype(np.float32), y=xy[rows, 1].astype(np.float32), mode="markers", name=value,
+            customdata=rows.astype(np.int32), text=label_of[rows],  # an array validates ~5× faster than a list
+            marker={"size": 12 if small else 6, "color": colour, "line": {"width": 1 if small else 0, "color": "white"}},
+            hovertemplate="<b>%{text}</b><br>" + colour_by + ": " + value.replace("<", "&lt;") + "<extra></extra>"))
+    return fig
