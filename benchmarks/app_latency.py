@@ -40,6 +40,7 @@ from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, AppServer
 PASSWORD = "benchmark-password"
 TARGET_EXPLORE_S = 3.0
 TARGET_NEXT_MS = 150.0
+UMAP_NEIGHBOURS, UMAP_MIN_DIST = 15, 0.1  # the page's default UMAP setting
 
 
 def add_random_run(ws: Workspace, dim: int, seed: int = 0) -> int:
@@ -186,10 +187,15 @@ def summary(seconds: list[float]) -> list[float]:
 
 def demo_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
     """Explore's first load and the next triplet on the phantom demo."""
+    from core.eval.explore import compute_umap, map_input
+
     ws = demo_workspace(root, args.photos)
+    (run_id,) = [r["id"] for r in ws.store.runs(status="done")]
     log = root / "streamlit"
     none_s, none_title = fresh_server_loads(browser, ws, log, args.runs, stored=False)
-    wait_for_umaps(ws, 1)  # the last server's background UMAP, or a new one
+    t0 = time.perf_counter()  # the first computation, as the page's background thread does it
+    compute_umap(ws, map_input(ws, [run_id]), UMAP_NEIGHBOURS, UMAP_MIN_DIST)
+    umap_s = time.perf_counter() - t0
     stored_s, stored_title = fresh_server_loads(browser, ws, log, args.runs, stored=True)
     server = AppServer(ws.root, root / "streamlit-triplets.log")
     try:
@@ -202,7 +208,8 @@ def demo_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
                     f"target ≤ {TARGET_EXPLORE_S:.0f} s",
          "columns": ["case", "median s", "min s", "max s", "map"],
          "rows": [["UMAP stored (after the first computation)", *summary(stored_s), stored_title],
-                  ["no UMAP stored yet (first visit ever)", *summary(none_s), none_title]]},
+                  ["no UMAP stored yet (first visit ever)", *summary(none_s), none_title],
+                  [f"(the UMAP itself, computed once: {umap_s:.1f} s in a fresh process)", "", "", "", ""]]},
         {"caption": f"Next triplet by keyboard over {len(latencies)} answers, target ≤ {TARGET_NEXT_MS:.0f} ms median",
          "columns": ["median ms", "90th percentile ms", "min ms", "max ms", "median / target"],
          "rows": [[round(median, 1), round(float(np.percentile(latencies, 90)), 1), round(min(latencies), 1),

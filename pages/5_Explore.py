@@ -96,13 +96,13 @@ except (ValueError, KeyError) as err:  # e.g. fused runs that cover different ph
     st.error(f"Cannot build distances for these runs: {err}")
     st.stop()
 ids = photos.ids
-colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
-    {k for im in ws.store.images() for k in (im["metadata"] or {})}
-    | {f"patient {k}" for p in ws.store.patients() for k in (p["metadata"] or {})}))
-show_thumbs = c4.toggle("Thumbnails on the map", value=False, disabled=len(m) > THUMBNAILS_MAX,
-                        help=f"Up to {THUMBNAILS_MAX} points; above, click a point to see its photo.")
 images = {im["image_id"]: im for im in ws.store.images()}
 patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
+colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
+    {k for im in images.values() for k in (im["metadata"] or {})}
+    | {f"patient {k}" for meta in patients.values() for k in meta}))
+show_thumbs = c4.toggle("Thumbnails on the map", value=False, disabled=len(m) > THUMBNAILS_MAX,
+                        help=f"Up to {THUMBNAILS_MAX} points; above, click a point to see its photo.")
 
 with st.expander("UMAP settings"):
     n_neighbors = st.slider("Neighbours", 2, 50, 15)
