@@ -219,10 +219,9 @@ def demo_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
 
 def tile_study(src: Path, out: Path, wounds: int) -> Path:
     """A study of about ``wounds`` wounds made of copies of the phantom study ``src`` (photos and masks
-    hard-linked under new ids ``<id>c<k>``; same patients; no triplets), for page costs that grow with
-    the number of points, not with what the photos show."""
+    copied under new ids ``<id>c<k>``; same patients; no triplets), for page costs that grow with the
+    number of points, not with what the photos show."""
     import csv
-    import os
     import shutil
 
     def rows(name: str) -> tuple[list[str], list[dict]]:
@@ -243,7 +242,7 @@ def tile_study(src: Path, out: Path, wounds: int) -> Path:
                 break
             new = f"{im['image_id']}c{copy}"
             for folder in ("images", "masks"):
-                os.link(src / folder / f"{im['image_id']}.png", out / folder / f"{new}.png")
+                shutil.copyfile(src / folder / f"{im['image_id']}.png", out / folder / f"{new}.png")
             out_images.append({**im, "image_id": new})
             out_wounds += [{**w, "image_id": new} for w in per_photo.get(im["image_id"], [])]
         copy += 1
