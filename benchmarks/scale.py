@@ -18,8 +18,8 @@ For each N (default 100 and 1,000; ``--full`` adds 10,000), SYNTHETIC phantom da
 - SOE: 100·N planted triplets over N objects, dim 8 (``benchmarks.soe.planted_triplets``), after
   an untimed warm-up fit;
 - scheduler: median and 95th percentile of ``TripletScheduler.next`` over 30 draws;
-- explorer: bytes of the Plotly figure JSON for 3N wound points (the Explore page's scatter,
-  without thumbnails).
+- explorer: bytes of the Plotly figure JSON for 3N wound points (the Explore page's WebGL scatter,
+  ``core.eval.explore.scatter_figure``, 24 colour groups, without thumbnails).
 
 Then the growth exponent of each (slope of log value vs log N between the two largest sizes,
 so start-up costs do not hide the growth). The machine is shared: the load average is printed.
@@ -74,10 +74,11 @@ def import_in_child(workspace: Path, dataset: Path) -> dict[str, float]:
 
 def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     """Every stage's figure for a study of ``n`` photos built under ``root``."""
-    import plotly.graph_objects as go
+    from plotly.colors import qualitative
 
     from annotations.scheduler import TripletScheduler
     from annotations.workspace import Workspace
+    from core.eval.explore import scatter_figure
     from core.phantoms import build
     from core.text.soe import SOE
     from core.vision.backbones import load_backbone
@@ -128,8 +129,8 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
 
     xy = rng.standard_normal((3 * n, 2))
     points = [f"{ids[i % n]} #{i // n + 1}" for i in range(3 * n)]
-    fig = go.Figure(go.Scatter(x=xy[:, 0], y=xy[:, 1], mode="markers", customdata=np.c_[points, points],
-                               hovertemplate="<b>%{customdata[0]}</b><extra></extra>"))
+    groups = [f"group {i % 24}" for i in range(3 * n)]  # coloured by up to 24 categories, as the page
+    fig = scatter_figure(xy, points, groups, dict(zip(sorted(set(groups)), qualitative.Dark24)), "patient")
     out["explorer KiB"] = len(fig.to_json()) / 1024
     ws.store.close()
     return out

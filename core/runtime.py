@@ -21,14 +21,16 @@ import pickle
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from annotations.fileio import atomic_write
 from annotations.store import git_sha
 from annotations.workspace import Workspace
+
+if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
+    import torch
 
 __all__ = ["DEMO_SEED", "DEVICES", "autocast", "ensure_images", "git_sha", "json_safe", "load_checkpoint",
            "load_embeddings", "open_workspace", "pick_device", "resolve_device", "save_embeddings",
@@ -45,6 +47,8 @@ _chosen_device: torch.device | None = None
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """``auto``/``None``: ``cuda`` when a GPU is available, else ``cpu``; ``cpu``/``cuda`` as asked
     (``cuda`` without a GPU is a ValueError, never a silent fall-back)."""
+    import torch
+
     if spec is None or str(spec) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(spec)
@@ -72,6 +76,8 @@ def pick_device() -> torch.device:
 
 def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
     """bf16 autocast on CUDA; a no-op context on CPU (fp32 there is both faster and exact)."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
@@ -82,6 +88,8 @@ def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
 def torch_threads(n: int) -> Iterator[None]:
     """Temporarily set torch's intra-op CPU threads (tiny ops run fastest on one thread:
     no fork/join per op, and no oversubscription when other processes share the cores)."""
+    import torch
+
     old = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -177,6 +185,8 @@ def load_checkpoint(path: str | Path) -> Any:
     """A user-given checkpoint, loaded with ``weights_only=True`` (tensors, containers and plain
     values only): a file whose pickle would build other objects — or run code — is refused with
     one ValueError naming it, before anything in it executes."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:

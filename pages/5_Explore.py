@@ -1,99 +1,63 @@
 """Explore: UMAP of a run's embeddings, retrieval of similar / dissimilar photos, wound attention maps,
-and per-wound top concepts with concept heatmaps from a `concepts` run."""
+and per-wound top concepts with concept heatmaps from a `concepts` run.
+
+The map's data, its UMAP (computed once per embedding and stored beside it) and the retrieval index
+come from :mod:`core.eval.explore`; this page only draws them."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 from PIL import Image
 
 import app_common as ac
-from annotations.fileio import write_bytes
 
 ws = ac.page("Explore", need="view")
 
 try:
-    from core.eval.distances import pairwise_euclidean
+    from core.eval.explore import (
+        cluster_labels,
+        compute_umap,
+        embeddings_stamp,
+        has_wound_embedding,
+        map_input,
+        quick_layout,
+        retrieval,
+        scatter_figure,
+        stored_umap,
+        umap_path,
+    )
     from core.eval.report import embedding_runs
-    from core.eval.retrieval import neighbours, run_distances
     from core.runtime import load_embeddings
 except ImportError as err:  # the ML part of the product is not installed
     st.info(f"The explorer needs the `core` models, which are not available here yet ({err}).", icon="🚧")
     st.stop()
 
-
-@st.cache_data(show_spinner="Computing distances…", max_entries=32)
-def distances(root: str, run_ids: tuple[int, ...], method: str, stamp: str) -> tuple[list[str], np.ndarray]:
-    return run_distances(ws, list(run_ids) if len(run_ids) > 1 else run_ids[0], method=method)
+THUMBNAILS_MAX = 200  # photos drawn on the map itself; above, a photo shows on hover text / click only
 
 
-@st.cache_data(show_spinner="Loading wound embeddings…", max_entries=32)
-def wound_data(root: str, run_id: int, stamp: str):
-    emb = load_embeddings(ws, run_id)
-    return emb["wound_keys"], emb["wound_emb"]
+@st.cache_resource(show_spinner="Loading the map…", max_entries=16)
+def map_data(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple):
+    return map_input(ws, run_ids, level, method)
 
 
-def umap_2d(D: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np.ndarray:
-    """2-d UMAP of a precomputed distance matrix (the first one in a process compiles numba: ~20 s)."""
-    import umap
-
-    n = len(D)
-    if n < 4:
-        return np.c_[np.arange(n, dtype=float), np.zeros(n)]
-    reducer = umap.UMAP(n_neighbors=max(2, min(n_neighbors, n - 1)), min_dist=min_dist, metric="precomputed",
-                        init="random", random_state=seed, n_components=2, n_jobs=1)
-    return reducer.fit_transform(np.asarray(D, dtype=np.float64))
+@st.cache_resource(show_spinner="Preparing retrieval…", max_entries=8)
+def photo_retrieval(root: str, run_ids: tuple[int, ...], method: str, stamp: tuple):
+    return retrieval(ws, run_ids, method)
 
 
-def classical_mds(D: np.ndarray) -> np.ndarray:
-    """2-d classical (Torgerson) MDS: instant, shown while the run's UMAP is being computed."""
-    n = len(D)
-    centre = np.eye(n) - 1.0 / n
-    values, vectors = np.linalg.eigh(-0.5 * centre @ (np.asarray(D, dtype=np.float64) ** 2) @ centre)
-    top = np.argsort(values)[::-1][:2]
-    return vectors[:, top] * np.sqrt(np.maximum(values[top], 0.0))
+@st.cache_resource(show_spinner=False, max_entries=16)
+def instant_layout(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple) -> np.ndarray:
+    return quick_layout(map_data(root, run_ids, level, method, stamp))
 
 
-def save_umap(path, D: np.ndarray, n_neighbors: int, min_dist: float) -> None:
-    buf = io.BytesIO()
-    np.save(buf, umap_2d(D, n_neighbors, min_dist, 0))
-    write_bytes(path, buf.getvalue())
-
-
-def umap_file(run_ids: tuple[int, ...], level: str, method: str, n_neighbors: int, min_dist: float):
-    """Where the UMAP of one map is stored: beside the (first) embedding run's artifacts."""
-    name = f"umap_{level}_{method}_{'-'.join(map(str, run_ids))}_{n_neighbors}_{min_dist:.2f}.npy"
-    return ws.run_dir(run_ids[0]) / name
-
-
-def cached_map(run_ids: tuple[int, ...], level: str, method: str, D: np.ndarray, n_neighbors: int,
-               min_dist: float) -> tuple[np.ndarray, bool]:
-    """(2-d coordinates, is UMAP): the run's UMAP from ``runs/<id>/`` when computed, else an instant
-    MDS layout while a background thread computes and stores the UMAP (once per run and setting)."""
-    path = umap_file(run_ids, level, method, n_neighbors, min_dist)
-    if path.exists():
-        xy = np.load(path)
-        if len(xy) == len(D):
-            return xy, True
-    ac.in_background(str(path), save_umap, path, D, n_neighbors, min_dist)
-    return classical_mds(D), False
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def wound_distances(root: str, run_id: int, stamp: str) -> np.ndarray:
-    return pairwise_euclidean(wound_data(root, run_id, stamp)[1])
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def clusters(D: np.ndarray, k: int) -> np.ndarray:
-    from sklearn.cluster import AgglomerativeClustering
-
-    k = max(1, min(k, len(D)))
-    return AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(D)
+@st.cache_resource(show_spinner="Clustering…", max_entries=16)
+def clusters(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple, k: int) -> np.ndarray:
+    return cluster_labels(map_data(root, run_ids, level, method, stamp), k)
 
 
 runs = embedding_runs(ws)
@@ -121,37 +85,35 @@ else:
         st.stop()
     run_ids = tuple(picked)
 run = ws.store.run(run_ids[0])
-stamp = str(run.get("finished") or run["created"])
+stamp = (str(run.get("finished") or run["created"]), embeddings_stamp(ws, run_ids))
 emb_level = "photos"
-wound_keys, wound_emb = (None, None)
-if len(run_ids) == 1:
-    wound_keys, wound_emb = wound_data(str(ws.root), run_ids[0], stamp)
-    if wound_keys:
-        emb_level = c2.radio("Points", ["photos", "wounds"], horizontal=True)
-colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
-    {k for im in ws.store.images() for k in (im["metadata"] or {})}
-    | {f"patient {k}" for p in ws.store.patients() for k in (p["metadata"] or {})}))
-show_thumbs = c4.toggle("Thumbnails on the map", value=False)
-
+if len(run_ids) == 1 and has_wound_embedding(ws, run_ids[0]):
+    emb_level = c2.radio("Points", ["photos", "wounds"], horizontal=True)
 try:
-    ids, D = distances(str(ws.root), run_ids, method, stamp)
+    m = map_data(str(ws.root), run_ids, emb_level, method, stamp)
+    photos = photo_retrieval(str(ws.root), run_ids, method, stamp)
 except (ValueError, KeyError) as err:  # e.g. fused runs that cover different photos
     st.error(f"Cannot build distances for these runs: {err}")
     st.stop()
+ids = photos.ids
 images = {im["image_id"]: im for im in ws.store.images()}
 patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
+colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
+    {k for im in images.values() for k in (im["metadata"] or {})}
+    | {f"patient {k}" for meta in patients.values() for k in meta}))
+show_thumbs = c4.toggle("Thumbnails on the map", value=False, disabled=len(m) > THUMBNAILS_MAX,
+                        help=f"Up to {THUMBNAILS_MAX} points; above, click a point to see its photo.")
 
-if emb_level == "wounds":
-    point_ids = [f"{i} #{w}" for i, w in wound_keys]
-    point_images = [i for i, _ in wound_keys]
-    PD = wound_distances(str(ws.root), run_ids[0], stamp)
-else:
-    point_ids, point_images, PD = list(ids), list(ids), D
 with st.expander("UMAP settings"):
     n_neighbors = st.slider("Neighbours", 2, 50, 15)
     min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
     k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
-xy, is_umap = cached_map(run_ids, emb_level, method, PD, n_neighbors, min_dist)
+xy = stored_umap(ws, m, n_neighbors, min_dist)
+is_umap = xy is not None
+if not is_umap:  # computed once per embedding and setting, in the background; an instant MDS meanwhile
+    umap_file = umap_path(ws, m, n_neighbors, min_dist)
+    ac.in_background(str(umap_file), compute_umap, ws, m, n_neighbors, min_dist)
+    xy = instant_layout(str(ws.root), run_ids, emb_level, method, stamp)
 
 
 def colour_value(image_id: str, n: int) -> str:
@@ -159,39 +121,30 @@ def colour_value(image_id: str, n: int) -> str:
     if colour_by == "patient":
         return str(im.get("patient_id") or "unknown")
     if colour_by == "cluster":
-        return f"cluster {cluster_labels[n] + 1}"
+        return f"cluster {cluster_of[n] + 1}"
     if colour_by.startswith("patient "):
         return str(patients.get(im.get("patient_id"), {}).get(colour_by[8:], "unknown"))
     return str((im.get("metadata") or {}).get(colour_by, "unknown"))
 
 
 @st.fragment(run_every=2.0)
-def poll_umap(run_ids: tuple[int, ...], level: str, method: str, n_neighbors: int, min_dist: float) -> None:
+def poll_umap(path: str) -> None:
     """Rerun the page once the background UMAP of this map is stored."""
-    if umap_file(run_ids, level, method, n_neighbors, min_dist).exists():
+    if Path(path).exists():
         st.rerun(scope="app")
     st.caption("The UMAP of this run is being computed once (later visits load it instantly); the map "
                "switches to it by itself.")
 
 
-cluster_labels = clusters(PD, k_clusters) if colour_by == "cluster" else None
-grouped, colours = ac.category_colours([colour_value(i, n) for n, i in enumerate(point_images)])
-frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "point": point_ids, "image": point_images, "colour": grouped})
-
-fig = go.Figure()
-for value in colours:
-    part = frame[frame["colour"] == value]
-    fig.add_trace(go.Scatter(
-        x=part["x"], y=part["y"], mode="markers", name=value, customdata=part[["point", "image"]].to_numpy(),
-        marker={"size": 12, "color": colours[value], "line": {"width": 1, "color": "white"}},
-        hovertemplate="<b>%{customdata[0]}</b><br>" + colour_by + ": " + value.replace("<", "&lt;")
-                      + "<extra></extra>"))
+cluster_of = clusters(str(ws.root), run_ids, emb_level, method, stamp, k_clusters) if colour_by == "cluster" else None
+grouped, colours = ac.category_colours([colour_value(i, n) for n, i in enumerate(m.images)])
+fig = scatter_figure(xy, m.points, grouped, colours, colour_by)
 if show_thumbs:
     span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
-    for x, y, image_id in zip(frame["x"], frame["y"], frame["image"]):
-        fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 96)), "x": x, "y": y, "xref": "x", "yref": "y",
-                                  "sizex": span * 0.07, "sizey": span * 0.07, "xanchor": "center", "yanchor": "middle",
-                                  "layer": "above"})
+    for (x, y), image_id in zip(xy, m.images):
+        fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 96)), "x": x, "y": y, "xref": "x",
+                              "yref": "y", "sizex": span * 0.07, "sizey": span * 0.07, "xanchor": "center",
+                              "yanchor": "middle", "layer": "above"})
 title = " + ".join(f"run {r}" for r in run_ids)
 projection = "UMAP" if is_umap else "Classical MDS (UMAP being computed)"
 fig.update_layout(height=560, margin={"t": 40, "b": 10, "l": 10, "r": 10}, title=f"{projection} of {title} ({emb_level})",
@@ -205,13 +158,13 @@ with map_col:
     event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
     st.caption("Hover a point for its photo id; click a point to show it and its neighbours.")
     if not is_umap:
-        poll_umap(run_ids, emb_level, method, n_neighbors, min_dist)
+        poll_umap(str(umap_file))
 clicked = None
 try:
     points = event.selection.points if event else []
     if points:
-        clicked = points[0]["customdata"][1]
-except (AttributeError, KeyError, IndexError, TypeError):
+        clicked = m.images[int(points[0]["customdata"])]
+except (AttributeError, KeyError, IndexError, TypeError, ValueError):
     clicked = None
 if clicked and clicked in ids and clicked != st.session_state.get("_explore_click"):
     st.session_state["explore_photo"] = clicked  # a new click moves the photo picker
@@ -226,7 +179,7 @@ with side_col:
             st.caption(f"Wound {w['wound_index']}: {ac.escape_md(w['description'])}")
 
 k = st.slider("Photos per row", 3, 10, 5)
-result = neighbours(ids, D, query, k=min(k, len(ids) - 1))
+result = photos.neighbours(query, k=min(k, len(ids) - 1))
 st.subheader("Retrieval")
 st.caption("Distances are min-max normalised to [0, 1]" + (" after fusion" if len(run_ids) > 1 else "")
            + "; TriDerm's figure shows similar photos below 0.35 and dissimilar ones above 0.8.")

@@ -1,13 +1,16 @@
 """Nearest and farthest images under a run's (or a fused pair of runs') image distances.
 
-The explorer page calls :func:`neighbours_in_runs`; TriDerm's retrieval figure (paper
-§3.4) shows similar images at normalised distance < 0.35 and dissimilar ones > 0.8.
+:func:`neighbours` reads an n×n distance matrix; :class:`EmbeddingIndex` gives the same answer for
+an embedding without building that matrix (a scikit-learn ``NearestNeighbors`` index), which the
+explorer uses above a few thousand photos. TriDerm's retrieval figure (paper §3.4) shows similar
+images at normalised distance < 0.35 and dissimilar ones > 0.8.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
@@ -39,6 +42,58 @@ def neighbours(ids: Sequence[str], D: np.ndarray, image_id: str, k: int = 5) -> 
         "similar": [(ids[n], float(D[q, n])) for n in near],
         "dissimilar": [(ids[n], float(D[q, n])) for n in far],
     }
+
+
+def max_distance(X: np.ndarray, block_bytes: int = 64 << 20) -> float:
+    """The largest Euclidean distance between two rows of ``X``, computed in row blocks of about
+    ``block_bytes`` (memory O(n) per block, never the n×n matrix); the same float64 values as
+    :func:`core.eval.distances.pairwise_euclidean`."""
+    X = np.asarray(X, dtype=np.float64)
+    step = max(1, block_bytes // (8 * max(1, len(X))))
+    return max((float(cdist(X[i:i + step], X).max()) for i in range(0, len(X), step)), default=0.0)
+
+
+class EmbeddingIndex:
+    """:func:`neighbours` under the min-max normalised Euclidean distances of an embedding, without
+    the n×n matrix: the nearest from a scikit-learn ``NearestNeighbors`` index, the farthest from the
+    query's one row of distances (farthest points are not an index query), both divided by the
+    largest pairwise distance (:func:`max_distance`; the smallest is 0, an image to itself).
+
+    Equal to :func:`neighbours` on ``minmax_normalise(pairwise_euclidean(X))`` except where several
+    images tie at the k-th distance (the index may keep another of them).
+    """
+
+    def __init__(self, ids: Sequence[str], X: np.ndarray) -> None:
+        from sklearn.neighbors import NearestNeighbors
+
+        self.ids = list(ids)
+        self.X = np.asarray(X, dtype=np.float64)
+        if self.X.ndim != 2 or len(self.X) != len(self.ids):
+            raise ValueError(f"{len(self.ids)} ids for an embedding of shape {self.X.shape}")
+        self._row = {image_id: n for n, image_id in enumerate(self.ids)}
+        self.index = NearestNeighbors().fit(self.X)
+        self.scale = max_distance(self.X)
+
+    def neighbours(self, image_id: str, k: int = 5) -> dict[str, list[tuple[str, float]]]:
+        """The ``k`` most similar (nearest first) and ``k`` most dissimilar (farthest first) images."""
+        if k < 1:
+            raise ValueError(f"k must be ≥ 1, got {k}")
+        q = self._row.get(image_id)
+        if q is None:
+            raise KeyError(f"image {image_id!r} is not in this embedding ({len(self.ids)} images)")
+        n = len(self.ids)
+        found = self.index.kneighbors(self.X[q:q + 1], n_neighbors=min(n, k + 1), return_distance=False)[0]
+        near = np.array([i for i in found if i != q][:k], dtype=np.int64)
+        d_near = cdist(self.X[q:q + 1], self.X[near])[0]  # exact, as the full matrix has them
+        order = np.lexsort((near, d_near))
+        row = cdist(self.X[q:q + 1], self.X)[0]
+        others = np.delete(np.arange(n), q)
+        far = others[np.argsort(-row[others], kind="stable")][:k]
+        scale = self.scale if self.scale > 0 else np.inf  # all points equal: every distance 0, as minmax_normalise
+        return {
+            "similar": [(self.ids[near[i]], float(d_near[i] / scale)) for i in order],
+            "dissimilar": [(self.ids[i], float(row[i] / scale)) for i in far],
+        }
 
 
 def run_distances(

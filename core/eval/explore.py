@@ -1,0 +1,238 @@
+"""The Explore page's data, sized for 10,000 points: each map's input, its 2-d layout and retrieval.
+
+- **Map input** (:func:`map_input`): one run's photo or wound embedding (Euclidean vectors), or
+  an n×n distance matrix (a run that stored one, or two runs fused), with a content hash.
+- **UMAP once per embedding**: :func:`compute_umap` computes a map's UMAP and stores it beside the
+  first run's embeddings (``runs/<id>/umap-<level>-<method>-<runs>-<neighbours>-<min dist>-<hash>.npy``,
+  atomic write; that map's files of older embeddings are removed). :func:`stored_umap` reads it
+  back and never imports umap or numba; a changed embedding has another hash, so its old UMAP is
+  never shown. :func:`quick_layout` is the instant classical-MDS layout shown until it is stored.
+- **Retrieval** (:func:`retrieval`): above :data:`LARGE` photos of a run with an embedding, an
+  :class:`~core.eval.retrieval.EmbeddingIndex` (no n×n matrix); else the distance matrix.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from annotations.fileio import atomic_write
+from annotations.workspace import Workspace
+from core.eval.distances import image_distances
+from core.eval.fusion import minmax_normalise
+from core.eval.retrieval import EmbeddingIndex, neighbours, run_distances
+from core.runtime import load_embeddings
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = ["LARGE", "DistanceRetrieval", "MapInput", "cluster_labels", "compute_umap", "embeddings_stamp",
+           "has_wound_embedding", "map_input", "quick_layout", "retrieval", "scatter_figure", "stored_umap",
+           "umap_path"]
+
+LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
+SMALL_MAP = 200  # points up to which markers are large and outlined
+
+
+@dataclass(frozen=True)
+class MapInput:
+    """What one map is drawn from: ``vectors`` (n×d, Euclidean) or ``distances`` (n×n)."""
+
+    run_ids: tuple[int, ...]
+    level: str  # "photos" or "wounds"
+    method: str  # fusion method ("uncertainty" for one run)
+    points: list[str]  # label of each point ("P0001", or "P0001 #2" for a wound)
+    images: list[str]  # photo of each point
+    vectors: np.ndarray | None
+    distances: np.ndarray | None
+    digest: str  # sha256 of the points and their vectors / distances
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+
+def _embeddings_file(ws: Workspace, run_id: int) -> Path:
+    run = ws.store.run(run_id)
+    if run is None or not (run.get("artifacts") or {}).get("embeddings"):
+        raise KeyError(f"run {run_id} has no embeddings in {ws.root}")
+    return ws.root / run["artifacts"]["embeddings"]
+
+
+def embeddings_stamp(ws: Workspace, run_ids: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """(modification time ns, size) of each run's ``embeddings.npz``: a cache key that changes when
+    a run's embedding is rewritten."""
+    return tuple((st.st_mtime_ns, st.st_size) for st in (_embeddings_file(ws, r).stat() for r in run_ids))
+
+
+def has_wound_embedding(ws: Workspace, run_id: int) -> bool:
+    """Whether the run stored wound embeddings (reads the archive's directory only)."""
+    with np.load(_embeddings_file(ws, run_id), allow_pickle=False) as data:
+        return "wound_emb" in data.files
+
+
+def _digest(points: Sequence[str], array: np.ndarray) -> str:
+    h = hashlib.sha256("\n".join(points).encode())
+    h.update(str(array.shape).encode())
+    h.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def map_input(ws: Workspace, run_ids: Sequence[int], level: str = "photos", method: str = "uncertainty") -> MapInput:
+    """The input of the map of one run (``level`` photos or wounds) or of two runs fused with ``method``."""
+    run_ids = tuple(int(r) for r in run_ids)
+    if level not in ("photos", "wounds"):
+        raise ValueError(f"level must be photos or wounds, got {level!r}")
+    vectors = distances = None
+    if len(run_ids) > 1:
+        if level != "wounds":
+            points, distances = run_distances(ws, run_ids, method=method)
+            images = list(points)
+        else:
+            raise ValueError("fused runs are mapped by photo only")
+    else:
+        method = "uncertainty"
+        emb = load_embeddings(ws, run_ids[0])
+        if level == "wounds":
+            if emb["wound_keys"] is None:
+                raise KeyError(f"run {run_ids[0]} stored no wound embeddings")
+            points = [f"{i} #{w}" for i, w in emb["wound_keys"]]
+            images = [i for i, _ in emb["wound_keys"]]
+            vectors = np.asarray(emb["wound_emb"], dtype=np.float64)
+        elif emb["distance"] is None:
+            points, images = list(emb["image_ids"]), list(emb["image_ids"])
+            vectors = np.asarray(emb["image_emb"], dtype=np.float64)
+        else:
+            points, distances = image_distances(emb)
+            points, images, distances = list(points), list(points), minmax_normalise(distances)
+    digest = _digest(points, vectors if vectors is not None else distances)
+    return MapInput(run_ids, level, method, points, images, vectors, distances, digest)
+
+
+def umap_path(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float) -> Path:
+    """Where the UMAP of map ``m`` with these settings is stored: beside the first run's embeddings."""
+    return ws.run_dir(m.run_ids[0]) / f"{_umap_prefix(m, n_neighbors, min_dist)}{m.digest[:16]}.npy"
+
+
+def _umap_prefix(m: MapInput, n_neighbors: int, min_dist: float) -> str:
+    return f"umap-{m.level}-{m.method}-{'-'.join(map(str, m.run_ids))}-{int(n_neighbors)}-{min_dist:.2f}-"
+
+
+def stored_umap(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float) -> np.ndarray | None:
+    """The stored n×2 UMAP of map ``m`` (this embedding, these settings), or None when not computed."""
+    path = umap_path(ws, m, n_neighbors, min_dist)
+    if not path.exists():
+        return None
+    xy = np.load(path, allow_pickle=False)
+    return xy if xy.shape == (len(m), 2) else None
+
+
+def compute_umap(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float, seed: int = 0) -> np.ndarray:
+    """Compute the 2-d UMAP of map ``m`` (vectors: Euclidean; else the precomputed distances), store
+    it at :func:`umap_path` and remove this map's UMAPs of other embeddings. The first UMAP of a
+    process compiles numba (tens of seconds)."""
+    n = len(m)
+    if n < 4:
+        xy = np.c_[np.arange(n, dtype=float), np.zeros(n)]
+    else:
+        import umap
+
+        data = m.vectors if m.vectors is not None else np.asarray(m.distances, dtype=np.float64)
+        reducer = umap.UMAP(n_neighbors=max(2, min(int(n_neighbors), n - 1)), min_dist=min_dist,
+                            metric="euclidean" if m.vectors is not None else "precomputed",
+                            init="random", random_state=seed, n_components=2, n_jobs=1)
+        xy = reducer.fit_transform(data)
+    xy = np.asarray(xy, dtype=np.float32)
+    path = umap_path(ws, m, n_neighbors, min_dist)
+    with atomic_write(path, "wb", suffix=".npy") as fh:
+        np.save(fh, xy)
+    for old in path.parent.glob(f"{_umap_prefix(m, n_neighbors, min_dist)}*.npy"):
+        if old != path:
+            old.unlink(missing_ok=True)
+    return xy
+
+
+def quick_layout(m: MapInput) -> np.ndarray:
+    """Instant 2-d classical (Torgerson) MDS of map ``m``: for vectors the same as their top-2 PCA
+    (a d×d eigenproblem); for a distance matrix the top-2 eigenvectors of its double-centred square."""
+    n = len(m)
+    if n < 3:
+        return np.c_[np.arange(n, dtype=float), np.zeros(n)]
+    if m.vectors is not None:
+        X = m.vectors - m.vectors.mean(axis=0)
+        values, vectors = np.linalg.eigh(X.T @ X)
+        top = np.argsort(values)[::-1][:2]
+        xy = X @ vectors[:, top]
+    else:
+        D2 = np.asarray(m.distances, dtype=np.float64) ** 2
+        B = -0.5 * (D2 - D2.mean(axis=0) - D2.mean(axis=1)[:, None] + D2.mean())
+        if n > LARGE:
+            from scipy.sparse.linalg import eigsh
+
+            values, vectors = eigsh(B, k=2, which="LA")
+        else:
+            values, vectors = np.linalg.eigh(B)
+        top = np.argsort(values)[::-1][:2]
+        xy = vectors[:, top] * np.sqrt(np.maximum(values[top], 0.0))
+    return np.c_[xy, np.zeros((n, 2 - xy.shape[1]))] if xy.shape[1] < 2 else xy
+
+
+def cluster_labels(m: MapInput, k: int) -> np.ndarray:
+    """``k`` clusters of the points: average-linkage agglomerative clustering (on the distances, or
+    Euclidean on the vectors), k-means on the vectors above :data:`LARGE` points."""
+    from sklearn.cluster import AgglomerativeClustering, KMeans
+
+    k = max(1, min(int(k), len(m)))
+    if m.vectors is not None and len(m) > LARGE:
+        return KMeans(n_clusters=k, n_init=3, random_state=0).fit_predict(m.vectors)
+    if m.vectors is not None:
+        return AgglomerativeClustering(n_clusters=k, linkage="average").fit_predict(m.vectors)
+    return AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(m.distances)
+
+
+@dataclass(frozen=True)
+class DistanceRetrieval:
+    """:func:`~core.eval.retrieval.neighbours` over an n×n distance matrix, with the same interface
+    as :class:`~core.eval.retrieval.EmbeddingIndex`."""
+
+    ids: list[str]
+    D: np.ndarray
+
+    def neighbours(self, image_id: str, k: int = 5) -> dict[str, list[tuple[str, float]]]:
+        return neighbours(self.ids, self.D, image_id, k=k)
+
+
+def retrieval(ws: Workspace, run_ids: Sequence[int], method: str = "uncertainty",
+              large: int = LARGE) -> EmbeddingIndex | DistanceRetrieval:
+    """Photo retrieval under min-max normalised distances of one run or two fused runs: an
+    :class:`~core.eval.retrieval.EmbeddingIndex` for one run with an image embedding of more than
+    ``large`` photos, else the distance matrix."""
+    if len(run_ids) == 1:
+        emb = load_embeddings(ws, int(run_ids[0]))
+        if emb["distance"] is None and len(emb["image_ids"]) > large:
+            return EmbeddingIndex(emb["image_ids"], emb["image_emb"])
+    ids, D = run_distances(ws, [int(r) for r in run_ids], method=method)
+    return DistanceRetrieval(list(ids), D)
+
+
+def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
+                   colour_by: str) -> go.Figure:
+    """The map as a WebGL scatter (``Scattergl``: 10,000 points draw about as fast as 100): one trace
+    per colour group in ``colours``' order; each point's ``text`` is its label (shown on hover) and its
+    ``customdata`` its row in ``xy`` (int32, float32 coordinates: a compact payload)."""
+    import plotly.graph_objects as go
+
+    small = len(xy) <= SMALL_MAP
+    group_of, label_of = np.asarray(groups, dtype=object), np.asarray(labels, dtype=object)
+    fig = go.Figure()
+    for value, colour in colours.items():
+        rows = np.flatnonzero(group_of == value)
+        fig.add_trace(go.Scattergl(
+            x=xy[rows, 0].astype(np.float32), y=xy[rows, 1].astype(np.float32), mode="markers", name=value,
+            customdata=rows.astype(np.int32), text=label_of[rows],  # an array validates ~5× faster than a list
+            marker={"size": 12 if small else 6, "color": colour, "line": {"width": 1 if small else 0, "color": "white"}},
+            hovertemplate="<b>%{text}</b><br>" + colour_by + ": " + value.replace("<", "&lt;") + "<extra></extra>"))
+    return fig

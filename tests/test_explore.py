@@ -1,0 +1,178 @@
+"""The Explore page's data (core.eval.explore): UMAP stored once per embedding, retrieval without an
+n×n matrix, and the page drawing a stored UMAP."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from annotations.workspace import Workspace
+from core.eval.distances import pairwise_euclidean
+from core.eval.explore import (
+    DistanceRetrieval,
+    MapInput,
+    cluster_labels,
+    compute_umap,
+    map_input,
+    quick_layout,
+    retrieval,
+    stored_umap,
+    umap_path,
+)
+from core.eval.fusion import minmax_normalise
+from core.eval.retrieval import EmbeddingIndex, max_distance, neighbours
+from core.runtime import save_embeddings
+
+
+class RecordingUMAP:
+    """Stand-in for ``umap.UMAP`` (no numba compile): records each fit, returns the first two columns."""
+
+    fits: ClassVar[list[dict]] = []
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+
+    def fit_transform(self, data: np.ndarray) -> np.ndarray:
+        RecordingUMAP.fits.append(self.kwargs)
+        return np.asarray(data, dtype=np.float64)[:, :2] + 1.0
+
+
+class FailingUMAP:
+    def __init__(self, **kwargs) -> None:
+        raise AssertionError("umap was called although the map's UMAP is stored")
+
+
+@pytest.fixture
+def fake_umap(monkeypatch):
+    RecordingUMAP.fits = []
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=RecordingUMAP))
+    return RecordingUMAP
+
+
+def _run(ws: Workspace, emb: np.ndarray, wounds: bool = False) -> int:
+    ids = [f"P{i:03d}" for i in range(len(emb))]
+    run_id = ws.store.start_run("vision-test", {"modality": "vision"})
+    extra = {"wound_keys": [(i, 1) for i in ids], "wound_emb": emb * 2} if wounds else {}
+    save_embeddings(ws, run_id, ids, image_emb=emb, **extra)
+    ws.store.finish_run(run_id)
+    return run_id
+
+
+def test_umap_stored_once_and_reused_without_umap(tmp_path, fake_umap, monkeypatch):
+    ws = Workspace(tmp_path / "ws")
+    run_id = _run(ws, np.random.default_rng(0).normal(size=(30, 5)), wounds=True)
+    m = map_input(ws, [run_id], "wounds")
+    assert m.points[0] == "P000 #1" and m.images[0] == "P000" and m.vectors.shape == (30, 5)
+    assert stored_umap(ws, m, 15, 0.1) is None
+    xy = compute_umap(ws, m, 15, 0.1)
+    assert len(fake_umap.fits) == 1 and fake_umap.fits[0]["metric"] == "euclidean"
+    assert umap_path(ws, m, 15, 0.1).parent == ws.run_dir(run_id)
+
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=FailingUMAP))
+    again = map_input(ws, [run_id], "wounds")  # a later load: same embedding, same hash
+    assert again.digest == m.digest
+    np.testing.assert_array_equal(stored_umap(ws, again, 15, 0.1), xy)
+    assert stored_umap(ws, again, 10, 0.1) is None  # another setting is another map
+    assert stored_umap(ws, map_input(ws, [run_id], "photos"), 15, 0.1) is None  # and another level
+
+
+def test_umap_invalidated_when_the_embedding_changes(tmp_path, fake_umap):
+    ws = Workspace(tmp_path / "ws")
+    rng = np.random.default_rng(1)
+    run_id = _run(ws, rng.normal(size=(20, 4)))
+    old = map_input(ws, [run_id])
+    compute_umap(ws, old, 15, 0.1)
+    save_embeddings(ws, run_id, old.points, image_emb=rng.normal(size=(20, 4)))  # the run's embedding rewritten
+    new = map_input(ws, [run_id])
+    assert new.digest != old.digest
+    assert stored_umap(ws, new, 15, 0.1) is None  # the old UMAP is never shown for the new embedding
+    compute_umap(ws, new, 15, 0.1)
+    assert stored_umap(ws, new, 15, 0.1) is not None
+    assert not umap_path(ws, old, 15, 0.1).exists()  # the stale file is removed
+    assert len(list(ws.run_dir(run_id).glob("umap-*.npy"))) == 1
+
+
+def test_stored_umap_of_another_size_is_ignored(tmp_path, fake_umap):
+    ws = Workspace(tmp_path / "ws")
+    m = map_input(ws, [_run(ws, np.random.default_rng(2).normal(size=(12, 3)))])
+    np.save(umap_path(ws, m, 15, 0.1), np.zeros((11, 2)))
+    assert stored_umap(ws, m, 15, 0.1) is None
+
+
+def test_index_retrieval_equals_full_matrix():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(80, 6))
+    ids = [f"img{i}" for i in range(80)]
+    D = minmax_normalise(pairwise_euclidean(X))
+    index = EmbeddingIndex(ids, X)
+    assert index.scale == pytest.approx(pairwise_euclidean(X).max(), rel=0, abs=0)
+    for query in ("img0", "img17", "img79"):
+        for k in (1, 5, 79):
+            got, want = index.neighbours(query, k), neighbours(ids, D, query, k)
+            for key in ("similar", "dissimilar"):
+                assert [i for i, _ in got[key]] == [i for i, _ in want[key]]
+                np.testing.assert_allclose([d for _, d in got[key]], [d for _, d in want[key]], rtol=1e-12)
+    with pytest.raises(KeyError, match="nope"):
+        index.neighbours("nope")
+    with pytest.raises(ValueError, match="k must be"):
+        index.neighbours("img0", 0)
+
+
+def test_max_distance_in_blocks_is_exact():
+    X = np.random.default_rng(4).normal(size=(50, 3))
+    assert max_distance(X, block_bytes=8 * 50 * 3) == pairwise_euclidean(X).max()  # 3 rows per block
+    assert max_distance(np.zeros((0, 3))) == 0.0
+
+
+def test_retrieval_uses_the_index_above_the_threshold(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    X = np.random.default_rng(5).normal(size=(40, 4))
+    run_id = _run(ws, X)
+    small, large = retrieval(ws, [run_id]), retrieval(ws, [run_id], large=30)
+    assert isinstance(small, DistanceRetrieval) and isinstance(large, EmbeddingIndex)
+    assert small.ids == large.ids
+    for query in small.ids[:5]:
+        assert [i for i, _ in small.neighbours(query, 4)["similar"]] == [i for i, _ in large.neighbours(query, 4)["similar"]]
+
+
+def test_quick_layout_vectors_and_distances_agree():
+    X = np.random.default_rng(6).normal(size=(25, 5))
+    ids = [str(i) for i in range(25)]
+    on_vectors = MapInput((1,), "photos", "uncertainty", ids, ids, X, None, "")
+    on_distances = MapInput((1,), "photos", "uncertainty", ids, ids, None, pairwise_euclidean(X), "")
+    a, b = quick_layout(on_vectors), quick_layout(on_distances)
+    np.testing.assert_allclose(np.abs(a), np.abs(b), atol=1e-8)  # classical MDS = PCA, up to each axis's sign
+    assert sorted(set(cluster_labels(on_vectors, 3))) == [0, 1, 2]
+    np.testing.assert_array_equal(cluster_labels(on_vectors, 3), cluster_labels(on_distances, 3))
+
+
+def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_path, fake_umap):
+    import app_common
+    from tests.test_app_pages import add_test_embedding, app
+
+    monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
+    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))
+    started: list[str] = []
+    monkeypatch.setattr(app_common, "in_background", lambda key, fn, *args: started.append(key))
+    run_id = add_test_embedding(demo_workspace)
+
+    def title(at) -> str:
+        (chart,) = at.get("plotly_chart")
+        spec = json.loads(chart.proto.spec)
+        assert {t["type"] for t in spec["data"]} == {"scattergl"}
+        return spec["layout"]["title"]["text"]
+
+    at = app("explore", timeout=120)  # nothing stored: the instant MDS map, the UMAP started once
+    assert title(at).startswith(f"Classical MDS (UMAP being computed) of run {run_id}")
+    assert len(started) == 1 and started[0].endswith(".npy")
+
+    compute_umap(demo_workspace, map_input(demo_workspace, [run_id]), 15, 0.1)  # the page's default setting
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=FailingUMAP))
+    at = app("explore", timeout=120)
+    assert title(at) == f"UMAP of run {run_id} (photos)"
+    assert len(started) == 1  # nothing computed again
+    assert "Most similar" in "\n".join(str(md.value) for md in at.markdown)
