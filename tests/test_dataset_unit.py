@@ -100,11 +100,11 @@ def test_a_plain_dataset_becomes_a_plan(tmp_path):
     assert plan.root == root.resolve() and list(plan.images) == ["a", "b", "c"]
     a = plan.images["a"]
     assert (a.width, a.height, a.patient_id, a.path.name) == (W, H, None, "a.png")
-    assert a.labels is not None and plan.images["c"].labels is None
+    assert a.spooled is None and a.photo is not None and a.photo.data == b""  # no spool asked: bytes not kept
     assert sorted(plan.wounds) == [("a", 1), ("a", 2)]
     w = plan.wounds[("a", 2)]
     assert (w["area"], w["bbox"], w["description"], w["metadata"]) == (48, [10, 9, 18, 15], "", {})
-    assert plan.patients == {} and plan.triplets == [] and plan.dropped == [] and plan.synthetic is False
+    assert plan.patients == {} and len(plan.triplets) == 0 and plan.dropped == [] and plan.synthetic is False
     assert plan.where[("images", '"a"', "file")] == "images/a.png"
     assert plan.where[("wounds", key_json(wound_key("a", 2)), "outline")] == "masks/a.png"
 
@@ -206,11 +206,10 @@ def test_triplets_sources_repeats_and_known_images(tmp_path):
     with pytest.raises(DatasetError, match="old"):
         validate_dataset(root)
     plan = validate_dataset(root, known_images={"old"})
-    assert [(t["source"], t["rep"], t["choice"], t["latency_ms"], t["created"]) for t in plan.triplets] == [
+    assert [(t["source"], t["rep"], t["choice"], t["latency_ms"], t["created"]) for t in plan.triplets.rows()] == [
         ("expert:x", 0, "j", None, None), ("expert:x", 1, "k", 12.5, "T1"), ("llm:m", 0, "j", None, None),
         ("expert:y", 4, "skip", None, None)]
-    key = {"source": "expert:x", "anchor": "a", "ref_j": "b", "ref_k": "c", "rep": 1}
-    assert plan.where[("triplets", key_json(key), "row")] == "triplets.csv: line 3"
+    assert [t["line"] for t in plan.triplets.rows()] == [2, 3, 4, 5]  # errors and changes cite these lines
 
 
 def test_dataset_json_synthetic_flag(tmp_path):
