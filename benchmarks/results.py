@@ -49,10 +49,7 @@ SECTIONS: dict[str, str] = {
                  " && python -m core.llm_triplets --workspace $d/ws --oracle phantom --budget 100% --seed 0"
                  " && python -m core.ablate --workspace $d/ws --tables text --results results"),
     "orderings": "python -m benchmarks.orderings",
-    "report": "python -m core.evaluate",
-    "slimp": "python -m core.train_slimp",
     "concepts": "python -m benchmarks.concepts",
-    "contrastive": "python -m core.bench_contrastive",
     "flip": "python -m benchmarks.flip",
     "segmentation": "python -m benchmarks.segmentation",
     "segmentation_e30": "python -m benchmarks.segmentation --epochs 30 --no-curve --section segmentation_e30",

@@ -143,14 +143,19 @@ def test_every_benchmark_has_a_smoke_run():
         assert not test or f"def {test}(" in source, where
 
 
-def test_train_triderm_tiny(tiny_phantom, imported, capsys):
-    """The cache-vs-no-cache timing benchmark on a tiny phantom workspace (1 epoch, 2 views)."""
+def test_train_triderm_tiny(tiny_phantom, imported, capsys, tmp_path):
+    """The cache-vs-no-cache timing benchmark on a tiny phantom workspace (1 epoch, 2 views; demo not timed)."""
     from benchmarks.train_triderm import main
 
     ws = imported(tiny_phantom(5, 5, 2, 8, 30))
-    assert main(["--workspace", str(ws.root), "--epochs", "1", "--views", "2"]) == 0
+    out_dir = tmp_path / "results"
+    assert main(["--workspace", str(ws.root), "--epochs", "1", "--views", "2", "--no-demo",
+                 "--results", str(out_dir)]) == 0
     out = capsys.readouterr().out
     assert "5 photos, 8 wounds" in out and "[SYNTHETIC phantom data]" in out
-    assert re.search(r"speed-up cached vs naive : +\d+\.\d×", out)
+    assert re.search(r"training is \d+\.\d× faster than --no-cache", out)
+    record = json.loads((out_dir / "train_triderm.json").read_text(encoding="utf-8"))
+    assert set(REQUIRED) <= set(record) and record["synthetic"] is True and len(record["tables"][0]["rows"]) == 3
+    assert not any(row[0].startswith("demo") for row in record["tables"][0]["rows"]) and "## Demo wall time" in render(out_dir)
     runs = ws.store.runs(kind="vision-triderm")
     assert sorted(r["config"]["no_cache"] for r in runs) == [False, True] and all(r["status"] == "done" for r in runs)
