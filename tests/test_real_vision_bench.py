@@ -29,7 +29,7 @@ def test_quick_run_writes_every_row_and_a_complete_result(tiny_dataset, tmp_path
         assert 0 < row[1]["mean"] < 100 and row[1]["ci"][0] <= row[1]["mean"] <= row[1]["ci"][1]
     for claim in res["claims"]:
         assert claim["holds"] == (claim["test"].startswith("mean difference +") and claim["p"] < 0.05)
-    assert f"{configurations_tried()} recipe configurations" in res["notes"][0]
+    assert "{} self-supervised recipe configurations and {} supervised-mode".format(*configurations_tried()) in res["notes"][0]
     assert "--quick" in res["command"] and "patient-disjoint" in capsys.readouterr().out
 
 
@@ -45,4 +45,4 @@ def test_without_triplets_only_costs_are_measured(tiny_dataset, tmp_path):
 
 
 def test_search_log_counts_its_configurations():
-    assert configurations_tried() == 12
+    assert configurations_tried() == (12, 5)
