@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 from scipy import ndimage
-from wound_photos import settled, to_screen, tool, watch_runs, wound_photo
+from wound_photos import choose_photo, settled, to_screen, tool, watch_runs, wound_photo
 
 from annotations import accounts, session
 from annotations.dataset import import_dataset
@@ -34,12 +34,7 @@ def sign_in_and_open(pg, url: str, image_id: str) -> None:
     with settled(pg, "opening Wound masks"):
         pg.get_by_role("link", name="Wound masks").click()
         expect(pg.locator(".oe svg image")).to_be_attached()
-    heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
-    if not heading.is_visible():  # choosing the photo shown already reruns nothing
-        with settled(pg, f"choosing photo {image_id}"):
-            pg.get_by_role("combobox", name="Photo").click()
-            pg.get_by_role("option", name=image_id, exact=True).click()
-            expect(heading).to_be_visible()
+    choose_photo(pg, image_id)
 
 
 def candidate_mask(pg, key: str, shape: tuple[int, int]) -> np.ndarray:

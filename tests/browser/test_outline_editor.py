@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import settled, to_screen, tool, watch_runs, wound_photo
+from wound_photos import choose_photo, settled, to_screen, tool, watch_runs, wound_photo
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -58,15 +58,6 @@ def open_editor(pg, url: str) -> None:
         pg.get_by_role("link", name="Wound masks").click()
         expect(pg.get_by_role("heading", name="Wound masks")).to_be_visible()
         expect(pg.locator(".oe svg image")).to_be_attached()
-
-
-def choose_photo(pg, image_id: str) -> None:
-    heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
-    if not heading.is_visible():  # choosing the photo shown already reruns nothing
-        with settled(pg, f"choosing photo {image_id}"):
-            pg.get_by_role("combobox", name="Photo").click()
-            pg.get_by_role("option", name=image_id, exact=True).click()
-            expect(heading).to_be_visible()
 
 
 def draw(pg, points: list[tuple[float, float]]) -> None:

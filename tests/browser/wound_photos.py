@@ -10,6 +10,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from PIL import Image, ImageDraw
 from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import expect
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 
@@ -75,3 +76,13 @@ def settled(pg, what: str, timeout_ms: int = 120_000) -> Iterator[None]:
             raise AssertionError(f"the app did not finish a script run within {timeout_ms / 1000:.0f} s after "
                                  f"{what}") from err
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached", timeout=timeout_ms)
+
+
+def choose_photo(pg, image_id: str) -> None:
+    """Pick ``image_id`` in the Wound masks page's photo box, waiting for its heading."""
+    heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
+    if not heading.is_visible():  # choosing the photo shown already reruns nothing
+        with settled(pg, f"choosing photo {image_id}"):
+            pg.get_by_role("combobox", name="Photo").click()
+            pg.get_by_role("option", name=image_id, exact=True).click()
+            expect(heading).to_be_visible()
