@@ -145,7 +145,9 @@ for path in real:
     table, curve = res["tables"][0], res["tables"][1]
 
     def show(c):
-        return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" if isinstance(c, dict) else c
+        if isinstance(c, dict):
+            return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]"
+        return "–" if c is None else c  # no triplets in the dataset: no agreement to show
 
     st.caption(table["caption"])
     st.dataframe(pd.DataFrame([[show(c) for c in row] for row in table["rows"]], columns=table["columns"]),

@@ -110,3 +110,8 @@ def test_report_page(app_server, page, screenshot, add_account, sign_in):
     expect(page.get_by_test_id("stDataFrame").first).to_be_visible()
     expect(page.locator(".js-plotly-plot").first).to_contain_text("balanced agreement")
     screenshot(page, "report")
+    # the committed real-data benchmark (results/real_vision.json) is shown with its learning curve
+    curve = page.locator(".js-plotly-plot").filter(has_text="Learning curve").first
+    curve.scroll_into_view_if_needed()
+    expect(curve).to_contain_text("TriDerm-V supervised")
+    screenshot(page, "report_learning_curve")
