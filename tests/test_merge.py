@@ -381,3 +381,88 @@ def test_an_outline_drawn_in_the_app_is_never_overwritten_by_a_new_dataset_wound
     assert ws.store.wound("a", 4)["description"] == "app ulcer" and (labels == 4).sum() == 60
     assert ws.store.wound("a", 3)["area"] == 48 and labels[12:18, 40:48].tolist() == np.full((6, 8), 3).tolist()
     assert import_dataset(ws, ds)["merge"] == dict.fromkeys(summary["merge"], 0)  # settled
+
+
+def _choices(ws: Workspace) -> dict[tuple[str, str, str], str]:
+    return {(t["anchor"], t["ref_j"], t["ref_k"]): t["choice"] for t in ws.store.triplets()}
+
+
+def _answer_again_in_app(ws: Workspace, anchor: str, ref_j: str, ref_k: str, choice: str) -> None:
+    """The annotator's stored judgment replaced in the app (same key, another choice)."""
+    old = next(t for t in ws.store.triplets() if (t["anchor"], t["ref_j"], t["ref_k"]) == (anchor, ref_j, ref_k))
+    ws.store.delete_triplet(old["id"], actor="dr_x")
+    assert ws.store.add_triplet(anchor, ref_j, ref_k, choice, old["source"], rep=old["rep"], actor="dr_x")
+
+
+def _file_choice(ds: Path, anchor: str, choice: str | None) -> None:
+    """Change (or, with None, remove) the dataset's judgment anchored at ``anchor``."""
+    lines = (ds / "triplets.csv").read_text().splitlines()
+    out = [lines[0]]
+    for line in lines[1:]:
+        cells = line.split(",")
+        if cells[0] == anchor:
+            if choice is None:
+                continue
+            cells[3] = choice
+        out.append(",".join(cells))
+    (ds / "triplets.csv").write_text("\n".join(out) + "\n")
+
+
+def test_judgments_follow_the_three_way_rules(ws, ds):
+    """Each judgment case of the merge: kept from the app, applied from the file, added, and left alone."""
+    _answer_again_in_app(ws, "a", "b", "c", "k")  # changed in the app only
+    summary = import_dataset(ws, ds)
+    assert _choices(ws)[("a", "b", "c")] == "k" and summary["merge"]["keep-app"] == 1
+    assert summary["merge"]["update"] == summary["merge"]["conflict"] == 0 and summary["new_triplets"] == 0
+    _file_choice(ds, "b", "k")  # changed in the file only
+    (ds / "triplets.csv").write_text((ds / "triplets.csv").read_text() + "c,a,b,j,ann\n")  # a new judgment
+    summary = import_dataset(ws, ds)
+    assert _choices(ws) == {("a", "b", "c"): "k", ("b", "a", "c"): "k", ("c", "a", "b"): "j"}
+    assert summary["merge"]["update"] == 1 and summary["merge"]["insert"] == 1 and summary["new_triplets"] == 2
+    assert any("triplets.csv: line 3" in c and "changed in the dataset" in c for c in summary["changes"])
+    assert import_dataset(ws, ds)["new_triplets"] == 0  # nothing changed: nothing written
+    assert _choices(ws) == {("a", "b", "c"): "k", ("b", "a", "c"): "k", ("c", "a", "b"): "j"}
+
+
+def test_a_judgment_changed_on_both_sides_is_a_conflict(ws, ds):
+    _answer_again_in_app(ws, "a", "b", "c", "k")
+    _file_choice(ds, "a", "skip")
+    before = _state(ws)
+    with pytest.raises(MergeConflict) as err:
+        import_dataset(ws, ds)
+    assert "triplets.csv: line 2" in str(err.value) and "changed in the app AND in the dataset" in str(err.value)
+    assert _state(ws) == before
+    import_dataset(ws, ds, prefer="app")
+    assert _choices(ws)[("a", "b", "c")] == "k"
+    _file_choice(ds, "a", "j")  # the file moves on; the app's k stays a conflict
+    import_dataset(ws, ds, prefer="file")
+    assert _choices(ws)[("a", "b", "c")] == "j"
+
+
+def test_a_judgment_deleted_in_the_app_and_changed_in_the_file_is_a_conflict(ws, ds):
+    answer = next(t for t in ws.store.triplets() if t["anchor"] == "a")
+    ws.store.delete_triplet(answer["id"], actor="dr_x")
+    _file_choice(ds, "a", "k")
+    with pytest.raises(MergeConflict, match="triplets.csv: line 2"):
+        import_dataset(ws, ds)
+    import_dataset(ws, ds, prefer="app")
+    assert ("a", "b", "c") not in _choices(ws)
+    _file_choice(ds, "a", "skip")
+    import_dataset(ws, ds, prefer="file")
+    assert _choices(ws)[("a", "b", "c")] == "skip"
+
+
+def test_judgments_gone_from_the_file_are_deleted_only_with_prune_and_app_changes_conflict(ws, ds):
+    _file_choice(ds, "b", None)
+    summary = import_dataset(ws, ds)
+    assert ("b", "a", "c") in _choices(ws) and summary["merge"]["not-in-file"] == 1
+    summary = import_dataset(ws, ds, prune=True)
+    assert ("b", "a", "c") not in _choices(ws) and summary["merge"]["delete"] == 1
+    _answer_again_in_app(ws, "a", "b", "c", "k")  # changed in the app, then removed from the file
+    _file_choice(ds, "a", None)
+    with pytest.raises(MergeConflict, match="judgment|triplet"):
+        import_dataset(ws, ds, prune=True)
+    import_dataset(ws, ds, prune=True, prefer="app")
+    assert _choices(ws) == {("a", "b", "c"): "k"}
+    import_dataset(ws, ds, prune=True, prefer="file")
+    assert _choices(ws) == {}
