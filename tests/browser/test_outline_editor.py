@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import choose_photo, settled, to_screen, tool, watch_runs, wound_photo
+from wound_photos import choose_photo, draw, settled, to_screen, tool, watch_runs, wound_photo
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -58,17 +58,6 @@ def open_editor(pg, url: str) -> None:
         pg.get_by_role("link", name="Wound masks").click()
         expect(pg.get_by_role("heading", name="Wound masks")).to_be_visible()
         expect(pg.locator(".oe svg image")).to_be_attached()
-
-
-def draw(pg, points: list[tuple[float, float]]) -> None:
-    """Draw mode: click each point (waiting for its vertex to appear), then the first again to close the outline."""
-    tool(pg, "Draw new").click()
-    pg.locator(".oe svg").scroll_into_view_if_needed()
-    for n, (x, y) in enumerate(points, start=1):
-        pg.mouse.click(*to_screen(pg, x, y))
-        expect(pg.locator(".oe polyline.draft ~ circle.vertex")).to_have_count(n)
-    pg.mouse.click(*to_screen(pg, *points[0]))
-    expect(pg.locator(".oe polyline.draft")).to_have_count(0)
 
 
 def image_width(pg) -> float:

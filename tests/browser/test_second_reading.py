@@ -7,7 +7,7 @@ import re
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import to_screen, tool, wound_photo
+from wound_photos import draw, tool, wound_photo
 
 from annotations import readings
 from annotations.dataset import import_dataset
@@ -26,7 +26,7 @@ TRIPLETS = [("leg-01", "leg-02", "leg-03"), ("leg-02", "leg-01", "leg-03"), ("le
 
 def idle(pg) -> None:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
-    pg.wait_for_timeout(300)
+    pg.wait_for_timeout(300)  # a rerun that starts late: the remaining fixed wait (see the closing note)
 
 
 @pytest.fixture
@@ -52,13 +52,9 @@ def server(tmp_path, start_app, add_account):
     return ws, start_app(ws.root, tmp_path / "streamlit.log")
 
 
-def draw(pg, points: list[tuple[int, int]]) -> None:
-    """Draw mode: click each point, the first again to close, then Save outline."""
-    tool(pg, "Draw new").click()
-    pg.locator(".oe svg").scroll_into_view_if_needed()
-    for x, y in [*points, points[0]]:
-        pg.mouse.click(*to_screen(pg, x, y))
-        pg.wait_for_timeout(80)
+def draw_and_save(pg, points: list[tuple[int, int]]) -> None:
+    """Draw the closed outline ``points`` (each vertex awaited), then Save outline."""
+    draw(pg, points)
     tool(pg, "Save outline").click()
 
 
@@ -79,18 +75,18 @@ def read_blind(chromium, url: str, sign_in, ws: Workspace, name: str, square: li
     idle(pg)
     # blind: neither the stored outline (two wounds) nor the other reader's outline is drawn
     expect(pg.locator(".oe path.shape")).to_have_count(0)
-    draw(pg, square)
+    draw_and_save(pg, square)
     expect(pg.get_by_text("Saved wound 1 of your reading of leg-01.")).to_be_visible()
     idle(pg)
     expect(pg.locator(".oe path.shape")).to_have_count(1)
     if extra:
         before = readings.readings(ws)
-        draw(pg, [(120, 100), (180, 100), (180, 150), (120, 150)])
+        draw_and_save(pg, [(120, 100), (180, 100), (180, 150), (120, 150)])
         expect(pg.get_by_text(re.compile(r"overlaps wound\(s\) 1 of your reading.*Nothing was saved"))).to_be_visible()
         idle(pg)
         assert readings.readings(ws) == before
         pg.keyboard.press("Escape")
-        draw(pg, [(200, 160), (240, 160), (240, 200), (200, 200)])
+        draw_and_save(pg, [(200, 160), (240, 160), (240, 200), (200, 200)])
         expect(pg.get_by_text("Saved wound 2 of your reading of leg-01.")).to_be_visible()
         idle(pg)
         expect(pg.locator(".oe path.shape")).to_have_count(2)

@@ -86,3 +86,14 @@ def choose_photo(pg, image_id: str) -> None:
             pg.get_by_role("combobox", name="Photo").click()
             pg.get_by_role("option", name=image_id, exact=True).click()
             expect(heading).to_be_visible()
+
+
+def draw(pg, points: list[tuple[float, float]]) -> None:
+    """Draw mode: click each point (waiting for its vertex to appear), then the first again to close the outline."""
+    tool(pg, "Draw new").click()
+    pg.locator(".oe svg").scroll_into_view_if_needed()
+    for n, (x, y) in enumerate(points, start=1):
+        pg.mouse.click(*to_screen(pg, x, y))
+        expect(pg.locator(".oe polyline.draft ~ circle.vertex")).to_have_count(n)
+    pg.mouse.click(*to_screen(pg, *points[0]))
+    expect(pg.locator(".oe polyline.draft")).to_have_count(0)
