@@ -187,7 +187,11 @@ class MetricHead(torch.nn.Module):
     def forward(self, tokens: torch.Tensor, segment: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(wound embeddings n×dim, attention weight per token)."""
         pooled, w = self.pool(tokens, segment, n)
-        return self.proj((pooled - self.mean) / self.scale), w
+        return self.project(pooled), w
+
+    def project(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled wound tokens (n×channels) → the metric space (n×dim)."""
+        return self.proj((pooled - self.mean) / self.scale)
 
 
 def image_rows_mean(z: torch.Tensor, rows: torch.Tensor, n_images: int) -> torch.Tensor:
@@ -217,13 +221,14 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
     head = head.to(device)
     with torch.no_grad():
         pooled, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
-        head.mean.copy_(pooled[wounds].mean(0))
-        std = pooled[wounds].std(0)
+        pooled = pooled[wounds]
+        head.mean.copy_(pooled.mean(0))
+        std = pooled.std(0)
         # a channel (near) constant over the training wounds but not over their augmented views
         # would blow up: floor the scale at a tenth of the typical channel's
         head.scale.copy_(std.clamp_min(0.1 * float(std.mean()) + 1e-6))
         # mean pooling has no parameters: pool every (wound, view) once, then a step is an index
-        means = view_means(bank, wounds, pooled[wounds]).to(device) if isinstance(head.pool, MeanPooling) else None
+        means = view_means(bank, wounds, pooled).to(device) if isinstance(head.pool, MeanPooling) else None
     opt = torch.optim.Adam(head.parameters(), lr=cfg["supervise_lr"], weight_decay=cfg["supervise_weight_decay"])
     loss_fn, trip, rows = ExpertTripletLoss(1.0, normalize=False), triplets.to(device), wound_image[wounds].to(device)
     losses: list[float] = []
@@ -234,7 +239,7 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
             x, s = bank.gather(wounds, views)
             z, _ = head(x.to(device), s.to(device), len(wounds))
         else:
-            z = head.proj((means[torch.arange(len(wounds)), views + 1] - head.mean) / head.scale)
+            z = head.project(means[torch.arange(len(wounds)), views + 1])
         loss = loss_fn(image_rows_mean(z, rows, n_images), trip)
         opt.zero_grad(set_to_none=True)
         loss.backward()
