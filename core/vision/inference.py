@@ -21,7 +21,7 @@ from core.vision.backbones import Backbone, load_backbone
 from core.vision.features import token_mask, wound_fractions
 from core.vision.pooling import WoundHead
 from core.vision.supervised import MetricHead
-from core.vision.triderm import embedding_normalize
+from core.vision.triderm import build_head, embedding_normalize
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
@@ -50,9 +50,7 @@ class TrainedHead:
             raise ValueError(f"--model {run_id}: a supervised run from before the metric head (its head mixes "
                              "VICReg and expert terms and is no longer built); train it again")
         backbone = load_backbone(blob["backbone"], device=device)
-        head: WoundHead | MetricHead = (
-            MetricHead(int(blob["channels"]), cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"]) if cfg["supervise"]
-            else WoundHead(int(blob["channels"]), cfg["dim"], cfg["pooling"], cfg["hidden"]))
+        head = build_head(int(blob["channels"]), cfg)
         head.load_state_dict(blob["head"])
         return cls(run_id, backbone, head.to(backbone.device).eval(), blob["center"].numpy(),
                    embedding_normalize(cfg))

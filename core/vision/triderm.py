@@ -202,6 +202,14 @@ def embedding_normalize(cfg: dict[str, Any]) -> str:
     return "none" if cfg["supervise"] else cfg["normalize"]
 
 
+def build_head(channels: int, cfg: dict[str, Any]) -> WoundHead | MetricHead:
+    """The untrained head a run of ``cfg`` learns: the supervised :class:`MetricHead` with
+    ``cfg['supervise']``, else the self-supervised :class:`WoundHead`."""
+    if cfg["supervise"]:
+        return MetricHead(channels, cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"])
+    return WoundHead(channels, cfg["dim"], cfg["pooling"], cfg["hidden"])
+
+
 def effective_epochs(cfg: dict[str, Any], n_wounds: int) -> int:
     """``epochs``, raised so that training takes at least ``min_steps`` optimiser steps."""
     per_epoch = max(1, n_wounds // cfg["batch_size"] + (n_wounds % cfg["batch_size"] >= 2))
@@ -230,13 +238,13 @@ class TriDermTrainer:
         torch.manual_seed(cfg["seed"])
         gen = torch.Generator().manual_seed(cfg["seed"])
         if triplets is not None:
-            metric = MetricHead(self.bank.channels, cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"])
+            metric = build_head(self.bank.channels, {**cfg, "supervise": "triplets"})
             losses = fit_metric_head(metric, self.bank, self.wound_image, len(self.image_ids), wounds,
                                      torch.from_numpy(triplets), cfg, gen, self.device, progress)
             if on_epoch is not None:
                 on_epoch(0, losses)
             return metric, losses
-        head = WoundHead(self.bank.channels, cfg["dim"], cfg["pooling"], cfg["hidden"]).to(self.device)
+        head = build_head(self.bank.channels, {**cfg, "supervise": None}).to(self.device)
         run_cfg = {**cfg, "epochs": effective_epochs(cfg, len(wounds))}
         losses = fit(head, self.bank, make_loss(cfg["loss"]), run_cfg, gen, self.device, self.fresh, progress,
                      on_epoch, wounds)
