@@ -47,6 +47,16 @@ def key(q: Question) -> tuple[str, str, str]:
     return triplet_key(q.anchor, q.ref_j, q.ref_k)
 
 
+def answer_each(s: TripletScheduler, choices: list[str]) -> list[Question]:
+    """Draw one question per choice and answer it with that choice; the questions drawn."""
+    got = []
+    for choice in choices:
+        q = s.next()
+        got.append(q)
+        s.answer(q, choice)
+    return got
+
+
 # -- construction -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw, message", [
     ({"annotator": ""}, "annotator name must not be empty"),
@@ -193,11 +203,7 @@ def test_a_lease_is_held_in_an_immediate_transaction(tmp_path, clock, monkeypatc
 # -- planned repeats ------------------------------------------------------------------------------
 def test_planned_repeats_start_after_five_and_swap_the_sides(tmp_path, clock):
     s = sched(workspace(tmp_path, "abcd"), repeat_share=0.5, seed=3)
-    got = []
-    for _ in range(9):
-        q = s.next()
-        got.append(q)
-        s.answer(q, "j")
+    got = answer_each(s, ["j"] * 9)
     # draws 1-6: every earlier answer is among the 5 most recent, so nothing to repeat
     assert [q.kind for q in got] == ["new"] * 6 + ["repeat"] * 3
     for n, q in enumerate(got[6:]):  # draw 7 repeats draw 1 (the only one outside the recent five), …
@@ -208,13 +214,7 @@ def test_planned_repeats_start_after_five_and_swap_the_sides(tmp_path, clock):
 
 def test_repeats_are_swapped_never_repeated_twice_and_seeded(tmp_path, clock):
     def run(root, seed: int) -> list[Question]:
-        s = sched(workspace(root, "abcde"), repeat_share=0.5, seed=seed)
-        got = []
-        for _ in range(40):
-            q = s.next()
-            got.append(q)
-            s.answer(q, "k")
-        return got
+        return answer_each(sched(workspace(root, "abcde"), repeat_share=0.5, seed=seed), ["k"] * 40)
 
     got = run(tmp_path / "one", 7)
     repeats = [q for q in got if q.kind == "repeat"]
@@ -231,11 +231,7 @@ def test_repeats_are_swapped_never_repeated_twice_and_seeded(tmp_path, clock):
 
 def test_repeats_follow_the_share_and_skip_skips(tmp_path, clock):
     s = sched(workspace(tmp_path, "abcd"), repeat_share=0.1, seed=3)
-    got = []
-    for n in range(12):
-        q = s.next()
-        got.append(q)
-        s.answer(q, "skip" if n == 0 else "j")
+    got = answer_each(s, ["skip"] + ["j"] * 11)
     # 0 repeats < 0.1 * total from total 1 on, but draw 1 was skipped and later ones are recent until draw 8
     assert [q.kind for q in got[:7]] == ["new"] * 7
     assert (got[7].kind, key(got[7])) == ("repeat", key(got[1]))
