@@ -31,6 +31,7 @@ from core.vision.triderm import (
     baseline_run,
     check_config,
     check_workspace,
+    embedding_normalize,
     run_agreement,
     train,
 )
@@ -94,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         backbone = load_backbone(cfg["backbone"], layer=cfg["layer"])
         check_workspace(ws, cfg)
+    head = (f"metric head on the expert triplets: {cfg['supervise_pooling']} pooling, {cfg['supervise_dim']}-d, "
+            f"{cfg['supervise_steps']} steps (cv {cfg['cv']})" if cfg["supervise"] else
+            f"{cfg['epochs']} epochs (≥ {cfg['min_steps']} steps), {cfg['pooling']} pooling, {cfg['dim']}-d")
     print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {backbone.name}, {cfg['views']} views, "
-          f"{cfg['epochs']} epochs (≥ {cfg['min_steps']} steps), {cfg['pooling']} pooling, {cfg['dim']}-d, "
-          f"distances {cfg['normalize']}" + (f", + expert triplets (cv {cfg['cv']})" if cfg["supervise"] else ""))
+          f"{head}, distances {embedding_normalize(cfg)}")
     run_id = train(ws, **{**cfg, "backbone": backbone})
     run = ws.store.run(run_id)
     base_id = baseline_run(ws, backbone)
-    label = f"TriDerm-V {cfg['pooling']}/{cfg['loss']}" + (" + expert triplets" if cfg["supervise"] else "")
+    label = (f"TriDerm-V metric head ({cfg['supervise_pooling']}) on expert triplets" if cfg["supervise"]
+             else f"TriDerm-V {cfg['pooling']}/{cfg['loss']}")
     rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", run_agreement(ws, base_id)),
             (f"{label} (run {run_id})", run_agreement(ws, run_id))]
     ws.store.update_run(run_id, metrics={"agreement": rows[1][1], "baseline": {"run": base_id, **rows[0][1]}})
