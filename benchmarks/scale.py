@@ -109,7 +109,7 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     t0 = time.perf_counter()
     cache.extract(sample, 1, progress=False)
     out["feature s/photo"] = (time.perf_counter() - t0) / len(sample)
-    out["feature KiB/photo"] = sum(p.stat().st_size for p in cache.root.glob("*.safetensors")) / 1024 / (1 + len(sample))
+    out["feature KiB/photo"] = sum(p.stat().st_size for p in cache.shard_files()) / 1024 / (1 + len(sample))
 
     _, triplets = planted_triplets(n, 8, 100 * n, 2.0, seed)
     SOE(n_components=8, n_objects=n, epochs=2, random_state=seed).fit(triplets[:100])  # warm-up, not timed

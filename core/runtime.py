@@ -32,7 +32,7 @@ from annotations.workspace import Workspace
 if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
     import torch
 
-__all__ = ["DEMO_SEED", "DEVICES", "autocast", "ensure_images", "git_sha", "json_safe", "load_checkpoint",
+__all__ = ["DEMO_SEED", "DEVICES", "autocast", "ensure_images", "git_sha", "init_distributed", "json_safe", "load_checkpoint",
            "load_embeddings", "open_workspace", "pick_device", "resolve_device", "save_embeddings",
            "source_fingerprint", "torch_threads", "use_device", "user_errors"]
 
@@ -72,6 +72,26 @@ def use_device(spec: str | torch.device | None) -> torch.device:
 def pick_device() -> torch.device:
     """The device fixed by :func:`use_device`, else ``cuda`` when a GPU is available, else ``cpu``."""
     return _chosen_device if _chosen_device is not None else resolve_device("auto")
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """(rank, world size, device) of this process: under ``torchrun`` (``WORLD_SIZE`` > 1) it
+    initialises the default process group (nccl on ``cuda:LOCAL_RANK``, gloo on the CPU)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, pick_device()
+    if pick_device().type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        return dist.get_rank(), world, torch.device("cuda", local)
+    dist.init_process_group("gloo")
+    return dist.get_rank(), world, torch.device("cpu")
 
 
 def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:

@@ -53,7 +53,6 @@ from core.nested.tabular import TabularSchema
 from core.nested.training import (
     checkpoint_path,
     evaluate_model,
-    init_distributed,
     load_init,
     param_groups,
     save_checkpoint,
@@ -173,7 +172,7 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from annotations.workspace import Workspace
-    from core.runtime import load_checkpoint, open_workspace, user_errors
+    from core.runtime import init_distributed, load_checkpoint, open_workspace, user_errors
     from core.vision.backbones import BackboneUnavailable, load_backbone
 
     parser = build_parser()

@@ -45,6 +45,7 @@ def steps(ws: str, device: str = "cuda") -> list[tuple[str, list[str]]]:
     w = ["--workspace", ws, "--device", device]
     return [
         ("train_triderm", [*py, "core.train_triderm", *w, "--epochs", "2"]),  # imports the demo first
+        ("extract_features", [*py, "core.extract_features", *w, "--views", "2"]),
         ("embed", [*py, "core.embed", *w]),
         ("text_embed", [*py, "core.text_embed", *w]),
         ("llm_triplets (local oracle, for fit_soe)", [*py, "core.llm_triplets", *w, "--oracle", "local", "--budget", "40"]),

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,13 +78,15 @@ def test_a_killed_extraction_resumes_after_its_last_finished_shard(tmp_path, bb)
     assert len(shards) == 1  # the first shard finished, written atomically; no partial file
     assert not [p for p in first.root.iterdir() if p.suffix != ".safetensors"]
     assert sorted(v for _, v in first.index().values()) == [1, 1]
+    # a writer killed by SIGKILL leaves its hidden temporary file (partial bytes): never read as a shard
+    (first.root / ".shard-0123456789abcdef.safetensors.k1ll3d.safetensors").write_bytes(b"\x08\0")
     second, computed, forwards = counting_cache(ws, bb)
     assert second.extract(ids, 1, progress=False) == ids[2:]
     assert len(computed) == 3 and len(forwards) == 2 * 3  # inference + views forward per unfinished photo only
-    assert len(list(second.root.glob("*.safetensors"))) == 3 and len(second.index()) == 5
+    assert len(second.shard_files()) == 3 and len(second.index()) == 5
     third, computed, forwards = counting_cache(ws, bb)
     assert third.extract(ids, 1, progress=False) == [] and computed == [] and forwards == []
-    assert set(json.loads((third.root / "index.json").read_text())) == {p.name for p in third.root.glob("*.safetensors")}
+    assert set(json.loads((third.root / "index.json").read_text())) == {p.name for p in third.shard_files()}
     fresh = third.photo(ids[0], 1, use_cache=False)
     assert torch.allclose(fresh.views.float(), third.photo(ids[0], 1).views.float(), atol=1e-2)
     assert forwards == [1, 1]  # only the uncached recomputation
@@ -122,3 +129,28 @@ def test_ranks_fill_disjoint_slices_of_one_cache(ws, bb, monkeypatch):
     assert FeatureCache(ws, bb).extract(ids, 1, rank=0, world_size=1, progress=False) == []
     with pytest.raises(ValueError, match="rank must be in"):
         cache.extract(ids, 1, rank=2, world_size=2)
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_write_one_cache_that_training_reads_without_recomputing(ws, tmp_path):
+    """``torchrun -m core.extract_features`` on 2 processes: each rank computes its slice into the
+    one folder, rank 0 records the run; a single process then finds every photo cached."""
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+                    "-m", "core.extract_features", "--workspace", str(root), "--backbone", "efficientnet-lite0",
+                    "--layer", "stage5", "--views", "1", "--shard-size", "2", "--device", "cpu"],
+                   cwd=repo, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True, timeout=600)
+    copy = Workspace(root)
+    ids = sorted(im["image_id"] for im in copy.store.images())
+    run = copy.store.runs("features")[0]
+    assert run["status"] == "done" and run["config"]["world_size"] == 2
+    assert run["metrics"]["computed_per_rank"] == [3, 2] and run["metrics"]["computed"] == 5
+    bb = load_backbone("efficientnet-lite0", layer="stage5", device="cpu")
+    cache, computed, forwards = counting_cache(copy, bb)
+    assert len(cache.shard_files()) == 3  # rank 0: photos 0, 2 | 4; rank 1: photos 1, 3
+    assert set(json.loads((cache.root / "index.json").read_text())) == {p.name for p in cache.shard_files()}
+    assert cache.extract(ids, 1, progress=False) == [] and computed == [] and forwards == []
+    fresh = cache.photo(ids[1], 1, use_cache=False)
+    assert torch.allclose(fresh.views.float(), cache.photo(ids[1], 1).views.float(), atol=1e-2)

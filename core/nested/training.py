@@ -4,7 +4,6 @@ and the evaluation of a trained model (retrieval, probes).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +25,9 @@ from core.nested.model import (
     probe,
     retrieval_recall,
 )
-from core.runtime import autocast, load_checkpoint, pick_device
+from core.runtime import autocast, load_checkpoint
 
 FRACTIONS = (0.01, 0.1, 1.0)
-
-
-def init_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world size, device); initialises the default group under torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, pick_device()
-    if pick_device().type == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl")
-        return dist.get_rank(), world, torch.device("cuda", local)
-    dist.init_process_group("gloo")
-    return dist.get_rank(), world, torch.device("cpu")
 
 
 def gather_rows(t: Tensor, group: Any, world: int) -> Tensor:

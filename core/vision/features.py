@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -143,10 +144,15 @@ class FeatureCache:
         """A photo's cache key (with the folder's backbone, layer, weights, code, augmentation and seed)."""
         return f"{sha256}-{mask_sha(labels)}"
 
+    def shard_files(self) -> list[Path]:
+        """The finished shard files (``shard-*.safetensors``; a writer's temporary file, even one left
+        by a killed process, is hidden and never read)."""
+        return sorted(self.root.glob("shard-*" + SHARD_SUFFIX)) if self.root.is_dir() else []
+
     def index(self) -> dict[str, tuple[str, int]]:
         """Photo key → (shard file, views), merged over every shard in the folder: ``index.json``
         (written by :meth:`extract`) plus the header of any shard it does not list."""
-        on_disk = {p.name for p in self.root.glob("*" + SHARD_SUFFIX)} if self.root.is_dir() else set()
+        on_disk = {p.name for p in self.shard_files()}
         if set(self._shards) != on_disk:
             listed = {}
             if (self.root / INDEX_NAME).exists():
@@ -167,7 +173,8 @@ class FeatureCache:
             meta = f.metadata() or {}
         return json.loads(meta["photos"]) if meta.get("version") == str(CACHE_VERSION) else {}
 
-    def _write_index(self) -> None:
+    def write_index(self) -> None:
+        """Rewrite ``index.json`` from every shard in the folder (all ranks' shards once they are done)."""
         self.index()
         with atomic_write(self.root / INDEX_NAME, "w", suffix=".json") as fh:
             json.dump(self._shards, fh)
@@ -290,7 +297,7 @@ class FeatureCache:
             if pending and ((n + 1) % self.shard_size == 0 or n + 1 == len(mine)):
                 self._write_shard(pending)
                 pending = {}
-        self._write_index()
+        self.write_index()
         return computed
 
 

@@ -1,0 +1,94 @@
+"""Fill a workspace's feature cache ahead of training, on one process or sharded over many.
+
+    python -m core.extract_features --workspace WS [--backbone NAME] [--layer L] [--views K] [--seed S]
+    torchrun --nproc_per_node 2 -m core.extract_features --workspace WS ...
+
+TriDerm-V trains on K augmented views per photo computed once by the frozen backbone
+(:mod:`core.vision.features`). This job computes them into the folder that
+``python -m core.train_triderm`` with the same backbone, layer, views and seed reads. Under
+``torchrun`` every rank takes every WORLD_SIZE-th photo (on ``cuda:LOCAL_RANK`` when CUDA is
+present, else the CPU with gloo) and writes its own shards into that one folder; after a barrier
+rank 0 writes the merged index and finishes the run record (kind ``features``). A killed run
+resumes: photos in finished shards are not computed again.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch.distributed as dist
+
+from annotations.workspace import Workspace
+from core import cli
+from core.runtime import init_distributed, open_workspace, user_errors
+from core.vision.backbones import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
+from core.vision.features import SHARD_PHOTOS, FeatureCache, workspace_wounds
+from core.vision.triderm import DEFAULTS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m core.extract_features", description=__doc__.splitlines()[0])
+    cli.add_workspace(parser)
+    cli.add_device(parser, help="auto (CUDA when available), cpu or cuda (default: auto); under torchrun every "
+                                "process uses its own cuda:LOCAL_RANK")
+    cli.add_seed(parser, help="augmentation seed of the cached views (as core.train_triderm's --seed)")
+    parser.add_argument("--backbone", default=DEFAULTS["backbone"], help="backbone registry name (default %(default)s)")
+    parser.add_argument("--layer", default=None,
+                        help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
+    parser.add_argument("--views", type=int, default=DEFAULTS["views"],
+                        help="augmented views per photo (default %(default)s, as core.train_triderm)")
+    parser.add_argument("--shard-size", type=int, default=SHARD_PHOTOS, help="photos per shard file (default %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = cli.parse_args(parser, argv)
+    if args.views < 0 or args.shard_size < 1:
+        parser.error(f"--views must be ≥ 0 and --shard-size ≥ 1, got {args.views} and {args.shard_size}")
+    rank, world, device = init_distributed()
+    if rank == 0:
+        open_workspace(args.workspace, parser, require_wounds=True)  # imports the demo into an empty one, once
+    if world > 1:
+        dist.barrier()
+    ws = Workspace(args.workspace)
+    with user_errors(parser, BackboneUnavailable, ValueError):
+        backbone = load_backbone(args.backbone, device=device, layer=args.layer)
+    cache = FeatureCache(ws, backbone, seed=args.seed, shard_size=args.shard_size)
+    image_ids, _ = workspace_wounds(ws)
+    run_id = None
+    if rank == 0:
+        config = {"backbone": backbone.name, "layer": backbone.layer, "views": args.views,
+                  "shard_size": args.shard_size, "world_size": world, "device": str(device),
+                  "n_images": len(image_ids), "cache": str(cache.root),
+                  "synthetic": ws.is_synthetic}
+        run_id = ws.store.start_run("features", config, seed=args.seed)
+    try:
+        t0 = time.perf_counter()
+        computed = len(cache.extract(image_ids, args.views, rank=rank, world_size=world))
+        seconds = time.perf_counter() - t0
+        per_rank = [computed]
+        if world > 1:
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, computed)
+    except BaseException as exc:
+        if run_id is not None:
+            ws.store.finish_run(run_id, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed",
+                                message=f"{type(exc).__name__}: {exc}")
+        raise
+    if rank == 0:
+        cache.write_index()  # every rank's shards, now that all are written
+        disk = sum(p.stat().st_size for p in cache.shard_files())
+        metrics = {"computed": sum(per_rank), "computed_per_rank": per_rank, "cached_before": len(image_ids) - sum(per_rank),
+                   "seconds": seconds, "disk_mib": disk / 2**20}
+        ws.store.finish_run(run_id, metrics=metrics)
+        print(f"{len(image_ids)} photos × {args.views} views of {backbone.name}: computed {sum(per_rank)} "
+              f"(per rank {per_rank}), {len(image_ids) - sum(per_rank)} already cached; {seconds:.1f}s; "
+              f"{disk / 2**20:.1f} MiB in {cache.root} (run {run_id})")
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
