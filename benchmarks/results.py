@@ -43,6 +43,7 @@ SECTIONS: dict[str, str] = {
     "train_triderm": "python -m benchmarks.train_triderm",
     "soe": "python -m benchmarks.soe",
     "soe_scale": "python -m benchmarks.soe --scale",
+    "scale": "python -m benchmarks.scale --full",
     "active": "python -m benchmarks.active",
     "ablation": ("d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && python -m core.phantoms --out $d/data --seed 0"
                  " && python -m annotations import $d/data --workspace $d/ws"

@@ -87,11 +87,16 @@ def test_readers_tiny(capsys):
 
 
 @pytest.mark.slow
-def test_scale_tiny(capsys):
-    from benchmarks.scale import main
-    assert main(["--sizes", "20", "30"]) == 0
+def test_scale_tiny(capsys, tmp_path):
+    from benchmarks.scale import STAGES, main
+    assert main(["--sizes", "20", "30", "--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "SOE" in out and "growth" in out.lower()
+    record = json.loads((tmp_path / "scale.json").read_text(encoding="utf-8"))
+    assert set(REQUIRED) <= set(record) and record["synthetic"] is True
+    rows = record["tables"][0]["rows"]
+    assert [r[0] for r in rows] == list(STAGES) and all(r[1] > 0 and r[2] > 0 for r in rows)
+    assert f"## {record['title']}" in render(tmp_path)
 
 
 @pytest.mark.slow

@@ -141,10 +141,10 @@ def test_bad_params_and_unfitted() -> None:
 def test_defaults_paper_protocol_and_fit_transform() -> None:
     assert SOE().get_params() == {"n_components": 4, "margin": 0.1, "lr": 0.05, "batch_size": None, "epochs": 100,
                                   "anchor_balanced": True, "init_scale": 0.1, "random_state": None, "device": None,
-                                  "n_objects": None}
+                                  "n_objects": None, "gradient": "auto"}
     assert SOE.paper_protocol(random_state=2).get_params() == {
         "n_components": 4, "margin": 0.0, "lr": 0.05, "batch_size": 2048, "epochs": 50, "anchor_balanced": True,
-        "init_scale": 0.1, "random_state": 2, "device": None, "n_objects": None}
+        "init_scale": 0.1, "random_state": 2, "device": None, "n_objects": None, "gradient": "auto"}
     _, t = planted_triplets(n=8)
     emb = SOE(random_state=0, epochs=3, n_objects=9).fit_transform(t)
     assert emb.shape == (9, 4) and np.array_equal(emb, SOE(random_state=0, epochs=3, n_objects=9).fit(t).embedding_)

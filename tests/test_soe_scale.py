@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from core.text import soe as soe_module
@@ -45,3 +46,23 @@ def test_large_inputs_take_sampled_steps_and_still_fit(monkeypatch):
     assert est.score(t) > 0.9
     again = SOE(n_components=2, epochs=150, n_objects=40, random_state=0, device="cpu").fit(t)
     assert np.array_equal(est.embedding_, again.embedding_)  # seeded on the device's own generator
+
+
+def test_both_gradient_paths_fit_the_same_embedding_and_auto_picks_by_size(monkeypatch):
+    _, t = planted(30, 2000, 2)
+    fits = {g: SOE(n_components=2, epochs=60, n_objects=30, random_state=0, device="cpu", gradient=g).fit(t)
+            for g in ("dense", "sparse")}
+    # float32 sums in another order: Adam's normalised steps let the rounding grow, not the loss differ
+    np.testing.assert_allclose(fits["dense"].embedding_, fits["sparse"].embedding_, atol=0.05)
+    assert abs(fits["dense"].score(t) - fits["sparse"].score(t)) < 0.01 and fits["dense"].score(t) > 0.9
+    seen = []
+    sparse = soe_module.hinge_sq_loss_and_grad_sparse
+    monkeypatch.setattr(soe_module, "hinge_sq_loss_and_grad_sparse",
+                        lambda x, rows, w, margin: seen.append(len(rows)) or sparse(x, rows, w, margin))
+    SOE(n_components=2, epochs=3, n_objects=30, random_state=0, device="cpu").fit(t)
+    assert seen == []  # 30 objects ≤ DENSE_MAX_OBJECTS: the n×n path
+    monkeypatch.setattr(soe_module, "DENSE_MAX_OBJECTS", 29)
+    SOE(n_components=2, epochs=3, n_objects=30, random_state=0, device="cpu").fit(t)
+    assert seen == [len(t)] * 3
+    with pytest.raises(ValueError, match="gradient must be one of"):
+        SOE(gradient="fast").fit(t)

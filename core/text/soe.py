@@ -47,6 +47,7 @@ from core.runtime import pick_device, torch_threads
 LARGE_TRIPLETS = 2_000_000  # above this (batch_size=None), each step samples LARGE_BATCH triplets
 LARGE_BATCH = 200_000
 DENSE_MAX_OBJECTS = 2_048  # above this the n×n distance matrix gives way to per-triplet gathers
+GRADIENTS = ("auto", "dense", "sparse")
 
 
 def hinge_sq(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, margin: float) -> torch.Tensor:
@@ -165,6 +166,9 @@ class SOE(BaseEstimator):
         every fit: two fits differ).
     device : ``"cpu"``, ``"cuda"`` or ``None`` (the process's device, :func:`core.runtime.pick_device`).
     n_objects : number of embedded objects; ``None`` = max index in ``X`` + 1.
+    gradient : ``"auto"`` (through the n×n distance matrix up to ``DENSE_MAX_OBJECTS`` objects,
+        per-triplet gathers above), ``"dense"`` or ``"sparse"``: the same loss and gradient, computed
+        two ways (``dense`` needs O(n²) memory; ``sparse`` O(m·d) and time linear in the triplets).
 
     Attributes
     ----------
@@ -185,6 +189,7 @@ class SOE(BaseEstimator):
         random_state: int | None = None,
         device: str | None = None,
         n_objects: int | None = None,
+        gradient: str = "auto",
     ) -> None:
         self.n_components = n_components
         self.margin = margin
@@ -196,6 +201,7 @@ class SOE(BaseEstimator):
         self.random_state = random_state
         self.device = device
         self.n_objects = n_objects
+        self.gradient = gradient
 
     def __sklearn_tags__(self) -> Tags:
         """A transductive transformer of integer triplets: no target, no float dtype to preserve."""
@@ -225,6 +231,8 @@ class SOE(BaseEstimator):
             raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
         if not self.init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {self.init_scale!r}")
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
         n = self.n_objects
         if n is not None and not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 3):
             raise ValueError(f"n_objects must be an integer ≥ 3 or None, got {n!r}")
@@ -277,7 +285,7 @@ class SOE(BaseEstimator):
         else:
             w = torch.full((m,), 1.0 / m, device=device)
         del counts
-        dense = n <= DENSE_MAX_OBJECTS
+        dense = self.gradient == "dense" or (self.gradient == "auto" and n <= DENSE_MAX_OBJECTS)
         if dense:
             ab = t[:, 0] * n + t[:, 1]
             ac = t[:, 0] * n + t[:, 2]
