@@ -27,6 +27,8 @@ def test_sparse_gradient_equals_the_dense_one():
     dense = hinge_sq_loss_and_grad(x, t[:, 0] * n + t[:, 1], t[:, 0] * n + t[:, 2], w, 0.3)
     sparse = hinge_sq_loss_and_grad_sparse(x, t, w, 0.3)
     assert torch.allclose(dense[0], sparse[0]) and torch.allclose(dense[1], sparse[1])
+    chunked = hinge_sq_loss_and_grad_sparse(x, t, w, 0.3, chunk=7)  # 200 = 28 chunks of 7 + one of 4
+    assert torch.allclose(chunked[0], sparse[0]) and torch.allclose(chunked[1], sparse[1])
     xr = x.clone().requires_grad_(True)
     (w * soe_module.hinge_sq(xr, t[:, 0], t[:, 1], t[:, 2], 0.3)).sum().backward()
     assert torch.allclose(xr.grad, sparse[1])
