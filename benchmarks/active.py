@@ -1,6 +1,7 @@
 """Active vs uniform triplet selection: SOE agreement against the query budget.
 
     python -m benchmarks.active [--workspace WS] [--seeds 0 1 2] [--quick]
+    python -m benchmarks.active --planted 1000 [--seeds 0 1 2]
 
 Data (SYNTHETIC): the phantom demo's 53 photos; the phantom oracle (simulated expert's noise
 model, no skips) answers any of the 70,278 (anchor, pair) questions. For budgets of 1, 2, 5,
@@ -19,6 +20,14 @@ triplets (the paper's metric) and by agreement with the noise-free latent order 
 questions. Prints mean ± sd over seeds and the smallest budget at which each sampler comes
 within 1 pp of its full-budget agreement. Writes ``results/active.json`` (:mod:`benchmarks.results`)
 with a one-sided paired t-test over seeds of active > uniform at each budget below 100 %.
+
+``--planted N`` asks the same question at registry scale, where the N·C(N−1, 2) questions
+(5·10⁸ for N = 1,000) cannot be enumerated (SYNTHETIC): N objects at planted positions
+(dim 8, ``benchmarks.soe.planted_triplets``), an oracle that answers any question with the
+same Bradley–Terry noise (τ = 2), a full budget of 500·N questions; uniform asks drawn random
+questions (anchors round robin), active draws its pools the same way
+(:func:`core.text.sampling.random_questions`). SOE (dim 8) is scored by agreement with the
+noise-free planted order on 100,000 held-out random questions. Writes ``results/active_scale.json``.
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from annotations.workspace import Workspace
 from benchmarks.results import (
@@ -40,15 +50,24 @@ from benchmarks.results import (
     render_tables,
     write_result,
 )
-from benchmarks.soe import phantom_triplets, phantom_workspace
+from benchmarks.soe import phantom_triplets, phantom_workspace, planted_triplets
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
-from core.text.sampling import ActiveSampler, all_questions, canonical_key, default_active_batch, uniform_order
+from core.text.sampling import (
+    ActiveSampler,
+    all_questions,
+    canonical_key,
+    default_active_batch,
+    random_questions,
+    uniform_order,
+)
 from core.text.soe import SOE, triplet_margins
 
 BUDGETS = (0.01, 0.02, 0.05, 0.10, 0.15, 0.25, 0.50, 1.00)
 QUICK_BUDGETS = (0.01, 0.05, 0.25, 1.00)
+PLANTED_BUDGETS = (0.01, 0.02, 0.05, 0.10, 0.15, 0.25, 0.35, 0.50, 0.75, 1.00)
+PLANTED_FULL = 500  # full budget: 500 questions per object
 
 
 def scores(emb: np.ndarray, ids: list[str], expert: list[dict], truth_oriented: np.ndarray) -> tuple[float, float]:
@@ -86,10 +105,97 @@ def run_seed(seed: int, ids: list[str], answers: dict[str, np.ndarray], expert: 
     return {"uniform": uniform, "active": active}
 
 
-def first_within(curve: np.ndarray, budgets: tuple[float, ...], tol: float = 0.01) -> float:
-    """Smallest budget whose mean agreement is ≥ full budget − tol."""
-    full = curve[-1]
-    return next(b for b, v in zip(budgets, curve) if v >= full - tol)
+def planted_seed(n: int, seed: int, budgets: tuple[float, ...], dim: int = 8, tau: float = 2.0,
+                 held_out: int = 100_000) -> dict[str, list[float]]:
+    """Uniform and active agreement with the planted order at every budget mark (of PLANTED_FULL·n questions)."""
+    x, _ = planted_triplets(n, dim, 0, tau, 0)  # the same planted positions for every run seed
+    rng = np.random.default_rng([seed, 7])
+    truth = random_questions(n, held_out, np.random.default_rng([0, 8]))
+    truth = orient_by(x, truth, None)
+
+    def ask(q: np.ndarray) -> np.ndarray:
+        return orient_by(x, q, (rng, tau))
+
+    def agreement(oriented: np.ndarray) -> float:
+        emb = SOE(n_components=dim, n_objects=n, random_state=seed).fit(oriented).embedding_
+        return float((triplet_margins(emb, truth) > 0).mean())
+
+    full = PLANTED_FULL * n
+    marks = [max(1, int(round(b * full))) for b in budgets]
+    order = random_questions(n, full, np.random.default_rng([seed, 1]))
+    answers = ask(order)
+    uniform = [agreement(answers[:m]) for m in marks]
+    base = max(n, math.ceil(0.005 * full))
+    sampler = ActiveSampler(n, base, seed=seed, n_components=dim)
+    asked, oriented = np.zeros((0, 3), dtype=np.int64), np.zeros((0, 3), dtype=np.int64)
+    active = []
+    for m in tqdm(marks, desc=f"active, seed {seed}", unit="mark", leave=False):
+        while len(asked) < m:
+            size = min(max(base, math.ceil(0.1 * len(asked))), m - len(asked))
+            nxt = sampler.next_batch(oriented, canonical_key(asked, n), size)
+            asked, oriented = np.concatenate([asked, nxt]), np.concatenate([oriented, ask(nxt)])
+        active.append(agreement(oriented))
+    return {"uniform": uniform, "active": active}
+
+
+def orient_by(x: np.ndarray, q: np.ndarray, noise: tuple[np.random.Generator, float] | None) -> np.ndarray:
+    """Questions (a, j, k) oriented (a, closer, farther) by positions ``x``: noise-free, or with
+    Bradley–Terry noise (rng, τ) as :func:`benchmarks.soe.planted_triplets` answers."""
+    d_ij = ((x[q[:, 0]] - x[q[:, 1]]) ** 2).sum(1)
+    d_ik = ((x[q[:, 0]] - x[q[:, 2]]) ** 2).sum(1)
+    if noise is None:
+        swap = d_ij > d_ik
+    else:
+        rng, tau = noise
+        swap = rng.random(len(q)) >= 1 / (1 + np.exp(-(d_ik - d_ij) / tau))
+    out = q.copy()
+    out[swap, 1], out[swap, 2] = q[swap, 2], q[swap, 1]
+    return out
+
+
+def planted_main(args: argparse.Namespace, argv: list[str] | None, seeds: list[int]) -> int:
+    """``--planted N``: the registry-scale comparison (see the module docstring)."""
+    n, budgets, t0 = args.planted, PLANTED_BUDGETS, time.perf_counter()
+    results = []
+    for seed in seeds:
+        results.append(planted_seed(n, seed, budgets))
+        print(f"  seed {seed} done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    arr = {s: 100 * np.array([r[s] for r in results]) for s in ("uniform", "active")}  # seeds × budgets, %
+    full = PLANTED_FULL * n
+    rows = [[100 * b, max(1, int(round(b * full))), mean_sd_ci(arr["uniform"][:, i]), mean_sd_ci(arr["active"][:, i])]
+            for i, b in enumerate(budgets)]
+    tables = [{"caption": f"Agreement (%) with the planted order of SOE fitted on the first budget % of "
+                          f"{full:,} questions, {n:,} objects, {len(seeds)} seeds",
+               "columns": ["budget %", "triplets", "uniform, vs planted order", "active, vs planted order"],
+               "rows": rows}]
+    claims = [paired_claim(f"active beats uniform selection at a {100 * b:g}% budget ({n:,} objects)",
+                           arr["active"][:, i].tolist(), arr["uniform"][:, i].tolist())
+              for i, b in enumerate(budgets[:-1])]
+    first = {s: first_within(arr[s].mean(0) / 100, budgets) for s in ("uniform", "active")}
+    uniform_full = float(arr["uniform"][:, -1].mean())
+    notes = [f"SYNTHETIC: {n:,} objects at planted positions (dim 8, seed 0), oracle with Bradley–Terry noise "
+             f"τ = 2; SOE dim 8, default settings; agreement with the noise-free order on 100,000 held-out random "
+             f"questions. Active rounds: 0.5 % of the full budget or 10 % of those asked, pools of 4× the round.",
+             f"First budget within 1 pp of the full-budget agreement: uniform {100 * first['uniform']:g}% of the "
+             f"questions, active {100 * first['active']:g}%.",
+             f"First budget within 1 pp of uniform's full-budget agreement ({uniform_full:.2f}%), the same target for "
+             f"both: uniform {100 * first_within(arr['uniform'].mean(0) / 100, budgets, target=uniform_full / 100):g}%, "
+             f"active {100 * first_within(arr['active'].mean(0) / 100, budgets, target=uniform_full / 100):g}%.",
+             multiple_tests_note(claims)]
+    print(render_tables(tables))
+    print("\n".join(notes))
+    path = write_result("active_scale", f"Active vs uniform triplet selection at {n:,} objects (SYNTHETIC)",
+                        command_line("benchmarks.active", argv), seeds, tables, claims, notes, synthetic=True,
+                        seconds=time.perf_counter() - t0, results_dir=args.results)
+    print(f"wrote {path}")
+    return 0
+
+
+def first_within(curve: np.ndarray, budgets: tuple[float, ...], tol: float = 0.01, target: float | None = None) -> float:
+    """Smallest budget whose mean agreement is ≥ ``target`` (default: the curve's own full budget) − tol;
+    1.0 when none is (another sampler's target may stay out of reach)."""
+    goal = (curve[-1] if target is None else target) - tol
+    return next((b for b, v in zip(budgets, curve) if v >= goal), 1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,11 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_seeds(parser, help="run seeds (question orders, SOE; default 0 1 2)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke setting: seeds 0 1, budgets {', '.join(f'{b:.0%}' for b in QUICK_BUDGETS)}".replace("%", "%%"))
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result file active.json")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR,
+                        help="folder of the result file (active.json; active_scale.json with --planted)")
+    parser.add_argument("--planted", type=int, metavar="N",
+                        help="registry scale: N planted objects, questions drawn, not enumerated (SYNTHETIC)")
     args = cli.parse_args(parser, argv)
     seeds = [0, 1] if args.quick else args.seeds
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         parser.error(f"give at least two distinct --seeds for sd, CI and paired tests, got {seeds}")
+    if args.planted is not None:
+        if args.planted < 10 or args.quick or args.workspace:
+            parser.error(f"--planted N needs N ≥ 10 and neither --quick nor --workspace, got {args.planted}")
+        return planted_main(args, argv, seeds)
     budgets = QUICK_BUDGETS if args.quick else BUDGETS
 
     t0 = time.perf_counter()

@@ -45,6 +45,7 @@ SECTIONS: dict[str, str] = {
     "soe_scale": "python -m benchmarks.soe --scale",
     "scale": "python -m benchmarks.scale --full",
     "active": "python -m benchmarks.active",
+    "active_scale": "python -m benchmarks.active --planted 1000",
     "ablation": ("d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && python -m core.phantoms --out $d/data --seed 0"
                  " && python -m annotations import $d/data --workspace $d/ws"
                  " && python -m core.llm_triplets --workspace $d/ws --oracle phantom --budget 100% --seed 0"

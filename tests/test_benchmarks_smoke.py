@@ -58,6 +58,21 @@ def test_active_quick(tmp_path, demo_workspace):
     assert len(record["claims"]) == 3 and all(isinstance(c["holds"], bool) for c in record["claims"])
 
 
+def test_active_planted_draws_questions_and_writes_its_section(tmp_path, monkeypatch):
+    from benchmarks.active import PLANTED_BUDGETS, main
+    from core.text import sampling
+
+    monkeypatch.setattr(sampling, "ENUMERATE_MAX", 1000)  # 40 objects' 29,640 questions are drawn, not listed
+    assert main(["--planted", "40", "--seeds", "0", "1", "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "active_scale.json").read_text(encoding="utf-8"))
+    rows = record["tables"][0]["rows"]
+    assert [r[1] for r in rows] == [round(b * 500 * 40) for b in PLANTED_BUDGETS] and record["synthetic"] is True
+    assert rows[-1][2]["mean"] > rows[0][2]["mean"] + 10  # more questions, closer to the planted order
+    assert len(record["claims"]) == len(PLANTED_BUDGETS) - 1 and f"## {record['title']}" in render(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["--planted", "40", "--quick"])
+
+
 @pytest.mark.slow
 def test_flip_quick(tmp_path):
     record = _run_quick("flip", tmp_path)

@@ -121,6 +121,21 @@ def test_active_phantom_run_then_fit_soe(demo_workspace, capsys) -> None:
     assert out["expert_agreement"]["balanced"] > 0.62  # measured 0.684 (seed 0); chance 0.5
 
 
+def test_active_run_without_enumeration_resumes_from_the_cache(demo_workspace, tmp_path, monkeypatch) -> None:
+    import shutil
+
+    from annotations.workspace import Workspace
+    from core.text import sampling
+
+    monkeypatch.setattr(sampling, "ENUMERATE_MAX", 1000)  # the demo's 70,278 questions count as a registry's
+    shutil.copytree(demo_workspace.root, tmp_path / "copy")
+    ws = Workspace(tmp_path / "copy")
+    oracle = PhantomOracle(ws.truth_dir, seed=0)
+    summary = run(ws, oracle, 600, sampling="active", seed=0, active_batch=200, progress=False)
+    assert summary["questions"] == 600 and summary["asked"] == 600 - summary["from_cache"] > 0
+    again = run(ws, oracle, 600, sampling="active", seed=0, active_batch=200, progress=False)
+    assert again["asked"] == 0 and again["from_cache"] == 600
+
 def test_active_selection_prefers_uncertain_questions() -> None:
     from core.text.sampling import all_questions, select_active
     from core.text.soe import triplet_margins
@@ -132,6 +147,29 @@ def test_active_selection_prefers_uncertain_questions() -> None:
     assert np.bincount(q[pick, 0], minlength=12).tolist() == [10] * 12  # anchor-balanced
     assert np.abs(triplet_margins(x, q[pick])).mean() < 0.5 * np.abs(triplet_margins(x, q)).mean()
 
+
+def test_active_pools_are_drawn_not_enumerated_above_the_question_limit() -> None:
+    from core.text.sampling import ENUMERATE_MAX, ActiveSampler, canonical_key, n_questions
+    from core.text.soe import triplet_margins
+
+    n = 300
+    assert n_questions(n) > ENUMERATE_MAX
+    sampler = ActiveSampler(n, 600, seed=0)
+    assert sampler.questions is None
+    first = sampler.next_batch(np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64))
+    assert first.shape == (600, 3) and np.bincount(first[:, 0], minlength=n).tolist() == [2] * n
+    assert (first[:, 0] != first[:, 1]).all() and (first[:, 0] != first[:, 2]).all() and (first[:, 1] != first[:, 2]).all()
+    assert len(np.unique(canonical_key(first, n))) == 600
+    x = np.random.default_rng(1).normal(size=(n, 2))
+    oriented = first.copy()
+    swap = triplet_margins(x, first) < 0  # answered by the truth x
+    oriented[swap, 1], oriented[swap, 2] = first[swap, 2], first[swap, 1]
+    nxt = sampler.next_batch(oriented, canonical_key(first, n), 300)
+    assert len(nxt) == 300 and not np.isin(canonical_key(nxt, n), canonical_key(first, n)).any()
+    fitted = sampler.embedding_
+    assert np.abs(triplet_margins(fitted, nxt)).mean() < 0.5 * np.abs(triplet_margins(fitted, first)).mean()
+    with pytest.raises(ValueError, match="too many to rank them all"):
+        ActiveSampler(n, 10, pool_factor=None)
 
 @pytest.mark.slow
 def test_local_smollm2_oracle_writes_answers(demo_workspace) -> None:

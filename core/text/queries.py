@@ -224,8 +224,14 @@ class QueryRun:
 
     def run_active(self, budget: int, batch: int, seed: int) -> np.ndarray:
         sampler = ActiveSampler(self.n, batch, seed=seed)
-        answered_mask = np.array([self.is_answered(q) for q in sampler.questions])
-        asked_q = sampler.questions[answered_mask][:budget]
+        candidates = sampler.questions
+        if candidates is None:  # too many to enumerate: the answered ones come from the cache
+            index = {image_id: i for i, image_id in enumerate(self.ids)}
+            asked = {(index[a], *sorted((index[j], index[k]))): (index[a], index[j], index[k])
+                     for a, j, k in self.cache if a in index and j in index and k in index}  # as asked
+            candidates = np.array([asked[key] for key in sorted(asked)], dtype=np.int64).reshape(-1, 3)
+        answered_mask = np.array([self.is_answered(q) for q in candidates], dtype=bool)
+        asked_q = candidates[answered_mask][:budget]
         self.from_cache += len(asked_q) * (2 if self.debias else 1)
         with self.bar(max(0, budget - len(asked_q)) * (2 if self.debias else 1)) as bar:
             while len(asked_q) < budget and not self.stopped:

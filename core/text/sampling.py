@@ -18,6 +18,7 @@ import numpy as np
 from core.text.soe import SOE, triplet_margins
 
 SAMPLINGS = ("uniform", "anchor-balanced", "active")
+ENUMERATE_MAX = 5_000_000  # above this many possible questions, active pools are drawn, not enumerated
 
 
 def n_questions(n: int) -> int:
@@ -94,6 +95,16 @@ def canonical_key(q: np.ndarray, n: int) -> np.ndarray:
     return (q[:, 0] * n + lo) * n + hi
 
 
+def random_questions(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` random questions (anchor, j, k) with three distinct objects, anchors round robin
+    from a random start (anchor-balanced ±1), without enumerating all n·C(n−1, 2) questions."""
+    a = (rng.integers(n) + np.arange(size)) % n
+    j = (a + rng.integers(1, n, size)) % n  # ≠ a
+    k = (a + rng.integers(1, n - 1, size)) % n  # ≠ a; moved off j below
+    k = np.where(k == j, (a + n - 1) % n, k)
+    return np.stack([a, j, k], 1).astype(np.int64)
+
+
 def select_active(embedding: np.ndarray, candidates: np.ndarray, size: int) -> np.ndarray:
     """Indices into ``candidates`` of ``size`` questions with the smallest |margin| under
     ``embedding`` (the most uncertain for the current fit), spread evenly over anchors:
@@ -120,6 +131,10 @@ class ActiveSampler:
     round onto near-ties of a few regions, whose answers from a noisy oracle are close
     to coin flips (``benchmarks/active.py`` measured pool 4 ahead of the full ranking).
     Before any answer exists it returns an anchor-balanced random batch.
+
+    Above :data:`ENUMERATE_MAX` possible questions (more than 216 objects) they are not enumerated:
+    the pool is drawn with :func:`random_questions` and asked ones are dropped by key, so
+    memory follows the pool, not n³ (``questions`` is then None).
     """
 
     def __init__(self, n: int, batch_size: int, seed: int = 0, n_components: int = 4,
@@ -134,8 +149,12 @@ class ActiveSampler:
         self.n_components = n_components
         self.pool_factor = pool_factor
         self.soe_params = soe_params or {}
-        self.questions = anchor_balanced_order(n, seed)
-        self.keys = canonical_key(self.questions, n)
+        self.lazy = n_questions(n) > ENUMERATE_MAX
+        if self.lazy and pool_factor is None:
+            raise ValueError(f"{n} objects have {n_questions(n):,} questions: too many to rank them all; "
+                             f"give a pool_factor")
+        self.questions = None if self.lazy else anchor_balanced_order(n, seed)
+        self.keys = None if self.lazy else canonical_key(self.questions, n)
         self.rng = np.random.default_rng([seed, 3])
         self.embedding_: np.ndarray | None = None
 
@@ -152,6 +171,8 @@ class ActiveSampler:
     def next_batch(self, oriented: np.ndarray, asked_keys: np.ndarray, size: int | None = None) -> np.ndarray:
         """The next ``size`` (default batch_size) questions not in ``asked_keys``."""
         size = self.batch_size if size is None else size
+        if self.lazy:
+            return self._next_lazy(oriented, np.asarray(asked_keys, dtype=np.int64), size)
         candidates = self.questions[~np.isin(self.keys, asked_keys)]
         if len(oriented) == 0:
             return candidates[:size]
@@ -160,6 +181,18 @@ class ActiveSampler:
             pool = np.sort(self.rng.choice(len(candidates), int(self.pool_factor * size), replace=False))
             candidates = candidates[pool]
         return candidates[select_active(emb, candidates, size)]
+
+    def _next_lazy(self, oriented: np.ndarray, asked_keys: np.ndarray, size: int) -> np.ndarray:
+        """A drawn pool of ≈ pool_factor × size unasked, distinct questions; its most uncertain ``size``."""
+        want = size if len(oriented) == 0 else int(self.pool_factor * size)
+        draw = random_questions(self.n, 2 * want + 16, self.rng)
+        keys = canonical_key(draw, self.n)
+        _, first = np.unique(keys, return_index=True)
+        keep = np.sort(first[~np.isin(keys[first], asked_keys)])
+        candidates = draw[keep[:want]]
+        if len(oriented) == 0:
+            return candidates
+        return candidates[select_active(self.fit(oriented), candidates, size)]
 
 
 def default_active_batch(n: int) -> int:
