@@ -50,7 +50,7 @@ from benchmarks.results import (
     render_tables,
     write_result,
 )
-from benchmarks.soe import phantom_triplets, phantom_workspace, planted_triplets
+from benchmarks.soe import orient_planted, phantom_triplets, phantom_workspace, planted_triplets
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
@@ -111,10 +111,10 @@ def planted_seed(n: int, seed: int, budgets: tuple[float, ...], dim: int = 8, ta
     x, _ = planted_triplets(n, dim, 0, tau, 0)  # the same planted positions for every run seed
     rng = np.random.default_rng([seed, 7])
     truth = random_questions(n, held_out, np.random.default_rng([0, 8]))
-    truth = orient_by(x, truth, None)
+    truth = orient_planted(x, truth, None)
 
     def ask(q: np.ndarray) -> np.ndarray:
-        return orient_by(x, q, (rng, tau))
+        return orient_planted(x, q, (rng, tau))
 
     def agreement(oriented: np.ndarray) -> float:
         emb = SOE(n_components=dim, n_objects=n, random_state=seed).fit(oriented).embedding_
@@ -136,21 +136,6 @@ def planted_seed(n: int, seed: int, budgets: tuple[float, ...], dim: int = 8, ta
             asked, oriented = np.concatenate([asked, nxt]), np.concatenate([oriented, ask(nxt)])
         active.append(agreement(oriented))
     return {"uniform": uniform, "active": active}
-
-
-def orient_by(x: np.ndarray, q: np.ndarray, noise: tuple[np.random.Generator, float] | None) -> np.ndarray:
-    """Questions (a, j, k) oriented (a, closer, farther) by positions ``x``: noise-free, or with
-    Bradley–Terry noise (rng, τ) as :func:`benchmarks.soe.planted_triplets` answers."""
-    d_ij = ((x[q[:, 0]] - x[q[:, 1]]) ** 2).sum(1)
-    d_ik = ((x[q[:, 0]] - x[q[:, 2]]) ** 2).sum(1)
-    if noise is None:
-        swap = d_ij > d_ik
-    else:
-        rng, tau = noise
-        swap = rng.random(len(q)) >= 1 / (1 + np.exp(-(d_ik - d_ij) / tau))
-    out = q.copy()
-    out[swap, 1], out[swap, 2] = q[swap, 2], q[swap, 1]
-    return out
 
 
 def planted_main(args: argparse.Namespace, argv: list[str] | None, seeds: list[int]) -> int:

@@ -144,12 +144,23 @@ def planted_triplets(n: int, dim: int, m: int, tau: float, seed: int,
         t[:, 1] = (t[:, 0] + rng.integers(1, n, size=k)) % n  # j ≠ i
         t[:, 2] = (t[:, 0] + rng.integers(1, n - 1, size=k)) % n  # k ≠ i, then ≠ j below
         t[:, 2] = np.where(t[:, 2] == t[:, 1], (t[:, 0] + n - 1) % n, t[:, 2])
-        d_ij = ((x[t[:, 0]] - x[t[:, 1]]) ** 2).sum(1)
-        d_ik = ((x[t[:, 0]] - x[t[:, 2]]) ** 2).sum(1)
-        swap = rng.random(k) >= 1 / (1 + np.exp(-(d_ik - d_ij) / tau))
-        t[swap, 1], t[swap, 2] = t[swap, 2], t[swap, 1].copy()
-        out[start:start + k] = t
+        out[start:start + k] = orient_planted(x, t, (rng, tau))
     return x, out
+
+
+def orient_planted(x: np.ndarray, q: np.ndarray, noise: tuple[np.random.Generator, float] | None) -> np.ndarray:
+    """Questions (a, j, k) oriented (a, closer, farther) by planted positions ``x``: noise-free, or
+    answered with Bradley–Terry noise (rng, τ): j is closer with probability σ((d_ak − d_aj) / τ)."""
+    d_ij = ((x[q[:, 0]] - x[q[:, 1]]) ** 2).sum(1)
+    d_ik = ((x[q[:, 0]] - x[q[:, 2]]) ** 2).sum(1)
+    if noise is None:
+        swap = d_ij > d_ik
+    else:
+        rng, tau = noise
+        swap = rng.random(len(q)) >= 1 / (1 + np.exp(-(d_ik - d_ij) / tau))
+    out = q.copy()
+    out[swap, 1], out[swap, 2] = q[swap, 2], q[swap, 1]
+    return out
 
 
 def rank_correlation(emb: np.ndarray, truth: np.ndarray, pairs: int, seed: int) -> float:
