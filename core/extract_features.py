@@ -79,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         cache.write_index()  # every rank's shards, now that all are written
         disk = sum(p.stat().st_size for p in cache.shard_files())
-        metrics = {"computed": sum(per_rank), "computed_per_rank": per_rank, "cached_before": len(image_ids) - sum(per_rank),
+        total = sum(per_rank)
+        metrics = {"computed": total, "computed_per_rank": per_rank, "cached_before": len(image_ids) - total,
                    "seconds": seconds, "disk_mib": disk / 2**20}
         ws.store.finish_run(run_id, metrics=metrics)
-        print(f"{len(image_ids)} photos × {args.views} views of {backbone.name}: computed {sum(per_rank)} "
-              f"(per rank {per_rank}), {len(image_ids) - sum(per_rank)} already cached; {seconds:.1f}s; "
+        print(f"{len(image_ids)} photos × {args.views} views of {backbone.name}: computed {total} "
+              f"(per rank {per_rank}), {len(image_ids) - total} already cached; {seconds:.1f}s; "
               f"{disk / 2**20:.1f} MiB in {cache.root} (run {run_id})")
     if world > 1:
         dist.destroy_process_group()

@@ -149,12 +149,12 @@ class ActiveSampler:
         self.n_components = n_components
         self.pool_factor = pool_factor
         self.soe_params = soe_params or {}
-        self.lazy = n_questions(n) > ENUMERATE_MAX
-        if self.lazy and pool_factor is None:
+        enumerate_all = n_questions(n) <= ENUMERATE_MAX
+        if not enumerate_all and pool_factor is None:
             raise ValueError(f"{n} objects have {n_questions(n):,} questions: too many to rank them all; "
                              f"give a pool_factor")
-        self.questions = None if self.lazy else anchor_balanced_order(n, seed)
-        self.keys = None if self.lazy else canonical_key(self.questions, n)
+        self.questions = anchor_balanced_order(n, seed) if enumerate_all else None
+        self.keys = canonical_key(self.questions, n) if enumerate_all else None
         self.rng = np.random.default_rng([seed, 3])
         self.embedding_: np.ndarray | None = None
 
@@ -171,7 +171,7 @@ class ActiveSampler:
     def next_batch(self, oriented: np.ndarray, asked_keys: np.ndarray, size: int | None = None) -> np.ndarray:
         """The next ``size`` (default batch_size) questions not in ``asked_keys``."""
         size = self.batch_size if size is None else size
-        if self.lazy:
+        if self.questions is None:
             return self._next_lazy(oriented, np.asarray(asked_keys, dtype=np.int64), size)
         candidates = self.questions[~np.isin(self.keys, asked_keys)]
         if len(oriented) == 0:

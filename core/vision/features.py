@@ -53,7 +53,7 @@ TOKEN_THRESHOLD = 0.5
 CACHE_VERSION = 3
 #: Photos per shard file written by :meth:`FeatureCache.extract`.
 SHARD_PHOTOS = 32
-SHARD_SUFFIX = ".safetensors"
+SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"  # finished shards only: temporaries start with "."
 INDEX_NAME = "index.json"
 #: The tensors kept per photo.
 PARTS = ("views", "view_frac", "eval_feat", "eval_frac")
@@ -147,7 +147,7 @@ class FeatureCache:
     def shard_files(self) -> list[Path]:
         """The finished shard files (``shard-*.safetensors``; a writer's temporary file, even one left
         by a killed process, is hidden and never read)."""
-        return sorted(self.root.glob("shard-*" + SHARD_SUFFIX)) if self.root.is_dir() else []
+        return sorted(self.root.glob(SHARD_PREFIX + "*" + SHARD_SUFFIX)) if self.root.is_dir() else []
 
     def index(self) -> dict[str, tuple[str, int]]:
         """Photo key → (shard file, views), merged over every shard in the folder: ``index.json``
@@ -186,7 +186,7 @@ class FeatureCache:
             for part in PARTS:
                 tensors[f"{key}/{part}"] = c[part].contiguous()
             meta[key] = {"views": int(c["views"].shape[0]), "wounds": c["wounds"]}
-        name = "shard-" + hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16] + SHARD_SUFFIX
+        name = SHARD_PREFIX + hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16] + SHARD_SUFFIX
         self.root.mkdir(parents=True, exist_ok=True)
         with atomic_write(self.root / name, "wb", suffix=SHARD_SUFFIX) as fh:
             fh.write(save(tensors, {"version": str(CACHE_VERSION), "photos": json.dumps(meta)}))
