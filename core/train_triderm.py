@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"optimiser steps of the metric head (default {DEFAULTS['supervise_steps']})")
     parser.add_argument("--supervise-dim", type=int, default=None,
                         help=f"dimension of the metric space (default {DEFAULTS['supervise_dim']})")
+    parser.add_argument("--supervise-heads", type=int, default=None,
+                        help="independently trained metric heads whose squared distances add (an ensemble; "
+                             f"default {DEFAULTS['supervise_heads']})")
     parser.add_argument("--cv", type=int, default=None, metavar="K",
                         help="with --supervise: first report out-of-fold agreement over K patient-disjoint folds "
                              "(default 5 with --supervise; 0 to skip)")

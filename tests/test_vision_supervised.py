@@ -13,15 +13,17 @@ from core.eval.metrics import agreement
 from core.losses import ExpertTripletLoss
 from core.runtime import load_embeddings, pick_device
 from core.train_triderm import main as train_main
+from core.vision.features import PhotoFeatures, TokenBank, wound_fractions
 from core.vision.supervised import (
     LinearMetric,
     MetricHead,
     cross_validate,
+    fit_metric_head,
     patient_folds,
     split_triplets,
     stitch_rows,
 )
-from core.vision.triderm import oriented_expert, train
+from core.vision.triderm import DEFAULTS, oriented_expert, train
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
 
@@ -152,6 +154,48 @@ def test_metric_head_starts_at_mean_pooling_and_is_standardised():
     assert torch.allclose(w, torch.tensor([0.5, 0.5, 1.0]))  # zero-initialised attention = the mean
     pooled = torch.tensor([[2.0, 4.0], [5.0, 0.0]])
     assert torch.allclose(z, ((pooled - 1.0) / torch.tensor([2.0, 4.0])) @ head.proj.weight.T)
+
+
+def random_bank(n_photos: int, channels: int, seed: int) -> TokenBank:
+    """One wound per photo, random tokens, two augmented views."""
+    g = torch.Generator().manual_seed(seed)
+    labels = np.zeros((32, 32), np.int64)
+    labels[4:28, 4:28] = 1
+    frac = wound_fractions(labels, [1], (4, 4))
+    photos = {f"p{i}": PhotoFeatures([1], torch.randn(2, channels, 4, 4, generator=g).half(),
+                                     frac[None].repeat(2, 1, 1, 1).half(),
+                                     torch.randn(channels, 4, 4, generator=g).half(), frac)
+              for i in range(n_photos)}
+    return TokenBank(photos, [(f"p{i}", 1) for i in range(n_photos)])
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_an_ensemble_of_heads_trains_each_block_as_its_own_model(augment):
+    n, channels, dim = 10, 6, 3
+    bank = random_bank(n, channels, 0)
+    wound_image, wounds = torch.arange(n), torch.arange(n)
+    triplets = torch.from_numpy(random_triplets(n, 40, 1))
+    cfg = {**DEFAULTS, "supervise_steps": 25, "supervise_augment": augment}
+    ensemble = MetricHead(channels, dim, heads=2)
+    start = ensemble.proj.weight.detach().clone()
+    fit_metric_head(ensemble, bank, wound_image, n, wounds, triplets, cfg, torch.Generator().manual_seed(3),
+                    torch.device("cpu"))
+    assert ensemble(bank.eval_tokens, bank.eval_segment, n)[0].shape == (n, 2 * dim)
+    for h in range(2):
+        alone = MetricHead(channels, dim)
+        with torch.no_grad():
+            alone.proj.weight.copy_(start[h * dim:(h + 1) * dim])
+        fit_metric_head(alone, bank, wound_image, n, wounds, triplets, cfg, torch.Generator().manual_seed(3),
+                        torch.device("cpu"))
+        block = ensemble.proj.weight[h * dim:(h + 1) * dim]
+        # without augmentation a block trained beside another equals the same block trained alone;
+        # with it, each block draws its own views, so none follows the draws of a lone head
+        assert torch.allclose(alone.proj.weight, block, atol=1e-5) == (not augment)
+
+
+def test_metric_head_rejects_an_empty_ensemble():
+    with pytest.raises(ValueError, match="heads must be ≥ 1"):
+        MetricHead(4, heads=0)
 
 
 def test_a_supervised_run_places_new_photos_in_its_metric_space(tiny_ws, tmp_path, capsys):

@@ -167,9 +167,12 @@ class LinearMetric(TransformerMixin, BaseEstimator):
 class MetricHead(torch.nn.Module):
     """``z = ((pool(tokens) − μ) / σ) · W``: wound pooling (mean, or attention that starts as the
     mean — its last layer is zero), standardisation by the training wounds' mean-pooled tokens
-    (buffers ``mean``/``scale``, set by :func:`fit_metric_head`), a bias-free linear map to ``dim``."""
+    (buffers ``mean``/``scale``, set by :func:`fit_metric_head`), a bias-free linear map to
+    ``heads`` independent blocks of ``dim`` (an ensemble: each block is trained with its own hinge
+    and its own draws of augmented views; squared distances add over the blocks)."""
 
-    def __init__(self, channels: int, dim: int = 64, pooling: str = "mean", hidden: int = 128) -> None:
+    def __init__(self, channels: int, dim: int = 64, pooling: str = "mean", hidden: int = 128,
+                 heads: int = 1) -> None:
         super().__init__()
         if pooling == "attention":
             self.pool: torch.nn.Module = AttentionPooling(channels, hidden)
@@ -179,18 +182,21 @@ class MetricHead(torch.nn.Module):
             self.pool = MeanPooling()
         else:
             raise ValueError(f"pooling must be 'attention' or 'mean', got {pooling!r}")
+        if heads < 1:
+            raise ValueError(f"heads must be ≥ 1, got {heads}")
+        self.dim, self.heads = dim, heads
         self.register_buffer("mean", torch.zeros(channels))
         self.register_buffer("scale", torch.ones(channels))
-        self.proj = torch.nn.Linear(channels, dim, bias=False)
+        self.proj = torch.nn.Linear(channels, heads * dim, bias=False)
         torch.nn.init.normal_(self.proj.weight, std=channels ** -0.5)
 
     def forward(self, tokens: torch.Tensor, segment: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(wound embeddings n×dim, attention weight per token)."""
+        """(wound embeddings n×(heads·dim), attention weight per token)."""
         pooled, w = self.pool(tokens, segment, n)
         return self.project(pooled), w
 
     def project(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Pooled wound tokens (n×channels) → the metric space (n×dim)."""
+        """Pooled wound tokens (…×channels) → the metric space (…×heads·dim)."""
         return self.proj((pooled - self.mean) / self.scale)
 
 
@@ -216,8 +222,10 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
                     device: torch.device, progress: bool = False) -> list[float]:
     """Train ``head`` on the bank rows ``wounds`` with the ordinal hinge (margin 1 on squared
     distances) over ``triplets`` (image rows): full batch, one random augmented view per wound and
-    step (the inference view when ``cfg['supervise_augment']`` is false), Adam for ``cfg['supervise_steps']`` steps (lr ``supervise_lr``, weight decay
-    ``supervise_weight_decay``). Returns the loss of every step."""
+    step (the inference view when ``cfg['supervise_augment']`` is false), Adam for ``cfg['supervise_steps']``
+    steps (lr ``supervise_lr`` decayed to 0 on a cosine, weight decay ``supervise_weight_decay``).
+    With ``head.heads`` > 1 every block has its own hinge and its own view draws. Returns the loss
+    of every step (the mean over the blocks)."""
     head = head.to(device)
     with torch.no_grad():
         pooled, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
@@ -230,20 +238,30 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
         # mean pooling has no parameters: pool every (wound, view) once, then a step is an index
         means = view_means(bank, wounds, pooled).to(device) if isinstance(head.pool, MeanPooling) else None
     opt = torch.optim.Adam(head.parameters(), lr=cfg["supervise_lr"], weight_decay=cfg["supervise_weight_decay"])
+    # the views make every step's loss noisy: decaying the rate lets the head settle (on small sets
+    # a constant rate kept the hinge jumping between 10² and 10³ to the last step)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg["supervise_steps"])
     loss_fn, trip, rows = ExpertTripletLoss(1.0, normalize=False), triplets.to(device), wound_image[wounds].to(device)
     losses: list[float] = []
+    no_view = torch.full((len(wounds),), -1)
     head.train()
     for _ in tqdm(range(cfg["supervise_steps"]), desc="metric head", unit="step", disable=not progress, leave=False):
-        views = bank.sample_views(wounds, gen)[0] if cfg["supervise_augment"] else torch.full((len(wounds),), -1)
         if means is None:
+            views = bank.sample_views(wounds, gen)[0] if cfg["supervise_augment"] else no_view
             x, s = bank.gather(wounds, views)
-            z, _ = head(x.to(device), s.to(device), len(wounds))
+            z = head(x.to(device), s.to(device), len(wounds))[0].unsqueeze(0)
         else:
+            # each block of the ensemble sees its own view of every wound: block h of z[h]
+            views = (torch.stack([bank.sample_views(wounds, gen)[0] for _ in range(head.heads)])
+                     if cfg["supervise_augment"] else no_view.expand(head.heads, -1))
             z = head.project(means[torch.arange(len(wounds)), views + 1])
-        loss = loss_fn(image_rows_mean(z, rows, n_images), trip)
+        blocks = [image_rows_mean(z[min(h, len(z) - 1), :, h * head.dim:(h + 1) * head.dim], rows, n_images)
+                  for h in range(head.heads)]
+        loss = torch.stack([loss_fn(b, trip) for b in blocks]).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss.detach()))
+        schedule.step()
+        losses.append(float(loss.detach()) / head.heads)
     head.eval()
     return losses

@@ -32,7 +32,7 @@ PAPER_RECIPE: dict[str, Any] = {
     "batch_size": 32, "lr": 1e-2, "weight_decay": 1e-5, "views": 16, "seed": 0, "no_cache": False, "dim": 512,
     "hidden": 128, "min_steps": 0, "normalize": "none", "supervise": None, "cv": 0,
     "supervise_steps": 300, "supervise_dim": 64, "supervise_lr": 1e-2, "supervise_weight_decay": 1e-2,
-    "supervise_pooling": "mean", "supervise_augment": True,
+    "supervise_pooling": "mean", "supervise_augment": True, "supervise_heads": 5,
 }
 #: the real-data default (benchmarks/real_vision.py): a 128-d predictor (VICReg's covariance term is
 #: estimated from batches of 32, so a 512-d output is mostly noise) and distances between
@@ -155,7 +155,7 @@ def check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(f"supervise must be 'triplets' or None, got {cfg['supervise']!r}")
     if cfg["cv"] and (cfg["supervise"] is None or int(cfg["cv"]) < 2):
         raise ValueError(f"cv needs supervise='triplets' and at least 2 folds, got cv={cfg['cv']}")
-    for key in ("supervise_steps", "supervise_dim"):
+    for key in ("supervise_steps", "supervise_dim", "supervise_heads"):
         if int(cfg[key]) < 1:
             raise ValueError(f"{key} must be ≥ 1, got {cfg[key]}")
     if cfg["supervise_lr"] <= 0 or cfg["supervise_weight_decay"] < 0:
@@ -206,7 +206,8 @@ def build_head(channels: int, cfg: dict[str, Any]) -> WoundHead | MetricHead:
     """The untrained head a run of ``cfg`` learns: the supervised :class:`MetricHead` with
     ``cfg['supervise']``, else the self-supervised :class:`WoundHead`."""
     if cfg["supervise"]:
-        return MetricHead(channels, cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"])
+        return MetricHead(channels, cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"],
+                          cfg.get("supervise_heads", 1))  # runs saved before the ensemble: one head
     return WoundHead(channels, cfg["dim"], cfg["pooling"], cfg["hidden"])
 
 
