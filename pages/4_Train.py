@@ -41,8 +41,9 @@ with vision:
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
     supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
-                            help=f"{n_expert} expert judgments in this workspace (--supervise triplets): a metric "
-                                 "head trained on them over the augmented views, instead of self-supervision")
+                            help=f"{n_expert} expert judgments in this workspace (--supervise triplets): an ensemble "
+                                 "of 5 metric heads trained on them over the augmented views, instead of "
+                                 "self-supervision")
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20, value=5,
                             disabled=not supervise,
                             help="out-of-fold agreement over patient-disjoint folds, reported before the final model")
