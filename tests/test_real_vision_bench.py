@@ -44,5 +44,10 @@ def test_without_triplets_only_costs_are_measured(tiny_dataset, tmp_path):
     assert any("has no triplets" in n for n in res["notes"])
 
 
-def test_search_log_counts_its_configurations():
-    assert configurations_tried() == (12, 5)
+def test_search_log_counts_its_configurations(tmp_path, monkeypatch):
+    assert all(n > 0 for n in configurations_tried())  # the real log parses
+    log = tmp_path / "search.md"
+    log.write_text("# log\n\n| # | layer |\n|---|---|\n| 1 | full |\n| 2 | stage5 |\n\nChosen: #1.\n\n"
+                   "## Supervised mode\n\n- first, 70.2\n  continued on a second line\n- second\n- third\n")
+    monkeypatch.setattr("benchmarks.real_vision.SEARCH_LOG", log)
+    assert configurations_tried() == (2, 3)
