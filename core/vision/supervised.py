@@ -14,9 +14,10 @@ anchors are stitched into one matrix, so the usual metrics and their bootstrap C
 map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`).
 
 **Metric head** (:class:`MetricHead`, :func:`fit_metric_head`): the supervised TriDerm-V head —
-wound pooling of the tokens, fixed standardisation, a linear map — trained with the same hinge on
-the image means of its wound embeddings, each wound seen through a random cached augmented view
-at every step (the self-supervised recipe's views, used as data augmentation).
+wound pooling of the tokens, fixed standardisation, a linear map (by default an ensemble of 5,
+trained side by side) — trained with the same hinge on the image means of its wound embeddings,
+each wound seen through a random cached augmented view at every step (the self-supervised
+recipe's views, used as data augmentation), the rate decayed on a cosine.
 """
 from __future__ import annotations
 
@@ -168,8 +169,8 @@ class MetricHead(torch.nn.Module):
     """``z = ((pool(tokens) − μ) / σ) · W``: wound pooling (mean, or attention that starts as the
     mean — its last layer is zero), standardisation by the training wounds' mean-pooled tokens
     (buffers ``mean``/``scale``, set by :func:`fit_metric_head`), a bias-free linear map to
-    ``heads`` independent blocks of ``dim`` (an ensemble: each block is trained with its own hinge
-    and its own draws of augmented views; squared distances add over the blocks)."""
+    ``heads`` independent blocks of ``dim`` (an ensemble: each block is trained with its own hinge,
+    see :func:`fit_metric_head`; squared distances add over the blocks)."""
 
     def __init__(self, channels: int, dim: int = 64, pooling: str = "mean", hidden: int = 128,
                  heads: int = 1) -> None:
@@ -224,8 +225,9 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
     distances) over ``triplets`` (image rows): full batch, one random augmented view per wound and
     step (the inference view when ``cfg['supervise_augment']`` is false), Adam for ``cfg['supervise_steps']``
     steps (lr ``supervise_lr`` decayed to 0 on a cosine, weight decay ``supervise_weight_decay``).
-    With ``head.heads`` > 1 every block has its own hinge and its own view draws. Returns the loss
-    of every step (the mean over the blocks)."""
+    With ``head.heads`` > 1 every block has its own hinge and, with mean pooling, its own view
+    draws (attention pooling pools once per step, so its blocks share the step's views). Returns
+    the loss of every step (the mean over the blocks)."""
     head = head.to(device)
     with torch.no_grad():
         pooled, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
