@@ -143,20 +143,18 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         for budget in budgets:
             lm_name = "linear metric on frozen new tokens, out of fold" + (f" ({budget} triplets)" if budget else "")
 
-            def linear_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
-                z = LinearMetric(random_state=seed).fit(frozen, train).transform(frozen)
-                return pairwise_euclidean(z)
+            def linear_cv(starts: list[int]) -> np.ndarray:
+                """Out-of-fold distances of linear metrics from ``starts`` (random states), squared distances added."""
+                def fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
+                    return pairwise_euclidean(np.hstack([LinearMetric(random_state=r).fit(frozen, train)
+                                                         .transform(frozen) for r in starts]))
 
-            b.record(lm_name, seed, lambda: cross_validate(len(b.image_ids), b.folds_rows(seed), b.triplets,
-                                                          linear_fold, budget, seed))
+                return cross_validate(len(b.image_ids), b.folds_rows(seed), b.triplets, fold, budget, seed)
+
+            b.record(lm_name, seed, lambda: linear_cv([seed]))
             if budget is None and heads > 1:
-                def linear_ensemble_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
-                    return pairwise_euclidean(np.hstack([
-                        LinearMetric(random_state=seed * heads + h).fit(frozen, train).transform(frozen)
-                        for h in range(heads)]))
-
-                b.record(LINEAR_ENSEMBLE.format(heads), seed, lambda: cross_validate(
-                    len(b.image_ids), b.folds_rows(seed), b.triplets, linear_ensemble_fold, None, seed))
+                b.record(LINEAR_ENSEMBLE.format(heads), seed,
+                         lambda: linear_cv([seed * heads + h for h in range(heads)]))
             sup = TriDermTrainer(full, {**supervised, "seed": seed}, torch.device("cpu"), b.image_ids)
             sv_name = (f"TriDerm-V --supervise triplets ({heads} metric head{'s' * (heads > 1)}, "
                        f"{supervised['supervise_pooling']} pooling, augmented views), out of fold"

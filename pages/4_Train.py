@@ -9,6 +9,7 @@ import streamlit as st
 
 import app_common as ac
 from core.vision.backbones import LITE0_LAYERS
+from core.vision.triderm import DEFAULTS
 
 ws = ac.page("Train", need="jobs")
 st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
@@ -42,8 +43,8 @@ with vision:
     s1, s2 = st.columns(2)
     supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
                             help=f"{n_expert} expert judgments in this workspace (--supervise triplets): an ensemble "
-                                 "of 5 metric heads trained on them over the augmented views, instead of "
-                                 "self-supervision")
+                                 f"of {DEFAULTS['supervise_heads']} metric heads trained on them over the augmented "
+                                 "views, instead of self-supervision")
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20, value=5,
                             disabled=not supervise,
                             help="out-of-fold agreement over patient-disjoint folds, reported before the final model")

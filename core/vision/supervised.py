@@ -248,18 +248,16 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
     no_view = torch.full((len(wounds),), -1)
     head.train()
     for _ in tqdm(range(cfg["supervise_steps"]), desc="metric head", unit="step", disable=not progress, leave=False):
-        if means is None:
+        if means is None:  # attention pooling: one draw of views, pooled once, for every block
             views = bank.sample_views(wounds, gen)[0] if cfg["supervise_augment"] else no_view
             x, s = bank.gather(wounds, views)
-            z = head(x.to(device), s.to(device), len(wounds))[0].unsqueeze(0)
-        else:
-            # each block of the ensemble sees its own view of every wound: block h of z[h]
+            zs = [head(x.to(device), s.to(device), len(wounds))[0]] * head.heads
+        else:  # each block of the ensemble sees its own view of every wound: block h of zs[h]
             views = (torch.stack([bank.sample_views(wounds, gen)[0] for _ in range(head.heads)])
                      if cfg["supervise_augment"] else no_view.expand(head.heads, -1))
-            z = head.project(means[torch.arange(len(wounds)), views + 1])
-        blocks = [image_rows_mean(z[min(h, len(z) - 1), :, h * head.dim:(h + 1) * head.dim], rows, n_images)
-                  for h in range(head.heads)]
-        loss = torch.stack([loss_fn(b, trip) for b in blocks]).sum()
+            zs = list(head.project(means[torch.arange(len(wounds)), views + 1]))
+        loss = torch.stack([loss_fn(image_rows_mean(z[:, h * head.dim:(h + 1) * head.dim], rows, n_images), trip)
+                            for h, z in enumerate(zs)]).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
