@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         backbone = load_backbone(cfg["backbone"], layer=cfg["layer"])
         check_workspace(ws, cfg)
-    head = (f"metric head on the expert triplets: {cfg['supervise_pooling']} pooling, {cfg['supervise_dim']}-d, "
+    head = (f"{cfg['supervise_heads']} metric head(s) on the expert triplets: {cfg['supervise_pooling']} pooling, "
+            f"{cfg['supervise_dim']}-d each, "
             f"{cfg['supervise_steps']} steps (cv {cfg['cv']})" if cfg["supervise"] else
             f"{cfg['epochs']} epochs (≥ {cfg['min_steps']} steps), {cfg['pooling']} pooling, {cfg['dim']}-d")
     print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {backbone.name}, {cfg['views']} views, "
