@@ -26,6 +26,12 @@ test: install
 app: install
 	$(VENV)/bin/streamlit run app.py
 
+# SIGKILL at every rename and commit of import, re-import, restore, erase-patient and backup, then
+# reopen and check (a minute or two on 2 cores); prints the kill points tried and 0 inconsistent
+.PHONY: crashtest
+crashtest: install
+	$(PY) scripts/crashtest.py
+
 # every CLI on a fresh demo workspace on CUDA (1–2 epochs), one PASS/FAIL line each; no CUDA: says so, exit 0
 .PHONY: gpu-check
 gpu-check: install

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from annotations import accounts
 from annotations.backup import backup, restore
-from annotations.dataset import EXPORT_FORMATS, PREFER, import_dataset
+from annotations.dataset import EXPORT_FORMATS, PREFER, clear_error, import_dataset
 from annotations.formats import FORMATS, export_outlines
 from annotations.history import history_lines, restore_revision
 from annotations.privacy import erase_patient
@@ -146,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         result = COMMANDS[args.command][2](args)
     except DatasetError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as err:  # a full disk, a store locked too long: one line, not a traceback
+        clear = clear_error(err, resolve_workspace(args.workspace).resolve(), f"{args.command} did not finish")
+        if clear is None:
+            raise
+        print(f"error: {clear}", file=sys.stderr)
         return 2
     if isinstance(result, list):
         print("\n".join(result))

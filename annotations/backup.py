@@ -1,10 +1,12 @@
 """Backup and restore of a whole workspace while annotators keep working.
 
 ``backup`` copies the store with SQLite's online backup API while holding the write lock (so the
-label masks copied in the same moment match it), then the photos, truth and run folders, and
-writes ``manifest.json`` with the sha256 of every file. ``restore`` checks every file against
-the manifest and the database's integrity before touching anything, and refuses a corrupted or
-incomplete backup with the name of the first bad file.
+label masks copied in the same moment match it), then the photos, truth and run folders (never
+following a link), and writes ``manifest.json`` with the sha256 of every file. ``restore`` checks
+the manifest, every file, the database's integrity and schema (only TriDerm's own tables and
+indexes: no trigger or view) before touching anything, refuses a corrupted, altered or
+incomplete backup with the name of the first bad file, and swaps the workspace in through a
+journal (:mod:`annotations.journal`).
 """
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from annotations.fileio import write_json
+from annotations.dataset import clear_error
+from annotations.fileio import LinkError, copy_file, copy_tree, replace, write_json
+from annotations.journal import Swap
 from annotations.readers import DatasetError
-from annotations.store import now
+from annotations.store import MIGRATIONS, now
 from annotations.workspace import DB_NAME, Workspace
 
 MANIFEST = "manifest.json"
@@ -43,6 +48,14 @@ def _empty_or_missing(path: Path) -> bool:
     return not path.exists() or (path.is_dir() and not any(path.iterdir()))
 
 
+def _copy_folder(src: Path, dst: Path) -> None:
+    """Copy a workspace folder without following links (hidden staging files left out)."""
+    try:
+        copy_tree(src, dst, skip_hidden=True)
+    except LinkError as err:
+        raise BackupError(f"{err.filename}: {err.strerror}; remove the link and back up again") from None
+
+
 def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
     """Write a verified copy of ``ws`` to the new folder ``out``; returns counts and size."""
     out = Path(out).resolve()
@@ -62,11 +75,11 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
                 dest.close()
                 source.close()
             if ws.masks_dir.is_dir():
-                shutil.copytree(ws.masks_dir, staging / "masks", ignore=shutil.ignore_patterns(".*"))
+                _copy_folder(ws.masks_dir, staging / "masks")
             photos = {r[0]: r[1] for r in ws.store.db.execute("SELECT file, sha256 FROM images")}
         for name in ("images", "truth", "runs"):
             if (ws.root / name).is_dir():
-                shutil.copytree(ws.root / name, staging / name, ignore=shutil.ignore_patterns(".*"))
+                _copy_folder(ws.root / name, staging / name)
         files = {}
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):
             rel = path.relative_to(staging).as_posix()
@@ -80,31 +93,107 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
                                         "schema_version": ws.store.schema_version, "files": files})
         if out.exists():
             out.rmdir()
-        os.replace(staging, out)
+        replace(staging, out)
+    except OSError as err:
+        clear = clear_error(err, out, "no backup was written")
+        if clear is None:
+            raise
+        raise clear from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    with ws.store.transaction():  # erase-patient lists the backups it cannot reach
+        ws.store.set_meta("backups", sorted({*ws.store.get_meta("backups", []), str(out)}))
     return {"out": str(out), "files": len(files), "bytes": sum(f["size"] for f in files.values()),
             "images": len(photos)}
 
 
-def verify(src: str | Path) -> dict[str, Any]:
-    """Check a backup folder against its manifest and the database's integrity; returns the
-    manifest. Raises :class:`BackupError` naming the first problem."""
-    src = Path(src)
+def _manifest(src: Path) -> dict[str, dict[str, Any]]:
+    """The files a backup's manifest lists, checked for shape and place; raises :class:`BackupError`."""
+    path = src / MANIFEST
+    if not os.path.lexists(path):
+        raise BackupError(f"{src}: no {MANIFEST}; not a TriDerm backup")
     try:
-        manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except FileNotFoundError:
-        raise BackupError(f"{src}: no {MANIFEST}; not a TriDerm backup") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
-        raise BackupError(f"{src / MANIFEST}: unreadable ({err}); the backup is damaged") from None
+        if path.is_symlink() or not path.is_file():
+            raise BackupError(f"{path}: not a regular file (a link?); the backup was altered")
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise BackupError(f"{path}: unreadable ({err}); the backup is damaged") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(rel, str) and isinstance(e, dict) and isinstance(e.get("sha256"), str)
+            and isinstance(e.get("size"), int) for rel, e in files.items()):
+        raise BackupError(f"{path}: malformed (expected {{\"files\": {{path: {{\"sha256\", \"size\"}}}}}}); "
+                          "the backup is damaged")
     if DB_NAME not in files:
-        raise BackupError(f"{src / MANIFEST}: lists no {DB_NAME}; the backup is damaged")
+        raise BackupError(f"{path}: lists no {DB_NAME}; the backup is damaged")
+    for rel in files:
+        parts = Path(rel).parts
+        if not parts or ".." in parts or Path(rel).is_absolute() or rel == MANIFEST or \
+                (parts[0] not in FOLDERS and rel != DB_NAME) or (parts[0] in FOLDERS and len(parts) < 2):
+            raise BackupError(f"{path}: file {rel!r} is not a workspace file inside the backup")
+    return files
+
+
+def _no_links(src: Path) -> None:
+    """Refuse a backup folder holding a symbolic link (or a device, FIFO, socket) anywhere."""
+    for dirpath, dirs, names in os.walk(src):
+        for name in dirs + names:
+            mode = os.lstat(os.path.join(dirpath, name)).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise BackupError(f"{Path(dirpath, name)}: a symbolic link or special file in the backup; "
+                                  "links are never followed (the backup was altered)")
+
+
+def _product_schema(version: int) -> set[tuple[str, str, str | None]]:
+    """The schema objects (type, name, SQL) of a database TriDerm brought to ``version``."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for script in MIGRATIONS[:version]:
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        return set(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+    finally:
+        conn.close()
+
+
+def _check_database(path: Path) -> None:
+    """The staged store opens, passes ``integrity_check``, has a schema version this TriDerm knows
+    and only its schema objects (no trigger, view or table of anyone else)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error as err:
+        raise BackupError(f"{path.name}: not a readable database ({err}); the backup is damaged") from None
+    try:
+        result = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        objects = set(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+    except sqlite3.DatabaseError as err:
+        raise BackupError(f"{path.name}: not a readable database ({err}); the backup is damaged") from None
+    finally:
+        conn.close()
+    if result != "ok":
+        raise BackupError(f"{path.name}: integrity check failed ({result})")
+    if not 1 <= version <= len(MIGRATIONS):
+        raise BackupError(f"{path.name}: schema version {version}, this TriDerm Studio reads 1 to {len(MIGRATIONS)}"
+                          + ("; restore it with a newer TriDerm Studio" if version > len(MIGRATIONS) else ""))
+    extra = sorted(objects - _product_schema(version), key=lambda o: (o[0], o[1]))
+    if extra:
+        raise BackupError(f"{path.name}: holds a {extra[0][0]} {extra[0][1]!r} that TriDerm does not make; "
+                          "the backup was altered, it is not restored")
+    if len(objects) != len(_product_schema(version)):
+        raise BackupError(f"{path.name}: lacks tables of schema version {version}; the backup is damaged")
+
+
+def verify(src: str | Path) -> dict[str, Any]:
+    """Check a backup folder against its manifest, without links, and its database (opens, its
+    integrity, its schema); returns the manifest. Raises :class:`BackupError` naming the first problem."""
+    src = Path(src)
+    files = _manifest(src)
+    _no_links(src)
     for rel, entry in files.items():
         path = src / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise BackupError(f"{src / MANIFEST}: file {rel!r} points outside the backup")
-        if not path.is_file() or path.is_symlink():
+        if not path.is_file():
             raise BackupError(f"{path}: missing from the backup")
         if _sha256(path) != entry["sha256"]:
             raise BackupError(f"{path}: checksum differs from the manifest; the backup is corrupted")
@@ -112,52 +201,54 @@ def verify(src: str | Path) -> dict[str, Any]:
              and p.relative_to(src).as_posix() not in files and p.name != MANIFEST]
     if extra:
         raise BackupError(f"{src / extra[0]}: not in the manifest; the backup was altered")
-    conn = sqlite3.connect(f"file:{src / DB_NAME}?mode=ro&immutable=1", uri=True)
-    try:
-        result = conn.execute("PRAGMA integrity_check").fetchone()[0]
-    except sqlite3.DatabaseError as err:
-        raise BackupError(f"{src / DB_NAME}: not a readable database ({err})") from None
-    finally:
-        conn.close()
-    if result != "ok":
-        raise BackupError(f"{src / DB_NAME}: integrity check failed ({result})")
-    return manifest
+    _check_database(src / DB_NAME)
+    return json.loads((src / MANIFEST).read_text(encoding="utf-8"))
 
 
 def restore(src: str | Path, target: str | Path, force: bool = False) -> dict[str, Any]:
     """Verify the backup ``src``, then make ``target`` a copy of it. ``target`` must be empty
-    unless ``force`` (then its store and data folders are replaced; stop the app and jobs first)."""
+    unless ``force`` (then its store and data folders are replaced; stop the app and jobs first).
+
+    Each file is copied without following links into a side folder inside ``target`` and checked
+    there (checksum, database, schema): what is swapped in is exactly what was checked. The swap is
+    journalled (:mod:`annotations.journal`): the old workspace is kept aside until the new one
+    opens, and a restore killed midway is undone when the workspace is next opened."""
     src, target = Path(src).resolve(), Path(target).resolve()
     manifest = verify(src)
+    files = manifest["files"]
     if not _empty_or_missing(target) and not force:
         raise BackupError(f"{target}: not empty; restore into a new folder or give --force to replace it")
     target.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=target))
+    swap = Swap(target, "restore")
+    new = swap.dir / "new"
     try:
-        for rel in manifest["files"]:
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, staging / rel)
-        old = staging / ".replaced"
-        old.mkdir()
-        moved = [name for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", *FOLDERS)
-                 if (target / name).exists()]
+        for rel, entry in files.items():
+            (new / rel).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                sha = copy_file(src / rel, new / rel)
+            except LinkError as err:
+                raise BackupError(f"{err.filename}: {err.strerror} (the backup was altered)") from None
+            if sha != entry["sha256"]:
+                raise BackupError(f"{src / rel}: changed while it was restored; run the restore again")
+        _check_database(new / DB_NAME)
+        names = (f"{DB_NAME}-wal", f"{DB_NAME}-shm", DB_NAME, *FOLDERS)
+        swap.plan([(new / name if (new / name).exists() else None, target / name) for name in names],
+                  commit="marker")
         try:
-            for name in moved:
-                os.replace(target / name, old / name)
-            for name in (DB_NAME, *FOLDERS):
-                if (staging / name).exists():
-                    os.replace(staging / name, target / name)
-        except BaseException:  # put the workspace back as it was
-            for name in moved:
-                if (old / name).exists():
-                    if (target / name).is_dir():
-                        shutil.rmtree(target / name)
-                    os.replace(old / name, target / name)
+            swap.forward()
+            ws = Workspace(target)
+            counts = ws.store.counts()
+            ws.store.close()
+        except BaseException:
+            swap.backward()  # the old workspace comes back as it was
             raise
+        swap.mark_committed()
+    except OSError as err:
+        clear = clear_error(err, target, "the workspace was not changed")
+        if clear is None:
+            raise
+        raise clear from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    ws = Workspace(target)
-    counts = ws.store.counts()
-    ws.store.close()
-    return {"workspace": str(target), "files": len(manifest["files"]), "created": manifest.get("created"),
+        swap.close()
+    return {"workspace": str(target), "files": len(files), "created": manifest.get("created"),
             **{k: counts[k] for k in ("images", "wounds", "expert_triplets")}}

@@ -18,11 +18,16 @@ A re-import is a merge, never an overwrite (:func:`plan_merge`): the store remem
 import read (``import_base``), so a field changed only in the app is kept, one changed only in
 the dataset is updated, and one changed on both sides is a :class:`MergeConflict` (file, line,
 field) until ``prefer`` says which side wins. Rows are deleted only with ``prune``, outlines
-drawn in the app never, and every write is a revision with actor ``import``.
+drawn in the app never, and every write is a revision with actor ``import``. An optional CSV left
+out means "no change" for the fields it gives (:data:`_FIELDS_OF_FILE`); a folder that is the
+workspace, or lies inside it, is refused. The files go in through a journalled swap
+(:mod:`annotations.journal`) committed with the rows.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import hashlib
 import json
 import os
@@ -39,7 +44,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from annotations.fileio import atomic_write
+from annotations.fileio import LinkError, atomic_write, copy_file, copy_tree
+from annotations.journal import Swap
 from annotations.privacy import StudyIds
 from annotations.readers import (
     IMAGE_SUFFIXES,
@@ -88,6 +94,8 @@ class DatasetPlan:
     where: dict[tuple[str, str, str], str] = field(default_factory=dict)
     #: Mask components under the workspace's minimum wound area, reported and left out.
     dropped: list[dict[str, Any]] = field(default_factory=list)
+    #: ``(entity, field)`` pairs whose file is absent: a re-import leaves them as they are.
+    absent: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def synthetic(self) -> bool:
@@ -226,7 +234,14 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
     except BaseException:
         triplets.close()
         raise
-    return DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped)
+    absent = {pair for name, pairs in _FIELDS_OF_FILE.items() if not (root / name).exists() for pair in pairs}
+    return DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped, absent)
+
+
+#: The fields each optional CSV gives; without the file a re-import never changes them.
+_FIELDS_OF_FILE = {"wounds.csv": (("wounds", "description"), ("wounds", "metadata")),
+                   "images.csv": (("images", "patient_id"), ("images", "metadata")),
+                   "patients.csv": (("patients", "metadata"),)}
 
 
 def _read_triplets(folder: DatasetFolder, path: Path, columns: dict[str, str], allowed: set[str],
@@ -250,6 +265,9 @@ def _read_triplets(folder: DatasetFolder, path: Path, columns: dict[str, str], a
             if not annotator:
                 raise DatasetError(f"{here}: annotator is empty (or give a source column)")
             source = f"expert:{annotator}"
+        if not source.split(":", 1)[-1].strip():
+            raise DatasetError(f"{here}: source {source!r} names no one; write it as kind:name "
+                               "(e.g. expert:alice), or leave it empty and fill annotator")
         rep_text = row.get("rep", "")
         try:
             rep = int(rep_text) if rep_text else None
@@ -524,7 +542,8 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
                 new_bases.extend((entity, key, n, None) for n in fields)
                 continue
             file_hashes = {n: _hash(n, f[n]) for n in fields}
-            new_bases.extend((entity, key, n, file_hashes[n]) for n in fields)
+            new_bases.extend((entity, key, n, file_hashes[n]) for n in fields
+                             if c is None or (entity, n) not in plan.absent)
             if c is None:
                 if base[presence] is not None and all(base[n] in (None, file_hashes[n]) for n in fields):
                     changes.append(Change(entity, key, presence, "keep-deleted", where))
@@ -542,8 +561,8 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
             changed = False
             for n in fields:
                 hf, hc = file_hashes[n], _hash(n, c[n])
-                if hf == hc:
-                    continue
+                if hf == hc or (entity, n) in plan.absent:
+                    continue  # unchanged, or its file is absent: no change
                 here = plan.where.get((entity, kj, n), where)
                 if base[n] == hf:
                     changes.append(Change(entity, key, n, "keep-app", here, c[n], f[n]))
@@ -751,7 +770,9 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
 
     Atomic end to end: photos and masks are written to a staging folder inside the workspace,
     the store changes in one transaction (whatever the wait for its lock), and the files are
-    renamed into place before it commits; on any error nothing has changed. ``dry_run`` reports
+    renamed into place (journalled) before it commits; on any error nothing has changed, and a
+    process killed midway is rolled back or finished when the workspace next opens. A full disk
+    or a lock held too long is one :class:`DatasetError` (:func:`clear_error`). ``dry_run`` reports
     and writes nothing. ``study_ids`` names a CSV (outside the workspace's images/) mapping
     original photo names to study ids; the workspace then only sees the study ids. Returns a
     summary with every change (``changes``: one line each). Photos are stored upright and without
@@ -762,8 +783,10 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
     if study_ids is not None:
         mapping = StudyIds(ws, study_ids)
         known |= set(mapping.ids)
-    staging = None if dry_run else Path(tempfile.mkdtemp(prefix=".import-", dir=ws.root))
-    swapped: list[tuple[Path, Path | None]] = []
+    _refuse_inside(ws, root)
+    swap = None if dry_run else Swap(ws.root, "import")
+    staging = None if swap is None else swap.dir
+    planned = False
     plan = None
     try:
         plan = validate_dataset(root, known_images=known, keep_metadata=keep_metadata,
@@ -788,27 +811,54 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
                 raise MergeConflict(merge.conflicts)
             staged = [(src, target) for src, target in staged if _photo_wanted(ws, merge, target)] + masks
             if (plan.root / "truth").is_dir():
-                shutil.copytree(plan.root / "truth", staging / "truth")
+                _copy_truth(plan.root / "truth", staging / "truth")
                 staged.append((staging / "truth", ws.truth_dir))
             new_triplets = _apply(ws, plan, merge, actor)
             if mapping is not None:
                 mapping.save()
-            swapped = _swap_in(staged, staging / "replaced")
+            swap.plan(staged, commit="meta")
+            planned = True
+            swap.forward()
+            store.set_meta(swap.meta_key, True)  # commits the swap with the rows
+        with contextlib.suppress(sqlite3.Error), store.transaction():  # the import stands; a key left is inert
+            store.db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])
         return _summary(ws, plan, merge, new_triplets, dry_run=False)
-    except sqlite3.OperationalError as err:
-        _swap_back(swapped)
-        if "locked" not in str(err):
+    except BaseException as err:
+        if planned and store.get_meta(swap.meta_key) is None:
+            swap.backward()
+        clear = clear_error(err, ws.root, "nothing was imported")
+        if clear is None:
             raise
-        raise DatasetError(f"{ws.root / 'triderm.sqlite'}: {err} (another process held it too long); "
-                           "nothing was imported, try again") from None
-    except BaseException:
-        _swap_back(swapped)
-        raise
+        raise clear from None
     finally:
         if plan is not None:
             plan.triplets.close()
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+        if swap is not None:
+            swap.close()
+
+
+def _refuse_inside(ws: Workspace, root: str | Path) -> None:
+    """A dataset folder may not be the workspace or lie inside it (nor hold it)."""
+    folder = Path(root).resolve()
+    if folder.is_relative_to(ws.root) or ws.root.is_relative_to(folder):
+        raise DatasetError(f"{folder}: is the workspace {ws.root} or overlaps it; export the workspace "
+                           "(python -m annotations export OUT) and import that folder instead")
+
+
+def clear_error(err: BaseException, root: Path, done: str) -> DatasetError | None:
+    """The one-line error for a full disk or a store locked too long, saying what was done
+    (``done``) and what to do (None for any other error)."""
+    text = str(err)
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DatasetError(f"{err.filename or root}: the disk is full ({err.strerror}); {done}; free some "
+                            "space and run it again")
+    if isinstance(err, sqlite3.OperationalError) and ("full" in text or "disk" in text):
+        return DatasetError(f"{root / 'triderm.sqlite'}: {text} (is the disk full?); {done}; free some "
+                            "space and run it again")
+    if isinstance(err, sqlite3.OperationalError) and "locked" in text:
+        return DatasetError(f"{root / 'triderm.sqlite'}: {text} (another process held its write lock too "
+                            f"long); {done}; try again when it is done")
+    return None
 
 
 def _stage_photos(ws: Workspace, plan: DatasetPlan, staging: Path) -> list[tuple[Path, Path]]:
@@ -842,41 +892,25 @@ def _photo_wanted(ws: Workspace, merge: _Merge, target: Path) -> bool:
         "sha256") != row["file"]["sha256"]
 
 
+def _copy_truth(src: Path, dst: Path) -> None:
+    """Copy a ``truth/`` folder without following a link (:func:`annotations.fileio.copy_tree`)."""
+    try:
+        copy_tree(src, dst)
+    except LinkError as err:
+        raise DatasetError(f"{err.filename}: {err.strerror}; replace it with a copy of the file") from None
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    try:
+        copy_file(src, dst)
+    except LinkError as err:
+        raise DatasetError(f"{err.filename}: {err.strerror}; replace it with a copy of the file") from None
+
+
 def _write_label_png(path: Path, labels: np.ndarray) -> None:
     dtype = np.uint8 if labels.max(initial=0) <= 255 else np.uint16
     with atomic_write(path, "wb", suffix=".png") as fh:
         Image.fromarray(labels.astype(dtype)).save(fh, format="PNG")
-
-
-def _swap_in(staged: list[tuple[Path, Path]], replaced: Path) -> list[tuple[Path, Path | None]]:
-    """Rename staged files over their targets, the replaced ones into ``replaced``; returns what
-    :func:`_swap_back` needs. On error every replaced file is put back."""
-    done: list[tuple[Path, Path | None]] = []
-    replaced.mkdir()
-    try:
-        for n, (src, target) in enumerate(staged):
-            backup = None
-            if target.exists():
-                backup = replaced / f"{n}-{target.name}"
-                os.replace(target, backup)
-            done.append((target, backup))
-            os.replace(src, target)
-    except BaseException:
-        _swap_back(done)
-        raise
-    return done
-
-
-def _swap_back(done: list[tuple[Path, Path | None]]) -> None:
-    """Undo :func:`_swap_in`: remove the new files and put the replaced ones back."""
-    for target, backup in reversed(done):
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        elif target.exists():
-            target.unlink()
-        if backup is not None:
-            os.replace(backup, target)
-    done.clear()
 
 
 def _apply(ws: Workspace, plan: DatasetPlan, merge: _Merge, actor: str) -> int:
@@ -1026,7 +1060,7 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
             if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
                 _write_label_png(out / "masks" / f"{img['image_id']}.png", ws.load_mask(img["image_id"]))
     for img in images:  # photos never change in place (a re-import renames a new file in)
-        shutil.copyfile(ws.images_dir / img["file"], out / "images" / img["file"])
+        _copy_file(ws.images_dir / img["file"], out / "images" / img["file"])
     _write_csv(out / "wounds.csv", ["image_id", "wound_index", "description"],
                [{"image_id": w["image_id"], "wound_index": w["wound_index"],
                  "description": w["description"], **w["metadata"]} for w in wounds])
@@ -1040,7 +1074,7 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
          "columns": column_schema([[w["metadata"] for w in wounds], [i["metadata"] for i in images],
                                    [p["metadata"] for p in patients]])}, indent=2))
     if ws.truth_dir.is_dir():
-        shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
+        _copy_truth(ws.truth_dir, out / "truth")
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),
             "triplets": n_triplets}
 

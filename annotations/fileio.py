@@ -1,14 +1,21 @@
-"""Atomic file writes: the one helper every writer of the project uses.
+"""Atomic file writes and link-free copies: the helpers every writer of the project uses.
 
 A reader (the app, another job) sees either the old file or the new one, never a half-written
 file: the data goes to a unique temporary file in the target's own folder, is flushed and
 fsynced, then ``os.replace`` swaps it in (atomic on POSIX and Windows within one file system).
+Copies (:func:`copy_tree`) open every file and folder without following a symbolic link.
+
+:func:`write_step` marks each durable write (a rename, a commit): ``scripts/crashtest.py`` sets
+``TRIDERM_CRASH_AT=N`` to SIGKILL the process at the N-th one.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +42,7 @@ def atomic_write(path: str | Path, mode: str = "wb", suffix: str | None = None,
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        write_step()
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -84,3 +92,73 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+CRASH_ENV = "TRIDERM_CRASH_AT"
+_steps = 0
+
+
+def write_step() -> None:
+    """Count one durable write step (called just before each rename and each commit); with
+    ``$TRIDERM_CRASH_AT=N`` the process kills itself (SIGKILL, no clean-up) at the N-th step."""
+    global _steps
+    _steps += 1
+    at = os.environ.get(CRASH_ENV)
+    if at and _steps == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def replace(src: str | Path, dst: str | Path) -> None:
+    """``os.replace`` as one counted write step (:func:`write_step`)."""
+    write_step()
+    os.replace(src, dst)
+
+
+class LinkError(OSError):
+    """A symbolic link (or a device, FIFO, socket) met while copying; links are never followed."""
+
+
+_NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def copy_file(src: str | Path, dst: str | Path) -> str:
+    """Copy the regular file ``src`` to ``dst`` without following a link at its last component
+    (checked again on the open file); returns the sha256 of the bytes copied."""
+    try:
+        fd = os.open(src, _NOFOLLOW)
+    except OSError as err:
+        if err.errno == getattr(os, "ELOOP", -1):
+            raise LinkError(err.errno, "is a symbolic link; links are never followed", str(src)) from None
+        raise
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise LinkError(0, "is not a regular file", str(src))
+        with open(dst, "xb") as out:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+                out.write(block)
+    return digest.hexdigest()
+
+
+def copy_tree(src: str | Path, dst: str | Path, skip_hidden: bool = False) -> dict[str, str]:
+    """Copy the folder ``src`` to the new folder ``dst``, never following a link: every entry is
+    checked with ``lstat`` and every file opened with ``O_NOFOLLOW`` (:func:`copy_file`), so a
+    file swapped for a link after the check is refused too. Returns ``{relative path: sha256}``."""
+    src, dst = Path(src), Path(dst)
+    if not stat.S_ISDIR(os.lstat(src).st_mode):
+        raise LinkError(0, "is not a folder (a link?); links are never followed", str(src))
+    copied: dict[str, str] = {}
+    dst.mkdir(parents=True)
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if skip_hidden and entry.name.startswith("."):
+            continue
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            copied.update({f"{entry.name}/{rel}": sha for rel, sha in
+                           copy_tree(entry.path, dst / entry.name, skip_hidden).items()})
+        elif stat.S_ISREG(mode):
+            copied[entry.name] = copy_file(entry.path, dst / entry.name)
+        else:
+            raise LinkError(0, "is a symbolic link or not a regular file; links are never followed", entry.path)
+    return copied

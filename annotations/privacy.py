@@ -9,15 +9,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
+import os
+import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 from annotations.fileio import write_text
+from annotations.journal import Swap
 from annotations.readers import DatasetError, valid_id
 from annotations.readings import readings_dir
 from annotations.store import key_json
-from annotations.workspace import Workspace
+from annotations.workspace import DB_NAME, Workspace
 
 MAPPING_COLUMNS = ("original", "study_id")
 
@@ -100,55 +103,159 @@ def _rename_key(entity: str, kj: str, ref) -> str:
 
 def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None = None) -> dict[str, Any]:
     """Remove a patient: photos, masks, wounds, judgments, LLM answers naming the photos, import
-    bases and every revision about them; returns what was removed (counts and photo ids)."""
+    bases and every revision about them; the patient's and photos' ids are blanked in the other
+    rows' revisions and runs, the scheduler's leases of the photos go, and any other file of the
+    workspace (caches, runs, staging) that still names them is deleted. The database is
+    checkpointed and vacuumed so no freed page keeps them. Returns what was removed (counts, photo
+    ids, the files deleted) and the backups it cannot reach (``backups``: they still hold the patient).
+
+    The photos leave through a journalled swap (:mod:`annotations.journal`): a process killed
+    midway leaves either the patient whole or erased, never half."""
     store = ws.store
     db = store.db
-    with store.transaction():
-        if db.execute("SELECT 1 FROM patients WHERE patient_id = ?", [patient_id]).fetchone() is None:
-            raise DatasetError(f"no patient {patient_id!r} in {ws.root}")
-        images = store.db.execute("SELECT image_id, file FROM images WHERE patient_id = ?", [patient_id]).fetchall()
-        ids = [r[0] for r in images]
-        marks = ",".join("?" * len(ids)) or "NULL"
-        refs = f"anchor IN ({marks}) OR ref_j IN ({marks}) OR ref_k IN ({marks})"
-        removed = {
-            "patient": patient_id, "photos": ids,
-            "wounds": db.execute(f"DELETE FROM wounds WHERE image_id IN ({marks})", ids).rowcount,
-            "judgments": db.execute(f"DELETE FROM triplets WHERE {refs}", ids * 3).rowcount,
-            "llm_answers": db.execute(f"DELETE FROM llm_queries WHERE {refs}", ids * 3).rowcount,
-        }
-        db.execute(f"DELETE FROM images WHERE image_id IN ({marks})", ids)
-        db.execute("DELETE FROM patients WHERE patient_id = ?", [patient_id])
-        gone = set(ids)
-        revision_ids, base_keys = [], []
-        for row in db.execute("SELECT id, entity, key FROM revisions").fetchall():
-            if _names(row[1], json.loads(row[2]), gone, patient_id):
-                revision_ids.append(row[0])
-        for row in db.execute("SELECT entity, key FROM import_base").fetchall():
-            if _names(row[0], json.loads(row[1]), gone, patient_id):
-                base_keys.append(row)
-        db.conn.executemany("DELETE FROM revisions WHERE id = ?", [[i] for i in revision_ids])
-        db.conn.executemany("DELETE FROM import_base WHERE entity = ? AND key = ?", base_keys)
-        removed["revisions"] = len(revision_ids)
-    files = 0  # after the commit: a failed transaction leaves the photos in place
-    for image_id, file in images:
-        layers = readings_dir(ws) / image_id  # second-reading layers (rows gone with the photo: ON DELETE CASCADE)
-        for path in (ws.images_dir / file, ws.mask_path(image_id), *sorted(layers.glob("*.png"))):
-            if path.exists():
-                path.unlink()
-                files += 1
-        if layers.is_dir():
-            shutil.rmtree(layers)
-    removed["files"] = files
+    swap = Swap(ws.root, "erase")
+    try:
+        with store.transaction():
+            if db.execute("SELECT 1 FROM patients WHERE patient_id = ?", [patient_id]).fetchone() is None:
+                raise DatasetError(f"no patient {patient_id!r} in {ws.root}")
+            images = db.execute("SELECT image_id, file FROM images WHERE patient_id = ?", [patient_id]).fetchall()
+            ids = [r[0] for r in images]
+            marks = ",".join("?" * len(ids)) or "NULL"
+            texts = [r[0] for r in db.execute(f"SELECT description FROM wounds WHERE image_id IN ({marks})", ids)
+                     if r[0].strip()]
+            refs = f"anchor IN ({marks}) OR ref_j IN ({marks}) OR ref_k IN ({marks})"
+            removed: dict[str, Any] = {
+                "patient": patient_id, "photos": ids,
+                "wounds": db.execute(f"DELETE FROM wounds WHERE image_id IN ({marks})", ids).rowcount,
+                "judgments": db.execute(f"DELETE FROM triplets WHERE {refs}", ids * 3).rowcount,
+                "llm_answers": db.execute(f"DELETE FROM llm_queries WHERE {refs}", ids * 3).rowcount,
+            }
+            db.execute(f"DELETE FROM images WHERE image_id IN ({marks})", ids)
+            db.execute("DELETE FROM patients WHERE patient_id = ?", [patient_id])
+            gone = set(ids)
+            revision_ids, base_keys = [], []
+            for row in db.execute("SELECT id, entity, key FROM revisions").fetchall():
+                if _names(row[1], json.loads(row[2]), gone, patient_id):
+                    revision_ids.append(row[0])
+            for row in db.execute("SELECT entity, key FROM import_base").fetchall():
+                if _names(row[0], json.loads(row[1]), gone, patient_id):
+                    base_keys.append(row)
+            db.conn.executemany("DELETE FROM revisions WHERE id = ?", [[i] for i in revision_ids])
+            db.conn.executemany("DELETE FROM import_base WHERE entity = ? AND key = ?", base_keys)
+            removed["revisions"] = len(revision_ids)
+            removed["revisions_blanked"] = _blank(db.conn, "revisions", ("old", "new"), {patient_id, *gone})
+            removed["runs_blanked"] = _blank(db.conn, "runs", ("config", "metrics", "artifacts", "message"),
+                                             {patient_id, *gone})
+            moves = []
+            for image_id, file in images:
+                layers = readings_dir(ws) / image_id  # second-reading layers (rows gone: ON DELETE CASCADE)
+                moves += [(path, swap.dir / "gone" / str(len(moves) + n))
+                          for n, path in enumerate((ws.images_dir / file, ws.mask_path(image_id), layers))
+                          if os.path.lexists(path)]
+            (swap.dir / "gone").mkdir()
+            swap.plan(moves, commit="meta")
+            store.set_meta(swap.meta_key, True)  # commits the swap with the rows
+        swap.forward()
+        removed["files"] = len(moves)
+        with store.transaction():
+            db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])
+    finally:
+        swap.close()
+    ws.recover()  # staged photos left by killed imports
     if study_ids is not None:
         removed["mapping_rows"] = StudyIds(ws, study_ids).forget(gone)
+    removed["leases"] = _forget_leases(ws, ids)
+    removed["deleted_files"] = _delete_naming(ws, [patient_id, *ids, *texts])
     runs = sorted(p.name for p in ws.runs_dir.iterdir() if p.is_dir())
     removed["note"] = (f"{len(runs)} run folder(s) under runs/ may hold embeddings computed from these photos; "
                        "delete or recompute those runs") if runs else ""
+    removed["backups"] = [b for b in store.get_meta("backups", []) if Path(b).exists()]
     # Free the deleted pages so the patient's data does not linger in the database file.
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.execute("VACUUM")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return removed
+
+
+def _blank(conn: Any, table: str, columns: tuple[str, ...], ids: set[str]) -> int:
+    """Replace every JSON string equal to one of ``ids`` by ``(erased)`` in ``columns`` of
+    ``table`` (values that are not JSON are blanked when they equal an id); returns rows changed."""
+    pairs = [(json.dumps(i), i) for i in ids]
+    changed = 0
+    for rowid, *values in conn.execute(f"SELECT rowid, {', '.join(columns)} FROM {table}").fetchall():
+        new = list(values)
+        for n, value in enumerate(values):
+            if not isinstance(value, str) or not any(q in value or value == i for q, i in pairs):
+                continue
+            try:
+                new[n] = json.dumps(_blank_value(json.loads(value), ids), sort_keys=True)
+            except json.JSONDecodeError:
+                new[n] = ERASED if value in ids else value
+        if new != values:
+            conn.execute(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)} WHERE rowid = ?",
+                         [*new, rowid])
+            changed += 1
+    return changed
+
+
+ERASED = "(erased)"
+
+
+def _blank_value(value: Any, ids: set[str]) -> Any:
+    if isinstance(value, str):
+        return ERASED if value in ids else value
+    if isinstance(value, list):
+        return [_blank_value(v, ids) for v in value]
+    if isinstance(value, dict):
+        return {(ERASED if k in ids else k): _blank_value(v, ids) for k, v in value.items()}
+    return value
+
+
+def _forget_leases(ws: Workspace, ids: list[str]) -> int:
+    """Delete the scheduler's leases (``cache/scheduler.sqlite``) naming the photos, then vacuum it."""
+    path = ws.cache_dir / "scheduler.sqlite"
+    if not path.exists() or not ids:
+        return 0
+    marks = ",".join("?" * len(ids))
+    con = sqlite3.connect(path, timeout=60, isolation_level=None)
+    try:
+        cols = ("anchor", "ref_a", "ref_b", "ref_j", "ref_k")
+        count = con.execute(f"DELETE FROM served WHERE {' OR '.join(f'{c} IN ({marks})' for c in cols)}",
+                            ids * len(cols)).rowcount
+        con.execute("VACUUM")
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.OperationalError:  # no lease table yet
+        count = 0
+    finally:
+        con.close()
+    return count
+
+
+#: Shortest id or text searched for in the workspace's other files (a shorter one would match
+#: the bytes of nearly any binary file); shorter ones are named in the result instead.
+MIN_NEEDLE = 4
+
+
+def _delete_naming(ws: Workspace, needles: list[str]) -> list[str]:
+    """Delete every file of the workspace outside the store, photos and masks that names one of
+    ``needles`` (in UTF-8 as a whole token, or in UTF-16/32 as numpy and Windows tools store text);
+    returns the deleted files (relative)."""
+    keep = {ws.images_dir, ws.masks_dir}
+    long = [n for n in needles if len(n) >= MIN_NEEDLE]
+    patterns = [re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(n.encode()) + rb"(?![A-Za-z0-9_])") for n in long]
+    patterns += [re.compile(re.escape(n.encode(enc))) for n in long for enc in ("utf-16-le", "utf-32-le")]
+    deleted = []
+    for dirpath, dirs, files in os.walk(ws.root):
+        dirs[:] = [d for d in dirs if Path(dirpath, d) not in keep]
+        for name in files:
+            path = Path(dirpath, name)
+            if path.parent == ws.root and name.startswith(DB_NAME) or path.is_symlink():
+                continue
+            data = path.read_bytes()
+            if any(p.search(data) for p in patterns):
+                path.unlink()
+                deleted.append(path.relative_to(ws.root).as_posix())
+    return deleted
 
 
 def _names(entity: str, key: Any, images: set[str], patient_id: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 import sqlite_utils
 
 from annotations import jobs
+from annotations.fileio import write_step
 
 CHOICES = ("j", "k", "skip")
 #: ``interrupted``: the process ended without finishing its run (killed, crashed, machine restarted),
@@ -289,6 +290,8 @@ class Store:
 
     def _migrate(self) -> None:
         conn = self.db.conn
+        if self.schema_version == len(MIGRATIONS):
+            return  # up to date: no write lock to wait for
         conn.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see it done
         try:
             version = self.schema_version
@@ -783,4 +786,6 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.outer:
+            if not exc_type:
+                write_step()
             self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

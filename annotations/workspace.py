@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
+from annotations import journal
 from annotations.fileio import atomic_write
 from annotations.store import Store
 
@@ -69,13 +72,29 @@ def resolve_workspace(path: str | Path | None = None) -> Path:
 
 
 class Workspace:
-    """Folder layout ``triderm.sqlite``, ``images/``, ``masks/``, ``cache/``, ``runs/``."""
+    """Folder layout ``triderm.sqlite``, ``images/``, ``masks/``, ``cache/``, ``runs/``.
+
+    Opening it finishes or undoes the file swap of an import, erase-patient or restore that was
+    killed midway, and removes its staged files (:mod:`annotations.journal`)."""
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = resolve_workspace(root).resolve()
+        journal.recover(self.root, None, kinds=("restore",))  # before the store opens: a restore swaps it
         for sub in ("images", "masks", "cache", "runs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.store = Store(self.root / DB_NAME)
+        if journal.pending(self.root):
+            self.recover()
+
+    def recover(self) -> list[str]:
+        """Finish or undo the swaps left by killed processes (a live one holds its folder's lock and
+        is left alone); returns the folders handled."""
+        store = self.store
+        done = journal.recover(self.root, lambda key: store.get_meta(key) is not None)
+        if done:
+            with contextlib.suppress(sqlite3.OperationalError), store.transaction():  # a key left is inert
+                store.db.conn.executemany("DELETE FROM meta WHERE key = ?", [[f"swap:{name}"] for name in done])
+        return done
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"

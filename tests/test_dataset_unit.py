@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -410,37 +409,6 @@ def test_label_png_depth(tmp_path):
     dataset._write_label_png(tmp_path / "b.png", np.array([[0, 256]]))
     assert np.asarray(Image.open(tmp_path / "a.png")).dtype == np.uint8
     assert np.asarray(Image.open(tmp_path / "b.png")).max() == 256
-
-
-def test_swap_in_and_back(tmp_path, monkeypatch):
-    (tmp_path / "new1").write_text("n1")
-    (tmp_path / "new2").write_text("n2")
-    (tmp_path / "t1").write_text("o1")
-    done = dataset._swap_in([(tmp_path / "new1", tmp_path / "t1"), (tmp_path / "new2", tmp_path / "t2")],
-                            tmp_path / "replaced")
-    assert (tmp_path / "t1").read_text() == "n1" and (tmp_path / "t2").read_text() == "n2"
-    assert done == [(tmp_path / "t1", tmp_path / "replaced" / "0-t1"), (tmp_path / "t2", None)]
-    dataset._swap_back(done)
-    assert done == [] and (tmp_path / "t1").read_text() == "o1" and not (tmp_path / "t2").exists()
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "f").write_text("x")
-    dataset._swap_back([(tmp_path / "d", None)])
-    assert not (tmp_path / "d").exists()
-    real = os.replace
-    (tmp_path / "new1").write_text("n1")
-    (tmp_path / "t2").write_text("o2")
-
-    def failing(src, dst):
-        if Path(src).name == "new2":
-            raise OSError("disk full")
-        real(src, dst)
-
-    (tmp_path / "new2").write_text("n2")
-    monkeypatch.setattr(dataset.os, "replace", failing)
-    with pytest.raises(OSError, match="disk full"):
-        dataset._swap_in([(tmp_path / "new1", tmp_path / "t1"), (tmp_path / "new2", tmp_path / "t2")],
-                         tmp_path / "replaced2")
-    assert (tmp_path / "t1").read_text() == "o1" and (tmp_path / "t2").read_text() == "o2"
 
 
 def test_export_round_trip_and_refusals(tmp_path, monkeypatch):
