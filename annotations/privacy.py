@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import mmap
 import os
 import re
 import sqlite3
@@ -104,8 +105,9 @@ def _rename_key(entity: str, kj: str, ref) -> str:
 def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None = None) -> dict[str, Any]:
     """Remove a patient: photos, masks, wounds, judgments, LLM answers naming the photos, import
     bases and every revision about them; the patient's and photos' ids are blanked in the other
-    rows' revisions and runs, the scheduler's leases of the photos go, and any other file of the
-    workspace (caches, runs, staging) that still names them is deleted. The database is
+    rows' revisions and runs, the scheduler's leases of the photos go, staged files of killed
+    imports go, and any file under ``cache/`` or ``runs/`` that still names them is deleted (any
+    other such file is named in ``files_still_naming``). The database is
     checkpointed and vacuumed so no freed page keeps them. Returns what was removed (counts, photo
     ids, the files deleted) and the backups it cannot reach (``backups``: they still hold the patient).
 
@@ -165,7 +167,7 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     if study_ids is not None:
         removed["mapping_rows"] = StudyIds(ws, study_ids).forget(gone)
     removed["leases"] = _forget_leases(ws, ids)
-    removed["deleted_files"] = _delete_naming(ws, [patient_id, *ids, *texts])
+    removed["deleted_files"], removed["files_still_naming"] = _delete_naming(ws, [patient_id, *ids, *texts])
     runs = sorted(p.name for p in ws.runs_dir.iterdir() if p.is_dir())
     removed["note"] = (f"{len(runs)} run folder(s) under runs/ may hold embeddings computed from these photos; "
                        "delete or recompute those runs") if runs else ""
@@ -181,8 +183,18 @@ def _blank(conn: Any, table: str, columns: tuple[str, ...], ids: set[str]) -> in
     """Replace every JSON string equal to one of ``ids`` by ``(erased)`` in ``columns`` of
     ``table`` (values that are not JSON are blanked when they equal an id); returns rows changed."""
     pairs = [(json.dumps(i), i) for i in ids]
-    changed = 0
-    for rowid, *values in conn.execute(f"SELECT rowid, {', '.join(columns)} FROM {table}").fetchall():
+    changed, hits = 0, set()
+    for start in range(0, len(ids), 500):  # only the rows naming an id are read (SQLite finds them)
+        chunk = sorted(ids)[start:start + 500]
+        where = " OR ".join(f"instr({c}, ?) > 0" for c in columns for _ in chunk)
+        hits.update(conn.execute(f"SELECT rowid FROM {table} WHERE {where}", chunk * len(columns)).fetchall())
+    found = sorted(h[0] for h in hits)
+    rows = []
+    for start in range(0, len(found), 500):
+        batch = found[start:start + 500]
+        rows += conn.execute(f"SELECT rowid, {', '.join(columns)} FROM {table} WHERE rowid IN "
+                             f"({','.join('?' * len(batch))})", batch).fetchall()
+    for rowid, *values in rows:
         new = list(values)
         for n, value in enumerate(values):
             if not isinstance(value, str) or not any(q in value or value == i for q, i in pairs):
@@ -199,6 +211,15 @@ def _blank(conn: Any, table: str, columns: tuple[str, ...], ids: set[str]) -> in
 
 
 ERASED = "(erased)"
+
+
+def _holds(path: Path, patterns: list[re.Pattern[bytes]]) -> bool:
+    """Whether the file matches one of ``patterns`` (memory-mapped: a large run file is not loaded)."""
+    with path.open("rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return any(p.search(data) for p in patterns)
 
 
 def _blank_value(value: Any, ids: set[str]) -> Any:
@@ -236,26 +257,28 @@ def _forget_leases(ws: Workspace, ids: list[str]) -> int:
 MIN_NEEDLE = 4
 
 
-def _delete_naming(ws: Workspace, needles: list[str]) -> list[str]:
-    """Delete every file of the workspace outside the store, photos and masks that names one of
-    ``needles`` (in UTF-8 as a whole token, or in UTF-16/32 as numpy and Windows tools store text);
-    returns the deleted files (relative)."""
+def _delete_naming(ws: Workspace, needles: list[str]) -> tuple[list[str], list[str]]:
+    """Find every file of the workspace outside the store, photos and masks that names one of
+    ``needles`` (in UTF-8 as a whole token, or in UTF-16/32 as numpy and Windows tools store text):
+    those under ``cache/`` and ``runs/`` (derived data) are deleted, any other (a file the user put
+    there, e.g. a study-id mapping not given) is only named. Returns (deleted, named), relative."""
     keep = {ws.images_dir, ws.masks_dir}
     long = [n for n in needles if len(n) >= MIN_NEEDLE]
     patterns = [re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(n.encode()) + rb"(?![A-Za-z0-9_])") for n in long]
     patterns += [re.compile(re.escape(n.encode(enc))) for n in long for enc in ("utf-16-le", "utf-32-le")]
-    deleted = []
+    deleted, named = [], []
     for dirpath, dirs, files in os.walk(ws.root):
         dirs[:] = [d for d in dirs if Path(dirpath, d) not in keep]
         for name in files:
             path = Path(dirpath, name)
-            if path.parent == ws.root and name.startswith(DB_NAME) or path.is_symlink():
+            if path.parent == ws.root and name.startswith(DB_NAME) or path.is_symlink() or not _holds(path, patterns):
                 continue
-            data = path.read_bytes()
-            if any(p.search(data) for p in patterns):
+            if path.is_relative_to(ws.cache_dir) or path.is_relative_to(ws.runs_dir):
                 path.unlink()
                 deleted.append(path.relative_to(ws.root).as_posix())
-    return deleted
+            else:
+                named.append(path.relative_to(ws.root).as_posix())
+    return deleted, named
 
 
 def _names(entity: str, key: Any, images: set[str], patient_id: str) -> bool:

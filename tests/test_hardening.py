@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import dataset, fileio, journal, store as store_module
+from annotations import backup as backup_module, dataset, fileio, journal, store as store_module
 from annotations.__main__ import main
 from annotations.backup import BackupError, backup, restore
 from annotations.dataset import DatasetError, export_dataset, import_dataset
@@ -234,6 +234,20 @@ def test_a_restore_swaps_the_workspace_in_and_drops_the_old(ws, tmp_path):
     assert _rows(Workspace(ws.root)) == before and journal.pending(ws.root) == []
 
 
+def test_a_restored_workspace_that_does_not_open_gives_the_old_one_back(ws, tmp_path, monkeypatch):
+    backup(ws, tmp_path / "bk")
+    erase_patient(ws, "PATIENTX9")
+    before = _rows(ws)
+
+    def broken(root):
+        raise RuntimeError("does not open")
+
+    monkeypatch.setattr(backup_module, "Workspace", broken)
+    with pytest.raises(RuntimeError, match="does not open"):
+        restore(tmp_path / "bk", ws.root, force=True)
+    assert _rows(Workspace(ws.root)) == before and journal.pending(ws.root) == []
+
+
 # -- 7. copies never follow links ----------------------------------------------------------------------------
 def test_a_truth_file_swapped_for_a_link_after_the_scan_is_refused(tmp_path, monkeypatch):
     ds = _dataset(tmp_path / "ds")
@@ -292,10 +306,14 @@ def test_erase_patient_leaves_no_byte_of_the_patient_under_the_workspace(ws, tmp
     (stale / "spool").mkdir(parents=True)
     (stale / "spool" / "photoQ7b.png").write_bytes(b"photoQ7b bytes")
     os.utime(stale, (time.time() - 2 * journal.GRACE_S,) * 2)
+    (ws.root / "notes").mkdir()
+    (ws.root / "notes" / "list.txt").write_text("photoQ7a,S1\n")  # the user's own file: named, not deleted
     ws.store.close()
     out = erase_patient(Workspace(tmp_path / "ws"), "PATIENTX9")
     assert out["photos"] == ["photoQ7a", "photoQ7b"] and out["backups"] == [str((tmp_path / "bk").resolve())]
     assert out["deleted_files"] == [f"runs/{run}/ids.npy"] and out["leases"] == 1
+    assert out["files_still_naming"] == ["notes/list.txt"]
+    (ws.root / "notes" / "list.txt").unlink()
     needles = ["PATIENTX9", "photoQ7a", "photoQ7b", "XYZZY-photoQ7a", "fibrin slough photoQ7b"]
     for path in (tmp_path / "ws").rglob("*"):
         if path.is_file():
