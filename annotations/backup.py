@@ -241,8 +241,10 @@ def restore(src: str | Path, target: str | Path, force: bool = False) -> dict[st
             ws.store.close()
         except BaseException:
             swap.backward()  # the old workspace comes back as it was
+            swap.done()
             raise
         swap.mark_committed()
+        swap.done()
     except OSError as err:
         clear = clear_error(err, target, "the workspace was not changed")
         if clear is None:

@@ -786,7 +786,6 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
     _refuse_inside(ws, root)
     swap = None if dry_run else Swap(ws.root, "import")
     staging = None if swap is None else swap.dir
-    planned = False
     plan = None
     try:
         plan = validate_dataset(root, known_images=known, keep_metadata=keep_metadata,
@@ -817,15 +816,16 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
             if mapping is not None:
                 mapping.save()
             swap.plan(staged, commit="meta")
-            planned = True
             swap.forward()
             store.set_meta(swap.meta_key, True)  # commits the swap with the rows
+        swap.done()
         with contextlib.suppress(sqlite3.Error), store.transaction():  # the import stands; a key left is inert
             store.db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])
         return _summary(ws, plan, merge, new_triplets, dry_run=False)
     except BaseException as err:
-        if planned and store.get_meta(swap.meta_key) is None:
+        if swap is not None and swap.entries and not swap.settled:  # the transaction rolled back
             swap.backward()
+            swap.done()
         clear = clear_error(err, ws.root, "nothing was imported")
         if clear is None:
             raise

@@ -60,6 +60,7 @@ class Swap:
         self._lock = filelock.FileLock(str(self.dir / LOCK))
         self._lock.acquire(timeout=0)
         self.entries: list[dict[str, Any]] = []
+        self.settled = False
 
     @property
     def meta_key(self) -> str:
@@ -84,9 +85,15 @@ class Swap:
     def mark_committed(self) -> None:
         write_text(self.dir / COMMITTED, "")
 
+    def done(self) -> None:
+        """Say that the swap is settled (made and committed, or undone): :meth:`close` may drop it."""
+        self.settled = True
+
     def close(self) -> None:
-        """Remove the folder (staged files, replaced files, journal) and release the lock."""
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Remove the folder (staged files, replaced files, journal) and release the lock; a swap
+        planned but not settled (an error midway) keeps its folder for :func:`recover`."""
+        if self.settled or not self.entries:
+            shutil.rmtree(self.dir, ignore_errors=True)
         self._lock.release()
 
 

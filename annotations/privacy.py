@@ -158,6 +158,7 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
             swap.plan(moves, commit="meta")
             store.set_meta(swap.meta_key, True)  # commits the swap with the rows
         swap.forward()
+        swap.done()
         removed["files"] = len(moves)
         with store.transaction():
             db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])

@@ -785,7 +785,15 @@ class _Transaction:
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.outer:
-            if not exc_type:
-                write_step()
-            self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        if not self.outer:
+            return
+        if exc_type:
+            self.conn.execute("ROLLBACK")
+            return
+        write_step()
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:  # e.g. a full disk: the transaction ends rolled back, never left open
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
