@@ -16,6 +16,7 @@ from typing import Any
 
 from annotations import accounts
 from annotations.backup import backup, restore
+from annotations.convert import SOURCES, convert
 from annotations.dataset import EXPORT_FORMATS, PREFER, clear_error, import_dataset
 from annotations.formats import FORMATS, export_outlines
 from annotations.history import history_lines, restore_revision
@@ -116,10 +117,27 @@ def _restore(args: argparse.Namespace) -> dict[str, Any]:
     return restore(args.src, resolve_workspace(args.workspace), force=args.force)
 
 
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source", choices=SOURCES, required=True, help="the tool's export format")
+    p.add_argument("src", metavar="IN", help="the export: a file, or the folder holding it")
+    p.add_argument("out", metavar="OUT", help="new (or empty) dataset folder to write")
+    p.add_argument("--images", default=None,
+                   help="folder of the photos (default: IN's folder, then its images/ subfolder)")
+    p.add_argument("--name", default=None, help="dataset name (default: IN's folder name)")
+    p.add_argument("--synthetic", action="store_true", help="mark the dataset SYNTHETIC (phantom data)")
+
+
+def _convert(args: argparse.Namespace) -> dict[str, Any]:
+    result = convert(args.source, args.src, args.out, images=args.images, name=args.name, synthetic=args.synthetic)
+    return {**result, "next": f"python -m annotations import {args.out}"}
+
+
 #: name → (help, add its arguments, run it; the result is printed as JSON or lines).
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], Any]]] = {
     "import": ("validate a dataset folder, then merge it into the workspace", _import_args, _import),
     "export": ("write the workspace as a dataset folder", _export_args, _export),
+    "convert": ("turn a COCO, GeoJSON, Label Studio or CVAT export into a dataset folder (then import it)",
+                _convert_args, _convert),
     "history": ("print the revision history (who changed what, when, old → new)", _history_args, _history),
     "restore-revision": ("undo one recorded change (restore the value it replaced)", _restore_revision_args,
                          _restore_revision),

@@ -1,5 +1,8 @@
 """Outlines in the formats other tools read: COCO (polygons or RLE) and GeoJSON.
 
+(Reading other tools' exports — COCO, GeoJSON, Label Studio JSON, CVAT XML — is
+:mod:`annotations.convert`.)
+
 Coordinates are image pixels, x to the right and y down, with pixel (col, row) the unit square
 [col, col+1] × [row, row+1] (COCO's convention): a wound's outline is the exact boundary of its
 pixels (the union of its row runs, by shapely), so rasterising it back — a pixel is inside when its
@@ -9,10 +12,12 @@ centre is — gives the label map again.
   ``segmentation`` as polygons (outer rings; COCO polygons cannot hold holes — use RLE for wounds
   with holes) or as compressed RLE (pycocotools, column-major as COCO defines it), ``area`` in
   pixels, ``bbox`` [x, y, w, h], and the TriDerm keys ``triderm_image_id``/``triderm_wound_index``.
-- **GeoJSON** (``<image_id>.geojson``, one FeatureCollection per photo, as QuPath and
-  Label Studio import them): each wound a Polygon or MultiPolygon Feature (holes as interior
-  rings) with properties ``image_id``, ``wound_index``, ``description``, ``area_px`` and QuPath's
-  ``objectType``/``classification``.
+- **GeoJSON** (``<image_id>.geojson``, one FeatureCollection per photo, as QuPath imports
+  them): each wound a Polygon or MultiPolygon Feature (holes as interior rings) with properties
+  ``image_id``, ``wound_index``, ``description``, ``area_px`` and QuPath's ``objectType``/``classification``.
+
+Label Studio reads neither file directly: it imports its own JSON tasks, which its converter makes
+from the COCO file (``label-studio-converter import coco -i annotations.json -o tasks.json``).
 """
 from __future__ import annotations
 

@@ -22,6 +22,12 @@ all (unreachable server, missing model, a host off the allow-list). The last std
 the run up: asked, answered, failed, cached. The Ollama host must be on the allow-list: the
 workspace setting ``ollama_hosts`` an administrator sets (default this machine), or
 ``$TRIDERM_OLLAMA_HOSTS`` (comma-separated host names or URLs), which overrides it for the CLI.
+
+At registry scale: ``--ollama-host`` given several times spreads the questions over the servers,
+``--concurrency`` requests in flight on each; a server that goes down is reported and its
+questions are asked of the others (the run stops only when all are down). ``--oracle openai
+--base-url URL`` (repeatable too) asks any OpenAI-compatible server — vLLM, llama.cpp server,
+TGI — whose URL is on the same allow-list. Per-host answers and failures end the run's output.
 """
 from __future__ import annotations
 
@@ -32,7 +38,15 @@ from typing import Any
 
 from annotations.workspace import Workspace, resolve_workspace
 from core import cli
-from core.text.llm import DEFAULT_MODELS, OLLAMA_HOSTS_ENV, ORACLES, OracleUnavailable, make_oracle, ollama_hosts
+from core.text.llm import (
+    DEFAULT_MODELS,
+    OLLAMA_HOSTS_ENV,
+    ORACLES,
+    MultiHostOracle,
+    OracleUnavailable,
+    make_oracle,
+    ollama_hosts,
+)
 from core.text.queries import run
 from core.text.sampling import SAMPLINGS, parse_budget
 
@@ -45,20 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_workspace(parser)
     cli.add_device(parser, help="device of the local oracle: auto (CUDA when available), cpu or cuda")
     parser.add_argument("--oracle", choices=ORACLES, default="local",
-                        help="ollama (real LLM server), local (offline SmolLM2-135M DEMO oracle), "
+                        help="ollama (real LLM server), openai (an OpenAI-compatible server: --base-url), local (offline SmolLM2-135M DEMO oracle), "
                              "phantom (SYNTHETIC text oracle of a phantom workspace: reads only the descriptions; "
                              "research/benchmark)")
     parser.add_argument("--model", default=None, help=f"model name (defaults: {DEFAULT_MODELS})")
-    parser.add_argument("--ollama-host", "--host", dest="host", default=None,
-                        help="Ollama server URL (default $OLLAMA_HOST or localhost); must be on the allow-list "
-                             f"(workspace setting ollama_hosts, or ${OLLAMA_HOSTS_ENV})")
+    parser.add_argument("--ollama-host", "--host", dest="host", action="append", default=None, metavar="URL",
+                        help="Ollama server URL (default $OLLAMA_HOST or localhost; repeat for several servers); "
+                             f"must be on the allow-list (workspace setting ollama_hosts, or ${OLLAMA_HOSTS_ENV})")
+    parser.add_argument("--base-url", action="append", default=None, metavar="URL",
+                        help="--oracle openai: the server's OpenAI-compatible API, e.g. http://gpu1:8000/v1 "
+                             "(vLLM, llama.cpp server, TGI; repeat for several); on the same allow-list")
     parser.add_argument("--budget", default="1.0", help="questions: a count (200) or a fraction (0.1, 10%%)")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="uniform")
     parser.add_argument("--active-batch", type=int, default=None,
                         help="questions per active round (default 0.5%% of all, at least one per photo)")
     parser.add_argument("--concurrency", "--workers", dest="workers", type=int, default=1,
-                        help="concurrent requests to the oracle (threads; answers are stored in question order); "
-                             "the throughput and time expected are printed before asking")
+                        help="concurrent requests to the oracle, per server (threads; answers are stored in "
+                             "question order); the throughput and time expected are printed before asking")
     parser.add_argument("--debias", action="store_true", help="ask both reference orders; report position bias")
     cli.add_seed(parser)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per Ollama request")
@@ -79,22 +96,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--active-batch must be ≥ 1")
     if args.max_failures < 0:
         parser.error("--max-failures must be ≥ 0")
+    if args.base_url and args.oracle != "openai":
+        parser.error("--base-url is for --oracle openai (Ollama servers: --ollama-host)")
+    if args.host and args.oracle != "ollama":
+        parser.error("--ollama-host is for --oracle ollama (OpenAI-compatible servers: --base-url)")
+    if args.oracle == "openai" and not args.base_url:
+        parser.error("--oracle openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     ws = Workspace(resolve_workspace(args.workspace))
     kwargs: dict[str, Any] = {}
-    if args.oracle == "ollama":
+    hosts = args.base_url if args.oracle == "openai" else args.host
+    if args.oracle in ("ollama", "openai"):
         kwargs = {"timeout": args.timeout, "retries": args.retries, "connect_timeout": args.connect_timeout,
-                  "allowed_hosts": ollama_hosts(ws.store.get_meta("ollama_hosts"))}
+                  "allowed_hosts": ollama_hosts(ws.store.get_meta("ollama_hosts")),
+                  "per_host": args.workers, "log": sys.stderr}
     elif args.oracle == "local":
         kwargs = {"batch_size": args.batch_size}
+    workers = args.workers * (len(hosts) if hosts else 1)
     try:
-        oracle = make_oracle(args.oracle, args.model, host=args.host, truth_dir=ws.truth_dir, seed=args.seed, **kwargs)
-        if args.oracle == "ollama":
+        oracle = make_oracle(args.oracle, args.model, host=hosts, truth_dir=ws.truth_dir, seed=args.seed, **kwargs)
+        if args.oracle in ("ollama", "openai"):
             oracle.check()  # an unreachable server or missing model: one clear error within --connect-timeout
-        summary = run(ws, oracle, budget, args.sampling, args.workers, args.debias, args.seed,
+        summary = run(ws, oracle, budget, args.sampling, workers, args.debias, args.seed,
                       args.active_batch, progress=True, config_extra={"host": getattr(oracle, "host", None)},
                       max_failures=args.max_failures or None)
     except (OracleUnavailable, ValueError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    if isinstance(oracle, MultiHostOracle):
+        summary["hosts"] = oracle.stats
+        for line in oracle.report():
+            print(f"{parser.prog}: {line}", file=sys.stderr)
     if args.oracle == "local":
         print("NOTE: the local SmolLM2-135M oracle is a DEMO oracle, not a clinical one.", file=sys.stderr)
     if summary["synthetic"]:

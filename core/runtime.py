@@ -5,6 +5,8 @@
 - **Workspace**: :func:`open_workspace` opens the ``--workspace`` of a job, importing the
   SYNTHETIC phantom demo into an empty one, and turns user errors into one clear ``parser``
   error (:func:`user_errors`).
+- **Shared models**: :func:`write_model_folder` writes a ``save_pretrained`` model folder for
+  ``python -m core.export_model``; :func:`numbers_only` keeps a run's metrics free of text.
 - **Run artifacts**: every run that produces an image embedding writes
   ``runs/<id>/embeddings.npz`` through :func:`save_embeddings`; evaluation, fusion, retrieval
   and the explorer read it back with :func:`load_embeddings`. The run record itself (config,
@@ -18,6 +20,7 @@ import hashlib
 import importlib.util
 import math
 import pickle
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,8 +36,9 @@ if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: rea
     import torch
 
 __all__ = ["DEMO_SEED", "DEVICES", "autocast", "ensure_images", "git_sha", "init_distributed", "json_safe", "load_checkpoint",
-           "load_embeddings", "open_workspace", "pick_device", "resolve_device", "save_embeddings",
-           "source_fingerprint", "torch_threads", "use_device", "user_errors"]
+           "load_embeddings", "open_workspace", "pick_device", "numbers_only", "resolve_device",
+           "save_embeddings", "source_fingerprint", "torch_threads", "use_device", "user_errors",
+           "write_model_folder"]
 
 DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"
@@ -245,3 +249,33 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def numbers_only(value: Any) -> Any:
+    """``value`` (dicts and lists of metrics) with every string dropped and NaN/inf as ``None``:
+    what a shared model may carry of a run's metrics (a message could name a photo)."""
+    if isinstance(value, dict):
+        kept = {k: numbers_only(v) for k, v in value.items() if not isinstance(v, str)}
+        return {k: v for k, v in kept.items() if v != {}}
+    if isinstance(value, (list, tuple)):
+        return [numbers_only(v) for v in value if not isinstance(v, str)]
+    return json_safe(value) if isinstance(value, (bool, int, float)) else None
+
+
+def write_model_folder(model: Any, out: str | Path) -> Path:
+    """``model.save_pretrained`` into the new (or empty) folder ``out``, atomically: written beside
+    it and renamed in, so a failure leaves ``out`` as it was."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(stage)
+        if out.exists():
+            out.rmdir()
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return out

@@ -48,7 +48,8 @@ def test_embed_cli_writes_the_frozen_baseline_run(tiny_ws):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "1"], "--model and --images go together"),
+    (["--images", "x"], "--images needs --model"),
+    (["--model", "1"], "no TriDerm-V (vision-triderm) run with that id"),
     (["--neighbours", "0"], "--neighbours must be ≥ 1"),
 ])
 def test_embed_cli_bad_flags_exit_2_and_record_nothing(tiny_ws, argv, message):

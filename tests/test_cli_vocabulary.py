@@ -35,6 +35,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
                                ["--seeds", "2", "--batch", "4", "--size", "64", "--lam", "0.3"]),
     "core.train_segmenter": ({"--workspace", "--device", "--seed", "--batch-size", "--epochs", "--lr"}, []),
     "core.extract_features": ({"--workspace", "--device", "--seed"}, []),
+    "core.export_model": ({"--workspace"}, []),  # copies weights: no device, no seed
     "core.phantoms": ({"--seed"}, []),  # writes a dataset folder (--out), numpy only; imports nothing of core
     "annotations": ({"--workspace"}, []),  # checked on its import subcommand; never imports core
     "benchmarks.active": ({"--workspace", "--device", "--seeds"}, []),

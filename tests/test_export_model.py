@@ -1,0 +1,147 @@
+"""``python -m core.export_model``: a run shared as a model folder, used by another workspace, with no ids in it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from annotations.dataset import import_dataset
+from annotations.workspace import Workspace
+from core import embed as embed_job
+from core import export_model as job
+from core.eval.distances import pairwise_euclidean
+from core.runtime import load_embeddings
+from core.segmentation.export import load_shared_segmenter
+from core.segmentation.model import load_segmenter
+from core.vision.triderm import train
+
+FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
+
+
+@pytest.fixture(scope="module")
+def centres(tiny_phantom, tmp_path_factory) -> tuple[Workspace, Workspace, int]:
+    """Centre A trains a TriDerm-V run; centre B holds the same photos in a workspace of its own."""
+    dataset = tiny_phantom(5, 5, 2, 8, 30)
+    root = tmp_path_factory.mktemp("centres")
+    a, b = Workspace(root / "a"), Workspace(root / "b")
+    import_dataset(a, dataset)
+    import_dataset(b, dataset)
+    return a, b, train(a, progress=False, seed=1, **FAST)
+
+
+def _ids(ws: Workspace) -> set[str]:
+    """Every id and description of the workspace: photos, patients, wounds (as ``image_id`` and
+    ``image_id:index``)."""
+    out = {i["image_id"] for i in ws.store.images()} | {i["patient_id"] for i in ws.store.images() if i["patient_id"]}
+    for w in ws.store.wounds():
+        out |= {f"{w['image_id']}:{w['wound_index']}", w["description"]} - {""}
+    return out
+
+
+def _distances(ws: Workspace, run_id: int) -> tuple[list[str], np.ndarray]:
+    emb = load_embeddings(ws, run_id)
+    return emb["image_ids"], pairwise_euclidean(emb["image_emb"])
+
+
+def _model_run(ws: Workspace, ref: str) -> int:
+    assert embed_job.main(["--workspace", str(ws.root), "--model", ref]) == 0
+    return int(ws.store.runs(kind="vision-model")[0]["id"])
+
+
+def test_a_model_exported_from_one_workspace_embeds_another_with_the_same_distances(centres, tmp_path, capsys):
+    a, b, run_id = centres
+    out = tmp_path / "shared"
+    assert job.main([str(run_id), str(out), "--workspace", str(a.root)]) == 0
+    assert {"model.safetensors", "config.json"} <= {p.name for p in out.iterdir()}
+    config = json.loads((out / "config.json").read_text())
+    assert config["backbone"] == a.store.run(run_id)["config"]["backbone"] and config["recipe"]["dim"] == 16
+    assert config["data"]["n_images"] == 5 and config["data"]["n_patients"] == 2 and config["data"]["synthetic"]
+    assert config["metrics"]["loss"] == a.store.run(run_id)["metrics"]["loss"]
+
+    ids_a, in_a = _distances(a, _model_run(a, str(run_id)))
+    ids_b, in_b = _distances(b, _model_run(b, str(out)))
+    assert ids_a == ids_b and in_a.shape == (5, 5)
+    assert np.allclose(in_a, in_b, atol=1e-5) and in_a.max() > 0.1
+    # and the run's own study embedding, computed from cached features during training, agrees
+    own_ids, own = _distances(a, run_id)
+    assert own_ids == ids_a and np.allclose(own, in_a, atol=1e-3)
+
+
+def test_the_exported_folder_holds_no_id_of_the_source_workspace(centres, tmp_path):
+    a, _, run_id = centres
+    out = tmp_path / "shared"
+    assert job.main([str(run_id), str(out), "--workspace", str(a.root)]) == 0
+    ids = _ids(a)
+    assert len(ids) > 10
+    leaks = {(p.name, i) for p in out.rglob("*") if p.is_file() for i in ids if i.encode() in p.read_bytes()}
+    assert leaks == set()
+
+
+def test_hf_hub_offline_is_one_clear_error_and_never_waits(centres, monkeypatch, capsys):
+    a, _, _ = centres
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit) as exit_:
+        embed_job.main(["--workspace", str(a.root), "--model", "hf-hub:triderm-test/not-cached"])
+    assert exit_.value.code == 2
+    assert "not in the local Hugging Face cache and the hub is offline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["999"], "no finished run 999"),
+])
+def test_export_refuses_unknown_runs_and_non_empty_folders(centres, tmp_path, capsys, argv, message):
+    a, _, run_id = centres
+    with pytest.raises(SystemExit):
+        job.main([*argv, str(tmp_path / "x"), "--workspace", str(a.root)])
+    assert message in capsys.readouterr().err and not (tmp_path / "x").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep").write_text("mine")
+    with pytest.raises(SystemExit):
+        job.main([str(run_id), str(tmp_path / "full"), "--workspace", str(a.root)])
+    assert "not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep"]
+
+
+def test_a_folder_of_another_kind_is_refused(centres, tmp_path, capsys):
+    a, _, _ = centres
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(SystemExit):
+        embed_job.main(["--workspace", str(a.root), "--model", str(tmp_path / "m")])
+    assert "is not a TriDerm-V head" in capsys.readouterr().err
+
+
+def _segmenter_workspace(root: Path) -> Workspace:
+    ds = root / "ds"
+    (ds / "images").mkdir(parents=True)
+    (ds / "masks").mkdir()
+    rng = np.random.default_rng(0)
+    for n in range(4):
+        img = rng.integers(150, 200, (64, 64, 3), dtype=np.uint8)
+        mask = np.zeros((64, 64), np.uint8)
+        mask[10 + 5 * n:30 + 5 * n, 12:40] = 1
+        img[mask > 0] = (170, 40, 40)
+        Image.fromarray(img).save(ds / "images" / f"seg{n}.png")
+        Image.fromarray(mask).save(ds / "masks" / f"seg{n}.png")
+    ws = Workspace(root / "ws")
+    import_dataset(ws, ds)
+    return ws
+
+
+def test_a_segmenter_run_exports_and_loads_to_the_same_maps(tmp_path):
+    from core import train_segmenter
+
+    ws = _segmenter_workspace(tmp_path)
+    assert train_segmenter.main(["--workspace", str(ws.root), "--epochs", "1", "--device", "cpu"]) == 0
+    run_id = int(ws.store.runs(kind="segmenter")[0]["id"])
+    out = tmp_path / "seg-shared"
+    assert job.main([str(run_id), str(out), "--workspace", str(ws.root)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert "data" not in config["recipe"] and set(config["data"]) >= {"n_train", "n_val"}
+    shared, own = load_shared_segmenter(out, device="cpu"), load_segmenter(ws, device="cpu")
+    photo = ws.load_image("seg0")
+    assert np.allclose(shared.probability(photo), own.probability(photo), atol=1e-6)
+    assert not any(i.encode() in p.read_bytes() for p in out.iterdir() for i in _ids(ws))
