@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
@@ -267,6 +268,9 @@ class Store:
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
+        # created private (password hashes, clinical text); SQLite gives its -wal and -shm files the same mode
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         conn = sqlite3.connect(self.path, timeout=timeout_s, check_same_thread=False,
                                isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")

@@ -73,8 +73,8 @@ class Workspace:
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = resolve_workspace(root).resolve()
-        for sub in ("images", "masks", "cache", "runs"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, *(self.root / sub for sub in ("images", "masks", "cache", "runs"))):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # private when made (0700; the store 0600)
         self.store = Store(self.root / DB_NAME)
 
     def __repr__(self) -> str:

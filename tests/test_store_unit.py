@@ -4,6 +4,7 @@ Fast companion of tests/test_store.py (mutation-checked, issue 22)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -127,6 +128,24 @@ def test_a_newer_schema_is_refused_and_left_alone(tmp_path):
     assert con.execute("PRAGMA user_version").fetchone()[0] == 8
     assert con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
     con.close()
+
+
+def test_a_new_workspace_is_private(tmp_path):
+    from annotations import accounts
+    from annotations.workspace import Workspace
+
+    old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless made private
+    try:
+        ws = Workspace(tmp_path / "new" / "ws")
+        ws.store.upsert_image("a", "a.png", "a" * 64, 8, 6)  # the WAL and shared-memory files exist now
+        accounts.secret_key(ws.root)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [ws.root, *ws.root.iterdir()]}
+    assert modes == {"ws": 0o700, "images": 0o700, "masks": 0o700, "cache": 0o700, "runs": 0o700,
+                     "triderm.sqlite": 0o600, "triderm.sqlite-wal": 0o600, "triderm.sqlite-shm": 0o600,
+                     ".session_key": 0o600}
+    ws.store.close()
 
 
 def test_a_failing_migration_changes_nothing(tmp_path, monkeypatch):
