@@ -179,6 +179,20 @@ def sideways_jpeg() -> bytes:
     return buf.getvalue()
 
 
+def folder(name: str) -> Spoiler:
+    """A folder ``name`` holding a valid photo (its contents must not be skipped unseen)."""
+    def spoil(d: Path, _out: Path) -> None:
+        (d / name).mkdir()
+        shutil.copyfile(d / "images" / "a.png", d / name / "a.png")
+    return spoil
+
+
+def triplet(**cells: str) -> Spoiler:
+    """triplets.csv with one judgment whose extra columns are ``cells``."""
+    return write("triplets.csv", "anchor,ref_j,ref_k,choice,annotator," + ",".join(cells) + "\n"
+                 "a,b,c,j,ann," + ",".join(cells.values()) + "\n")
+
+
 def truncated(name: str) -> Spoiler:
     def spoil(d: Path, _out: Path) -> None:
         data = (d / name).read_bytes()
@@ -383,6 +397,22 @@ CASES: dict[str, tuple] = {
     "judgment listed twice": (write("triplets.csv", "anchor,ref_j,ref_k,choice,annotator,rep\n"
                                     "a,b,c,j,x,0\na,b,c,k,x,0\n"), ("triplets.csv", "listed twice")),
     "triplets.csv without choice": (write("triplets.csv", "anchor,ref_j,ref_k\na,b,c\n"), ("triplets.csv", "choice")),
+    # -- ids and fields read exactly (issue 29) --
+    "photo id ending in a newline": (replace_image("ph7\n.png", lambda: png_bytes(np.zeros((20, 30, 3), np.uint8))),
+                                     ("images/'ph7\\n.png'", "control character U+000A")),
+    "NUL in a description": (append("wounds.csv", "b,2,cru\x00st,back"),
+                             ("wounds.csv: line 5: description", "U+0000")),
+    "NUL in dataset.json's name": (write("dataset.json", json.dumps({"name": "sm\x00all"})),
+                                   ("dataset.json: name", "U+0000")),
+    "non-ASCII digit as wound index": (append("wounds.csv", "b,\u0662,crust,back"),
+                                       ("wounds.csv: line 5: wound_index", "'\u0662' is not a whole number")),
+    "wound index 0": (append("wounds.csv", "b,0,crust,back"), ("wounds.csv: line 5: wound_index", "less than 1")),
+    "created that is not a date": (triplet(created="yesterday"), ("triplets.csv: line 2: created", "ISO 8601")),
+    "negative rep": (triplet(rep="-1"), ("triplets.csv: line 2: rep", "less than 0")),
+    "NaN latency": (triplet(latency_ms="nan"), ("triplets.csv: line 2: latency_ms", "not a finite number")),
+    "negative latency": (triplet(latency_ms="-5"), ("triplets.csv: line 2: latency_ms", "less than 0")),
+    "folder named like a photo": (folder("images/d.png"), ("images/d.png: is a folder", "images/ may hold only files")),
+    "folder among the masks": (folder("masks/old"), ("masks/old: is a folder",)),
 }
 
 

@@ -15,12 +15,16 @@ from PIL import Image, ImageCms, ImageFilter, ImageOps, PngImagePlugin
 
 from annotations.dataset import export_dataset, import_dataset
 from annotations.readers import (
+    DatasetError,
     DatasetFolder,
     column_schema,
     labels_and_geometry,
     mask_to_labels,
     read_csv,
+    parse_int,
+    parse_number,
     read_photo,
+    valid_id,
     wound_geometry,
 )
 from annotations.workspace import Workspace
@@ -405,3 +409,14 @@ def test_a_value_typed_in_the_app_follows_the_import_rules():
     assert typed_value("3", previous=2.0) == 3.0 and isinstance(typed_value("3", previous=2.0), float)
     assert typed_value("yes", previous=False) is True and typed_value("12", previous="a") == "12"
     assert typed_value("unknown", previous=3) == "unknown" and typed_value("  ") is None
+
+
+def test_ids_and_numbers_are_read_exactly():
+    assert valid_id("ph7") and not valid_id("ph7\n") and not valid_id("ph7\n.png")  # "$" matched before "\n"
+    assert parse_int("12", "x") == 12 and parse_number("1.25e3", "x") == 1250.0
+    for text in ("\u0661\u0662", "1_000", "+\uff11", "1.0", " 1"):
+        with pytest.raises(DatasetError, match="is not a whole number"):
+            parse_int(text, "x")
+    for text in ("nan", "inf", "1_0.5", "\u0661.5", "1e999"):
+        with pytest.raises(DatasetError, match="is not a finite number"):
+            parse_number(text, "x")

@@ -327,6 +327,20 @@ def test_add_triplet(store):
     ]
 
 
+def test_a_nan_latency_or_negative_rep_is_refused_not_stored_as_null(store):
+    photos(store)
+    for latency in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="latency_ms must be a finite number"):
+            store.add_triplet("a", "b", "c", "j", "expert:me", latency_ms=latency)
+        with pytest.raises(ValueError, match="^triplet row 1: latency_ms"):
+            store.add_triplets([{"anchor": "a", "ref_j": "b", "ref_k": "c", "choice": "j", "source": "x"},
+                                {"anchor": "a", "ref_j": "b", "ref_k": "d", "choice": "j", "source": "x",
+                                 "latency_ms": latency}])
+    with pytest.raises(ValueError, match="rep must be 0 or more, got -1"):
+        store.add_triplet("a", "b", "c", "j", "expert:me", rep=-1)
+    assert store.triplets() == []
+
+
 def test_add_triplets_in_bulk(store):
     photos(store)
     rows = [{"anchor": "a", "ref_j": "b", "ref_k": "c", "choice": "j", "source": "expert:x"},
