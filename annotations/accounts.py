@@ -228,7 +228,8 @@ def authenticate(store: Store, name: str, password: str, at: datetime | None = N
         locked = _parse(row["locked_until"]) if usable else None
         if usable and (locked is None or locked <= at):
             failed = (0 if locked is not None else int(row["failed"])) + 1
-            until = (at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds") if failed >= MAX_FAILED else None
+            until = ((at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds")
+                     if failed >= MAX_FAILED else None)
             store.db.execute("UPDATE accounts SET failed = ?, locked_until = ? WHERE name = ?",
                              [failed, until, row["name"]])
         else:

@@ -704,12 +704,49 @@ def read_mask(folder: DatasetFolder, path: Path, photo: Photo, mask_format: str 
 
 
 def _mask_array(im: Image.Image, name: str) -> np.ndarray:
+    """The mask's values: grey, palette index or the RGB channels' maximum. An alpha channel is
+    read only to check it: wounds drawn in transparency alone, or colour and transparency that
+    disagree on which pixels are drawn, are an error naming the values found."""
     if im.mode == "F":
         raise DatasetError(f"{name}: floating-point masks are not supported; use 8- or 16-bit PNG")
     array = np.asarray(im)
-    if array.ndim == 3:
-        array = array[..., 0] if im.mode in ("LA", "La", "PA") else array[..., :3].max(axis=2)
-    return array
+    if array.ndim != 3:
+        return array
+    colour = array[..., 0] if im.mode in ("LA", "La", "PA") else array[..., :3].max(axis=2)
+    if "A" in im.mode or "a" in im.mode:
+        alpha = array[..., -1]
+        if alpha.min() != alpha.max():
+            if colour.min() == colour.max():
+                raise DatasetError(f"{name}: the wounds are drawn only in the alpha (transparency) channel (values "
+                                   f"{_values(alpha)}); the colour is {int(colour.min())} everywhere. Save the mask "
+                                   "as greyscale (0 = skin) without transparency")
+            if ((colour > 0) != (alpha > 0)).any():
+                raise DatasetError(f"{name}: colour (values {_values(colour)}) and alpha channel (values "
+                                   f"{_values(alpha)}) mark different pixels; save the mask as greyscale "
+                                   "(0 = skin) without transparency")
+    return colour
+
+
+def _values(array: np.ndarray, most: int = 12) -> str:
+    """The distinct values of ``array``, for a message (the first ``most`` and how many more)."""
+    values = np.unique(array)
+    shown = ", ".join(str(int(v)) for v in values[:most])
+    return shown + (f", … ({len(values) - most} more)" if len(values) > most else "")
+
+
+def _flat_values(array: np.ndarray, below: float) -> list[int]:
+    """Non-zero values under ``below`` that fill a 5×5 block somewhere: regions painted in that value.
+    Anti-aliased edges and JPEG noise are gradients and specks, never a flat 5×5 block, except the
+    background a JPEG shifted off 0 (the most common value, with 0 itself rare): that one is skin."""
+    candidates = (array > 0) & (array < below)
+    if not candidates.any():
+        return []
+    values, counts = np.unique(array, return_counts=True)
+    common = values[np.argmax(counts)]
+    if common > 0 and (values[0] != 0 or counts[0] < 0.1 * counts.max()):
+        candidates &= array != common
+    flat = ndimage.minimum_filter(array, 5, mode="nearest") == ndimage.maximum_filter(array, 5, mode="nearest")
+    return [int(v) for v in np.unique(array[flat & candidates])]
 
 
 def mask_to_labels(mask: np.ndarray, mask_format: str = "auto", min_area: int = 0) -> np.ndarray:
@@ -745,13 +782,31 @@ def labels_and_geometry(array: np.ndarray, mask_format: str = "auto", min_area: 
     ``binary`` (or ``auto`` when :func:`is_binary`): thresholded at half the largest value, split
     into 4-connected components, components under ``min_area`` dropped and the rest numbered 1..N
     in raster order. ``label``: values are wound indices, kept as they are; an index whose area is
-    under ``min_area`` is dropped."""
+    under ``min_area`` is dropped.
+
+    Nothing is erased or merged silently: a mask read as binary that has flat regions (a 5×5 block
+    of one value) of a value that thresholding would drop (``binary``: at most half the largest
+    value) or that is not near the largest value (``auto``: under ¾ of it, e.g. a label map
+    {1, 2, 255} with 255 = "ignore", or a 16-bit label map whose largest label dominates) is an
+    error naming the values found and the ``mask_format`` to set."""
     array = np.asarray(array)
     if array.size and array.min() < 0:
         raise DatasetError(f"{name}: negative mask values ({int(array.min())})")
     binary = mask_format == "binary" or (mask_format == "auto" and is_binary(array))
     if binary:
         vmax = int(array.max(initial=0))
+        flat = _flat_values(array, vmax / 2 + 0.5 if mask_format == "binary" else 0.75 * vmax) if vmax > 1 else []
+        if flat and mask_format == "binary":
+            raise DatasetError(f"{name}: a binary mask (mask_format \"binary\") with regions of value(s) "
+                               f"{', '.join(map(str, flat))}, at most half its largest value {vmax}: they would be "
+                               f"read as skin (values found: {_values(array)}). Give every wound pixel one value, "
+                               "or set \"mask_format\": \"label\" in dataset.json if each value is one wound")
+        if flat:
+            raise DatasetError(f"{name}: ambiguous mask: values found {_values(array)}, with regions of value(s) "
+                               f"{', '.join(map(str, flat))} besides {vmax}. Read as binary (wound = over half "
+                               f"of {vmax}) they would be dropped or merged. If each value is one wound, set "
+                               "\"mask_format\": \"label\" in dataset.json (set pixels meaning 'ignore', e.g. "
+                               "255, to 0 first); if it is a binary mask, give every wound pixel one value")
         labels, count = ndimage.label(array > vmax / 2 if vmax > 1 else array > 0)
         labels = labels.astype(np.int32, copy=False)
     else:

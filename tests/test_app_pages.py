@@ -120,6 +120,13 @@ def test_wrong_password_then_lock_out(ws):
     assert next(r for r in accounts.list_accounts(ws.store) if r["name"] == "Dr Who")["locked_until"]
 
 
+def test_an_empty_session_key_stops_the_app_with_the_reason(ws):
+    (ws.root / ".session_key").write_text("")  # left by a crash or a full disk at first use
+    at = app(annotator=None)
+    assert any("cannot start" in e.value and "Delete the file" in e.value for e in at.error)
+    assert not at.text_input  # no sign-in form: nothing is signed with an empty key
+
+
 def test_sign_out_revokes_the_session_everywhere(ws):
     account("Dr Who", "admin")
     here = sign_in(app(annotator=None), "Dr Who", PASSWORD)

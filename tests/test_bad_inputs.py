@@ -206,6 +206,26 @@ def mask(name: str, array: np.ndarray) -> Spoiler:
     return spoil
 
 
+def two_labels(fill: int, band: tuple[slice, slice], dtype=np.uint8) -> np.ndarray:
+    """Labels 1 and 2 (the valid masks' wounds) plus a region of ``fill`` (an "ignore" band or a big label)."""
+    labels = np.zeros((20, 30), dtype)
+    labels[2:7, 2:7] = 1
+    labels[10:15, 10:20] = 2
+    labels[band] = fill
+    return labels
+
+
+def alpha_only(d: Path, _out: Path) -> None:
+    rgba = np.zeros((20, 30, 4), np.uint8)  # black everywhere; the wounds are opaque, the skin transparent
+    rgba[..., 3] = np.where(two_labels(0, np.s_[0:0, 0:0]) > 0, 255, 0)
+    Image.fromarray(rgba).save(d / "masks" / "a.png")
+
+
+def declared_binary_with_labels(d: Path, _out: Path) -> None:
+    (d / "dataset.json").write_text(json.dumps({"name": "small", "mask_format": "binary"}))
+    Image.fromarray(two_labels(255, np.s_[0:2, :])).save(d / "masks" / "a.png")
+
+
 def tiny_wound(d: Path, _out: Path) -> None:
     labels = np.zeros((20, 30), np.uint8)
     labels[2:5, 2:5] = 1  # 9 px, under the default minimum of 25
@@ -413,6 +433,14 @@ CASES: dict[str, tuple] = {
     "negative latency": (triplet(latency_ms="-5"), ("triplets.csv: line 2: latency_ms", "less than 0")),
     "folder named like a photo": (folder("images/d.png"), ("images/d.png: is a folder", "images/ may hold only files")),
     "folder among the masks": (folder("masks/old"), ("masks/old: is a folder",)),
+    # -- masks that a binary reading would erase or merge (issue 29) --
+    "label map with 255 = ignore": (mask("a.png", two_labels(255, np.s_[0:2, :])),
+                                    ("masks/a.png: ambiguous mask: values found 0, 1, 2, 255", "mask_format")),
+    "16-bit label map whose largest label dominates": (mask("a.png", two_labels(300, np.s_[15:20, :], np.uint16)),
+                                                       ("masks/a.png", "values found 0, 1, 2, 300", "\"label\"")),
+    "wounds drawn only in alpha": (alpha_only, ("masks/a.png", "only in the alpha", "values 0, 255")),
+    "binary-declared mask with painted labels": (declared_binary_with_labels,
+                                                 ("masks/a.png", "mask_format \"binary\"", "value(s) 1, 2")),
 }
 
 
