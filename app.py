@@ -154,6 +154,7 @@ def gate() -> None:
 
 def main() -> None:
     st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
+    ac.session_key()  # an unusable signing key stops the app here, with the reason
     if ac.account() is None:
         nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)])
     else:  # every page is routable; each one tells a role without access why it is closed

@@ -64,17 +64,28 @@ def oidc_providers() -> list[str | None] | None:
     return ([None] if "client_id" in auth else []) + named or None
 
 
+def session_key() -> str:
+    """The workspace's session-signing key; an unusable key stops the app with the reason."""
+    try:
+        return accounts.secret_key(workspace().root)
+    except accounts.SessionKeyError as err:
+        st.error(f"TriDerm Studio cannot start: {err}")
+        st.stop()
+
+
 def account() -> Account | None:
-    """The signed-in account, refreshed from the store (a role change or a disabled account takes
-    effect on the next click); restored from the session cookie or the identity provider after a
-    reload. A forged or expired cookie signs the visitor out with a message."""
+    """The signed-in account, checked against the store on every run (sign-out elsewhere, a
+    password or role change, or disabling ends the session on the next click); restored from the
+    session cookie or the identity provider after a reload. A forged, expired or revoked session
+    signs the visitor out with a message."""
     state = st.session_state
     store = workspace().store
     current = state.get("account")
     if current is not None:
-        fresh = accounts.active(store, current.name)
-        if fresh is None:
-            _forget("Your account was removed or disabled; you are signed out.")
+        try:
+            fresh = accounts.account_from_token(store, session_key(), state.get("_cookie") or "")
+        except AuthError as err:
+            _forget(str(err))
             return None
         if fresh != current:
             state["account"] = fresh
@@ -82,7 +93,7 @@ def account() -> Account | None:
     token = browser_cookie()
     if token and token != state.get("_rejected_cookie"):
         try:
-            restored = accounts.account_from_token(store, accounts.secret_key(workspace().root), token)
+            restored = accounts.account_from_token(store, session_key(), token)
         except AuthError as err:
             state["_rejected_cookie"] = token
             _forget(str(err))
@@ -111,8 +122,7 @@ def browser_cookie() -> str | None:
 def sign_in(found: Account) -> None:
     """Start this browser's session for ``found`` (and set the signed session cookie)."""
     st.session_state["account"] = found
-    st.session_state["_cookie"] = accounts.issue_token(workspace().store, accounts.secret_key(workspace().root),
-                                                       found)
+    st.session_state["_cookie"] = accounts.issue_token(workspace().store, session_key(), found)
     st.session_state.pop("_auth_notice", None)
     workspace().store.add_annotator(found.name)
 
@@ -126,7 +136,11 @@ def _forget(notice: str | None = None) -> None:
 
 
 def sign_out() -> None:
-    """End the session in this browser: forget the account and delete the cookie."""
+    """Sign the account out: revoke its sessions on the server (every browser, and any copy of
+    the cookie), forget the account here and delete the cookie."""
+    current = st.session_state.get("account")
+    if current is not None:
+        accounts.revoke_sessions(workspace().store, current.name)
     token = browser_cookie()
     if token:
         st.session_state["_rejected_cookie"] = token  # this connection still carries the old cookie
@@ -145,8 +159,10 @@ def sync_cookie() -> None:
         value = f"{accounts.COOKIE_NAME}=; path=/; max-age=0; SameSite=Strict"
     else:
         return
-    # the token is URL-safe base64 from itsdangerous: no quote or semicolon to escape
-    st.html(f"<script>document.cookie = {json.dumps(value)};</script>", unsafe_allow_javascript=True)
+    # the token is URL-safe base64 from itsdangerous: no quote or semicolon to escape. A script can set
+    # neither HttpOnly nor read the scheme on the server: Secure is added when the page came over HTTPS.
+    st.html(f"<script>document.cookie = {json.dumps(value)} + (location.protocol === 'https:' ? '; Secure' : '');"
+            "</script>", unsafe_allow_javascript=True)
 
 
 def annotator() -> str | None:

@@ -5,9 +5,15 @@
   spelling is the one shown and the one judgments are stored under (``expert:<name>``).
 * After :data:`MAX_FAILED` wrong passwords in a row an account is locked for :data:`LOCK_MINUTES`
   minutes; the count and the lock are stored, so a reload or another browser does not reset them.
+  Each attempt is counted (one ``BEGIN IMMEDIATE`` update) *before* its password is checked, so at
+  most :data:`MAX_FAILED` passwords are checked per lock window however many arrive at once.
+  Every refusal (unknown name, wrong password, locked, disabled) gets one message and one hash
+  check's work, so neither the answer nor its timing tells which names exist.
 * A session survives a reload through a cookie holding an ``itsdangerous`` signed, timestamped
-  token; it names the account and its ``session_epoch`` (bumped by a password or role change,
-  which signs every browser of that account out).
+  token; it names the account and its ``session_epoch``. Sign-out, a password or role change and
+  disabling bump the epoch, which revokes every session of that account on the server.
+* The signing key (``<workspace>/.session_key``, mode 0600) is written whole or not at all; an
+  empty or short key is refused (:class:`SessionKeyError`), never used.
 * Free-text annotator names of earlier versions are mapped to accounts by an admin: their
   judgments move to the account's source, each move recorded in the revisions table.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -42,13 +49,23 @@ LOCK_MINUTES = 15
 SESSION_MAX_AGE_S = 12 * 3600
 COOKIE_NAME = "triderm_session"
 MIN_PASSWORD = 10
-NAME_RE = re.compile(r"^[\w][\w .'-]{0,47}$")
+NAME_RE = re.compile(r"[\w][\w .'-]{0,47}")
+#: Shortest signing key accepted (``secrets.token_urlsafe(48)`` makes 64 characters).
+MIN_KEY_CHARS = 32
+KEY_FILE = ".session_key"
+#: The one answer to every refused sign-in.
+REFUSED = (f"Unknown account or wrong password. After {MAX_FAILED} failed sign-ins in a row an account is "
+           f"locked for {LOCK_MINUTES} min (an admin can unlock it).")
 _HASHER = PasswordHasher()
-_DUMMY_HASH = _HASHER.hash("not a password of any account")  # equalises timing for unknown names
+_DUMMY_HASH = _HASHER.hash("not a password of any account")  # equalises timing for refusals
 
 
 class AuthError(Exception):
     """A sign-in or account change that was refused; the message is shown as is."""
+
+
+class SessionKeyError(RuntimeError):
+    """The workspace's session-signing key is unusable; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +83,7 @@ def clean_name(name: str) -> str:
     name = " ".join((name or "").split())
     if not name:
         raise AuthError("Enter an account name.")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise AuthError("Names may use letters, digits, spaces and . ' - _ (at most 48 characters).")
     return name
 
@@ -160,6 +177,12 @@ def unlock(store: Store, name: str, actor: str) -> None:
         store.record_revision("accounts", row["name"], "locked_until", "update", row["locked_until"], None, actor)
 
 
+def revoke_sessions(store: Store, name: str) -> None:
+    """Sign ``name`` out on the server: every session token issued so far stops being valid."""
+    store.db.execute("UPDATE accounts SET session_epoch = session_epoch + 1 WHERE name = ? COLLATE NOCASE",
+                     [name])
+
+
 def set_disabled(store: Store, name: str, disabled: bool, actor: str) -> None:
     with store.transaction():
         row = _existing(store, name)
@@ -191,62 +214,89 @@ def _parse(ts: str | None) -> datetime | None:
 
 
 def authenticate(store: Store, name: str, password: str, at: datetime | None = None) -> Account:
-    """The account when ``password`` is right; else :class:`AuthError` (and the failure is counted).
+    """The account when ``password`` is right; else :class:`AuthError` with :data:`REFUSED`.
 
-    Unknown names and wrong passwords get the same message; a locked account is refused without
-    checking the password, with the time the lock ends.
+    The attempt is counted in one ``BEGIN IMMEDIATE`` transaction before the password is checked:
+    the :data:`MAX_FAILED`-th attempt in a row sets the lock, and a locked account's password is
+    not checked at all (a dummy hash is, so the time taken is the same). A right password clears
+    the count and the lock; an expired lock starts a new count.
     """
     at = at or datetime.now(timezone.utc)
-    row = _row(store, name or "")
-    if row is None or row["password_hash"] is None or row["disabled"]:
-        try:  # same work as a real check, so response time does not reveal which names exist
-            _HASHER.verify(_DUMMY_HASH, password or "")
-        except VerificationError:
-            pass
-        raise AuthError("Unknown account or wrong password.")
-    locked = _parse(row["locked_until"])
-    if locked is not None and locked > at:
-        minutes = max(1, round((locked - at).total_seconds() / 60))
-        raise AuthError(f"Too many failed sign-ins: account {row['name']} is locked until "
-                        f"{locked:%H:%M} UTC (about {minutes} min). An admin can unlock it.")
+    with store.transaction():
+        row = _row(store, name or "")
+        usable = row is not None and row["password_hash"] is not None and not row["disabled"]
+        locked = _parse(row["locked_until"]) if usable else None
+        if usable and (locked is None or locked <= at):
+            failed = (0 if locked is not None else int(row["failed"])) + 1
+            until = ((at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds")
+                     if failed >= MAX_FAILED else None)
+            store.db.execute("UPDATE accounts SET failed = ?, locked_until = ? WHERE name = ?",
+                             [failed, until, row["name"]])
+        else:
+            row = None
     try:
-        _HASHER.verify(row["password_hash"], password or "")
+        _HASHER.verify(row["password_hash"] if row else _DUMMY_HASH, password or "")
     except (VerificationError, InvalidHashError):
-        failed = (0 if locked is not None else int(row["failed"])) + 1
-        until = (at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds") if failed >= MAX_FAILED else None
-        store.db.execute("UPDATE accounts SET failed = ?, locked_until = ? WHERE name = ?",
-                         [0 if until else failed, until, row["name"]])
-        if until:
-            raise AuthError(f"Too many failed sign-ins: account {row['name']} is locked for {LOCK_MINUTES} min. "
-                            "An admin can unlock it.") from None
-        left = MAX_FAILED - failed
-        raise AuthError(f"Unknown account or wrong password ({left} tr{'y' if left == 1 else 'ies'} left "
-                        "before a lock-out).") from None
-    if row["failed"] or row["locked_until"]:
-        store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL WHERE name = ?", [row["name"]])
-    if _HASHER.check_needs_rehash(row["password_hash"]):
-        store.db.execute("UPDATE accounts SET password_hash = ? WHERE name = ?", [_HASHER.hash(password), row["name"]])
+        raise AuthError(REFUSED) from None
+    if row is None:  # the dummy hash's password
+        raise AuthError(REFUSED)
+    rehash = _HASHER.hash(password) if _HASHER.check_needs_rehash(row["password_hash"]) else row["password_hash"]
+    store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL, password_hash = ? WHERE name = ? "
+                     "AND password_hash = ?", [rehash, row["name"], row["password_hash"]])
     return _account(row)
 
 
 # -- session tokens -------------------------------------------------------------------------------
 def secret_key(root: str | Path) -> str:
-    """The workspace's cookie-signing key (``<root>/.session_key``, mode 0600, made on first use)."""
-    path = Path(root) / ".session_key"
+    """The workspace's cookie-signing key (``<root>/.session_key``, mode 0600, made on first use).
+
+    The key is written to a private temporary file, fsynced, then linked to its name (which fails
+    when the name exists), so a reader never sees a partial key and two first uses agree on one.
+    Raises :class:`SessionKeyError` when the file holds an empty or short key."""
+    path = Path(root) / KEY_FILE
     try:
-        return path.read_text(encoding="ascii").strip()
+        return _read_key(path)
     except FileNotFoundError:
         pass
-    key = secrets.token_urlsafe(48)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{KEY_FILE}.")  # mode 0600
     try:
-        with open(path, "x", encoding="ascii", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
-            fh.write(key)
-    except FileExistsError:  # another process made it first
-        return path.read_text(encoding="ascii").strip()
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(secrets.token_urlsafe(48))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process made it first: use its key
+            pass
+    finally:
+        os.unlink(tmp)
+    return _read_key(path)  # (a crash before the link leaves no name; a new key is made next time)
+
+
+def _read_key(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # a link in its place, no permission
+        raise SessionKeyError(f"{path}: the session-signing key cannot be read ({err.strerror}); it must be a "
+                              "regular file of the account running the app (delete it to make a new one)") from None
+    with os.fdopen(fd, "rb") as fh:
+        if os.fstat(fh.fileno()).st_mode & 0o077:
+            os.fchmod(fh.fileno(), 0o600)
+        key = fh.read(4096).decode("ascii", errors="replace").strip()
+    if len(key) < MIN_KEY_CHARS:
+        raise SessionKeyError(
+            f"{path}: the session-signing key is {'empty' if not key else f'{len(key)} characters'} "
+            f"(at least {MIN_KEY_CHARS} needed), probably left by a crash or a full disk while it was made. "
+            "TriDerm Studio will not sign sessions with it. Delete the file and start the app again "
+            "(a new key is made; everyone signs in again).")
     return key
 
 
 def _serializer(key: str) -> URLSafeTimedSerializer:
+    if len(key or "") < MIN_KEY_CHARS:
+        raise SessionKeyError(f"a session-signing key needs at least {MIN_KEY_CHARS} characters, got {len(key or '')}")
     return URLSafeTimedSerializer(key, salt="triderm-session")
 
 
@@ -258,7 +308,8 @@ def issue_token(store: Store, key: str, account: Account) -> str:
 
 def account_from_token(store: Store, key: str, token: str, max_age_s: int = SESSION_MAX_AGE_S) -> Account:
     """The account a session token names; :class:`AuthError` (with the reason) when it is forged,
-    expired, or names an account that is gone, disabled or was signed out everywhere."""
+    expired, signed with an unusable key, or names an account that is gone, disabled or whose
+    sessions were revoked (:func:`revoke_sessions`)."""
     try:
         data = _serializer(key).loads(token, max_age=max_age_s)
     except SignatureExpired:
@@ -267,7 +318,8 @@ def account_from_token(store: Store, key: str, token: str, max_age_s: int = SESS
         raise AuthError("Your sign-in could not be verified (invalid session cookie). Please sign in again.") from None
     row = _row(store, str(data.get("name", ""))) if isinstance(data, dict) else None
     if row is None or row["disabled"] or int(row["session_epoch"]) != data.get("epoch"):
-        raise AuthError("Your sign-in is no longer valid (account changed or disabled). Please sign in again.")
+        raise AuthError("Your sign-in is no longer valid (signed out, account changed or disabled). "
+                        "Please sign in again.")
     return _account(row)
 
 

@@ -56,6 +56,9 @@ from annotations.readers import (
     column_schema,
     iter_csv,
     parse_bool,
+    parse_int,
+    parse_number,
+    parse_timestamp,
     read_csv,
     read_info,
     read_mask,
@@ -121,9 +124,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
 
     where: dict[tuple[str, str, str], str] = {}
     images: dict[str, _Image] = {}
-    for path in sorted(images_dir.iterdir()):
-        if path.name.startswith(".") or path.is_dir():
-            continue
+    for path in folder.files("images"):
         if path.suffix.lower() not in IMAGE_SUFFIXES:
             raise DatasetError(f"images/{path.name}: unsupported file type "
                                f"(expected {', '.join(IMAGE_SUFFIXES)})")
@@ -146,9 +147,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
     wounds: dict[tuple[str, int], dict[str, Any]] = {}
     masks_dir = root / "masks"
     if masks_dir.is_dir():
-        for path in sorted(masks_dir.iterdir()):
-            if path.name.startswith(".") or path.is_dir():
-                continue
+        for path in folder.files("masks"):
             here = f"masks/{path.name}"
             if path.suffix.lower() != ".png":
                 raise DatasetError(f"{here}: masks must be PNG files")
@@ -173,11 +172,7 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
             image_id = row["image_id"]
             if image_id not in images:
                 raise DatasetError(f"{where_line}: image_id {image_id!r} is not in images/")
-            try:
-                index = int(row["wound_index"])
-            except ValueError:
-                raise DatasetError(f"{where_line}: wound_index {row['wound_index']!r} is not a whole "
-                                   "number") from None
+            index = parse_int(row["wound_index"], f"{where_line}: wound_index", minimum=1)
             if (image_id, index) in seen:
                 raise DatasetError(f"{where_line}: wound {index} of {image_id!r} is listed twice")
             seen.add((image_id, index))
@@ -268,13 +263,10 @@ def _read_triplets(folder: DatasetFolder, path: Path, columns: dict[str, str], a
         if not source.split(":", 1)[-1].strip():
             raise DatasetError(f"{here}: source {source!r} names no one; write it as kind:name "
                                "(e.g. expert:alice), or leave it empty and fill annotator")
-        rep_text = row.get("rep", "")
-        try:
-            rep = int(rep_text) if rep_text else None
-            latency = float(row["latency_ms"]) if row.get("latency_ms") else None
-        except ValueError:
-            raise DatasetError(f"{here}: rep/latency_ms must be numbers") from None
-        table.add((line, *ids, row["choice"], source, rep, latency, row.get("created") or None))
+        rep = parse_int(row["rep"], f"{here}: rep", minimum=0) if row.get("rep") else None
+        latency = parse_number(row["latency_ms"], f"{here}: latency_ms", minimum=0) if row.get("latency_ms") else None
+        created = parse_timestamp(row["created"], f"{here}: created") if row.get("created") else None
+        table.add((line, *ids, row["choice"], source, rep, latency, created))
 
 
 class TripletTable:

@@ -42,7 +42,7 @@ import psutil
 from annotations.fileio import read_json, write_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}")  # fullmatch: "$" would allow a final newline
 #: seconds between two heartbeats of a running job's run record
 HEARTBEAT_S = 15.0
 #: a record from another host is stale when its heartbeat is older than this (8 missed beats)
@@ -154,7 +154,7 @@ def jobs_dir(ws: Any) -> Path:
 
 
 def _record_path(ws: Any, name: str) -> Path:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(f"job name {name!r} must match {_NAME.pattern}")
     return jobs_dir(ws) / f"{name}.json"
 
@@ -166,7 +166,7 @@ def start_job(ws: Any, name: str, module: str, args: list[str], env: dict[str, s
     Under the workspace's launch lock, refuses (ValueError) a job whose previous launch under the
     same name still runs, and — unless ``allow_parallel`` — a second running job of ``module``.
     """
-    if not re.match(r"^[a-z_][a-z0-9_]*$", module):
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
         raise ValueError(f"module {module!r} is not a core module name")
     path = _record_path(ws, name)
     lock = filelock.FileLock(str(jobs_dir(ws) / ".launch.lock"), timeout=LAUNCH_LOCK_S)

@@ -35,6 +35,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 from scipy import ndimage
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # always fullmatch: "$" allows a final "\n"
 MASK_FORMATS = ("auto", "label", "binary")
 #: Largest photo or mask accepted, in pixels (Pillow's own decompression-bomb threshold).
 MAX_PIXELS = 89_478_485
@@ -58,10 +59,16 @@ TRUE_WORDS = frozenset({"true", "yes", "1"})
 FALSE_WORDS = frozenset({"false", "no", "0"})
 _PIL_FORMATS = {".png": ["PNG"], ".jpg": ["JPEG"], ".jpeg": ["JPEG"],  # JPEG opens multi-picture (MPO) files too
                 ".tif": ["TIFF"], ".tiff": ["TIFF"]}
-_INT_TEXT = re.compile(r"^[-+]?(0|[1-9][0-9]*)$")
+_INT_TEXT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 #: Longer digit strings (record numbers, barcodes) are inferred as text.
 _MAX_NUMBER_CHARS = 15
-_FLOAT_TEXT = re.compile(r"^[-+]?(0|[1-9][0-9]*)?(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+_FLOAT_TEXT = re.compile(r"[-+]?(0|[1-9][0-9]*)?(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+#: Numbers as written in a file or typed: ASCII digits only (Python's int() and float() also take
+#: "١٢", "1_000" and "nan"; those are errors here).
+_ASCII_INT = re.compile(r"[-+]?[0-9]+")
+_ASCII_DECIMAL = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?")
+#: Control characters refused in any CSV cell or name (tab, newline and carriage return are text).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: PNG chunks kept when metadata is stripped: pixels, colour and animation; never text, eXIf, tIME.
 _PNG_KEEP = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"cHRM", b"gAMA", b"iCCP", b"sBIT",
@@ -78,7 +85,7 @@ class DatasetError(ValueError):
 
 def valid_id(value: str) -> bool:
     """Ids are file-name safe: letters, digits, ``_ . -``, no leading dot, no path parts."""
-    return bool(ID_PATTERN.match(value)) and ".." not in value
+    return bool(ID_PATTERN.fullmatch(value)) and ".." not in value
 
 
 def check_id(value: str, where: str, what: str) -> str:
@@ -142,6 +149,23 @@ class DatasetFolder:
                                f"({st.st_nlink} links, {self._links[(st.st_dev, st.st_ino)]} inside); "
                                "copy the file instead")
 
+    def files(self, sub: str) -> list[Path]:
+        """The files of the sub-folder ``sub`` in name order. Names starting with ``.`` (``.DS_Store``)
+        are ignored; a folder inside, or a name with a control character, is an error."""
+        paths = []
+        for path in sorted((self.root / sub).iterdir()):
+            bad = re.search(r"[\x00-\x1f\x7f]", path.name)
+            if bad:
+                raise DatasetError(f"{sub}/{path.name!r}: the name holds the control character "
+                                   f"U+{ord(bad.group()):04X}; rename it")
+            if path.name.startswith("."):
+                continue
+            if path.is_dir():
+                raise DatasetError(f"{self.name(path)}: is a folder; {sub}/ may hold only files (move its "
+                                   "contents up or remove it)")
+            paths.append(path)
+        return paths
+
     def read_bytes(self, path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
         """The bytes of a regular file inside the folder, opened without following any link."""
         name = self.name(path)
@@ -191,6 +215,7 @@ def read_info(folder: DatasetFolder) -> dict[str, Any]:
         raise DatasetError("dataset.json: must hold a JSON object")
     if "name" in info and not isinstance(info["name"], str):
         raise DatasetError(f"dataset.json: name must be text, got {info['name']!r}")
+    check_text(info.get("name", ""), "dataset.json: name")
     if "synthetic" in info:
         info["synthetic"] = parse_bool(info["synthetic"], "dataset.json: synthetic")
     info.setdefault("mask_format", "auto")
@@ -315,6 +340,48 @@ def _check_cells(name: str, line: int, header: list[str], cells: list[str]) -> N
         if len(cell) > MAX_CELL_CHARS:
             raise DatasetError(f"{name}: line {line}: {col}: a cell of {len(cell):,} characters "
                                f"(at most {MAX_CELL_CHARS:,})")
+        check_text(cell, f"{name}: line {line}: {col}")
+
+
+def check_text(text: str, where: str) -> str:
+    """``text`` unless it holds a control character (NUL and the like; tab and newlines are fine)."""
+    bad = _CONTROL.search(text)
+    if bad:
+        raise DatasetError(f"{where}: contains the control character U+{ord(bad.group()):04X} at position "
+                           f"{bad.start() + 1}; remove it (only tab and line breaks are allowed in text)")
+    return text
+
+
+def parse_int(text: str, where: str, minimum: int | None = None) -> int:
+    """A whole number in ASCII digits (``'١'``, ``'1_000'``, ``'1.0'`` are errors), at least ``minimum``."""
+    if not _ASCII_INT.fullmatch(text):
+        raise DatasetError(f"{where}: {text!r} is not a whole number (digits 0-9)")
+    value = int(text)
+    if minimum is not None and value < minimum:
+        raise DatasetError(f"{where}: {value} is less than {minimum}")
+    return value
+
+
+def parse_number(text: str, where: str, minimum: float | None = None) -> float:
+    """A finite number in ASCII digits (``'nan'``, ``'inf'``, ``'١.٥'`` are errors), at least ``minimum``."""
+    value = float(text) if _ASCII_DECIMAL.fullmatch(text) else math.nan
+    if not math.isfinite(value):
+        raise DatasetError(f"{where}: {text!r} is not a finite number (digits 0-9, e.g. 1250 or 1.25e3)")
+    if minimum is not None and value < minimum:
+        raise DatasetError(f"{where}: {text} is less than {minimum:g}")
+    return value
+
+
+def parse_timestamp(text: str, where: str) -> str:
+    """``text`` when it is an ISO 8601 date or date-time (kept as written), else an error."""
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        datetime.fromisoformat(text)
+    except ValueError:
+        raise DatasetError(f"{where}: {text!r} is not an ISO 8601 date or date-time (e.g. 2026-01-31 or "
+                           "2026-01-31T14:05:00+00:00)") from None
+    return text
 
 
 class _TypeGuess:
@@ -329,8 +396,8 @@ class _TypeGuess:
             return
         self.present = True
         short = len(v) <= _MAX_NUMBER_CHARS
-        self.int = self.int and short and bool(_INT_TEXT.match(v))
-        self.float = self.float and short and bool(_FLOAT_TEXT.match(v)) and _finite(v)
+        self.int = self.int and short and bool(_INT_TEXT.fullmatch(v))
+        self.float = self.float and short and bool(_FLOAT_TEXT.fullmatch(v)) and _finite(v)
         self.bool = self.bool and v.lower() in ("true", "false")
 
     @property
@@ -360,11 +427,10 @@ def _typed(value: str, kind: str, where: str) -> Any:
         return value
     if kind == "bool":
         return parse_bool(value, where)
-    try:
-        number = int(value) if kind == "int" else float(value)
-    except ValueError:
-        raise DatasetError(f"{where}: {value!r} is not {'an int' if kind == 'int' else 'a number'} "
-                           "(the column's declared type in dataset.json)") from None
+    if not (_ASCII_INT if kind == "int" else _ASCII_DECIMAL).fullmatch(value):
+        raise DatasetError(f"{where}: {value!r} is not {'an int' if kind == 'int' else 'a finite number'} "
+                           "(the column's declared type in dataset.json; digits 0-9)")
+    number = int(value) if kind == "int" else float(value)
     if kind == "float" and not math.isfinite(number):
         raise DatasetError(f"{where}: {value!r} is not a finite number")
     return number
@@ -638,12 +704,49 @@ def read_mask(folder: DatasetFolder, path: Path, photo: Photo, mask_format: str 
 
 
 def _mask_array(im: Image.Image, name: str) -> np.ndarray:
+    """The mask's values: grey, palette index or the RGB channels' maximum. An alpha channel is
+    read only to check it: wounds drawn in transparency alone, or colour and transparency that
+    disagree on which pixels are drawn, are an error naming the values found."""
     if im.mode == "F":
         raise DatasetError(f"{name}: floating-point masks are not supported; use 8- or 16-bit PNG")
     array = np.asarray(im)
-    if array.ndim == 3:
-        array = array[..., 0] if im.mode in ("LA", "La", "PA") else array[..., :3].max(axis=2)
-    return array
+    if array.ndim != 3:
+        return array
+    colour = array[..., 0] if im.mode in ("LA", "La", "PA") else array[..., :3].max(axis=2)
+    if "A" in im.mode or "a" in im.mode:
+        alpha = array[..., -1]
+        if alpha.min() != alpha.max():
+            if colour.min() == colour.max():
+                raise DatasetError(f"{name}: the wounds are drawn only in the alpha (transparency) channel (values "
+                                   f"{_values(alpha)}); the colour is {int(colour.min())} everywhere. Save the mask "
+                                   "as greyscale (0 = skin) without transparency")
+            if ((colour > 0) != (alpha > 0)).any():
+                raise DatasetError(f"{name}: colour (values {_values(colour)}) and alpha channel (values "
+                                   f"{_values(alpha)}) mark different pixels; save the mask as greyscale "
+                                   "(0 = skin) without transparency")
+    return colour
+
+
+def _values(array: np.ndarray, most: int = 12) -> str:
+    """The distinct values of ``array``, for a message (the first ``most`` and how many more)."""
+    values = np.unique(array)
+    shown = ", ".join(str(int(v)) for v in values[:most])
+    return shown + (f", … ({len(values) - most} more)" if len(values) > most else "")
+
+
+def _flat_values(array: np.ndarray, below: float) -> list[int]:
+    """Non-zero values under ``below`` that fill a 5×5 block somewhere: regions painted in that value.
+    Anti-aliased edges and JPEG noise are gradients and specks, never a flat 5×5 block, except the
+    background a JPEG shifted off 0 (the most common value, with 0 itself rare): that one is skin."""
+    candidates = (array > 0) & (array < below)
+    if not candidates.any():
+        return []
+    values, counts = np.unique(array, return_counts=True)
+    common = values[np.argmax(counts)]
+    if common > 0 and (values[0] != 0 or counts[0] < 0.1 * counts.max()):
+        candidates &= array != common
+    flat = ndimage.minimum_filter(array, 5, mode="nearest") == ndimage.maximum_filter(array, 5, mode="nearest")
+    return [int(v) for v in np.unique(array[flat & candidates])]
 
 
 def mask_to_labels(mask: np.ndarray, mask_format: str = "auto", min_area: int = 0) -> np.ndarray:
@@ -679,13 +782,31 @@ def labels_and_geometry(array: np.ndarray, mask_format: str = "auto", min_area: 
     ``binary`` (or ``auto`` when :func:`is_binary`): thresholded at half the largest value, split
     into 4-connected components, components under ``min_area`` dropped and the rest numbered 1..N
     in raster order. ``label``: values are wound indices, kept as they are; an index whose area is
-    under ``min_area`` is dropped."""
+    under ``min_area`` is dropped.
+
+    Nothing is erased or merged silently: a mask read as binary that has flat regions (a 5×5 block
+    of one value) of a value that thresholding would drop (``binary``: at most half the largest
+    value) or that is not near the largest value (``auto``: under ¾ of it, e.g. a label map
+    {1, 2, 255} with 255 = "ignore", or a 16-bit label map whose largest label dominates) is an
+    error naming the values found and the ``mask_format`` to set."""
     array = np.asarray(array)
     if array.size and array.min() < 0:
         raise DatasetError(f"{name}: negative mask values ({int(array.min())})")
     binary = mask_format == "binary" or (mask_format == "auto" and is_binary(array))
     if binary:
         vmax = int(array.max(initial=0))
+        flat = _flat_values(array, vmax / 2 + 0.5 if mask_format == "binary" else 0.75 * vmax) if vmax > 1 else []
+        if flat and mask_format == "binary":
+            raise DatasetError(f"{name}: a binary mask (mask_format \"binary\") with regions of value(s) "
+                               f"{', '.join(map(str, flat))}, at most half its largest value {vmax}: they would be "
+                               f"read as skin (values found: {_values(array)}). Give every wound pixel one value, "
+                               "or set \"mask_format\": \"label\" in dataset.json if each value is one wound")
+        if flat:
+            raise DatasetError(f"{name}: ambiguous mask: values found {_values(array)}, with regions of value(s) "
+                               f"{', '.join(map(str, flat))} besides {vmax}. Read as binary (wound = over half "
+                               f"of {vmax}) they would be dropped or merged. If each value is one wound, set "
+                               "\"mask_format\": \"label\" in dataset.json (set pixels meaning 'ignore', e.g. "
+                               "255, to 0 first); if it is a binary mask, give every wound pixel one value")
         labels, count = ndimage.label(array > vmax / 2 if vmax > 1 else array > 0)
         labels = labels.astype(np.int32, copy=False)
     else:

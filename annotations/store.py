@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import sqlite3
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
@@ -221,6 +223,15 @@ def git_sha() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
+    """A judgment's repeat number is ≥ 0 and its latency a finite number ≥ 0 or None (SQLite would
+    store a NaN as NULL: a measured latency silently becoming "not measured")."""
+    if int(rep) < 0:
+        raise ValueError(f"{where}: rep must be 0 or more, got {rep}")
+    if latency_ms is not None and not (math.isfinite(latency_ms) and latency_ms >= 0):
+        raise ValueError(f"{where}: latency_ms must be a finite number of 0 or more (or None), got {latency_ms}")
+
+
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
     for col in _JSON_COLUMNS:
         if col in row and isinstance(row[col], str):
@@ -268,6 +279,9 @@ class Store:
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
+        # created private (password hashes, clinical text); SQLite gives its -wal and -shm files the same mode
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         conn = sqlite3.connect(self.path, timeout=timeout_s, check_same_thread=False,
                                isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
@@ -485,6 +499,7 @@ class Store:
             raise ValueError(f"choice must be one of {CHOICES}, got {choice!r}")
         if len({anchor, ref_j, ref_k}) != 3:
             raise ValueError(f"a triplet needs three different images, got {anchor}, {ref_j}, {ref_k}")
+        _check_rep_latency(rep, latency_ms, "triplet")
         created = created or now()
         with self.transaction():
             cur = self.db.execute(
@@ -514,6 +529,7 @@ class Store:
             if len({t["anchor"], t["ref_j"], t["ref_k"]}) != 3:
                 raise ValueError(f"triplet row {i}: a triplet needs three different images, got "
                                  f"{t['anchor']}, {t['ref_j']}, {t['ref_k']}")
+            _check_rep_latency(int(t.get("rep") or 0), t.get("latency_ms"), f"triplet row {i}")
             params.append((t["anchor"], t["ref_j"], t["ref_k"], t["choice"], t["source"], int(t.get("rep") or 0),
                            t.get("latency_ms"), t.get("created") or stamp))
         conn = self.db.conn

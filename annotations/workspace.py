@@ -80,8 +80,8 @@ class Workspace:
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = resolve_workspace(root).resolve()
         journal.recover(self.root, None, kinds=("restore",))  # before the store opens: a restore swaps it
-        for sub in ("images", "masks", "cache", "runs"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, *(self.root / sub for sub in ("images", "masks", "cache", "runs"))):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # private when made (0700; the store 0600)
         self.store = Store(self.root / DB_NAME)
         if journal.pending(self.root):
             self.recover()

@@ -18,7 +18,7 @@ import tomllib
 EXEMPT = {"torch", "torchvision"}
 # Caps the floors themselves need: pyarrow >= 20 refuses NumPy < 2 at import (see numpy in pyproject.toml)
 EXTRA = ["pyarrow<20"]
-FLOOR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)$")
+FLOOR = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)")
 
 
 def floors(pyproject: Path) -> list[str]:
@@ -27,7 +27,7 @@ def floors(pyproject: Path) -> list[str]:
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     out: dict[str, str] = {}
     for spec in [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]:
-        match = FLOOR.match(spec)
+        match = FLOOR.fullmatch(spec)
         if match is None:
             raise ValueError(f"{pyproject}: cannot read the requirement {spec!r}")
         name, rest = match.groups()

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from argon2 import PasswordHasher
+from itsdangerous import URLSafeTimedSerializer
 
 from annotations import accounts, consistency
 from annotations.__main__ import main as cli
@@ -39,15 +44,14 @@ def test_salted_hashes_and_case_insensitive_unique_names(store):
     assert [r["action"] for r in store.revisions("accounts")] == ["insert", "insert"]
 
 
-def test_lock_out_after_repeated_failures_then_expiry(store):
+def test_lock_out_after_repeated_failures_then_expiry(store, hasher):
     accounts.add_account(store, "Dr A", "annotator", PW, "test")
     t0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
-    for _ in range(accounts.MAX_FAILED - 1):
+    for _ in range(accounts.MAX_FAILED):
         with pytest.raises(AuthError, match="wrong password"):
             accounts.authenticate(store, "Dr A", "nope", at=t0)
-    with pytest.raises(AuthError, match="locked for"):
-        accounts.authenticate(store, "Dr A", "nope", at=t0)
-    with pytest.raises(AuthError, match="locked until 12:15 UTC"):  # the right password, still locked
+    assert accounts.list_accounts(store)[0]["locked_until"] == "2026-01-01T12:15:00+00:00"
+    with pytest.raises(AuthError, match="wrong password"):  # the right password, still locked
         accounts.authenticate(store, "Dr A", PW, at=t0 + timedelta(minutes=5))
     assert accounts.authenticate(store, "Dr A", PW, at=t0 + timedelta(minutes=accounts.LOCK_MINUTES + 1))
     assert accounts.list_accounts(store)[0]["failed"] == 0
@@ -64,7 +68,7 @@ def test_session_tokens_forged_expired_and_revoked(store, tmp_path, monkeypatch)
     with pytest.raises(AuthError, match="could not be verified"):
         accounts.account_from_token(store, key, token[:-2] + ("AA" if token[-2:] != "AA" else "BB"))
     with pytest.raises(AuthError, match="could not be verified"):
-        accounts.account_from_token(store, "another key", token)
+        accounts.account_from_token(store, "another key, long enough to be a key", token)
     with monkeypatch.context() as m:  # a token issued two seconds ago (the signer's clock is time.time)
         real = time.time
         m.setattr(time, "time", lambda: real() - 2)
@@ -75,6 +79,113 @@ def test_session_tokens_forged_expired_and_revoked(store, tmp_path, monkeypatch)
     accounts.set_password(store, "Dr A", PW + "!", "test")  # signs every browser out
     with pytest.raises(AuthError, match="no longer valid"):
         accounts.account_from_token(store, key, token)
+
+
+class CountingHasher(PasswordHasher):
+    """A cheap Argon2id hasher that records every password checked against a real account's hash."""
+
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=1024, parallelism=1)
+        self.checked: list[str] = []
+        self.dummy: list[str] = []
+        self.lock = threading.Lock()
+
+    def verify(self, hash, password):  # noqa: A002 -- argon2's own parameter name
+        with self.lock:
+            (self.dummy if hash == accounts._DUMMY_HASH else self.checked).append(password)
+        time.sleep(0.02)  # a production hash's time, during which other sign-ins arrive
+        return super().verify(hash, password)
+
+
+@pytest.fixture
+def hasher(monkeypatch) -> CountingHasher:
+    counting = CountingHasher()
+    monkeypatch.setattr(accounts, "_HASHER", counting)
+    monkeypatch.setattr(accounts, "_DUMMY_HASH", counting.hash("not a password of any account"))
+    return counting
+
+
+def test_parallel_wrong_passwords_check_at_most_five_hashes(store, hasher):
+    accounts.add_account(store, "Dr A", "annotator", PW, "test")
+
+    def attempt(n: int) -> str:
+        own = Store(store.path)  # one connection per sign-in, as separate app sessions have
+        try:
+            accounts.authenticate(own, "dr a", f"wrong {n}")
+        except AuthError as err:
+            return str(err)
+        finally:
+            own.close()
+        return "signed in"
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(attempt, range(100)))
+    assert set(answers) == {accounts.REFUSED}
+    assert len(hasher.checked) == accounts.MAX_FAILED  # the other 95 were refused by the lock, unchecked
+    with pytest.raises(AuthError, match="wrong password"):  # the right password during the lock
+        accounts.authenticate(store, "Dr A", PW)
+    assert len(hasher.checked) == accounts.MAX_FAILED
+    later = datetime.now(timezone.utc) + timedelta(minutes=accounts.LOCK_MINUTES + 1)
+    assert accounts.authenticate(store, "Dr A", PW, at=later).name == "Dr A"
+
+
+def test_unknown_names_get_the_same_answer_and_work(store, hasher):
+    accounts.add_account(store, "Dr A", "annotator", PW, "test")
+    answers = []
+    for name in ("Dr A", "Nobody"):
+        with pytest.raises(AuthError) as err:
+            accounts.authenticate(store, name, "wrong password")
+        answers.append(str(err.value))
+    assert answers[0] == answers[1] == accounts.REFUSED  # no "tries left" only for names that exist
+    assert len(hasher.checked) == 1 and len(hasher.dummy) == 1  # one hash check each
+
+
+def test_sign_out_and_account_changes_revoke_sessions(store, tmp_path, hasher):
+    accounts.add_account(store, "Boss", "admin", PW, "test")
+    found = accounts.add_account(store, "Dr A", "annotator", PW, "test")
+    key = accounts.secret_key(tmp_path)
+    changes = [lambda: accounts.revoke_sessions(store, "dr a"),  # sign-out
+               lambda: accounts.set_password(store, "Dr A", PW + "!", "Boss"),
+               lambda: accounts.set_role(store, "Dr A", "viewer", "Boss"),
+               lambda: accounts.set_disabled(store, "Dr A", True, "Boss")]
+    for change in changes:
+        token = accounts.issue_token(store, key, found)
+        assert accounts.account_from_token(store, key, token).name == "Dr A"
+        change()
+        with pytest.raises(AuthError, match="no longer valid"):
+            accounts.account_from_token(store, key, token)
+    assert accounts.account_from_token(store, key, accounts.issue_token(store, key, accounts.get(store, "Boss")))
+
+
+def test_session_key_is_whole_private_and_one_under_concurrent_first_use(tmp_path):
+    for trial in range(40):
+        root = tmp_path / f"ws{trial}"
+        root.mkdir()
+        start = threading.Barrier(8)
+
+        def first_use(_: int) -> str:
+            start.wait()
+            return accounts.secret_key(root)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            keys = set(pool.map(first_use, range(8)))
+        assert len(keys) == 1 and len(keys.pop()) >= accounts.MIN_KEY_CHARS, trial
+        assert os.listdir(root) == [".session_key"]  # no temporary file left behind
+        assert (root / ".session_key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("content", ["", "\n", "short-key"])
+def test_an_empty_or_short_session_key_is_refused_never_used(store, tmp_path, content):
+    found = accounts.add_account(store, "Boss", "admin", PW, "test")
+    (tmp_path / ".session_key").write_text(content)  # left by a crash or a full disk at first use
+    with pytest.raises(accounts.SessionKeyError, match="Delete the file and start the app again"):
+        accounts.secret_key(tmp_path)
+    forged = URLSafeTimedSerializer(content.strip(), salt="triderm-session").dumps({"name": "Boss", "epoch": 0})
+    for key in (content, content.strip()):
+        with pytest.raises(accounts.SessionKeyError):
+            accounts.account_from_token(store, key, forged)
+        with pytest.raises(accounts.SessionKeyError):
+            accounts.issue_token(store, key, found)
 
 
 def test_roles_and_last_admin(store):

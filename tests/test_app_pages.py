@@ -41,11 +41,19 @@ def account(name: str = "Tess", role: str = "admin") -> accounts.Account:
     return accounts.get(store, name) or accounts.add_account(store, name, role, PASSWORD, "test")
 
 
+def signed_in(at: AppTest, found: accounts.Account) -> AppTest:
+    """``at`` with ``found`` signed in, as the sign-in form leaves the session (account and token)."""
+    ws = Workspace(None)
+    at.session_state["account"] = found
+    at.session_state["_cookie"] = accounts.issue_token(ws.store, accounts.secret_key(ws.root), found)
+    return at
+
+
 def app(name: str | None = None, annotator: str | None = "Tess", timeout: float = 60, role: str = "admin") -> AppTest:
     """The app signed in as ``annotator`` (an account with ``role``), switched to page ``name``."""
     at = AppTest.from_file(APP, default_timeout=timeout)
     if annotator:
-        at.session_state["account"] = account(annotator, role)
+        signed_in(at, account(annotator, role))
     at.run()
     if name:
         at.switch_page(PAGES[name]).run()
@@ -106,9 +114,32 @@ def test_wrong_password_then_lock_out(ws):
     assert any("Unknown account or wrong password" in e.value for e in at.error)
     for n in range(accounts.MAX_FAILED):
         sign_in(at, "Dr Who", "wrong password")
-    assert any("Too many failed sign-ins" in e.value for e in at.error)
+        assert [e.value for e in at.error] == [accounts.REFUSED]  # one answer: no name is revealed
     sign_in(at, "Dr Who", PASSWORD)  # the right password is refused while locked
-    assert any("locked until" in e.value for e in at.error) and "account" not in at.session_state
+    assert [e.value for e in at.error] == [accounts.REFUSED] and "account" not in at.session_state
+    assert next(r for r in accounts.list_accounts(ws.store) if r["name"] == "Dr Who")["locked_until"]
+
+
+def test_an_empty_session_key_stops_the_app_with_the_reason(ws):
+    (ws.root / ".session_key").write_text("")  # left by a crash or a full disk at first use
+    at = app(annotator=None)
+    assert any("cannot start" in e.value and "Delete the file" in e.value for e in at.error)
+    assert not at.text_input  # no sign-in form: nothing is signed with an empty key
+
+
+def test_sign_out_revokes_the_session_everywhere(ws):
+    account("Dr Who", "admin")
+    here = sign_in(app(annotator=None), "Dr Who", PASSWORD)
+    token = here.session_state["_cookie"]  # what a thief could copy from this browser
+    elsewhere = app("accounts", annotator="Dr Who")  # the same account in another browser
+    assert elsewhere.session_state["account"].name == "Dr Who"
+    here.button(key="_signout").click().run()
+    assert "account" not in here.session_state
+    with pytest.raises(accounts.AuthError, match="no longer valid"):
+        accounts.account_from_token(ws.store, accounts.secret_key(ws.root), token)
+    elsewhere.run()
+    assert "account" not in elsewhere.session_state and not elsewhere.dataframe
+    assert any("no longer valid" in e.value for e in elsewhere.error)
 
 
 def test_every_page_needs_an_account_and_the_right_role(ws):
@@ -307,8 +338,7 @@ def test_explore_page_concepts_top_table_and_heatmap(ws):
     (run,) = ws.store.runs(kind="concepts")
     assert run["status"] == "done"
     photo = ws.store.wounds()[0]["image_id"]
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.session_state["account"] = account()
+    at = signed_in(AppTest.from_file(APP, default_timeout=300), account())
     at.run()
     at.switch_page(PAGES["explore"]).run()
     assert not at.exception, at.exception

@@ -179,6 +179,20 @@ def sideways_jpeg() -> bytes:
     return buf.getvalue()
 
 
+def folder(name: str) -> Spoiler:
+    """A folder ``name`` holding a valid photo (its contents must not be skipped unseen)."""
+    def spoil(d: Path, _out: Path) -> None:
+        (d / name).mkdir()
+        shutil.copyfile(d / "images" / "a.png", d / name / "a.png")
+    return spoil
+
+
+def triplet(**cells: str) -> Spoiler:
+    """triplets.csv with one judgment whose extra columns are ``cells``."""
+    return write("triplets.csv", "anchor,ref_j,ref_k,choice,annotator," + ",".join(cells) + "\n"
+                 "a,b,c,j,ann," + ",".join(cells.values()) + "\n")
+
+
 def truncated(name: str) -> Spoiler:
     def spoil(d: Path, _out: Path) -> None:
         data = (d / name).read_bytes()
@@ -190,6 +204,26 @@ def mask(name: str, array: np.ndarray) -> Spoiler:
     def spoil(d: Path, _out: Path) -> None:
         Image.fromarray(array).save(d / "masks" / name)
     return spoil
+
+
+def two_labels(fill: int, band: tuple[slice, slice], dtype=np.uint8) -> np.ndarray:
+    """Labels 1 and 2 (the valid masks' wounds) plus a region of ``fill`` (an "ignore" band or a big label)."""
+    labels = np.zeros((20, 30), dtype)
+    labels[2:7, 2:7] = 1
+    labels[10:15, 10:20] = 2
+    labels[band] = fill
+    return labels
+
+
+def alpha_only(d: Path, _out: Path) -> None:
+    rgba = np.zeros((20, 30, 4), np.uint8)  # black everywhere; the wounds are opaque, the skin transparent
+    rgba[..., 3] = np.where(two_labels(0, np.s_[0:0, 0:0]) > 0, 255, 0)
+    Image.fromarray(rgba).save(d / "masks" / "a.png")
+
+
+def declared_binary_with_labels(d: Path, _out: Path) -> None:
+    (d / "dataset.json").write_text(json.dumps({"name": "small", "mask_format": "binary"}))
+    Image.fromarray(two_labels(255, np.s_[0:2, :])).save(d / "masks" / "a.png")
 
 
 def tiny_wound(d: Path, _out: Path) -> None:
@@ -383,6 +417,30 @@ CASES: dict[str, tuple] = {
     "judgment listed twice": (write("triplets.csv", "anchor,ref_j,ref_k,choice,annotator,rep\n"
                                     "a,b,c,j,x,0\na,b,c,k,x,0\n"), ("triplets.csv", "listed twice")),
     "triplets.csv without choice": (write("triplets.csv", "anchor,ref_j,ref_k\na,b,c\n"), ("triplets.csv", "choice")),
+    # -- ids and fields read exactly (issue 29) --
+    "photo id ending in a newline": (replace_image("ph7\n.png", lambda: png_bytes(np.zeros((20, 30, 3), np.uint8))),
+                                     ("images/'ph7\\n.png'", "control character U+000A")),
+    "NUL in a description": (append("wounds.csv", "b,2,cru\x00st,back"),
+                             ("wounds.csv: line 5: description", "U+0000")),
+    "NUL in dataset.json's name": (write("dataset.json", json.dumps({"name": "sm\x00all"})),
+                                   ("dataset.json: name", "U+0000")),
+    "non-ASCII digit as wound index": (append("wounds.csv", "b,\u0662,crust,back"),
+                                       ("wounds.csv: line 5: wound_index", "'\u0662' is not a whole number")),
+    "wound index 0": (append("wounds.csv", "b,0,crust,back"), ("wounds.csv: line 5: wound_index", "less than 1")),
+    "created that is not a date": (triplet(created="yesterday"), ("triplets.csv: line 2: created", "ISO 8601")),
+    "negative rep": (triplet(rep="-1"), ("triplets.csv: line 2: rep", "less than 0")),
+    "NaN latency": (triplet(latency_ms="nan"), ("triplets.csv: line 2: latency_ms", "not a finite number")),
+    "negative latency": (triplet(latency_ms="-5"), ("triplets.csv: line 2: latency_ms", "less than 0")),
+    "folder named like a photo": (folder("images/d.png"), ("images/d.png: is a folder", "images/ may hold only files")),
+    "folder among the masks": (folder("masks/old"), ("masks/old: is a folder",)),
+    # -- masks that a binary reading would erase or merge (issue 29) --
+    "label map with 255 = ignore": (mask("a.png", two_labels(255, np.s_[0:2, :])),
+                                    ("masks/a.png: ambiguous mask: values found 0, 1, 2, 255", "mask_format")),
+    "16-bit label map whose largest label dominates": (mask("a.png", two_labels(300, np.s_[15:20, :], np.uint16)),
+                                                       ("masks/a.png", "values found 0, 1, 2, 300", "\"label\"")),
+    "wounds drawn only in alpha": (alpha_only, ("masks/a.png", "only in the alpha", "values 0, 255")),
+    "binary-declared mask with painted labels": (declared_binary_with_labels,
+                                                 ("masks/a.png", "mask_format \"binary\"", "value(s) 1, 2")),
 }
 
 

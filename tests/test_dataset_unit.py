@@ -64,8 +64,10 @@ def test_folder_errors(tmp_path):
     assert error(tmp_path / "empty") == f"{(tmp_path / 'empty').resolve()}: no images/ folder"
     (tmp_path / "none" / "images").mkdir(parents=True)
     (tmp_path / "none" / "images" / ".hidden.png").write_bytes(b"x")
-    (tmp_path / "none" / "images" / "sub").mkdir()
     assert error(tmp_path / "none") == f"{(tmp_path / 'none' / 'images').resolve()}: no images"
+    (tmp_path / "none" / "images" / "sub").mkdir()  # never skipped unseen
+    assert error(tmp_path / "none") == ("images/sub: is a folder; images/ may hold only files (move its contents "
+                                        "up or remove it)")
 
 
 def test_photo_errors(tmp_path):
@@ -92,9 +94,7 @@ def test_mask_errors(tmp_path):
 def test_a_plain_dataset_becomes_a_plan(tmp_path):
     root = make(tmp_path / "d", masks={"a": labels(1, 2), "b": labels()})
     (root / "images" / ".DS_Store").write_bytes(b"x")
-    (root / "images" / "thumbs").mkdir()
     (root / "masks" / ".hidden").write_bytes(b"x")
-    (root / "masks" / "old").mkdir()
     plan = validate_dataset(root)
     assert plan.root == root.resolve() and list(plan.images) == ["a", "b", "c"]
     a = plan.images["a"]
@@ -111,7 +111,7 @@ def test_a_plain_dataset_becomes_a_plan(tmp_path):
 # -- validation: wounds.csv, patients.csv, images.csv ---------------------------------------------------
 @pytest.mark.parametrize("rows, message", [
     ("z,1,x", "wounds.csv: line 2: image_id 'z' is not in images/"),
-    ("a,one,x", "wounds.csv: line 2: wound_index 'one' is not a whole number"),
+    ("a,one,x", "wounds.csv: line 2: wound_index: 'one' is not a whole number (digits 0-9)"),
     ("a,1,x\na,1,y", "wounds.csv: line 3: wound 1 of 'a' is listed twice"),
     ("a,3,x", "wounds.csv: line 2: wound_index 3 is not in the mask of 'a' (masks/a.png)"),
     ("b,1,x", "wounds.csv: line 2: wound_index 1 is not in the mask of 'b' (masks/b.png)"),
@@ -187,8 +187,9 @@ def test_triplet_errors(tmp_path, rows, message):
 
 
 @pytest.mark.parametrize("rows, message", [
-    ("a,b,c,j,x,,1.5.2", "triplets.csv: line 2: rep/latency_ms must be numbers"),
-    ("a,b,c,j,x,r,", "triplets.csv: line 2: rep/latency_ms must be numbers"),
+    ("a,b,c,j,x,,1.5.2", "triplets.csv: line 2: latency_ms: '1.5.2' is not a finite number (digits 0-9, e.g. 1250 "
+                         "or 1.25e3)"),
+    ("a,b,c,j,x,r,", "triplets.csv: line 2: rep: 'r' is not a whole number (digits 0-9)"),
     ("a,b,c,j,x,1,\na,b,c,k,x,1,", "triplets.csv: the judgment ('a', 'b', 'c') by expert:x with rep 1 is listed twice"),
 ])
 def test_triplet_number_and_duplicate_errors(tmp_path, rows, message):
@@ -199,14 +200,14 @@ def test_triplet_number_and_duplicate_errors(tmp_path, rows, message):
 def test_triplets_sources_repeats_and_known_images(tmp_path):
     root = make(tmp_path / "d", triplets_csv=f"{TRIPLET_HEAD},source,rep,latency_ms,created\n"
                                              "a,b,c,j,x,,,,\n"
-                                             "a,b,c,k,x,,,12.5,T1\n"
+                                             "a,b,c,k,x,,,12.5,2026-01-31T14:05\n"
                                              "a,b,c,j,,llm:m,,,\n"
                                              "a,b,old,skip,y,,4,,\n")
     with pytest.raises(DatasetError, match="old"):
         validate_dataset(root)
     plan = validate_dataset(root, known_images={"old"})
     assert [(t["source"], t["rep"], t["choice"], t["latency_ms"], t["created"]) for t in plan.triplets.rows()] == [
-        ("expert:x", 0, "j", None, None), ("expert:x", 1, "k", 12.5, "T1"), ("llm:m", 0, "j", None, None),
+        ("expert:x", 0, "j", None, None), ("expert:x", 1, "k", 12.5, "2026-01-31T14:05"), ("llm:m", 0, "j", None, None),
         ("expert:y", 4, "skip", None, None)]
     assert [t["line"] for t in plan.triplets.rows()] == [2, 3, 4, 5]  # errors and changes cite these lines
 

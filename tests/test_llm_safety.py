@@ -129,6 +129,8 @@ def test_llm_page_runs_exactly_the_submitted_settings(demo_workspace, monkeypatc
     ws.store.set_meta("ollama_hosts", ["http://gpu-a:11434", "http://gpu-b:11434"])
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60)
     at.session_state["account"] = accounts.add_account(ws.store, "Rae", "researcher", "llm-page-password", "test")
+    at.session_state["_cookie"] = accounts.issue_token(ws.store, accounts.secret_key(ws.root),
+                                                       at.session_state["account"])
     at.run()
     at.switch_page("pages/3_LLM_oracle.py").run()
     assert not at.exception, at.exception

@@ -15,12 +15,16 @@ from PIL import Image, ImageCms, ImageFilter, ImageOps, PngImagePlugin
 
 from annotations.dataset import export_dataset, import_dataset
 from annotations.readers import (
+    DatasetError,
     DatasetFolder,
     column_schema,
     labels_and_geometry,
     mask_to_labels,
     read_csv,
+    parse_int,
+    parse_number,
     read_photo,
+    valid_id,
     wound_geometry,
 )
 from annotations.workspace import Workspace
@@ -405,3 +409,46 @@ def test_a_value_typed_in_the_app_follows_the_import_rules():
     assert typed_value("3", previous=2.0) == 3.0 and isinstance(typed_value("3", previous=2.0), float)
     assert typed_value("yes", previous=False) is True and typed_value("12", previous="a") == "12"
     assert typed_value("unknown", previous=3) == "unknown" and typed_value("  ") is None
+
+
+def test_ids_and_numbers_are_read_exactly():
+    assert valid_id("ph7") and not valid_id("ph7\n") and not valid_id("ph7\n.png")  # "$" matched before "\n"
+    assert parse_int("12", "x") == 12 and parse_number("1.25e3", "x") == 1250.0
+    for text in ("\u0661\u0662", "1_000", "+\uff11", "1.0", " 1"):
+        with pytest.raises(DatasetError, match="is not a whole number"):
+            parse_int(text, "x")
+    for text in ("nan", "inf", "1_0.5", "\u0661.5", "1e999"):
+        with pytest.raises(DatasetError, match="is not a finite number"):
+            parse_number(text, "x")
+
+
+def test_ambiguous_masks_are_refused_and_a_declared_label_map_is_read_whole():
+    labels = np.zeros((40, 40), np.uint16)
+    labels[2:12, 2:12] = 1
+    labels[20:30, 2:12] = 2
+    labels[:, 30:] = 300  # the largest label covers most wound pixels: "auto" would read it as binary
+    with pytest.raises(DatasetError, match=r"^m\.png: ambiguous mask: values found 0, 1, 2, 300, with regions "
+                                           r"of value\(s\) 1, 2 besides 300"):
+        labels_and_geometry(labels, "auto", 25, "m.png")
+    mask = labels_and_geometry(labels, "label", 25, "m.png")
+    assert sorted(mask.geometry) == [1, 2, 300] and not mask.dropped
+    binary = (labels > 0).astype(np.uint8) * 255  # the same wounds drawn as a binary mask
+    assert sorted(labels_and_geometry(binary, "auto", 25).geometry) == [1, 2, 3]
+
+
+def test_an_alpha_channel_that_disagrees_with_the_colour_is_refused(tmp_path):
+    d = tmp_path / "d"
+    (d / "images").mkdir(parents=True)
+    (d / "masks").mkdir()
+    Image.fromarray(PHOTO).save(d / "images" / "a.png")
+    rgba = np.zeros((40, 60, 4), np.uint8)
+    rgba[5:15, 5:15] = (255, 0, 0, 255)  # a red wound, opaque
+    rgba[20:30, 30:50, 3] = 255  # a black, opaque region: drawn, but in no colour
+    Image.fromarray(rgba).save(d / "masks" / "a.png")
+    ws = Workspace(tmp_path / "ws")
+    with pytest.raises(DatasetError, match=r"^masks/a\.png: colour \(values 0, 255\) and alpha channel \(values 0, "
+                                           r"255\) mark different pixels"):
+        import_dataset(ws, d)
+    rgba[20:30, 30:50, 3] = 0  # transparent where nothing is drawn: the colour is the mask
+    Image.fromarray(rgba).save(d / "masks" / "a.png")
+    assert import_dataset(ws, d)["wounds"] == 1

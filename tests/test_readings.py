@@ -185,6 +185,8 @@ def review_page(ws: Workspace, monkeypatch, name: str, role: str):
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=60)
     at.session_state["account"] = (accounts.get(ws.store, name)
                                    or accounts.add_account(ws.store, name, role, "correct horse battery", "test"))
+    at.session_state["_cookie"] = accounts.issue_token(ws.store, accounts.secret_key(ws.root),
+                                                       at.session_state["account"])
     at.run()
     at.switch_page("pages/7_Review.py").run()
     assert not at.exception, at.exception

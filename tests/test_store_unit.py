@@ -4,6 +4,7 @@ Fast companion of tests/test_store.py (mutation-checked, issue 22)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -127,6 +128,24 @@ def test_a_newer_schema_is_refused_and_left_alone(tmp_path):
     assert con.execute("PRAGMA user_version").fetchone()[0] == 8
     assert con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
     con.close()
+
+
+def test_a_new_workspace_is_private(tmp_path):
+    from annotations import accounts
+    from annotations.workspace import Workspace
+
+    old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless made private
+    try:
+        ws = Workspace(tmp_path / "new" / "ws")
+        ws.store.upsert_image("a", "a.png", "a" * 64, 8, 6)  # the WAL and shared-memory files exist now
+        accounts.secret_key(ws.root)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [ws.root, *ws.root.iterdir()]}
+    assert modes == {"ws": 0o700, "images": 0o700, "masks": 0o700, "cache": 0o700, "runs": 0o700,
+                     "triderm.sqlite": 0o600, "triderm.sqlite-wal": 0o600, "triderm.sqlite-shm": 0o600,
+                     ".session_key": 0o600}
+    ws.store.close()
 
 
 def test_a_failing_migration_changes_nothing(tmp_path, monkeypatch):
@@ -306,6 +325,20 @@ def test_add_triplet(store):
         ({"source": "expert:me", "anchor": "a", "ref_j": "b", "ref_k": "c", "rep": 0},
          {"choice": "k", "latency_ms": None, "created": store.triplets()[1]["created"]}, "acct"),
     ]
+
+
+def test_a_nan_latency_or_negative_rep_is_refused_not_stored_as_null(store):
+    photos(store)
+    for latency in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="latency_ms must be a finite number"):
+            store.add_triplet("a", "b", "c", "j", "expert:me", latency_ms=latency)
+        with pytest.raises(ValueError, match="^triplet row 1: latency_ms"):
+            store.add_triplets([{"anchor": "a", "ref_j": "b", "ref_k": "c", "choice": "j", "source": "x"},
+                                {"anchor": "a", "ref_j": "b", "ref_k": "d", "choice": "j", "source": "x",
+                                 "latency_ms": latency}])
+    with pytest.raises(ValueError, match="rep must be 0 or more, got -1"):
+        store.add_triplet("a", "b", "c", "j", "expert:me", rep=-1)
+    assert store.triplets() == []
 
 
 def test_add_triplets_in_bulk(store):

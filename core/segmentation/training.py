@@ -51,7 +51,7 @@ COLOUR_JITTER = 0.25
 HUE_JITTER = 0.03
 #: Default training length: passes over the training photos (one random view each).
 EPOCHS = 80
-_SERIES = re.compile(r"^(.*\d)[-_]\d+$")
+_SERIES = re.compile(r"(.*\d)[-_]\d+")
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Sample:
 def series_group(name: str) -> str:
     """A file-name series shares a group: ``foot-ulcer-2-3`` → ``foot-ulcer-2``, ``ulcer1-5`` → ``ulcer1``
     (a numbered name followed by ``-N``); any other name is its own group."""
-    m = _SERIES.match(name)
+    m = _SERIES.fullmatch(name)
     return m.group(1) if m else name
 
 
