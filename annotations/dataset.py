@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from annotations import followup
 from annotations.fileio import atomic_write
 from annotations.privacy import StudyIds
 from annotations.readers import (
@@ -226,7 +227,13 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
     except BaseException:
         triplets.close()
         raise
-    return DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped)
+    plan = DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped)
+    try:
+        followup.check_plan(plan)
+    except BaseException:
+        triplets.close()
+        raise
+    return plan
 
 
 def _read_triplets(folder: DatasetFolder, path: Path, columns: dict[str, str], allowed: set[str],
@@ -909,6 +916,8 @@ def _apply(ws: Workspace, plan: DatasetPlan, merge: _Merge, actor: str) -> int:
         store.set_meta("dataset_name", plan.info["name"])
     if "synthetic" in plan.info:
         store.set_meta("synthetic", plan.synthetic)
+    if "marker" in plan.info:
+        store.set_meta("marker", plan.info["marker"])
     return new_triplets
 
 
@@ -1009,7 +1018,7 @@ def export_dataset(ws: Workspace, out: str | Path, force: bool = False) -> dict[
 
 
 #: Export formats (``export --format``): name → writer of the folder's content.
-EXPORT_FORMATS = {"dataset": export_dataset}
+EXPORT_FORMATS = {"dataset": export_dataset, "followup": followup.export_followup}
 
 
 def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
@@ -1038,7 +1047,8 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
     (out / "dataset.json").write_text(json.dumps(
         {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label",
          "columns": column_schema([[w["metadata"] for w in wounds], [i["metadata"] for i in images],
-                                   [p["metadata"] for p in patients]])}, indent=2))
+                                   [p["metadata"] for p in patients]]),
+         **({"marker": marker} if (marker := store.get_meta("marker")) is not None else {})}, indent=2))
     if ws.truth_dir.is_dir():
         shutil.copytree(ws.truth_dir, out / "truth", dirs_exist_ok=True)
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),
