@@ -316,3 +316,15 @@ def test_phantom_cli_writes_visits(tmp_path):
     assert info["synthetic"] is True and info["marker"]["side_cm"] == 4.0
     with Image.open(next((tmp_path / "v" / "images").iterdir())) as im:
         assert im.size == (1024, 768)
+
+
+def test_cli_export_format_followup(visits_ws, tmp_path, capsys):
+    from annotations.__main__ import main
+
+    assert main(["export", str(tmp_path / "fu"), "--format", "followup", "--workspace", str(visits_ws.root)]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] > 0
+    assert (tmp_path / "fu" / "followup.csv").exists() and (tmp_path / "fu" / "healing.csv").exists()
+    visits_ws.store.set_meta("marker", {"dictionary": "DICT_4X4_50", "id": 9, "side_cm": 4})
+    assert main(["export", str(tmp_path / "fu2"), "--format", "followup", "--workspace", str(visits_ws.root)]) == 2
+    assert "is not the configured marker (id 9" in capsys.readouterr().err
+    assert not (tmp_path / "fu2").exists()
