@@ -16,7 +16,7 @@ from PIL import Image
 from annotations import followup
 from annotations.backup import backup, restore
 from annotations.dataset import export_dataset, import_dataset
-from annotations.measure import Calibration, MarkerSpec, MeasureError, Ruler, find_marker, measure, ruler_calibration
+from annotations.measure import MarkerSpec, MeasureError, Ruler, find_marker, measure, ruler_calibration
 from annotations.privacy import erase_patient
 from annotations.readers import DatasetError
 from annotations.store import MIGRATIONS, Store
@@ -328,3 +328,17 @@ def test_cli_export_format_followup(visits_ws, tmp_path, capsys):
     assert main(["export", str(tmp_path / "fu2"), "--format", "followup", "--workspace", str(visits_ws.root)]) == 2
     assert "is not the configured marker (id 9" in capsys.readouterr().err
     assert not (tmp_path / "fu2").exists()
+
+
+def test_benchmark_quick(tmp_path):
+    from benchmarks.followup import main
+
+    out = tmp_path / "results"
+    assert main(["--quick", "--results", str(out), "--data", str(tmp_path / "no-data")]) == 0
+    record = json.loads((out / "followup.json").read_text(encoding="utf-8"))
+    assert record["title"].endswith("[quick]") and record["synthetic"] is True
+    area, _, links, real = record["tables"]
+    assert [r[0] for r in area["rows"]] == ["marker (homography)", "ruler (one scale)"] and area["rows"][0][1] > 0
+    assert links["rows"][0][0] > 0 and real["rows"] == []
+    with pytest.raises(SystemExit):
+        main(["--visits", "1", "--results", str(out)])
