@@ -35,6 +35,7 @@ PAGES = [
     ("pages/6_Report.py", "Report", ":material/table_chart:", "view"),
     ("pages/7_Review.py", "Review", ":material/fact_check:", "manage"),
     ("pages/8_Accounts.py", "Accounts", ":material/group:", "manage"),
+    ("pages/9_Follow_up.py", "Follow-up", ":material/timeline:", "view"),
 ]
 PERMISSION_TEXT = {"manage": "admins", "jobs": "admins and researchers", "annotate": "admins and annotators",
                    "view": "admins, researchers and viewers"}

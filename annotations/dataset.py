@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from annotations import followup
 from annotations.fileio import LinkError, atomic_write, copy_file, copy_tree
 from annotations.journal import Swap
 from annotations.privacy import StudyIds
@@ -230,7 +231,13 @@ def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), kee
         triplets.close()
         raise
     absent = {pair for name, pairs in _FIELDS_OF_FILE.items() if not (root / name).exists() for pair in pairs}
-    return DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped, absent)
+    plan = DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped, absent)
+    try:
+        followup.check_plan(plan)
+    except BaseException:
+        triplets.close()
+        raise
+    return plan
 
 
 #: The fields each optional CSV gives; without the file a re-import never changes them.
@@ -935,6 +942,8 @@ def _apply(ws: Workspace, plan: DatasetPlan, merge: _Merge, actor: str) -> int:
         store.set_meta("dataset_name", plan.info["name"])
     if "synthetic" in plan.info:
         store.set_meta("synthetic", plan.synthetic)
+    if "marker" in plan.info:
+        store.set_meta("marker", plan.info["marker"])
     return new_triplets
 
 
@@ -1035,7 +1044,7 @@ def export_dataset(ws: Workspace, out: str | Path, force: bool = False) -> dict[
 
 
 #: Export formats (``export --format``): name → writer of the folder's content.
-EXPORT_FORMATS = {"dataset": export_dataset}
+EXPORT_FORMATS = {"dataset": export_dataset, "followup": followup.export_followup}
 
 
 def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
@@ -1064,7 +1073,8 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
     (out / "dataset.json").write_text(json.dumps(
         {"name": ws.dataset_name, "synthetic": ws.is_synthetic, "mask_format": "label",
          "columns": column_schema([[w["metadata"] for w in wounds], [i["metadata"] for i in images],
-                                   [p["metadata"] for p in patients]])}, indent=2))
+                                   [p["metadata"] for p in patients]]),
+         **({"marker": marker} if (marker := store.get_meta("marker")) is not None else {})}, indent=2))
     if ws.truth_dir.is_dir():
         _copy_truth(ws.truth_dir, out / "truth")
     return {"images": len(images), "patients": len(patients), "wounds": len(wounds),

@@ -198,9 +198,26 @@ CREATE TABLE readings (
 );
 """
 
+# Follow-up (annotations/followup.py): a photo's visit date and a wound's track ride in their metadata,
+# so import, export, merge, revisions, erase-patient and backup carry them as every field; the indexes
+# find a track's wounds and a patient's visits, and the ``tracks`` view lists each track (its patient is
+# its photos' patient, its site the first one recorded).
+_SCHEMA_FOLLOWUP = """
+CREATE INDEX wounds_track ON wounds (json_extract(metadata, '$.track_id'));
+CREATE INDEX images_visit ON images (patient_id, json_extract(metadata, '$.visit_date'));
+CREATE VIEW tracks AS
+SELECT CAST(json_extract(w.metadata, '$.track_id') AS TEXT) AS track_id, i.patient_id AS patient_id,
+       coalesce(min(json_extract(w.metadata, '$.site')), '') AS site, count(*) AS wounds,
+       min(json_extract(i.metadata, '$.visit_date')) AS first_visit,
+       max(json_extract(i.metadata, '$.visit_date')) AS last_visit
+FROM wounds w JOIN images i ON i.image_id = w.image_id
+WHERE coalesce(CAST(json_extract(w.metadata, '$.track_id') AS TEXT), '') <> ''
+GROUP BY CAST(json_extract(w.metadata, '$.track_id') AS TEXT), i.patient_id
+"""
+
 #: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
 MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE,
-                         _SCHEMA_READINGS]
+                         _SCHEMA_READINGS, _SCHEMA_FOLLOWUP]
 
 #: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
 SYSTEM_ACTOR = "system"

@@ -55,6 +55,7 @@ SECTIONS: dict[str, str] = {
     "flip": "python -m benchmarks.flip",
     "segmentation": "python -m benchmarks.segmentation",
     "segmentation_e30": "python -m benchmarks.segmentation --epochs 30 --no-curve --section segmentation_e30",
+    "followup": "python -m benchmarks.followup --data ../shared/data",
 }
 REQUIRED = ("section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
             "claims", "notes")

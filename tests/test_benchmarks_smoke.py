@@ -26,6 +26,7 @@ SMOKE = {
     "scale": "test_benchmarks_smoke.py::test_scale_tiny",
     "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",
     "app_latency": "test_benchmarks_smoke.py::test_app_latency_tiny",
+    "followup": "test_followup.py::test_benchmark_quick",
     "results": "test_results.py (the renderer every quick run above feeds)",
 }
 

@@ -47,10 +47,14 @@ Generative model (all of it is synthetic and labelled so):
   the expert about 85% of the time and about 5% of answers are skips.
   :class:`PhantomTruth` reloads that oracle so any (i, j, k) is answered the same way.
 
+:mod:`~core.phantoms.visits` renders follow-up visits instead (``--visits N``): each patient's wounds
+healing, growing, closing or new at planted rates beside an ArUco marker of known size, truth in cm².
+
 Usage::
 
     python -m core.phantoms --out DIR [--seed S] [--photos 53 --patients 21
                             --wounds 120 --triplets 513] [--montage docs/phantoms.png]
+    python -m core.phantoms --out DIR --visits N [--patients 21] [--seed S]
 """
 from core.phantoms.dataset import DATASET_NAME, build, montage
 from core.phantoms.descriptions import DescriptionReader, read_description

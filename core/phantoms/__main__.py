@@ -10,6 +10,7 @@ from pathlib import Path
 from PIL import Image
 
 from core.phantoms.dataset import build, montage
+from core.phantoms.visits import build_visits
 
 
 # --------------------------------------------------------------------------- CLI
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wounds", type=int, default=120)
     parser.add_argument("--triplets", type=int, default=513)
     parser.add_argument("--montage", type=Path, default=None, help="also write a 12-phantom montage PNG here")
+    parser.add_argument("--visits", type=int, default=None,
+                        help="instead: every patient's wounds at this many visits (healing, closing, new; a "
+                             "calibration marker under varying camera distance and tilt; truth in cm²)")
     args = parser.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} exists and is not a folder")
@@ -35,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
             synthetic = False
         if not synthetic:
             parser.error(f"--out {args.out} is a non-empty folder that is not a phantom dataset; refusing to overwrite")
+    if args.visits is not None:
+        try:
+            print(json.dumps(build_visits(args.out, args.visits, args.patients, args.seed,
+                                          progress=sys.stderr.isatty()), indent=1))
+        except ValueError as exc:
+            parser.error(str(exc))
+        return 0
     try:
         summary = build(args.out, args.seed, args.photos, args.patients, args.wounds, args.triplets,
                         progress=sys.stderr.isatty())

@@ -1,0 +1,456 @@
+"""Wound follow-up across visits: visit dates, wound tracks, physical size, healing and links.
+
+The follow-up fields ride in the metadata the store already carries everywhere (import, export,
+re-import merge, revisions, erase-patient, backup), with fixed names and checked values:
+
+- ``images.csv`` ``visit_date``: ISO 8601 date (or date-time) of the visit, never in the future;
+  ``ruler``: ``"x1 y1 x2 y2 length_cm"``, a segment drawn along a ruler in the photo;
+- ``wounds.csv`` ``track_id``: the physical wound across visits (a *track*: one patient, one
+  anatomical ``site``); ``closed``: the clinician marked the wound closed at this visit (its open
+  area counts as 0, the outline keeps where it was);
+- ``dataset.json`` ``marker``: ``{"dictionary", "id", "side_cm"}``, the printed calibration marker.
+
+A track's patient is its photos' patient; the schema's ``tracks`` view lists them. Two wounds of one
+photo on one track, or a track across patients, is one clear error. Sizes come from
+:mod:`annotations.measure`; :func:`followup_rows` is the tidy table behind ``export --format followup``
+and the Follow-up page, :func:`healing` its per-track summary, :func:`propose_links` the track
+proposals for the wounds of a new visit.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
+from annotations.readers import DatasetError, parse_bool
+from annotations.store import SYSTEM_ACTOR, Store, key_json, wound_key
+
+if TYPE_CHECKING:
+    from annotations.dataset import DatasetPlan
+    from annotations.workspace import Workspace
+
+VISIT_DATE, RULER, TRACK, SITE, CLOSED = "visit_date", "ruler", "track_id", "site", "closed"
+#: The tidy export's columns, in order (``export --format followup``).
+COLUMNS = ("patient", "track", "visit_date", "area_cm2", "length_cm", "width_cm", "closed", "measured_by", "method",
+           "uncertainty", "pct_change", "area_px", "site", "image_id", "wound_index", "notes")
+
+
+# -- checked values --------------------------------------------------------------------------------
+def parse_visit_date(value: Any, where: str, today: date | None = None) -> date:
+    """An ISO 8601 date or date-time → its date; unparseable or later than ``today`` (UTC) raises."""
+    text = str(value).strip()
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise DatasetError(f"{where}: visit_date {text!r} is not an ISO 8601 date (YYYY-MM-DD)") from None
+    day = parsed.date()
+    today = today or datetime.now(timezone.utc).date()
+    if day > today:
+        raise DatasetError(f"{where}: visit_date {text!r} is in the future (today is {today.isoformat()})")
+    return day
+
+
+def track_of(metadata: dict[str, Any]) -> str | None:
+    """A wound's track id (text), or None."""
+    value = metadata.get(TRACK)
+    return None if value is None or str(value).strip() == "" else str(value).strip()
+
+
+def is_closed(metadata: dict[str, Any], where: str = "closed") -> bool:
+    return parse_bool(metadata[CLOSED], where) if metadata.get(CLOSED) not in (None, "") else False
+
+
+def marker_spec(value: Any, where: str = "dataset.json: marker") -> MarkerSpec:
+    """``{"dictionary", "id", "side_cm"}`` → :class:`MarkerSpec` (one clear error otherwise)."""
+    if not isinstance(value, dict) or not {"id", "side_cm"} <= set(value):
+        raise DatasetError(f"{where}: must be {{\"dictionary\": \"DICT_4X4_50\", \"id\": 7, \"side_cm\": 4}}, "
+                           f"got {value!r}")
+    try:
+        return MarkerSpec(str(value.get("dictionary", "DICT_4X4_50")), int(value["id"]), float(value["side_cm"]))
+    except (TypeError, ValueError) as err:
+        raise DatasetError(f"{where}: {err}") from None
+
+
+def check_plan(plan: DatasetPlan) -> None:
+    """The follow-up rules on a validated dataset: visit dates, rulers, closed flags, the marker, and
+    tracks (one wound per photo per track, one patient per track)."""
+    if "marker" in plan.info:
+        marker_spec(plan.info["marker"])
+    for image_id, img in plan.images.items():
+        where = plan.where.get(("images", key_json(image_id), "metadata"), f"images/{img.path.name}")
+        if VISIT_DATE in img.metadata:
+            parse_visit_date(img.metadata[VISIT_DATE], where)
+        if RULER in img.metadata:
+            Ruler.parse(img.metadata[RULER], f"{where}: ruler")
+    wounds = [(iid, idx, w["metadata"], plan.where.get(("wounds", key_json(wound_key(iid, idx)), "metadata"),
+                                                         f"masks/{iid}.png"))
+              for (iid, idx), w in plan.wounds.items()]
+    _check_tracks(wounds, {iid: img.patient_id for iid, img in plan.images.items()})
+
+
+def _check_tracks(wounds: Iterable[tuple[str, int, dict[str, Any], str]], patients: dict[str, str | None]) -> None:
+    on_track: dict[tuple[str, str], int] = {}
+    track_patient: dict[str, tuple[str | None, str]] = {}
+    for image_id, index, metadata, where in wounds:
+        if CLOSED in metadata:
+            is_closed(metadata, f"{where}: closed")
+        track = track_of(metadata)
+        if track is None:
+            continue
+        other = on_track.setdefault((image_id, track), index)
+        if other != index:
+            raise DatasetError(f"{where}: wounds {other} and {index} of photo {image_id!r} are both on track "
+                               f"{track!r}; a track is one wound, seen once per photo")
+        patient = patients.get(image_id)
+        first = track_patient.setdefault(track, (patient, image_id))
+        if first[0] != patient:
+            raise DatasetError(f"{where}: track {track!r} holds wounds of patient {first[0]!r} (photo {first[1]!r}) "
+                               f"and of patient {patient!r} (photo {image_id!r}); a track is one patient's wound")
+
+
+def check_store(store: Store) -> None:
+    """The track rules on the whole store (after an edit in the app)."""
+    patients = {i["image_id"]: i["patient_id"] for i in store.images()}
+    _check_tracks(((w["image_id"], w["wound_index"], w["metadata"], f"wound {w['wound_index']} of {w['image_id']!r}")
+                   for w in store.wounds()), patients)
+
+
+# -- edits in the app --------------------------------------------------------------------------------
+def set_visit_date(store: Store, image_id: str, value: str, *, actor: str = SYSTEM_ACTOR) -> None:
+    """Set (or with ``""`` clear) a photo's visit date; a revision records it."""
+    img = store.image(image_id)
+    if img is None:
+        raise DatasetError(f"photo {image_id!r} is not in the workspace")
+    metadata = dict(img["metadata"])
+    if str(value).strip():
+        metadata[VISIT_DATE] = parse_visit_date(value, f"photo {image_id!r}").isoformat()
+    else:
+        metadata.pop(VISIT_DATE, None)
+    store.upsert_image(image_id, img["file"], img["sha256"], img["width"], img["height"], img["patient_id"],
+                       metadata, actor=actor)
+
+
+def set_track(store: Store, image_id: str, wound_index: int, track_id: str | None, *, site: str | None = None,
+              closed: bool | None = None, actor: str = SYSTEM_ACTOR) -> None:
+    """Put one wound on ``track_id`` (None: off any track), optionally with its site and closed flag;
+    a second wound of the photo on that track, or a track of another patient, raises and changes nothing."""
+    with store.transaction():
+        w = store.wound(image_id, wound_index)
+        if w is None:
+            raise DatasetError(f"wound {wound_index} of {image_id!r} is not in the workspace")
+        metadata = dict(w["metadata"])
+        if track_id is None or not str(track_id).strip():
+            metadata.pop(TRACK, None)
+        else:
+            metadata[TRACK] = str(track_id).strip()
+        if site is not None:
+            metadata[SITE] = site
+        if closed is not None:
+            metadata[CLOSED] = bool(closed)
+        patients = {i["image_id"]: i["patient_id"] for i in store.images()}
+        others = [(o["image_id"], o["wound_index"], o["metadata"], f"wound {o['wound_index']} of {o['image_id']!r}")
+                  for o in store.wounds() if (o["image_id"], o["wound_index"]) != (image_id, int(wound_index))]
+        _check_tracks([*others, (image_id, int(wound_index), metadata, f"wound {wound_index} of {image_id!r}")],
+                      patients)
+        store.upsert_wound(image_id, wound_index, w["area"], w["bbox"], w["description"], metadata, actor=actor)
+
+
+def tracks(store: Store) -> list[dict[str, Any]]:
+    """Every track: id, patient, site, wounds, first and last visit (the schema's ``tracks`` view)."""
+    return [dict(r) for r in store.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
+
+
+def next_track_id(store: Store, patient_id: str | None) -> str:
+    """A new track id for ``patient_id`` (``<patient>-T<n>``), not used yet."""
+    used = {t["track_id"] for t in tracks(store)}
+    n = 1
+    while f"{patient_id or 'track'}-T{n}" in used:
+        n += 1
+    return f"{patient_id or 'track'}-T{n}"
+
+
+# -- measuring ---------------------------------------------------------------------------------------
+def calibrate(image: np.ndarray, metadata: dict[str, Any], marker: MarkerSpec | None, where: str
+              ) -> Calibration | None:
+    """The photo's calibration: the configured marker when it shows, else its drawn ruler, else None."""
+    if marker is not None:
+        found = find_marker(image, marker, where)
+        if found is not None:
+            return found
+    if metadata.get(RULER) not in (None, ""):
+        return ruler_calibration(Ruler.parse(metadata[RULER], f"{where}: ruler"), where)
+    return None
+
+
+def workspace_marker(ws: Workspace) -> MarkerSpec | None:
+    value = ws.store.get_meta("marker")
+    return None if value is None else marker_spec(value, "workspace marker")
+
+
+def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None,
+                  unlinked: bool = False) -> list[dict[str, Any]]:
+    """One row per wound on a track: its size at that visit, how it was measured, by whom, and its %
+    change from the track's first visit; ordered by patient, track, date. ``unlinked`` adds the wounds
+    on no track of photos with a visit date (``track`` None), for :func:`pending_links`."""
+    store = ws.store
+    marker = workspace_marker(ws)
+    images = {i["image_id"]: i for i in store.images()}
+    by_image: dict[str, list[dict]] = defaultdict(list)
+    for w in store.wounds():
+        if track_of(w["metadata"]) is not None or (unlinked and VISIT_DATE in images[w["image_id"]]["metadata"]):
+            by_image[w["image_id"]].append(w)
+    authors = _outliners(store)
+    rows = []
+    for n, (image_id, wounds) in enumerate(sorted(by_image.items())):
+        img = images[image_id]
+        where = f"photo {img['file']}"
+        cal = calibrate(np.asarray(ws.load_image(image_id)), img["metadata"], marker, where)
+        labels = ws.load_mask(image_id)
+        visit = img["metadata"].get(VISIT_DATE)
+        for w in wounds:
+            closed = is_closed(w["metadata"])
+            m = measure(labels == w["wound_index"], cal)
+            area = 0.0 if closed and m.area_cm2 is not None else m.area_cm2
+            rows.append({
+                "patient": img["patient_id"], "track": track_of(w["metadata"]),
+                "visit_date": None if visit is None else parse_visit_date(visit, where).isoformat(),
+                "area_cm2": _round(area), "length_cm": _round(m.length_cm), "width_cm": _round(m.width_cm),
+                "closed": closed or m.area_px == 0,
+                "measured_by": authors.get(key_json(wound_key(image_id, w["wound_index"])), SYSTEM_ACTOR),
+                "method": m.method, "uncertainty": _round(m.uncertainty, 4), "pct_change": None,
+                "area_px": 0 if closed else m.area_px, "site": w["metadata"].get(SITE, ""), "image_id": image_id,
+                "wound_index": w["wound_index"], "notes": "; ".join(m.reasons),
+                "xy": _position(m, labels.shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
+        if progress is not None:
+            progress((n + 1) / len(by_image))
+    rows.sort(key=lambda r: (str(r["patient"]), r["track"] or "", r["visit_date"] or "", r["image_id"]))
+    for _, group in _by_track([r for r in rows if r["track"] is not None]).items():
+        base = group[0]
+        unit = "area_cm2" if all(r["area_cm2"] is not None for r in group) else "area_px"
+        for r in group:
+            if base[unit]:
+                r["pct_change"] = _round(100.0 * (r[unit] - base[unit]) / base[unit], 2)
+    return rows
+
+
+def _position(m: Measurement, shape: tuple[int, ...]) -> tuple[float, float] | None:
+    """The linker's position: cm on the calibration's plane, else the photo fraction × PHOTO_CM."""
+    if m.centre is None:
+        return None
+    if m.method == "pixels":
+        return (m.centre[0] / shape[1] * PHOTO_CM, m.centre[1] / shape[0] * PHOTO_CM)
+    return m.centre
+
+
+def _outliners(store: Store) -> dict[str, str]:
+    """Wound key JSON → who last drew its outline (the latest outline or insert revision)."""
+    out = {}
+    for key, actor in store.db.execute("SELECT key, actor FROM revisions WHERE entity = 'wounds' AND "
+                                       "field IN ('outline', 'row') AND action != 'delete' ORDER BY id"):
+        out[key] = actor
+    return out
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _by_track(rows: list[dict[str, Any]]) -> dict[tuple[Any, str], list[dict[str, Any]]]:
+    groups: dict[tuple[Any, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["patient"], r["track"])].append(r)
+    return groups
+
+
+def healing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per track: baseline and last area, % change from baseline, closure and days to closure
+    (from the first visit to the first visit marked closed or with no open area)."""
+    out = []
+    for (patient, track), group in _by_track(rows).items():
+        dated = [r for r in group if r["visit_date"]]
+        if not dated:
+            continue
+        unit = "area_cm2" if all(r["area_cm2"] is not None for r in dated) else "area_px"
+        first, last = dated[0], dated[-1]
+        closure = next((r for r in dated if r["closed"]), None)
+        days = None if closure is None else (date.fromisoformat(closure["visit_date"])
+                                             - date.fromisoformat(first["visit_date"])).days
+        out.append({"patient": patient, "track": track, "site": first["site"], "unit": unit,
+                    "visits": len(dated), "baseline_date": first["visit_date"], "baseline_area": first[unit],
+                    "last_date": last["visit_date"], "last_area": last[unit], "pct_change": last["pct_change"],
+                    "closed": closure is not None, "closure_date": None if closure is None else closure["visit_date"],
+                    "days_to_closure": days})
+    return out
+
+
+def patient_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per patient and visit date: the total open area in cm² (None when a wound lacks a calibration)."""
+    totals: dict[tuple[Any, str], list[float | None]] = defaultdict(list)
+    for r in rows:
+        if r["visit_date"]:
+            totals[(r["patient"], r["visit_date"])].append(r["area_cm2"])
+    return [{"patient": p, "visit_date": d,
+             "open_area_cm2": None if any(a is None for a in areas) else _round(sum(areas))}
+            for (p, d), areas in sorted(totals.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
+
+
+def export_followup(ws: Workspace, out: str | Path, force: bool = False) -> dict[str, Any]:
+    """``export OUT --format followup``: ``followup.csv`` (one tidy row per wound and visit),
+    ``healing.csv`` (per track) and ``patients.csv`` (total open area per patient and visit)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"{out}: not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise DatasetError(f"{out}: not empty; export into a new folder or give --force")
+    rows = followup_rows(ws)
+    out.mkdir(parents=True, exist_ok=True)
+    heal = healing(rows)
+    totals = patient_totals(rows)
+    for name, table, columns in (("followup.csv", rows, COLUMNS),
+                                 ("healing.csv", heal, list(heal[0]) if heal else ["patient", "track"]),
+                                 ("patients.csv", totals, ["patient", "visit_date", "open_area_cm2"])):
+        with (out / name).open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(columns))
+            writer.writeheader()
+            for r in table:
+                writer.writerow({k: "" if r.get(k) is None else r[k] for k in columns})
+    return {"rows": len(rows), "tracks": len(heal), "closed": sum(h["closed"] for h in heal), "out": str(out)}
+
+
+# -- linking -----------------------------------------------------------------------------------------
+@dataclass
+class Sighting:
+    """One wound at one visit, as the linker sees it: ``xy`` its position (cm on the marker's plane
+    when calibrated, else the fraction of the photo's width/height), ``area`` its size in the same
+    unit squared, ``embedding`` optional (L2-normalised)."""
+
+    key: tuple[str, int]
+    patient: str | None
+    visit_date: str
+    site: str
+    xy: tuple[float, float]
+    area: float
+    track: str | None = None
+    closed: bool = False
+    embedding: np.ndarray | None = None
+
+
+#: Linker weights: position spread (cm), log-area spread, the cost of another site, the weight of
+#: embedding cosine distance, and the cost above which a wound starts a new track. An uncalibrated
+#: photo's positions are its width/height fractions times PHOTO_CM (about a close-up's field).
+POSITION_SCALE = 2.0
+LOG_AREA_SCALE = 0.7
+OTHER_SITE = 6.0
+EMBEDDING_WEIGHT = 4.0
+NEW_TRACK = 8.0
+PHOTO_CM = 30.0
+
+
+def link_cost(new: Sighting, last: Sighting, shift: tuple[float, float] = (0.0, 0.0)) -> float:
+    """How unlikely ``new`` continues the track last seen as ``last`` (∞ for another patient); ``shift``
+    registers the new photo's positions onto the earlier ones (the marker moves between visits)."""
+    if new.patient != last.patient:
+        return math.inf
+    moved = (new.xy[0] + shift[0] - last.xy[0], new.xy[1] + shift[1] - last.xy[1])
+    cost = 0.5 * (math.hypot(*moved) / POSITION_SCALE) ** 2
+    cost += 0.5 * (math.log(max(new.area, 1e-6) / max(last.area, 1e-6)) / LOG_AREA_SCALE) ** 2
+    cost += 0.0 if _site(new.site) == _site(last.site) else OTHER_SITE
+    if new.embedding is not None and last.embedding is not None:
+        cost += EMBEDDING_WEIGHT * (1.0 - float(np.dot(new.embedding, last.embedding)))
+    return cost
+
+
+def _site(text: str) -> str:
+    return " ".join(str(text or "").lower().split())
+
+
+def _assign(group: list[Sighting], options: list[Sighting], shift: tuple[float, float]
+            ) -> tuple[float, np.ndarray, dict[int, int]]:
+    """The optimal one-to-one assignment of ``group`` to ``options`` or new tracks under ``shift``."""
+    cost = np.array([[link_cost(s, c, shift) for c in options] for s in group]).reshape(len(group), len(options))
+    full = np.hstack([np.minimum(cost, 1e6), np.where(np.eye(len(group)) > 0, NEW_TRACK, 1e6)])
+    rows, cols = linear_sum_assignment(full)
+    return float(full[rows, cols].sum()), cost, {int(r): int(c) for r, c in zip(rows, cols)}
+
+
+def propose_links(new: list[Sighting], history: list[Sighting], k: int = 3
+                  ) -> dict[tuple[str, int], list[tuple[str | None, float]]]:
+    """For each wound of ``new`` (one visit), its ranked proposals ``(track, cost)``, best first;
+    ``None`` proposes a new track.
+
+    Per photo, the positions are first registered onto the patient's open tracks (the shift, among
+    those that lay one new wound on one track, with the cheapest assignment); the first proposals are
+    that optimal one-to-one assignment, so two wounds of one photo never share a track."""
+    last: dict[str, Sighting] = {}
+    for s in sorted(history, key=lambda s: s.visit_date):
+        if s.track is not None:
+            last[s.track] = s
+    closed = {s.track for s in history if s.track is not None and s.closed}
+    candidates = [s for t, s in last.items() if t not in closed]
+    out: dict[tuple[str, int], list[tuple[str | None, float]]] = {}
+    groups: dict[Any, list[Sighting]] = defaultdict(list)
+    for s in new:
+        groups[(s.patient, s.key[0])].append(s)
+    for group in groups.values():
+        options = [c for c in candidates if c.patient == group[0].patient]
+        shifts = {(0.0, 0.0)} | {(c.xy[0] - s.xy[0], c.xy[1] - s.xy[1]) for s in group for c in options}
+        _, cost, chosen = min((_assign(group, options, shift) for shift in shifts), key=lambda a: a[0])
+        for i, s in enumerate(group):
+            ranked = sorted(((options[j].track, float(cost[i, j])) for j in range(len(options))
+                             if math.isfinite(cost[i, j])), key=lambda t: t[1])
+            ranked.append((None, NEW_TRACK))
+            pick = options[chosen[i]].track if chosen[i] < len(options) else None
+            best = next(t for t in ranked if t[0] == pick)
+            out[s.key] = [best, *[t for t in ranked if t[0] != pick]][:k]
+    return out
+
+
+def sightings(rows: list[dict[str, Any]]) -> list[Sighting]:
+    """:func:`followup_rows` rows as the linker's sightings (with their recorded tracks)."""
+    return [Sighting((r["image_id"], r["wound_index"]), r["patient"], r["visit_date"] or "", r["site"],
+                     r["xy"] or (0.0, 0.0), r["size"], r["track"], r["closed"]) for r in rows]
+
+
+def pending_links(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The wounds on no track (rows of :func:`followup_rows` with ``unlinked``), each with its ranked
+    proposals (``proposals``: [(track or None, cost)]) against the tracks seen before its visit."""
+    history = [s for s in sightings(rows) if s.track is not None]
+    todo = [r for r in rows if r["track"] is None]
+    out = []
+    for day in sorted({r["visit_date"] for r in todo}):
+        visit = [r for r in todo if r["visit_date"] == day]
+        proposals = propose_links([s for s in sightings(visit)], [s for s in history if s.visit_date < day])
+        out += [{**r, "proposals": proposals[(r["image_id"], r["wound_index"])]} for r in visit]
+    return out
+
+
+def link_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Top-1 accuracy of :func:`propose_links` replayed visit by visit on recorded tracks: each visit's
+    wounds (tracks hidden) against all earlier visits; "new track" is right for a track's first wound."""
+    seen = sightings(rows)
+    right = total = new_right = new_total = 0
+    for patient in sorted({s.patient for s in seen}, key=str):
+        mine = [s for s in seen if s.patient == patient]
+        for day in sorted({s.visit_date for s in mine})[1:]:
+            history = [s for s in mine if s.visit_date < day]
+            visit = [s for s in mine if s.visit_date == day]
+            known = {s.track for s in history}
+            proposals = propose_links([Sighting(s.key, s.patient, s.visit_date, s.site, s.xy, s.area)
+                                       for s in visit], history)
+            for s in visit:
+                truth = s.track if s.track in known else None
+                hit = proposals[s.key][0][0] == truth
+                right, total = right + hit, total + 1
+                if truth is None:
+                    new_right, new_total = new_right + hit, new_total + 1
+    return {"top1": right / total if total else None, "wounds": total, "new_tracks": new_total,
+            "new_track_top1": new_right / new_total if new_total else None}

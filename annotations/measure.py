@@ -1,0 +1,244 @@
+"""Physical wound size: area in cm², clinical length × perpendicular width, from a calibration marker
+or a ruler segment; without either, pixels only (never an invented cm²).
+
+- **Marker**: a printed ArUco square of known side (:class:`MarkerSpec`) found with OpenCV's
+  ``cv2.aruco``; the homography from its four corners to the marker's plane (in cm) corrects the
+  perspective, so a wound lying in the marker's plane is measured at its true size at any tilt.
+- **Ruler**: a segment the clinician draws along a ruler in the photo with its length in cm
+  (:class:`Ruler`): one scale, no perspective correction (a tilted photo is measured too small along
+  the tilt).
+
+Every :class:`Measurement` says how it was measured and carries a relative uncertainty of its area with
+the reasons that raise it (marker small in the frame, far from the wound, steep tilt). The uncertainty
+model is a stated heuristic (corner localisation of ±0.5 px, a planarity allowance growing with the
+wound's distance from the marker, and the unknown tilt of a ruler), not a calibrated interval.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+
+from annotations.readers import DatasetError
+
+#: Corner localisation error of a detected marker or a drawn ruler end (pixels, one sigma).
+CORNER_PX = 0.5
+#: Reasons and their thresholds: a marker side under SMALL_MARKER_PX, a wound more than FAR_SIDES marker
+#: sides away, or a tilt over STEEP_TILT_DEG are reported with the value.
+SMALL_MARKER_PX = 40.0
+FAR_SIDES = 6.0
+STEEP_TILT_DEG = 35.0
+#: Relative area error per marker side of distance (skin is not a plane) and a ruler's unknown tilt.
+PLANARITY_PER_SIDE = 0.003
+RULER_TILT = 0.05
+
+
+class MeasureError(DatasetError):
+    """Bad calibration input (a marker that is not the configured one, a ruler of length 0)."""
+
+
+@dataclass(frozen=True)
+class MarkerSpec:
+    """The configured printed marker: ArUco dictionary name, id and black-square side in cm."""
+
+    dictionary: str = "DICT_4X4_50"
+    marker_id: int = 7
+    side_cm: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not hasattr(cv2.aruco, self.dictionary):
+            raise MeasureError(f"marker dictionary {self.dictionary!r} is not an OpenCV ArUco dictionary")
+        if not self.side_cm > 0:
+            raise MeasureError(f"marker side_cm must be > 0, got {self.side_cm!r}")
+
+    def detector(self, refine: bool = False) -> cv2.aruco.ArucoDetector:
+        """OpenCV's detector; ``refine`` fits the corners AprilTag's way (unbiased where SUBPIX reads
+        them ~0.3 px inside the square, but slow: run it on the marker's neighbourhood only)."""
+        params = cv2.aruco.DetectorParameters()
+        if refine:
+            params.cornerRefinementMethod = cv2.aruco.CORNER_REFINE_APRILTAG
+        return cv2.aruco.ArucoDetector(cv2.aruco.getPredefinedDictionary(getattr(cv2.aruco, self.dictionary)),
+                                       params)
+
+    def image(self, side_px: int) -> np.ndarray:
+        """The marker drawn ``side_px`` pixels wide (uint8, black and white, no quiet zone)."""
+        dictionary = cv2.aruco.getPredefinedDictionary(getattr(cv2.aruco, self.dictionary))
+        return cv2.aruco.generateImageMarker(dictionary, self.marker_id, int(side_px))
+
+
+@dataclass(frozen=True)
+class Ruler:
+    """A segment drawn on the photo (pixel end points) and its length in cm."""
+
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    length_cm: float
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> Ruler:
+        """``"x1 y1 x2 y2 length_cm"`` (the ``ruler`` column of images.csv)."""
+        parts = str(text).replace(",", " ").split()
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            values = []
+        if len(values) != 5 or not all(math.isfinite(v) for v in values):
+            raise MeasureError(f"{where}: ruler must be 'x1 y1 x2 y2 length_cm', got {text!r}")
+        ruler = cls(*values)
+        ruler.check(where)
+        return ruler
+
+    @property
+    def length_px(self) -> float:
+        return math.hypot(self.x2 - self.x1, self.y2 - self.y1)
+
+    def check(self, where: str) -> None:
+        if not self.length_cm > 0:
+            raise MeasureError(f"{where}: ruler length must be > 0 cm, got {self.length_cm!r}")
+        if self.length_px < 1:
+            raise MeasureError(f"{where}: ruler segment has length 0 px (both ends at "
+                               f"({self.x1:g}, {self.y1:g}))")
+
+    def text(self) -> str:
+        return f"{self.x1:g} {self.y1:g} {self.x2:g} {self.y2:g} {self.length_cm:g}"
+
+
+@dataclass
+class Calibration:
+    """Image pixels → plane cm: ``homography`` (3×3) maps (x, y, 1) to plane (X, Y, w)."""
+
+    method: str  # "marker" | "ruler"
+    homography: np.ndarray
+    #: marker: its four corners in the image and side in pixels; ruler: its length in pixels
+    corners: np.ndarray | None = None
+    side_px: float = 0.0
+    tilt_deg: float = 0.0
+
+    def to_plane(self, points: np.ndarray) -> np.ndarray:
+        """Image points (n×2) → plane points in cm (n×2)."""
+        return cv2.perspectiveTransform(np.asarray(points, np.float64).reshape(-1, 1, 2),
+                                        self.homography).reshape(-1, 2)
+
+
+@dataclass
+class Measurement:
+    """One wound's size; cm values are None when the photo has no calibration."""
+
+    area_px: int
+    method: str  # "marker" | "ruler" | "pixels"
+    area_cm2: float | None = None
+    length_cm: float | None = None
+    width_cm: float | None = None
+    uncertainty: float | None = None  # relative (1 sigma) of the area
+    reasons: list[str] = field(default_factory=list)
+    #: the wound's centroid: cm on the calibration's plane, else pixels
+    centre: tuple[float, float] | None = None
+
+
+def find_marker(image: np.ndarray, spec: MarkerSpec, where: str) -> Calibration | None:
+    """The configured marker's calibration in ``image`` (RGB or grey), or None when no marker shows.
+
+    A marker of the configured dictionary with another id raises :class:`MeasureError` naming it."""
+    grey = image if image.ndim == 2 else cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)
+    corners, ids, _ = spec.detector().detectMarkers(grey)
+    if ids is None or len(ids) == 0:
+        return None
+    found = [int(i) for i in ids.ravel()]
+    if spec.marker_id not in found:
+        raise MeasureError(f"{where}: marker id {', '.join(map(str, found))} is not the configured marker "
+                           f"(id {spec.marker_id} of {spec.dictionary})")
+    quad = _refined(grey, corners[found.index(spec.marker_id)].reshape(4, 2), spec)
+    s = spec.side_cm
+    plane = np.array([[0, 0], [s, 0], [s, s], [0, s]], np.float64)  # ArUco's corner order: TL, TR, BR, BL
+    homography = cv2.getPerspectiveTransform(quad.astype(np.float32), plane.astype(np.float32)).astype(np.float64)
+    sides = np.linalg.norm(quad - np.roll(quad, -1, axis=0), axis=1)
+    return Calibration("marker", homography, quad, float(sides.mean()), _tilt(sides))
+
+
+def _refined(grey: np.ndarray, quad: np.ndarray, spec: MarkerSpec) -> np.ndarray:
+    """The marker's corners refined on a crop around it (half a side of margin)."""
+    side = float(np.linalg.norm(quad - np.roll(quad, -1, axis=0), axis=1).max())
+    x0, y0 = np.maximum(np.floor(quad.min(axis=0) - side / 2), 0).astype(int)
+    x1, y1 = np.ceil(quad.max(axis=0) + side / 2).astype(int)
+    crop = np.ascontiguousarray(grey[y0:y1, x0:x1])
+    corners, ids, _ = spec.detector(refine=True).detectMarkers(crop)
+    if ids is not None and spec.marker_id in ids.ravel():
+        quad = corners[list(ids.ravel()).index(spec.marker_id)].reshape(4, 2) + [x0, y0]
+    return quad.astype(np.float64)
+
+
+def _tilt(sides: np.ndarray) -> float:
+    """A tilt estimate from the marker's foreshortening: arccos of its shortest over longest side
+    pair (opposite sides averaged); 0 for a square seen face-on."""
+    a, b = (sides[0] + sides[2]) / 2, (sides[1] + sides[3]) / 2
+    return float(math.degrees(math.acos(min(1.0, min(a, b) / max(a, b)))))
+
+
+def ruler_calibration(ruler: Ruler, where: str) -> Calibration:
+    """One scale (cm per pixel) from a drawn ruler; raises :class:`MeasureError` on a zero length."""
+    ruler.check(where)
+    k = ruler.length_cm / ruler.length_px
+    return Calibration("ruler", np.diag([k, k, 1.0]), side_px=ruler.length_px)
+
+
+def measure(mask: np.ndarray, calibration: Calibration | None) -> Measurement:
+    """Area, clinical length (longest extent) and perpendicular width of the wound ``mask`` (bool)."""
+    mask = np.asarray(mask, bool)
+    area_px = int(mask.sum())
+    ys, xs = np.nonzero(mask)
+    centre = (float(xs.mean()), float(ys.mean())) if area_px else None
+    if calibration is None or area_px == 0:
+        return Measurement(area_px, "pixels" if calibration is None else calibration.method,
+                           area_cm2=None if calibration is None else 0.0, centre=centre)
+    centre = tuple(float(v) for v in calibration.to_plane(np.array([centre]))[0])
+    area = float(_pixel_areas(calibration.homography, xs, ys).sum())
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    hull = cv2.convexHull(np.concatenate(contours).reshape(-1, 2)).reshape(-1, 2).astype(np.float64)
+    corners = (hull[:, None, :] + np.array([[-.5, -.5], [.5, -.5], [.5, .5], [-.5, .5]])).reshape(-1, 2)
+    length, width = _length_width(calibration.to_plane(corners))  # on the pixels' outer edges
+    m = Measurement(area_px, calibration.method, area_cm2=area, length_cm=length, width_cm=width, centre=centre)
+    _uncertainty(m, calibration, xs, ys)
+    return m
+
+
+def _pixel_areas(h: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Plane area (cm²) of each pixel (x, y): the homography's Jacobian determinant, det(H) / w³."""
+    w = h[2, 0] * xs + h[2, 1] * ys + h[2, 2]
+    return np.abs(np.linalg.det(h) / w ** 3)
+
+
+def _length_width(points: np.ndarray) -> tuple[float, float]:
+    """Longest extent (Feret diameter) and the extent perpendicular to it, on the hull."""
+    hull = cv2.convexHull(points.astype(np.float32)).reshape(-1, 2).astype(np.float64)
+    if len(hull) < 2:
+        return 0.0, 0.0
+    d = np.linalg.norm(hull[:, None] - hull[None], axis=2)
+    i, j = np.unravel_index(int(d.argmax()), d.shape)
+    axis = (hull[j] - hull[i]) / max(d[i, j], 1e-12)
+    normal = np.array([-axis[1], axis[0]])
+    across = hull @ normal
+    return float(d[i, j]), float(across.max() - across.min())
+
+
+def _uncertainty(m: Measurement, cal: Calibration, xs: np.ndarray, ys: np.ndarray) -> None:
+    if cal.method == "marker":
+        corner = 2 * math.sqrt(2) * CORNER_PX / cal.side_px  # area ~ scale²; scale error ~ corner error / side
+        centre = cal.corners.mean(axis=0)
+        distance_sides = float(math.hypot(xs.mean() - centre[0], ys.mean() - centre[1]) / cal.side_px)
+        planarity = PLANARITY_PER_SIDE * distance_sides
+        tilt = 0.0 if cal.tilt_deg <= STEEP_TILT_DEG else 0.02 * (cal.tilt_deg - STEEP_TILT_DEG) / 10
+        m.uncertainty = float(math.sqrt(corner ** 2 + planarity ** 2 + tilt ** 2))
+        if cal.side_px < SMALL_MARKER_PX:
+            m.reasons.append(f"marker small in the frame ({cal.side_px:.0f} px a side)")
+        if distance_sides > FAR_SIDES:
+            m.reasons.append(f"marker far from the wound ({distance_sides:.1f} marker sides)")
+        if cal.tilt_deg > STEEP_TILT_DEG:
+            m.reasons.append(f"steep tilt (~{cal.tilt_deg:.0f}°)")
+    else:
+        scale = 2 * math.sqrt(2) * CORNER_PX / cal.side_px
+        m.uncertainty = float(math.sqrt(scale ** 2 + RULER_TILT ** 2))
+        m.reasons.append("ruler: no perspective correction")

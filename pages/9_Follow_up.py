@@ -1,0 +1,157 @@
+"""Follow-up: wounds across visits — link a visit's wounds to their tracks, area curves, the photos of a
+track side by side, and the tidy CSV for statistics (annotations.followup)."""
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+import app_common as ac
+from annotations import followup
+from annotations.dataset import import_dataset
+from annotations.readers import DatasetError
+
+#: Keyboard, as on the Triplets page: accept the first proposal, start a new track.
+KEYS = {"accept": "a", "new": "n"}
+CROP_PAD = 0.35  # margin around a wound's box, as a fraction of its size
+
+ws = ac.page("Follow-up", need="view")
+store = ws.store
+can_edit = ac.allowed("annotate")
+
+
+@st.cache_data(show_spinner="Measuring the wounds…", max_entries=4)
+def rows_of(root: str, version: tuple[int, int]) -> list[dict]:
+    """Every wound of a dated photo with its size (cached until the store changes)."""
+    return followup.followup_rows(ws, unlinked=True)
+
+
+def version() -> tuple[int, int]:
+    """Changes to the store: the last revision id and the number of wounds."""
+    last = store.db.execute("SELECT coalesce(max(id), 0) FROM revisions").fetchone()[0]
+    return int(last), store.counts()["wounds"]
+
+
+def area_figure(linked: list[dict], unit: str) -> go.Figure:
+    """Area against time, one line per track (Scattergl: 50 tracks × 10 visits draw at once)."""
+    fig = go.Figure()
+    frame = pd.DataFrame(linked)
+    for (patient, track), group in frame.groupby(["patient", "track"], sort=True):
+        fig.add_trace(go.Scattergl(x=pd.to_datetime(group["visit_date"]), y=group[unit], mode="lines+markers",
+                                   name=f"{patient} · {track}", hovertemplate="%{x|%Y-%m-%d}: %{y:.2f}"))
+    fig.update_layout(height=420, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_title="visit",
+                      yaxis_title="open area (cm²)" if unit == "area_cm2" else "area (px, no calibration)")
+    return fig
+
+
+def crop(image_id: str, wound_index: int, size: int = 220) -> np.ndarray:
+    """The photo cropped on the wound (its box with a margin), outline drawn."""
+    from PIL import Image
+
+    labels = ws.load_mask(image_id)
+    ys, xs = np.nonzero(labels == wound_index)
+    im = ac.outline_overlay(ws.load_image(image_id), np.where(labels == wound_index, labels, 0))
+    if len(xs) == 0:
+        return np.asarray(im.resize((size, size)))
+    extent = max(np.ptp(xs), np.ptp(ys))
+    cx, cy, half = (xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2, extent / 2 + CROP_PAD * extent + 10
+    box = tuple(int(v) for v in (cx - half, cy - half, cx + half, cy + half))
+    return np.asarray(im.crop(box).resize((size, size), Image.Resampling.LANCZOS))
+
+
+def link(r: dict, track: str | None) -> None:
+    """Put the wound on ``track`` (None: a new track of its patient)."""
+    target = track or followup.next_track_id(store, r["patient"])
+    followup.set_track(store, r["image_id"], r["wound_index"], target, actor=ac.actor())
+    st.toast(f"Wound {r['wound_index']} of {r['image_id']} → {target}")
+
+
+# -- add a visit --------------------------------------------------------------------------------------
+if ac.allowed("manage"):
+    with st.expander("Add a visit's photos (a dataset folder: images/, masks/, images.csv with visit_date)"):
+        folder = st.text_input("Folder on the server", key="fu_folder")
+        if st.button("Import the visit", key="fu_import", disabled=not folder):
+            try:
+                summary = import_dataset(ws, folder, actor=ac.actor())
+            except DatasetError as err:
+                st.error(str(err))
+            else:
+                st.success(f"Imported {summary['images']} photo(s), {summary['wounds']} wound(s).")
+
+with st.expander("Visit date of a photo"):
+    undated = [i["image_id"] for i in store.images() if followup.VISIT_DATE not in i["metadata"]]
+    photo = st.selectbox("Photo", undated or [i["image_id"] for i in store.images()], key="fu_photo")
+    day = st.date_input("Visit date", value=date.today(), max_value=date.today(), key="fu_day")
+    if st.button("Set the visit date", key="fu_set_date", disabled=not (can_edit and photo)):
+        try:
+            followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
+        except DatasetError as err:
+            st.error(str(err))
+
+try:
+    rows = rows_of(str(ws.root), version())
+except DatasetError as err:
+    st.error(str(err))
+    st.stop()
+
+# -- link the new visit's wounds ------------------------------------------------------------------------
+pending = followup.pending_links(rows)
+st.subheader(f"Links to confirm · {len(pending)}")
+if pending and can_edit:
+    r = pending[0]
+    best = r["proposals"][0][0]
+    left, right = st.columns([1, 2])
+    left.image(crop(r["image_id"], r["wound_index"]), caption=f"{r['image_id']} · wound {r['wound_index']} · "
+               f"{r['visit_date']} · {r['site'] or 'no site'}")
+    with right:
+        st.markdown(f"Proposed: **{best or 'a new track'}**" + (f" (cost {r['proposals'][0][1]:.1f})" if best else ""))
+        c1, c2 = st.columns(2)
+        c1.button(f"Accept · {best or 'new track'}", key="fu_accept", type="primary", shortcut=KEYS["accept"],
+                  on_click=link, args=(r, best))
+        c2.button("New track", key="fu_new", shortcut=KEYS["new"], on_click=link, args=(r, None))
+        others = [t for t, _ in r["proposals"][1:] if t is not None]
+        tracks = [t["track_id"] for t in followup.tracks(store) if t["patient_id"] == r["patient"]]
+        choice = st.selectbox("Or correct it: another track", [*others, *[t for t in tracks if t not in others]],
+                              index=None, key="fu_correct")
+        st.button("Link to this track", key="fu_correct_btn", disabled=choice is None, on_click=link,
+                  args=(r, choice))
+        st.caption(f"Keys: **{KEYS['accept']}** accept · **{KEYS['new']}** new track")
+elif not pending:
+    st.caption("Every wound of a dated photo is on a track.")
+
+# -- curves ---------------------------------------------------------------------------------------------
+linked = [r for r in rows if r["track"] is not None and r["visit_date"]]
+if not linked:
+    st.info("No wound is on a track yet: set visit dates and link the wounds above.")
+    st.stop()
+patients = sorted({str(r["patient"]) for r in linked})
+chosen = st.multiselect("Patients", patients, default=patients[: min(5, len(patients))], key="fu_patients")
+shown = [r for r in linked if str(r["patient"]) in chosen]
+unit = "area_cm2" if all(r["area_cm2"] is not None for r in shown) else "area_px"
+if unit == "area_px":
+    st.warning("Some photos have neither the calibration marker nor a ruler: areas in pixels, no cm².")
+st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stretch", key="fu_curves")
+heal = followup.healing(shown)
+st.dataframe(pd.DataFrame(heal), hide_index=True, width="stretch")
+
+# -- a track's photos side by side ------------------------------------------------------------------------
+track = st.selectbox("Track photos", sorted({r["track"] for r in shown}), key="fu_track")
+visits = [r for r in shown if r["track"] == track]
+for col, r in zip(st.columns(max(len(visits), 1)), visits):
+    size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
+    col.image(crop(r["image_id"], r["wound_index"]), caption=f"{r['visit_date']} · {size}"
+              + (" · closed" if r["closed"] else ""))
+
+# -- export -------------------------------------------------------------------------------------------------
+buf = io.StringIO()
+writer = csv.DictWriter(buf, fieldnames=list(followup.COLUMNS))
+writer.writeheader()
+for r in [r for r in rows if r["track"] is not None]:
+    writer.writerow({k: "" if r.get(k) is None else r[k] for k in followup.COLUMNS})
+st.download_button("Download the follow-up CSV", buf.getvalue(), file_name="followup.csv", mime="text/csv",
+                   key="fu_download")
