@@ -55,7 +55,9 @@ def visit_ws(tmp_path, monkeypatch):
 
 def page(ws: Workspace) -> AppTest:
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
-    at.session_state["account"] = accounts.get(ws.store, "Tess")
+    found = accounts.get(ws.store, "Tess")
+    at.session_state["account"] = found
+    at.session_state["_cookie"] = accounts.issue_token(ws.store, accounts.secret_key(ws.root), found)
     at.run()
     at.switch_page(PAGE).run()
     assert not at.exception, at.exception
