@@ -178,6 +178,37 @@ def test_triplets_page_answer_undo_and_reliability(ws):
     assert changes == [("insert", "Tess"), ("insert", "Tess"), ("delete", "Tess")]
 
 
+def test_triplets_undo_survives_a_reload_and_the_view_keys_switch_crop_and_outlines(ws):
+    at = app("triplets")
+    at.button(key="btn_right").click().run()
+    asked = at.session_state["question"]
+    reloaded = app("triplets")  # a new browser session: nothing of the old one's state
+    assert not reloaded.button(key="btn_undo").disabled
+    reloaded.button(key="btn_undo").click().run()
+    assert ws.store.triplets(source="expert:Tess") == []
+    back = reloaded.session_state["question"]  # the undone triplet is asked again
+    assert (back.anchor, back.ref_j, back.ref_k) == (asked.anchor, asked.ref_j, asked.ref_k)
+    assert reloaded.button(key="btn_undo").disabled
+    assert "cropped around the outlined wounds" in texts(reloaded)
+    reloaded.button(key="btn_whole").click().run()
+    assert "Shown: the whole photo" in texts(reloaded) and reloaded.button(key="btn_whole").label == "Wound crop"
+    reloaded.button(key="btn_outline").click().run()
+    assert reloaded.button(key="btn_outline").label == "Outlines on" and not reloaded.session_state["outlines"]
+
+
+def test_wound_crop_box_holds_every_wound_at_the_frame_aspect():
+    labels = np.zeros((300, 400), dtype=np.int32)
+    assert session.wound_crop_box(labels) is None
+    labels[100:120, 50:70] = 1
+    labels[140:150, 110:130] = 2
+    left, top, right, bottom = session.wound_crop_box(labels)
+    assert (left, top) <= (50, 100) and right >= 130 and bottom >= 150  # both wounds inside
+    assert abs((right - left) / (bottom - top) - 4 / 3) < 0.02 and right - left < 200  # far smaller than the photo
+    assert 0 <= left and 0 <= top and right <= 400 and bottom <= 300
+    labels[:, 10:390] = 3  # a wound as tall as the photo: the whole photo
+    assert session.wound_crop_box(labels) == (0, 0, 400, 300)
+
+
 def test_two_windows_answering_the_same_triplet_store_it_once(ws):
     first, second = app("triplets", role="annotator"), app("triplets", role="annotator")
     second.session_state["question"] = first.session_state["question"]  # both windows hold one question
@@ -215,6 +246,10 @@ def test_llm_page(ws):
     else:
         assert "not available in this installation yet" in body
     assert "LLM triplets in the store" in body
+    models = {t.label: t.value for t in at.text_input}
+    assert models["Model"] == "smollm2-135m-instruct" and "gpt-oss:120b" not in models.values()  # local chosen
+    at.selectbox[0].select("ollama").run()
+    assert {t.label: t.value for t in at.text_input}["Model (ollama)"] == "gpt-oss:120b"
 
 
 def jobs_available(module: str) -> bool:
