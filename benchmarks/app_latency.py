@@ -167,17 +167,20 @@ def wait_for_umaps(ws: Workspace, count: int, timeout: float = 1800) -> float:
     return time.time() - t0
 
 
-#: True once the three photos of the main area are loaded and the right photo's zoom button no longer
-#: names ``before`` (the right photo of the question answered), i.e. the next question is on screen.
+#: True once the three photos of the main area are loaded and the zoom buttons no longer name
+#: ``before`` (the photos of the question answered: never the next question's, which is a new
+#: triplet, a repeat with its sides swapped, or after an undo the one answered before).
 NEXT_SHOWN_JS = """before => {
-  const zoom = [...document.querySelectorAll('button')].find(b => b.innerText.includes('Zoom right ·'));
+  const names = [...document.querySelectorAll('button')].map(b => b.innerText).filter(t => t.includes('Zoom '));
   const imgs = [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stImage"] img')];
-  return zoom && zoom.innerText !== before && imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 0);
+  return names.length === 3 && names.join('|') !== before && imgs.length === 3
+    && imgs.every(i => i.complete && i.naturalWidth > 0);
 }"""
 
 
-def right_zoom(pg) -> str:
-    return pg.get_by_role("button", name=re.compile("Zoom right · ")).inner_text()
+def zoom_names(pg) -> str:
+    """The three zoom buttons' texts (they name the photos shown), joined as NEXT_SHOWN_JS joins them."""
+    return "|".join(t for t in pg.get_by_role("button").all_inner_texts() if "Zoom " in t)
 
 
 def next_triplet_ms(browser, url: str, presses: int) -> tuple[list[float], list[float]]:
@@ -192,14 +195,14 @@ def next_triplet_ms(browser, url: str, presses: int) -> tuple[list[float], list[
     idle(pg)
     nexts, undos = [], []
     for n in range(presses):
-        before = right_zoom(pg)
+        before = zoom_names(pg)
         t0 = time.perf_counter()
         pg.keyboard.press("ArrowRight")
         pg.wait_for_function(NEXT_SHOWN_JS, arg=before, polling="raf")
         nexts.append(1000 * (time.perf_counter() - t0))
         idle(pg)
         if n % 5 == 4:
-            before = right_zoom(pg)
+            before = zoom_names(pg)
             t0 = time.perf_counter()
             pg.keyboard.press("u")
             pg.wait_for_function(NEXT_SHOWN_JS, arg=before, polling="raf")

@@ -145,6 +145,18 @@ def test_wound_masks_page_edits_and_deletes(ws):
     assert not (ws.load_mask(photo) == index).any()
 
 
+def test_wound_masks_without_a_model_send_an_annotator_nowhere_they_cannot_go(ws):
+    at = app("masks", annotator="Ann", role="annotator")
+    assert "GrabCut (no wound model yet)" in at.radio(key="mask_click_engine").options  # never called the model
+    next(b for b in at.button if b.label == "Suggest outlines").click().run()
+    (error,) = at.error
+    assert "ask an admin or researcher to train one" in error.value and "Train page" not in error.value
+    photo = ws.store.images()[0]["image_id"]
+    index = ws.store.wounds(photo)[0]["wound_index"]
+    at.text_input(key=f"meta_duration_weeks_{photo}_{index}").input("6").run()  # every wound has the field
+    assert next(w for w in ws.store.wounds(photo) if w["wound_index"] == index)["metadata"]["duration_weeks"] == 6
+
+
 def test_add_wound_from_outline(ws):
     photo = ws.store.images()[1]["image_id"]
     h, w = ws.load_mask(photo).shape
