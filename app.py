@@ -119,8 +119,11 @@ def data_section(ws) -> None:
                     except DatasetError as err:
                         st.error(f"Nothing imported: {err}")
                         return
-                st.success(f"Demo imported: {summary['images']} synthetic photos, {summary['wounds']} wounds.")
-                st.rerun()
+                st.session_state["_demo_built"] = (f"Demo imported: {summary['images']} synthetic photos, "
+                                                   f"{summary['wounds']} wounds, {summary['new_triplets']} triplets.")
+                st.rerun()  # the overview counts the new photos; the message is shown after the rerun
+            if built := st.session_state.pop("_demo_built", None):
+                st.success(built, icon=":material/check_circle:")
 
 
 def demo_refusal(ws) -> str | None:

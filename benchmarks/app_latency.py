@@ -188,11 +188,12 @@ def next_triplet_ms(browser, url: str, presses: int) -> tuple[list[float], list[
     from every fifth press of U (undo) to the undone question's photos shown again."""
     context = browser.new_context(viewport={"width": 1366, "height": 768})
     pg = context.new_page()
-    pg.set_default_timeout(120_000)
+    pg.set_default_timeout(600_000)  # the first visit of a fresh server on a loaded machine
     sign_in(pg, url)
     pg.goto(f"{url}/Triplets")
     pg.get_by_text(re.compile(r"^Bench: \d+ of")).wait_for()
     idle(pg)
+    pg.set_default_timeout(120_000)
     nexts, undos = [], []
     for n in range(presses):
         before = zoom_names(pg)

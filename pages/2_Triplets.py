@@ -63,8 +63,7 @@ name = ac.annotator()
 actor = ac.actor()
 state = st.session_state
 
-progress_col, settings_col = st.columns([3, 2], vertical_alignment="center")
-with settings_col.expander("Settings", expanded=False):
+with st.columns([3, 2])[1].expander("Settings", expanded=False):
     per_target = st.number_input("My target (triplets)", min_value=1, max_value=100_000,
                                  value=target(ws, "target_per_annotator"), key="my_target")
     repeat_share = st.slider("Planned repeats", 0.0, 0.5, 0.1, 0.05,
@@ -174,9 +173,9 @@ def answer_loop() -> None:
     """Progress, the three photos, answer / zoom / view / undo buttons: reruns alone on every answer."""
     q = current()
     done = sched.progress()
-    progress_col.progress(min(1.0, done["answered"] / per_target),
-                          text=f"{ac.escape_md(name)}: {done['answered']} of {per_target} triplets "
-                               f"({done['repeats']} planned repeats, {done['skips']} skipped)")
+    st.progress(min(1.0, done["answered"] / per_target),
+                text=f"{ac.escape_md(name)}: {done['answered']} of {per_target} triplets "
+                     f"({done['repeats']} planned repeats, {done['skips']} skipped)")
     notice = state.pop("_notice", None)
     if notice:
         st.warning(notice)

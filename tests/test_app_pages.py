@@ -247,6 +247,9 @@ def test_review_excludes_an_annotator_from_every_metric(ws):
     assert ws.store.revisions("exclusions")[-1]["actor"] == "Tess"
     table = at.dataframe[0].value.set_index("annotator")
     assert not table.loc["Practice", "in evaluation"]
+    audit = next(d.value for d in at.dataframe if "new" in d.value.columns)  # the audit trail, human-readable
+    cells = [str(v) for v in [*audit["old"], *audit["new"], *audit["row"]]]
+    assert not [c for c in cells if c.startswith(("{", "[", "(")) or c == "None"], cells[:5]
 
 
 # -- model pages -----------------------------------------------------------------------------------
