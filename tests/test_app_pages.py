@@ -192,8 +192,8 @@ def test_triplets_page_answer_undo_and_reliability(ws):
 
 def test_triplets_undo_survives_a_reload_and_the_view_keys_switch_crop_and_outlines(ws):
     at = app("triplets")
-    at.button(key="btn_right").click().run()
     asked = at.session_state["question"]
+    at.button(key="btn_right").click().run()
     reloaded = app("triplets")  # a new browser session: nothing of the old one's state
     assert not reloaded.button(key="btn_undo").disabled
     reloaded.button(key="btn_undo").click().run()
@@ -302,14 +302,19 @@ def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_
     (tmp_path / "real_vision.json").write_text(json.dumps({
         "title": "Real wounds: TEST", "seeds": [0, 1, 2], "date": "2026-11-23T00:00:00", "command": "python -m x",
         "tables": [{"caption": "agreement", "columns": ["row", "balanced %", "seconds / seed", "peak RSS MB"],
-                    "rows": [["frozen TEST row", cell, 1.0, 100]]},
+                    "rows": [["frozen TEST row", cell, 1.0, 100],
+                             ["a long TEST row label that must not be cut: deterministic", {**cell, "sd": 0.0,
+                              "ci": [61.9, 61.9]}, 1.0, 100],
+                             ["one-seed TEST row", {"mean": 72.5, "sd": None, "ci": None, "n": 1}, 1.0, 100]]},
                    {"caption": "curve", "columns": ["method", "training triplets", "balanced %"],
                     "rows": [["linear metric", 50, cell], ["linear metric", 500, {**cell, "mean": 70.0}]]}],
         "claims": [{"claim": "TEST claim", "holds": False, "p": 0.3, "test": "paired t-test"}], "notes": ["TEST note"]}))
     at = app("report")
     body = texts(at)
     assert "Real wounds: TEST" in body and "TEST claim: **does not hold**" in body
-    assert "61.9 ± 0.4 [60.9, 62.9]" in at.dataframe[-1].value.iloc[0].tolist()
+    shown = at.dataframe[-1].value["balanced %"].tolist()
+    assert shown == ["61.9 ± 0.4 [60.9, 62.9] (3 seeds)", "61.9 (same on all 3 seeds)", "72.5 (1 seed)"]  # no ± 0.0
+    assert "seeds 0, 1, 2" in body and "Data: REAL wound photos" in body
     assert len(at.get("plotly_chart")) >= 1
 
 
@@ -347,6 +352,11 @@ def test_explore_page_umap_retrieval_attention(ws):
     captions = [c for im in at.image for c in im.captions]
     assert any("d = " in c for c in captions)  # retrieval thumbnails with distances
     assert any(" · wound " in c for c in captions)  # attention maps
+    assert "out of date" not in body and at.slider(key="explore_attention_opacity").value == 0.6
+    photo = ws.store.images()[0]["image_id"]
+    session.delete_wound(ws, photo, ws.store.wounds(photo)[0]["wound_index"], actor="Tess")  # after the run
+    at = app("explore", timeout=300)
+    assert "This run is out of date" in texts(at)
 
 
 @pytest.mark.slow
