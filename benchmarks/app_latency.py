@@ -297,9 +297,9 @@ def triplet_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
         codes.insert(0, (f"before ({args.before})", checkout(args.before, root / "before")))
     rows = []
     try:
-        for label, repo in codes:
-            ws = demo_workspace(root / label.split()[0], args.photos)
-            server = AppServer(ws.root, root / f"streamlit-{label.split()[0]}.log", repo=repo)
+        for n, (label, repo) in enumerate(codes):
+            ws = demo_workspace(root / f"workspace-{n}", args.photos)
+            server = AppServer(ws.root, root / f"streamlit-{n}.log", repo=repo)
             try:
                 rows += [[label, *row] for row in triplet_rows(browser, server.url, args.presses, args.loads)]
             finally:
