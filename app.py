@@ -82,6 +82,8 @@ def overview_section(ws) -> None:
 
 
 def data_section(ws) -> None:
+    if built := st.session_state.pop("_demo_built", None):  # outside the expander, which closes once photos exist
+        st.success(built, icon=":material/check_circle:")
     with st.expander("Import a dataset folder or build the demo", expanded=ws.store.counts()["images"] == 0):
         left, right = st.columns(2)
         with left:
@@ -119,8 +121,9 @@ def data_section(ws) -> None:
                     except DatasetError as err:
                         st.error(f"Nothing imported: {err}")
                         return
-                st.success(f"Demo imported: {summary['images']} synthetic photos, {summary['wounds']} wounds.")
-                st.rerun()
+                st.session_state["_demo_built"] = (f"Demo imported: {summary['images']} synthetic photos, "
+                                                   f"{summary['wounds']} wounds, {summary['new_triplets']} triplets.")
+                st.rerun()  # the overview counts the new photos; the message is shown after the rerun
 
 
 def demo_refusal(ws) -> str | None:

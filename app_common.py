@@ -272,12 +272,12 @@ def photo(ws: Workspace, image_id: str, size: int = 320) -> bytes:
     return _thumbnail(str(ws.image_path(image_id)), size, _digest(ws, image_id))
 
 
-def _frame(im: Image.Image, width: int, height: int) -> bytes:
+def _frame(im: Image.Image, width: int, height: int, fmt: str = "PNG") -> bytes:
     im = ImageOps.contain(im.convert("RGB"), (width, height))  # enlarges small photos too
     frame = Image.new("RGB", (width, height), (242, 245, 247))
     frame.paste(im, ((width - im.width) // 2, (height - im.height) // 2))
     buf = io.BytesIO()
-    frame.save(buf, format="PNG")
+    frame.save(buf, format=fmt, **({"quality": 92} if fmt == "JPEG" else {}))
     return buf.getvalue()
 
 
@@ -315,6 +315,25 @@ def outline_overlay(image: Image.Image, labels: np.ndarray) -> Image.Image:
 def outlined(ws: Workspace, image_id: str, width: int = 720, height: int = 540) -> bytes:
     """:func:`letterboxed` with each outlined wound's contour drawn on the photo."""
     return _outlined(str(ws.root), image_id, width, height, _digest(ws, image_id))
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _wound_view(root: str, image_id: str, width: int, height: int, crop: bool, outline: bool,
+                digest: str) -> tuple[bytes, int]:
+    ws = workspace()
+    image, labels = ws.load_image(image_id), ws.load_mask(image_id)
+    if outline:
+        image = outline_overlay(image, labels)
+    box = session.wound_crop_box(labels, width / height) if crop else None
+    return _frame(image.crop(box) if box else image, width, height, "JPEG"), len(ws.store.wounds(image_id))
+
+
+def wound_view(ws: Workspace, image_id: str, width: int, height: int, crop: bool = True,
+               outline: bool = True) -> tuple[bytes, int]:
+    """(JPEG bytes, number of wounds) of a photo letterboxed into width×height: cropped around its
+    outlined wounds (``crop``; the whole photo when none is outlined), their contours drawn
+    (``outline``). Cached by content hash; JPEG keeps the bytes sent per question small."""
+    return _wound_view(str(ws.root), image_id, width, height, crop, outline, _digest(ws, image_id))
 
 
 def data_uri(png: bytes) -> str:

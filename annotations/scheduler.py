@@ -4,7 +4,8 @@ Serves "is the query more like the left or the right photo?" questions so that
 
 * an annotator never sees the same triplet (anchor + unordered reference pair) twice, except
   for *planned repeats*: a configurable share of the questions re-asks an earlier answered
-  triplet with the sides swapped, to measure self-consistency;
+  triplet with the sides swapped, to measure self-consistency, only once at least ``repeat_gap``
+  (default 20) other questions were served since, so the first answer cannot be remembered;
 * a configurable share of the questions re-asks triplets that *other* annotators answered, so
   inter-annotator κ has shared items;
 * anchors are balanced: new questions go to the anchor with the fewest questions so far;
@@ -81,6 +82,9 @@ class TripletScheduler:
         Annotator name; answers are stored with source ``expert:<annotator>``.
     repeat_share : float in [0, 0.5]
         Share of questions that are planned repeats of this annotator's earlier answers.
+    repeat_gap : int ≥ 0
+        A triplet comes back as a planned repeat only after this many other questions were served
+        to the annotator since it was first served (default 20: too many to remember the answer).
     shared_share : float in [0, 0.9]
         Share of questions taken from triplets other annotators answered (for κ).
     mode : "random" | "active"
@@ -98,6 +102,7 @@ class TripletScheduler:
         ws: Any,
         annotator: str,
         repeat_share: float = 0.1,
+        repeat_gap: int = 20,
         shared_share: float = 0.2,
         mode: str = "random",
         distances: tuple[Sequence[str], np.ndarray] | None = None,
@@ -108,6 +113,8 @@ class TripletScheduler:
             raise ValueError("annotator name must not be empty")
         if not 0.0 <= repeat_share <= 0.5:
             raise ValueError(f"repeat_share must be in [0, 0.5], got {repeat_share}")
+        if repeat_gap < 0:
+            raise ValueError(f"repeat_gap must be ≥ 0, got {repeat_gap}")
         if not 0.0 <= shared_share <= 0.9:
             raise ValueError(f"shared_share must be in [0, 0.9], got {shared_share}")
         if mode not in MODES:
@@ -118,6 +125,7 @@ class TripletScheduler:
         self.annotator = annotator.strip()
         self.source = f"expert:{self.annotator}"
         self.repeat_share = repeat_share
+        self.repeat_gap = int(repeat_gap)
         self.shared_share = shared_share
         self.mode = mode
         self.candidates = candidates
@@ -213,7 +221,7 @@ class TripletScheduler:
 
     def _repeat(self, mine: list, answered: list[tuple], repeated: set, now: float) -> Question | None:
         """A planned repeat of one of this annotator's answers (rows anchor, ref_j, ref_k, rep, choice)."""
-        recent = {(r[0], r[1], r[2]) for r in sorted(mine, key=lambda r: r[5])[-5:]}
+        recent = {(r[0], r[1], r[2]) for r in sorted(mine, key=lambda r: r[5])[max(0, len(mine) - self.repeat_gap):]}
         excluded = repeated | recent
         pool = [row for row in answered if not row[3] and row[4] != "skip"
                 and triplet_key(row[0], row[1], row[2]) not in excluded]
@@ -301,6 +309,29 @@ class TripletScheduler:
             question.anchor, question.ref_j, question.ref_k, choice, self.source,
             latency_ms=latency_ms, rep=question.rep, actor=actor,
         )
+
+    def has_answer_since(self, since: str) -> bool:
+        """Whether this annotator has an answer stored at or after ``since`` (something to undo)."""
+        return self.ws.store.db.execute("SELECT 1 FROM triplets WHERE source = ? AND created >= ? LIMIT 1",
+                                        [self.source, since]).fetchone() is not None
+
+    def undo_last(self, since: str, actor: str | None = None) -> Question | None:
+        """Delete this annotator's newest answer stored at or after ``since`` (an ISO timestamp like
+        the store's ``created``) and return it as a question to ask again (served now), or None when
+        there is none. The undo stack is the store itself, so an undo survives a page reload."""
+        rows = list(self.ws.store.db.query(
+            "SELECT id, anchor, ref_j, ref_k, rep FROM triplets WHERE source = ? AND created >= ? "
+            "ORDER BY id DESC LIMIT 1", [self.source, since]))
+        if not rows:
+            return None
+        row = rows[0]
+        a, b = sorted((row["ref_j"], row["ref_k"]))
+        with self._connect() as con:
+            kind = con.execute("SELECT kind FROM served WHERE annotator = ? AND anchor = ? AND ref_a = ? AND "
+                               "ref_b = ? AND rep = ?", (self.annotator, row["anchor"], a, b, row["rep"])).fetchone()
+        self.ws.store.delete_triplet(row["id"], actor=actor)
+        return Question(row["anchor"], row["ref_j"], row["ref_k"], int(row["rep"] or 0),
+                        kind[0] if kind else ("repeat" if row["rep"] else "new"), time.time())
 
     def progress(self) -> dict[str, int]:
         """This annotator's stored answers: total, skips, repeats."""

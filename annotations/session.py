@@ -339,3 +339,24 @@ def overlay(image: Image.Image, labels: np.ndarray, alpha: float = 0.4) -> Image
                      width=max(2, size // 8))
         draw.text((cx, cy), str(i), fill=(0, 0, 0), anchor="mm", font_size=size)
     return result
+
+
+def wound_crop_box(labels: np.ndarray, aspect: float = 4 / 3, margin: float = 0.5,
+                   min_share: float = 0.25) -> tuple[int, int, int, int] | None:
+    """(left, top, right, bottom) of a crop of the ``aspect`` (width / height) around every wound of
+    ``labels``, with ``margin`` × the wounds' extent on each side, at least ``min_share`` of the photo's
+    width wide and inside the photo; the whole photo when the wounds do not fit such a crop; None when
+    nothing is outlined."""
+    ys, xs = np.nonzero(labels > 0)
+    if not len(xs):
+        return None
+    h, w = labels.shape
+    x0, x1, y0, y1 = int(xs.min()), int(xs.max()) + 1, int(ys.min()), int(ys.max()) + 1
+    bw = max((x1 - x0) * (1 + 2 * margin), (y1 - y0) * (1 + 2 * margin) * aspect, min_share * w)
+    bw = min(bw, w, h * aspect)
+    bh = bw / aspect
+    if bw < x1 - x0 or bh < y1 - y0:
+        return 0, 0, w, h
+    left = min(max(0.0, (x0 + x1 - bw) / 2), w - bw)
+    top = min(max(0.0, (y0 + y1 - bh) / 2), h - bh)
+    return round(left), round(top), round(left + bw), round(top + bh)

@@ -18,9 +18,12 @@ token, its attention weight and grid position (``token_wound``, ``token_pos``,
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
 from core import cli
+from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
 from core.vision.backbones import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
 from core.vision.triderm import (
@@ -38,13 +41,41 @@ from core.vision.triderm import (
 
 
 def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-    """Plain-text table: balanced / micro / macro-F1 (%) and κ per labelled result."""
+    """Plain-text table per labelled result: balanced agreement (%), with its 95% interval when the
+    result has ``ci``, micro agreement and macro-F1 (%), Cohen's κ and the triplets scored."""
     width = max(len(label) for label, _ in rows)
-    lines = [f"{'':{width}}  {'bal.':>6} {'micro':>6} {'mF1':>6} {'kappa':>6} {'n':>5}"]
-    for label, m in rows:
-        lines.append(f"{label:{width}}  {100 * m['balanced']:6.1f} {100 * m['micro']:6.1f} "
-                     f"{100 * m['macro_f1']:6.1f} {m['kappa']:6.3f} {m['n']:5d}")
+
+    def cell(m: dict[str, Any], key: str) -> str:
+        ci = (m.get("ci") or {}).get(key)
+        return f"{100 * m[key]:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+
+    cells = [[cell(m, "balanced"), cell(m, "micro"), f"{100 * m['macro_f1']:.1f}", f"{m['kappa']:.3f}", str(m["n"])]
+             for _, m in rows]
+    heads = ["balanced", "micro", "macro-F1", "kappa", "scored"]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = [f"{'':{width}}  " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    lines += [f"{label:{width}}  " + " ".join(f"{c:>{w}}" for c, w in zip(row, widths))
+              for (label, _), row in zip(rows, cells)]
     return "\n".join(lines)
+
+
+def scored_note(m: dict[str, Any], expert: int) -> str:
+    """Why fewer triplets were scored than the expert answered (skips, photos without an embedding)."""
+    why = [f"{m[k]} {text}" for k, text in (("n_skipped", "the expert skipped (no answer to score)"),
+                                          ("n_missing", "name a photo without an embedding")) if m.get(k)]
+    return f"scored {m['n']} of the expert's {expert} triplets" + (f": {'; '.join(why)}" if why else "")
+
+
+def next_steps(ws) -> str:
+    """What to do after the demo: an admin account, the app, the Report page (venv commands)."""
+    py = Path(sys.executable)
+    venv = py.parent.parent if (py.parent.parent / "pyvenv.cfg").exists() else None
+    bin_ = f"{venv.name}/bin/" if venv is not None and venv.parent == Path.cwd() else ""
+    return ("\nNext steps:\n"
+            f"  1. create an admin account:  {bin_}python -m annotations users add --role admin NAME"
+            f" --workspace {ws.root}\n"
+            f"  2. open the app:             make app   (or {bin_}streamlit run app.py -- --workspace {ws.root})\n"
+            "  3. sign in; the Report page shows this evaluation, Explore the embeddings, Train more runs.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{cfg['supervise_heads']} metric head(s) on the expert triplets: {cfg['supervise_pooling']} pooling, "
             f"{cfg['supervise_dim']}-d each, "
             f"{cfg['supervise_steps']} steps (cv {cfg['cv']})" if cfg["supervise"] else
-            f"{cfg['epochs']} epochs (≥ {cfg['min_steps']} steps), {cfg['pooling']} pooling, {cfg['dim']}-d")
+            f"{cfg['epochs']} epochs" + (f" (at least {cfg['min_steps']} training steps)" if cfg["min_steps"] else "")
+            + f", {cfg['pooling']} pooling, {cfg['dim']}-d")
     print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {backbone.name}, {cfg['views']} views, "
           f"{head}, distances {embedding_normalize(cfg)}")
     run_id = train(ws, **{**cfg, "backbone": backbone})
@@ -113,8 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             (f"{label} (run {run_id})", run_agreement(ws, run_id))]
     ws.store.update_run(run_id, metrics={"agreement": rows[1][1], "baseline": {"run": base_id, **rows[0][1]}})
     tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
-    print(f"\nAgreement with {len(ws.store.expert_triplets())} expert triplets{tag}:")
-    print(agreement_table(rows))
+    report = run_report(ws, n_boot=1000, seed=cfg["seed"])  # saved: the Report page shows it
+    by_run = {r["run_id"]: r for r in report["rows"]}
+    expert = len(ws.store.expert_triplets())
+    print(f"\nAgreement with the expert's triplets{tag}, % with 95% bootstrap intervals:")
+    print(agreement_table([(lbl, by_run[rid]) for (lbl, _), rid in zip(rows, (base_id, run_id))]))
+    print(scored_note(by_run[run_id], expert))
     if cfg["supervise"]:
         print("(the supervised row is scored on the triplets it was trained on: in-sample, optimistic)")
     cv = run["metrics"].get("cv")
@@ -124,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
               f"[{100 * lo:.1f}, {100 * hi:.1f}] over {cv['n']} triplets")
     t = run["metrics"]["timing"]
     print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
+    print(f"evaluation saved (report run {report['run_id']}): the Report page shows it.")
+    print(next_steps(ws))
     return 0
 
 

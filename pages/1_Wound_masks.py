@@ -24,7 +24,7 @@ if not images:
     st.stop()
 
 #: Metadata fields every wound shows, with their labels; any other imported field gets its own too.
-FIELDS = {"anatomical_site": "Anatomical site", "size_cm": "Size (cm)"}
+FIELDS = {"anatomical_site": "Anatomical site", "size_cm": "Size (cm)", "duration_weeks": "Duration (weeks)"}
 HIDDEN_FIELDS = {"origin"}
 
 
@@ -217,15 +217,16 @@ def handle(action: dict) -> None:
 
 def click_outline(x: int, y: int) -> None:
     """First click: the wound under it; each later click: a region to remove from the proposal."""
-    from core.segmentation import SamUnavailable, outline_from_click
+    from core.segmentation import SamUnavailable
+    from core.segmentation.interactive import BY_GRABCUT, outline_from_click_by
 
     include = not clicks
     clicks.append({"x": x + 0.5, "y": y + 0.5, "include": include})
     first, *excluded = clicks
     try:
         model = clicker()
-        mask = outline_from_click(ws, pick, int(first["x"]), int(first["y"]), segmenter=model,
-                                  exclude=[(int(c["x"]), int(c["y"])) for c in excluded])
+        mask, method = outline_from_click_by(ws, pick, int(first["x"]), int(first["y"]), segmenter=model,
+                                             exclude=[(int(c["x"]), int(c["y"])) for c in excluded])
     except (ValueError, SamUnavailable) as err:
         clicks.pop()
         user_error(err)
@@ -235,6 +236,10 @@ def click_outline(x: int, y: int) -> None:
         user_error("No wound was found at that click. Try a click nearer the wound's centre, or draw it.")
         return
     suggestions["click"] = mask
+    why = (" (no wound model is trained here)" if model is None else
+           " (the wound model sees no wound under this click)") if method == BY_GRABCUT else ""
+    state["mask_flash"] = (f"Outline proposed by {method}{why}, {int(mask.sum()):,} px: check its edge, then "
+                           "accept or reject it; a further click removes a region from it.")
     bump(pick)
 
 
@@ -256,6 +261,9 @@ def sam(path: str):
 def suggest() -> None:
     from core.segmentation import suggest_outlines
 
+    if latest_segmenter_run() is None:
+        state["mask_error"] = no_model_message()
+        return
     try:
         masks = suggest_outlines(ws, pick, segmenter=segmenter(str(ws.root), latest_segmenter_run(), ws))
     except ValueError as err:
@@ -268,6 +276,14 @@ def suggest() -> None:
     bump(pick)
 
 
+def no_model_message() -> str:
+    """Why there are no suggestions, and a next step this account can take (only pages it can open)."""
+    step = ("train one on the Train page (Segmentation)" if ac.allowed("jobs") else
+            "ask an admin or researcher to train one")
+    return (f"No wound model is trained in this workspace yet: {step}. Meanwhile, draw the outline, or click "
+            "inside a wound (GrabCut proposes an outline from colour contrast).")
+
+
 # -- the editor ----------------------------------------------------------------------------------------
 draw_col, list_col = st.columns([2, 1], gap="medium")
 with draw_col:
@@ -277,11 +293,18 @@ with draw_col:
     if clicks:
         b2.button("New click outline", on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
                   help="Forget the clicks so far; your next click starts a new wound")
-    engine = b3.radio("Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True,
+    has_model = latest_segmenter_run() is not None
+    engine = b3.radio("Click to outline uses", ["Wound model" if has_model else "GrabCut (no wound model yet)",
+                                                "Segment Anything"], horizontal=True,
                       key="mask_click_engine",
                       help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
     if engine == "Segment Anything":
         st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
+    # messages right under the tools that caused them, above the photo (in view at 1366×768)
+    if state.get("mask_error"):
+        st.error(state.pop("mask_error"))
+    if state.get("mask_flash"):
+        st.success(state.pop("mask_flash"))
 
     shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
               for i, polys in session.label_polygons(labels).items()]
@@ -297,10 +320,6 @@ with draw_col:
         handle(action)
         st.rerun()
 
-    if state.get("mask_error"):
-        st.error(state.pop("mask_error"))
-    if state.get("mask_flash"):
-        st.success(state.pop("mask_flash"))
     if pending is not None:
         with st.container(border=True):
             target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"

@@ -1,26 +1,38 @@
 """Triplet judgments: is the query photo more like the left or the right reference?
 
 Made for judging wounds: the three photos fill a 1366-px screen (sidebar collapsed, narrow
-margins), each with its outlined wounds drawn on it; any photo opens full screen (button or key);
-descriptions are optional. Annotators see their own progress only — agreement scores are for
-admins (Review page), since showing them to the people being measured biases them.
+margins), each cropped around its outlined wounds (the whole photo one key away, outlines on/off by
+key); any photo opens full screen (button or key); descriptions are optional. The answer loop is a
+fragment: an answer reruns only the loop, and the next triplet is drawn and its pictures rendered
+while the annotator looks at the current one, so the next photos appear at once. Undo takes back the
+newest answer stored in the last hour, from the store itself, so it survives a page reload.
+Annotators see their own progress only — agreement scores are for admins (Review page), since
+showing them to the people being measured biases them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
 import app_common as ac
-from annotations.scheduler import TripletScheduler
+from annotations.scheduler import Question, TripletScheduler
 from annotations.session import target
 
 LEFT, RIGHT, SKIP, UNDO = "◀ More like left", "More like right ▶", "Skip", "↶ Undo last"
-#: Keyboard shortcuts (st.button(shortcut=…)): answers, undo, zoom of the left / query / right photo.
-KEYS = {"j": "left", "k": "right", "skip": "down", "undo": "u", "zoom_j": "q", "zoom_q": "w", "zoom_k": "e"}
+#: Keyboard shortcuts (st.button(shortcut=…)): answers, undo, zoom of the left / query / right photo,
+#: whole photo / wound crop, outlines on / off.
+KEYS = {"j": "left", "k": "right", "skip": "down", "undo": "u", "zoom_j": "q", "zoom_q": "w", "zoom_k": "e",
+        "whole": "f", "outline": "o"}
 FRAME = (960, 720)  # letterbox of each photo (4:3), shown at the column's width
+ZOOM = (1280, 960)
+UNDO_WINDOW = timedelta(hours=1)  # how far back "Undo" reaches (answers stored this long ago or later)
+#: The zoom dialog fits a 768-px-high screen: its photo is at most 62 % of the window's height.
+ZOOM_CSS = ("<style>[data-testid='stDialog'] [data-testid='stImage'] img {max-height: 62vh; width: auto; "
+            "max-width: 100%; margin: auto; display: block;}</style>")
 
 
 @st.cache_data(show_spinner="Loading the newest embedding run's distances…", max_entries=4)
@@ -46,40 +58,55 @@ def newest_active(ws):
 
 
 ws = ac.page("Triplet judgments", need="annotate", compact=True)
+st.html(ZOOM_CSS)
 name = ac.annotator()
 actor = ac.actor()
 state = st.session_state
 
-progress_col, settings_col = st.columns([3, 2], vertical_alignment="center")
-with settings_col.expander("Settings", expanded=False):
+with st.columns([3, 2])[1].expander("Settings", expanded=False):
     per_target = st.number_input("My target (triplets)", min_value=1, max_value=100_000,
                                  value=target(ws, "target_per_annotator"), key="my_target")
     repeat_share = st.slider("Planned repeats", 0.0, 0.5, 0.1, 0.05,
                              help="share of questions that re-ask one of your earlier triplets")
+    repeat_gap = st.number_input("A repeat comes back after at least … other questions", min_value=0,
+                                 max_value=10_000, value=20, step=5,
+                                 help="enough questions in between that the first answer cannot be remembered")
     shared_share = st.slider("Shared with other annotators", 0.0, 0.9, 0.2, 0.05)
     active = newest_active(ws)
     mode = st.radio("Reference choice", ["random", "active"], horizontal=True,
                     disabled=active is None,
                     help="active: the pair with the smallest distance margin under the newest embedding run"
                     if active else "active needs a finished embedding run (Train page)")
-    show_text = st.toggle("Show wound descriptions", value=False, key="show_descriptions")
+    st.toggle("Show wound descriptions", value=False, key="show_descriptions")
     if active is not None and mode == "active":
         st.caption(f"Active mode uses run {active[2]['id']} ({active[2]['kind']}).")
 
-settings = (name, repeat_share, shared_share, mode, active[2]["id"] if active else None)
+settings = (name, repeat_share, int(repeat_gap), shared_share, mode, active[2]["id"] if active else None)
 if state.get("_sched_settings") != settings:
     state["_sched"] = TripletScheduler(
-        ws, name, repeat_share=repeat_share, shared_share=shared_share, mode=mode,
+        ws, name, repeat_share=repeat_share, repeat_gap=int(repeat_gap), shared_share=shared_share, mode=mode,
         distances=(active[0], active[1]) if (mode == "active" and active) else None)
     state["_sched_settings"] = settings
 sched: TripletScheduler = state["_sched"]
-state.setdefault("history", [])  # [(triplet id, question, choice)] newest last, for undo
 state.setdefault("pending", [])  # questions put aside by an undo
+state.setdefault("whole_photo", False)
+state.setdefault("outlines", True)
 
 
-def current():
+def undo_since() -> str:
+    return (datetime.now(timezone.utc) - UNDO_WINDOW).isoformat(timespec="milliseconds")
+
+
+def current() -> Question | None:
+    """The question on screen: one put aside by an undo, else the prefetched one (served from now
+    on, for its answer latency), else a fresh draw."""
     if state.get("question") is None:
-        state["question"] = state["pending"].pop() if state["pending"] else sched.next()
+        if state["pending"]:
+            state["question"] = state["pending"].pop()
+        elif state.get("upcoming") is not None:
+            state["question"] = dataclasses.replace(state.pop("upcoming"), served_at=time.time())
+        else:
+            state["question"] = sched.next()
     return state["question"]
 
 
@@ -87,28 +114,33 @@ def answer(choice: str, token: tuple) -> None:
     q = state.get("question")
     if q is None or dataclasses.astuple(q) != token:  # a stale click (double press): ignore
         return
-    row_id = sched.answer(q, choice, actor=actor)
-    if row_id is None:  # the store's unique key: another window of this account answered it first
+    if sched.answer(q, choice, actor=actor) is None:  # the store's unique key: another window answered it first
         state["_notice"] = ("This triplet was already answered under your account (another browser window?). "
                             "Your answer was not stored twice; here is the next one.")
-    else:
-        state["history"].append((row_id, q, choice))
     state["question"] = None
 
 
 def undo() -> None:
-    if not state["history"]:
+    back = sched.undo_last(undo_since(), actor=actor)
+    if back is None:
         return
-    row_id, q, choice = state["history"].pop()
-    ws.store.delete_triplet(row_id, actor=actor)
     if state.get("question") is not None:
         state["pending"].append(state["question"])
-    state["question"] = dataclasses.replace(q, served_at=time.time())
+    state["question"] = back
 
 
-@st.dialog("Photo", width=1600)
+def flip(key: str) -> None:
+    state[key] = not state[key]
+
+
+def view(image_id: str) -> tuple[bytes, int]:
+    return ac.wound_view(ws, image_id, *FRAME, crop=not state["whole_photo"], outline=state["outlines"])
+
+
+@st.dialog("Photo", width="large")
 def zoom(image_id: str, role: str) -> None:
-    st.image(ac.outlined(ws, image_id, 1600, 1200), caption=f"{role} · {image_id}", width="stretch")
+    st.image(ac.wound_view(ws, image_id, *ZOOM, crop=False, outline=state["outlines"])[0],
+             caption=f"{role} · {image_id} · whole photo")
     descriptions(image_id)
 
 
@@ -118,40 +150,74 @@ def descriptions(image_id: str) -> None:
             st.caption(f"Wound {int(w['wound_index'])}: {ac.escape_md(w['description'])}")
 
 
-q = current()
-done = sched.progress()
-progress_col.progress(min(1.0, done["answered"] / per_target),
-            text=f"{ac.escape_md(name)}: {done['answered']} of {per_target} triplets "
-                 f"({done['repeats']} planned repeats, {done['skips']} skipped)")
-notice = state.pop("_notice", None)
-if notice:
-    st.warning(notice)
+def which_wounds(count: int) -> str:
+    """What the question is about when a photo holds several wounds (triplets compare whole photos)."""
+    if count >= 2:
+        return f"{count} wounds outlined (1–{count}): judge them together"
+    return "1 wound outlined" if count == 1 else "no wound outlined: the whole photo"
 
-if q is None:
-    if ws.store.counts()["images"] < 3:
-        st.info("This workspace needs at least three photos. An admin can import a dataset on the Home page.")
+
+def prefetch() -> None:
+    """Draw the next question now and render its three pictures into the cache, so the next answer
+    only has to send them."""
+    if state.get("upcoming") is None:
+        state["upcoming"] = sched.next()
+    upcoming = state["upcoming"]
+    if upcoming is not None:
+        for image_id in (upcoming.ref_j, upcoming.anchor, upcoming.ref_k):
+            view(image_id)
+
+
+@st.fragment
+def answer_loop() -> None:
+    """Progress, the three photos, answer / zoom / view / undo buttons: reruns alone on every answer."""
+    q = current()
+    done = sched.progress()
+    st.progress(min(1.0, done["answered"] / per_target),
+                text=f"{ac.escape_md(name)}: {done['answered']} of {per_target} triplets "
+                     f"({done['repeats']} planned repeats, {done['skips']} skipped)")
+    notice = state.pop("_notice", None)
+    if notice:
+        st.warning(notice)
+    if q is None:
+        if ws.store.counts()["images"] < 3:
+            st.info("This workspace needs at least three photos. An admin can import a dataset on the Home page.")
+        else:
+            st.success("You have seen every possible triplet of this workspace. Thank you!")
     else:
-        st.success("You have seen every possible triplet of this workspace. Thank you!")
-else:
-    token = dataclasses.astuple(q)
-    st.markdown("**Is the query photo (centre) more similar to the left or the right photo?** "
-                "Keys: ← left · → right · ↓ skip · U undo · Q / W / E zoom left / query / right")
-    columns = st.columns(3, gap="small")
-    shown = ((q.ref_j, "Left", "j", LEFT, "zoom_j"), (q.anchor, "Query", None, SKIP, "zoom_q"),
-             (q.ref_k, "Right", "k", RIGHT, "zoom_k"))
-    for col, (image_id, role, choice, label, zoom_key) in zip(columns, shown):
-        with col:
-            st.image(ac.outlined(ws, image_id, *FRAME), width="stretch")
-            if choice is None:
-                st.button(label, on_click=answer, args=("skip", token), width="stretch", key="btn_skip",
-                          shortcut=KEYS["skip"], help="Skip when the photos cannot be compared")
-            else:
-                st.button(label, on_click=answer, args=(choice, token), type="primary", width="stretch",
-                          key=f"btn_{role.lower()}", shortcut=KEYS[choice])
-            if st.button(f"Zoom {role.lower()} · {image_id}", key=f"btn_{zoom_key}", shortcut=KEYS[zoom_key], type="tertiary",
-                         icon=":material/zoom_in:"):
-                zoom(image_id, role)
-            if show_text:
-                descriptions(image_id)
+        token = dataclasses.astuple(q)
+        shown_as = "the whole photo" if state["whole_photo"] else "cropped around the outlined wounds"
+        st.markdown(f"**Is the query photo (centre) more similar to the left or the right photo?** Shown: {shown_as}. "
+                    "Keys: ← left · → right · ↓ skip · U undo · Q / W / E zoom · F whole photo / crop · "
+                    "O outlines on / off")
+        columns = st.columns(3, gap="small")
+        shown = ((q.ref_j, "Left", "j", LEFT, "zoom_j"), (q.anchor, "Query", None, SKIP, "zoom_q"),
+                 (q.ref_k, "Right", "k", RIGHT, "zoom_k"))
+        for col, (image_id, role, choice, label, zoom_key) in zip(columns, shown):
+            with col:
+                picture, wounds = view(image_id)
+                st.image(picture, width="stretch")
+                if choice is None:
+                    st.button(label, on_click=answer, args=("skip", token), width="stretch", key="btn_skip",
+                              shortcut=KEYS["skip"], help="Skip when the photos cannot be compared")
+                else:
+                    st.button(label, on_click=answer, args=(choice, token), type="primary", width="stretch",
+                              key=f"btn_{role.lower()}", shortcut=KEYS[choice])
+                st.caption(which_wounds(wounds))
+                if st.button(f"Zoom {role.lower()} · {image_id}", key=f"btn_{zoom_key}", shortcut=KEYS[zoom_key],
+                             type="tertiary", icon=":material/zoom_in:"):
+                    zoom(image_id, role)
+                if state.get("show_descriptions"):
+                    descriptions(image_id)
+    undo_col, whole_col, outline_col = st.columns(3)
+    undo_col.button(UNDO, on_click=undo, disabled=not sched.has_answer_since(undo_since()), key="btn_undo",
+                    shortcut=KEYS["undo"], help="takes back your newest answer of the last hour")
+    whole_col.button("Wound crop" if state["whole_photo"] else "Whole photo", on_click=flip, args=("whole_photo",),
+                     key="btn_whole", shortcut=KEYS["whole"], icon=":material/crop_free:")
+    outline_col.button("Outlines off" if state["outlines"] else "Outlines on", on_click=flip, args=("outlines",),
+                       key="btn_outline", shortcut=KEYS["outline"], icon=":material/border_style:")
+    if q is not None:
+        prefetch()
 
-st.button(UNDO, on_click=undo, disabled=not state["history"], key="btn_undo", shortcut=KEYS["undo"])
+
+answer_loop()

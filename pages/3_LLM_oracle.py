@@ -26,17 +26,21 @@ allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
 record = jobs.job(ws, JOB)
 running = bool(record and record["alive"])
 
-# One form: the run starts with exactly the values submitted with it (nothing typed is left behind).
+# The oracle is chosen outside the form so that the model shown is always the chosen oracle's; the
+# form starts the run with exactly the values submitted with it (nothing typed is left behind).
+oracle = st.columns(3)[0].selectbox("Oracle", ["local", "ollama", "phantom"], disabled=running,
+                      help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
+                           "ollama: a model served by Ollama; phantom: reads the SYNTHETIC descriptions "
+                           "like a calibrated expert would (benchmarks only)")
 with st.form("llm_form"):
-    c1, c2, c3 = st.columns(3)
-    oracle = c1.selectbox("Oracle", ["local", "ollama", "phantom"],
-                          help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
-                               "ollama: a model served by Ollama; phantom: reads the SYNTHETIC descriptions "
-                               "like a calibrated expert would (benchmarks only)")
-    model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"],
-                          help="Ignored by the local and phantom oracles")
-    host = c3.selectbox("Ollama host", allowed, disabled=not allowed,
-                        help="Only the hosts an administrator allowed (workspace setting ollama_hosts)")
+    c2, c3 = st.columns(2)
+    if oracle == "ollama":
+        model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"])
+        host = c3.selectbox("Ollama host", allowed, disabled=not allowed,
+                            help="Only the hosts an administrator allowed (workspace setting ollama_hosts)")
+    else:
+        c2.text_input("Model", value=DEFAULT_MODELS[oracle], disabled=True,
+                      help="The model this oracle always uses")
     c4, c5, c6, c7, c8 = st.columns(5)
     budget = c4.text_input("Budget", value="200", help="A count of triplets, or a fraction of all combinations (0.1)")
     sampling = c5.selectbox("Sampling", ["uniform", "anchor-balanced", "active"])

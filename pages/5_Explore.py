@@ -86,6 +86,13 @@ else:
     run_ids = tuple(picked)
 run = ws.store.run(run_ids[0])
 stamp = (str(run.get("finished") or run["created"]), embeddings_stamp(ws, run_ids))
+edited = ws.store.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
+                             "AND field IN ('outline', 'row')").fetchone()[0]  # outlines added, changed, deleted
+if edited and edited > str(run["created"]):
+    st.warning(f"This run is out of date: wounds were added, edited or deleted after it was made (last change "
+               f"{edited[:16].replace('T', ' ')} UTC, run {run['id']} from {str(run['created'])[:16].replace('T', ' ')} "
+               "UTC). Its map and attention show the wounds as they were; train a new run on the Train page.",
+               icon=":material/update:")
 emb_level = "photos"
 if len(run_ids) == 1 and has_wound_embedding(ws, run_ids[0]):
     emb_level = c2.radio("Points", ["photos", "wounds"], horizontal=True)
@@ -156,7 +163,8 @@ if ws.is_synthetic:
 map_col, side_col = st.columns([3, 2], gap="large")
 with map_col:
     event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
-    st.caption("Hover a point for its photo id; click a point to show it and its neighbours.")
+    st.caption("Hover a point for its photo id; click a point to show it and its neighbours. Each group has its own "
+               "colour and symbol; click a legend entry to hide it, double-click to show it alone.")
     if not is_umap:
         poll_umap(str(umap_file))
 clicked = None
@@ -191,10 +199,20 @@ for title_, key in (("Most similar", "similar"), ("Most dissimilar", "dissimilar
                   width="stretch")
 
 
+@st.cache_data(show_spinner=False)
+def viridis() -> np.ndarray:
+    """256×3 uint8 lookup table of Viridis, a perceptually uniform colormap that reads on red wounds."""
+    from plotly.colors import sample_colorscale, unlabel_rgb
+
+    return np.array([unlabel_rgb(c) for c in sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))],
+                    dtype=np.uint8)
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
-def attention_maps(root: str, run_id: int, image_id: str, stamp: str) -> list[tuple[int, bytes]]:
-    """Per wound of the photo: its tokens' attention weights as a heat map over the photo (PNG,
-    at most 480 px; cached per run, photo and run state)."""
+def attention_maps(root: str, run_id: int, image_id: str, stamp: str, opacity: float) -> list[tuple[int, bytes]]:
+    """Per wound of the photo: its tokens' attention weights in Viridis over the photo (dark blue low,
+    yellow high) at ``opacity``, where the wound has tokens (PNG, at most 720 px; cached per run,
+    photo, run state and opacity)."""
     emb = load_embeddings(ws, run_id)
     need = ("token_wound", "token_pos", "token_weight", "grid")
     if emb.get("wound_keys") is None or any(k not in emb for k in need):
@@ -213,12 +231,12 @@ def attention_maps(root: str, run_id: int, image_id: str, stamp: str) -> list[tu
             heat /= heat.max()
         big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.BILINEAR),
                          dtype=np.float32) / 255.0
-        base = np.asarray(photo, dtype=np.float32)
-        red = np.zeros_like(base)
-        red[..., 0] = 255
-        mix = base * (1 - 0.6 * big[..., None]) + red * 0.6 * big[..., None]
+        base = np.asarray(photo.convert("RGB"), dtype=np.float32)
+        colour = viridis()[(big * 255).astype(np.uint8)].astype(np.float32)
+        cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the wound's tokens
+        mix = base * (1 - cover) + colour * cover
         picture = Image.fromarray(mix.clip(0, 255).astype(np.uint8))
-        picture.thumbnail((480, 480))
+        picture.thumbnail((720, 720))
         buf = io.BytesIO()
         picture.save(buf, format="PNG")
         out.append((index, buf.getvalue()))
@@ -227,11 +245,13 @@ def attention_maps(root: str, run_id: int, image_id: str, stamp: str) -> list[tu
 
 if len(run_ids) == 1 and run["config"].get("modality") == "vision":
     st.subheader("Wound attention")
-    maps = attention_maps(str(ws.root), run_ids[0], query, stamp)
+    opacity = st.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="explore_attention_opacity",
+                        help="0: the photo alone; 1: the attention colours alone")
+    maps = attention_maps(str(ws.root), run_ids[0], query, stamp, opacity)
     if maps:
-        st.caption("Attention weight of each feature-grid token inside the wound (red = high), from the run's "
-                   "attention pooling head.")
-        cols = st.columns(4)
+        st.caption("Attention weight of each feature-grid token inside the wound (Viridis: dark blue low, yellow "
+                   "high), from the run's attention pooling head.")
+        cols = st.columns(2)
         for n, (index, picture) in enumerate(maps):
             cols[n % len(cols)].image(picture, caption=f"{query} · wound {index}", width="stretch")
     else:

@@ -141,17 +141,27 @@ if not real:
     st.info("No real-data vision benchmark yet (`python -m benchmarks.real_vision --data DATASET_FOLDER`).")
 for path in real:
     res = read_json(path)
-    st.markdown(f"**{res['title']}** — {len(res['seeds'])} seeds, {res['date'][:10]}, `{res['command']}`")
+    st.markdown(f"**{res['title']}** — seeds {', '.join(map(str, res['seeds']))}, {res['date'][:10]}, "
+                f"`{res['command']}`")
+    st.caption("Data: " + ("SYNTHETIC phantoms." if res.get("synthetic") else
+                           "REAL wound photos (not the synthetic demo of this workspace)."))
     table, curve = res["tables"][0], res["tables"][1]
 
-    def show(c):
-        if isinstance(c, dict):
-            return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]"
-        return "–" if c is None else c  # no triplets in the dataset: no agreement to show
+    def show(c, seeds: int = len(res["seeds"])):
+        """A mean ± sd [95% CI] cell, saying over how many seeds; no interval where there is none."""
+        if not isinstance(c, dict):
+            return "–" if c is None else c  # no triplets in the dataset: no agreement to show
+        n = c.get("n", seeds)
+        if c.get("sd") is None or n < 2:
+            return f"{c['mean']:.1f} (1 seed)"
+        if c["sd"] == 0:
+            return f"{c['mean']:.1f} (same on all {n} seeds)"
+        return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}] ({n} seeds)"
 
     st.caption(table["caption"])
     st.dataframe(pd.DataFrame([[show(c) for c in row] for row in table["rows"]], columns=table["columns"]),
-                 hide_index=True, width="stretch")
+                 hide_index=True, width="stretch",
+                 column_config={table["columns"][0]: st.column_config.TextColumn(width="large")})
     for claim in res["claims"]:
         verdict = "holds" if claim["holds"] else "does not hold"
         st.markdown(f"- {claim['claim']}: **{verdict}** (p = {claim['p']:.3g}; {claim['test']})")

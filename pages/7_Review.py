@@ -168,14 +168,29 @@ with outlines_tab:
     else:
         st.caption("No second reading stored yet.")
 
+def readable(value, limit: int = 120) -> str:
+    """A revision's old or new value as a person reads it: ``field: value`` pairs, lists comma-separated,
+    nothing as an em dash (no Python dicts or quotes)."""
+    if value is None or value == "" or value == {}:
+        return "—"
+    if isinstance(value, dict):
+        text = " · ".join(f"{str(k).replace('_', ' ')}: {readable(v, limit)}" for k, v in value.items()
+                          if v not in (None, "", {}, []))
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(readable(v, limit) for v in value)
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 with audit_tab:
     changes = store.revisions()[-300:][::-1]
     if not changes:
         st.caption("No change recorded yet.")
     else:
         frame = pd.DataFrame([{"when": r["created"][:19].replace("T", " "), "account": r["actor"],
-                               "entity": r["entity"], "row": str(r["key"]), "field": r["field"],
-                               "action": r["action"], "old": str(r["old"])[:80], "new": str(r["new"])[:80]}
+                               "entity": r["entity"], "row": readable(r["key"]), "field": r["field"],
+                               "action": r["action"], "old": readable(r["old"]), "new": readable(r["new"])}
                               for r in changes])
         who = st.multiselect("Accounts", sorted(frame["account"].unique()), key="audit_who")
         st.dataframe(frame[frame["account"].isin(who)] if who else frame, hide_index=True, width="stretch")

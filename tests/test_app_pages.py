@@ -176,6 +176,18 @@ def test_wound_masks_page_edits_and_deletes(ws):
     assert not (ws.load_mask(photo) == index).any()
 
 
+def test_wound_masks_without_a_model_send_an_annotator_nowhere_they_cannot_go(ws):
+    at = app("masks", annotator="Ann", role="annotator")
+    assert "GrabCut (no wound model yet)" in at.radio(key="mask_click_engine").options  # never called the model
+    next(b for b in at.button if b.label == "Suggest outlines").click().run()
+    (error,) = at.error
+    assert "ask an admin or researcher to train one" in error.value and "Train page" not in error.value
+    photo = ws.store.images()[0]["image_id"]
+    index = ws.store.wounds(photo)[0]["wound_index"]
+    at.text_input(key=f"meta_duration_weeks_{photo}_{index}").input("6").run()  # every wound has the field
+    assert next(w for w in ws.store.wounds(photo) if w["wound_index"] == index)["metadata"]["duration_weeks"] == 6
+
+
 def test_add_wound_from_outline(ws):
     photo = ws.store.images()[1]["image_id"]
     h, w = ws.load_mask(photo).shape
@@ -209,6 +221,37 @@ def test_triplets_page_answer_undo_and_reliability(ws):
     assert changes == [("insert", "Tess"), ("insert", "Tess"), ("delete", "Tess")]
 
 
+def test_triplets_undo_survives_a_reload_and_the_view_keys_switch_crop_and_outlines(ws):
+    at = app("triplets")
+    asked = at.session_state["question"]
+    at.button(key="btn_right").click().run()
+    reloaded = app("triplets")  # a new browser session: nothing of the old one's state
+    assert not reloaded.button(key="btn_undo").disabled
+    reloaded.button(key="btn_undo").click().run()
+    assert ws.store.triplets(source="expert:Tess") == []
+    back = reloaded.session_state["question"]  # the undone triplet is asked again
+    assert (back.anchor, back.ref_j, back.ref_k) == (asked.anchor, asked.ref_j, asked.ref_k)
+    assert reloaded.button(key="btn_undo").disabled
+    assert "cropped around the outlined wounds" in texts(reloaded)
+    reloaded.button(key="btn_whole").click().run()
+    assert "Shown: the whole photo" in texts(reloaded) and reloaded.button(key="btn_whole").label == "Wound crop"
+    reloaded.button(key="btn_outline").click().run()
+    assert reloaded.button(key="btn_outline").label == "Outlines on" and not reloaded.session_state["outlines"]
+
+
+def test_wound_crop_box_holds_every_wound_at_the_frame_aspect():
+    labels = np.zeros((300, 400), dtype=np.int32)
+    assert session.wound_crop_box(labels) is None
+    labels[100:120, 50:70] = 1
+    labels[140:150, 110:130] = 2
+    left, top, right, bottom = session.wound_crop_box(labels)
+    assert (left, top) <= (50, 100) and right >= 130 and bottom >= 150  # both wounds inside
+    assert abs((right - left) / (bottom - top) - 4 / 3) < 0.02 and right - left < 200  # far smaller than the photo
+    assert 0 <= left and 0 <= top and right <= 400 and bottom <= 300
+    labels[:, 10:390] = 3  # a wound as tall as the photo: the whole photo
+    assert session.wound_crop_box(labels) == (0, 0, 400, 300)
+
+
 def test_two_windows_answering_the_same_triplet_store_it_once(ws):
     first, second = app("triplets", role="annotator"), app("triplets", role="annotator")
     second.session_state["question"] = first.session_state["question"]  # both windows hold one question
@@ -235,6 +278,9 @@ def test_review_excludes_an_annotator_from_every_metric(ws):
     assert ws.store.revisions("exclusions")[-1]["actor"] == "Tess"
     table = at.dataframe[0].value.set_index("annotator")
     assert not table.loc["Practice", "in evaluation"]
+    audit = next(d.value for d in at.dataframe if "new" in d.value.columns)  # the audit trail, human-readable
+    cells = [str(v) for v in [*audit["old"], *audit["new"], *audit["row"]]]
+    assert not [c for c in cells if c.startswith(("{", "[", "(")) or c == "None"], cells[:5]
 
 
 # -- model pages -----------------------------------------------------------------------------------
@@ -246,6 +292,10 @@ def test_llm_page(ws):
     else:
         assert "not available in this installation yet" in body
     assert "LLM triplets in the store" in body
+    models = {t.label: t.value for t in at.text_input}
+    assert models["Model"] == "smollm2-135m-instruct" and "gpt-oss:120b" not in models.values()  # local chosen
+    at.selectbox[0].select("ollama").run()
+    assert {t.label: t.value for t in at.text_input}["Model (ollama)"] == "gpt-oss:120b"
 
 
 def jobs_available(module: str) -> bool:
@@ -283,14 +333,19 @@ def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_
     (tmp_path / "real_vision.json").write_text(json.dumps({
         "title": "Real wounds: TEST", "seeds": [0, 1, 2], "date": "2026-11-23T00:00:00", "command": "python -m x",
         "tables": [{"caption": "agreement", "columns": ["row", "balanced %", "seconds / seed", "peak RSS MB"],
-                    "rows": [["frozen TEST row", cell, 1.0, 100]]},
+                    "rows": [["frozen TEST row", cell, 1.0, 100],
+                             ["a long TEST row label that must not be cut: deterministic", {**cell, "sd": 0.0,
+                              "ci": [61.9, 61.9]}, 1.0, 100],
+                             ["one-seed TEST row", {"mean": 72.5, "sd": None, "ci": None, "n": 1}, 1.0, 100]]},
                    {"caption": "curve", "columns": ["method", "training triplets", "balanced %"],
                     "rows": [["linear metric", 50, cell], ["linear metric", 500, {**cell, "mean": 70.0}]]}],
         "claims": [{"claim": "TEST claim", "holds": False, "p": 0.3, "test": "paired t-test"}], "notes": ["TEST note"]}))
     at = app("report")
     body = texts(at)
     assert "Real wounds: TEST" in body and "TEST claim: **does not hold**" in body
-    assert "61.9 ± 0.4 [60.9, 62.9]" in at.dataframe[-1].value.iloc[0].tolist()
+    shown = at.dataframe[-1].value["balanced %"].tolist()
+    assert shown == ["61.9 ± 0.4 [60.9, 62.9] (3 seeds)", "61.9 (same on all 3 seeds)", "72.5 (1 seed)"]  # no ± 0.0
+    assert "seeds 0, 1, 2" in body and "Data: REAL wound photos" in body
     assert len(at.get("plotly_chart")) >= 1
 
 
@@ -328,6 +383,11 @@ def test_explore_page_umap_retrieval_attention(ws):
     captions = [c for im in at.image for c in im.captions]
     assert any("d = " in c for c in captions)  # retrieval thumbnails with distances
     assert any(" · wound " in c for c in captions)  # attention maps
+    assert "out of date" not in body and at.slider(key="explore_attention_opacity").value == 0.6
+    photo = ws.store.images()[0]["image_id"]
+    session.delete_wound(ws, photo, ws.store.wounds(photo)[0]["wound_index"], actor="Tess")  # after the run
+    at = app("explore", timeout=300)
+    assert "This run is out of date" in texts(at)
 
 
 @pytest.mark.slow

@@ -132,9 +132,22 @@ def test_segmentation_tiny(tmp_path, tiny_phantom):
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
 def test_app_latency_tiny(capsys):
     from benchmarks.app_latency import main
-    assert main(["--presses", "2", "--photos", "8", "--runs", "1"]) == 0
+    assert main(["--presses", "5", "--photos", "8", "--runs", "1"]) == 0
     out = capsys.readouterr().out
     assert "UMAP stored (after the first computation)" in out and "median ms" in out
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
+def test_app_latency_triplets_writes_its_result_file(tmp_path):
+    from benchmarks.app_latency import main
+    assert main(["--triplets", "--presses", "5", "--photos", "8", "--loads", "0", "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "app_latency.json").read_text(encoding="utf-8"))
+    (table,) = record["tables"]
+    assert table["columns"][3:6] == ["next_triplet_median_ms", "next_triplet_p90_ms", "undo_median_ms"]
+    (row,) = table["rows"]
+    assert row[0] == "this checkout" and row[-1] == 5 and 0 < row[3] <= row[4]
 
 
 @pytest.mark.parametrize(("name", "argv", "message"), [

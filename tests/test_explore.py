@@ -176,3 +176,12 @@ def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_pat
     assert title(at) == f"UMAP of run {run_id} (photos)"
     assert len(started) == 1  # nothing computed again
     assert "Most similar" in "\n".join(str(md.value) for md in at.markdown)
+
+
+def test_map_groups_differ_by_symbol_as_well_as_colour():
+    from core.eval.explore import SYMBOLS, scatter_figure
+
+    groups = [f"patient {n}" for n in range(len(SYMBOLS) + 1)]
+    fig = scatter_figure(np.zeros((len(groups), 2)), groups, groups, {g: "#123456" for g in groups}, "patient")
+    symbols = [t.marker.symbol for t in fig.data]
+    assert symbols[: len(SYMBOLS)] == list(SYMBOLS) and symbols[-1] == SYMBOLS[0]

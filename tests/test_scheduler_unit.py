@@ -63,6 +63,7 @@ def answer_each(s: TripletScheduler, choices: list[str]) -> list[Question]:
     ({"annotator": "  "}, "annotator name must not be empty"),
     ({"repeat_share": -0.01}, r"repeat_share must be in \[0, 0.5\], got -0.01"),
     ({"repeat_share": 0.51}, r"repeat_share must be in \[0, 0.5\], got 0.51"),
+    ({"repeat_gap": -1}, "repeat_gap must be ≥ 0, got -1"),
     ({"shared_share": -0.01}, r"shared_share must be in \[0, 0.9\], got -0.01"),
     ({"shared_share": 0.91}, r"shared_share must be in \[0, 0.9\], got 0.91"),
     ({"mode": "smart"}, r"mode must be one of \('random', 'active'\), got 'smart'"),
@@ -202,7 +203,7 @@ def test_a_lease_is_held_in_an_immediate_transaction(tmp_path, clock, monkeypatc
 
 # -- planned repeats ------------------------------------------------------------------------------
 def test_planned_repeats_start_after_five_and_swap_the_sides(tmp_path, clock):
-    s = sched(workspace(tmp_path, "abcd"), repeat_share=0.5, seed=3)
+    s = sched(workspace(tmp_path, "abcd"), repeat_share=0.5, repeat_gap=5, seed=3)
     got = answer_each(s, ["j"] * 9)
     # draws 1-6: every earlier answer is among the 5 most recent, so nothing to repeat
     assert [q.kind for q in got] == ["new"] * 6 + ["repeat"] * 3
@@ -214,7 +215,7 @@ def test_planned_repeats_start_after_five_and_swap_the_sides(tmp_path, clock):
 
 def test_repeats_are_swapped_never_repeated_twice_and_seeded(tmp_path, clock):
     def run(root, seed: int) -> list[Question]:
-        return answer_each(sched(workspace(root, "abcde"), repeat_share=0.5, seed=seed), ["k"] * 40)
+        return answer_each(sched(workspace(root, "abcde"), repeat_share=0.5, repeat_gap=5, seed=seed), ["k"] * 40)
 
     got = run(tmp_path / "one", 7)
     repeats = [q for q in got if q.kind == "repeat"]
@@ -230,7 +231,7 @@ def test_repeats_are_swapped_never_repeated_twice_and_seeded(tmp_path, clock):
 
 
 def test_repeats_follow_the_share_and_skip_skips(tmp_path, clock):
-    s = sched(workspace(tmp_path, "abcd"), repeat_share=0.1, seed=3)
+    s = sched(workspace(tmp_path, "abcd"), repeat_share=0.1, repeat_gap=5, seed=3)
     got = answer_each(s, ["skip"] + ["j"] * 11)
     # 0 repeats < 0.1 * total from total 1 on, but draw 1 was skipped and later ones are recent until draw 8
     assert [q.kind for q in got[:7]] == ["new"] * 7
@@ -239,6 +240,29 @@ def test_repeats_follow_the_share_and_skip_skips(tmp_path, clock):
     # (not 1: skipped, not 2: repeated already, not 7-11: the recent five)
     assert [q.kind for q in got[8:11]] == ["new"] * 3
     assert got[11].kind == "repeat" and key(got[11]) in {key(q) for q in got[2:6]}
+
+
+def test_a_planned_repeat_comes_back_only_after_twenty_other_questions_by_default(tmp_path, clock):
+    s = sched(workspace(tmp_path, "abcdefg"), repeat_share=0.5, seed=3)
+    assert s.repeat_gap == 20
+    got = answer_each(s, ["j"] * 60)
+    repeats = [n for n, q in enumerate(got) if q.kind == "repeat"]
+    assert repeats and repeats[0] == 21  # draws 1-21 new: draw 1 is outside the 20 most recent only at draw 22
+    for n in repeats:
+        first = next(m for m, p in enumerate(got) if p.rep == 0 and key(p) == key(got[n]))
+        assert n - first > 20, (n, first)
+
+
+def test_undo_takes_back_the_newest_answer_from_the_store(tmp_path, clock):
+    ws = workspace(tmp_path, "abcde")
+    s = sched(ws)
+    first, second = answer_each(s, ["j", "k"])
+    assert s.has_answer_since("")
+    again = sched(ws).undo_last("")  # a new scheduler, as after a page reload
+    assert (again.anchor, again.ref_j, again.ref_k, again.kind) == (second.anchor, second.ref_j, second.ref_k, "new")
+    assert [(r["anchor"], r["choice"]) for r in ws.store.triplets(source="expert:me")] == [(first.anchor, "j")]
+    assert s.undo_last("9999") is None and not s.has_answer_since("9999")  # nothing that recent
+    assert s.undo_last("") is not None and s.undo_last("") is None and not s.has_answer_since("")
 
 
 def test_no_repeats_when_the_share_is_zero(tmp_path, clock):

@@ -180,6 +180,20 @@ def test_grabcut_fallback_outlines_the_clicked_wound(tmp_path):
     assert dice(out, truth) > 0.8
 
 
+def test_click_says_which_method_proposed_the_outline(tmp_path):
+    from core.segmentation.interactive import BY_GRABCUT, BY_MODEL, outline_from_click_by
+
+    ws = _workspace(tmp_path, n=2)
+    ws.save_mask("p1", np.zeros((SIZE, SIZE), np.uint8))
+    prob = np.zeros((SIZE, SIZE), np.float32)
+    prob[5:20, 5:20] = 0.9
+    assert outline_from_click_by(ws, "p1", 10, 10, segmenter=MapSegmenter(prob))[1] == BY_MODEL
+    # the model sees no wound under this click: GrabCut proposes, and says so
+    assert outline_from_click_by(ws, "p1", 40, 40, segmenter=MapSegmenter(prob))[1] == BY_GRABCUT
+    assert outline_from_click_by(ws, "p1", 40, 40)[1] == BY_GRABCUT  # no model trained
+    assert "not a wound model" in BY_GRABCUT
+
+
 def test_click_on_an_existing_outline_proposes_nothing(tmp_path):
     ws = _workspace(tmp_path, n=1)
     ys, xs = np.nonzero(ws.load_mask("p0"))

@@ -95,7 +95,7 @@ def test_cli_prints_baseline_vs_trained_table(tiny_ws, capsys):
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out
     runs = {r["kind"]: r for r in tiny_ws.store.runs()}
-    assert sorted(runs) == ["vision-baseline", "vision-triderm"]
+    assert sorted(runs) == ["report", "vision-baseline", "vision-triderm"]  # the evaluation is saved
     trained, frozen = runs["vision-triderm"], runs["vision-baseline"]
     assert trained["config"]["loss"] == "contrastive" and trained["config"]["epochs"] == 2
     assert_learned(tiny_ws, trained["id"])
@@ -104,12 +104,19 @@ def test_cli_prints_baseline_vs_trained_table(tiny_ws, capsys):
                        (f"TriDerm-V attention/contrastive (run {trained['id']})", trained)):
         score = run_agreement(tiny_ws, run["id"])
         (line,) = [x for x in out.splitlines() if x.startswith(label)]
-        assert line.split()[-5:] == f"{100 * score['balanced']:.1f} {100 * score['micro']:.1f} " \
-            f"{100 * score['macro_f1']:.1f} {score['kappa']:.3f} {score['n']}".split(), line
+        saved = runs["report"]["metrics"]["runs"][str(run["id"])]["balanced"]  # the saved evaluation's
+        assert line[len(label):].split()[0] == f"{100 * score['balanced']:.1f}" == f"{100 * saved:.1f}", line
+        assert re.search(rf"{100 * score['balanced']:.1f} \[\d+\.\d, \d+\.\d\]", line), line  # its 95% interval
+        assert line.split()[-3:] == f"{100 * score['macro_f1']:.1f} {score['kappa']:.3f} {score['n']}".split(), line
     recorded = tiny_ws.store.run(trained["id"])["metrics"]
     assert recorded["agreement"] == run_agreement(tiny_ws, trained["id"])
     assert recorded["baseline"] == {"run": frozen["id"], **run_agreement(tiny_ws, frozen["id"])}
     assert re.search(rf"run {trained['id']} → .*runs", out)
+    n, expert = run_agreement(tiny_ws, trained["id"])["n"], len(tiny_ws.store.expert_triplets())
+    assert f"scored {n} of the expert's {expert} triplets" in out
+    assert f"evaluation saved (report run {runs['report']['id']})" in out
+    assert "Next steps:" in out and "users add --role admin NAME" in out and "make app" in out
+    assert "≥" not in out and "rank " not in out
     with pytest.raises(SystemExit) as err:
         main(["--workspace", str(tiny_ws.root), "--views", "1"])
     assert err.value.code == 2

@@ -218,21 +218,27 @@ def retrieval(ws: Workspace, run_ids: Sequence[int], method: str = "uncertainty"
     return DistanceRetrieval(list(ids), D)
 
 
+#: Marker symbols of the map's groups, in turn (all drawn by WebGL scatters).
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down", "hexagon",
+           "pentagon", "hourglass", "bowtie")
+
+
 def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
                    colour_by: str) -> go.Figure:
     """The map as a WebGL scatter (``Scattergl``: 10,000 points draw about as fast as 100): one trace
-    per colour group in ``colours``' order; each point's ``text`` is its label (shown on hover) and its
-    ``customdata`` its row in ``xy`` (int32, float32 coordinates: a compact payload)."""
+    per colour group in ``colours``' order, each with its own marker symbol too (:data:`SYMBOLS` in
+    turn), so that groups of similar colours stay apart; each point's ``text`` is its label (shown on
+    hover) and its ``customdata`` its row in ``xy`` (int32, float32 coordinates: a compact payload)."""
     import plotly.graph_objects as go
 
     small = len(xy) <= SMALL_MAP
     group_of, label_of = np.asarray(groups, dtype=object), np.asarray(labels, dtype=object)
     fig = go.Figure()
-    for value, colour in colours.items():
+    for n, (value, colour) in enumerate(colours.items()):
         rows = np.flatnonzero(group_of == value)
         fig.add_trace(go.Scattergl(
             x=xy[rows, 0].astype(np.float32), y=xy[rows, 1].astype(np.float32), mode="markers", name=value,
             customdata=rows.astype(np.int32), text=label_of[rows],  # an array validates ~5× faster than a list
-            marker={"size": 12 if small else 6, "color": colour, "line": {"width": 1 if small else 0, "color": "white"}},
+            marker={"size": 12 if small else 6, "color": colour, "symbol": SYMBOLS[n % len(SYMBOLS)], "line": {"width": 1 if small else 0, "color": "white"}},
             hovertemplate="<b>%{text}</b><br>" + colour_by + ": " + value.replace("<", "&lt;") + "<extra></extra>"))
     return fig

@@ -169,27 +169,41 @@ class SamClicker:
         return np.asarray(masks[int(np.argmax(scores))], bool)
 
 
-def click_outline(image: Image.Image, x: int, y: int, segmenter: Segmenter | SamClicker | None = None,
-                  exclude: Sequence[tuple[int, int]] = (), existing: np.ndarray | None = None) -> np.ndarray:
-    """The wound under the click (x = column, y = row) as a bool mask; see :func:`outline_from_click`."""
+#: What proposed a click outline (:func:`click_outline_by`), in the words the page shows.
+BY_SAM, BY_MODEL, BY_GRABCUT = "Segment Anything", "the wound model", "GrabCut (colour contrast, not a wound model)"
+
+
+def click_outline_by(image: Image.Image, x: int, y: int, segmenter: Segmenter | SamClicker | None = None,
+                     exclude: Sequence[tuple[int, int]] = (),
+                     existing: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+    """(mask, method): :func:`click_outline` and which method proposed it — :data:`BY_SAM`,
+    :data:`BY_MODEL` (the click is on the segmenter's wound pixels) or :data:`BY_GRABCUT` (no
+    segmenter, or the segmenter sees no wound under the click)."""
     w, h = image.size
     for px, py in [(x, y), *exclude]:
         if not (0 <= px < w and 0 <= py < h):
             raise ValueError(f"click ({px}, {py}) is outside the {w}×{h} photo")
     existing = np.zeros((h, w), bool) if existing is None else existing
     if existing[y, x]:
-        return np.zeros((h, w), bool)
+        return np.zeros((h, w), bool), (BY_SAM if isinstance(segmenter, SamClicker)
+                                        else BY_MODEL if segmenter is not None else BY_GRABCUT)
     rgb = np.asarray(image.convert("RGB"))
     if isinstance(segmenter, SamClicker):
         mask = segmenter.outline(image, x, y, exclude) & ~existing
-        return component_at(mask, x, y)
+        return component_at(mask, x, y), BY_SAM
     prob = None
     if segmenter is not None:
         prob = segmenter.probability(image)
         fg = ndimage.binary_fill_holes(prob >= THRESHOLD) & ~existing
         if fg[y, x]:
-            return split_at(rgb, component_at(fg, x, y), x, y, exclude)
-    return grabcut_outline(rgb, x, y, exclude, existing, prob)
+            return split_at(rgb, component_at(fg, x, y), x, y, exclude), BY_MODEL
+    return grabcut_outline(rgb, x, y, exclude, existing, prob), BY_GRABCUT
+
+
+def click_outline(image: Image.Image, x: int, y: int, segmenter: Segmenter | SamClicker | None = None,
+                  exclude: Sequence[tuple[int, int]] = (), existing: np.ndarray | None = None) -> np.ndarray:
+    """The wound under the click (x = column, y = row) as a bool mask; see :func:`outline_from_click`."""
+    return click_outline_by(image, x, y, segmenter, exclude, existing)[0]
 
 
 def outline_from_click(ws: Workspace, image_id: str, x: int, y: int,
@@ -199,6 +213,13 @@ def outline_from_click(ws: Workspace, image_id: str, x: int, y: int,
 
     ``segmenter=None`` uses the workspace's latest trained segmenter, or GrabCut when there is none.
     """
+    return outline_from_click_by(ws, image_id, x, y, segmenter, exclude)[0]
+
+
+def outline_from_click_by(ws: Workspace, image_id: str, x: int, y: int,
+                          segmenter: Segmenter | SamClicker | None = None,
+                          exclude: Sequence[tuple[int, int]] = ()) -> tuple[np.ndarray, str]:
+    """(mask, method) of :func:`outline_from_click`: the method says what proposed the outline."""
     segmenter = segmenter if segmenter is not None else load_segmenter(ws)
-    return click_outline(ws.load_image(image_id), int(x), int(y), segmenter,
-                         [(int(a), int(b)) for a, b in exclude], ws.load_mask(image_id) > 0)
+    return click_outline_by(ws.load_image(image_id), int(x), int(y), segmenter,
+                            [(int(a), int(b)) for a, b in exclude], ws.load_mask(image_id) > 0)

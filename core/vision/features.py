@@ -288,7 +288,8 @@ class FeatureCache:
         mine = list(image_ids)[rank::world_size]
         computed: list[str] = []
         pending: dict[str, dict] = {}
-        for n, image_id in enumerate(tqdm(mine, desc=f"features {self.backbone.name} rank {rank}/{world_size}",
+        for n, image_id in enumerate(tqdm(mine, desc=f"photo features ({self.backbone.name})"
+                                          + (f", process {rank + 1} of {world_size}" if world_size > 1 else ""),
                                           unit="photo", disable=not progress, leave=False)):
             key, cached, fresh = self._photo(image_id, n_views)
             if fresh:

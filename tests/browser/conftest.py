@@ -33,9 +33,9 @@ def free_port() -> int:
 
 
 class AppServer:
-    """``streamlit run app.py`` against one workspace, stopped at teardown."""
+    """``streamlit run app.py`` of ``repo`` (default this checkout) against one workspace, stopped at teardown."""
 
-    def __init__(self, workspace: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workspace: Path, log: Path, env: dict[str, str] | None = None, repo: Path = REPO) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -46,7 +46,7 @@ class AppServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
              "--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=REPO, env=child_env, stdout=self._log, stderr=subprocess.STDOUT)
+            cwd=repo, env=child_env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300  # generous: the first start imports torch on a loaded machine
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -163,3 +163,21 @@ def test_demo_guard_keeps_real_workspaces_real(demo_dataset, chromium, start_app
     expect(pg.get_by_role("button", name="Build demo")).to_be_disabled()
     assert Workspace(root).store.counts()["images"] == before and not Workspace(root).is_synthetic
     context.close()
+
+
+def test_build_demo_ends_with_a_confirmation(chromium, start_app, tmp_path, sign_in):
+    root = tmp_path / "empty"
+    accounts.add_account(Workspace(root).store, "Boss", "admin", "browser-test-password", "test")
+    server = start_app(root, tmp_path / "streamlit.log")
+    context = chromium.new_context(viewport={"width": 1366, "height": 768})
+    pg = context.new_page()
+    pg.goto(server.url)
+    expect(pg.get_by_role("textbox", name="Account name")).to_be_visible(timeout=300_000)  # a fresh server's first page
+    sign_in(pg, server.url, "Boss")
+    pg.get_by_role("spinbutton", name="Photos").fill("6")
+    pg.get_by_role("button", name="Build demo").click()
+    expect(pg.get_by_text("Demo imported: 6 synthetic photos")).to_be_visible(timeout=300_000)  # after the rerun
+    idle(pg)
+    expect(pg.get_by_text("Demo imported: 6 synthetic photos")).to_be_visible()
+    assert Workspace(root).store.counts()["images"] == 6
+    context.close()
