@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_workspace(parser)
     cli.add_device(parser)
     parser.add_argument("--paper-recipe", action="store_true",
-                        help="start from the TriDerm paper's settings instead of the real-data default")
+                        help="start from the TriDerm paper's settings instead of the real-data default. Without "
+                             "--supervise the real-data default (self-supervised) adds nothing measurable on new "
+                             "patients: strict 63.1%% vs 63.0%% for the frozen centred backbone on azh-dev (p = 0.97)")
     parser.add_argument("--backbone", default=None, help=f"backbone registry name (default {DEFAULTS['backbone']})")
     parser.add_argument("--layer", default=None,
                         help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
@@ -72,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="embedding distances: center-l2 (centre, unit length) or none (raw Euclidean)")
     parser.add_argument("--supervise", choices=["triplets"], default=None,
                         help="learn from the workspace's expert triplets: a metric head (pooling, standardisation, "
-                             "linear map) trained with the ordinal hinge over the augmented views")
+                             "linear map) trained with the ordinal hinge over the augmented views. Measured on azh-dev, "
+                             "strict (new patients): 67.0%% vs 63.0%% for the frozen centred backbone (+4.3 pp per "
+                             "patient, p = 0.04); a plain linear metric gives 67.8%% (benchmarks/real_vision.py)")
     parser.add_argument("--supervise-steps", type=int, default=None,
                         help=f"optimiser steps of the metric head (default {DEFAULTS['supervise_steps']})")
     parser.add_argument("--supervise-dim", type=int, default=None,
