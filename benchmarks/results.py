@@ -7,7 +7,8 @@ the section's command from :data:`SECTIONS` from scratch (``make results [SECTIO
 
 A result file holds: section, title, command (the shell command that regenerates it from
 scratch), seeds, machine, commit, date, seconds, synthetic, tables (caption, columns, rows;
-a mean ± sd cell is ``{"mean", "sd", "ci": [lo, hi]}``), claims (claim, test, p, holds) and
+a mean ± sd cell is ``{"mean", "sd", "ci": [lo, hi]}``; an optional legend says what a cell
+reads, else "mean ± sd [95 % CI] over seeds"), claims (claim, test, p, holds) and
 notes (free text whose figures are formatted from the measured data by the writer).
 
     python -m benchmarks.results [--run NAME|all] [--out FILE]
@@ -161,8 +162,8 @@ def write_result(section: str, title: str, command: str, seeds: Sequence[int], t
 
     Under ``--run`` the recorded wall time is the whole section command's (e.g. data preparation too)."""
     for t in tables:
-        if set(t) != {"caption", "columns", "rows"}:
-            raise ValueError(f"a table needs exactly caption, columns and rows, got {sorted(t)}")
+        if not {"caption", "columns", "rows"} <= set(t) <= {"caption", "columns", "rows", "legend"}:
+            raise ValueError(f"a table needs caption, columns and rows (and may have a legend), got {sorted(t)}")
         bad = [r for r in t["rows"] if len(r) != len(t["columns"])]
         if bad:
             raise ValueError(f"table {t['caption']!r}: row {bad[0]} does not have {len(t['columns'])} cells")
@@ -208,7 +209,8 @@ def fmt_number(v: Any) -> str:
 
 def fmt_cell(v: Any) -> str:
     """A table cell: a number, text, or a mean ± sd [95 % CI] dict, whose figures are all given to the
-    decimal of the sd's second significant digit (one decimal when the sd is 0 or missing)."""
+    decimal of the sd's second significant digit (one decimal when the sd is 0 or missing); a
+    missing sd or CI, or a CI of zero width (one seed, no spread), is left out rather than faked."""
     if isinstance(v, dict):
         if v.get("mean") is None:
             return "–"
@@ -217,7 +219,7 @@ def fmt_cell(v: Any) -> str:
         text = f"{v['mean']:.{places}f}"
         if sd is not None:
             text += f" ± {sd:.{places}f}"
-        if v.get("ci") is not None:
+        if v.get("ci") is not None and v["ci"][0] != v["ci"][1]:  # a zero-width interval is no interval
             text += f" [{v['ci'][0]:.{places}f}, {v['ci'][1]:.{places}f}]"
         return text
     return fmt_number(v).replace("|", "\\|")
@@ -245,7 +247,9 @@ def render_tables(tables: Sequence[dict[str, Any]]) -> str:
                   "|" + "---|" * len(t["columns"])]
         lines += ["| " + " | ".join(fmt_cell(c) for c in row) + " |" for row in t["rows"]]
         lines.append("")
-    if any(isinstance(c, dict) for t in tables for row in t["rows"] for c in row):
+        if t.get("legend"):
+            lines += [t["legend"], ""]
+    if any(isinstance(c, dict) for t in tables if not t.get("legend") for row in t["rows"] for c in row):
         lines += ["Cells read mean ± sd [95 % CI] over seeds.", ""]
     return "\n".join(lines)
 

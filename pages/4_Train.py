@@ -9,7 +9,7 @@ import streamlit as st
 
 import app_common as ac
 from core.vision.backbones import LITE0_LAYERS
-from core.vision.triderm import DEFAULTS
+from core.vision.triderm import DEFAULTS, SUPERVISED_CV
 
 ws = ac.page("Train", need="jobs")
 st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
@@ -44,10 +44,12 @@ with vision:
     supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
                             help=f"{n_expert} expert judgments in this workspace (--supervise triplets): an ensemble "
                                  f"of {DEFAULTS['supervise_heads']} metric heads trained on them over the augmented "
-                                 "views, instead of self-supervision")
-    folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20, value=5,
-                            disabled=not supervise,
-                            help="out-of-fold agreement over patient-disjoint folds, reported before the final model")
+                                 "views, instead of self-supervision. Measured on azh-dev, new patients (strict): "
+                                 "67.0 % vs 63.0 % frozen centred; self-supervised alone 63.1 % (no gain)")
+    folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
+                            value=SUPERVISED_CV, disabled=not supervise,
+                            help=f"patient-disjoint folds, repeated over {DEFAULTS['cv_repeats']} random splits; the "
+                                 "run's figure is the strict one (triplets whose three photos training never saw)")
     vision_args = ["--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
                    "--batch-size", str(int(batch)), "--lr", repr(float(lr)), *(["--paper-recipe"] if paper else [])]
     if supervise:

@@ -31,7 +31,7 @@ try:
         stored_umap,
         umap_path,
     )
-    from core.eval.report import embedding_runs
+    from core.eval.report import embedding_runs, run_figure
     from core.runtime import load_embeddings
 except ImportError as err:  # the ML part of the product is not installed
     st.info(f"The explorer needs the `core` models, which are not available here yet ({err}).", icon="🚧")
@@ -69,7 +69,7 @@ if not runs:
 TRAINED_FIRST = ("vision-triderm", "fusion", "text-soe")  # trained models before frozen baselines
 runs = sorted(runs, key=lambda r: (TRAINED_FIRST.index(r["kind"]) if r["kind"] in TRAINED_FIRST else 9, -r["id"]))
 label = {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
-         + (f" · {r['name']}" if r.get("name") else "") for r in runs}
+         + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) for r in runs}
 c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
 source = c1.radio("Map of", ["one run", "fused runs"], horizontal=True,
                   help="fused: two runs' min-max normalised distances combined (core.eval.fusion)")

@@ -39,13 +39,16 @@ report_json = report_dir / "report.json"
 if report_json.exists():
     report = read_json(report_json)
     st.markdown(f"**{ac.escape_md(report.get('title', 'Agreement report'))}** — {report.get('expert_triplets', '?')} "
-                f"expert triplet rows, 95 % CIs from {report.get('n_boot', '?')} bootstrap resamples of anchors.")
+                f"expert triplet rows, 95 % CIs from {report.get('n_boot', '?')} bootstrap resamples of anchors "
+                "(of patients for a strict out-of-fold figure). A run trained on these triplets shows its strict "
+                "out-of-fold figure — all three photos of a triplet unseen by training — never its in-sample one.")
     if report.get("synthetic"):
         st.caption("SYNTHETIC phantom data: these numbers describe the demo, not clinical performance.")
     rows = report.get("rows", [])
     table = pd.DataFrame([{
         "modality": r.get("modality"), "run": r.get("run_id"), "method": r.get("label"),
         **{label: cell(r, m) for m, label in METRICS.items()}, "triplets": r.get("n"), "anchors": r.get("n_anchors"),
+        "scored on": r.get("protocol", "all triplets"),
     } for r in rows])
     st.dataframe(table, hide_index=True, width="stretch")
     if rows:
@@ -145,30 +148,34 @@ for path in real:
                 f"`{res['command']}`")
     st.caption("Data: " + ("SYNTHETIC phantoms." if res.get("synthetic") else
                            "REAL wound photos (not the synthetic demo of this workspace)."))
-    table, curve = res["tables"][0], res["tables"][1]
 
     def show(c, seeds: int = len(res["seeds"])):
-        """A mean ± sd [95% CI] cell, saying over how many seeds; no interval where there is none."""
+        """A mean [± sd] [95% CI] cell, saying over how many seeds; no interval where there is none."""
         if not isinstance(c, dict):
             return "–" if c is None else c  # no triplets in the dataset: no agreement to show
         n = c.get("n", seeds)
+        ci = c.get("ci")
+        interval = f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci and ci[0] != ci[1] else ""
         if c.get("sd") is None or n < 2:
-            return f"{c['mean']:.1f} (1 seed)"
+            return f"{c['mean']:.1f}{interval} (1 seed)"
         if c["sd"] == 0:
-            return f"{c['mean']:.1f} (same on all {n} seeds)"
-        return f"{c['mean']:.1f} ± {c['sd']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}] ({n} seeds)"
+            return f"{c['mean']:.1f}{interval} (same on all {n} seeds)"
+        return f"{c['mean']:.1f} ± {c['sd']:.1f}{interval} ({n} seeds)"
 
-    st.caption(table["caption"])
-    st.dataframe(pd.DataFrame([[show(c) for c in row] for row in table["rows"]], columns=table["columns"]),
-                 hide_index=True, width="stretch",
-                 column_config={table["columns"][0]: st.column_config.TextColumn(width="large")})
+    for table in res["tables"]:
+        if "training triplets" in table["columns"]:  # a learning curve: plotted
+            points = [{"method": m, "training triplets": n, "balanced %": c["mean"]} for m, n, c in table["rows"] if c]
+            if points:
+                fig = px.line(pd.DataFrame(points), x="training triplets", y="balanced %", color="method",
+                              markers=True, log_x=True, title=table["caption"])
+                st.plotly_chart(fig, width="stretch")
+            continue
+        st.caption(table["caption"] + (f" — {table['legend']}" if table.get("legend") else ""))
+        st.dataframe(pd.DataFrame([[show(c) for c in row] for row in table["rows"]], columns=table["columns"]),
+                     hide_index=True, width="stretch",
+                     column_config={table["columns"][0]: st.column_config.TextColumn(width="large")})
     for claim in res["claims"]:
         verdict = "holds" if claim["holds"] else "does not hold"
         st.markdown(f"- {claim['claim']}: **{verdict}** (p = {claim['p']:.3g}; {claim['test']})")
-    points = [{"method": m, "training triplets": n, "balanced %": c["mean"]} for m, n, c in curve["rows"] if c]
-    if points:
-        fig = px.line(pd.DataFrame(points), x="training triplets", y="balanced %", color="method", markers=True,
-                      log_x=True, title=curve["caption"])
-        st.plotly_chart(fig, width="stretch")
     for note in res["notes"]:
         st.caption(note)

@@ -120,6 +120,35 @@ def test_cli_prints_table_and_real_title(tmp_path, capsys):
     assert (ws.runs_dir / "report" / "report.md").exists()
 
 
+def test_a_supervised_run_shows_its_strict_figure_never_its_in_sample_one(tmp_path, capsys):
+    ws, truth = _tiny_workspace(tmp_path / "ws", synthetic=False)
+    ids = [f"img{n:02d}" for n in range(N)]
+    strict = {"protocol": "strict", "balanced": 0.612, "ci": [0.55, 0.67], "n": 40, "n_anchors": 9, "n_patients": 9}
+
+    def supervised(cv: dict | None) -> int:
+        run_id = ws.store.start_run("vision-triderm", {"modality": "vision", "supervise": "triplets"})
+        save_embeddings(ws, run_id, ids, image_emb=truth)  # agrees with its "training" triplets in-sample
+        ws.store.finish_run(run_id, metrics={"cv": cv} if cv else {})
+        return run_id
+
+    with_cv, without = supervised(strict), supervised(None)
+    ssl = _add_run(ws, "vision-triderm", "vision", truth, ids)
+    assert main(["--workspace", str(ws.root), "--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    rows = {r["run_id"]: r for r in json.loads((ws.runs_dir / "report" / "report.json").read_text())["rows"]}
+    in_sample = evaluate(ids, pairwise_euclidean(truth), ws.store.expert_triplets())["balanced"]
+    assert in_sample > 0.8
+    assert rows[with_cv]["balanced"] == 0.612 and rows[with_cv]["ci"]["balanced"] == [0.55, 0.67]
+    assert rows[with_cv]["protocol"].startswith("strict out of fold") and rows[with_cv]["n"] == 40
+    assert rows[with_cv]["in_sample_balanced"] == pytest.approx(in_sample)
+    assert rows[without]["protocol"].startswith("IN-SAMPLE") and rows[ssl]["protocol"].startswith("all triplets")
+    assert "61.2 [55.0, 67.0]" in out and "IN-SAMPLE" in out
+    from core.eval.report import run_figure
+
+    assert run_figure(ws.store.run(with_cv)) == " · strict out of fold 61.2 % [55.0, 67.0]"
+    assert "in-sample only" in run_figure(ws.store.run(without)) and run_figure(ws.store.run(ssl)) == ""
+
+
 def test_cli_user_errors_exit_2_and_change_nothing(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["--workspace", str(tmp_path / "nowhere")])

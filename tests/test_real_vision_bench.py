@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from benchmarks.real_vision import configurations_tried, main
+from benchmarks.real_vision import FROZEN, LINEAR, NESTED, configurations_tried, main
 
 
 @pytest.fixture(scope="module")
@@ -17,20 +17,25 @@ def tiny_dataset(tiny_phantom):
 
 @pytest.mark.slow
 def test_quick_run_writes_every_row_and_a_complete_result(tiny_dataset, tmp_path, capsys):
-    assert main(["--data", str(tiny_dataset), "--quick", "--folds", "3", "--results", str(tmp_path), "--quiet"]) == 0
+    assert main(["--data", str(tiny_dataset), "--quick", "--results", str(tmp_path), "--quiet"]) == 0
     res = json.loads((tmp_path / "real_vision.json").read_text())
     assert {"section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
             "claims", "notes"} <= set(res)
     names = [row[0] for row in res["tables"][0]["rows"]]
     assert names[:3] == ["frozen, old tokens (stage 5), mean pooling", "frozen, new tokens (full, OS 16), mean pooling",
-                         "frozen, new tokens, mean pooling, centred unit length"]
-    assert any(n.startswith("linear metric") for n in names) and any("--supervise triplets" in n for n in names)
+                         FROZEN]
+    assert LINEAR in names and NESTED in names and any("--supervise triplets" in n for n in names)
+    assert res["tables"][0]["columns"][1:3] == ["strict %", "anchor unseen %"]
     for row in res["tables"][0]["rows"]:
-        assert 0 < row[1]["mean"] < 100 and row[1]["ci"][0] <= row[1]["mean"] <= row[1]["ci"][1]
+        for c in row[1:3]:  # one pooled estimate with its patient-bootstrap CI, no sd over seeds
+            assert c["sd"] is None and 0 <= c["ci"][0] <= c["mean"] <= c["ci"][1] <= 100
+    cross = res["tables"][1]
+    assert [r[1] for r in cross["rows"][:2]] == ["half A → half B", "half B → half A"] and "Cross-half" in cross["caption"]
     for claim in res["claims"]:
-        assert claim["holds"] == (claim["test"].startswith("mean difference +") and claim["p"] < 0.05)
+        assert claim["holds"] == ("mean difference +" in claim["test"] and claim["p"] < 0.05)
+    assert any(n.startswith("nested selection scored") for n in res["notes"])
     assert "{} self-supervised recipe configurations and {} supervised-mode".format(*configurations_tried()) in res["notes"][0]
-    assert "--quick" in res["command"] and "patient-disjoint" in capsys.readouterr().out
+    assert "--quick" in res["command"] and "strict" in capsys.readouterr().out
 
 
 @pytest.mark.slow

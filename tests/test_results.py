@@ -134,3 +134,15 @@ def test_cli_unknown_section_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         results.main(["--run", "no_such_section"])
     assert exc.value.code == 2 and "unknown section" in capsys.readouterr().err
+
+
+def test_a_zero_width_interval_is_not_shown_and_a_legend_replaces_the_seed_footer():
+    from benchmarks.results import fmt_cell, render_tables
+
+    assert fmt_cell({"mean": 64.2, "sd": 0.0, "ci": [64.2, 64.2]}) == "64.2 ± 0.0"  # one seed: no fake CI
+    assert fmt_cell({"mean": 66.2, "sd": None, "ci": [63.0, 69.1]}) == "66.2 [63.0, 69.1]"
+    table = {"caption": "strict", "columns": ["row", "strict %"], "rows": [["frozen", {"mean": 66.2, "sd": None,
+                                                                                      "ci": [63.0, 69.1]}]],
+             "legend": "Cells read balanced % [95 % CI, resampling patients]."}
+    text = render_tables([table])
+    assert "resampling patients" in text and "over seeds" not in text

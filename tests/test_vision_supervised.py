@@ -19,9 +19,12 @@ from core.vision.supervised import (
     MetricHead,
     cross_validate,
     fit_metric_head,
+    fused_distances,
     patient_folds,
+    protocol_summary,
+    repeated_folds,
+    score_folds,
     split_triplets,
-    stitch_rows,
 )
 from core.vision.triderm import DEFAULTS, oriented_expert, train
 
@@ -54,11 +57,12 @@ def test_patient_disjoint_folds_never_train_on_a_test_patient():
     trip = random_triplets(len(ids), 400, 0)
     for fold in folds:
         test_rows = np.array([row[i] for i in fold])
-        train, test = split_triplets(trip, test_rows)
+        train, strict, anchor = split_triplets(trip, test_rows)
         fold_patients = {patients[i] for i in fold}
         seen = {patients[ids[x]] for x in trip[train].ravel()}
         assert not seen & fold_patients  # no photo of a test patient in any training triplet
-        assert set(trip[test][:, 0]) <= set(test_rows) and test.sum() == np.isin(trip[:, 0], test_rows).sum()
+        assert set(trip[strict].ravel()) <= set(test_rows)  # strict: all three photos in the fold
+        assert set(trip[anchor][:, 0]) <= set(test_rows) and not np.isin(trip[anchor][:, 1:], test_rows).any()
         assert {patients[ids[x]] for x in test_rows} == fold_patients  # a patient is never split
     with pytest.raises(ValueError, match="larger than the number of patients"):
         patient_folds(ids, patients, 11)
@@ -71,20 +75,84 @@ def test_anchor_split_would_leak_but_patient_split_does_not():
     test_rows = np.arange(4)
     anchor_only_train = ~np.isin(trip[:, 0], test_rows)
     assert np.isin(trip[anchor_only_train][:, 1:], test_rows).any()
-    train, _ = split_triplets(trip, test_rows)
+    train, _, _ = split_triplets(trip, test_rows)
     assert not np.isin(trip[train], test_rows).any() and len(ids) == 20
 
 
-def test_stitched_rows_score_each_anchor_with_its_own_fold():
-    d1, d2 = np.ones((3, 3)), np.full((3, 3), 2.0)
-    stitched = stitch_rows(3, [np.array([0]), np.array([1, 2])], [d1, d2])
-    assert stitched[0].tolist() == [1, 1, 1] and stitched[2].tolist() == [2, 2, 2]
-    with pytest.raises(ValueError, match="in no fold"):
-        stitch_rows(3, [np.array([0])], [d1])
-    calls = []
-    D = cross_validate(3, [np.array([0]), np.array([1, 2])], np.array([[0, 1, 2], [1, 0, 2], [2, 0, 1]]),
-                       lambda tr, rows: calls.append((len(tr), rows.tolist())) or np.full((3, 3), rows[0]))
-    assert calls == [(0, [0]), (0, [1, 2])] and D[2, 0] == 1  # every triplet names a photo of each fold
+def test_a_folds_strict_triplets_name_no_photo_its_model_was_trained_on():
+    """Repeated patient splits: every strict triplet a fold scores has its three photos outside every
+    training triplet of that fold; anchor-unseen triplets reuse trained references."""
+    ids = [f"p{p}-{k}" for p in range(30) for k in range(1 + p % 3)]
+    patients = {i: i.split("-")[0] for i in ids}
+    row = {i: n for n, i in enumerate(ids)}
+    trip = random_triplets(len(ids), 3000, 2)
+    splits = [[np.array([row[i] for i in f]) for f in folds] for folds in repeated_folds(ids, patients, 2, 3, seed=5)]
+    assert len({tuple(s[0]) for s in splits}) == 3  # three different random splits
+    trained: list[set[int]] = []
+
+    def fit_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
+        trained.append(set(train.ravel()))
+        assert not np.isin(train, test_rows).any()
+        return np.random.default_rng(len(trained)).random((len(ids), len(ids)))
+
+    folds = cross_validate(splits, trip, fit_fold)
+    assert len(folds) == 6 == len(trained)
+    records = score_folds(trip, folds)
+    n_strict = 0
+    for (rows, D), seen in zip(folds, trained):
+        _, strict, anchor = split_triplets(trip, rows)
+        assert not set(trip[strict].ravel()) & seen  # strict: no photo a training triplet named
+        assert set(trip[anchor][:, 1:].ravel()) <= set(range(len(ids))) - set(rows)
+        n_strict += strict.sum()
+    assert len(records["strict"]) == n_strict and 0.15 < n_strict / (3 * len(trip)) < 0.35  # ~1/K² with K = 2
+    # each fold's records are scored with that fold's distances
+    rows, D = folds[0]
+    _, strict, _ = split_triplets(trip, rows)
+    i, j, k = trip[strict].T
+    assert records["strict"][:strict.sum(), 1].tolist() == (D[i, j] < D[i, k]).astype(int).tolist()
+    with pytest.raises(ValueError, match="at least 1 repeat"):
+        repeated_folds(ids, patients, 2, 0)
+
+
+def test_protocol_summary_pools_anchors_and_resamples_patients():
+    ids = ["a", "b", "c", "d"]
+    patients = {"a": "P", "b": "P", "c": "Q", "d": "R"}
+    records = np.array([[0, 1], [0, 0], [1, 1], [2, 0], [2, 0], [3, 1]])
+    s = protocol_summary(records, ids, patients, n_boot=500)
+    assert s["per_anchor"] == {"a": 0.5, "b": 1.0, "c": 0.0, "d": 1.0}
+    assert s["balanced"] == pytest.approx(0.625) and (s["n"], s["n_anchors"], s["n_patients"]) == (6, 4, 3)
+    assert 0 <= s["ci"][0] <= s["balanced"] <= s["ci"][1] <= 1
+    # one patient per anchor vs all anchors of one patient: resampling patients widens the interval
+    one = protocol_summary(records, ids, {"a": "P", "b": "P", "c": "P", "d": "P"}, n_boot=200)
+    assert one["ci"][0] == one["ci"][1] == pytest.approx(0.625)
+    assert protocol_summary(np.zeros((0, 2), np.int64), ids, patients)["balanced"] is None
+
+
+def test_fused_distances_scale_on_training_photos_only():
+    rng = np.random.default_rng(0)
+    A, B = rng.random((6, 6)), 100 * rng.random((6, 6))
+    A, B = A + A.T, B + B.T
+    rows = np.array([0, 1, 2])
+    F = fused_distances(A, B, 0.5, rows)
+    B2 = B.copy()
+    B2[5, 4] = B2[4, 5] = 1e6  # a test photo's distances do not move the scales
+    G = fused_distances(A, B2, 0.5, rows)
+    assert np.allclose(F[:4, :4], G[:4, :4])
+    off = ~np.eye(3, dtype=bool)
+    assert np.median(fused_distances(A, B, 1.0, rows)[np.ix_(rows, rows)][off]) == pytest.approx(1.0)
+    assert np.allclose(fused_distances(A, B, 0.0, rows), A / np.median(A[np.ix_(rows, rows)][off]))
+
+
+def test_linear_metric_standardisation_sees_training_photos_only():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(30, 5))
+    trip = random_triplets(20, 200, 3)  # names photos 0–19 only: 20–29 are held out
+    model = LinearMetric(n_components=3, epochs=20).fit(X, trip)
+    assert np.allclose(model.mean_, X[:20].mean(0)) and np.allclose(model.scale_, X[:20].std(0) + 1e-6)
+    X2 = X.copy()
+    X2[20:] = 1e3  # held-out photos changed beyond recognition
+    other = LinearMetric(n_components=3, epochs=20).fit(X2, trip)
+    assert np.array_equal(other.components_, model.components_) and np.array_equal(other.mean_, model.mean_)
 
 
 def test_linear_metric_learns_a_planted_metric_out_of_sample():
@@ -126,12 +194,14 @@ def test_expert_triplet_loss_is_the_ordinal_hinge():
 def test_supervised_training_lowers_the_expert_term_and_records_cv(tiny_ws):
     triplets = oriented_expert(tiny_ws, sorted({w["image_id"] for w in tiny_ws.store.wounds()}))
     assert len(triplets) > 20
-    run_id = train(tiny_ws, progress=False, supervise="triplets", cv=2, supervise_steps=60,
+    run_id = train(tiny_ws, progress=False, supervise="triplets", cv=2, cv_repeats=2, supervise_steps=60,
                    **{**FAST, "epochs": 30, "normalize": "center-l2"})
     run = tiny_ws.store.run(run_id)
     cv = run["metrics"]["cv"]
-    assert cv["folds"] == 2 and sum(cv["fold_sizes"]) == 8 and 0 < cv["n"] <= len(triplets)
-    assert cv["ci"]["balanced"][0] <= cv["balanced"] <= cv["ci"]["balanced"][1]
+    assert (cv["folds"], cv["repeats"], cv["protocol"], cv["ci_resamples"]) == (2, 2, "strict", "patients")
+    assert 0 < cv["n"] <= 2 * len(triplets) and 0 < cv["anchor_unseen"]["n"] <= 2 * len(triplets)
+    for m in (cv, cv["anchor_unseen"]):
+        assert m["ci"][0] <= m["balanced"] <= m["ci"][1] and m["n_patients"] >= 1
     losses = run["metrics"]["loss"]
     assert len(losses) == 60 and np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])  # the hinge falls
     emb = load_embeddings(tiny_ws, run_id)

@@ -11,7 +11,7 @@ expert chose j, the margin is Δ = d(i,k) − d(i,j); the embedding agrees when 
   true label = the expert's choice, predicted label = the closer reference.
 
 Confidence intervals bootstrap over anchors: anchors are resampled with replacement
-and keep all their triplets.
+and keep all their triplets (:func:`patient_bootstrap_ci` resamples patients instead).
 """
 from __future__ import annotations
 
@@ -229,3 +229,21 @@ def evaluate(
             result["ci"] = {m: [float("nan")] * 2 for m in METRICS}
             result["per_anchor"] = []
     return result
+
+
+def patient_bootstrap_ci(per_anchor: Mapping[str, float], patients: Mapping[str, str], n_boot: int = 1000,
+                         seed: int = 0, level: float = 0.95) -> list[float]:
+    """Percentile CI of balanced agreement (the mean of ``per_anchor``: anchor → accuracy) from
+    resampling *patients* with replacement, each keeping all its anchors — photos of one patient
+    are not independent, so resampling anchors makes the interval too narrow."""
+    if not per_anchor:
+        return [float("nan")] * 2
+    groups: dict[str, int] = {}
+    member = np.array([groups.setdefault(patients[a], len(groups)) for a in per_anchor])
+    acc = np.array(list(per_anchor.values()), dtype=np.float64)
+    P = len(groups)
+    w = np.random.default_rng(seed).multinomial(P, np.full(P, 1.0 / P), size=n_boot)[:, member].astype(np.float64)
+    keep = w.sum(1) > 0
+    boots = (w[keep] @ acc) / w[keep].sum(1)
+    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+    return [float(v) for v in np.percentile(boots, q)]

@@ -118,16 +118,55 @@ def _label(run: dict) -> str:
     return f"#{run['id']} {run['kind']}" + (f" ({detail})" if detail else "")
 
 
+#: what a row's figure measures
+ALL_TRIPLETS = "all triplets (no labels used in training)"
+STRICT = "strict out of fold: all three photos unseen by training, CI over patients"
+IN_SAMPLE = "IN-SAMPLE: trained on these triplets (optimistic; run --cv for its figure)"
+
+
+def strict_figure(result: dict[str, Any], cv: dict[str, Any]) -> dict[str, Any]:
+    """A supervised run's row figures: its stored strict out-of-fold balanced agreement and
+    patient-bootstrap CI (the other metrics were not stored: NaN); the in-sample balanced
+    agreement is kept as ``in_sample_balanced`` only."""
+    nan = float("nan")
+    return {**result, **{m: nan for m in METRICS}, "balanced": cv["balanced"],
+            "ci": {**{m: [nan, nan] for m in METRICS}, "balanced": list(cv["ci"])},
+            "n": cv["n"], "n_anchors": cv["n_anchors"], "per_anchor": [], "in_sample_balanced": result["balanced"]}
+
+
+def run_figure(run: dict) -> str:
+    """A run's figure for a label: a supervised run's stored strict out-of-fold agreement (or that
+    it has none: only in-sample), nothing for a run that used no expert labels."""
+    if not run["config"].get("supervise"):
+        return ""
+    cv = run["metrics"].get("cv") or {}
+    if cv.get("protocol") != "strict" or cv.get("balanced") is None:
+        return " · no strict figure (trained on the triplets, in-sample only)"
+    lo, hi = cv["ci"]
+    return f" · strict out of fold {100 * cv['balanced']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def build_rows(ws: Workspace, runs: list[dict], expert: list[dict], n_boot: int, seed: int) -> list[dict]:
-    """One result row per run: metrics, CIs, counts and the per-anchor breakdown."""
+    """One result row per run: metrics, CIs, counts, the per-anchor breakdown and ``protocol``.
+    A run trained on the expert's triplets shows its stored strict out-of-fold figure
+    (``metrics["cv"]``), never its agreement with the triplets it was trained on; without one, the
+    in-sample figure is labelled as such."""
     rows = []
     for run in tqdm(runs, desc="evaluating runs", unit="run"):
         pair = run_image_distances(ws, run)
         if pair is None:
             continue
         result = evaluate(*pair, expert, ci=True, n_boot=n_boot, seed=seed)
+        protocol = ALL_TRIPLETS
+        if run["config"].get("supervise"):
+            cv = run["metrics"].get("cv") or {}
+            if cv.get("protocol") == "strict" and cv.get("balanced") is not None:
+                result, protocol = strict_figure(result, cv), STRICT
+            else:
+                protocol = IN_SAMPLE
+        suffix = {STRICT: " — strict out of fold", IN_SAMPLE: " — IN-SAMPLE"}.get(protocol, "")
         rows.append({"run_id": run["id"], "kind": run["kind"], "modality": run["config"]["modality"],
-                     "label": _label(run), "n_images": len(pair[0]), **result})
+                     "label": _label(run) + suffix, "n_images": len(pair[0]), "protocol": protocol, **result})
     order = {m: n for n, m in enumerate(MODALITY_ORDER)}
     rows.sort(key=lambda r: (order.get(r["modality"], len(order)), r["modality"], r["run_id"]))
     return rows
@@ -150,13 +189,15 @@ def title(ws: Workspace) -> str:
 
 
 def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str:
-    head = ["Run", "Bal. %", "Micro %", "Macro-F1 %", "κ", "triplets", "anchors"]
+    head = ["Run", "Bal. %", "Micro %", "Macro-F1 %", "κ", "triplets", "anchors", "scored on"]
     lines = [f"# {title(ws)}", "",
-             f"{n_expert} expert triplet rows; 95 % CIs from {n_boot} bootstrap resamples of anchors.", ""]
+             f"{n_expert} expert triplet rows; 95 % CIs from {n_boot} bootstrap resamples of anchors (of "
+             "patients for a strict out-of-fold figure). A run trained on these triplets shows its strict "
+             "out-of-fold figure (micro, macro-F1 and κ not stored: –).", ""]
     for modality in dict.fromkeys(r["modality"] for r in rows):
         lines += [f"## {modality}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in (r for r in rows if r["modality"] == modality):
-            cells = [r["label"], *(_cell(r, m) for m in METRICS), str(r["n"]), str(r["n_anchors"])]
+            cells = [r["label"], *(_cell(r, m) for m in METRICS), str(r["n"]), str(r["n_anchors"]), r["protocol"]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Hardest anchors (lowest per-anchor agreement, 5 per run)", ""]
@@ -176,7 +217,7 @@ def text_table(ws: Workspace, rows: list[dict]) -> str:
         lines.append(f"-- {modality}")
         for r in (r for r in rows if r["modality"] == modality):
             lines.append(f"{r['label']:{width}s} " + " ".join(f"{_cell(r, m):>{24 if m == 'kappa' else 20}s}"
-                                                              for m in METRICS) + f" {r['n']:5d}")
+                                                              for m in METRICS) + f" {r['n']:5d}  {r['protocol']}")
     return "\n".join(lines)
 
 
@@ -188,10 +229,10 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
     write_text(paths["markdown"], markdown(ws, rows, n_expert, n_boot))
     with atomic_write(paths["csv"], "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["modality", "run_id", "kind", "label", "n_images", "n", "n_anchors", "n_skipped",
-                         "n_missing"] + [f"{m}{s}" for m in METRICS for s in ("", "_lo", "_hi")])
+        writer.writerow(["modality", "run_id", "kind", "label", "protocol", "n_images", "n", "n_anchors",
+                         "n_skipped", "n_missing"] + [f"{m}{s}" for m in METRICS for s in ("", "_lo", "_hi")])
         for r in rows:
-            writer.writerow([r["modality"], r["run_id"], r["kind"], r["label"], r["n_images"], r["n"],
+            writer.writerow([r["modality"], r["run_id"], r["kind"], r["label"], r["protocol"], r["n_images"], r["n"],
                              r["n_anchors"], r["n_skipped"], r["n_missing"]]
                             + [v for m in METRICS for v in (r[m], *r["ci"][m])])
     report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),

@@ -1,23 +1,30 @@
 """Learning from the expert's triplets, evaluated honestly (beyond the TriDerm paper).
 
 **Patient-disjoint folds.** The patients (``patient_id`` of a photo; a photo without one is its
-own patient) are dealt into K folds. A fold's *test* triplets are those whose anchor is a photo
-of the fold; its *training* triplets are those that name no photo of the fold at all — a test
-anchor is never seen in training, not even as a reference, nor any other photo of its patient.
-(Splitting by anchor alone leaks: every photo is a reference in many training triplets.)
+own patient) are dealt into K folds, and the dealing is repeated over several random splits
+(:func:`repeated_folds`). A fold's *training* triplets are those that name no photo of the fold.
 
-**Out-of-fold agreement.** Each fold's model gives a distance matrix; the rows of a fold's
-anchors are stitched into one matrix, so the usual metrics and their bootstrap CIs
-(:func:`core.eval.metrics.evaluate`) score every test triplet with the model that never saw it.
+**Two protocols** (:func:`split_triplets`, :func:`score_folds`): a fold's model is scored on
+
+- *strict* — triplets whose three photos are all in the fold: no photo was seen by training, the
+  headline for every learned embedding (new patients);
+- *anchor unseen* — the anchor in the fold, both references outside it (photos training saw):
+  "a new photo among the study's photos", the retrieval use case, reported as its own row.
+
+Triplets with one reference in the fold are in neither. With K folds only about 1/K² of the
+triplets are strict, so the defaults use few, large folds (2) repeated over random splits.
+Balanced agreement pools every fold's records per anchor; its 95 % CI resamples *patients*
+(:func:`core.eval.metrics.patient_bootstrap_ci`).
 
 **Linear metric** (:class:`LinearMetric`): the supervised baseline on frozen features — a linear
-map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`).
+map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`); its
+standardisation is fitted on the photos its training triplets name, never on test photos.
 
 **Metric head** (:class:`MetricHead`, :func:`fit_metric_head`): the supervised TriDerm-V head —
-wound pooling of the tokens, fixed standardisation, a linear map (by default an ensemble of 5,
-trained side by side) — trained with the same hinge on the image means of its wound embeddings,
-each wound seen through a random cached augmented view at every step (the self-supervised
-recipe's views, used as data augmentation), the rate decayed on a cosine.
+wound pooling of the tokens, fixed standardisation by the training wounds, a linear map (by
+default an ensemble of 5, trained side by side) — trained with the same hinge on the image means
+of its wound embeddings, each wound seen through a random cached augmented view at every step
+(the self-supervised recipe's views, used as data augmentation), the rate decayed on a cosine.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
+from core.eval.metrics import patient_bootstrap_ci
 from core.losses import ExpertTripletLoss
 from core.vision.features import TokenBank
 from core.vision.pooling import AttentionPooling, MeanPooling
@@ -60,21 +68,20 @@ def patient_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, se
     return [sorted(f) for f in folds]
 
 
-def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean (train, test) masks over oriented triplets ``[i, j, k]`` for a fold whose photos
-    are the row indices ``test_rows``: test = anchor in the fold, train = no photo of the fold."""
+def repeated_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, repeats: int,
+                   seed: int = 0) -> list[list[list[str]]]:
+    """``repeats`` random patient-disjoint splits into ``k`` folds (seeds ``seed``, ``seed + 1``, …)."""
+    if repeats < 1:
+        raise ValueError(f"need at least 1 repeat of the folds, got {repeats}")
+    return [patient_folds(image_ids, patients, k, seed + r) for r in range(repeats)]
+
+
+def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Boolean (train, strict, anchor-unseen) masks over oriented triplets ``[i, j, k]`` for a fold
+    whose photos are the row indices ``test_rows``: train = no photo of the fold; strict = all three
+    photos in the fold; anchor-unseen = the anchor in the fold, both references outside it."""
     in_fold = np.isin(triplets, test_rows)
-    return ~in_fold.any(1), in_fold[:, 0]
-
-
-def stitch_rows(n: int, fold_rows: Sequence[np.ndarray], fold_distances: Sequence[np.ndarray]) -> np.ndarray:
-    """One n×n matrix whose row a comes from the distance matrix of the fold holding photo a."""
-    out = np.full((n, n), np.nan)
-    for rows, D in zip(fold_rows, fold_distances):
-        out[rows] = D[rows]
-    if np.isnan(out).any():
-        raise ValueError("some photos are in no fold")
-    return out
+    return ~in_fold.any(1), in_fold.all(1), in_fold[:, 0] & ~in_fold[:, 1:].any(1)
 
 
 def subsample(triplets: np.ndarray, n: int | None, seed: int) -> np.ndarray:
@@ -84,18 +91,66 @@ def subsample(triplets: np.ndarray, n: int | None, seed: int) -> np.ndarray:
     return triplets[np.sort(np.random.default_rng(seed).choice(len(triplets), n, replace=False))]
 
 
-def cross_validate(n_images: int, folds_rows: Sequence[np.ndarray], triplets: np.ndarray,
+#: a fold's result: (its photos' rows, the n×n distances of the model trained without them)
+Fold = tuple[np.ndarray, np.ndarray]
+
+
+def cross_validate(splits: Sequence[Sequence[np.ndarray]], triplets: np.ndarray,
                    fit_fold: Callable[[np.ndarray, np.ndarray], np.ndarray], budget: int | None = None,
-                   seed: int = 0, progress: Callable[[int], None] | None = None) -> np.ndarray:
-    """Stitched out-of-fold distance matrix: ``fit_fold(train_triplets, test_rows)`` returns a
-    fold model's n×n distances; ``budget`` caps the training triplets of each fold."""
-    distances = []
-    for f, rows in enumerate(folds_rows):
-        train, _ = split_triplets(triplets, rows)
-        distances.append(fit_fold(subsample(triplets[train], budget, seed + f), rows))
+                   seed: int = 0, progress: Callable[[int], None] | None = None) -> list[Fold]:
+    """Every fold of every split (rows of each fold's photos): ``fit_fold(train_triplets, test_rows)``
+    returns the fold model's n×n distances; ``budget`` caps the training triplets of each fold."""
+    out: list[Fold] = []
+    for rows in (r for split in splits for r in split):
+        train, _, _ = split_triplets(triplets, rows)
+        out.append((rows, fit_fold(subsample(triplets[train], budget, seed + len(out)), rows)))
         if progress is not None:
-            progress(f)
-    return stitch_rows(n_images, folds_rows, distances)
+            progress(len(out) - 1)
+    return out
+
+
+PROTOCOLS = ("strict", "anchor_unseen")
+
+
+def score_folds(triplets: np.ndarray, folds: Sequence[Fold]) -> dict[str, np.ndarray]:
+    """Protocol → (m, 2) records ``[anchor row, correct]``: every fold's strict and anchor-unseen
+    triplets scored with that fold's distances (correct: the chosen reference strictly closer)."""
+    out: dict[str, list[np.ndarray]] = {p: [] for p in PROTOCOLS}
+    for rows, D in folds:
+        _, strict, anchor = split_triplets(triplets, rows)
+        for name, mask in zip(PROTOCOLS, (strict, anchor)):
+            i, j, k = triplets[mask].T
+            out[name].append(np.stack([i, (D[i, j] < D[i, k]).astype(np.int64)], 1))
+    return {p: np.concatenate(v) if v else np.zeros((0, 2), np.int64) for p, v in out.items()}
+
+
+def protocol_summary(records: np.ndarray, image_ids: Sequence[str], patients: dict[str, str],
+                     n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Balanced agreement of ``records`` (:func:`score_folds`; an anchor's accuracy pools all its
+    records over folds and splits) with its patient-bootstrap 95 % CI, the counts, and
+    ``per_anchor`` (image id → accuracy) for paired tests."""
+    if not len(records):
+        return {"balanced": None, "ci": None, "n": 0, "n_anchors": 0, "n_patients": 0, "per_anchor": {}}
+    anchors, inv = np.unique(records[:, 0], return_inverse=True)
+    acc = np.bincount(inv, weights=records[:, 1].astype(float)) / np.bincount(inv)
+    per_anchor = {image_ids[a]: float(x) for a, x in zip(anchors, acc)}
+    return {"balanced": float(acc.mean()), "ci": patient_bootstrap_ci(per_anchor, patients, n_boot, seed),
+            "n": int(len(records)), "n_anchors": int(len(anchors)),
+            "n_patients": len({patients[a] for a in per_anchor}), "per_anchor": per_anchor}
+
+
+def fused_distances(D_a: np.ndarray, D_b: np.ndarray, weight: float, rows: np.ndarray) -> np.ndarray:
+    """``(1 − weight)·D_a + weight·D_b``, each first divided by its median distance between the
+    photos ``rows`` (the training photos: the scales never look at test photos)."""
+    def scaled(D: np.ndarray) -> np.ndarray:
+        sub = D[np.ix_(rows, rows)][~np.eye(len(rows), dtype=bool)]
+        return D / max(float(np.median(sub)), 1e-12)
+
+    if weight == 0:
+        return scaled(D_a)
+    if weight == 1:
+        return scaled(D_b)
+    return (1 - weight) * scaled(D_a) + weight * scaled(D_b)
 
 
 def patient_paired_test(per_anchor_a: Sequence[dict], per_anchor_b: Sequence[dict],
@@ -122,6 +177,8 @@ class LinearMetric(TransformerMixin, BaseEstimator):
     """A linear map ``z = (x − μ)/σ · W`` learned from oriented triplets ``[i, j, k]`` ("i is
     closer to j than to k") with the ordinal hinge on squared distances (margin 1, the scale of
     the map; weight decay keeps it small); Adam, full batch. Distances are Euclidean in ``z``.
+    ``μ``, ``σ`` are fitted on the photos the triplets name only (rows of ``X`` no triplet names —
+    held-out photos — do not move them).
 
     ``fit(X, y=triplets)``; fitted attributes ``mean_``, ``scale_``, ``components_``.
     """
@@ -144,8 +201,10 @@ class LinearMetric(TransformerMixin, BaseEstimator):
             raise ValueError(f"y must be a non-empty (m, 3) array of triplets [i, j, k], got shape {trip.shape}")
         if trip.min() < 0 or trip.max() >= len(X):
             raise ValueError(f"triplet indices must lie in [0, {len(X)})")
-        self.mean_ = X.mean(0)
-        self.scale_ = X.std(0) + 1e-6
+        # the standardisation sees the photos the training triplets name, never a held-out photo
+        seen = X[np.unique(trip)]
+        self.mean_ = seen.mean(0)
+        self.scale_ = seen.std(0) + 1e-6
         gen = torch.Generator().manual_seed(0 if self.random_state is None else int(self.random_state))
         x = torch.from_numpy((X - self.mean_) / self.scale_).float()
         d = x.shape[1]

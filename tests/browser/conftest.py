@@ -88,6 +88,12 @@ def browser_workspace(demo_dataset, tmp_path_factory) -> Path:
     image_emb = np.stack([wound_emb[[n for n, k in enumerate(keys) if k[0] == i]].mean(0) for i in ids])
     save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=keys, wound_emb=wound_emb)
     ws.store.finish_run(run_id)
+    # a TEST-ONLY supervised run: the report must show its stored strict out-of-fold figure
+    sup_id = ws.store.start_run("vision-triderm", {"modality": "vision", "supervise": "triplets", "test_only": True},
+                                name="TEST-ONLY supervised run")
+    save_embeddings(ws, sup_id, ids, image_emb=image_emb + 0.1, wound_keys=keys, wound_emb=wound_emb)
+    ws.store.finish_run(sup_id, metrics={"cv": {"protocol": "strict", "balanced": 0.612, "ci": [0.55, 0.67],
+                                                "n": 40, "n_anchors": 9, "n_patients": 9}})
     run_report(ws, n_boot=50)
     ws.store.close()
     return root
