@@ -30,7 +30,8 @@ HIDDEN_FIELDS = {"origin"}
 
 @st.cache_resource(show_spinner="Loading the segmentation model…", max_entries=2)
 def segmenter(root: str, run_id: int | None, _ws):
-    """The workspace's latest trained segmenter (one per workspace and run, shared by the sessions)."""
+    """The workspace's latest trained segmenter, else the default one (one per workspace and run, shared by the
+    sessions)."""
     from core.segmentation import load_segmenter
 
     return load_segmenter(_ws)
@@ -257,14 +258,18 @@ def suggest() -> None:
     from core.segmentation import suggest_outlines
 
     try:
-        masks = suggest_outlines(ws, pick, segmenter=segmenter(str(ws.root), latest_segmenter_run(), ws))
+        model = segmenter(str(ws.root), latest_segmenter_run(), ws)
+        masks = suggest_outlines(ws, pick, segmenter=model)
     except ValueError as err:
         user_error(err)
         return
     suggestions.clear()
     suggestions.update({str(n): m for n, m in enumerate(masks, start=1)})
-    state["mask_flash"] = (f"{len(masks)} suggested outline(s): select one to edit it, then accept or reject it."
-                           if masks else "The model found no wound on this photo; draw or click to outline.")
+    by = ("the default wound model (no training on this workspace yet)" if model.source == "default"
+          else f"this workspace's segmenter ({model.source})")
+    state["mask_flash"] = (f"{len(masks)} suggested outline(s) by {by}: select one to edit it, then accept or "
+                           "reject it." if masks else
+                           f"{by[0].upper()}{by[1:]} found no wound on this photo; draw or click to outline.")
     bump(pick)
 
 
