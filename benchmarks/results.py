@@ -54,7 +54,6 @@ SECTIONS: dict[str, str] = {
     "concepts": "python -m benchmarks.concepts",
     "flip": "python -m benchmarks.flip",
     "segmentation": "python -m benchmarks.segmentation",
-    "segmentation_e30": "python -m benchmarks.segmentation --epochs 30 --no-curve --section segmentation_e30",
 }
 REQUIRED = ("section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
             "claims", "notes")
