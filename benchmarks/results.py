@@ -55,7 +55,6 @@ SECTIONS: dict[str, str] = {
     "concepts": "python -m benchmarks.concepts",
     "flip": "python -m benchmarks.flip",
     "segmentation": "python -m benchmarks.segmentation",
-    "segmentation_e30": "python -m benchmarks.segmentation --epochs 30 --no-curve --section segmentation_e30",
     "followup": "python -m benchmarks.followup --data ../shared/data",
     "app_latency": "python -m benchmarks.app_latency --triplets --before 4b5f213",
 }

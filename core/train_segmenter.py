@@ -1,24 +1,30 @@
-"""Train the wound segmenter (frozen EfficientNet-Lite0 + FPN decoder) on a workspace's masks.
+"""Train the wound segmenter (EfficientNet-Lite0, stride-32 stages fine-tuned, + FPN decoder) on wound masks.
 
-Photos with outlined wounds in the workspace, plus every ``--data`` dataset folder's photos that
-have a mask, train the decoder (:mod:`core.segmentation`; an epoch shows each training photo once, as
-itself, a flip or a random scaled/colour-jittered view); whole patients / file-name series making
-up ``--val-fraction`` of the photos are held out and their mean per-photo Dice is the run's
-``dice``. The run (kind ``segmenter``) records the loss per epoch and the checkpoint
-``runs/<id>/segmenter.pt``, which the outline editor's suggestions and click-to-outline use.
+By default a workspace's outlined photos, plus every ``--data`` dataset folder's photos that have a
+mask, fine-tune the default segmenter shipped with the package (:mod:`core.segmentation`; an epoch
+shows each training photo once, as itself, a flip or a random rotated/scaled/colour-jittered view);
+whole patients / file-name series making up ``--val-fraction`` of the photos are held out and their
+mean per-photo Dice is the run's ``dice``. The run (kind ``segmenter``) records the loss per epoch
+and the checkpoint ``runs/<id>/segmenter.safetensors``, which the outline editor's suggestions and
+click-to-outline use. ``--pretrain`` makes the default instead: it trains from ImageNet on the
+``--data`` folders only (no workspace photos), records the run in the workspace, and installs the
+weights as the package's default (``core/segmentation/default/``, model card beside them).
 
-    python -m core.train_segmenter [--workspace W] [--data DIR ...] [--epochs 80] [--batch-size 8]
+    python -m core.train_segmenter [--workspace W] [--data DIR ...] [--epochs 40] [--batch-size 8]
                                    [--lr 1e-3] [--seed 0] [--val-fraction 0.2] [--device auto|cpu|cuda]
+    python -m core.train_segmenter --pretrain --data ../shared/data/fuseg-dev [--epochs 10] --val-fraction 0
 """
 from __future__ import annotations
 
 import argparse
+import shutil
 
 import torch
 
 from core import cli
 from core.runtime import open_workspace, user_errors
-from core.segmentation.training import EPOCHS, train_segmenter
+from core.segmentation.model import default_path
+from core.segmentation.training import EPOCHS, PRETRAIN_EPOCHS, train_segmenter
 from core.vision.backbones import BackboneUnavailable
 
 
@@ -27,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_workspace(parser)
     parser.add_argument("--data", action="append", default=[], metavar="DIR",
                         help="a dataset folder with images/ and masks/ to train on as well (repeatable)")
-    cli.add_epochs(parser, EPOCHS)
+    parser.add_argument("--pretrain", action="store_true",
+                        help="train the package's default segmenter from ImageNet on the --data folders only")
+    cli.add_epochs(parser, None, help=f"training epochs (default: {EPOCHS}; {PRETRAIN_EPOCHS} with --pretrain)")
     cli.add_batch_size(parser, 8)
     cli.add_lr(parser, 1e-3)
     cli.add_seed(parser)
@@ -36,16 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_device(parser)
     args = cli.parse_args(parser, argv)
     device = torch.device(args.device)
+    epochs = args.epochs or (PRETRAIN_EPOCHS if args.pretrain else EPOCHS)
     ws = open_workspace(args.workspace, parser)
     with user_errors(parser, ValueError, FileNotFoundError, BackboneUnavailable):
-        run_id = train_segmenter(ws, args.data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                                 seed=args.seed, device=device, val_fraction=args.val_fraction)
+        run_id = train_segmenter(ws, args.data, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
+                                 seed=args.seed, device=device, val_fraction=args.val_fraction, pretrain=args.pretrain)
     run = ws.store.run(run_id)
     dice = run["metrics"].get("dice")
+    checkpoint = ws.root / run["artifacts"]["checkpoint"]
     print(f"run {run_id}: segmenter trained on {run['metrics']['n_train']} photos, final loss "
           f"{run['metrics']['loss'][-1]:.4f}; held-out Dice "
           + (f"{dice:.3f} on {run['metrics']['n_val']} photos" if dice is not None else "not measured (no hold-out)")
-          + f" → {ws.root / run['artifacts']['checkpoint']}")
+          + f" → {checkpoint}")
+    if args.pretrain:
+        shutil.copyfile(checkpoint, default_path())
+        print(f"installed as the default segmenter: {default_path()} (update MODEL_CARD.md beside it)")
     return 0
 
 

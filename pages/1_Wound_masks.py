@@ -30,7 +30,8 @@ HIDDEN_FIELDS = {"origin"}
 
 @st.cache_resource(show_spinner="Loading the segmentation model…", max_entries=2)
 def segmenter(root: str, run_id: int | None, _ws):
-    """The workspace's latest trained segmenter (one per workspace and run, shared by the sessions)."""
+    """The workspace's latest trained segmenter, else the default one (one per workspace and run, shared by the
+    sessions)."""
     from core.segmentation import load_segmenter
 
     return load_segmenter(_ws)
@@ -261,27 +262,20 @@ def sam(path: str):
 def suggest() -> None:
     from core.segmentation import suggest_outlines
 
-    if latest_segmenter_run() is None:
-        state["mask_error"] = no_model_message()
-        return
     try:
-        masks = suggest_outlines(ws, pick, segmenter=segmenter(str(ws.root), latest_segmenter_run(), ws))
+        model = segmenter(str(ws.root), latest_segmenter_run(), ws)
+        masks = suggest_outlines(ws, pick, segmenter=model)
     except ValueError as err:
         user_error(err)
         return
     suggestions.clear()
     suggestions.update({str(n): m for n, m in enumerate(masks, start=1)})
-    state["mask_flash"] = (f"{len(masks)} suggested outline(s): select one to edit it, then accept or reject it."
-                           if masks else "The model found no wound on this photo; draw or click to outline.")
+    by = ("the default wound model (no training on this workspace yet)" if model.source == "default"
+          else f"this workspace's segmenter ({model.source})")
+    state["mask_flash"] = (f"{len(masks)} suggested outline(s) by {by}: select one to edit it, then accept or "
+                           "reject it." if masks else
+                           f"{by[0].upper()}{by[1:]} found no wound on this photo; draw or click to outline.")
     bump(pick)
-
-
-def no_model_message() -> str:
-    """Why there are no suggestions, and a next step this account can take (only pages it can open)."""
-    step = ("train one on the Train page (Segmentation)" if ac.allowed("jobs") else
-            "ask an admin or researcher to train one")
-    return (f"No wound model is trained in this workspace yet: {step}. Meanwhile, draw the outline, or click "
-            "inside a wound (GrabCut proposes an outline from colour contrast).")
 
 
 # -- the editor ----------------------------------------------------------------------------------------
@@ -293,9 +287,7 @@ with draw_col:
     if clicks:
         b2.button("New click outline", on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
                   help="Forget the clicks so far; your next click starts a new wound")
-    has_model = latest_segmenter_run() is not None
-    engine = b3.radio("Click to outline uses", ["Wound model" if has_model else "GrabCut (no wound model yet)",
-                                                "Segment Anything"], horizontal=True,
+    engine = b3.radio("Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True,
                       key="mask_click_engine",
                       help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
     if engine == "Segment Anything":

@@ -108,8 +108,9 @@ def panels() -> None:
         ac.job_panel(ws, "bench-contrastive", "bench_contrastive", bench_args, "benchmark")
     if has_segmenter:
         with tabs[5]:
-            st.markdown("Retrain the wound segmenter that suggests outlines on the Wound masks page, on every "
-                        "outline drawn or imported so far (`python -m core.train_segmenter --workspace W`).")
+            st.markdown("Fine-tune the wound segmenter that suggests outlines on the Wound masks page (until then, the "
+                        "default model shipped with TriDerm) on every outline drawn or imported so far "
+                        "(`python -m core.train_segmenter --workspace W`).")
             ac.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining")
     loss_curves()
 

@@ -176,12 +176,13 @@ def test_wound_masks_page_edits_and_deletes(ws):
     assert not (ws.load_mask(photo) == index).any()
 
 
-def test_wound_masks_without_a_model_send_an_annotator_nowhere_they_cannot_go(ws):
+def test_wound_masks_without_a_trained_model_suggest_from_the_default_one(ws):
     at = app("masks", annotator="Ann", role="annotator")
-    assert "GrabCut (no wound model yet)" in at.radio(key="mask_click_engine").options  # never called the model
+    assert at.radio(key="mask_click_engine").options[0] == "Wound model"
     next(b for b in at.button if b.label == "Suggest outlines").click().run()
-    (error,) = at.error
-    assert "ask an admin or researcher to train one" in error.value and "Train page" not in error.value
+    assert not at.error
+    assert any("the default wound model (no training on this workspace yet)" in m.value
+               for m in [*at.success, *at.info, *at.markdown, *at.caption])
     photo = ws.store.images()[0]["image_id"]
     index = ws.store.wounds(photo)[0]["wound_index"]
     at.text_input(key=f"meta_duration_weeks_{photo}_{index}").input("6").run()  # every wound has the field

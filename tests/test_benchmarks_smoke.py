@@ -119,12 +119,14 @@ def test_scale_tiny(capsys, tmp_path):
 def test_segmentation_tiny(tmp_path, tiny_phantom):
     from benchmarks.segmentation import main
     data = tiny_phantom(0, 8, 4, 12, 10)
-    argv = ["--data", str(data), "--folds", "2", "--epochs", "1", "--no-curve", "--quiet",
-            "--section", "segmentation_smoke", "--results", str(tmp_path)]
+    argv = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--epochs", "1", "--source-epochs", "1",
+            "--curve-steps", "4", "--curve-folds", "2", "--quiet", "--section", "segmentation_smoke",
+            "--results", str(tmp_path)]
     assert main(argv) == 0
     record = json.loads((tmp_path / "segmentation_smoke.json").read_text(encoding="utf-8"))
-    methods = [row[0] for row in record["tables"][0]["rows"]]
-    assert any("Otsu" in m for m in methods) and any("logistic" in m for m in methods) and len(methods) >= 3
+    rows = [row[0] for row in record["tables"][0]["rows"]]
+    assert any("Otsu" in r for r in rows) and any("zero-shot" in r for r in rows) and len(rows) == 5
+    assert [row[0] for row in record["tables"][2]["rows"]][0].startswith("0 (the default")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CORE = REPO / "core"
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
-        "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model")
+        "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model", "segment")
 PLUMBING = ("runtime", "cli")
 PARTS = ("vision", "text", "eval", "nested", "concepts", "losses", "experiments", "phantoms", "segmentation")
 

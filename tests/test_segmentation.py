@@ -1,7 +1,11 @@
-"""core.segmentation: training on tiny synthetic masks, suggestions, click-to-outline, checkpoints, the job."""
+"""core.segmentation: training on tiny synthetic masks, suggestions, click-to-outline, checkpoints, the default
+segmenter shipped with the package, the training job and ``core.segment``."""
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +15,7 @@ from PIL import Image
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
+from core import segment
 from core import train_segmenter as job
 from core.segmentation import (
     SamClicker,
@@ -23,15 +28,19 @@ from core.segmentation import (
 )
 from core.segmentation.interactive import SAM_PATCH_KEY
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
-from core.segmentation.model import RUN_KIND, FPNDecoder, encoder
+from core.segmentation.interactive import click_outline
+from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net
 from core.segmentation.training import (
+    MILD,
     augment,
     cache_features,
-    fit_decoder,
+    fit_network,
     folder_samples,
     series_group,
     split_groups,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 SIZE = 64
 
@@ -109,11 +118,18 @@ def test_augmented_views_move_the_mask_with_the_photo():
     img = np.where(mask[..., None], np.array([255, 0, 0], np.uint8), np.array([0, 0, 255], np.uint8))
     sizes = set()
     for _ in range(20):
-        photo, m = augment(Image.fromarray(img), mask, rng)
+        photo, m = augment(Image.fromarray(img), mask, rng, MILD)
         out = np.asarray(photo).astype(int)
         assert m.shape == out.shape[:2] and ((out[..., 0] > out[..., 2]) == m).all()
         sizes.add(m.shape[1] > 60 or m.shape[0] > 40)
     assert sizes == {True, False}  # both zoomed out (reflect-padded) and zoomed in
+    turned = 0
+    for _ in range(20):  # the strong views rotate and blur: the mask follows up to interpolated edge pixels
+        photo, m = augment(Image.fromarray(img), mask, rng)
+        out = np.asarray(photo).astype(int)
+        assert m.shape == out.shape[:2] and ((out[..., 0] > out[..., 2]) == m).mean() > 0.93
+        turned += not any(m.shape == s.shape and (m == s).all() for s in (mask, mask[::-1], mask[:, ::-1]))
+    assert turned > 10
 
 
 def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
@@ -122,10 +138,12 @@ def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
     assert val and not {samples[i].group for i in train} & {samples[i].group for i in val}
     enc = encoder("cpu")
     cache = cache_features(samples, enc, size=SIZE, progress=False)
-    decoder, losses = fit_decoder(cache, list(range(len(samples))), enc.channels, epochs=30, batch_size=2,
-                                  lr=3e-3, progress=False)
+    net, losses = fit_network(cache, list(range(len(samples))), new_net(enc), epochs=30, batch_size=2, lr=3e-3,
+                              progress=False)
     assert losses[-1] < 0.7 * losses[0]
-    seg = Segmenter(decoder, enc, input_size=SIZE)
+    start = new_net(enc).stages.state_dict()
+    assert any(not torch.equal(v, start[k]) for k, v in net.stages.state_dict().items())  # the encoder stages learn
+    seg = Segmenter(net, enc, input_size=SIZE)
     prob = seg.probability(samples[0].image)
     assert prob.shape == samples[0].mask.shape and prob.dtype == np.float32
     assert dice(prob >= 0.5, samples[0].mask) > 0.5
@@ -148,10 +166,26 @@ def test_suggestions_respect_min_area_and_never_cover_existing_outlines(tmp_path
     assert not any(m[60, 5] for m in suggest_outlines(ws, "p0", segmenter=MapSegmenter(prob)))
 
 
-def test_suggestions_without_a_trained_model_say_how_to_train(tmp_path):
+def test_a_new_workspace_suggests_with_the_default_segmenter(tmp_path):
     ws = _workspace(tmp_path)
-    with pytest.raises(SegmenterError, match="train_segmenter"):
-        suggest_outlines(ws, "p0")
+    seg = load_segmenter(ws)
+    assert seg.source == "default" and seg.run_id is None
+    out = suggest_outlines(ws, "p0")
+    assert isinstance(out, list) and all(m.shape == (SIZE, SIZE) and m.sum() >= ws.min_wound_area for m in out)
+
+
+def test_the_default_segmenter_ships_with_its_model_card():
+    path = default_path()
+    assert path.is_file() and path.stat().st_size <= 20 * 2**20
+    seg = load_default("cpu")
+    photo = Image.fromarray(_photo(np.random.default_rng(1), [(32, 32, 12)])[0])
+    assert seg.probability(photo).shape == (SIZE, SIZE)
+    card = (path.parent / "MODEL_CARD.md").read_text(encoding="utf-8")
+    for needed in ("fuseg-dev", "Medetec", "licen", "seed", "Dice", "Intended use", "darker skin", "blister",
+                   "dressing", "python -m core.train_segmenter --pretrain"):
+        assert needed.lower() in card.lower(), needed
+    data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
+    assert "default/*.safetensors" in data["core.segmentation"] and "default/*.md" in data["core.segmentation"]
 
 
 def test_click_returns_the_clicked_component_and_exclude_removes_a_region(tmp_path):
@@ -176,7 +210,7 @@ def test_grabcut_fallback_outlines_the_clicked_wound(tmp_path):
     truth = ws.load_mask("p0") > 0
     ys, xs = np.nonzero(truth)
     ws.save_mask("p0", np.zeros_like(truth, np.uint8))
-    out = outline_from_click(ws, "p0", int(xs.mean()), int(ys.mean()))  # no model trained → GrabCut
+    out = click_outline(ws.load_image("p0"), int(xs.mean()), int(ys.mean()))  # no model → GrabCut
     assert dice(out, truth) > 0.8
 
 
@@ -202,14 +236,31 @@ def test_click_on_an_existing_outline_proposes_nothing(tmp_path):
 
 def test_job_trains_records_and_loads_the_segmenter(tmp_path, capsys):
     ws = _workspace(tmp_path, n=4)
-    assert load_segmenter(ws) is None
+    assert load_segmenter(ws).source == "default"
     assert job.main(["--workspace", str(ws.root), "--epochs", "2", "--device", "cpu", "--val-fraction", "0.25"]) == 0
     assert "held-out Dice" in capsys.readouterr().out
     run = ws.store.runs(kind=RUN_KIND)[0]
     assert run["status"] == "done" and len(run["metrics"]["loss"]) == 2 and 0 <= run["metrics"]["dice"] <= 1
+    assert run["config"]["start"] == "default"
     seg = load_segmenter(ws)
-    assert seg.run_id == run["id"]
+    assert seg.run_id == run["id"] and seg.source == f"run {run['id']}"
     assert len(outline_from_click(ws, "p0", 0, 0, segmenter=seg).shape) == 2
+
+
+def test_a_workspace_run_fine_tunes_the_default_and_pretrain_starts_from_imagenet(tmp_path, capsys):
+    ws = _workspace(tmp_path, n=3)
+    assert job.main(["--workspace", str(ws.root), "--epochs", "1", "--lr", "1e-12", "--device", "cpu",
+                     "--val-fraction", "0"]) == 0
+    tuned = load_segmenter(ws).net.state_dict()
+    default = load_default("cpu").net.state_dict()
+    weights = [k for k in default if "running" not in k and "num_batches" not in k]
+    assert all(torch.allclose(tuned[k], default[k], atol=1e-6) for k in weights)  # a vanishing step: still the default
+    imagenet = new_net(encoder("cpu")).stages.state_dict()
+    assert not all(torch.allclose(v, imagenet[k]) for k, v in load_default("cpu").net.stages.state_dict().items())
+    with pytest.raises(SystemExit) as exit_:
+        job.main(["--workspace", str(ws.root), "--pretrain", "--epochs", "1"])
+    assert exit_.value.code == 2 and "--pretrain trains on dataset folders only" in capsys.readouterr().err
+    assert len(ws.store.runs(kind=RUN_KIND)) == 1
 
 
 def test_no_masks_is_one_clear_error_and_nothing_is_written(tmp_path, capsys):
@@ -222,17 +273,23 @@ def test_no_masks_is_one_clear_error_and_nothing_is_written(tmp_path, capsys):
 
 
 def test_a_checkpoint_from_another_backbone_is_refused(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
     enc = encoder("cpu")
-    path = Segmenter(FPNDecoder(enc.channels), enc).save(tmp_path / "seg.pt")
+    path = Segmenter(new_net(enc), enc).save(tmp_path / "seg.safetensors")
     assert isinstance(Segmenter.load(path, device="cpu"), Segmenter)
-    blob = torch.load(path, weights_only=True)
-    blob["backbone"] = "dermlip:hub-dermlip"
-    torch.save(blob, tmp_path / "other.pt")
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata()
+    save_file(load_file(str(path)), str(tmp_path / "other.safetensors"), {**meta, "backbone": "dermlip:hub-dermlip"})
     with pytest.raises(SegmenterError, match="trained over backbone 'dermlip"):
-        Segmenter.load(tmp_path / "other.pt", device="cpu")
+        Segmenter.load(tmp_path / "other.safetensors", device="cpu")
     torch.save({"triderm_backbone": "efficientnet-lite0", "state_dict": {}}, tmp_path / "bb.pt")
     with pytest.raises(SegmenterError, match="not a TriDerm segmenter checkpoint"):
         Segmenter.load(tmp_path / "bb.pt")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "any.safetensors"), {"format": "other"})
+    with pytest.raises(SegmenterError, match="not a TriDerm segmenter checkpoint"):
+        Segmenter.load(tmp_path / "any.safetensors")
 
 
 def test_sam_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):
@@ -248,7 +305,7 @@ def test_sam_reports_a_missing_or_unloadable_checkpoint(tmp_path):
         SamClicker(tmp_path / "sam_vit_b.pth")
     (tmp_path / "garbage.pth").write_bytes(b"not a checkpoint")
     enc = encoder("cpu")
-    Segmenter(FPNDecoder(enc.channels), enc).save(tmp_path / "segmenter.pt")  # a checkpoint, but not SAM's
+    torch.save(new_net(enc).state_dict(), tmp_path / "segmenter.pt")  # a checkpoint, but not SAM's
     torch.save({SAM_PATCH_KEY: torch.zeros(768, 3, 16, 16)}, tmp_path / "sam_vit_b_cut.pth")  # vit_b width only
     before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.iterdir())
     for name, says in (("garbage.pth", "not a loadable Segment Anything checkpoint"),
@@ -279,7 +336,7 @@ def test_sam_loads_a_local_checkpoint_and_answers_a_click(tmp_path):
 
 def test_probability_maps_are_reused_for_the_same_photo():
     enc = encoder("cpu")
-    seg = Segmenter(FPNDecoder(enc.channels), enc, input_size=SIZE)
+    seg = Segmenter(new_net(enc), enc, input_size=SIZE)
     photo = Image.fromarray(np.full((20, 30, 3), 120, np.uint8))
     first = seg.probability(photo)
     assert first.shape == (20, 30) and seg.probability(photo.copy()) is first
@@ -301,3 +358,62 @@ def test_benchmark_folds_keep_photo_series_together():
     img = np.full((10, 10, 3), 200, np.uint8)
     img[2:5, 2:5, 0] = 60
     assert otsu_red(Image.fromarray(img)).sum() == 9
+
+
+def _folder(root: Path, n: int) -> Path:
+    rng = np.random.default_rng(2)
+    root.mkdir(parents=True)
+    for i in range(n):
+        Image.fromarray(_photo(rng, [(20, 20, 9), (48, 46, 8)])[0]).save(root / f"photo-{i}.png")
+    return root
+
+
+def test_segment_writes_label_maps_in_the_dataset_layout(tmp_path, capsys):
+    images = _folder(tmp_path / "images", 2)
+    enc = encoder("cpu")
+    seg = Segmenter(new_net(enc), enc, input_size=SIZE)
+    nn = seg.net.decoder.head[-1]
+    torch.nn.init.zeros_(nn.weight)
+    torch.nn.init.constant_(nn.bias, 5.0)  # a network sure everything is wound: one wound per photo
+    model = seg.save(tmp_path / "model.safetensors")
+    out = tmp_path / "out"
+    assert segment.main(["--images", str(images), "--out", str(out), "--model", str(model), "--device", "cpu"]) == 0
+    assert "2 photos segmented" in capsys.readouterr().out
+    for i in range(2):
+        labels = np.asarray(Image.open(out / "masks" / f"photo-{i}.png"))
+        assert labels.shape == (SIZE, SIZE) and set(np.unique(labels)) == {1}
+    record = json.loads((out / "segment.json").read_text())
+    assert record["photos"] == 2 and record["wounds"] == 2 and record["checkpoint"] == str(model)
+    ws = Workspace(tmp_path / "ws")  # the output imports like any dataset
+    shutil.copytree(images, out / "images")
+    import_dataset(ws, out)
+    assert len(ws.store.wounds()) == 2
+
+
+def test_segment_with_the_default_on_real_looking_photos(tmp_path):
+    images = _folder(tmp_path / "images", 1)
+    assert segment.main(["--images", str(images), "--out", str(tmp_path / "out"), "--device", "cpu"]) == 0
+    labels = np.asarray(Image.open(tmp_path / "out" / "masks" / "photo-0.png"))
+    assert labels.shape == (SIZE, SIZE) and labels.dtype == np.uint8
+    assert json.loads((tmp_path / "out" / "segment.json").read_text())["model"] == "default"
+
+
+@pytest.mark.parametrize("case, says", [("empty", "no photos"), ("unreadable", "bad.png: unreadable photo"),
+                                        ("full", "the output folder is not empty"),
+                                        ("threshold", "--threshold must lie strictly between 0 and 1"),
+                                        ("run", "no finished segmenter run 7")])
+def test_segment_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, capsys, case, says):
+    images = _folder(tmp_path / "images", 0 if case == "empty" else 2)
+    out = tmp_path / "out"
+    argv = ["--images", str(images), "--out", str(out), "--device", "cpu"]
+    if case == "unreadable":
+        (images / "bad.png").write_bytes(b"not a png")
+    if case == "full":
+        out.mkdir()
+        (out / "keep.txt").write_text("x")
+    argv += {"threshold": ["--threshold", "1.5"], "run": ["--model", "7", "--workspace", str(tmp_path / "ws")]
+             }.get(case, [])
+    with pytest.raises(SystemExit) as exit_:
+        segment.main(argv)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+    assert (sorted(p.name for p in out.iterdir()) == ["keep.txt"]) if case == "full" else not out.exists()

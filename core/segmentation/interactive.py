@@ -5,7 +5,7 @@
   existing outlines are removed first, so a suggestion never overlaps (or overwrites) one.
 - :func:`outline_from_click`: the component of the probability map under the click; ``exclude``
   clicks inside it split it by a marker watershed (Meyer 1994, OpenCV) and keep the clicked side.
-  When the click lies on low probability, or no segmenter was trained, GrabCut (Rother et al.,
+  When the click lies on low probability, or no model is given (:func:`click_outline`), GrabCut (Rother et al.,
   SIGGRAPH 2004, OpenCV) is seeded at the click: a disc around it is foreground, a small window
   (a fifth of the photo's short side) probable foreground — GrabCut grows the wound out of it by
   colour, whereas a large window tends to be filled whole — and, when a segmenter exists, every
@@ -28,7 +28,7 @@ from scipy import ndimage
 
 from annotations.workspace import Workspace
 from core.runtime import pick_device
-from core.segmentation.model import THRESHOLD, Segmenter, SegmenterError, load_segmenter
+from core.segmentation.model import THRESHOLD, Segmenter, load_segmenter
 
 GRABCUT_MAX_SIDE = 512
 GRABCUT_ITERATIONS = 5
@@ -59,11 +59,9 @@ def wound_components(prob: np.ndarray, min_area: int, existing: np.ndarray | Non
 
 
 def suggest_outlines(ws: Workspace, image_id: str, segmenter: Segmenter | None = None) -> list[np.ndarray]:
-    """Suggested wound outlines of a photo (bool H×W each), never over its existing outlines."""
+    """Suggested wound outlines of a photo (bool H×W each), never over its existing outlines; ``segmenter=None``
+    uses the workspace's latest trained segmenter, else the default one shipped with the package."""
     segmenter = segmenter or load_segmenter(ws)
-    if segmenter is None:
-        raise SegmenterError(f"no trained segmenter in {ws.root}: train one on the Train page or with "
-                             f"python -m core.train_segmenter --workspace {ws.root}")
     existing = ws.load_mask(image_id) > 0
     return wound_components(segmenter.probability(ws.load_image(image_id)), ws.min_wound_area, existing)
 
@@ -211,7 +209,7 @@ def outline_from_click(ws: Workspace, image_id: str, x: int, y: int,
                        exclude: Sequence[tuple[int, int]] = ()) -> np.ndarray:
     """Outline of the wound clicked at (x, y) on a workspace photo, never over its existing outlines.
 
-    ``segmenter=None`` uses the workspace's latest trained segmenter, or GrabCut when there is none.
+    ``segmenter=None`` uses the workspace's latest trained segmenter, else the default one shipped with the package.
     """
     return outline_from_click_by(ws, image_id, x, y, segmenter, exclude)[0]
 

@@ -1,17 +1,23 @@
-"""The wound segmenter: frozen EfficientNet-Lite0 pyramid (strides 4–32) + a light FPN decoder.
+"""The wound segmenter: EfficientNet-Lite0 pyramid (strides 4–32, the last four stages fine-tuned) + an FPN decoder.
 
 The encoder is timm ``tf_efficientnet_lite0`` built with ``features_only``; its ImageNet weights are
-the offline backbone's (:func:`core.vision.backbones.load_backbone`), copied by parameter name, so
-the segmenter sees exactly the features TriDerm-V uses. The decoder is Panoptic FPN's semantic
-branch, narrowed to ``width`` channels: lateral 1×1 convolutions, a top-down pathway, one 3×3
-convolution per level, the levels summed at stride 4, and a 3×3 + 1×1 head giving wound logits.
-A checkpoint holds the decoder only, with the identity (architecture + weights fingerprint) of the
-encoder it was trained on; loading it over another encoder is a :class:`SegmenterError`.
+the offline backbone's (:func:`core.vision.backbones.load_backbone`), copied by parameter name. The
+stem and the first three stages (strides 2–8, :class:`Encoder`) stay frozen, so training computes
+their outputs once per photo and view; the later stages (strides 16 and 32, :data:`TUNED_STAGES`)
+are fine-tuned with the decoder (:class:`SegNet`; their batch-norm statistics stay ImageNet's). The
+decoder is Panoptic FPN's semantic branch, narrowed to ``width`` channels: lateral 1×1 convolutions,
+a top-down pathway, one 3×3 convolution per level, the levels summed at stride 4, and a 3×3 + 1×1
+head giving wound logits. A checkpoint (safetensors) holds the tuned stages and the decoder, with the
+identity (architecture + weights fingerprint) of the frozen part it was trained over; loading it over
+another encoder is a :class:`SegmenterError`. Without a trained run of its own, a workspace uses the
+default segmenter shipped in the package (:func:`default_path`, its model card beside it).
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
@@ -28,50 +36,81 @@ from core.runtime import pick_device
 from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
 
 RUN_KIND = "segmenter"
-CHECKPOINT_NAME = "segmenter.pt"
-FORMAT = "triderm-segmenter/1"
-#: Photos are resized to a square of this side before the encoder (strides 4..32 → 96..12 cells).
-INPUT_SIZE = 384
-#: timm feature indices of ``tf_efficientnet_lite0`` used: strides 4, 8, 16, 32.
-LEVELS = (1, 2, 3, 4)
+CHECKPOINT_NAME = "segmenter.safetensors"
+FORMAT = "triderm-segmenter/2"
+#: Photos are resized to a square of this side before the encoder (strides 4..32 → 64..8 cells); 256 rather
+#: than 512 px: the most the shared 2-core CPU budget allowed for training (model card, benchmark).
+INPUT_SIZE = 256
+#: ``blocks`` stages of ``tf_efficientnet_lite0``: 0–4 frozen (strides 2–16), 5–6 fine-tuned (stride 32).
+TUNED_STAGES = (5, 6)
+#: Stages whose outputs feed the decoder: strides 4, 8 (frozen) and 16, 32 (tuned).
+LEVEL_STAGES = (1, 2, 4, 6)
 WIDTH = 32
 THRESHOLD = 0.5
 RECENT_MAPS = 4
+#: Test-time views (flips of the photo) whose logits are averaged.
+TTA_FLIPS = ("identity", "hflip", "vflip", "hvflip")
+DEFAULT_DIR = Path(__file__).resolve().parent / "default"
+
+
+def default_path() -> Path:
+    """The default segmenter shipped with the package (``python -m core.train_segmenter --pretrain``)."""
+    return DEFAULT_DIR / CHECKPOINT_NAME
 
 
 class SegmenterError(ValueError):
     """A segmenter that cannot be used: no trained run, an unreadable or mismatched checkpoint."""
 
 
+def _lite0(device: torch.device) -> tuple[nn.Module, str, tuple[float, ...], tuple[float, ...]]:
+    import timm
+
+    source = load_backbone(OFFLINE_DEFAULT, device="cpu")
+    net = timm.create_model("tf_efficientnet_lite0", features_only=True, out_indices=(1, 2, 3, 4), pretrained=False)
+    missing, _ = net.load_state_dict(source.model.state_dict(), strict=False)
+    if missing:
+        raise SegmenterError(f"offline backbone weights lack encoder tensors {missing[:3]}…")
+    return net.to(device).eval(), f"{source.arch}:{source.weights}", source.mean, source.std
+
+
 class Encoder(nn.Module):
-    """Frozen EfficientNet-Lite0 feature pyramid with the offline backbone's ImageNet weights."""
+    """The frozen stem and stages 0–2 of EfficientNet-Lite0 (ImageNet weights): features at strides 4 and 8;
+    :meth:`imagenet_stages` gives fresh copies of the later stages' ImageNet weights."""
 
     def __init__(self, device: torch.device) -> None:
-        import timm
-
         super().__init__()
-        source = load_backbone(OFFLINE_DEFAULT, device="cpu")
-        net = timm.create_model("tf_efficientnet_lite0", features_only=True, out_indices=LEVELS, pretrained=False)
-        missing, _ = net.load_state_dict(source.model.state_dict(), strict=False)
-        if missing:
-            raise SegmenterError(f"offline backbone weights lack encoder tensors {missing[:3]}…")
-        self.net = net.to(device, memory_format=torch.channels_last).eval()
-        for p in self.net.parameters():
+        net, self.identity, mean, std = _lite0(device)
+        self.stem = nn.Sequential(net.conv_stem, net.bn1)
+        self.stages = net.blocks[:TUNED_STAGES[0]]
+        self._tuned = net.blocks[TUNED_STAGES[0]:]
+        for p in self.parameters():
             p.requires_grad_(False)
-        self.identity = f"{source.arch}:{source.weights}"
-        self.channels: list[int] = list(net.feature_info.channels())
+        channels = list(net.feature_info.channels())
+        self.channels: list[int] = channels
         self.device = device
-        self.register_buffer("mean", torch.tensor(source.mean, device=device).view(1, 3, 1, 1))
-        self.register_buffer("std", torch.tensor(source.std, device=device).view(1, 3, 1, 1))
+        self.register_buffer("mean", torch.tensor(mean, device=device).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(std, device=device).view(1, 3, 1, 1))
 
     def train(self, mode: bool = True) -> Encoder:  # always frozen, always in eval mode
         return super().train(False)
 
+    def imagenet_stages(self) -> nn.Sequential:
+        """A trainable copy of the tuned stages with their ImageNet weights."""
+        stages = copy.deepcopy(self._tuned)
+        for p in stages.parameters():
+            p.requires_grad_(True)
+        return stages
+
     @torch.no_grad()
     def forward(self, x: Tensor) -> list[Tensor]:
-        """A uint8-range float batch B×3×S×S in [0, 1] → feature maps at strides 4, 8, 16, 32."""
-        x = ((x.to(self.device) - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
-        return [f.contiguous() for f in self.net(x)]
+        """A float batch B×3×S×S in [0, 1] → the frozen feature maps at strides 4 and 8."""
+        h = self.stem((x.to(self.device) - self.mean) / self.std)
+        out = []
+        for i, stage in enumerate(self.stages):
+            h = stage(h)
+            if i in LEVEL_STAGES:
+                out.append(h)
+        return out
 
 
 @functools.lru_cache(maxsize=2)
@@ -107,10 +146,45 @@ class FPNDecoder(nn.Module):
         return self.head(fused)
 
 
-def probability_map(logits: Tensor, shape: tuple[int, int]) -> np.ndarray:
-    """Logits of a photo and of its horizontal flip (2×1×h×w) → the photo's mean probability at ``shape``
-    (horizontal-flip test-time augmentation)."""
-    mean = (logits[0:1] + logits[1:2].flip(-1)) / 2
+class SegNet(nn.Module):
+    """The trained part: the tuned encoder stages (strides 16, 32) and the decoder, over the frozen features."""
+
+    def __init__(self, stages: nn.Sequential, channels: Sequence[int], width: int = WIDTH) -> None:
+        super().__init__()
+        self.stages = stages
+        self.decoder = FPNDecoder(channels, width)
+
+    def train(self, mode: bool = True) -> SegNet:
+        super().train(mode)
+        self.stages.eval()  # batch-norm statistics stay ImageNet's (small batches)
+        return self
+
+    def forward(self, frozen: Sequence[Tensor]) -> Tensor:
+        """Frozen features at strides 4 and 8 → wound logits at stride 4."""
+        feats = list(frozen)
+        h = feats[-1]
+        for i, stage in enumerate(self.stages, start=TUNED_STAGES[0]):
+            h = stage(h)
+            if i in LEVEL_STAGES:
+                feats.append(h)
+        return self.decoder(feats)
+
+
+def new_net(enc: Encoder, width: int = WIDTH) -> SegNet:
+    """A network to train from ImageNet: the encoder's tuned stages as published, a fresh decoder."""
+    return SegNet(enc.imagenet_stages(), enc.channels, width).to(enc.device)
+
+
+def flip(x: Tensor, view: str) -> Tensor:
+    """``x`` (…×H×W) under one of the four flips of :data:`TTA_FLIPS` (each its own inverse)."""
+    dims = {"identity": (), "hflip": (-1,), "vflip": (-2,), "hvflip": (-2, -1)}[view]
+    return x.flip(dims) if dims else x
+
+
+def probability_map(logits: Tensor, shape: tuple[int, int], views: Sequence[str] = TTA_FLIPS[:2]) -> np.ndarray:
+    """Logits of a photo under ``views`` (V×1×h×w, view ``k`` flipped by ``views[k]``) → the photo's probability
+    at ``shape``, from the mean of the logits flipped back (flip test-time augmentation)."""
+    mean = torch.stack([flip(logits[k:k + 1], v) for k, v in enumerate(views)]).mean(0)
     mean = F.interpolate(mean.float(), size=tuple(shape), mode="bilinear", align_corners=False)
     return torch.sigmoid(mean)[0, 0].cpu().numpy().astype(np.float32)
 
@@ -122,68 +196,92 @@ def to_batch(images: Sequence[Image.Image], size: int = INPUT_SIZE) -> Tensor:
 
 
 class Segmenter:
-    """A trained decoder over the frozen encoder; :meth:`probability` gives a photo's wound map."""
+    """A trained network over the frozen encoder; :meth:`probability` gives a photo's wound map.
 
-    def __init__(self, decoder: FPNDecoder, enc: Encoder, input_size: int = INPUT_SIZE,
-                 run_id: int | None = None) -> None:
+    ``source`` says where it comes from (``default`` for the shipped model, ``run N`` for a workspace's run,
+    or a file path); ``tta`` is the number of flips averaged at test time (1, 2 or 4 of :data:`TTA_FLIPS`).
+    """
+
+    def __init__(self, net: SegNet, enc: Encoder, input_size: int = INPUT_SIZE, run_id: int | None = None,
+                 source: str | None = None, tta: int = len(TTA_FLIPS)) -> None:
+        if tta not in (1, 2, 4):
+            raise SegmenterError(f"test-time flips must be 1, 2 or 4 (got {tta})")
         self.encoder = enc
-        self.decoder = decoder.to(enc.device).eval()
+        self.net = net.to(enc.device).eval()
         self.input_size = int(input_size)
         self.run_id = run_id
+        self.source = source or (f"run {run_id}" if run_id is not None else "untrained")
+        self.tta = tta
         self.device = enc.device
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def __repr__(self) -> str:
-        return f"Segmenter(run {self.run_id}, {self.encoder.identity}, {self.input_size}px, {self.device})"
+        return (f"Segmenter({self.source}, {self.encoder.identity}, {self.input_size}px, {self.tta} flips, "
+                f"{self.device})")
 
     @torch.no_grad()
     def probability(self, image: Image.Image) -> np.ndarray:
-        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1], the mean over the photo and its
-        horizontal flip (the last few photos' maps are kept, so repeated clicks on one photo run the network
-        once; treat the result as read-only)."""
+        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1], the mean over the photo's test-time
+        flips (the last few photos' maps are kept, so repeated clicks on one photo run the network once; treat
+        the result as read-only)."""
         rgb = image.convert("RGB")
         key = hashlib.sha1(rgb.tobytes()).hexdigest() + repr(rgb.size)
         if key in self._recent:
             self._recent.move_to_end(key)
             return self._recent[key]
         x = to_batch([rgb], self.input_size)
-        prob = probability_map(self.decoder(self.encoder(torch.cat([x, x.flip(-1)]))), (rgb.height, rgb.width))
+        views = TTA_FLIPS[:self.tta]
+        logits = self.net(self.encoder(torch.cat([flip(x, v) for v in views])))
+        prob = probability_map(logits, (rgb.height, rgb.width), views)
         self._recent[key] = prob
         while len(self._recent) > RECENT_MAPS:
             self._recent.popitem(last=False)
         return prob
 
     def save(self, path: str | Path) -> Path:
-        """Atomically write the decoder with the encoder identity it was trained on."""
+        """Atomically write the trained tensors (safetensors) with the identity of the frozen encoder under them."""
         path = Path(path)
-        blob = {"format": FORMAT, "backbone": self.encoder.identity, "input_size": self.input_size,
-                "width": self.decoder.lateral[0].out_channels, "channels": list(self.encoder.channels),
-                "state_dict": {k: v.detach().cpu() for k, v in self.decoder.state_dict().items()}}
-        with atomic_write(path, "wb", suffix=".pt") as fh:
-            torch.save(blob, fh)
+        meta = {"format": FORMAT, "backbone": self.encoder.identity, "input_size": str(self.input_size),
+                "width": str(self.net.decoder.lateral[0].out_channels), "channels": json.dumps(self.encoder.channels),
+                "tta": str(self.tta)}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()}
+        with atomic_write(path, "wb", suffix=".safetensors") as fh:
+            fh.write(save(tensors, metadata=meta))
         return path
 
     @classmethod
-    def load(cls, path: str | Path, device: torch.device | str | None = None,
-             run_id: int | None = None) -> Segmenter:
-        """Read a checkpoint written by :meth:`save`; another backbone's checkpoint → :class:`SegmenterError`."""
+    def load(cls, path: str | Path, device: torch.device | str | None = None, run_id: int | None = None,
+             source: str | None = None) -> Segmenter:
+        """Read a checkpoint written by :meth:`save`; another file or backbone → :class:`SegmenterError`."""
         path = Path(path)
         if not path.is_file():
             raise SegmenterError(f"segmenter checkpoint not found: {path}")
         try:
-            blob = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 — any unpickling failure is the same user error
-            raise SegmenterError(f"{path}: cannot be read as a segmenter checkpoint ({e})") from None
-        if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-            what = "a backbone file" if isinstance(blob, dict) and "triderm_backbone" in blob else "not one"
-            raise SegmenterError(f"{path}: not a TriDerm segmenter checkpoint ({what}; expected format {FORMAT})")
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise SegmenterError(f"{path}: not a TriDerm segmenter checkpoint (cannot be read as safetensors: "
+                                 f"{e})") from None
+        if meta.get("format") != FORMAT:
+            raise SegmenterError(f"{path}: not a TriDerm segmenter checkpoint (format {meta.get('format')!r}, "
+                                 f"expected {FORMAT})")
         enc = encoder(str(torch.device(device) if device is not None else pick_device()))
-        if blob["backbone"] != enc.identity or list(blob["channels"]) != enc.channels:
-            raise SegmenterError(f"{path}: trained over backbone {blob['backbone']!r}, but the segmenter encoder "
+        if meta.get("backbone") != enc.identity or json.loads(meta.get("channels", "[]")) != enc.channels:
+            raise SegmenterError(f"{path}: trained over backbone {meta.get('backbone')!r}, but the segmenter encoder "
                                  f"here is {enc.identity!r}; retrain it (python -m core.train_segmenter)")
-        decoder = FPNDecoder(enc.channels, int(blob["width"]))
-        decoder.load_state_dict(blob["state_dict"])
-        return cls(decoder, enc, int(blob["input_size"]), run_id=run_id)
+        net = SegNet(enc.imagenet_stages(), enc.channels, int(meta["width"]))
+        try:
+            net.load_state_dict(tensors)
+        except RuntimeError as e:
+            raise SegmenterError(f"{path}: tensors do not fit the segmenter ({str(e).splitlines()[0]})") from None
+        return cls(net, enc, int(meta["input_size"]), run_id=run_id, source=source or str(path),
+                   tta=int(meta.get("tta", len(TTA_FLIPS))))
+
+
+def load_default(device: torch.device | str | None = None) -> Segmenter:
+    """The default segmenter shipped with the package (trained on public wound photos; see its MODEL_CARD.md)."""
+    return Segmenter.load(default_path(), device=device, source="default")
 
 
 def latest_run(ws: Workspace) -> dict | None:
@@ -191,12 +289,17 @@ def latest_run(ws: Workspace) -> dict | None:
     return next((r for r in ws.store.runs(kind=RUN_KIND) if r["status"] == "done"), None)
 
 
-def load_segmenter(ws: Workspace, device: torch.device | str | None = None) -> Segmenter | None:
-    """The segmenter of the workspace's latest finished run; None when none was trained."""
-    run = latest_run(ws)
-    if run is None:
-        return None
+def run_checkpoint(ws: Workspace, run: dict) -> Path:
+    """The checkpoint path of a finished ``segmenter`` run."""
     rel = (run.get("artifacts") or {}).get("checkpoint")
     if rel is None:
         raise SegmenterError(f"segmenter run {run['id']} has no checkpoint artifact")
-    return Segmenter.load(ws.root / rel, device=device, run_id=run["id"])
+    return ws.root / rel
+
+
+def load_segmenter(ws: Workspace, device: torch.device | str | None = None) -> Segmenter:
+    """The segmenter of the workspace's latest finished run, else the default one shipped with the package."""
+    run = latest_run(ws)
+    if run is None:
+        return load_default(device)
+    return Segmenter.load(run_checkpoint(ws, run), device=device, run_id=run["id"], source=f"run {run['id']}")

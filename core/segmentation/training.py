@@ -1,19 +1,24 @@
-"""Training the segmenter's decoder on wound masks, from backbone features cached once per photo and view.
+"""Training the segmenter on wound masks, from frozen encoder features cached once per photo and view.
 
 Samples come from a workspace (every photo with an outlined wound) and from dataset folders
 (``images/NAME.*`` with ``masks/NAME.png``, read like an import: binary masks split into wounds).
-The encoder is frozen, so each photo's pyramid is computed once per view and reused by every epoch
-and, in the benchmark, by every fold. The views are the four flips (identity, horizontal, vertical,
-both — the label-preserving symmetries of a skin photo) and :data:`AUGMENTED_VIEWS` random ones
-(:func:`augment`): a scaled crop (zoom in or out, reflect-padded, as albumentations'
-ShiftScaleRotate), an aspect-ratio change, brightness/contrast/saturation/hue jitter and a random
-flip, so the decoder sees wounds at other sizes and under other light than the training photos'.
-One epoch shows every training photo once, in one of its views drawn at random. Loss: binary
-cross-entropy + soft Dice against the mask's area fractions on the decoder's output grid (stride 4);
-AdamW with a cosine schedule.
+The encoder's stem and first stages are frozen, so each photo's features at strides 4 and 8 are
+computed once per view and reused by every epoch and, in the benchmark, by every fold; the later
+encoder stages and the decoder train on them (:class:`core.segmentation.model.SegNet`). The views
+are the four flips (identity, horizontal, vertical, both — the label-preserving symmetries of a
+skin photo, and the test-time views) and :data:`AUGMENTED_VIEWS` random ones (:func:`augment`,
+:data:`STRONG`): a rotated, scaled crop (zoom in or out, reflect-padded, as albumentations'
+ShiftScaleRotate), an aspect-ratio change, brightness/contrast/saturation/hue/gamma jitter, an
+occasional blur, and a random flip, so the network sees wounds at other sizes, angles and under
+other light and cameras than the training photos'. One epoch shows every training photo once, in
+one of its views drawn at random. Loss: binary cross-entropy + soft Dice against the mask's area
+fractions on the output grid (stride 4); AdamW with a cosine schedule, the encoder stages at a tenth
+of the decoder's rate. A workspace's run starts from the default segmenter (fine-tuning); the
+``--pretrain`` run that makes the default starts from ImageNet.
 """
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageEnhance
+from PIL import Image, ImageEnhance, ImageFilter
 from tqdm.auto import tqdm
 
 from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
@@ -33,25 +38,52 @@ from core.segmentation.model import (
     INPUT_SIZE,
     RUN_KIND,
     THRESHOLD,
+    TTA_FLIPS,
     Encoder,
-    FPNDecoder,
+    SegNet,
     Segmenter,
     encoder,
+    flip,
+    load_default,
+    new_net,
     probability_map,
     to_batch,
 )
 
-FLIPS = ("identity", "hflip", "vflip", "hvflip")
 #: Random augmented views cached per photo, besides the four flips.
-AUGMENTED_VIEWS = 4
-#: Crop side relative to the photo (log-uniform; > 1 zooms out), aspect-ratio and colour jitter ranges.
-SCALE_RANGE = (0.6, 1.5)
-ASPECT_JITTER = 0.15
-COLOUR_JITTER = 0.25
-HUE_JITTER = 0.03
-#: Default training length: passes over the training photos (one random view each).
-EPOCHS = 80
+AUGMENTED_VIEWS = 1
+#: Default training length of a workspace run (fine-tuning the default on tens of photos): passes over the
+#: training photos (one random view each).
+EPOCHS = 40
+#: Training length of the default (``--pretrain``, about 200 photos).
+PRETRAIN_EPOCHS = 6
+#: The tuned encoder stages learn at this share of the decoder's rate.
+ENCODER_LR_FACTOR = 0.1
 _SERIES = re.compile(r"(.*\d)[-_]\d+")
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """Ranges of the random views: crop side relative to the photo (log-uniform; > 1 zooms out), aspect-ratio
+    (log), rotation (degrees), brightness/contrast/saturation (±share), hue (±turn), gamma (log) and the chance
+    of a Gaussian blur of radius up to ``blur_radius`` px."""
+
+    scale: tuple[float, float]
+    aspect: float
+    rotation: float
+    colour: float
+    hue: float
+    gamma: float
+    blur: float
+    blur_radius: float
+
+
+#: The earlier, mild views (scale and colour only), kept for the benchmark's ablation.
+MILD = Augmentation(scale=(0.6, 1.5), aspect=0.15, rotation=0.0, colour=0.25, hue=0.03, gamma=0.0, blur=0.0,
+                    blur_radius=0.0)
+#: The training default: strong photometric and geometric views (photos from other cameras, distances, light).
+STRONG = Augmentation(scale=(0.5, 2.0), aspect=0.25, rotation=45.0, colour=0.4, hue=0.06, gamma=0.3, blur=0.3,
+                      blur_radius=1.5)
 
 
 @dataclass
@@ -103,17 +135,21 @@ def folder_samples(root: str | Path) -> list[Sample]:
     return out
 
 
-def _flip(x: torch.Tensor, view: str) -> torch.Tensor:
-    dims = {"identity": (), "hflip": (-1,), "vflip": (-2,), "hvflip": (-2, -1)}[view]
-    return x.flip(dims) if dims else x
-
-
-def augment(image: Image.Image, mask: np.ndarray, rng: np.random.Generator) -> tuple[Image.Image, np.ndarray]:
-    """A random scaled, reshaped, colour-jittered crop of a photo and its mask (flips are applied later)."""
+def augment(image: Image.Image, mask: np.ndarray, rng: np.random.Generator,
+            aug: Augmentation = STRONG) -> tuple[Image.Image, np.ndarray]:
+    """A random rotated, scaled, reshaped, colour-jittered crop of a photo and its mask (flips are applied later)."""
     rgb, m = np.asarray(image.convert("RGB")), mask
+    if aug.rotation:
+        angle = float(rng.uniform(-aug.rotation, aug.rotation))
+        h, w = m.shape
+        pad = round(0.21 * max(h, w))  # the corners a 45° turn brings in are reflected skin, not black
+        rgb = np.pad(rgb, ((pad, pad), (pad, pad), (0, 0)), mode="reflect")
+        m = np.pad(m, pad, mode="reflect")
+        rgb = np.asarray(Image.fromarray(rgb).rotate(angle, Image.BILINEAR))[pad:pad + h, pad:pad + w]
+        m = np.asarray(Image.fromarray(m).rotate(angle, Image.NEAREST))[pad:pad + h, pad:pad + w]
     h, w = m.shape
-    scale = float(np.exp(rng.uniform(*np.log(SCALE_RANGE))))
-    aspect = float(np.exp(rng.uniform(-ASPECT_JITTER, ASPECT_JITTER)))
+    scale = float(np.exp(rng.uniform(*np.log(aug.scale))))
+    aspect = float(np.exp(rng.uniform(-aug.aspect, aug.aspect)))
     cw, ch = max(8, round(w * scale * aspect ** 0.5)), max(8, round(h * scale / aspect ** 0.5))
     px, py = min(max(0, cw - w), w - 1), min(max(0, ch - h), h - 1)
     if px or py:
@@ -123,16 +159,23 @@ def augment(image: Image.Image, mask: np.ndarray, rng: np.random.Generator) -> t
     x0, y0 = int(rng.integers(0, m.shape[1] - cw + 1)), int(rng.integers(0, m.shape[0] - ch + 1))
     out = Image.fromarray(np.ascontiguousarray(rgb[y0:y0 + ch, x0:x0 + cw]))
     for enhance in (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color):
-        out = enhance(out).enhance(float(rng.uniform(1 - COLOUR_JITTER, 1 + COLOUR_JITTER)))
+        out = enhance(out).enhance(float(rng.uniform(1 - aug.colour, 1 + aug.colour)))
     hsv = np.asarray(out.convert("HSV")).copy()
-    hsv[..., 0] = (hsv[..., 0].astype(np.int16) + round(rng.uniform(-HUE_JITTER, HUE_JITTER) * 255)) % 256
-    return Image.fromarray(hsv, "HSV").convert("RGB"), np.ascontiguousarray(m[y0:y0 + ch, x0:x0 + cw])
+    hsv[..., 0] = (hsv[..., 0].astype(np.int16) + round(rng.uniform(-aug.hue, aug.hue) * 255)) % 256
+    out = Image.fromarray(hsv, "HSV").convert("RGB")
+    if aug.gamma:
+        gamma = float(np.exp(rng.uniform(-aug.gamma, aug.gamma)))
+        out = out.point([round(255 * (v / 255) ** gamma) for v in range(256)] * 3)
+    if rng.random() < aug.blur:
+        out = out.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, aug.blur_radius))))
+    return out, np.ascontiguousarray(m[y0:y0 + ch, x0:x0 + cw])
 
 
 @dataclass
 class FeatureCache:
-    """Encoder pyramids (float16, CPU) and targets (wound fraction of each stride-4 cell) for every
-    sample × view; row ``i * views + v``, view 0 the photo itself and view 1 its horizontal flip."""
+    """Frozen encoder features (float16, CPU, strides 4 and 8) and targets (wound fraction of each stride-4 cell)
+    for every sample × view; row ``i * views + v``, views 0–3 the photo under the four flips of
+    :data:`~core.segmentation.model.TTA_FLIPS` (the test-time views), then the random ones."""
 
     levels: list[torch.Tensor]
     targets: torch.Tensor
@@ -144,23 +187,25 @@ class FeatureCache:
 
 
 def cache_features(samples: Sequence[Sample], enc: Encoder, size: int = INPUT_SIZE,
-                   augmented: int = AUGMENTED_VIEWS, seed: int = 0, progress: bool = True) -> FeatureCache:
+                   augmented: int = AUGMENTED_VIEWS, seed: int = 0, progress: bool = True,
+                   aug: Augmentation = STRONG) -> FeatureCache:
     """Run the frozen encoder once per sample and view (the four flips, then ``augmented`` random views)."""
-    levels: list[list[torch.Tensor]] = [[] for _ in enc.channels]
+    levels: list[list[torch.Tensor]] = []
     targets = []
     rng = np.random.default_rng(seed)
     for s in tqdm(samples, desc="segmenter features", unit="photo", disable=not progress, leave=False):
         x = to_batch([s.image], size)
-        views = [(x, s.mask, flip) for flip in FLIPS]
+        views = [(x, s.mask, v) for v in TTA_FLIPS]
         for _ in range(augmented):
-            image, mask = augment(s.image, s.mask, rng)
-            views.append((to_batch([image], size), mask, FLIPS[int(rng.integers(len(FLIPS)))]))
-        for xv, mask, flip in views:
-            feats = enc(_flip(xv, flip))
+            image, mask = augment(s.image, s.mask, rng, aug)
+            views.append((to_batch([image], size), mask, TTA_FLIPS[int(rng.integers(len(TTA_FLIPS)))]))
+        for xv, mask, v in views:
+            feats = enc(flip(xv, v))
+            levels = levels or [[] for _ in feats]
             for store, f in zip(levels, feats):
                 store.append(f.half().cpu())
-            targets.append(_flip(_target(mask, feats[0].shape[-2:]), flip))
-    return FeatureCache([torch.cat(level) for level in levels], torch.cat(targets), len(FLIPS) + augmented, size)
+            targets.append(flip(_target(mask, feats[0].shape[-2:]), v))
+    return FeatureCache([torch.cat(level) for level in levels], torch.cat(targets), len(TTA_FLIPS) + augmented, size)
 
 
 def _target(mask: np.ndarray, grid: tuple[int, int]) -> torch.Tensor:
@@ -176,33 +221,38 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
     return (1 - (2 * (p * t).sum(1) + eps) / (p.sum(1) + t.sum(1) + eps)).mean()
 
 
-def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[int], epochs: int = EPOCHS,
-                batch_size: int = 8, lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
-                progress: bool = True, on_epoch: Callable[[int, list[float]], None] | None = None,
-                ) -> tuple[FPNDecoder, list[float]]:
-    """Train a fresh decoder on the cached views of ``samples`` (each photo once per epoch, in a random view);
-    returns it (eval mode) and the loss per epoch."""
+def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epochs: int = EPOCHS,
+                batch_size: int = 8, lr: float = 1e-3, encoder_lr_factor: float = ENCODER_LR_FACTOR, seed: int = 0,
+                device: torch.device | str = "cpu", progress: bool = True,
+                on_epoch: Callable[[int, list[float]], None] | None = None) -> tuple[SegNet, list[float]]:
+    """Train a copy of ``start`` on the cached views of ``samples`` (each photo once per epoch, in a random view;
+    ``encoder_lr_factor=0`` keeps the encoder stages frozen); returns it (eval mode) and the loss per epoch."""
     if not samples:
         raise ValueError("no training photos")
     device = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    decoder = FPNDecoder(channels).to(device)
+    net = copy.deepcopy(start).to(device)
+    for p in net.stages.parameters():
+        p.requires_grad_(encoder_lr_factor > 0)
+    groups = [{"params": list(net.decoder.parameters()), "lr": lr}]
+    if encoder_lr_factor > 0:
+        groups.append({"params": list(net.stages.parameters()), "lr": lr * encoder_lr_factor})
     photos = torch.tensor(list(samples))
     steps_per_epoch = -(-len(photos) // batch_size)
-    opt = torch.optim.AdamW(decoder.parameters(), lr=lr, weight_decay=1e-4)
+    opt = torch.optim.AdamW(groups, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs * steps_per_epoch))
     losses: list[float] = []
     bar = tqdm(range(epochs), desc="segmenter", unit="epoch", disable=not progress, leave=False)
     for epoch in bar:
-        decoder.train()
+        net.train()
         total = 0.0
         views = torch.randint(cache.views, (len(photos),), generator=gen)
         rows = photos * cache.views + views
         for batch in rows[torch.randperm(len(rows), generator=gen)].split(batch_size):
             feats = [level[batch].to(device).float() for level in cache.levels]
             target = cache.targets[batch].to(device).float()
-            logits = decoder(feats)
+            logits = net(feats)
             loss = F.binary_cross_entropy_with_logits(logits, target) + dice_loss(logits, target)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -213,17 +263,17 @@ def fit_decoder(cache: FeatureCache, samples: Sequence[int], channels: Sequence[
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if on_epoch is not None:
             on_epoch(epoch, losses)
-    return decoder.eval(), losses
+    return net.eval(), losses
 
 
 @torch.no_grad()
-def cached_probability(decoder: FPNDecoder, cache: FeatureCache, sample: int, shape: tuple[int, int],
-                       device: torch.device | str = "cpu") -> np.ndarray:
-    """Probability map (H, W) of one sample from its cached photo and horizontal-flip views (the test-time
-    augmentation of :meth:`Segmenter.probability`)."""
-    rows = slice(cache.row(sample, 0), cache.row(sample, 1) + 1)
-    logits = decoder([level[rows].to(device).float() for level in cache.levels])
-    return probability_map(logits, shape)
+def cached_probability(net: SegNet, cache: FeatureCache, sample: int, shape: tuple[int, int],
+                       device: torch.device | str = "cpu", tta: int = len(TTA_FLIPS)) -> np.ndarray:
+    """Probability map (H, W) of one sample from its first ``tta`` cached flip views (the test-time augmentation
+    of :meth:`Segmenter.probability`)."""
+    rows = slice(cache.row(sample, 0), cache.row(sample, tta))
+    logits = net([level[rows].to(device).float() for level in cache.levels])
+    return probability_map(logits, shape, TTA_FLIPS[:tta])
 
 
 def split_groups(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -241,49 +291,56 @@ def split_groups(samples: Sequence[Sample], fraction: float, seed: int) -> tuple
             [i for i, s in enumerate(samples) if s.group in val])
 
 
-def collect_samples(ws: Workspace, data: Sequence[str | Path] = ()) -> list[Sample]:
-    """Workspace samples plus those of each dataset folder; none at all is a ValueError naming the sources."""
-    samples = workspace_samples(ws)
+def collect_samples(ws: Workspace, data: Sequence[str | Path] = (), workspace: bool = True) -> list[Sample]:
+    """Workspace samples (unless ``workspace=False``) plus those of each dataset folder; none at all is a
+    ValueError naming the sources."""
+    samples = workspace_samples(ws) if workspace else []
     for root in data:
         samples += folder_samples(root)
     if not samples:
-        sources = [str(ws.root), *map(str, data)]
-        raise ValueError(f"no wound masks to train on in {', '.join(sources)}: outline wounds first "
-                         "(or pass --data DIR with images/ and masks/)")
+        sources = ([str(ws.root)] if workspace else []) + [str(d) for d in data]
+        raise ValueError(f"no wound masks to train on in {', '.join(sources) or 'no folder (pass --data DIR)'}: "
+                         "outline wounds first (or pass --data DIR with images/ and masks/)")
     return samples
 
 
 def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int = EPOCHS, batch_size: int = 8,
                     lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
-                    val_fraction: float = 0.2, progress: bool = True) -> int:
-    """Train the decoder on the workspace's masks (+ ``data`` folders) and record a ``segmenter`` run.
+                    val_fraction: float = 0.2, pretrain: bool = False, progress: bool = True) -> int:
+    """Train the segmenter and record a ``segmenter`` run in the workspace.
 
-    Whole groups (patients, file-name series) making up ``val_fraction`` of the photos are held out
-    and the run's ``dice`` is their mean per-photo Dice; with ``val_fraction=0`` every photo trains
-    and no Dice is reported. Bad input raises before anything is written.
+    By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter; with ``pretrain`` only
+    the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
+    series) making up ``val_fraction`` of the photos are held out and the run's ``dice`` is their mean per-photo
+    Dice; with ``val_fraction=0`` every photo trains and no Dice is reported. Bad input raises before anything is
+    written.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= val_fraction < 1:
         raise ValueError(f"need epochs ≥ 1, batch size ≥ 1, lr > 0 and 0 ≤ val fraction < 1 (got {epochs}, "
                          f"{batch_size}, {lr}, {val_fraction})")
-    samples = collect_samples(ws, data)
+    if pretrain and not data:
+        raise ValueError("--pretrain trains on dataset folders only: pass --data DIR (images/ and masks/)")
+    samples = collect_samples(ws, data, workspace=not pretrain)
     train, val = split_groups(samples, val_fraction, seed)
     device = torch.device(device)
     config = {"data": [str(d) for d in data], "epochs": epochs, "batch_size": batch_size, "lr": lr,
-              "device": device.type, "val_fraction": val_fraction, "input_size": INPUT_SIZE,
-              "augmented_views": AUGMENTED_VIEWS, "n_train": len(train), "n_val": len(val)}
+              "encoder_lr_factor": ENCODER_LR_FACTOR, "device": device.type, "val_fraction": val_fraction,
+              "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS, "augmentation": "strong",
+              "start": "imagenet" if pretrain else "default", "n_train": len(train), "n_val": len(val)}
     run_id = ws.store.start_run(RUN_KIND, config, seed=seed)
     try:
         enc = encoder(str(device))
+        start = new_net(enc) if pretrain else load_default(device).net
         cache = cache_features(samples, enc, seed=seed, progress=progress)
-        decoder, losses = fit_decoder(
-            cache, train, enc.channels, epochs, batch_size, lr, seed, device, progress,
+        net, losses = fit_network(
+            cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
         metrics: dict = {"loss": losses, "n_train": len(train), "n_val": len(val)}
         if val:
-            scores = [dice(cached_probability(decoder, cache, i, samples[i].mask.shape, device) >= THRESHOLD,
+            scores = [dice(cached_probability(net, cache, i, samples[i].mask.shape, device) >= THRESHOLD,
                            samples[i].mask) for i in val]
             metrics["dice"] = float(np.mean(scores))
-        path = Segmenter(decoder, enc, INPUT_SIZE, run_id).save(ws.run_dir(run_id) / CHECKPOINT_NAME)
+        path = Segmenter(net, enc, INPUT_SIZE, run_id).save(ws.run_dir(run_id) / CHECKPOINT_NAME)
         ws.store.finish_run(run_id, metrics=metrics, artifacts={"checkpoint": str(path.relative_to(ws.root))})
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",

@@ -49,7 +49,7 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     expect(pg.locator(".oe svg image")).to_be_attached()
     idle(pg)
     pg.get_by_role("button", name="Suggest outlines").click()
-    message = pg.get_by_text("No wound model is trained in this workspace yet")
+    message = pg.get_by_text("by the default wound model").first
     expect(message).to_be_visible()
     box = message.bounding_box()
     assert 0 <= box["y"] and box["y"] + box["height"] <= LAPTOP["height"], box  # beside the action, in view
