@@ -134,10 +134,10 @@ def test_llm_page_runs_exactly_the_submitted_settings(demo_workspace, monkeypatc
     at.run()
     at.switch_page("pages/3_LLM_oracle.py").run()
     assert not at.exception, at.exception
+    next(s for s in at.selectbox if s.label == "Oracle").select("ollama").run()  # hosts shown for Ollama only
     host = next(s for s in at.selectbox if s.label == "Ollama host")
     assert host.options == ["http://gpu-a:11434", "http://gpu-b:11434"]  # no free text
     assert not any(t.label == "Ollama host" for t in at.text_input)
-    next(s for s in at.selectbox if s.label == "Oracle").select("ollama")
     host.select("http://gpu-b:11434")
     next(t for t in at.text_input if t.label == "Budget").input("5")
     try:
