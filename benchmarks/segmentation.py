@@ -165,10 +165,10 @@ def grouped_bootstrap(values: list[float], groups: list[str], seed: int = 0) -> 
 
 
 def evaluate(net: torch.nn.Module, cache: FeatureCache, samples: list[Sample], test: list[int],
-             tta: int = len(TTA_FLIPS)) -> list[dict]:
+             tta: int = len(TTA_FLIPS), device: str = "cpu") -> list[dict]:
     """Scores of ``net`` on the ``test`` samples from their cached flip views."""
     with torch_threads(1):
-        probs = {i: cached_probability(net, cache, i, samples[i].mask.shape, tta=tta) for i in test}
+        probs = {i: cached_probability(net, cache, i, samples[i].mask.shape, device, tta=tta) for i in test}
     return score(probs, samples)
 
 
@@ -180,9 +180,10 @@ def score(probs: dict[int, np.ndarray], samples: list[Sample]) -> list[dict]:
     return rows
 
 
-def train(cache: FeatureCache, subset: list[int], start: torch.nn.Module, epochs: int, seed: int) -> torch.nn.Module:
+def train(cache: FeatureCache, subset: list[int], start: torch.nn.Module, epochs: int, seed: int,
+          device: str = "cpu") -> torch.nn.Module:
     with torch_threads(1):
-        net, _ = fit_network(cache, subset, start, epochs, seed=seed, progress=False)
+        net, _ = fit_network(cache, subset, start, epochs, seed=seed, device=device, progress=False)
     return net
 
 
@@ -210,20 +211,21 @@ def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample
     kfold: dict[int, list[dict]] = {1: [], 2: [], 4: []}
     for f, test in enumerate(tqdm(folds, desc="fuseg-dev folds", unit="fold", disable=args.quiet)):
         held = set(test)
-        net = train(cache_f, [i for i in range(len(fuseg)) if i not in held], new_net(enc), args.epochs, args.seed + f)
+        net = train(cache_f, [i for i in range(len(fuseg)) if i not in held], new_net(enc), args.epochs, args.seed + f,
+                    args.device)
         for tta in kfold:
-            kfold[tta] += evaluate(net, cache_f, fuseg, test, tta)
+            kfold[tta] += evaluate(net, cache_f, fuseg, test, tta, args.device)
     out["kfold"] = kfold
     out["otsu_fuseg"] = score({i: otsu_red(s.image) for i, s in enumerate(fuseg)}, fuseg)
     out["otsu_medetec"] = score({i: otsu_red(s.image) for i, s in enumerate(medetec)}, medetec)
-    net = train(cache_m, list(range(len(medetec))), new_net(enc), args.source_epochs, args.seed)
-    out["medetec_to_fuseg"] = evaluate(net, cache_f, fuseg, list(range(len(fuseg))))
+    net = train(cache_m, list(range(len(medetec))), new_net(enc), args.source_epochs, args.seed, args.device)
+    out["medetec_to_fuseg"] = evaluate(net, cache_f, fuseg, list(range(len(fuseg))), device=args.device)
     return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     medetec = folder_samples(args.medetec)
-    enc = encoder("cpu")
+    enc = encoder(args.device)
     with torch_threads(1):
         cache_m = cache_features(medetec, enc, seed=args.seed, progress=not args.quiet)
     out: dict[str, Any] = {"n": {"medetec": len(medetec)}}
@@ -232,20 +234,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.part == "sources":
         return out
     # the default (fuseg-dev only) → Medetec, and the clinic's learning curve from it
-    default = load_default("cpu")
+    default = load_default(args.device)
     out["default_sha256"] = hashlib.sha256(default_path().read_bytes()).hexdigest()
-    out["default_medetec"] = evaluate(default.net, cache_m, medetec, list(range(len(medetec))))
+    out["default_medetec"] = evaluate(default.net, cache_m, medetec, list(range(len(medetec))), device=args.device)
     curve: dict[str, list[dict]] = {"0": [], **{str(n): [] for n in CURVE}, "all": []}
     curve_folds = group_folds(medetec, args.curve_folds, args.seed)
     for f, test in enumerate(tqdm(curve_folds, desc="learning curve", unit="fold", disable=args.quiet)):
         held = set(test)
         pool = [i for i in range(len(medetec)) if i not in held]
         rng = np.random.default_rng(args.seed + f)
-        curve["0"] += evaluate(default.net, cache_m, medetec, test)
+        curve["0"] += evaluate(default.net, cache_m, medetec, test, device=args.device)
         for n in (*CURVE, len(pool)):
             subset = sorted(rng.choice(pool, size=min(n, len(pool)), replace=False).tolist())
-            net = train(cache_m, subset, default.net, max(1, round(args.curve_steps / len(subset))), args.seed + f)
-            curve["all" if n == len(pool) else str(n)] += evaluate(net, cache_m, medetec, test)
+            net = train(cache_m, subset, default.net, max(1, round(args.curve_steps / len(subset))), args.seed + f,
+                        args.device)
+            curve["all" if n == len(pool) else str(n)] += evaluate(net, cache_m, medetec, test, device=args.device)
     out["curve"], out["curve_pools"] = curve, [len(medetec) - len(t) for t in curve_folds]
     with torch_threads(1):
         probs = {i: default.probability(s.image) for i, s in enumerate(medetec)}
@@ -332,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve-steps", type=int, default=100, help="photo-views of each learning-curve fine-tuning")
     p.add_argument("--curve-folds", type=int, default=2)
     cli.add_seed(p)
+    cli.add_device(p)
     p.add_argument("--part", choices=("all", "sources", "clinic"), default="all",
                    help="all; sources (fuseg-dev folds, Medetec → fuseg-dev, Otsu); clinic (the default on Medetec, "
                         "the learning curve, clicks, timing)")

@@ -36,6 +36,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "core.train_segmenter": ({"--workspace", "--device", "--seed", "--batch-size", "--epochs", "--lr"}, []),
     "core.extract_features": ({"--workspace", "--device", "--seed"}, []),
     "core.export_model": ({"--workspace"}, []),  # copies weights: no device, no seed
+    "core.segment": ({"--workspace", "--device"}, []),  # a folder of photos → masks
     "core.phantoms": ({"--seed"}, []),  # writes a dataset folder (--out), numpy only; imports nothing of core
     "annotations": ({"--workspace"}, []),  # checked on its import subcommand; never imports core
     "benchmarks.active": ({"--workspace", "--device", "--seeds"}, []),
@@ -47,6 +48,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.train_triderm": ({"--workspace", "--device", "--seed", "--epochs"}, []),
     "benchmarks.vision_ablation": ({"--workspace", "--device", "--seeds", "--epochs"}, []),
     "benchmarks.readers": ({"--seed"}, []),
+    "benchmarks.followup": ({"--seed"}, []),  # phantom visits and marker geometry: numpy/OpenCV, no device
     "benchmarks.scale": ({"--seed", "--device"}, []),  # builds its own phantom studies: no workspace
     "benchmarks.segmentation": ({"--device", "--seed", "--epochs"}, []),  # dataset folders, not a workspace
     "benchmarks.app_latency": (set(), []),  # browser-driven on its own phantom workspace: no torch, no seeds  # a generated mask: no workspace, no torch
