@@ -51,6 +51,7 @@ from PIL import Image, UnidentifiedImageError
 from shapely.geometry import MultiPolygon, Polygon, shape
 from shapely.validation import make_valid
 
+from annotations.dataset import copy_photo
 from annotations.fileio import write_text
 from annotations.formats import rasterize
 from annotations.readers import IMAGE_SUFFIXES, MAX_PIXELS, DatasetError, valid_id
@@ -434,7 +435,7 @@ def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synth
                                    f"upright {size[0]}×{size[1]} ({path})")
             labels, wounds, n_empty = _label_map(photo, (size[1], size[0]))
             empty += n_empty
-            shutil.copyfile(path, stage / "images" / f"{image_id}{path.suffix.lower()}")
+            copy_photo(path, stage / "images" / f"{image_id}{path.suffix.lower()}")
             if wounds:
                 Image.fromarray(labels).save(stage / "masks" / f"{image_id}.png")
             rows += [{"image_id": image_id, "wound_index": i, "description": w.description, "label": w.label}

@@ -899,7 +899,8 @@ def _copy_truth(src: Path, dst: Path) -> None:
         raise DatasetError(f"{err.filename}: {err.strerror}; replace it with a copy of the file") from None
 
 
-def _copy_file(src: Path, dst: Path) -> None:
+def copy_photo(src: Path, dst: Path) -> None:
+    """Copy one file without following a link (:func:`annotations.fileio.copy_file`); a link is a DatasetError."""
     try:
         copy_file(src, dst)
     except LinkError as err:
@@ -1061,7 +1062,7 @@ def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:
             if img["image_id"] in with_wounds or ws.mask_path(img["image_id"]).exists():
                 _write_label_png(out / "masks" / f"{img['image_id']}.png", ws.load_mask(img["image_id"]))
     for img in images:  # photos never change in place (a re-import renames a new file in)
-        _copy_file(ws.images_dir / img["file"], out / "images" / img["file"])
+        copy_photo(ws.images_dir / img["file"], out / "images" / img["file"])
     _write_csv(out / "wounds.csv", ["image_id", "wound_index", "description"],
                [{"image_id": w["image_id"], "wound_index": w["wound_index"],
                  "description": w["description"], **w["metadata"]} for w in wounds])

@@ -11,6 +11,7 @@ Copies (:func:`copy_tree`) open every file and folder without following a symbol
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -127,7 +128,7 @@ def copy_file(src: str | Path, dst: str | Path) -> str:
     try:
         fd = os.open(src, _NOFOLLOW)
     except OSError as err:
-        if err.errno == getattr(os, "ELOOP", -1):
+        if err.errno == errno.ELOOP:
             raise LinkError(err.errno, "is a symbolic link; links are never followed", str(src)) from None
         raise
     digest = hashlib.sha256()

@@ -206,3 +206,13 @@ def test_convert_refuses_a_non_empty_out(tmp_path):
     with pytest.raises(DatasetError, match="not an empty folder"):
         convert("coco", tmp_path / "src", tmp_path / "ds")
     assert [p.name for p in (tmp_path / "ds").iterdir()] == ["keep.txt"]
+
+
+def test_a_photo_that_is_a_link_is_refused_and_nothing_outside_is_copied(tmp_path):
+    _coco(tmp_path)
+    outside = tmp_path / "outside.png"
+    (tmp_path / "src" / "p1.png").rename(outside)
+    (tmp_path / "src" / "p1.png").symlink_to(outside)
+    with pytest.raises(DatasetError, match=r"p1\.png: .*link"):
+        convert("coco", tmp_path / "src", tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
