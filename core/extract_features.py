@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.views < 0 or args.shard_size < 1:
         parser.error(f"--views must be ≥ 0 and --shard-size ≥ 1, got {args.views} and {args.shard_size}")
     rank, world, device = init_distributed()
+    distributed = dist.is_initialized()  # under torchrun, one process or many
     if rank == 0:
         open_workspace(args.workspace, parser, require_wounds=True)  # imports the demo into an empty one, once
-    if world > 1:
+    if distributed:
         dist.barrier()
     ws = Workspace(args.workspace)
     with user_errors(parser, BackboneUnavailable, ValueError):
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = None
     if rank == 0:
         config = {"backbone": backbone.name, "layer": backbone.layer, "views": args.views,
-                  "shard_size": args.shard_size, "world_size": world, "device": str(device),
+                  "shard_size": args.shard_size, "world_size": world, "backend": dist.get_backend() if distributed else None, "device": str(device),
                   "n_images": len(image_ids), "cache": str(cache.root),
                   "synthetic": ws.is_synthetic}
         run_id = ws.store.start_run("features", config, seed=args.seed)
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         computed = len(cache.extract(image_ids, args.views, rank=rank, world_size=world))
         seconds = time.perf_counter() - t0
         per_rank = [computed]
-        if world > 1:
+        if distributed:
             per_rank = [None] * world
             dist.all_gather_object(per_rank, computed)
     except BaseException as exc:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(image_ids)} photos × {args.views} views of {backbone.name}: computed {total} "
               f"(per rank {per_rank}), {len(image_ids) - total} already cached; {seconds:.1f}s; "
               f"{disk / 2**20:.1f} MiB in {cache.root} (run {run_id})")
-    if world > 1:
+    if distributed:
         dist.destroy_process_group()
     return 0
 

@@ -1,7 +1,8 @@
 """Shared plumbing of every job: device choice, opening a workspace, run artifacts.
 
-- **Device**: CUDA (bf16 autocast) when available, else the CPU (fp32); a job's ``--device``
-  fixes it for the whole process (:func:`use_device`, called by :func:`core.cli.parse_args`).
+- **Device**: CUDA (bf16 autocast; ``TRIDERM_CUDA_PRECISION=fp32`` for full precision) when
+  available, else the CPU (fp32); a job's ``--device`` fixes it for the whole process
+  (:func:`use_device`, called by :func:`core.cli.parse_args`).
 - **Workspace**: :func:`open_workspace` opens the ``--workspace`` of a job, importing the
   SYNTHETIC phantom demo into an empty one, and turns user errors into one clear ``parser``
   error (:func:`user_errors`).
@@ -35,7 +36,7 @@ from annotations.workspace import Workspace
 if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
     import torch
 
-__all__ = ["DEMO_SEED", "DEVICES", "autocast", "ensure_images", "git_sha", "init_distributed", "json_safe", "load_checkpoint",
+__all__ = ["DEMO_SEED", "DEVICES", "PRECISION_ENV", "autocast", "ensure_images", "git_sha", "init_distributed", "json_safe", "load_checkpoint",
            "load_embeddings", "open_workspace", "pick_device", "numbers_only", "resolve_device",
            "save_embeddings", "source_fingerprint", "torch_threads", "use_device", "user_errors",
            "write_model_folder"]
@@ -45,6 +46,7 @@ EMBEDDINGS_FILE = "embeddings.npz"
 
 
 DEVICES = ("auto", "cpu", "cuda")
+PRECISION_ENV = "TRIDERM_CUDA_PRECISION"  # bf16 (default) or fp32: the compute precision on CUDA
 _chosen_device: torch.device | None = None
 
 
@@ -79,15 +81,16 @@ def pick_device() -> torch.device:
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world size, device) of this process: under ``torchrun`` (``WORLD_SIZE`` > 1) it
-    initialises the default process group (nccl on ``cuda:LOCAL_RANK``, gloo on the CPU)."""
+    """(rank, world size, device) of this process: under ``torchrun`` (``LOCAL_RANK`` set, one
+    process or many) it initialises the default process group (nccl on ``cuda:LOCAL_RANK``, gloo
+    on the CPU); callers run collectives when ``torch.distributed.is_initialized()``."""
     import os
 
     import torch
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if "LOCAL_RANK" not in os.environ:
         return 0, 1, pick_device()
     if pick_device().type == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -99,11 +102,16 @@ def init_distributed() -> tuple[int, int, torch.device]:
 
 
 def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; a no-op context on CPU (fp32 there is both faster and exact)."""
+    """bf16 autocast on CUDA (fp32 when ``TRIDERM_CUDA_PRECISION=fp32``); a no-op context on CPU
+    (fp32 there is both faster and exact)."""
+    import os
+
     import torch
 
-    device = torch.device(device)
-    if device.type == "cuda":
+    precision = os.environ.get(PRECISION_ENV, "bf16")
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"{PRECISION_ENV}={precision!r}: choose bf16 or fp32")
+    if torch.device(device).type == "cuda" and precision == "bf16":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

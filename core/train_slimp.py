@@ -178,10 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = cli.parse_args(parser, argv)
     rank, world, device = init_distributed()
+    distributed = dist.is_initialized()  # under torchrun, one process or many
     _validate(parser, args, world)
     if rank == 0:
         open_workspace(args.workspace)  # imports the demo into an empty workspace, once
-    if world > 1:
+    if distributed:
         dist.barrier()
     ws = Workspace(args.workspace)
     try:
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if rank == 0:
             images = frozen_features(ws, data, bb, size)
-        if world > 1:
+        if distributed:
             dist.barrier()
         if rank != 0:
             images = frozen_features(ws, data, bb, size)
@@ -265,14 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(resume_state["model"])
         optimizer.load_state_dict(resume_state["optimizer"])
 
-    group = dist.new_group() if world > 1 else None
+    group = dist.new_group() if distributed else None
     net: nn.Module = model
-    if world > 1:
+    if distributed:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     run_id = args.resume
     config = {"modality": "nested", **{k: getattr(args, k) for k in TRAIN_KEYS}, "epochs": args.epochs,
-              "world_size": world, "backbone_name": bb.name, "feat_dim": bb.channels,
+              "world_size": world, "backend": dist.get_backend() if distributed else None, "backbone_name": bb.name, "feat_dim": bb.channels,
               "trainable": "stem + tabular input embeddings" if args.continual
               else "projection + tabular encoders + phenotype + temperature (frozen backbone, cached features)",
               "wound_fields": None if wound_schema is None else wound_schema.names,
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             ws.store.finish_run(run_id, status="failed", message=f"{type(e).__name__}: {e}")
         raise
     finally:
-        if world > 1:
+        if distributed:
             dist.destroy_process_group()
     return 0
 

@@ -57,6 +57,11 @@ def steps(ws: str, device: str = "cuda") -> list[tuple[str, list[str]]]:
         *((f"train_concepts --objective {o}", [*py, "core.train_concepts", *w, "--objective", o, "--epochs", "1"])
           for o in ("clip", "make", "conceptclip")),
         ("bench_contrastive --quick", [*py, "core.bench_contrastive", *w, "--quick", "--epochs", "1"]),
+        ("train_segmenter", [*py, "core.train_segmenter", *w, "--epochs", "1"]),
+        ("segment (default segmenter)", [*py, "core.segment", "--images", f"{ws}/images", "--out", f"{ws}-masks",
+                                         "--device", device]),
+        ("ablate --tables vision --quick", [*py, "core.ablate", *w, "--tables", "vision", "--quick", "--n-seeds", "1",
+                                            "--vision-epochs", "1"]),
     ]
 
 
@@ -65,7 +70,8 @@ def run_step(argv: list[str], timeout: float, need_cuda: bool = True) -> tuple[b
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     secs = time.perf_counter() - t0

@@ -145,7 +145,7 @@ def test_torchrun_ranks_write_one_cache_that_training_reads_without_recomputing(
     copy = Workspace(root)
     ids = sorted(im["image_id"] for im in copy.store.images())
     run = copy.store.runs("features")[0]
-    assert run["status"] == "done" and run["config"]["world_size"] == 2
+    assert run["status"] == "done" and run["config"]["world_size"] == 2 and run["config"]["backend"] == "gloo"
     assert run["metrics"]["computed_per_rank"] == [3, 2] and run["metrics"]["computed"] == 5
     bb = load_backbone("efficientnet-lite0", layer="stage5", device="cpu")
     cache, computed, forwards = counting_cache(copy, bb)

@@ -29,10 +29,19 @@ def test_gpu_check_covers_every_cli() -> None:
     steps = _script().steps("/tmp/ws")
     labels = [label for label, _ in steps]
     commands = [" ".join(argv[3:] if argv[1] == "-c" else argv[1:]) for _, argv in steps]
-    for module in ("train_triderm", "embed", "fit_soe", "text_embed", "train_slimp", "evaluate", "bench_contrastive"):
+    for module in ("train_triderm", "embed", "fit_soe", "text_embed", "train_slimp", "evaluate", "bench_contrastive",
+                   "extract_features", "llm_triplets", "train_segmenter", "segment", "ablate"):
         assert any(c.startswith(f"core.{module} ") for c in commands), module
     assert any("torch.distributed.run --nproc_per_node 1 -m core.train_slimp" in c for c in commands)
     assert [c.split("--objective ")[1].split()[0] for c in commands if "core.train_concepts" in c] == [
         "clip", "make", "conceptclip"]
     assert any("core.bench_contrastive" in c and "--quick" in c for c in commands)
-    assert all("--workspace /tmp/ws" in c for c in commands) and labels[0] == "train_triderm"
+    assert all("--workspace /tmp/ws" in c or "--images /tmp/ws/images" in c for c in commands)
+    assert labels[0] == "train_triderm"
+
+
+def test_every_job_that_takes_a_device_is_checked() -> None:
+    """Each ``python -m core.<job>`` with a ``--device`` option has a gpu-check step."""
+    checked = {argv[argv.index("-m") + 1] if "-m" in argv else argv[3] for _, argv in _script().steps("/tmp/ws")}
+    jobs = {f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if "add_device(" in p.read_text() and p.stem != "cli"}
+    assert jobs and jobs <= checked, sorted(jobs - checked)

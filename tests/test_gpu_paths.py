@@ -174,6 +174,44 @@ def test_autocast_is_bf16_on_cuda_and_a_no_op_on_the_cpu() -> None:
         assert (a @ a).dtype == torch.float32  # fp32 on the CPU: exact and faster there
 
 
+def test_cuda_precision_env_gives_fp32_or_one_clear_error(monkeypatch) -> None:
+    """``TRIDERM_CUDA_PRECISION=fp32`` turns the CUDA autocast off (benchmarks.gpu's fp32 rows); a typo is refused."""
+    from core.runtime import PRECISION_ENV, autocast
+
+    monkeypatch.setenv(PRECISION_ENV, "fp32")
+    assert isinstance(autocast("cuda:0"), contextlib.nullcontext)
+    monkeypatch.setenv(PRECISION_ENV, "fp16")
+    with pytest.raises(ValueError, match="TRIDERM_CUDA_PRECISION='fp16': choose bf16 or fp32"):
+        autocast("cuda:0")
+
+
+def test_torchrun_of_one_process_initialises_the_process_group(monkeypatch) -> None:
+    """Under ``torchrun --nproc_per_node 1`` the group is initialised too (gloo on the CPU, nccl on CUDA), so
+    one process exercises the collectives a multi-GPU run uses; without torchrun nothing is initialised."""
+    import socket
+
+    import torch.distributed as dist
+
+    from core.runtime import init_distributed, use_device
+
+    use_device("cpu")
+    try:
+        assert init_distributed() == (0, 1, torch.device("cpu")) and not dist.is_initialized()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(port)}.items():
+            monkeypatch.setenv(k, v)
+        assert init_distributed() == (0, 1, torch.device("cpu"))
+        assert dist.is_initialized() and dist.get_backend() == "gloo"
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        use_device(None)
+
+
 
 @pytest.mark.parametrize("pooling", ["attention", "mean"])
 def test_wound_head_follows_input_device_and_dtype(pooling: str) -> None:
