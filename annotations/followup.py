@@ -19,10 +19,12 @@ proposals for the wounds of a new visit.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from annotations.fileio import atomic_write
 from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
 from annotations.readers import DatasetError, parse_bool
 from annotations.store import SYSTEM_ACTOR, Store, key_json, wound_key
@@ -196,29 +199,82 @@ def workspace_marker(ws: Workspace) -> MarkerSpec | None:
     return None if value is None else marker_spec(value, "workspace marker")
 
 
+#: The measurement cache (``cache/`` of the workspace): per photo, keyed by what its sizes depend on.
+MEASURE_CACHE = "followup_measures.json"
+MEASURE_VERSION = 1  # bump when :func:`annotations.measure.measure` changes what it returns
+
+
+def _photo_key(ws: Workspace, img: dict[str, Any], marker: MarkerSpec | None, known: list[int]) -> str:
+    """What a photo's measurements depend on: its pixels, its mask file's bytes, its wounds, its ruler
+    and the workspace's marker."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps([MEASURE_VERSION, img["sha256"], sorted(known), img["metadata"].get(RULER),
+                         None if marker is None else asdict(marker)], default=str).encode())
+    path = ws.mask_path(img["image_id"])
+    h.update(path.read_bytes() if path.exists() else b"")
+    return h.hexdigest()
+
+
+def measure_photos(ws: Workspace, image_ids: list[str], progress: Callable[[float], None] | None = None
+                   ) -> dict[str, dict[int, Measurement]]:
+    """Every wound of each photo measured (marker, else ruler, else pixels), from the workspace's
+    measurement cache where the photo, its mask, its ruler and the marker are unchanged; the rest is
+    measured (the marker detection and the mask's pixels: the slow part) and cached."""
+    store = ws.store
+    marker = workspace_marker(ws)
+    path = ws.cache_dir / MEASURE_CACHE
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):
+        cache = {}  # a damaged cache is measured again
+    images = {i["image_id"]: i for i in store.images()}
+    wounds: dict[str, list[int]] = defaultdict(list)
+    for w in store.wounds():
+        wounds[w["image_id"]].append(w["wound_index"])
+    out, fresh = {}, {}
+    for n, image_id in enumerate(image_ids):
+        img = images[image_id]
+        key = _photo_key(ws, img, marker, wounds[image_id])
+        if key in cache:
+            out[image_id] = {int(i): Measurement(**{**m, "centre": None if m["centre"] is None else tuple(m["centre"])})
+                             for i, m in cache[key].items()}
+        else:
+            where = f"photo {img['file']}"
+            cal = calibrate(np.asarray(ws.load_image(image_id)), img["metadata"], marker, where)
+            labels = ws.load_mask(image_id)
+            out[image_id] = {i: measure(labels == i, cal) for i in wounds[image_id]}
+            fresh[key] = {str(i): asdict(m) for i, m in out[image_id].items()}
+        if progress is not None:
+            progress((n + 1) / len(image_ids))
+    if fresh:
+        with atomic_write(path, "w") as fh:
+            json.dump({**cache, **fresh}, fh)
+    return out
+
+
 def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None,
                   unlinked: bool = False) -> list[dict[str, Any]]:
     """One row per wound on a track: its size at that visit, how it was measured, by whom, and its %
     change from the track's first visit; ordered by patient, track, date. ``unlinked`` adds the wounds
-    on no track of photos with a visit date (``track`` None), for :func:`pending_links`."""
+    on no track of photos with a visit date (``track`` None), for :func:`pending_links`. Sizes come
+    from :func:`measure_photos` (cached per photo)."""
     store = ws.store
-    marker = workspace_marker(ws)
     images = {i["image_id"]: i for i in store.images()}
     by_image: dict[str, list[dict]] = defaultdict(list)
     for w in store.wounds():
         if track_of(w["metadata"]) is not None or (unlinked and VISIT_DATE in images[w["image_id"]]["metadata"]):
             by_image[w["image_id"]].append(w)
     authors = _outliners(store)
+    sizes = measure_photos(ws, sorted(by_image), progress)
     rows = []
-    for n, (image_id, wounds) in enumerate(sorted(by_image.items())):
+    for image_id, wounds in sorted(by_image.items()):
         img = images[image_id]
         where = f"photo {img['file']}"
-        cal = calibrate(np.asarray(ws.load_image(image_id)), img["metadata"], marker, where)
-        labels = ws.load_mask(image_id)
         visit = img["metadata"].get(VISIT_DATE)
+        shape = (img["height"], img["width"])
         for w in wounds:
             closed = is_closed(w["metadata"])
-            m = measure(labels == w["wound_index"], cal)
+            m = sizes[image_id][w["wound_index"]]
             area = 0.0 if closed and m.area_cm2 is not None else m.area_cm2
             rows.append({
                 "patient": img["patient_id"], "track": track_of(w["metadata"]),
@@ -229,9 +285,7 @@ def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None
                 "method": m.method, "uncertainty": _round(m.uncertainty, 4), "pct_change": None,
                 "area_px": 0 if closed else m.area_px, "site": w["metadata"].get(SITE, ""), "image_id": image_id,
                 "wound_index": w["wound_index"], "notes": "; ".join(m.reasons),
-                "xy": _position(m, labels.shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
-        if progress is not None:
-            progress((n + 1) / len(by_image))
+                "xy": _position(m, shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
     rows.sort(key=lambda r: (str(r["patient"]), r["track"] or "", r["visit_date"] or "", r["image_id"]))
     for _, group in _by_track([r for r in rows if r["track"] is not None]).items():
         base = group[0]

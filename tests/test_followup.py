@@ -261,6 +261,23 @@ def test_marker_areas_match_the_planted_cm2(visits_dataset, visits_rows):
     assert {r["closed"] for r in rows} == {t["closed"] for t in truth.values()}
 
 
+def test_measurements_are_cached_per_photo_until_its_mask_changes(visits_ws, visits_rows, monkeypatch):
+    measured = []
+    calibrate = followup.calibrate
+    monkeypatch.setattr(followup, "calibrate", lambda *a: measured.append(a[-1]) or calibrate(*a))
+    assert followup.followup_rows(visits_ws) == visits_rows and measured == []  # the template measured them
+    first = visits_rows[0]
+    labels = visits_ws.load_mask(first["image_id"])
+    ys, xs = np.nonzero(labels == first["wound_index"])
+    labels[ys[: len(ys) // 2], xs[: len(xs) // 2]] = 0  # an edited outline: half the wound
+    visits_ws.save_mask(first["image_id"], labels)
+    again = {(r["image_id"], r["wound_index"]): r for r in followup.followup_rows(visits_ws)}
+    assert measured == [f"photo {visits_ws.store.image(first['image_id'])['file']}"]  # that photo only
+    assert again[(first["image_id"], first["wound_index"])]["area_px"] == len(ys) - len(ys) // 2
+    (visits_ws.cache_dir / followup.MEASURE_CACHE).write_text("{damaged", encoding="utf-8")
+    assert followup.followup_rows(visits_ws) == list(again.values())  # a damaged cache is measured again
+
+
 def test_healing_and_the_followup_export(visits_ws, visits_rows, tmp_path):
     summary = followup.export_followup(visits_ws, tmp_path / "fu")
     with (tmp_path / "fu" / "followup.csv").open(encoding="utf-8") as fh:
