@@ -172,6 +172,14 @@ def tracks(store: Store) -> list[dict[str, Any]]:
     return [dict(r) for r in store.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
 
 
+def track_visits(store: Store, track_id: str) -> list[tuple[str, int, str]]:
+    """The wounds of one track as ``(image_id, wound_index, visit_date)``, by visit date (undated last)."""
+    dates = {i["image_id"]: str(i["metadata"].get(VISIT_DATE) or "") for i in store.images()}
+    out = [(w["image_id"], int(w["wound_index"]), dates.get(w["image_id"], "")) for w in store.wounds()
+           if track_of(w["metadata"]) == str(track_id)]
+    return sorted(out, key=lambda v: (v[2] == "", v[2], v[0]))
+
+
 def next_track_id(store: Store, patient_id: str | None) -> str:
     """A new track id for ``patient_id`` (``<patient>-T<n>``), not used yet."""
     used = {t["track_id"] for t in tracks(store)}

@@ -13,6 +13,7 @@ import streamlit as st
 
 import app_common as ac
 from annotations import followup
+from annotations.align import track_views
 from annotations.dataset import import_dataset
 from annotations.readers import DatasetError
 
@@ -70,6 +71,19 @@ def crop(root: str, image_id: str, wound_index: int, version: tuple[int, int], s
     window[top:top + inside.shape[0], left:left + inside.shape[1]] = inside
     im = ac.outline_overlay(image.crop(box), np.where(window == wound_index, window, 0))
     return np.asarray(im.resize((size, size), Image.Resampling.LANCZOS))
+
+
+@st.cache_data(show_spinner="Aligning the track's photos…", max_entries=32)
+def aligned(root: str, visits: tuple[tuple[str, int], ...], version: tuple[int, int]) -> list[tuple[np.ndarray, str]]:
+    """The track's photos aligned on the wound (annotations.align), outline drawn (cached until the store
+    changes)."""
+    from PIL import Image
+
+    out = []
+    for view in track_views(ws, list(visits)):
+        image = ac.outline_overlay(Image.fromarray(view.image), view.mask.astype(np.int32))
+        out.append((np.asarray(image), view.method))
+    return out
 
 
 def link(r: dict, track: str | None) -> None:
@@ -148,13 +162,17 @@ st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stret
 heal = followup.healing(shown)
 st.dataframe(pd.DataFrame(heal), hide_index=True, width="stretch")
 
-# -- a track's photos side by side ------------------------------------------------------------------------
+# -- a track's photos side by side, aligned on the wound --------------------------------------------------
 track = st.selectbox("Track photos", sorted({r["track"] for r in shown}), key="fu_track")
 visits = [r for r in shown if r["track"] == track]
-for col, r in zip(st.columns(max(len(visits), 1)), visits):
+views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
+for col, r, (picture, how) in zip(st.columns(max(len(visits), 1)), visits, views):
     size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-    col.image(crop(str(ws.root), r["image_id"], r["wound_index"], now), caption=f"{r['visit_date']} · {size}"
-              + (" · closed" if r["closed"] else ""))
+    col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
+if views:
+    registered = sum("(ECC)" in how for _, how in views[1:])
+    st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the visit "
+               "before (ECC on the skin around the wound; a registration that did not help is not used).")
 
 # -- export -------------------------------------------------------------------------------------------------
 buf = io.StringIO()

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from annotations import followup
+from annotations.align import align_views, track_views
 from annotations.backup import backup, restore
 from annotations.dataset import export_dataset, import_dataset
 from annotations.measure import MarkerSpec, MeasureError, Ruler, find_marker, measure, ruler_calibration
@@ -359,3 +360,43 @@ def test_benchmark_quick(tmp_path):
     assert links["rows"][0][0] > 0 and real["rows"] == []
     with pytest.raises(SystemExit):
         main(["--visits", "1", "--results", str(out)])
+
+
+# -- aligned photos of a track --------------------------------------------------------------------------
+def test_a_tracks_photos_align_on_the_body(visits_dataset, visits_ws):
+    """Body points around each wound land on the same view pixels at every visit (the planted camera
+    homographies): the marker plane, the wound centred and ECC registration undo camera distance and tilt."""
+    truth = {(t["image_id"], t["wound_index"]): t for t in read_truth(visits_dataset[0])}
+    errors, moved = [], []
+    for track in followup.tracks(visits_ws.store):
+        visits = [(i, w) for i, w, _ in followup.track_visits(visits_ws.store, track["track_id"])]
+        if len(visits) < 2:
+            continue
+        views = track_views(visits_ws, visits)
+        cams = [np.asarray(truth[v]["homography"], np.float64) for v in visits]
+        first = cv2.perspectiveTransform(np.array([[[110.0, 110.0]]]), np.linalg.inv(views[0].transform))
+        centre = cv2.perspectiveTransform(first, np.linalg.inv(cams[0])).reshape(2)
+        body = (centre + np.array([[0, 0], [1.5, 0], [0, 1.5], [-1.5, 0], [0, -1.5]])).reshape(-1, 1, 2)
+        at = [cv2.perspectiveTransform(cv2.perspectiveTransform(body, cam), v.transform).reshape(-1, 2)
+              for cam, v in zip(cams, views)]
+        per_cm = np.linalg.norm(at[0][1] - at[0][0]) / 1.5
+        errors += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in zip(at, at[1:])]
+        photo = [cv2.perspectiveTransform(body, cam).reshape(-1, 2) for cam in cams]  # unaligned: photo pixels
+        moved += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in zip(photo, photo[1:])]
+        assert all(v.image.shape == (220, 220, 3) and v.method.startswith("marker plane") for v in views)
+    assert len(errors) >= 8 and np.median(errors) < 0.05 and np.percentile(errors, 90) < 0.3  # cm
+    assert np.median(moved) > 10 * np.median(errors)
+
+
+def test_align_views_without_calibration_centres_the_wound_in_pixels():
+    rng = np.random.default_rng(0)
+    image = cv2.GaussianBlur(rng.integers(0, 255, (200, 300, 3), dtype=np.uint8), (0, 0), 3)
+    mask = np.zeros((200, 300), bool)
+    mask[80:100, 150:190] = True
+    views = align_views([image, image], [mask, np.roll(mask, 30, axis=1)], [None, None], size=100)
+    assert all(v.method.startswith("pixels, wound centred") for v in views)
+    for v in views:
+        ys, xs = np.nonzero(v.mask)
+        assert abs(xs.mean() - 49.5) < 2 and abs(ys.mean() - 49.5) < 2
+    with pytest.raises(ValueError, match="one image, mask and calibration per visit"):
+        align_views([image], [mask, mask], [None])
