@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from annotations import accounts, jobs, session
+from annotations import accounts, followup, jobs, session
 from annotations.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -389,6 +389,28 @@ def test_explore_page_umap_retrieval_attention(ws):
     session.delete_wound(ws, photo, ws.store.wounds(photo)[0]["wound_index"], actor="Tess")  # after the run
     at = app("explore", timeout=300)
     assert "This run is out of date" in texts(at)
+
+
+@pytest.mark.slow
+def test_explore_page_draws_a_wound_track_path(ws):
+    by_patient: dict[str, list[str]] = {}
+    for i in ws.store.images():
+        if ws.store.wounds(i["image_id"]):
+            by_patient.setdefault(i["patient_id"], []).append(i["image_id"])
+    patient, photos = max(by_patient.items(), key=lambda kv: len(kv[1]))
+    photos = photos[:4]
+    for n, image_id in enumerate(reversed(photos)):  # visit order is not the photo order
+        followup.set_visit_date(ws.store, image_id, f"2024-0{n + 1}-01")
+        followup.set_track(ws.store, image_id, ws.store.wounds(image_id)[0]["wound_index"], f"{patient}-T1")
+    add_test_embedding(ws)
+    at = app("explore", timeout=300)
+    at.selectbox(key="explore_track").select(f"{patient}-T1").run()
+    assert not at.exception, at.exception
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    (path,) = [t for t in spec["data"] if t.get("name") == f"track {patient}-T1"]
+    assert len(photos) >= 2 and path["text"] == [str(n + 1) for n in range(len(photos))]
+    assert [h.split(" · ")[-1] for h in path["hovertext"]] == [f"2024-0{n + 1}-01" for n in range(len(photos))]
+    assert sum(1 for a in spec["layout"]["annotations"] if a.get("showarrow")) == len(photos) - 1
 
 
 @pytest.mark.slow
