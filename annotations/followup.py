@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -140,6 +140,25 @@ def set_visit_date(store: Store, image_id: str, value: str, *, actor: str = SYST
         metadata.pop(VISIT_DATE, None)
     store.upsert_image(image_id, img["file"], img["sha256"], img["width"], img["height"], img["patient_id"],
                        metadata, actor=actor)
+
+
+def import_visit(ws: Workspace, folder: str | Path, visit_date: str | date | None = None, *,
+                 actor: str = "import") -> dict[str, Any]:
+    """Import a dataset folder (:func:`annotations.dataset.import_dataset`) and give ``visit_date`` to
+    its new photos that carry none in ``images.csv``. The date is checked first: an unparseable or
+    future date is one clear error and imports nothing. The summary adds ``dated`` (photos dated)."""
+    from annotations.dataset import import_dataset
+
+    day = None if visit_date in (None, "") else parse_visit_date(
+        visit_date.isoformat() if isinstance(visit_date, date) else visit_date, "visit date")
+    before = {i["image_id"] for i in ws.store.images()}
+    summary = import_dataset(ws, folder, actor=actor)
+    new = [i["image_id"] for i in ws.store.images() if i["image_id"] not in before and VISIT_DATE not in i["metadata"]]
+    if day is not None:
+        with ws.store.transaction():
+            for image_id in new:
+                set_visit_date(ws.store, image_id, day.isoformat(), actor=actor)
+    return {**summary, "dated": len(new) if day is not None else 0}
 
 
 def set_track(store: Store, image_id: str, wound_index: int, track_id: str | None, *, site: str | None = None,
@@ -476,29 +495,48 @@ def propose_links(new: list[Sighting], history: list[Sighting], k: int = 3
     return out
 
 
-def sightings(rows: list[dict[str, Any]]) -> list[Sighting]:
-    """:func:`followup_rows` rows as the linker's sightings (with their recorded tracks)."""
+#: Wound key ``(image_id, wound_index)`` → its embedding (any length; normalised here), e.g. a run's
+#: ``wound_emb`` rows by its ``wound_keys`` (precomputed: this module never runs a model).
+Embeddings = Mapping[tuple[str, int], np.ndarray]
+
+
+def _unit(vector: np.ndarray | None) -> np.ndarray | None:
+    if vector is None:
+        return None
+    v = np.asarray(vector, np.float64).ravel()
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 and np.isfinite(norm) else None
+
+
+def sightings(rows: list[dict[str, Any]], embeddings: Embeddings | None = None) -> list[Sighting]:
+    """:func:`followup_rows` rows as the linker's sightings (with their recorded tracks); with
+    ``embeddings``, each wound's (L2-normalised) embedding is a linking cue (:func:`link_cost`)."""
+    embeddings = embeddings or {}
     return [Sighting((r["image_id"], r["wound_index"]), r["patient"], r["visit_date"] or "", r["site"],
-                     r["xy"] or (0.0, 0.0), r["size"], r["track"], r["closed"]) for r in rows]
+                     r["xy"] or (0.0, 0.0), r["size"], r["track"], r["closed"],
+                     _unit(embeddings.get((r["image_id"], int(r["wound_index"])))))
+            for r in rows]
 
 
-def pending_links(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pending_links(rows: list[dict[str, Any]], embeddings: Embeddings | None = None) -> list[dict[str, Any]]:
     """The wounds on no track (rows of :func:`followup_rows` with ``unlinked``), each with its ranked
-    proposals (``proposals``: [(track or None, cost)]) against the tracks seen before its visit."""
-    history = [s for s in sightings(rows) if s.track is not None]
-    todo = [r for r in rows if r["track"] is None]
+    proposals (``proposals``: [(track or None, cost)]) against the tracks seen before its visit;
+    ``embeddings`` add embedding similarity to the cues."""
+    seen = sightings(rows, embeddings)
+    history = [s for s in seen if s.track is not None]
+    todo = [(r, s) for r, s in zip(rows, seen) if r["track"] is None]
     out = []
-    for day in sorted({r["visit_date"] for r in todo}):
-        visit = [r for r in todo if r["visit_date"] == day]
-        proposals = propose_links([s for s in sightings(visit)], [s for s in history if s.visit_date < day])
-        out += [{**r, "proposals": proposals[(r["image_id"], r["wound_index"])]} for r in visit]
+    for day in sorted({r["visit_date"] for r, _ in todo}):
+        visit = [(r, s) for r, s in todo if r["visit_date"] == day]
+        proposals = propose_links([s for _, s in visit], [s for s in history if s.visit_date < day])
+        out += [{**r, "proposals": proposals[(r["image_id"], r["wound_index"])]} for r, _ in visit]
     return out
 
 
-def link_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def link_accuracy(rows: list[dict[str, Any]], embeddings: Embeddings | None = None) -> dict[str, Any]:
     """Top-1 accuracy of :func:`propose_links` replayed visit by visit on recorded tracks: each visit's
     wounds (tracks hidden) against all earlier visits; "new track" is right for a track's first wound."""
-    seen = sightings(rows)
+    seen = sightings(rows, embeddings)
     right = total = new_right = new_total = 0
     for patient in sorted({s.patient for s in seen}, key=str):
         mine = [s for s in seen if s.patient == patient]
@@ -506,8 +544,8 @@ def link_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
             history = [s for s in mine if s.visit_date < day]
             visit = [s for s in mine if s.visit_date == day]
             known = {s.track for s in history}
-            proposals = propose_links([Sighting(s.key, s.patient, s.visit_date, s.site, s.xy, s.area)
-                                       for s in visit], history)
+            proposals = propose_links([Sighting(s.key, s.patient, s.visit_date, s.site, s.xy, s.area,
+                                                embedding=s.embedding) for s in visit], history)
             for s in visit:
                 truth = s.track if s.track in known else None
                 hit = proposals[s.key][0][0] == truth

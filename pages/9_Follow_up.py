@@ -14,7 +14,6 @@ import streamlit as st
 import app_common as ac
 from annotations import followup
 from annotations.align import track_views
-from annotations.dataset import import_dataset
 from annotations.readers import DatasetError
 
 #: Keyboard, as on the Triplets page: accept the first proposal, start a new track.
@@ -86,6 +85,26 @@ def aligned(root: str, visits: tuple[tuple[str, int], ...], version: tuple[int, 
     return out
 
 
+def wound_runs() -> dict[int, str]:
+    """Finished runs that stored wound embeddings, newest first: run id → label."""
+    try:
+        from core.eval.explore import has_wound_embedding
+        from core.eval.report import has_embeddings
+    except ImportError:  # the ML part of the product is not installed: links use the other cues
+        return {}
+    return {r["id"]: f"run {r['id']} · {r['kind']}" + (f" · {r['name']}" if r.get("name") else "")
+            for r in store.runs(status="done") if has_embeddings(ws, r) and has_wound_embedding(ws, r["id"])}
+
+
+@st.cache_data(show_spinner="Loading the wound embeddings…", max_entries=4)
+def wound_embeddings(root: str, run_id: int) -> dict[tuple[str, int], np.ndarray]:
+    """The run's wound embeddings by wound key (a linking cue: embedding similarity)."""
+    from core.runtime import load_embeddings
+
+    emb = load_embeddings(ws, run_id)
+    return {(str(i), int(w)): np.asarray(v) for (i, w), v in zip(emb["wound_keys"], emb["wound_emb"])}
+
+
 def link(r: dict, track: str | None) -> None:
     """Put the wound on ``track`` (None: a new track of its patient)."""
     target = track or followup.next_track_id(store, r["patient"])
@@ -97,9 +116,11 @@ def link(r: dict, track: str | None) -> None:
 if ac.allowed("manage"):
     with st.expander("Add a visit's photos (a dataset folder: images/, masks/, images.csv with visit_date)"):
         folder = st.text_input("Folder on the server", key="fu_folder")
+        visit_day = st.date_input("Visit date of the new photos (where images.csv gives none)", value=None,
+                                  max_value=date.today(), key="fu_visit_day")
         if st.button("Import the visit", key="fu_import", disabled=not folder):
             try:
-                summary = import_dataset(ws, folder, actor=ac.actor())
+                summary = followup.import_visit(ws, folder, visit_day, actor=ac.actor())
             except DatasetError as err:
                 st.error(str(err))
             else:
@@ -123,7 +144,11 @@ except DatasetError as err:
     st.stop()
 
 # -- link the new visit's wounds ------------------------------------------------------------------------
-pending = followup.pending_links(rows)
+cues = wound_runs() if any(r["track"] is None for r in rows) else {}
+cue = st.selectbox("Embedding similarity as a linking cue", [None, *cues], index=1 if cues else 0,
+                   format_func=lambda k: "none (site, position, size)" if k is None else cues[k],
+                   key="fu_cue") if cues else None
+pending = followup.pending_links(rows, wound_embeddings(str(ws.root), cue) if cue is not None else None)
 st.subheader(f"Links to confirm · {len(pending)}")
 if pending and can_edit:
     r = pending[0]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import date
 from collections.abc import Callable
 from pathlib import Path
 
@@ -492,9 +493,12 @@ def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
     at.button[[b.label for b in at.button].index("Import")].click().run()
     assert any("Nothing imported" in e.value for e in at.error)
     at.text_input(key="import_folder").input(str(demo_dataset))
+    at.date_input(key="import_visit_date").set_value(date(2024, 5, 6))  # the visit date, asked at import
     at.button[[b.label for b in at.button].index("Import")].click().run()
-    assert any("Imported 53 photos" in s.value for s in at.success)
-    assert Workspace(tmp_path / "empty").store.counts()["images"] == 53
+    assert any("Imported 53 photos" in s.value and "53 new photos dated 2024-05-06" in s.value for s in at.success)
+    store = Workspace(tmp_path / "empty").store
+    assert store.counts()["images"] == 53
+    assert {i["metadata"].get("visit_date") for i in store.images()} == {"2024-05-06"}
 
 
 def test_category_colours_distinct_up_to_24_then_other():

@@ -400,3 +400,31 @@ def test_align_views_without_calibration_centres_the_wound_in_pixels():
         assert abs(xs.mean() - 49.5) < 2 and abs(ys.mean() - 49.5) < 2
     with pytest.raises(ValueError, match="one image, mask and calibration per visit"):
         align_views([image], [mask, mask], [None])
+
+
+# -- the visit date asked at import ----------------------------------------------------------------------
+def test_import_visit_dates_the_new_photos_and_refuses_a_future_date(visits_dataset, tmp_path):
+    src = _copy(visits_dataset[0], tmp_path)
+    _rewrite(src / "images.csv", lambda rows: [r.pop(2) for r in rows])  # no visit_date column
+    ws = Workspace(tmp_path / "ws")
+    tomorrow = (date.today() + timedelta(days=2)).isoformat()
+    with pytest.raises(DatasetError, match="in the future"):
+        followup.import_visit(ws, src, tomorrow)
+    assert ws.store.counts()["images"] == 0  # nothing imported
+    summary = followup.import_visit(ws, src, "2024-05-06")
+    assert summary["dated"] == summary["images"] > 0
+    assert {i["metadata"].get("visit_date") for i in ws.store.images()} == {"2024-05-06"}
+    assert followup.import_visit(ws, src, "2024-06-01")["dated"] == 0  # re-imported photos keep their date
+
+
+def test_embedding_similarity_decides_between_equally_placed_tracks():
+    def row(image_id, track, day, x):
+        return {"image_id": image_id, "wound_index": 1, "patient": "p", "visit_date": day, "site": "shin",
+                "xy": (x, 0.0), "size": 4.0, "track": track, "closed": False}
+
+    rows = [row("a1", "p-T1", "2024-01-01", 0.0), row("b1", "p-T2", "2024-01-01", 1.0),
+            row("c2", None, "2024-01-29", 0.5)]  # halfway between the two tracks, same size and site
+    e1, e2 = np.array([1.0, 0.0, 0.0]), np.array([0.0, 3.0, 0.0])  # any length: normalised
+    like = {t: followup.pending_links(rows, {("a1", 1): e1, ("b1", 1): e2, ("c2", 1): e})[0]["proposals"][0][0]
+            for t, e in (("p-T1", e1 + 0.1), ("p-T2", e2 + 0.1))}
+    assert like == {"p-T1": "p-T1", "p-T2": "p-T2"}  # site, size and position alone tie: the embedding decides
