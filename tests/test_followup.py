@@ -355,9 +355,12 @@ def test_benchmark_quick(tmp_path):
     assert main(["--quick", "--results", str(out), "--data", str(tmp_path / "no-data")]) == 0
     record = json.loads((out / "followup.json").read_text(encoding="utf-8"))
     assert record["title"].endswith("[quick]") and record["synthetic"] is True
-    area, _, links, real = record["tables"]
+    area, _, links, real, speed = record["tables"]
     assert [r[0] for r in area["rows"]] == ["marker (homography)", "ruler (one scale)"] and area["rows"][0][1] > 0
     assert links["rows"][0][0] > 0 and real["rows"] == []
+    assert speed["columns"] == ["render", "seconds", "× baseline"] and len(speed["rows"]) == 3
+    assert speed["rows"][0][2] == 1 and all(r[1] > 0 for r in speed["rows"])  # the first render is the baseline
+    assert any(n.startswith("Page speed: ") for n in record["notes"])
     with pytest.raises(SystemExit):
         main(["--visits", "1", "--results", str(out)])
 
