@@ -10,13 +10,14 @@ admin NAME``.
 from __future__ import annotations
 
 import tempfile
+from datetime import date
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import accounts, session
+from annotations import accounts, followup, session
 from annotations.accounts import AuthError
 from annotations.dataset import import_dataset
 from annotations.readers import DatasetError
@@ -90,17 +91,21 @@ def data_section(ws) -> None:
             st.markdown("**Import a dataset folder** (`images/`, `masks/`, `wounds.csv`, optional CSVs)")
             with st.form("import_form", border=False):  # typing never reruns: sidebar links always navigate
                 folder = st.text_input("Dataset folder on the server", key="import_folder")
+                visit = st.date_input("Visit date of the new photos (where images.csv gives none)", value=None,
+                                      max_value=date.today(), key="import_visit_date",
+                                      help="Follow-up: the day these photos were taken; leave empty if unknown")
                 submitted = st.form_submit_button("Import")
             if submitted and not folder.strip():
                 st.error("Enter the dataset folder to import.")
             elif submitted:
                 try:
-                    summary = import_dataset(ws, Path(folder).expanduser())
+                    summary = followup.import_visit(ws, Path(folder).expanduser(), visit)
                 except DatasetError as err:
                     st.error(f"Nothing imported: {err}")
                 else:
                     st.success(f"Imported {summary['images']} photos, {summary['wounds']} wounds, "
-                               f"{summary['new_triplets']} new triplets.")
+                               f"{summary['new_triplets']} new triplets"
+                               + (f"; {summary['dated']} new photos dated {visit.isoformat()}." if visit else "."))
         with right:
             st.markdown("**Build the synthetic demo** (phantom wounds, labelled SYNTHETIC everywhere)")
             refusal = demo_refusal(ws)

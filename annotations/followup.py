@@ -19,10 +19,12 @@ proposals for the wounds of a new visit.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from annotations.fileio import atomic_write
 from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
 from annotations.readers import DatasetError, parse_bool
 from annotations.store import SYSTEM_ACTOR, Store, key_json, wound_key
@@ -139,6 +142,25 @@ def set_visit_date(store: Store, image_id: str, value: str, *, actor: str = SYST
                        metadata, actor=actor)
 
 
+def import_visit(ws: Workspace, folder: str | Path, visit_date: str | date | None = None, *,
+                 actor: str = "import") -> dict[str, Any]:
+    """Import a dataset folder (:func:`annotations.dataset.import_dataset`) and give ``visit_date`` to
+    its new photos that carry none in ``images.csv``. The date is checked first: an unparseable or
+    future date is one clear error and imports nothing. The summary adds ``dated`` (photos dated)."""
+    from annotations.dataset import import_dataset
+
+    day = None if visit_date in (None, "") else parse_visit_date(
+        visit_date.isoformat() if isinstance(visit_date, date) else visit_date, "visit date")
+    before = {i["image_id"] for i in ws.store.images()}
+    summary = import_dataset(ws, folder, actor=actor)
+    new = [i["image_id"] for i in ws.store.images() if i["image_id"] not in before and VISIT_DATE not in i["metadata"]]
+    if day is not None:
+        with ws.store.transaction():
+            for image_id in new:
+                set_visit_date(ws.store, image_id, day.isoformat(), actor=actor)
+    return {**summary, "dated": len(new) if day is not None else 0}
+
+
 def set_track(store: Store, image_id: str, wound_index: int, track_id: str | None, *, site: str | None = None,
               closed: bool | None = None, actor: str = SYSTEM_ACTOR) -> None:
     """Put one wound on ``track_id`` (None: off any track), optionally with its site and closed flag;
@@ -169,6 +191,14 @@ def tracks(store: Store) -> list[dict[str, Any]]:
     return [dict(r) for r in store.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
 
 
+def track_visits(store: Store, track_id: str) -> list[tuple[str, int, str]]:
+    """The wounds of one track as ``(image_id, wound_index, visit_date)``, by visit date (undated last)."""
+    dates = {i["image_id"]: str(i["metadata"].get(VISIT_DATE) or "") for i in store.images()}
+    out = [(w["image_id"], int(w["wound_index"]), dates.get(w["image_id"], "")) for w in store.wounds()
+           if track_of(w["metadata"]) == str(track_id)]
+    return sorted(out, key=lambda v: (v[2] == "", v[2], v[0]))
+
+
 def next_track_id(store: Store, patient_id: str | None) -> str:
     """A new track id for ``patient_id`` (``<patient>-T<n>``), not used yet."""
     used = {t["track_id"] for t in tracks(store)}
@@ -196,29 +226,82 @@ def workspace_marker(ws: Workspace) -> MarkerSpec | None:
     return None if value is None else marker_spec(value, "workspace marker")
 
 
+#: The measurement cache (``cache/`` of the workspace): per photo, keyed by what its sizes depend on.
+MEASURE_CACHE = "followup_measures.json"
+MEASURE_VERSION = 1  # bump when :func:`annotations.measure.measure` changes what it returns
+
+
+def _photo_key(ws: Workspace, img: dict[str, Any], marker: MarkerSpec | None, known: list[int]) -> str:
+    """What a photo's measurements depend on: its pixels, its mask file's bytes, its wounds, its ruler
+    and the workspace's marker."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps([MEASURE_VERSION, img["sha256"], sorted(known), img["metadata"].get(RULER),
+                         None if marker is None else asdict(marker)], default=str).encode())
+    path = ws.mask_path(img["image_id"])
+    h.update(path.read_bytes() if path.exists() else b"")
+    return h.hexdigest()
+
+
+def measure_photos(ws: Workspace, image_ids: list[str], progress: Callable[[float], None] | None = None
+                   ) -> dict[str, dict[int, Measurement]]:
+    """Every wound of each photo measured (marker, else ruler, else pixels), from the workspace's
+    measurement cache where the photo, its mask, its ruler and the marker are unchanged; the rest is
+    measured (the marker detection and the mask's pixels: the slow part) and cached."""
+    store = ws.store
+    marker = workspace_marker(ws)
+    path = ws.cache_dir / MEASURE_CACHE
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):
+        cache = {}  # a damaged cache is measured again
+    images = {i["image_id"]: i for i in store.images()}
+    wounds: dict[str, list[int]] = defaultdict(list)
+    for w in store.wounds():
+        wounds[w["image_id"]].append(w["wound_index"])
+    out, fresh = {}, {}
+    for n, image_id in enumerate(image_ids):
+        img = images[image_id]
+        key = _photo_key(ws, img, marker, wounds[image_id])
+        if key in cache:
+            out[image_id] = {int(i): Measurement(**{**m, "centre": None if m["centre"] is None else tuple(m["centre"])})
+                             for i, m in cache[key].items()}
+        else:
+            where = f"photo {img['file']}"
+            cal = calibrate(np.asarray(ws.load_image(image_id)), img["metadata"], marker, where)
+            labels = ws.load_mask(image_id)
+            out[image_id] = {i: measure(labels == i, cal) for i in wounds[image_id]}
+            fresh[key] = {str(i): asdict(m) for i, m in out[image_id].items()}
+        if progress is not None:
+            progress((n + 1) / len(image_ids))
+    if fresh:
+        with atomic_write(path, "w") as fh:
+            json.dump({**cache, **fresh}, fh)
+    return out
+
+
 def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None,
                   unlinked: bool = False) -> list[dict[str, Any]]:
     """One row per wound on a track: its size at that visit, how it was measured, by whom, and its %
     change from the track's first visit; ordered by patient, track, date. ``unlinked`` adds the wounds
-    on no track of photos with a visit date (``track`` None), for :func:`pending_links`."""
+    on no track of photos with a visit date (``track`` None), for :func:`pending_links`. Sizes come
+    from :func:`measure_photos` (cached per photo)."""
     store = ws.store
-    marker = workspace_marker(ws)
     images = {i["image_id"]: i for i in store.images()}
     by_image: dict[str, list[dict]] = defaultdict(list)
     for w in store.wounds():
         if track_of(w["metadata"]) is not None or (unlinked and VISIT_DATE in images[w["image_id"]]["metadata"]):
             by_image[w["image_id"]].append(w)
     authors = _outliners(store)
+    sizes = measure_photos(ws, sorted(by_image), progress)
     rows = []
-    for n, (image_id, wounds) in enumerate(sorted(by_image.items())):
+    for image_id, wounds in sorted(by_image.items()):
         img = images[image_id]
         where = f"photo {img['file']}"
-        cal = calibrate(np.asarray(ws.load_image(image_id)), img["metadata"], marker, where)
-        labels = ws.load_mask(image_id)
         visit = img["metadata"].get(VISIT_DATE)
+        shape = (img["height"], img["width"])
         for w in wounds:
             closed = is_closed(w["metadata"])
-            m = measure(labels == w["wound_index"], cal)
+            m = sizes[image_id][w["wound_index"]]
             area = 0.0 if closed and m.area_cm2 is not None else m.area_cm2
             rows.append({
                 "patient": img["patient_id"], "track": track_of(w["metadata"]),
@@ -229,9 +312,7 @@ def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None
                 "method": m.method, "uncertainty": _round(m.uncertainty, 4), "pct_change": None,
                 "area_px": 0 if closed else m.area_px, "site": w["metadata"].get(SITE, ""), "image_id": image_id,
                 "wound_index": w["wound_index"], "notes": "; ".join(m.reasons),
-                "xy": _position(m, labels.shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
-        if progress is not None:
-            progress((n + 1) / len(by_image))
+                "xy": _position(m, shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
     rows.sort(key=lambda r: (str(r["patient"]), r["track"] or "", r["visit_date"] or "", r["image_id"]))
     for _, group in _by_track([r for r in rows if r["track"] is not None]).items():
         base = group[0]
@@ -414,29 +495,48 @@ def propose_links(new: list[Sighting], history: list[Sighting], k: int = 3
     return out
 
 
-def sightings(rows: list[dict[str, Any]]) -> list[Sighting]:
-    """:func:`followup_rows` rows as the linker's sightings (with their recorded tracks)."""
+#: Wound key ``(image_id, wound_index)`` → its embedding (any length; normalised here), e.g. a run's
+#: ``wound_emb`` rows by its ``wound_keys`` (precomputed: this module never runs a model).
+Embeddings = Mapping[tuple[str, int], np.ndarray]
+
+
+def _unit(vector: np.ndarray | None) -> np.ndarray | None:
+    if vector is None:
+        return None
+    v = np.asarray(vector, np.float64).ravel()
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 and np.isfinite(norm) else None
+
+
+def sightings(rows: list[dict[str, Any]], embeddings: Embeddings | None = None) -> list[Sighting]:
+    """:func:`followup_rows` rows as the linker's sightings (with their recorded tracks); with
+    ``embeddings``, each wound's (L2-normalised) embedding is a linking cue (:func:`link_cost`)."""
+    embeddings = embeddings or {}
     return [Sighting((r["image_id"], r["wound_index"]), r["patient"], r["visit_date"] or "", r["site"],
-                     r["xy"] or (0.0, 0.0), r["size"], r["track"], r["closed"]) for r in rows]
+                     r["xy"] or (0.0, 0.0), r["size"], r["track"], r["closed"],
+                     _unit(embeddings.get((r["image_id"], int(r["wound_index"])))))
+            for r in rows]
 
 
-def pending_links(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pending_links(rows: list[dict[str, Any]], embeddings: Embeddings | None = None) -> list[dict[str, Any]]:
     """The wounds on no track (rows of :func:`followup_rows` with ``unlinked``), each with its ranked
-    proposals (``proposals``: [(track or None, cost)]) against the tracks seen before its visit."""
-    history = [s for s in sightings(rows) if s.track is not None]
-    todo = [r for r in rows if r["track"] is None]
+    proposals (``proposals``: [(track or None, cost)]) against the tracks seen before its visit;
+    ``embeddings`` add embedding similarity to the cues."""
+    seen = sightings(rows, embeddings)
+    history = [s for s in seen if s.track is not None]
+    todo = [(r, s) for r, s in zip(rows, seen) if r["track"] is None]
     out = []
-    for day in sorted({r["visit_date"] for r in todo}):
-        visit = [r for r in todo if r["visit_date"] == day]
-        proposals = propose_links([s for s in sightings(visit)], [s for s in history if s.visit_date < day])
-        out += [{**r, "proposals": proposals[(r["image_id"], r["wound_index"])]} for r in visit]
+    for day in sorted({r["visit_date"] for r, _ in todo}):
+        visit = [(r, s) for r, s in todo if r["visit_date"] == day]
+        proposals = propose_links([s for _, s in visit], [s for s in history if s.visit_date < day])
+        out += [{**r, "proposals": proposals[(r["image_id"], r["wound_index"])]} for r, _ in visit]
     return out
 
 
-def link_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def link_accuracy(rows: list[dict[str, Any]], embeddings: Embeddings | None = None) -> dict[str, Any]:
     """Top-1 accuracy of :func:`propose_links` replayed visit by visit on recorded tracks: each visit's
     wounds (tracks hidden) against all earlier visits; "new track" is right for a track's first wound."""
-    seen = sightings(rows)
+    seen = sightings(rows, embeddings)
     right = total = new_right = new_total = 0
     for patient in sorted({s.patient for s in seen}, key=str):
         mine = [s for s in seen if s.patient == patient]
@@ -444,8 +544,8 @@ def link_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
             history = [s for s in mine if s.visit_date < day]
             visit = [s for s in mine if s.visit_date == day]
             known = {s.track for s in history}
-            proposals = propose_links([Sighting(s.key, s.patient, s.visit_date, s.site, s.xy, s.area)
-                                       for s in visit], history)
+            proposals = propose_links([Sighting(s.key, s.patient, s.visit_date, s.site, s.xy, s.area,
+                                                embedding=s.embedding) for s in visit], history)
             for s in visit:
                 truth = s.track if s.track in known else None
                 hit = proposals[s.key][0][0] == truth

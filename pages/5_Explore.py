@@ -15,11 +15,16 @@ import streamlit as st
 from PIL import Image
 
 import app_common as ac
+from annotations import followup
 
 ws = ac.page("Explore", need="view")
+# the map above the fold on a 1366×768 laptop: narrow top margin and title (the sidebar stays open)
+st.html("<style>[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;} "
+        "[data-testid='stMainBlockContainer'] h1 {font-size: 1.6rem; padding: 0;}</style>")
 
 try:
     from core.eval.explore import (
+        add_track_path,
         cluster_labels,
         compute_umap,
         embeddings_stamp,
@@ -29,6 +34,7 @@ try:
         retrieval,
         scatter_figure,
         stored_umap,
+        track_rows,
         umap_path,
     )
     from core.eval.report import embedding_runs, run_figure
@@ -70,8 +76,8 @@ TRAINED_FIRST = ("vision-triderm", "fusion", "text-soe")  # trained models befor
 runs = sorted(runs, key=lambda r: (TRAINED_FIRST.index(r["kind"]) if r["kind"] in TRAINED_FIRST else 9, -r["id"]))
 label = {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
          + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) for r in runs}
-c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
-source = c1.radio("Map of", ["one run", "fused runs"], horizontal=True,
+c0, c1, c2, c3, c4 = st.columns([2, 3, 2, 2, 2])  # one row of controls: the map stays above the fold
+source = c0.radio("Map of", ["one run", "fused runs"],
                   help="fused: two runs' min-max normalised distances combined (core.eval.fusion)")
 if source == "one run":
     run_ids: tuple[int, ...] = (c1.selectbox("Run", list(label), format_func=label.get, key="explore_run"),)
@@ -88,11 +94,11 @@ run = ws.store.run(run_ids[0])
 stamp = (str(run.get("finished") or run["created"]), embeddings_stamp(ws, run_ids))
 edited = ws.store.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
                              "AND field IN ('outline', 'row')").fetchone()[0]  # outlines added, changed, deleted
+stale = None
 if edited and edited > str(run["created"]):
-    st.warning(f"This run is out of date: wounds were added, edited or deleted after it was made (last change "
-               f"{edited[:16].replace('T', ' ')} UTC, run {run['id']} from {str(run['created'])[:16].replace('T', ' ')} "
-               "UTC). Its map and attention show the wounds as they were; train a new run on the Train page.",
-               icon=":material/update:")
+    stale = (f"This run is out of date: wounds were added, edited or deleted after it was made (last change "
+             f"{edited[:16].replace('T', ' ')} UTC, run {run['id']} from {str(run['created'])[:16].replace('T', ' ')} "
+             "UTC). Its map and attention show the wounds as they were; train a new run on the Train page.")
 emb_level = "photos"
 if len(run_ids) == 1 and has_wound_embedding(ws, run_ids[0]):
     emb_level = c2.radio("Points", ["photos", "wounds"], horizontal=True)
@@ -111,6 +117,7 @@ colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
 show_thumbs = c4.toggle("Thumbnails on the map", value=False, disabled=len(m) > THUMBNAILS_MAX,
                         help=f"Up to {THUMBNAILS_MAX} points; above, click a point to see its photo.")
 
+map_col, side_col = st.columns([3, 2], gap="large")  # the map first: the settings go below it
 with st.expander("UMAP settings"):
     n_neighbors = st.slider("Neighbours", 2, 50, 15)
     min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
@@ -154,13 +161,26 @@ if show_thumbs:
                               "yanchor": "middle", "layer": "above"})
 title = " + ".join(f"run {r}" for r in run_ids)
 projection = "UMAP" if is_umap else "Classical MDS (UMAP being computed)"
-fig.update_layout(height=560, margin={"t": 40, "b": 10, "l": 10, "r": 10}, title=f"{projection} of {title} ({emb_level})",
+with side_col:
+    if stale:
+        st.warning(stale, icon=":material/update:")
+    track_ids = [t["track_id"] for t in followup.tracks(ws.store)]
+    path_of = st.selectbox("Track path (a wound across visits)", track_ids, index=None, key="explore_track",
+                           placeholder="no track" if track_ids else "no wound track yet (Follow-up page)",
+                           disabled=not track_ids)
+if path_of:
+    visits = followup.track_visits(ws.store, path_of)
+    path = track_rows(m, visits)
+    date_of = {image_id: day for image_id, _, day in visits}  # one wound of a track per photo
+    add_track_path(fig, xy, path, path_of, [date_of[m.images[r]] for r in path])
+    if len(path) < len(visits):
+        side_col.caption(f"Track {path_of}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
+fig.update_layout(height=450, margin={"t": 40, "b": 10, "l": 10, "r": 10}, title=f"{projection} of {title} ({emb_level})",
                   xaxis={"showticklabels": False, "title": ""}, yaxis={"showticklabels": False, "title": ""},
                   legend={"title": colour_by}, dragmode="pan")
 if ws.is_synthetic:
     fig.add_annotation(text="SYNTHETIC", xref="paper", yref="paper", x=0.99, y=0.01, showarrow=False,
                        font={"size": 14, "color": "#b00"})
-map_col, side_col = st.columns([3, 2], gap="large")
 with map_col:
     event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
     st.caption("Hover a point for its photo id; click a point to show it and its neighbours. Each group has its own "

@@ -13,7 +13,7 @@ import streamlit as st
 
 import app_common as ac
 from annotations import followup
-from annotations.dataset import import_dataset
+from annotations.align import track_views
 from annotations.readers import DatasetError
 
 #: Keyboard, as on the Triplets page: accept the first proposal, start a new track.
@@ -38,30 +38,71 @@ def version() -> tuple[int, int]:
 
 
 def area_figure(linked: list[dict], unit: str) -> go.Figure:
-    """Area against time, one line per track (Scattergl: 50 tracks × 10 visits draw at once)."""
-    fig = go.Figure()
+    """Area against time, one line per track (Scattergl: 50 tracks × 10 visits draw at once). The traces
+    are plain dicts: plotly validates them once, where ``add_trace`` per track took ~0.6 s for 66."""
     frame = pd.DataFrame(linked)
-    for (patient, track), group in frame.groupby(["patient", "track"], sort=True):
-        fig.add_trace(go.Scattergl(x=pd.to_datetime(group["visit_date"]), y=group[unit], mode="lines+markers",
-                                   name=f"{patient} · {track}", hovertemplate="%{x|%Y-%m-%d}: %{y:.2f}"))
-    fig.update_layout(height=420, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_title="visit",
+    traces = [{"type": "scattergl", "x": list(group["visit_date"]), "y": list(group[unit]), "mode": "lines+markers",
+               "name": f"{patient} · {track}", "hovertemplate": "%{x|%Y-%m-%d}: %{y:.2f}"}
+              for (patient, track), group in frame.groupby(["patient", "track"], sort=True)]
+    fig = go.Figure(data=traces)
+    fig.update_layout(height=420, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_title="visit", xaxis_type="date",
                       yaxis_title="open area (cm²)" if unit == "area_cm2" else "area (px, no calibration)")
     return fig
 
 
-def crop(image_id: str, wound_index: int, size: int = 220) -> np.ndarray:
-    """The photo cropped on the wound (its box with a margin), outline drawn."""
+@st.cache_data(show_spinner=False, max_entries=256)
+def crop(root: str, image_id: str, wound_index: int, version: tuple[int, int], size: int = 220) -> np.ndarray:
+    """The photo cropped on the wound (its box with a margin), outline drawn on the crop only (cached
+    until the store changes)."""
     from PIL import Image
 
     labels = ws.load_mask(image_id)
     ys, xs = np.nonzero(labels == wound_index)
-    im = ac.outline_overlay(ws.load_image(image_id), np.where(labels == wound_index, labels, 0))
+    image = ws.load_image(image_id)
     if len(xs) == 0:
-        return np.asarray(im.resize((size, size)))
+        return np.asarray(image.resize((size, size)))
     extent = max(np.ptp(xs), np.ptp(ys))
     cx, cy, half = (xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2, extent / 2 + CROP_PAD * extent + 10
     box = tuple(int(v) for v in (cx - half, cy - half, cx + half, cy + half))
-    return np.asarray(im.crop(box).resize((size, size), Image.Resampling.LANCZOS))
+    window = np.zeros((box[3] - box[1], box[2] - box[0]), labels.dtype)
+    inside = labels[max(box[1], 0):box[3], max(box[0], 0):box[2]]
+    top, left = max(-box[1], 0), max(-box[0], 0)
+    window[top:top + inside.shape[0], left:left + inside.shape[1]] = inside
+    im = ac.outline_overlay(image.crop(box), np.where(window == wound_index, window, 0))
+    return np.asarray(im.resize((size, size), Image.Resampling.LANCZOS))
+
+
+@st.cache_data(show_spinner="Aligning the track's photos…", max_entries=32)
+def aligned(root: str, visits: tuple[tuple[str, int], ...], version: tuple[int, int]) -> list[tuple[np.ndarray, str]]:
+    """The track's photos aligned on the wound (annotations.align), outline drawn (cached until the store
+    changes)."""
+    from PIL import Image
+
+    out = []
+    for view in track_views(ws, list(visits)):
+        image = ac.outline_overlay(Image.fromarray(view.image), view.mask.astype(np.int32))
+        out.append((np.asarray(image), view.method))
+    return out
+
+
+def wound_runs() -> dict[int, str]:
+    """Finished runs that stored wound embeddings, newest first: run id → label."""
+    try:
+        from core.eval.explore import has_wound_embedding
+        from core.eval.report import has_embeddings
+    except ImportError:  # the ML part of the product is not installed: links use the other cues
+        return {}
+    return {r["id"]: f"run {r['id']} · {r['kind']}" + (f" · {r['name']}" if r.get("name") else "")
+            for r in store.runs(status="done") if has_embeddings(ws, r) and has_wound_embedding(ws, r["id"])}
+
+
+@st.cache_data(show_spinner="Loading the wound embeddings…", max_entries=4)
+def wound_embeddings(root: str, run_id: int) -> dict[tuple[str, int], np.ndarray]:
+    """The run's wound embeddings by wound key (a linking cue: embedding similarity)."""
+    from core.runtime import load_embeddings
+
+    emb = load_embeddings(ws, run_id)
+    return {(str(i), int(w)): np.asarray(v) for (i, w), v in zip(emb["wound_keys"], emb["wound_emb"])}
 
 
 def link(r: dict, track: str | None) -> None:
@@ -75,9 +116,11 @@ def link(r: dict, track: str | None) -> None:
 if ac.allowed("manage"):
     with st.expander("Add a visit's photos (a dataset folder: images/, masks/, images.csv with visit_date)"):
         folder = st.text_input("Folder on the server", key="fu_folder")
+        visit_day = st.date_input("Visit date of the new photos (where images.csv gives none)", value=None,
+                                  max_value=date.today(), key="fu_visit_day")
         if st.button("Import the visit", key="fu_import", disabled=not folder):
             try:
-                summary = import_dataset(ws, folder, actor=ac.actor())
+                summary = followup.import_visit(ws, folder, visit_day, actor=ac.actor())
             except DatasetError as err:
                 st.error(str(err))
             else:
@@ -93,21 +136,26 @@ with st.expander("Visit date of a photo"):
         except DatasetError as err:
             st.error(str(err))
 
+now = version()
 try:
-    rows = rows_of(str(ws.root), version())
+    rows = rows_of(str(ws.root), now)
 except DatasetError as err:
     st.error(str(err))
     st.stop()
 
 # -- link the new visit's wounds ------------------------------------------------------------------------
-pending = followup.pending_links(rows)
+cues = wound_runs() if any(r["track"] is None for r in rows) else {}
+cue = st.selectbox("Embedding similarity as a linking cue", [None, *cues], index=1 if cues else 0,
+                   format_func=lambda k: "none (site, position, size)" if k is None else cues[k],
+                   key="fu_cue") if cues else None
+pending = followup.pending_links(rows, wound_embeddings(str(ws.root), cue) if cue is not None else None)
 st.subheader(f"Links to confirm · {len(pending)}")
 if pending and can_edit:
     r = pending[0]
     best = r["proposals"][0][0]
     left, right = st.columns([1, 2])
-    left.image(crop(r["image_id"], r["wound_index"]), caption=f"{r['image_id']} · wound {r['wound_index']} · "
-               f"{r['visit_date']} · {r['site'] or 'no site'}")
+    left.image(crop(str(ws.root), r["image_id"], r["wound_index"], now),
+               caption=f"{r['image_id']} · wound {r['wound_index']} · {r['visit_date']} · {r['site'] or 'no site'}")
     with right:
         st.markdown(f"Proposed: **{best or 'a new track'}**" + (f" (cost {r['proposals'][0][1]:.1f})" if best else ""))
         c1, c2 = st.columns(2)
@@ -139,13 +187,17 @@ st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stret
 heal = followup.healing(shown)
 st.dataframe(pd.DataFrame(heal), hide_index=True, width="stretch")
 
-# -- a track's photos side by side ------------------------------------------------------------------------
+# -- a track's photos side by side, aligned on the wound --------------------------------------------------
 track = st.selectbox("Track photos", sorted({r["track"] for r in shown}), key="fu_track")
 visits = [r for r in shown if r["track"] == track]
-for col, r in zip(st.columns(max(len(visits), 1)), visits):
+views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
+for col, r, (picture, how) in zip(st.columns(max(len(visits), 1)), visits, views):
     size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-    col.image(crop(r["image_id"], r["wound_index"]), caption=f"{r['visit_date']} · {size}"
-              + (" · closed" if r["closed"] else ""))
+    col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
+if views:
+    registered = sum("(ECC)" in how for _, how in views[1:])
+    st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the visit "
+               "before (ECC on the skin around the wound; a registration that did not help is not used).")
 
 # -- export -------------------------------------------------------------------------------------------------
 buf = io.StringIO()

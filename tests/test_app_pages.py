@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import date
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from annotations import accounts, jobs, session
+from annotations import accounts, followup, jobs, session
 from annotations.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -392,6 +393,28 @@ def test_explore_page_umap_retrieval_attention(ws):
 
 
 @pytest.mark.slow
+def test_explore_page_draws_a_wound_track_path(ws):
+    by_patient: dict[str, list[str]] = {}
+    for i in ws.store.images():
+        if ws.store.wounds(i["image_id"]):
+            by_patient.setdefault(i["patient_id"], []).append(i["image_id"])
+    patient, photos = max(by_patient.items(), key=lambda kv: len(kv[1]))
+    photos = photos[:4]
+    for n, image_id in enumerate(reversed(photos)):  # visit order is not the photo order
+        followup.set_visit_date(ws.store, image_id, f"2024-0{n + 1}-01")
+        followup.set_track(ws.store, image_id, ws.store.wounds(image_id)[0]["wound_index"], f"{patient}-T1")
+    add_test_embedding(ws)
+    at = app("explore", timeout=300)
+    at.selectbox(key="explore_track").select(f"{patient}-T1").run()
+    assert not at.exception, at.exception
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    (path,) = [t for t in spec["data"] if t.get("name") == f"track {patient}-T1"]
+    assert len(photos) >= 2 and path["text"] == [str(n + 1) for n in range(len(photos))]
+    assert [h.split(" · ")[-1] for h in path["hovertext"]] == [f"2024-0{n + 1}-01" for n in range(len(photos))]
+    assert sum(1 for a in spec["layout"]["annotations"] if a.get("showarrow")) == len(photos) - 1
+
+
+@pytest.mark.slow
 def test_explore_page_concepts_top_table_and_heatmap(ws):
     from core.train_concepts import main as train_concepts
 
@@ -470,9 +493,12 @@ def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
     at.button[[b.label for b in at.button].index("Import")].click().run()
     assert any("Nothing imported" in e.value for e in at.error)
     at.text_input(key="import_folder").input(str(demo_dataset))
+    at.date_input(key="import_visit_date").set_value(date(2024, 5, 6))  # the visit date, asked at import
     at.button[[b.label for b in at.button].index("Import")].click().run()
-    assert any("Imported 53 photos" in s.value for s in at.success)
-    assert Workspace(tmp_path / "empty").store.counts()["images"] == 53
+    assert any("Imported 53 photos" in s.value and "53 new photos dated 2024-05-06" in s.value for s in at.success)
+    store = Workspace(tmp_path / "empty").store
+    assert store.counts()["images"] == 53
+    assert {i["metadata"].get("visit_date") for i in store.images()} == {"2024-05-06"}
 
 
 def test_category_colours_distinct_up_to_24_then_other():

@@ -15,11 +15,13 @@ from core.eval.distances import pairwise_euclidean
 from core.eval.explore import (
     DistanceRetrieval,
     MapInput,
+    add_track_path,
     cluster_labels,
     compute_umap,
     map_input,
     quick_layout,
     retrieval,
+    track_rows,
     stored_umap,
     umap_path,
 )
@@ -185,3 +187,21 @@ def test_map_groups_differ_by_symbol_as_well_as_colour():
     fig = scatter_figure(np.zeros((len(groups), 2)), groups, groups, {g: "#123456" for g in groups}, "patient")
     symbols = [t.marker.symbol for t in fig.data]
     assert symbols[: len(SYMBOLS)] == list(SYMBOLS) and symbols[-1] == SYMBOLS[0]
+
+
+def test_a_track_path_joins_its_visits_in_order_on_wound_and_photo_maps():
+    import plotly.graph_objects as go
+
+    visits = [("b", 1, "2024-01-01"), ("a", 2, "2024-02-01"), ("z", 1, "2024-03-01"), ("c", 1, "2024-04-01")]
+    wounds = MapInput((1,), "wounds", "uncertainty", ["a #1", "a #2", "b #1", "c #1"], ["a", "a", "b", "c"],
+                      None, None, "")
+    photos = MapInput((1,), "photos", "uncertainty", ["a", "b", "c"], ["a", "b", "c"], None, None, "")
+    assert track_rows(wounds, visits) == [2, 1, 3]  # "z" is not on the map
+    assert track_rows(photos, visits) == [1, 0, 2]
+    fig = go.Figure()
+    xy = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 1.0]])
+    add_track_path(fig, xy, [1, 0, 2], "P1-T1", ["2024-01-01", "2024-02-01", "2024-04-01"])
+    (path,) = fig.data
+    assert list(path.x) == [1.0, 0.0, 2.0] and list(path.text) == ["1", "2", "3"] and path.name == "track P1-T1"
+    arrows = [(a.ax, a.ay, a.x, a.y) for a in fig.layout.annotations]
+    assert arrows == [(1.0, 0.0, 0.0, 0.0), (0.0, 0.0, 2.0, 1.0)]

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from annotations import followup
+from annotations.align import align_views, track_views
 from annotations.backup import backup, restore
 from annotations.dataset import export_dataset, import_dataset
 from annotations.measure import MarkerSpec, MeasureError, Ruler, find_marker, measure, ruler_calibration
@@ -261,6 +262,23 @@ def test_marker_areas_match_the_planted_cm2(visits_dataset, visits_rows):
     assert {r["closed"] for r in rows} == {t["closed"] for t in truth.values()}
 
 
+def test_measurements_are_cached_per_photo_until_its_mask_changes(visits_ws, visits_rows, monkeypatch):
+    measured = []
+    calibrate = followup.calibrate
+    monkeypatch.setattr(followup, "calibrate", lambda *a: measured.append(a[-1]) or calibrate(*a))
+    assert followup.followup_rows(visits_ws) == visits_rows and measured == []  # the template measured them
+    first = visits_rows[0]
+    labels = visits_ws.load_mask(first["image_id"])
+    ys, xs = np.nonzero(labels == first["wound_index"])
+    labels[ys[: len(ys) // 2], xs[: len(xs) // 2]] = 0  # an edited outline: half the wound
+    visits_ws.save_mask(first["image_id"], labels)
+    again = {(r["image_id"], r["wound_index"]): r for r in followup.followup_rows(visits_ws)}
+    assert measured == [f"photo {visits_ws.store.image(first['image_id'])['file']}"]  # that photo only
+    assert again[(first["image_id"], first["wound_index"])]["area_px"] == len(ys) - len(ys) // 2
+    (visits_ws.cache_dir / followup.MEASURE_CACHE).write_text("{damaged", encoding="utf-8")
+    assert followup.followup_rows(visits_ws) == list(again.values())  # a damaged cache is measured again
+
+
 def test_healing_and_the_followup_export(visits_ws, visits_rows, tmp_path):
     summary = followup.export_followup(visits_ws, tmp_path / "fu")
     with (tmp_path / "fu" / "followup.csv").open(encoding="utf-8") as fh:
@@ -337,8 +355,79 @@ def test_benchmark_quick(tmp_path):
     assert main(["--quick", "--results", str(out), "--data", str(tmp_path / "no-data")]) == 0
     record = json.loads((out / "followup.json").read_text(encoding="utf-8"))
     assert record["title"].endswith("[quick]") and record["synthetic"] is True
-    area, _, links, real = record["tables"]
+    area, _, links, real, speed = record["tables"]
     assert [r[0] for r in area["rows"]] == ["marker (homography)", "ruler (one scale)"] and area["rows"][0][1] > 0
     assert links["rows"][0][0] > 0 and real["rows"] == []
+    assert speed["columns"] == ["render", "seconds", "× baseline"] and len(speed["rows"]) == 3
+    assert speed["rows"][0][2] == 1 and all(r[1] > 0 for r in speed["rows"])  # the first render is the baseline
+    assert any(n.startswith("Page speed: ") for n in record["notes"])
     with pytest.raises(SystemExit):
         main(["--visits", "1", "--results", str(out)])
+
+
+# -- aligned photos of a track --------------------------------------------------------------------------
+def test_a_tracks_photos_align_on_the_body(visits_dataset, visits_ws):
+    """Body points around each wound land on the same view pixels at every visit (the planted camera
+    homographies): the marker plane, the wound centred and ECC registration undo camera distance and tilt."""
+    truth = {(t["image_id"], t["wound_index"]): t for t in read_truth(visits_dataset[0])}
+    errors, moved = [], []
+    for track in followup.tracks(visits_ws.store):
+        visits = [(i, w) for i, w, _ in followup.track_visits(visits_ws.store, track["track_id"])]
+        if len(visits) < 2:
+            continue
+        views = track_views(visits_ws, visits)
+        cams = [np.asarray(truth[v]["homography"], np.float64) for v in visits]
+        first = cv2.perspectiveTransform(np.array([[[110.0, 110.0]]]), np.linalg.inv(views[0].transform))
+        centre = cv2.perspectiveTransform(first, np.linalg.inv(cams[0])).reshape(2)
+        body = (centre + np.array([[0, 0], [1.5, 0], [0, 1.5], [-1.5, 0], [0, -1.5]])).reshape(-1, 1, 2)
+        at = [cv2.perspectiveTransform(cv2.perspectiveTransform(body, cam), v.transform).reshape(-1, 2)
+              for cam, v in zip(cams, views)]
+        per_cm = np.linalg.norm(at[0][1] - at[0][0]) / 1.5
+        errors += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in zip(at, at[1:])]
+        photo = [cv2.perspectiveTransform(body, cam).reshape(-1, 2) for cam in cams]  # unaligned: photo pixels
+        moved += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in zip(photo, photo[1:])]
+        assert all(v.image.shape == (220, 220, 3) and v.method.startswith("marker plane") for v in views)
+    assert len(errors) >= 8 and np.median(errors) < 0.05 and np.percentile(errors, 90) < 0.3  # cm
+    assert np.median(moved) > 10 * np.median(errors)
+
+
+def test_align_views_without_calibration_centres_the_wound_in_pixels():
+    rng = np.random.default_rng(0)
+    image = cv2.GaussianBlur(rng.integers(0, 255, (200, 300, 3), dtype=np.uint8), (0, 0), 3)
+    mask = np.zeros((200, 300), bool)
+    mask[80:100, 150:190] = True
+    views = align_views([image, image], [mask, np.roll(mask, 30, axis=1)], [None, None], size=100)
+    assert all(v.method.startswith("pixels, wound centred") for v in views)
+    for v in views:
+        ys, xs = np.nonzero(v.mask)
+        assert abs(xs.mean() - 49.5) < 2 and abs(ys.mean() - 49.5) < 2
+    with pytest.raises(ValueError, match="one image, mask and calibration per visit"):
+        align_views([image], [mask, mask], [None])
+
+
+# -- the visit date asked at import ----------------------------------------------------------------------
+def test_import_visit_dates_the_new_photos_and_refuses_a_future_date(visits_dataset, tmp_path):
+    src = _copy(visits_dataset[0], tmp_path)
+    _rewrite(src / "images.csv", lambda rows: [r.pop(2) for r in rows])  # no visit_date column
+    ws = Workspace(tmp_path / "ws")
+    tomorrow = (date.today() + timedelta(days=2)).isoformat()
+    with pytest.raises(DatasetError, match="in the future"):
+        followup.import_visit(ws, src, tomorrow)
+    assert ws.store.counts()["images"] == 0  # nothing imported
+    summary = followup.import_visit(ws, src, "2024-05-06")
+    assert summary["dated"] == summary["images"] > 0
+    assert {i["metadata"].get("visit_date") for i in ws.store.images()} == {"2024-05-06"}
+    assert followup.import_visit(ws, src, "2024-06-01")["dated"] == 0  # re-imported photos keep their date
+
+
+def test_embedding_similarity_decides_between_equally_placed_tracks():
+    def row(image_id, track, day, x):
+        return {"image_id": image_id, "wound_index": 1, "patient": "p", "visit_date": day, "site": "shin",
+                "xy": (x, 0.0), "size": 4.0, "track": track, "closed": False}
+
+    rows = [row("a1", "p-T1", "2024-01-01", 0.0), row("b1", "p-T2", "2024-01-01", 1.0),
+            row("c2", None, "2024-01-29", 0.5)]  # halfway between the two tracks, same size and site
+    e1, e2 = np.array([1.0, 0.0, 0.0]), np.array([0.0, 3.0, 0.0])  # any length: normalised
+    like = {t: followup.pending_links(rows, {("a1", 1): e1, ("b1", 1): e2, ("c2", 1): e})[0]["proposals"][0][0]
+            for t, e in (("p-T1", e1 + 0.1), ("p-T2", e2 + 0.1))}
+    assert like == {"p-T1": "p-T1", "p-T2": "p-T2"}  # site, size and position alone tie: the embedding decides

@@ -242,3 +242,32 @@ def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str],
             marker={"size": 12 if small else 6, "color": colour, "symbol": SYMBOLS[n % len(SYMBOLS)], "line": {"width": 1 if small else 0, "color": "white"}},
             hovertemplate="<b>%{text}</b><br>" + colour_by + ": " + value.replace("<", "&lt;") + "<extra></extra>"))
     return fig
+
+
+def track_rows(m: MapInput, visits: Sequence[tuple[str, int, str]]) -> list[int]:
+    """The map's rows of a wound track's visits, in visit order: each wound's point on a wound map, its
+    photo's point on a photo map; visits not on the map are left out (one row per photo at most)."""
+    index = {label: n for n, label in enumerate(m.points)}
+    rows: list[int] = []
+    for image_id, wound_index, _ in visits:
+        row = index.get(f"{image_id} #{wound_index}" if m.level == "wounds" else image_id)
+        if row is not None and row not in rows:
+            rows.append(row)
+    return rows
+
+
+def add_track_path(fig: go.Figure, xy: np.ndarray, rows: Sequence[int], name: str, dates: Sequence[str]) -> None:
+    """Draw a track's path through the map: its points joined in visit order, numbered, an arrow per step."""
+    import plotly.graph_objects as go
+
+    pts = xy[list(rows)]
+    fig.add_trace(go.Scatter(x=pts[:, 0], y=pts[:, 1], mode="lines+markers+text", name=f"track {name}",
+                             text=[str(n + 1) for n in range(len(pts))], textposition="top center",
+                             customdata=np.asarray(rows, dtype=np.int32),
+                             hovertext=[f"track {name} · visit {n + 1} · {d or 'no date'}"
+                                        for n, d in enumerate(dates)], hoverinfo="text",
+                             line={"color": "#111", "width": 2},
+                             marker={"size": 14, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "#111"}}))
+    for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:]):
+        fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", showarrow=True,
+                           arrowhead=2, arrowsize=1.2, arrowwidth=1.5, arrowcolor="#111", text="")

@@ -60,6 +60,10 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     expect(pg.get_by_role("heading", name="Wound attention")).to_be_visible()
     idle(pg)
     expect(pg.get_by_text(f"run {run_id}").first).to_be_visible()
+    umap = pg.locator(".js-plotly-plot").first
+    expect(umap).to_be_visible()
+    box = umap.bounding_box()
+    assert 0 <= box["y"] and box["y"] + box["height"] <= LAPTOP["height"], box  # the whole map above the fold
     expect(pg.get_by_text("Overlay opacity")).to_be_visible()
     maps = pg.get_by_test_id("stImage").filter(has_text=" · wound ")
     expect(maps.first).to_be_visible()
