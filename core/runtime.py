@@ -20,7 +20,6 @@ import hashlib
 import importlib.util
 import math
 import pickle
-import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from annotations.fileio import atomic_write
+from annotations.fileio import atomic_write, staged_folder
 from annotations.store import git_sha
 from annotations.workspace import Workspace
 
@@ -265,17 +264,6 @@ def numbers_only(value: Any) -> Any:
 def write_model_folder(model: Any, out: str | Path) -> Path:
     """``model.save_pretrained`` into the new (or empty) folder ``out``, atomically: written beside
     it and renamed in, so a failure leaves ``out`` as it was."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out}: exists and is not an empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out) as stage:
         model.save_pretrained(stage)
-        if out.exists():
-            out.rmdir()
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
