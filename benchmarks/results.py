@@ -117,8 +117,11 @@ def fmt_seconds(s: float) -> str:
 
 
 def fmt_machine(m: dict[str, Any]) -> str:
+    """The machine line: CPUs (and their model), platform, torch and the recorded library versions, GPU."""
     gpu = f"CUDA {m['cuda']}" if m.get("cuda") else "no CUDA"
-    return f"{m.get('cpus', m.get('cpu_count'))} CPUs, {m.get('platform')}, torch {m.get('torch')}, {gpu}"
+    cpus = f"{m.get('cpus', m.get('cpu_count'))} CPUs" + (f" ({m['cpu']})" if m.get("cpu") else "")
+    libraries = "".join(f", {name} {v}" for name, v in (m.get("libraries") or {}).items() if v)
+    return f"{cpus}, {m.get('platform')}, torch {m.get('torch')}{libraries}, {gpu}"
 
 
 def render_tables(tables: Sequence[dict[str, Any]]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import results
@@ -78,12 +79,15 @@ def test_renderer_formats_a_known_result_as_expected(tmp_path):
     _write(tmp_path, {**KNOWN, "section": "zeta", "title": "Zeta", "synthetic": False, "tables": [], "claims": [],
                       "notes": [], "seeds": [], "seconds": 4.25, "machine": {**KNOWN["machine"], "cuda": "H100"}})
     _write(tmp_path, {**KNOWN, "section": "soe", "title": "First by the registry"})
+    _write(tmp_path, {**KNOWN, "section": "zz_versions", "title": "Versions", "machine": {
+        **KNOWN["machine"], "cpu": "AMD EPYC", "libraries": {"numpy": "2.4.6", "timm": None}}})
     text = render(tmp_path)
     assert text.startswith(results.HEADER + "\n## First by the registry\n")
     assert "\n" + EXPECTED_SECTION + "\n## Zeta\n" in text  # unknown sections follow, alphabetically
     assert ("- data: **real data**\n- command: `python -m benchmarks.toy --quick`\n- seeds: none (deterministic)\n"
             "- machine: 2 CPUs, Linux-x, torch 2.5.1, CUDA H100\n"
             "- commit 0123456789ab, 2026-11-23T13:00:00+00:00, took 4.2 s\n") in text
+    assert "- machine: 2 CPUs (AMD EPYC), Linux-x, torch 2.5.1, numpy 2.4.6, no CUDA\n" in text  # absent: not named
     missing = [s for s in SECTIONS if s != "soe"]
     assert text.endswith("## Not yet regenerated\n\nNo result file yet, so no figures here; rerun with "
                          "`make results SECTION=name`:\n\n" + "\n".join(f"- `{s}`: `{SECTIONS[s]}`" for s in missing)
@@ -118,6 +122,9 @@ def test_write_result_is_atomic_fills_the_run_facts_and_rejects_bad_tables(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["toy.json"]  # no temp file left behind
     assert record["tables"][0]["rows"] == [["a", None]] and record["synthetic"] is False
     assert record["commit"] and record["date"].endswith("+00:00") and record["machine"]["cpus"] >= 1
+    assert record["machine"]["libraries"]["numpy"] == np.__version__
+    assert set(record["machine"]["libraries"]) == {"numpy", "scipy", "scikit-learn", "timm", "open_clip_torch",
+                                                   "umap-learn"} and "cpu" in record["machine"]
     with pytest.raises(ValueError, match="2 cells"):
         write_result("toy", "Toy", "c", [0], [{**table, "rows": [["a"]]}], results_dir=tmp_path)
     with pytest.raises(ValueError, match="holds"):

@@ -9,6 +9,8 @@ notes (free text whose figures are formatted from the measured data by the write
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import math
 import os
 import platform
@@ -36,12 +38,34 @@ def command_line(prog: str, argv: Sequence[str] | None) -> str:
     return shlex.join(["python", "-m", prog, *(sys.argv[1:] if argv is None else argv)])
 
 
+#: Distributions whose version a result file records beside Python and torch (None where one is absent).
+LIBRARIES = ("numpy", "scipy", "scikit-learn", "timm", "open_clip_torch", "umap-learn")
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`); None if unknown."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip() or None
+    return platform.processor() or None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def machine() -> dict[str, Any]:
-    """CPU count, platform, torch version and the CUDA device (None without one)."""
+    """CPU count and model, platform, the versions of Python, torch and :data:`LIBRARIES`, and the CUDA
+    device (None without one)."""
     import torch
 
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__,
+    return {"cpus": os.cpu_count(), "cpu": _cpu_model(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "libraries": {name: _version(name) for name in LIBRARIES},
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
