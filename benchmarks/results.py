@@ -24,7 +24,7 @@ from typing import Any
 
 from annotations.fileio import read_json
 from core.eval.result_files import COMMAND_ENV, RESULTS_DIR, STARTED_ENV, command_line, machine, write_result
-from core.eval.stats import mean_sd_ci, multiple_tests_note, paired_claim
+from core.eval.stats import fdr_adjusted, mean_sd_ci, multiple_tests_note, paired_claim
 
 __all__ = ["REPO", "REQUIRED", "RESULTS_DIR", "RESULTS_MD", "SECTIONS", "command_line", "fmt_cell", "machine",
            "mean_sd_ci", "multiple_tests_note", "paired_claim", "render", "render_tables", "write_result"]
@@ -151,10 +151,13 @@ def render_section(r: dict[str, Any]) -> str:
              f"- commit {r['commit'][:12]}, {r['date']}, took {fmt_seconds(r['seconds'])}", ""]
     lines.append(render_tables(r["tables"]))
     if r["claims"]:
-        lines.append("Claims (a claim holds only when its paired test says so, p < 0.05):")
-        for c in r["claims"]:
+        adjusted = fdr_adjusted([c["p"] for c in r["claims"]])
+        lines.append(f"Claims (a claim holds only when its paired test says so, p < 0.05; q: the p-value "
+                     f"adjusted for the {sum(q is not None for q in adjusted)} tests of this section by "
+                     f"Benjamini–Hochberg, {sum(q is not None and q < 0.05 for q in adjusted)} with q < 0.05):")
+        for c, q in zip(r["claims"], adjusted):
             verdict = "holds" if c["holds"] is True else "does not hold"
-            lines.append(f"- {c['claim']}: **{verdict}** ({c['test']}, p = {fmt_p(c['p'])})")
+            lines.append(f"- {c['claim']}: **{verdict}** ({c['test']}, p = {fmt_p(c['p'])}, q = {fmt_p(q)})")
         lines.append("")
     lines += [f"- {n}" for n in r["notes"]]
     if r["notes"]:

@@ -38,9 +38,9 @@ EXPECTED_SECTION = """## Toy benchmark
 
 Cells read mean ± sd [95 % CI] over seeds.
 
-Claims (a claim holds only when its paired test says so, p < 0.05):
-- a beats c: **holds** (one-sided paired t-test, n = 2, p = 0.012)
-- c beats a: **does not hold** (one-sided paired t-test, n = 2, p = 0.9)
+Claims (a claim holds only when its paired test says so, p < 0.05; q: the p-value adjusted for the 2 tests of this section by Benjamini–Hochberg, 1 with q < 0.05):
+- a beats c: **holds** (one-sided paired t-test, n = 2, p = 0.012, q = 0.025)
+- c beats a: **does not hold** (one-sided paired t-test, n = 2, p = 0.9, q = 0.9)
 
 - a note
 """
@@ -99,8 +99,18 @@ def test_a_claim_that_is_not_true_is_never_printed_as_holding(tmp_path, holds):
     claim = {"claim": "attention beats mean", "test": "paired t-test", "p": 0.001, "holds": holds}
     _write(tmp_path, {**KNOWN, "claims": [claim]})
     text = render(tmp_path)
-    assert "attention beats mean: **does not hold** (paired t-test, p = 0.001)" in text
+    assert "attention beats mean: **does not hold** (paired t-test, p = 0.001, q = 0.001)" in text
     assert "**holds**" not in text
+
+
+def test_claims_are_adjusted_for_the_sections_tests_and_an_undefined_test_is_not_counted(tmp_path):
+    claims = [{"claim": f"x{i}", "test": "t", "p": p, "holds": p is not None and p < 0.05}
+              for i, p in enumerate([None, 0.01, 0.04, 0.03])]
+    _write(tmp_path, {**KNOWN, "claims": claims})
+    text = render(tmp_path)
+    assert "adjusted for the 3 tests of this section by Benjamini–Hochberg, 3 with q < 0.05):" in text
+    assert "- x0: **does not hold** (t, p = n/a, q = n/a)" in text
+    assert "- x1: **holds** (t, p = 0.01, q = 0.03)" in text and "- x2: **holds** (t, p = 0.04, q = 0.04)" in text
 
 
 def test_paired_claim_holds_only_when_the_paired_test_says_so():

@@ -46,3 +46,13 @@ def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:
     held = sum(c["holds"] for c in claims)
     return (f"{len(claims)} tests at α = {alpha:g}, {held} of them {'holds' if held == 1 else 'hold'}; about {alpha * len(claims):.2f} would hold "
             f"by chance alone if no difference were real.")
+
+
+def fdr_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
+    """Benjamini–Hochberg adjusted p-values (:func:`scipy.stats.false_discovery_control`) over the
+    defined ones; an undefined p (None) stays None and does not count as a test."""
+    from scipy import stats
+
+    defined = [p for p in p_values if p is not None]
+    adjusted = iter(stats.false_discovery_control(defined).tolist() if defined else [])
+    return [None if p is None else next(adjusted) for p in p_values]
