@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import math
 import pickle
 import tempfile
@@ -30,6 +31,8 @@ import numpy as np
 from annotations.fileio import atomic_write, staged_folder
 from annotations.store import git_sha
 from annotations.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
     import torch
@@ -161,8 +164,8 @@ def open_workspace(workspace: str | None, parser: argparse.ArgumentParser | None
     ws = Workspace(workspace)
     demo = ensure_images(ws)
     if demo:
-        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, "
-              f"{demo['wounds']} wounds, {demo['triplets']} expert triplets)")
+        log.info("empty workspace: imported the SYNTHETIC phantom demo (%s photos, %s wounds, %s expert "
+                 "triplets)", demo["images"], demo["wounds"], demo["triplets"])
     if require_wounds and not ws.store.wounds():
         message = f"{ws.root}: no wounds outlined yet — draw wound masks first"
         if parser is None:
