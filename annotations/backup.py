@@ -148,10 +148,9 @@ def _product_schema(version: int) -> set[tuple[str, str, str | None]]:
     """The schema objects (type, name, SQL) of a database TriDerm brought to ``version``."""
     conn = sqlite3.connect(":memory:")
     try:
-        for script in MIGRATIONS[:version]:
-            for statement in script.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+        for statements in MIGRATIONS[:version]:
+            for statement in statements:
+                conn.execute(statement)
         return set(conn.execute("SELECT type, name, sql FROM sqlite_master"))
     finally:
         conn.close()

@@ -38,8 +38,6 @@ import csv
 import json
 import math
 import re
-import shutil
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +50,7 @@ from shapely.geometry import MultiPolygon, Polygon, shape
 from shapely.validation import make_valid
 
 from annotations.dataset import copy_photo
-from annotations.fileio import write_text
+from annotations.fileio import staged_folder, write_text
 from annotations.formats import rasterize
 from annotations.readers import IMAGE_SUFFIXES, MAX_PIXELS, DatasetError, valid_id
 
@@ -411,11 +409,7 @@ def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, li
 def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synthetic: bool,
            skipped: int = 0) -> dict[str, Any]:
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DatasetError(f"{out}: exists and is not an empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out, DatasetError) as stage:
         (stage / "images").mkdir()
         (stage / "masks").mkdir()
         rows: list[dict[str, Any]] = []
@@ -448,12 +442,6 @@ def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synth
             writer.writerows(rows)
         write_text(stage / "dataset.json", json.dumps({"name": name, "synthetic": synthetic,
                                                        "mask_format": "label"}, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return {"images": len(seen), "wounds": len(rows), "empty_outlines_dropped": empty,
             "other_shapes_skipped": skipped, "out": str(out)}
 

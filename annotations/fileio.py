@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -79,6 +80,26 @@ def read_json(path: str | Path, retries: int = 3) -> Any:
             if attempt == retries - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | Path, error: type[Exception] = ValueError) -> Iterator[Path]:
+    """Yield a new stage folder beside ``out`` (which must be absent or an empty folder, else
+    ``error``); on success the stage is renamed to ``out``, on any error it is removed, so a
+    failure leaves ``out`` as it was."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise error(f"{out}: exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield stage
+        if out.exists():
+            out.rmdir()
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 def _fsync_dir(folder: Path) -> None:

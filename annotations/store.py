@@ -215,9 +215,27 @@ WHERE coalesce(CAST(json_extract(w.metadata, '$.track_id') AS TEXT), '') <> ''
 GROUP BY CAST(json_extract(w.metadata, '$.track_id') AS TEXT), i.patient_id
 """
 
-#: Ordered migrations: ``MIGRATIONS[v]`` brings a database from version ``v`` to ``v + 1``.
-MIGRATIONS: list[str] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE,
-                         _SCHEMA_READINGS, _SCHEMA_FOLLOWUP]
+
+
+def sql_statements(script: str) -> tuple[str, ...]:
+    """The statements of ``script`` (without their ``;``), split only where SQLite's tokenizer says a
+    statement is complete (:func:`sqlite3.complete_statement`): a ``';'`` literal or a trigger body
+    stays whole."""
+    out: list[str] = []
+    start = 0
+    for end, char in enumerate(script):
+        if char == ";" and sqlite3.complete_statement(script[start:end + 1]):
+            out.append(script[start:end])
+            start = end + 1
+    out.append(script[start:])
+    return tuple(s for s in out if s.strip())
+
+
+#: Ordered migrations, each a list of statements: ``MIGRATIONS[v]`` brings a database from version
+#: ``v`` to ``v + 1``.
+MIGRATIONS: list[tuple[str, ...]] = [sql_statements(script) for script in (
+    _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE, _SCHEMA_READINGS,
+    _SCHEMA_FOLLOWUP)]
 
 #: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
 SYSTEM_ACTOR = "system"
@@ -331,9 +349,8 @@ class Store:
                     f"{self.path}: schema version {version} is newer than this TriDerm Studio "
                     f"({len(MIGRATIONS)}); upgrade the software")
             for v in range(version, len(MIGRATIONS)):
-                for statement in MIGRATIONS[v].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                for statement in MIGRATIONS[v]:
+                    conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {v + 1}")
             conn.execute("COMMIT")
         except BaseException:

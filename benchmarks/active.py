@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from annotations.workspace import Workspace
 from benchmarks.results import (
     RESULTS_DIR,
     command_line,
@@ -50,7 +48,7 @@ from benchmarks.results import (
     render_tables,
     write_result,
 )
-from benchmarks.soe import orient_planted, phantom_triplets, phantom_workspace, planted_triplets
+from benchmarks.soe import orient_planted, phantom_study, planted_triplets
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
@@ -207,12 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     budgets = QUICK_BUDGETS if args.quick else BUDGETS
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        ws = Workspace(args.workspace) if args.workspace else phantom_workspace(Path(tmp), args.phantom_seed)
-        if not ws.truth_dir.is_dir():
-            parser.error(f"{ws.root} has no truth/: the benchmark needs a SYNTHETIC phantom workspace")
-        ids, questions, oriented, truth = phantom_triplets(ws, args.phantom_seed)
-        expert = ws.store.expert_triplets()
+    ids, questions, oriented, truth, expert = phantom_study(parser, args.workspace, args.phantom_seed)
     n, total = len(ids), len(questions)
     keys = canonical_key(questions, n)
     sort = np.argsort(keys)

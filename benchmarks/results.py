@@ -1,15 +1,12 @@
 """Machine-readable result files and the renderer of docs/RESULTS.md.
 
-Every benchmark (section) writes ``results/<section>.json`` through :func:`write_result`;
+Every benchmark (section) writes ``results/<section>.json`` through :func:`write_result`
+(:mod:`core.eval.result_files`, re-exported here with the statistics of :mod:`core.eval.stats`);
 ``python -m benchmarks.results`` renders docs/RESULTS.md from those files alone, so every
 number in RESULTS.md comes from a result file. ``--run NAME`` (or ``--run all``) first reruns
 the section's command from :data:`SECTIONS` from scratch (``make results [SECTION=name]``).
 
-A result file holds: section, title, command (the shell command that regenerates it from
-scratch), seeds, machine, commit, date, seconds, synthetic, tables (caption, columns, rows;
-a mean ± sd cell is ``{"mean", "sd", "ci": [lo, hi]}``; an optional legend says what a cell
-reads, else "mean ± sd [95 % CI] over seeds"), claims (claim, test, p, holds) and
-notes (free text whose figures are formatted from the measured data by the writer).
+The file format is :mod:`core.eval.result_files`'s.
 
     python -m benchmarks.results [--run NAME|all] [--out FILE]
 """
@@ -18,23 +15,22 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
-import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from annotations.fileio import read_json, write_json
+from annotations.fileio import read_json
+from core.eval.result_files import COMMAND_ENV, RESULTS_DIR, STARTED_ENV, command_line, machine, write_result
+from core.eval.stats import fdr_adjusted, mean_sd_ci, multiple_tests_note, paired_claim
+
+__all__ = ["REPO", "REQUIRED", "RESULTS_DIR", "RESULTS_MD", "SECTIONS", "command_line", "fmt_cell", "machine",
+           "mean_sd_ci", "multiple_tests_note", "paired_claim", "render", "render_tables", "write_result"]
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "results"
 RESULTS_MD = REPO / "docs" / "RESULTS.md"
-COMMAND_ENV = "TRIDERM_RESULT_COMMAND"  # set by --run: the registry command a writer records
-STARTED_ENV = "TRIDERM_RESULT_STARTED"  # set by --run: epoch seconds when the section's command started
 
 # Section name → the shell command (run from the repository root) that regenerates it from scratch.
 SECTIONS: dict[str, str] = {
@@ -71,118 +67,6 @@ date and how long it took. Sections on SYNTHETIC phantom data say how the softwa
 how a method performs on patients. Text and fusion have only been checked on phantoms: the
 shared data holds no real wound descriptions.
 """
-
-
-# ------------------------------------------------------------------------------------ writing
-def command_line(prog: str, argv: Sequence[str] | None) -> str:
-    """The shell command of a run: the registry command under ``--run``, else ``python -m prog argv``."""
-    if os.environ.get(COMMAND_ENV):
-        return os.environ[COMMAND_ENV]
-    return shlex.join(["python", "-m", prog, *(sys.argv[1:] if argv is None else argv)])
-
-
-def machine() -> dict[str, Any]:
-    """CPU count, platform, torch version and the CUDA device (None without one)."""
-    import torch
-
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-def git_commit() -> str:
-    """HEAD's sha, suffixed ``-dirty`` when tracked code (outside tests/, docs/ and results/) differs from it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        sha = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results", ":!docs", ":!tests")
-    except (OSError, subprocess.CalledProcessError):  # a copy without git (a lent GPU machine): its caller says
-        return os.environ.get("TRIDERM_RESULT_COMMIT", "unknown")
-    return sha + ("-dirty" if dirty else "")
-
-
-RUN_COMMIT = git_commit()  # taken when a run starts (imports its code), not when it writes
-
-
-def mean_sd_ci(values: Iterable[float | None]) -> dict[str, Any] | None:
-    """``{"mean", "sd", "ci", "n"}`` of the finite values (sd with ddof 1, 95 % t interval); None if none."""
-    import numpy as np
-    from scipy import stats
-
-    arr = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if not len(arr):
-        return None
-    m = float(arr.mean())
-    if len(arr) < 2:
-        return {"mean": m, "sd": None, "ci": None, "n": 1}
-    sd = float(arr.std(ddof=1))
-    half = float(stats.t.ppf(0.975, len(arr) - 1)) * sd / math.sqrt(len(arr))
-    return {"mean": m, "sd": sd, "ci": [m - half, m + half], "n": int(len(arr))}
-
-
-def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[str, Any]:
-    """Claim "a > b" judged by a one-sided paired t-test over matched runs (seeds): holds iff p < alpha."""
-    from scipy import stats
-
-    if len(a) != len(b) or len(a) < 2:
-        raise ValueError(f"a paired test needs ≥ 2 matched pairs, got {len(a)} and {len(b)}")
-    diff = [x - y for x, y in zip(a, b)]
-    p = float(stats.ttest_rel(a, b, alternative="greater").pvalue) if max(diff) > min(diff) else math.nan
-    if not math.isfinite(p):  # identical differences in every pair: the t statistic is undefined
-        return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}: undefined (identical differences)",
-                "p": None, "holds": False}
-    return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}", "p": p, "holds": bool(p < alpha)}
-
-
-def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:
-    """How many claims hold by chance alone when none is true, from the number of tests."""
-    held = sum(c["holds"] for c in claims)
-    return (f"{len(claims)} tests at α = {alpha:g}, {held} of them {'holds' if held == 1 else 'hold'}; about {alpha * len(claims):.2f} would hold "
-            f"by chance alone if no difference were real.")
-
-
-def _clean(value: Any) -> Any:
-    """JSON-ready copy: numpy scalars → Python numbers, NaN/inf → None, tuples → lists."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def write_result(section: str, title: str, command: str, seeds: Sequence[int], tables: Sequence[dict],
-                 claims: Sequence[dict] = (), notes: Sequence[str] = (), synthetic: bool = True,
-                 seconds: float = 0.0, results_dir: Path | str = RESULTS_DIR) -> Path:
-    """Write ``<results_dir>/<section>.json`` atomically (temp file in the folder, fsync, replace).
-
-    Under ``--run`` the recorded wall time is the whole section command's (e.g. data preparation too)."""
-    for t in tables:
-        if not {"caption", "columns", "rows"} <= set(t) <= {"caption", "columns", "rows", "legend"}:
-            raise ValueError(f"a table needs caption, columns and rows (and may have a legend), got {sorted(t)}")
-        bad = [r for r in t["rows"] if len(r) != len(t["columns"])]
-        if bad:
-            raise ValueError(f"table {t['caption']!r}: row {bad[0]} does not have {len(t['columns'])} cells")
-    for c in claims:
-        if set(c) != {"claim", "test", "p", "holds"}:
-            raise ValueError(f"a claim needs exactly claim, test, p and holds, got {sorted(c)}")
-    if os.environ.get(STARTED_ENV):
-        seconds = time.time() - float(os.environ[STARTED_ENV])
-    record = _clean({"section": section, "title": title, "command": command, "seeds": list(seeds),
-                     "machine": machine(), "commit": RUN_COMMIT,
-                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": float(seconds),
-                     "synthetic": bool(synthetic), "tables": list(tables), "claims": list(claims),
-                     "notes": list(notes)})
-    folder = Path(results_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{section}.json"
-    write_json(target, record, indent=1, ensure_ascii=False, allow_nan=False)
-    return target
 
 
 # ---------------------------------------------------------------------------------- rendering
@@ -235,8 +119,11 @@ def fmt_seconds(s: float) -> str:
 
 
 def fmt_machine(m: dict[str, Any]) -> str:
+    """The machine line: CPUs (and their model), platform, torch and the recorded library versions, GPU."""
     gpu = f"CUDA {m['cuda']}" if m.get("cuda") else "no CUDA"
-    return f"{m.get('cpus', m.get('cpu_count'))} CPUs, {m.get('platform')}, torch {m.get('torch')}, {gpu}"
+    cpus = f"{m.get('cpus', m.get('cpu_count'))} CPUs" + (f" ({m['cpu']})" if m.get("cpu") else "")
+    libraries = "".join(f", {name} {v}" for name, v in (m.get("libraries") or {}).items() if v)
+    return f"{cpus}, {m.get('platform')}, torch {m.get('torch')}{libraries}, {gpu}"
 
 
 def render_tables(tables: Sequence[dict[str, Any]]) -> str:
@@ -266,10 +153,13 @@ def render_section(r: dict[str, Any]) -> str:
              f"- commit {r['commit'][:12]}, {r['date']}, took {fmt_seconds(r['seconds'])}", ""]
     lines.append(render_tables(r["tables"]))
     if r["claims"]:
-        lines.append("Claims (a claim holds only when its paired test says so, p < 0.05):")
-        for c in r["claims"]:
+        adjusted = fdr_adjusted([c["p"] for c in r["claims"]])
+        lines.append(f"Claims (a claim holds only when its paired test says so, p < 0.05; q: the p-value "
+                     f"adjusted for the {sum(q is not None for q in adjusted)} tests of this section by "
+                     f"Benjamini–Hochberg, {sum(q is not None and q < 0.05 for q in adjusted)} with q < 0.05):")
+        for c, q in zip(r["claims"], adjusted):
             verdict = "holds" if c["holds"] is True else "does not hold"
-            lines.append(f"- {c['claim']}: **{verdict}** ({c['test']}, p = {fmt_p(c['p'])})")
+            lines.append(f"- {c['claim']}: **{verdict}** ({c['test']}, p = {fmt_p(c['p'])}, q = {fmt_p(q)})")
         lines.append("")
     lines += [f"- {n}" for n in r["notes"]]
     if r["notes"]:

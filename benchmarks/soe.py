@@ -95,6 +95,18 @@ def phantom_triplets(ws: Workspace, seed: int) -> tuple[list[str], np.ndarray, n
     return ids, questions, oriented, truth
 
 
+def phantom_study(parser: argparse.ArgumentParser, workspace: str | None,
+                  seed: int) -> tuple[list[str], np.ndarray, np.ndarray, PhantomTruth, list[dict[str, Any]]]:
+    """:func:`phantom_triplets` and the expert's triplets of the phantom ``workspace``, or of the phantom
+    demo (``seed``) built in a temporary folder when none is given; a workspace without ``truth/`` is
+    a ``parser`` error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Workspace(workspace) if workspace else phantom_workspace(Path(tmp), seed)
+        if not ws.truth_dir.is_dir():
+            parser.error(f"{ws.root} has no truth/: the benchmark needs a SYNTHETIC phantom workspace")
+        return (*phantom_triplets(ws, seed), ws.store.expert_triplets())
+
+
 def measure(fit: Callable[[], np.ndarray], repeats: int) -> tuple[np.ndarray, float, float, float]:
     """(embedding, best wall s, CPU s of that repeat, load average before it)."""
     best = (None, math.inf, math.inf, 0.0)
@@ -274,12 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     skip_torch = args.quick or args.skip_cblearn_torch
     t_start = time.perf_counter()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ws = Workspace(args.workspace) if args.workspace else phantom_workspace(Path(tmp), args.seed)
-        if not ws.truth_dir.is_dir():
-            parser.error(f"{ws.root} has no truth/: the benchmark needs a SYNTHETIC phantom workspace")
-        ids, questions, oriented, truth = phantom_triplets(ws, args.seed)
-        expert = ws.store.expert_triplets()
+    ids, questions, oriented, truth, expert = phantom_study(parser, args.workspace, args.seed)
     n = len(ids)
     train, held = oriented[:N_TRAIN], oriented[N_TRAIN:]
     truth_D = truth.distance_matrix()

@@ -49,7 +49,8 @@ def write_results(ws: Workspace, out: dict[str, Any], seeds: int, quick: bool, a
                   seconds: float, results_dir: Path) -> Path:
     """The ablation tables as ``results_dir/ablation.json``: balanced and micro agreement (%) as mean ± sd
     [95 % CI] over seeds beside the paper's figure, and paired claims for the paper's orderings."""
-    from benchmarks.results import command_line, mean_sd_ci, multiple_tests_note, paired_claim, write_result
+    from core.eval.result_files import command_line, write_result
+    from core.eval.stats import mean_sd_ci, multiple_tests_note, paired_claim
 
     summary, t = out["summary"], titles(ws, seeds, quick)
     ceiling = []

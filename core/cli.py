@@ -19,14 +19,20 @@ Old spellings stay accepted for one release through :func:`deprecated`: hidden f
 they store into the new option and print a ``FutureWarning`` naming the new spelling (a
 FutureWarning, not a DeprecationWarning, because it is meant for the person at the terminal).
 :func:`parse_args` parses and sets the process's device (:func:`core.runtime.use_device`), so every
-``core.runtime.pick_device()`` of the job returns the same one.
+``core.runtime.pick_device()`` of the job returns the same one, and shows the library's messages
+(:func:`log_to_console`): library modules log through ``logging.getLogger(__name__)``; only a job's
+``main`` prints.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
+
+from tqdm import tqdm
 
 from core.runtime import DEVICES, use_device
 
@@ -120,9 +126,31 @@ def deprecated(parser: Parser, old: str, new: argparse.Action) -> argparse.Actio
                                metavar=new.metavar, help=argparse.SUPPRESS)
 
 
+class _TqdmHandler(logging.Handler):
+    """Writes each record to stderr through :func:`tqdm.write`, so a message never tears a progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
+
+
+def log_to_console() -> None:
+    """Show the ``core`` loggers' INFO and higher messages on stderr (once per process)."""
+    logger = logging.getLogger("core")
+    if not any(isinstance(h, _TqdmHandler) for h in logger.handlers):
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """``parser.parse_args(argv)``; a ``--device`` is resolved (``auto`` → ``"cuda"`` or ``"cpu"``) and
-    fixed for the whole process; a ``cuda`` request without CUDA exits through ``parser.error``."""
+    fixed for the whole process; a ``cuda`` request without CUDA exits through ``parser.error``. The
+    library's messages go to stderr from then on (:func:`log_to_console`)."""
+    log_to_console()
     with warnings.catch_warnings():
         warnings.simplefilter("always", FutureWarning)  # every deprecated spelling is reported, even twice
         args = parser.parse_args(argv)

@@ -19,9 +19,9 @@ import argparse
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import math
 import pickle
-import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from annotations.fileio import atomic_write
+from annotations.fileio import atomic_write, staged_folder
 from annotations.store import git_sha
 from annotations.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
     import torch
@@ -170,8 +172,8 @@ def open_workspace(workspace: str | None, parser: argparse.ArgumentParser | None
     ws = Workspace(workspace)
     demo = ensure_images(ws)
     if demo:
-        print(f"empty workspace: imported the SYNTHETIC phantom demo ({demo['images']} photos, "
-              f"{demo['wounds']} wounds, {demo['triplets']} expert triplets)")
+        log.info("empty workspace: imported the SYNTHETIC phantom demo (%s photos, %s wounds, %s expert "
+                 "triplets)", demo["images"], demo["wounds"], demo["triplets"])
     if require_wounds and not ws.store.wounds():
         message = f"{ws.root}: no wounds outlined yet — draw wound masks first"
         if parser is None:
@@ -273,17 +275,6 @@ def numbers_only(value: Any) -> Any:
 def write_model_folder(model: Any, out: str | Path) -> Path:
     """``model.save_pretrained`` into the new (or empty) folder ``out``, atomically: written beside
     it and renamed in, so a failure leaves ``out`` as it was."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out}: exists and is not an empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out) as stage:
         model.save_pretrained(stage)
-        if out.exists():
-            out.rmdir()
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return out
+    return Path(out)

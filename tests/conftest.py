@@ -65,6 +65,18 @@ def tiny_phantom(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_phantom_workspace(tiny_phantom, tmp_path_factory):
+    """``tiny_phantom_workspace(seed, photos, patients, wounds, triplets)`` → a new workspace holding
+    that :func:`tiny_phantom` dataset (a fixture of a wider scope than one test imports it once)."""
+    def make(seed: int, photos: int, patients: int, wounds: int, triplets: int) -> Workspace:
+        ws = Workspace(tmp_path_factory.mktemp("tinyws") / "ws")
+        import_dataset(ws, tiny_phantom(seed, photos, patients, wounds, triplets))
+        return ws
+
+    return make
+
+
 @pytest.fixture
 def imported(tmp_path):
     """``imported(dataset)`` → a new workspace in this test's temporary folder holding ``dataset``."""

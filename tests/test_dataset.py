@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_bad_inputs import small_dataset
 
 from annotations.dataset import export_dataset, import_dataset
 from annotations.readers import DatasetError, mask_to_labels
@@ -91,24 +92,6 @@ def test_binary_masks_split_into_components():
 
 # ---- bad input: one clear error naming the file/row/field, nothing written ---------------------
 
-def _small_dataset(root: Path) -> Path:
-    (root / "images").mkdir(parents=True)
-    (root / "masks").mkdir()
-    for i, name in enumerate(("a", "b", "c")):
-        Image.fromarray(np.full((20, 30, 3), 40 * i, np.uint8)).save(root / "images" / f"{name}.png")
-        mask = np.zeros((20, 30), np.uint8)
-        mask[2:7, 2:7] = 1  # 25 px: the default minimum wound area
-        mask[10:15, 10:20] = 2
-        Image.fromarray(mask).save(root / "masks" / f"{name}.png")
-    (root / "wounds.csv").write_text("image_id,wound_index,description,site\n"
-                                     "a,1,red granulation,shin\na,2,fibrin,\nb,1,crust,back\n")
-    (root / "images.csv").write_text("image_id,patient_id,camera\na,p1,phone\nb,p1,\nc,p2,dslr\n")
-    (root / "patients.csv").write_text("patient_id,age,sex\np1,12,f\np2,30,m\n")
-    (root / "triplets.csv").write_text("anchor,ref_j,ref_k,choice,annotator\na,b,c,j,ann\n"
-                                       "b,a,c,skip,ann\n")
-    return root
-
-
 def _corrupt_image(d):
     (d / "images" / "b.png").write_bytes(b"\x89PNG not really")
 
@@ -168,7 +151,7 @@ BAD = {
 
 def test_small_dataset_imports(tmp_path):
     ws = Workspace(tmp_path / "ws")
-    summary = import_dataset(ws, _small_dataset(tmp_path / "d"))
+    summary = import_dataset(ws, small_dataset(tmp_path / "d"))
     assert (summary["images"], summary["wounds"], summary["patients"], summary["triplets"]) == (3, 6, 2, 2)
     wound = ws.store.wounds("a")[0]
     assert wound["metadata"] == {"site": "shin"} and wound["bbox"] == [2, 2, 7, 7] and wound["area"] == 25
@@ -178,7 +161,7 @@ def test_small_dataset_imports(tmp_path):
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_problem_and_writes_nothing(case, tmp_path):
     spoil, expected = BAD[case]
-    d = _small_dataset(tmp_path / "d")
+    d = small_dataset(tmp_path / "d")
     spoil(d)
     ws = Workspace(tmp_path / "ws")
     with pytest.raises(DatasetError) as err:
@@ -189,7 +172,7 @@ def test_bad_input_names_the_problem_and_writes_nothing(case, tmp_path):
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path):
-    d = _small_dataset(tmp_path / "d")
+    d = small_dataset(tmp_path / "d")
     _bad_choice(d)
     out = subprocess.run([sys.executable, "-m", "annotations", "import", str(d), "--workspace",
                           str(tmp_path / "ws")], check=False, cwd=ROOT, capture_output=True, text=True)
@@ -199,7 +182,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path):
 
 
 def test_image_without_mask_imports_with_zero_wounds(tmp_path):
-    d = _small_dataset(tmp_path / "d")
+    d = small_dataset(tmp_path / "d")
     (d / "masks" / "c.png").unlink()
     ws = Workspace(tmp_path / "ws")
     import_dataset(ws, d)

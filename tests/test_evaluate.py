@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import csv
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ def _add_run(ws: Workspace, kind: str, modality: str, emb: np.ndarray, ids: list
     return run_id
 
 
-def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
+def test_report_rows_fusions_files_and_reuse(tmp_path, caplog):
     ws, truth = _tiny_workspace(tmp_path / "ws")
     rng = np.random.default_rng(1)
     ids = [f"img{n:02d}" for n in range(N)]
@@ -57,9 +58,10 @@ def test_report_rows_fusions_files_and_reuse(tmp_path, capsys):
     text = _add_run(ws, "text-soe", "text", (truth + 0.6 * rng.normal(size=truth.shape))[:-1], ids[:-1])
     running = ws.store.start_run("vision-triderm", {"modality": "vision"})  # unfinished: not reported
 
-    result = run_report(ws, n_boot=200)
-    out = capsys.readouterr().out
-    assert "missing from the text run" in out and ids[-1] in out
+    with caplog.at_level(logging.INFO, logger="core"):
+        result = run_report(ws, n_boot=200)
+    assert "missing from the text run" in caplog.text and ids[-1] in caplog.text
+    assert "fusion of runs" in caplog.text  # the library logs; it prints nothing
     by_id = {r["run_id"]: r for r in result["rows"]}
     fusion_ids = result["fusion_runs"]
     assert set(by_id) == {baseline, vision, text, *fusion_ids.values()} and running not in by_id
@@ -115,8 +117,8 @@ def test_cli_prints_table_and_real_title(tmp_path, capsys):
     ids = [f"img{n:02d}" for n in range(N)]
     _add_run(ws, "vision-triderm", "vision", truth, ids)
     assert main(["--workspace", str(ws.root), "--n-boot", "50"]) == 0
-    out = capsys.readouterr().out
-    assert "#1 vision-triderm" in out and "SYNTHETIC" not in out and "no fusion" in out
+    out, err = capsys.readouterr()
+    assert "#1 vision-triderm" in out and "SYNTHETIC" not in out and "no fusion" in err
     assert (ws.runs_dir / "report" / "report.md").exists()
 
 

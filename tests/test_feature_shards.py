@@ -19,15 +19,8 @@ from core.vision.features import FeatureCache
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    from annotations.dataset import import_dataset
-    from core.phantoms import build
-
-    out = tmp_path_factory.mktemp("shards") / "ds"
-    build(out, seed=4, photos=5, patients=2, wounds=6, triplets=0)
-    ws = Workspace(tmp_path_factory.mktemp("shardsws") / "ws")
-    import_dataset(ws, out)
-    return ws
+def ws(tiny_phantom_workspace) -> Workspace:
+    return tiny_phantom_workspace(4, 5, 2, 6, 0)
 
 
 class Killed(Exception):
@@ -63,13 +56,8 @@ def counting_cache(ws: Workspace, bb, kill_after: int | None = None, shard_size:
     return cache, computed, forwards
 
 
-def test_a_killed_extraction_resumes_after_its_last_finished_shard(tmp_path, bb):
-    ws = Workspace(tmp_path / "ws")
-    from annotations.dataset import import_dataset
-    from core.phantoms import build
-
-    build(tmp_path / "ds", seed=4, photos=5, patients=2, wounds=6, triplets=0)
-    import_dataset(ws, tmp_path / "ds")
+def test_a_killed_extraction_resumes_after_its_last_finished_shard(tiny_phantom_workspace, bb):
+    ws = tiny_phantom_workspace(4, 5, 2, 6, 0)
     ids = [im["image_id"] for im in ws.store.images()]
     first, _, _ = counting_cache(ws, bb, kill_after=3)  # shards of 2 photos: dies inside the second shard
     with pytest.raises(Killed):
@@ -92,13 +80,8 @@ def test_a_killed_extraction_resumes_after_its_last_finished_shard(tmp_path, bb)
     assert forwards == [1, 1]  # only the uncached recomputation
 
 
-def test_shards_are_read_by_any_new_cache_and_keys_follow_the_image_content(tmp_path, bb):
-    from annotations.dataset import import_dataset
-    from core.phantoms import build
-
-    build(tmp_path / "ds", seed=5, photos=3, patients=1, wounds=3, triplets=0)
-    ws = Workspace(tmp_path / "ws")
-    import_dataset(ws, tmp_path / "ds")
+def test_shards_are_read_by_any_new_cache_and_keys_follow_the_image_content(tiny_phantom_workspace, bb):
+    ws = tiny_phantom_workspace(5, 3, 1, 3, 0)
     ids = [im["image_id"] for im in ws.store.images()]
     cache, _, _ = counting_cache(ws, bb, shard_size=32)
     cache.extract(ids, 2, progress=False)

@@ -94,15 +94,8 @@ def test_token_bank_gather_and_view_sampling():
 
 
 @pytest.fixture(scope="module")
-def tiny_ws(tmp_path_factory) -> Workspace:
-    from annotations.dataset import import_dataset
-    from core.phantoms import build
-
-    out = tmp_path_factory.mktemp("tiny") / "ds"
-    build(out, seed=3, photos=4, patients=2, wounds=6, triplets=10)
-    ws = Workspace(tmp_path_factory.mktemp("tinyws") / "ws")
-    import_dataset(ws, out)
-    return ws
+def tiny_ws(tiny_phantom_workspace) -> Workspace:
+    return tiny_phantom_workspace(3, 4, 2, 6, 10)
 
 
 def test_feature_cache_is_reused_and_extended(tiny_ws):

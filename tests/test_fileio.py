@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations.fileio import atomic_write, read_json, write_bytes, write_json, write_text
+from annotations.fileio import atomic_write, read_json, staged_folder, write_bytes, write_json, write_text
 from annotations.workspace import Workspace
 
 
@@ -25,6 +25,22 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path) -> None:
     assert (tmp_path / "a.csv").read_text() == "x\n" and (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
     with pytest.raises(ValueError, match="mode"):
         atomic_write(target, "a").__enter__()
+
+
+def test_a_staged_folder_is_renamed_in_whole_or_not_at_all(tmp_path) -> None:
+    out = tmp_path / "deep" / "model"
+    with pytest.raises(RuntimeError), staged_folder(out) as stage:
+        (stage / "half.bin").write_bytes(b"x")
+        raise RuntimeError("killed mid-write")
+    assert not out.exists() and list((tmp_path / "deep").iterdir()) == []
+    out.mkdir()  # an empty folder is filled
+    with staged_folder(out) as stage:
+        assert stage.parent == out.parent and stage != out
+        (stage / "weights.bin").write_bytes(b"w")
+    assert [p.name for p in out.iterdir()] == ["weights.bin"] and list((tmp_path / "deep").iterdir()) == [out]
+    with pytest.raises(KeyError, match="not an empty folder"), staged_folder(out, KeyError):
+        pass
+    assert [p.name for p in out.iterdir()] == ["weights.bin"]
 
 
 def test_readers_never_see_a_torn_file_while_writers_replace_it(tmp_path) -> None:

@@ -58,6 +58,11 @@ def test_annotations_import_neither_core_nor_streamlit_nor_torch():
     assert violations(ANNOTATIONS_EDGES, "annotations", ("core", "streamlit", "torch")) == []
 
 
+@pytest.mark.parametrize(("src", "edges"), [("core", CORE_EDGES), ("annotations", ANNOTATIONS_EDGES)])
+def test_the_product_never_imports_its_benchmarks(src, edges):
+    assert violations(edges, src, ("benchmarks",)) == []
+
+
 def test_core_never_imports_the_ui():
     assert violations(CORE_EDGES, "core", ("streamlit", "pages", "app", "app_common")) == []
 

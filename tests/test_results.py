@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import results
@@ -37,9 +38,9 @@ EXPECTED_SECTION = """## Toy benchmark
 
 Cells read mean ± sd [95 % CI] over seeds.
 
-Claims (a claim holds only when its paired test says so, p < 0.05):
-- a beats c: **holds** (one-sided paired t-test, n = 2, p = 0.012)
-- c beats a: **does not hold** (one-sided paired t-test, n = 2, p = 0.9)
+Claims (a claim holds only when its paired test says so, p < 0.05; q: the p-value adjusted for the 2 tests of this section by Benjamini–Hochberg, 1 with q < 0.05):
+- a beats c: **holds** (one-sided paired t-test, n = 2, p = 0.012, q = 0.025)
+- c beats a: **does not hold** (one-sided paired t-test, n = 2, p = 0.9, q = 0.9)
 
 - a note
 """
@@ -78,12 +79,15 @@ def test_renderer_formats_a_known_result_as_expected(tmp_path):
     _write(tmp_path, {**KNOWN, "section": "zeta", "title": "Zeta", "synthetic": False, "tables": [], "claims": [],
                       "notes": [], "seeds": [], "seconds": 4.25, "machine": {**KNOWN["machine"], "cuda": "H100"}})
     _write(tmp_path, {**KNOWN, "section": "soe", "title": "First by the registry"})
+    _write(tmp_path, {**KNOWN, "section": "zz_versions", "title": "Versions", "machine": {
+        **KNOWN["machine"], "cpu": "AMD EPYC", "libraries": {"numpy": "2.4.6", "timm": None}}})
     text = render(tmp_path)
     assert text.startswith(results.HEADER + "\n## First by the registry\n")
     assert "\n" + EXPECTED_SECTION + "\n## Zeta\n" in text  # unknown sections follow, alphabetically
     assert ("- data: **real data**\n- command: `python -m benchmarks.toy --quick`\n- seeds: none (deterministic)\n"
             "- machine: 2 CPUs, Linux-x, torch 2.5.1, CUDA H100\n"
             "- commit 0123456789ab, 2026-11-23T13:00:00+00:00, took 4.2 s\n") in text
+    assert "- machine: 2 CPUs (AMD EPYC), Linux-x, torch 2.5.1, numpy 2.4.6, no CUDA\n" in text  # absent: not named
     missing = [s for s in SECTIONS if s != "soe"]
     assert text.endswith("## Not yet regenerated\n\nNo result file yet, so no figures here; rerun with "
                          "`make results SECTION=name`:\n\n" + "\n".join(f"- `{s}`: `{SECTIONS[s]}`" for s in missing)
@@ -95,8 +99,18 @@ def test_a_claim_that_is_not_true_is_never_printed_as_holding(tmp_path, holds):
     claim = {"claim": "attention beats mean", "test": "paired t-test", "p": 0.001, "holds": holds}
     _write(tmp_path, {**KNOWN, "claims": [claim]})
     text = render(tmp_path)
-    assert "attention beats mean: **does not hold** (paired t-test, p = 0.001)" in text
+    assert "attention beats mean: **does not hold** (paired t-test, p = 0.001, q = 0.001)" in text
     assert "**holds**" not in text
+
+
+def test_claims_are_adjusted_for_the_sections_tests_and_an_undefined_test_is_not_counted(tmp_path):
+    claims = [{"claim": f"x{i}", "test": "t", "p": p, "holds": p is not None and p < 0.05}
+              for i, p in enumerate([None, 0.01, 0.04, 0.03])]
+    _write(tmp_path, {**KNOWN, "claims": claims})
+    text = render(tmp_path)
+    assert "adjusted for the 3 tests of this section by Benjamini–Hochberg, 3 with q < 0.05):" in text
+    assert "- x0: **does not hold** (t, p = n/a, q = n/a)" in text
+    assert "- x1: **holds** (t, p = 0.01, q = 0.03)" in text and "- x2: **holds** (t, p = 0.04, q = 0.04)" in text
 
 
 def test_paired_claim_holds_only_when_the_paired_test_says_so():
@@ -118,6 +132,9 @@ def test_write_result_is_atomic_fills_the_run_facts_and_rejects_bad_tables(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["toy.json"]  # no temp file left behind
     assert record["tables"][0]["rows"] == [["a", None]] and record["synthetic"] is False
     assert record["commit"] and record["date"].endswith("+00:00") and record["machine"]["cpus"] >= 1
+    assert record["machine"]["libraries"]["numpy"] == np.__version__
+    assert set(record["machine"]["libraries"]) == {"numpy", "scipy", "scikit-learn", "timm", "open_clip_torch",
+                                                   "umap-learn"} and "cpu" in record["machine"]
     with pytest.raises(ValueError, match="2 cells"):
         write_result("toy", "Toy", "c", [0], [{**table, "rows": [["a"]]}], results_dir=tmp_path)
     with pytest.raises(ValueError, match="holds"):

@@ -105,7 +105,7 @@ def test_open_sets_pragmas_and_the_latest_schema(tmp_path):
 def test_an_old_store_is_migrated_step_by_step(tmp_path):
     path = tmp_path / "old.sqlite"
     con = sqlite3.connect(path)
-    con.executescript(MIGRATIONS[0] + "; PRAGMA user_version = 1;")
+    con.executescript(";".join(MIGRATIONS[0]) + "; PRAGMA user_version = 1;")
     con.execute("INSERT INTO runs (kind, created) VALUES ('x', 'then')")
     con.commit()
     con.close()
@@ -149,13 +149,29 @@ def test_a_new_workspace_is_private(tmp_path):
 
 
 def test_a_failing_migration_changes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "MIGRATIONS", [*MIGRATIONS, "CREATE TABLE extra (x); SELECT nonsense FROM nowhere"])
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*MIGRATIONS, ("CREATE TABLE extra (x)", "SELECT nonsense FROM nowhere")])
     with pytest.raises(sqlite3.OperationalError, match="no such table: nowhere"):
         Store(tmp_path / "t.sqlite")
     con = sqlite3.connect(tmp_path / "t.sqlite")
     assert con.execute("PRAGMA user_version").fetchone()[0] == 0
     assert con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
     con.close()
+
+
+def test_a_migration_with_a_trigger_and_a_semicolon_literal_runs_whole(tmp_path, monkeypatch):
+    script = """
+CREATE TABLE notes (text TEXT NOT NULL DEFAULT 'a;b');
+CREATE TRIGGER notes_tag AFTER INSERT ON notes BEGIN
+    UPDATE notes SET text = new.text || ';tagged' WHERE rowid = new.rowid;
+END;
+"""
+    assert len(store_mod.sql_statements(script)) == 2
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*MIGRATIONS, store_mod.sql_statements(script)])
+    s = Store(tmp_path / "t.sqlite")
+    assert s.schema_version == len(MIGRATIONS) + 1
+    s.db.execute("INSERT INTO notes DEFAULT VALUES")
+    assert s.db.execute("SELECT text FROM notes").fetchall() == [("a;b;tagged",)]
+    s.close()
 
 
 def test_transactions_nest_and_roll_back(store):

@@ -4,6 +4,7 @@ the training-free fusions of the latest vision and text runs.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from typing import Any
 
@@ -16,6 +17,8 @@ from core.eval.distances import image_distances
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
 from core.eval.metrics import METRICS, evaluate
 from core.runtime import json_safe, load_embeddings, save_embeddings
+
+log = logging.getLogger(__name__)
 
 MODALITY_ORDER = ("vision", "text", "fusion", "nested", "concept")
 
@@ -99,8 +102,8 @@ def fusion_run(ws: Workspace, method: str, vision: dict, text: dict, alpha: floa
         fused = fuse(inputs, method=method, alpha=alpha, allow_missing=True)
         missing = {("vision", "text")[m]: ids for m, ids in fused.missing.items()}
         for modality, ids in missing.items():
-            print(f"warning: {len(ids)} image(s) missing from the {modality} run, left out of the "
-                  f"{method} fusion: {', '.join(ids)}")
+            log.warning("warning: %d image(s) missing from the %s run, left out of the %s fusion: %s",
+                        len(ids), modality, method, ", ".join(ids))
         save_embeddings(ws, run_id, fused.ids, distance=fused.D)
         metrics: dict[str, Any] = {"n_images": len(fused.ids), "missing": missing}
         if expert:
@@ -258,10 +261,11 @@ def run_report(ws: Workspace, vision: int | None = None, text: int | None = None
         if v is not None and t is not None:
             for method in METHODS:
                 fusions[method], reused = fusion_run(ws, method, v, t, alpha, expert)
-                print(f"{method} fusion of runs {v['id']} (vision) + {t['id']} (text): "
-                      f"run {fusions[method]}{' (reused)' if reused else ''}")
+                log.info("%s fusion of runs %s (vision) + %s (text): run %s%s", method, v["id"], t["id"],
+                         fusions[method], " (reused)" if reused else "")
         else:
-            print(f"no fusion: need a vision and a text run (found vision={config['vision']}, text={config['text']})")
+            log.info("no fusion: need a vision and a text run (found vision=%s, text=%s)", config["vision"],
+                     config["text"])
         rows = build_rows(ws, embedding_runs(ws, include_ablation), expert, n_boot, seed)
         paths = write_report(ws, rows, len(expert), n_boot)
         summary = {str(r["run_id"]): {m: r[m] for m in METRICS} for r in rows}

@@ -44,7 +44,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,43 @@ class OracleUnavailable(RuntimeError):
 
 class OracleAnswerError(RuntimeError):
     """One question failed after all retries (bad response, timeouts, server errors)."""
+
+
+class _Retry(Exception):
+    """One failed attempt worth asking again (:func:`_ask_with_retries`); ``refused`` when the
+    server did not take the connection."""
+
+    def __init__(self, why: str, refused: bool = False) -> None:
+        super().__init__(why)
+        self.refused = refused
+
+
+def _ask_with_retries(once: Callable[[], Answer], oracle: OllamaOracle | OpenAIOracle, server: str) -> Answer:
+    """``once()`` until it answers, at most ``oracle.retries + 1`` times with exponential backoff
+    between attempts; each :class:`_Retry` it raises is one failed attempt. A ``server`` (e.g.
+    "the Ollama server") that refused every attempt is :class:`OracleUnavailable`, other failures
+    an :class:`OracleAnswerError` naming the last error."""
+    last, refused = "no attempt", 0
+    for attempt in range(oracle.retries + 1):
+        if attempt:
+            time.sleep(oracle.backoff * 2 ** (attempt - 1))
+        try:
+            return once()
+        except _Retry as exc:
+            last, refused = str(exc), refused + exc.refused
+    if refused == oracle.retries + 1:
+        raise OracleUnavailable(f"lost {server} at {oracle.host}: every attempt was refused ({last})")
+    raise OracleAnswerError(f"{oracle.model} at {oracle.host}: no valid answer after {oracle.retries + 1} "
+                            f"attempts; last error: {last}")
+
+
+def _http_failure(oracle: OllamaOracle | OpenAIOracle, status: int, why: str) -> _Retry:
+    """The :class:`_Retry` for an HTTP error ``status`` worth asking again (408, 429, 5xx);
+    raises :class:`OracleAnswerError` for any other."""
+    last = f"HTTP {status}: {why}"
+    if status not in _RETRY_STATUS:
+        raise OracleAnswerError(f"{oracle.model} at {oracle.host}: {last} (not retried)")
+    return _Retry(last)
 
 
 def ollama_hosts(setting: Sequence[str] | str | None = None) -> list[str]:
@@ -286,10 +323,8 @@ class OllamaOracle(Oracle):
         exponential backoff; a server that stops accepting connections ends the run
         (:class:`OracleUnavailable`), any other HTTP error fails this question without retry."""
         messages = build_messages(q.anchor_text, q.j_text, q.k_text)
-        last, refused = "no attempt", 0
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+
+        def once() -> Answer:
             t0 = time.perf_counter()
             try:
                 resp = self._client().chat(model=self.model, messages=messages, format=ANSWER_SCHEMA,
@@ -301,26 +336,18 @@ class OllamaOracle(Oracle):
                 if exc.status_code in (401, 403):
                     raise OracleUnavailable(f"Ollama at {self.host} refused access (HTTP {exc.status_code}): "
                                             f"{exc.error}") from exc
-                last = f"HTTP {exc.status_code}: {exc.error}"
-                if exc.status_code not in _RETRY_STATUS:
-                    raise OracleAnswerError(f"{self.model} at {self.host}: {last} (not retried)") from exc
-                continue
+                raise _http_failure(self, exc.status_code, exc.error) from exc
             except self._transient as exc:
-                refused += isinstance(exc, self._unreachable)
-                last = f"{type(exc).__name__}: {exc}"
-                continue
+                raise _Retry(f"{type(exc).__name__}: {exc}", isinstance(exc, self._unreachable)) from exc
             latency = (time.perf_counter() - t0) * 1000
             content = resp.message.content or ""
             try:
                 choice = parse_answer(content)
             except ValueError as exc:
-                last = str(exc)
-                continue
+                raise _Retry(str(exc)) from exc
             return Answer(choice, content, latency, resp.prompt_eval_count, resp.eval_count)
-        if refused == self.retries + 1:
-            raise OracleUnavailable(f"lost the Ollama server at {self.host}: every attempt was refused ({last})")
-        raise OracleAnswerError(f"{self.model} at {self.host}: no valid answer after "
-                                f"{self.retries + 1} attempts; last error: {last}")
+
+        return _ask_with_retries(once, self, "the Ollama server")
 
 
 # ------------------------------------------------------------------------------------ openai
@@ -372,39 +399,30 @@ class OpenAIOracle(Oracle):
         body = {"model": self.model, "messages": build_messages(q.anchor_text, q.j_text, q.k_text),
                 "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
                     "name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}}
-        last, refused = "no attempt", 0
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+
+        def once() -> Answer:
             t0 = time.perf_counter()
             try:
                 resp = self._client().post("/chat/completions", json=body)
             except (self._httpx.TransportError, ConnectionError) as exc:
-                refused += isinstance(exc, (self._httpx.ConnectError, self._httpx.ConnectTimeout, ConnectionError))
-                last = f"{type(exc).__name__}: {exc}"
-                continue
+                refused = isinstance(exc, (self._httpx.ConnectError, self._httpx.ConnectTimeout, ConnectionError))
+                raise _Retry(f"{type(exc).__name__}: {exc}", refused) from exc
             if resp.status_code in (401, 403, 404):
                 raise OracleUnavailable(f"{self.host} answered HTTP {resp.status_code} for model {self.model!r}: "
                                         f"{resp.text[:200]}")
             if resp.status_code != 200:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                if resp.status_code not in _RETRY_STATUS:
-                    raise OracleAnswerError(f"{self.model} at {self.host}: {last} (not retried)")
-                continue
+                raise _http_failure(self, resp.status_code, resp.text[:200])
             latency = (time.perf_counter() - t0) * 1000
             try:
                 data = resp.json()
                 content = data["choices"][0]["message"]["content"] or ""
                 choice = parse_answer(content)
             except (ValueError, KeyError, IndexError, TypeError) as exc:
-                last = f"bad response: {exc}"
-                continue
+                raise _Retry(f"bad response: {exc}") from exc
             usage = data.get("usage") or {}
             return Answer(choice, content, latency, usage.get("prompt_tokens"), usage.get("completion_tokens"))
-        if refused == self.retries + 1:
-            raise OracleUnavailable(f"lost the server at {self.host}: every attempt was refused ({last})")
-        raise OracleAnswerError(f"{self.model} at {self.host}: no valid answer after {self.retries + 1} attempts; "
-                                f"last error: {last}")
+
+        return _ask_with_retries(once, self, "the server")
 
 
 # -------------------------------------------------------------------------------- multi-host

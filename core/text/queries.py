@@ -7,7 +7,7 @@ dead or broken server is not asked for days); its record is then ``failed`` and 
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -19,6 +19,8 @@ from tqdm import tqdm
 
 from annotations.workspace import Workspace
 from core.text.llm import PROMPT_VERSION, Answer, Oracle, OracleUnavailable, Question
+
+log = logging.getLogger(__name__)
 from core.text.sampling import (
     SAMPLINGS,
     ActiveSampler,
@@ -140,9 +142,9 @@ class QueryRun:
         if self.progress:
             eta = "unknown" if qps is None else time.strftime("%H:%M:%S", time.gmtime(to_ask / qps))
             tok = f", ~{self.estimate['input_tokens']:,} input tokens" if tokens is not None else ""
-            print(f"{self.oracle.name}:{self.oracle.model}: {to_ask:,} questions to ask ({self.from_cache:,} cached), "
-                  f"concurrency {self.workers}: ~{qps or 0:.2f} questions/s (median latency "
-                  f"{latency or 0:.0f} ms, from {basis}); estimated time {eta}{tok}", file=sys.stderr, flush=True)
+            log.info(f"{self.oracle.name}:{self.oracle.model}: {to_ask:,} questions to ask ({self.from_cache:,} "
+                     f"cached), concurrency {self.workers}: ~{qps or 0:.2f} questions/s (median latency "
+                     f"{latency or 0:.0f} ms, from {basis}); estimated time {eta}{tok}")
         return self.estimate
 
     def start(self, questions: list[Question], to_ask: int, bar: tqdm | None = None) -> list[Question]:

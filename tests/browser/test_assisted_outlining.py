@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 from scipy import ndimage
-from wound_photos import choose_photo, settled, to_screen, tool, watch_runs, wound_photo
+from wound_photos import open_wound_masks, settled, to_screen, tool, wound_photo
 
 from annotations import accounts, session
 from annotations.dataset import import_dataset
@@ -21,20 +21,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 MEDETEC = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "medetec"
 USER, PASSWORD = "Dr Assist", "assist-pass-1234"
-
-
-def sign_in_and_open(pg, url: str, image_id: str) -> None:
-    watch_runs(pg)
-    pg.goto(url)
-    pg.get_by_role("textbox", name="Account name").fill(USER)
-    pg.get_by_role("textbox", name="Password").fill(PASSWORD)
-    with settled(pg, "signing in"):
-        pg.get_by_role("button", name="Sign in").click()
-        expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
-    with settled(pg, "opening Wound masks"):
-        pg.get_by_role("link", name="Wound masks").click()
-        expect(pg.locator(".oe svg image")).to_be_attached()
-    choose_photo(pg, image_id)
 
 
 def candidate_mask(pg, key: str, shape: tuple[int, int]) -> np.ndarray:
@@ -79,7 +65,7 @@ def test_suggest_accept_edit_reject(suggest_app, page):
     ws, _, server = suggest_app
     proposed = suggest_outlines(ws, "new-01", load_segmenter(ws))
     assert len(proposed) == 3  # the trained model sees the three wounds
-    sign_in_and_open(page, server.url, "new-01")
+    open_wound_masks(page, server.url, USER, PASSWORD, "new-01")
     with settled(page, "Suggest outlines"):
         page.get_by_role("button", name="Suggest outlines").click()
         expect(page.get_by_text("3 suggested outline(s)")).to_be_visible()
@@ -142,7 +128,7 @@ def test_click_to_outline_on_medetec(medetec_app, page):
     depth = ndimage.distance_transform_edt(largest)
     y, x = np.unravel_index(depth.argmax(), depth.shape)  # the wound's innermost pixel
 
-    sign_in_and_open(page, server.url, photo)
+    open_wound_masks(page, server.url, USER, PASSWORD, photo)
     # the online choice without its package or checkpoint: one clear message, nothing proposed
     sam_path = page.get_by_role("textbox", name="Segment Anything checkpoint (.pth)")
     with settled(page, "choosing Segment Anything"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import choose_photo, settled, watch_runs
+from wound_photos import open_wound_masks, settled
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -60,17 +60,7 @@ def test_a_new_workspace_suggests_outlines_from_the_default_model(new_clinic, pa
     expected = suggest_outlines(ws, photo, model)
     assert model.source == "default" and expected
 
-    watch_runs(page)
-    page.goto(server.url)
-    page.get_by_role("textbox", name="Account name").fill(USER)
-    page.get_by_role("textbox", name="Password").fill(PASSWORD)
-    with settled(page, "signing in"):
-        page.get_by_role("button", name="Sign in").click()
-        expect(page.get_by_role("link", name="Wound masks")).to_be_visible()
-    with settled(page, "opening Wound masks"):
-        page.get_by_role("link", name="Wound masks").click()
-        expect(page.locator(".oe svg image")).to_be_attached()
-    choose_photo(page, photo)
+    open_wound_masks(page, server.url, USER, PASSWORD, photo)
     with settled(page, "Suggest outlines"):
         page.get_by_role("button", name="Suggest outlines").click()
         expect(page.get_by_text(f"{len(expected)} suggested outline(s) by the default wound model")).to_be_visible()

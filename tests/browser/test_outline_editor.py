@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
-from wound_photos import choose_photo, draw, settled, to_screen, tool, watch_runs, wound_photo
+from wound_photos import choose_photo, draw, open_wound_masks, settled, to_screen, tool, wound_photo
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -42,24 +42,6 @@ def make_workspace(root: Path, data: Path, min_area: int | None = None) -> Works
     return ws
 
 
-def sign_in(pg, url: str) -> None:
-    watch_runs(pg)
-    pg.goto(url)
-    pg.get_by_role("textbox", name="Account name").fill(USER)
-    pg.get_by_role("textbox", name="Password").fill(PASSWORD)
-    with settled(pg, "signing in"):
-        pg.get_by_role("button", name="Sign in").click()
-        expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
-
-
-def open_editor(pg, url: str) -> None:
-    sign_in(pg, url)
-    with settled(pg, "opening Wound masks"):
-        pg.get_by_role("link", name="Wound masks").click()
-        expect(pg.get_by_role("heading", name="Wound masks")).to_be_visible()
-        expect(pg.locator(".oe svg image")).to_be_attached()
-
-
 def image_width(pg) -> float:
     return pg.locator(".oe svg image").bounding_box()["width"]
 
@@ -74,7 +56,7 @@ def app(tmp_path, start_app):
 
 def test_zoom_vertex_edit_undo_and_photo_kept(app, page, screenshot):
     ws, server = app()
-    open_editor(page, server.url)
+    open_wound_masks(page, server.url, USER, PASSWORD)
     # every imported metadata field in its own box
     expect(page.get_by_role("textbox", name="Anatomical site").first).to_have_value("left shin")
     expect(page.get_by_role("textbox", name="Size (cm)").first).to_have_value("3.5")
@@ -157,7 +139,7 @@ def test_zoom_vertex_edit_undo_and_photo_kept(app, page, screenshot):
 
 def test_min_area_invalid_outlines_and_overlap_decision(app, page):
     ws, server = app(min_area=400)
-    open_editor(page, server.url)
+    open_wound_masks(page, server.url, USER, PASSWORD)
     before = ws.load_mask("leg-01").copy()
 
     draw(page, [(20, 20), (32, 20), (20, 32)])  # ~80 px, under the 400 px minimum

@@ -78,6 +78,24 @@ def settled(pg, what: str, timeout_ms: int = 120_000) -> Iterator[None]:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached", timeout=timeout_ms)
 
 
+def open_wound_masks(pg, url: str, user: str, password: str, image_id: str | None = None) -> None:
+    """Sign in at ``url`` as ``user``, open the Wound masks page (its outline editor attached) and
+    choose ``image_id`` when given."""
+    watch_runs(pg)
+    pg.goto(url)
+    pg.get_by_role("textbox", name="Account name").fill(user)
+    pg.get_by_role("textbox", name="Password").fill(password)
+    with settled(pg, "signing in"):
+        pg.get_by_role("button", name="Sign in").click()
+        expect(pg.get_by_role("link", name="Wound masks")).to_be_visible()
+    with settled(pg, "opening Wound masks"):
+        pg.get_by_role("link", name="Wound masks").click()
+        expect(pg.get_by_role("heading", name="Wound masks")).to_be_visible()
+        expect(pg.locator(".oe svg image")).to_be_attached()
+    if image_id is not None:
+        choose_photo(pg, image_id)
+
+
 def choose_photo(pg, image_id: str) -> None:
     """Pick ``image_id`` in the Wound masks page's photo box, waiting for its heading."""
     heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
