@@ -10,9 +10,8 @@ Rows (SYNTHETIC phantom demo workspace unless a row names real photos):
 - SOE at registry scale: 10,000,000 planted triplets over 10,000 objects (benchmarks.soe --scale);
 - the segmenter: one training epoch on the Medetec photos' cached features, and one 512-px photo's
   inference with 4 test-time flips;
-- the concept models (``--objective clip|make|conceptclip``) and SLIMP: seconds per epoch, the
-  difference of an E-epoch and a 1-epoch run over E − 1 (start-up, evaluation and the first
-  epoch's warm-up cancel).
+- the concept models (``--objective clip|make|conceptclip``) and SLIMP: the median seconds of an
+  E-epoch run's epochs after the first (its run record's ``epoch_seconds``).
 The speed-up is against the CPU row of the same workload on the same machine (all its cores).
 Without CUDA, ``--devices cpu`` runs the CPU rows alone (to check the benchmark itself).
 """
@@ -128,18 +127,15 @@ def segmenter_rows(medetec: Path, device: str, epochs: int, quick: bool) -> tupl
 
     t0 = time.perf_counter()
     fit_network(cache, range(len(samples)), start, epochs=epochs, device=device, progress=False, on_epoch=on_epoch)
-    per_epoch = float(np.median(np.diff([t0, *stamps])[1:])) if epochs > 1 else stamps[0] - t0
+    per_epoch = float(np.median(np.diff([t0, *stamps])[1:]))
     default = load_default(device)
     seg = Segmenter(default.net, default.encoder, default.input_size, tta=4)
     return per_epoch, inference_seconds(seg, torch.get_num_threads()), len(samples)
 
 
 def epoch_seconds(ws: Path, device: str, epochs: int, module: str, *args: str) -> float:
-    """Seconds per epoch of a training CLI: (its E-epoch run − its 1-epoch run) / (E − 1)."""
-    key = "epoch_seconds" if module == "core.train_slimp" else "seconds"
-    one = job(module, ws, device, *args, "--epochs", "1")["metrics"][key]
-    many = job(module, ws, device, *args, "--epochs", str(epochs))["metrics"][key]
-    return (many - one) / (epochs - 1)
+    """Median seconds of a training CLI's epochs after the first (warm-up), from its run record."""
+    return float(np.median(job(module, ws, device, *args, "--epochs", str(epochs))["metrics"]["epoch_seconds"][1:]))
 
 
 def measure(args: argparse.Namespace, root: Path) -> Iterator[Row]:
@@ -190,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--medetec", help="Medetec folder (images/, masks/) for the segmenter rows (left out without)")
     parser.add_argument("--views", type=int, default=16, help="augmented views per photo (default: 16)")
-    cli.add_epochs(parser, 3)
+    cli.add_epochs(parser, 3, help="epochs of each timed training run (≥ 3: the first is not timed; default 3)")
     cli.add_seed(parser)
     parser.add_argument("--devices", default="cuda,cpu", help="comma-separated: cuda, cpu (default: cuda,cpu)")
     parser.add_argument("--epoch-devices", help="devices of the concept and SLIMP epoch rows (default: --devices)")
@@ -200,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     args.devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     args.epoch_devices = ([d.strip() for d in args.epoch_devices.split(",") if d.strip()] if args.epoch_devices
                           else args.devices)
-    if not args.devices or not set(args.devices + args.epoch_devices) <= {"cuda", "cpu"} or args.epochs < 2:
-        parser.error(f"--devices and --epoch-devices take cuda and/or cpu, --epochs must be ≥ 2; got "
+    if not args.devices or not set(args.devices + args.epoch_devices) <= {"cuda", "cpu"} or args.epochs < 3:
+        parser.error(f"--devices and --epoch-devices take cuda and/or cpu, --epochs must be ≥ 3; got "
                      f"{args.devices}, {args.epoch_devices}, {args.epochs}")
     if "cuda" in args.devices + args.epoch_devices and not torch.cuda.is_available():
         parser.error("no CUDA device on this machine: the GPU rows need one (--devices cpu checks the CPU rows)")
@@ -218,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         notes = [f"Card: {card}; CUDA runs bf16 autocast unless the row says fp32." if card else
                  "CPU rows only (--devices cpu): no GPU figure.",
                  "SYNTHETIC phantom demo workspace, except the segmenter rows (real Medetec photos).",
-                 f"Epoch times are (E-epoch run − 1-epoch run) / (E − 1) with E = {args.epochs}; a row without a "
-                 "speed-up had no CPU run (--epoch-devices)."]
+                 f"Epoch times are the median of epochs 2…{args.epochs} of one run (the first warms up); a row "
+                 "without a speed-up had no CPU run (--epoch-devices)."]
         if not done:
             notes.append(f"PARTIAL: the run stopped after {len(measured)} rows; the rows after them are missing.")
         if done:

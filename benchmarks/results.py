@@ -6,7 +6,8 @@ Every benchmark (section) writes ``results/<section>.json`` through :func:`write
 number in RESULTS.md comes from a result file. ``--run NAME`` (or ``--run all``) first reruns
 the section's command from :data:`SECTIONS` from scratch (``make results [SECTION=name]``).
 
-The file format is :mod:`core.eval.result_files`'s.
+The file format is :mod:`core.eval.result_files`'s. A result found wrong after it was written keeps
+its file and gets ``results/<section>.erratum.md`` (text without digits), rendered under it.
 
     python -m benchmarks.results [--run NAME|all] [--out FILE]
 """
@@ -53,7 +54,7 @@ SECTIONS: dict[str, str] = {
     "segmentation": "python -m benchmarks.segmentation",
     "followup": "python -m benchmarks.followup --data ../shared/data",
     "app_latency": "python -m benchmarks.app_latency --triplets --before 4b5f213",
-    "gpu": "python -m benchmarks.gpu --medetec ../shared/data/medetec --epochs 2 --epoch-devices cuda --views 4",
+    "gpu": "python -m benchmarks.gpu --medetec ../shared/data/medetec --epochs 3 --epoch-devices cuda --views 4",
 }
 NEEDS_CUDA = ("gpu",)  # `--run all` keeps these sections' stored files on a machine without CUDA
 REQUIRED = ("section", "title", "command", "seeds", "machine", "commit", "date", "seconds", "synthetic", "tables",
@@ -164,7 +165,18 @@ def render_section(r: dict[str, Any]) -> str:
     lines += [f"- {n}" for n in r["notes"]]
     if r["notes"]:
         lines.append("")
+    if r.get("erratum"):
+        lines += [f"**Erratum** (written after the run): {r['erratum']}", ""]
     return "\n".join(lines)
+
+
+def read_erratum(path: Path) -> str:
+    """``results/<section>.erratum.md``: what was found wrong with a run after it was written. It may hold no
+    digit, so a figure reaches RESULTS.md only from a result file."""
+    text = " ".join(path.read_text(encoding="utf-8").split())
+    if any(ch.isdigit() for ch in text):
+        raise ValueError(f"{path}: an erratum may not contain digits (figures come from result files only)")
+    return text
 
 
 def load_results(results_dir: Path | str) -> dict[str, dict[str, Any]]:
@@ -178,6 +190,11 @@ def load_results(results_dir: Path | str) -> dict[str, dict[str, Any]]:
         if record["section"] != path.stem:
             raise ValueError(f"{path}: section {record['section']!r} does not match the file name")
         out[path.stem] = record
+    for path in sorted(Path(results_dir).glob("*.erratum.md")):
+        section = path.name.removesuffix(".erratum.md")
+        if section not in out:
+            raise ValueError(f"{path}: no result file {section}.json to correct")
+        out[section]["erratum"] = read_erratum(path)
     return out
 
 

@@ -103,17 +103,22 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
         except ValueError as e:
             raise UsageError(f"--objective {args.objective} --model {args.model}: {e}") from None
         history: list[float] = []
+        stamps = [time.perf_counter()]
+
+        def on_epoch(epoch: int, losses: list[float]) -> None:
+            stamps.append(time.perf_counter())
+            ws.store.update_run(run_id, progress=(epoch + 1) / cfg.epochs, metrics={"loss": losses})
+
         if not args.untrained:
-            history = trainer.fit(np.flatnonzero(~held), progress=progress,
-                                  on_epoch=lambda e, h: ws.store.update_run(run_id, progress=(e + 1) / cfg.epochs,
-                                                                            metrics={"loss": h}))
+            history = trainer.fit(np.flatnonzero(~held), progress=progress, on_epoch=on_epoch)
         g, patches, grid = trainer.embed()
         scorer = ConceptScorer(model, concepts, beta=args.beta, sigmoid=args.objective in SIGMOID_OBJECTIVES)
         sc = scorer.scores(g, patches)
         heat = scorer.heatmaps(patches, grid)
         col = {n: i for i, n in enumerate(scorer.names)}
         common = [n for n in names if n in col]
-        metrics: dict[str, Any] = {"loss": history, "auroc_source": source, "seconds": round(time.perf_counter() - t0, 1)}
+        metrics: dict[str, Any] = {"loss": history, "auroc_source": source, "seconds": round(time.perf_counter() - t0, 1),
+                                   "epoch_seconds": [round(b - a, 4) for a, b in zip(stamps, stamps[1:])]}
         for kind in ("global", "local", "fused"):
             s = sc[kind][held][:, [col[n] for n in common]]
             metrics[f"auroc_{kind}"] = concept_auroc(s, labels[held][:, [names.index(n) for n in common]], common)

@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bar = tqdm(range(start_epoch, args.epochs), desc="slimp", unit="epoch", disable=rank != 0,
                    initial=start_epoch, total=args.epochs)
+        epoch_seconds: list[float] = []
         for epoch in bar:
             t0 = time.perf_counter()
             batches = epoch_batches(patient_wounds, args.batch_size, args.max_wounds, args.seed, epoch)
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             sums = train_epoch(net, model, optimizer, batches, (images, masks, wound_tab, patient_tab), device,
                                group, rank, world)
             losses.append(sums["loss"])
+            epoch_seconds.append(round(time.perf_counter() - t0, 4))  # this session's epochs (a resumed run: the new ones)
             for k in ("inner", "outer"):
                 if k in sums:
                     history[k].append(sums[k])
@@ -315,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 ws.store.update_run(run_id, progress=(epoch + 1) / args.epochs,
                                     metrics={"loss": losses, **history,
                                              "temperature": 1 / model.criterion.logit_scale.item(),
-                                             "epoch_seconds": round(time.perf_counter() - t0, 2)},
+                                             "epoch_seconds": epoch_seconds},
                                     artifacts={"checkpoint": str(run_dir / "checkpoint.pt")})
         if rank == 0:
             metrics = evaluate_model(ws, model, data, images, masks, wound_tab, patient_tab, device, args, run_id)

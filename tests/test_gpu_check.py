@@ -45,3 +45,10 @@ def test_every_job_that_takes_a_device_is_checked() -> None:
     checked = {argv[argv.index("-m") + 1] if "-m" in argv else argv[3] for _, argv in _script().steps("/tmp/ws")}
     jobs = {f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if "add_device(" in p.read_text() and p.stem != "cli"}
     assert jobs and jobs <= checked, sorted(jobs - checked)
+
+
+def test_only_the_numpy_jobs_pass_without_cuda_memory() -> None:
+    """``core.evaluate`` takes no ``--device`` (numpy only): the GPU run flagged it FAIL for using no CUDA memory."""
+    module = _script()
+    no_device = {label for label, argv in module.steps("/tmp/ws") if "--device" not in argv}
+    assert no_device == set(module.NUMPY_ONLY) == {"evaluate"}

@@ -163,3 +163,19 @@ def test_a_zero_width_interval_is_not_shown_and_a_legend_replaces_the_seed_foote
              "legend": "Cells read balanced % [95 % CI, resampling patients]."}
     text = render_tables([table])
     assert "resampling patients" in text and "over seeds" not in text
+
+
+def test_an_erratum_is_rendered_under_its_section_and_may_hold_no_figure(tmp_path) -> None:
+    from benchmarks.results import render, write_result
+
+    write_result("soe", "SOE", "python -m benchmarks.soe", [0], [{"caption": "c", "columns": ["a"], "rows": [[1.5]]}],
+                 results_dir=tmp_path)
+    (tmp_path / "soe.erratum.md").write_text("The rows of this run\nare wrong.\n", encoding="utf-8")
+    assert "**Erratum** (written after the run): The rows of this run are wrong." in render(tmp_path)
+    (tmp_path / "soe.erratum.md").write_text("The rows are off by 2.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="soe.erratum.md: an erratum may not contain digits"):
+        render(tmp_path)
+    (tmp_path / "soe.erratum.md").unlink()
+    (tmp_path / "flip.erratum.md").write_text("Wrong.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no result file flip.json to correct"):
+        render(tmp_path)

@@ -228,6 +228,7 @@ def test_cli_trains_evaluates_and_resumes(tiny_ws, capsys):
     run = _run(tiny_ws, "--target", "subtype", "--ablation")
     assert run["status"] == "done" and run["config"]["modality"] == "nested"
     assert len(run["metrics"]["loss"]) == 2 and all(math.isfinite(v) for v in run["metrics"]["loss"])
+    assert len(run["metrics"]["epoch_seconds"]) == 2 and min(run["metrics"]["epoch_seconds"]) > 0
     ev = run["metrics"]["eval"]
     assert set(ev["retrieval"]) >= {"R@1", "R@5", "R@10"}
     assert ev["triplets"]["n"] == 8
