@@ -95,3 +95,10 @@ def test_the_shipped_streamlit_settings_become_flags(tmp_path):
     config.write_text('[client]\nshowErrorDetails = "none"\n[server]\nrunOnSave = false\nmaxUploadSize = 50\n')
     assert streamlit_flags(config) == ["--client.showErrorDetails=none", "--server.runOnSave=false",
                                        "--server.maxUploadSize=50"]
+
+
+def test_the_shipped_settings_hide_tracebacks_from_users():
+    """``false`` is Streamlit's legacy spelling of "stacktrace" (traceback shown); "none" shows a generic message."""
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    assert config["client"]["showErrorDetails"] == "none"
+    assert "--client.showErrorDetails=none" in streamlit_flags()
