@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
           f'baseline python -c "import torch": {baseline:.2f} s')
     with tempfile.TemporaryDirectory() as tmp:
         old_root = export_tree(args.ref, Path(tmp)) if args.ref else None
-        head = f"{'command':<36} {'s':>6} {'÷torch':>7}"
+        head = f"{'command':<44} {'s':>6} {'÷torch':>7}"
         print(head + (f" {args.ref + ' s':>12} {'speed-up':>9}" if old_root else "") + "  heavy modules imported")
         for module in modules:
             command = [sys.executable, "-m", module, "--help"]
             now = median_seconds(command, REPO, args.runs)
-            line = f"{'python -m ' + module + ' --help':<36} " + (
+            line = f"{'python -m ' + module + ' --help':<44} " + (
                 f"{now:>6.2f} {now / baseline:>7.2f}" if now is not None else f"{'failed':>14}")
             if old_root is not None:
                 exists = (old_root / Path(*module.split("."))).with_suffix(".py").exists() or \
