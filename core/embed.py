@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -32,9 +33,10 @@ from core import cli
 from core.eval.distances import pairwise_euclidean
 from annotations.workspace import Workspace
 from core.runtime import load_embeddings, open_workspace, save_embeddings, user_errors
-from core.vision.backbones import OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
-from core.vision.baseline import embed_baseline
-from core.vision.inference import TrainedHead, photo_files, read_labels
+from core.vision.recipe import OFFLINE_DEFAULT
+
+if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
+    from core.vision.inference import TrainedHead
 
 
 MODEL_RUN = "vision-model"
@@ -68,6 +70,8 @@ def study_run(ws: Workspace, model: TrainedHead, ref: str) -> int:
 
 
 def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace) -> int:
+    from core.vision.inference import photo_files, read_labels
+
     files = photo_files(args.images)
     photos = [(load_photo(photo), read_labels(mask)) for _, photo, mask in files]
     run_id = study_run(ws, model, args.model)
@@ -107,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--images needs --model: new photos are embedded with a trained model")
     if args.neighbours < 1:
         parser.error(f"--neighbours must be ≥ 1, got {args.neighbours}")
+    from core.vision.backbones import BackboneUnavailable, load_backbone
+    from core.vision.baseline import embed_baseline
+    from core.vision.inference import TrainedHead
+
     if args.model is not None:
         ws = open_workspace(args.workspace, parser, require_wounds=args.images is None)
         with user_errors(parser, ValueError, BackboneUnavailable, FileNotFoundError):

@@ -24,9 +24,7 @@ from pathlib import Path
 
 from core import cli
 from core.runtime import open_workspace, user_errors
-from core.segmentation.export import export_segmenter
-from core.segmentation.model import RUN_KIND as SEGMENTER_KIND
-from core.vision.inference import export_head
+from core.segmentation.defaults import RUN_KIND as SEGMENTER_KIND
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=int, metavar="RUN", help="run id (a vision-triderm or segmenter run)")
     parser.add_argument("out", type=Path, metavar="OUT", help="new (or empty) folder to write the model to")
     args = cli.parse_args(parser, argv)
+    from core.segmentation.export import export_segmenter  # torch: after the arguments (a fast --help)
+    from core.vision.inference import export_head
+
     ws = open_workspace(args.workspace, parser)
     run = ws.store.run(args.run)
     if run is None or run["status"] != "done":

@@ -16,14 +16,10 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch.distributed as dist
-
 from annotations.workspace import Workspace
 from core import cli
 from core.runtime import init_distributed, open_workspace, user_errors
-from core.vision.backbones import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
-from core.vision.features import SHARD_PHOTOS, FeatureCache, workspace_wounds
-from core.vision.triderm import DEFAULTS
+from core.vision.recipe import DEFAULTS, LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, SHARD_PHOTOS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = cli.parse_args(parser, argv)
+    import torch.distributed as dist  # torch: after the arguments (a fast --help)
+
+    from core.vision.backbones import BackboneUnavailable, load_backbone
+    from core.vision.features import FeatureCache, workspace_wounds
+
     if args.views < 0 or args.shard_size < 1:
         parser.error(f"--views must be ≥ 0 and --shard-size ≥ 1, got {args.views} and {args.shard_size}")
     rank, world, device = init_distributed()

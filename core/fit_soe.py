@@ -17,8 +17,6 @@ from typing import Any
 from annotations.workspace import Workspace, resolve_workspace
 from core import cli
 from core.eval.metrics import METRICS
-from core.text.fit import fit_source
-from core.text.soe import SOE
 
 
 def agreement_table(summary: dict[str, Any]) -> str:
@@ -53,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(parser, argv)
     if args.dim < 1:
         parser.error("--dim must be ≥ 1")
+    from core.text.fit import fit_source  # torch and scikit-learn: after the arguments (a fast --help)
+    from core.text.soe import SOE
+
     ws = Workspace(resolve_workspace(args.workspace))
     source = args.source
     if source is None:

@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
@@ -28,20 +29,16 @@ from annotations.readers import IMAGE_SUFFIXES
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
 from core import cli
 from core.runtime import user_errors
-from core.segmentation.interactive import wound_components
-from core.segmentation.model import (
-    RUN_KIND,
-    THRESHOLD,
-    Segmenter,
-    SegmenterError,
-    default_path,
-    load_default,
-    run_checkpoint,
-)
+from core.segmentation.defaults import RUN_KIND, THRESHOLD
+
+if TYPE_CHECKING:  # the model modules import torch: loaded when a photo is segmented, not for --help
+    from core.segmentation.model import Segmenter
 
 
 def resolve_model(spec: str, workspace: str | None, device: str) -> tuple[Segmenter, Path | None]:
     """``default``, a workspace run id or a checkpoint path → the segmenter (and its file, when not the default)."""
+    from core.segmentation.model import Segmenter, SegmenterError, load_default, run_checkpoint
+
     if spec == "default":
         return load_default(device), None
     if spec.isdigit():
@@ -78,6 +75,8 @@ def read_photos(folder: Path) -> list[tuple[str, Image.Image]]:
 
 def label_map(prob: np.ndarray, threshold: float, min_area: int = DEFAULT_MIN_WOUND_AREA) -> np.ndarray:
     """One label per wound component (largest first) of the thresholded probability map."""
+    from core.segmentation.interactive import wound_components
+
     comps = wound_components(prob, min_area, threshold=threshold)
     labels = np.zeros(prob.shape, np.uint8 if len(comps) < 256 else np.uint16)
     for k, comp in enumerate(comps, start=1):
@@ -102,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{args.out}: the output folder is not empty (give a new or empty folder)")
         photos = read_photos(args.images)
         segmenter, path = resolve_model(args.model, args.workspace, args.device)
+    from core.segmentation.model import default_path
+
     masks = args.out / "masks"
     masks.mkdir(parents=True, exist_ok=True)
     wounds = 0

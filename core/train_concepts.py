@@ -18,25 +18,10 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 
 from annotations.fileio import atomic_write
 from core import cli
-from core.concepts.dual_encoder import OFFLINE_DEFAULT, VLMUnavailable, load_vlm
-from core.concepts.scores import ConceptBottleneck, ConceptScorer
-from core.concepts.training import (
-    OBJECTIVES,
-    SIGMOID_OBJECTIVES,
-    TrainConfig,
-    Trainer,
-    build_text_inputs,
-    concept_auroc,
-    concept_labels,
-    load_pairs,
-    split_holdout,
-    target_values,
-)
-from core.concepts.vocabulary import ConceptTagger, load_vocab
+from core.concepts.defaults import OBJECTIVES, OFFLINE_DEFAULT
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -69,6 +54,23 @@ class UsageError(ValueError):
 
 def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     """Train + evaluate + store; returns the run's metrics."""
+    # torch and the models: here, not at import (a fast --help)
+    import torch
+
+    from core.concepts.dual_encoder import load_vlm
+    from core.concepts.scores import ConceptBottleneck, ConceptScorer
+    from core.concepts.training import (
+        SIGMOID_OBJECTIVES,
+        TrainConfig,
+        Trainer,
+        build_text_inputs,
+        concept_auroc,
+        concept_labels,
+        load_pairs,
+        split_holdout,
+        target_values,
+    )
+    from core.concepts.vocabulary import ConceptTagger, load_vocab
     from core.runtime import open_workspace, save_embeddings
 
     ws = open_workspace(args.workspace)
@@ -169,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--holdout must be in (0, 1)")
     if not 0 <= args.beta <= 1:
         parser.error("--beta must be in [0, 1]")
+    from core.concepts.dual_encoder import VLMUnavailable
+
     try:
         metrics = run(args)
     except VLMUnavailable as e:

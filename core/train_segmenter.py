@@ -19,13 +19,9 @@ from __future__ import annotations
 import argparse
 import shutil
 
-import torch
-
 from core import cli
 from core.runtime import open_workspace, user_errors
-from core.segmentation.model import default_path
-from core.segmentation.training import EPOCHS, PRETRAIN_EPOCHS, train_segmenter
-from core.vision.backbones import BackboneUnavailable
+from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of photos (whole patients/series) held out for the run's Dice; 0 = train on all")
     cli.add_device(parser)
     args = cli.parse_args(parser, argv)
+    import torch  # after the arguments: a fast --help
+
+    from core.segmentation.model import default_path
+    from core.segmentation.training import train_segmenter
+    from core.vision.backbones import BackboneUnavailable
+
     device = torch.device(args.device)
     epochs = args.epochs or (PRETRAIN_EPOCHS if args.pretrain else EPOCHS)
     ws = open_workspace(args.workspace, parser)

@@ -32,32 +32,13 @@ import argparse
 import math
 import sys
 import time
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch import nn
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from core import cli
-from core.nested.model import (
-    MIN_PATIENTS_PER_FOLD,
-    SLIMP,
-    NestedData,
-    epoch_batches,
-    frozen_features,
-    load_nested_data,
-    wound_crops,
-)
-from core.nested.tabular import TabularSchema
-from core.nested.training import (
-    checkpoint_path,
-    evaluate_model,
-    load_init,
-    param_groups,
-    save_checkpoint,
-    train_epoch,
-)
+
+if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
+    from core.nested.model import NestedData
+    from core.nested.tabular import TabularSchema
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +93,8 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: 
 
 def _schemas(parser: argparse.ArgumentParser, data: NestedData, args: argparse.Namespace
              ) -> tuple[TabularSchema | None, TabularSchema | None]:
+    from core.nested.tabular import TabularSchema
+
     exclude = [args.target] if args.target else []
     wound = None if args.no_wound_meta else TabularSchema.infer(data.wound_records, exclude=exclude)
     patient = None if args.no_patient_meta else TabularSchema.infer(data.patient_records, exclude=exclude)
@@ -128,6 +111,8 @@ def _fmt(v: float) -> str:
 
 def report(metrics: dict[str, Any], synthetic: bool, run_id: int) -> str:
     """Human-readable summary of :func:`evaluate_model` figures."""
+    from core.nested.model import MIN_PATIENTS_PER_FOLD
+
     lines = [f"SLIMP run {run_id}" + ("  [SYNTHETIC phantom data]" if synthetic else ""),
              f"  {metrics['n_wounds']} wounds, {metrics['n_patients']} patients, {metrics['n_photos']} photos"]
     if "triplets" in metrics:
@@ -171,12 +156,34 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = cli.parse_args(parser, argv)
+    # torch and the model's modules: after the arguments (a fast --help)
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from tqdm import tqdm
+
     from annotations.workspace import Workspace
+    from core.nested.model import (
+        SLIMP,
+        epoch_batches,
+        frozen_features,
+        load_nested_data,
+        wound_crops,
+    )
+    from core.nested.tabular import TabularSchema
+    from core.nested.training import (
+        checkpoint_path,
+        evaluate_model,
+        load_init,
+        param_groups,
+        save_checkpoint,
+        train_epoch,
+    )
     from core.runtime import init_distributed, load_checkpoint, open_workspace, user_errors
     from core.vision.backbones import BackboneUnavailable, load_backbone
 
-    parser = build_parser()
-    args = cli.parse_args(parser, argv)
     rank, world, device = init_distributed()
     distributed = dist.is_initialized()  # under torchrun, one process or many
     _validate(parser, args, world)

@@ -25,19 +25,15 @@ from typing import Any
 from core import cli
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
-from core.vision.backbones import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, BackboneUnavailable, load_backbone
-from core.vision.triderm import (
-    SUPERVISED_CV,
+from core.vision.recipe import (
     DEFAULTS,
-    LOSSES,
+    LITE0_DEFAULT_LAYER,
+    LITE0_LAYERS,
+    LOSS_NAMES,
     NORMALIZE,
+    OFFLINE_DEFAULT,
     PAPER_RECIPE,
-    baseline_run,
-    check_config,
-    check_workspace,
-    embedding_normalize,
-    run_agreement,
-    train,
+    SUPERVISED_CV,
 )
 
 
@@ -91,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layer", default=None,
                         help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
     parser.add_argument("--pooling", choices=["attention", "mean"], default=None)
-    parser.add_argument("--loss", choices=sorted(LOSSES), default=None)
+    parser.add_argument("--loss", choices=sorted(LOSS_NAMES), default=None)
     cli.add_epochs(parser, None, help=f"training epochs (default {DEFAULTS['epochs']})")
     parser.add_argument("--min-steps", type=int, default=None, help="train at least this many optimiser steps")
     cli.add_batch_size(parser, None, help=f"wounds per step (default {DEFAULTS['batch_size']})")
@@ -123,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="random patient splits the K folds are repeated over (with K folds only ~1/K² of the "
                              f"triplets are strict; default {DEFAULTS['cv_repeats']})")
     args = cli.parse_args(parser, argv)
+    # torch, torchvision and scikit-learn: after the arguments (a fast --help)
+    from core.vision.backbones import BackboneUnavailable, load_backbone
+    from core.vision.triderm import (baseline_run, check_config, check_workspace, embedding_normalize, run_agreement,
+                                     train)
+
     base = PAPER_RECIPE if args.paper_recipe else DEFAULTS
     given = {k: v for k, v in vars(args).items() if v is not None and k in base}
     cfg = {**base, **given}

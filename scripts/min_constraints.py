@@ -2,7 +2,7 @@
 
 ``make test-min`` installs the project with it (``pip install -c``), so the fast tests run
 against the oldest versions the project claims to support. Each ``name>=X`` (main dependencies
-and the ``test`` extra) becomes ``name==X``; torch and torchvision are exempt (one build of each
+and the ``app``, ``ml``, ``llm`` and ``test`` extras) becomes ``name==X``; torch and torchvision are exempt (one build of each
 installs here), and a dependency without a floor is left free.
 
     python scripts/min_constraints.py [pyproject.toml] > constraints.txt
@@ -16,17 +16,20 @@ from pathlib import Path
 import tomllib
 
 EXEMPT = {"torch", "torchvision"}
+#: the extras `make test-min` installs (`.[all,test]`: all = app + ml + llm)
+EXTRAS = ("app", "ml", "llm", "test")
 # Caps the floors themselves need: pyarrow >= 20 refuses NumPy < 2 at import (see numpy in pyproject.toml)
 EXTRA = ["pyarrow<20"]
 FLOOR = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)")
 
 
 def floors(pyproject: Path) -> list[str]:
-    """``name==floor`` for every dependency (and the test extra) declared with ``>=floor``; a name
-    declared twice gets the higher floor."""
+    """``name==floor`` for every dependency (and the extras ``make test-min`` installs) declared with
+    ``>=floor``; a name declared twice gets the higher floor."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    extras = project.get("optional-dependencies", {})
     out: dict[str, str] = {}
-    for spec in [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]:
+    for spec in [*project["dependencies"], *(s for extra in EXTRAS for s in extras.get(extra, []))]:
         match = FLOOR.fullmatch(spec)
         if match is None:
             raise ValueError(f"{pyproject}: cannot read the requirement {spec!r}")

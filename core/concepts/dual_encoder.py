@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from core.concepts.defaults import OFFLINE_DEFAULT
 from core.runtime import autocast, pick_device
 from core.vision.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
 
-OFFLINE_DEFAULT = "lite0-minilm"
 MODELS = (OFFLINE_DEFAULT, "dermlip")
 EMBED_DIM = 256
 MAX_TOKENS = 64

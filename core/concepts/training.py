@@ -15,6 +15,7 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor
 from tqdm import tqdm
 
+from core.concepts.defaults import OBJECTIVES
 from core.concepts.dual_encoder import DualEncoder, Tokens, span_token_mask
 from core.concepts.vocabulary import ConceptTagger, disease_aspect, sub_captions
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
@@ -23,7 +24,6 @@ from core.losses.unimodal import CLIPUnimodalLoss
 from core.runtime import autocast
 from core.vision.augment import crop_views
 
-OBJECTIVES = ("clip", "siglip", "make", "conceptclip")
 SIGMOID_OBJECTIVES = ("siglip", "conceptclip")  # trained with SigLIP's (t_g, b_g), see ConceptScorer
 
 

@@ -20,16 +20,10 @@ from core.concepts.scores import ConceptScorer
 from core.concepts.training import SIGMOID_OBJECTIVES, TrainConfig, Trainer, concept_auroc
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
-
-VARIANTS = ("clip", "siglip", "image_frozen", "text_frozen", "image_partial", "text_partial",
-            "clip_unimodal", "clip_masked", "flip")
-
+from core.experiments.defaults import OUT_DIR, VARIANTS  # noqa: F401 (re-exported)
 
 METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10",
            "concept_auroc", "linear_probe_acc", "probe_majority", "triplet_agreement")
-
-
-OUT_DIR = "bench_contrastive"
 
 
 BASELINE = "clip"

@@ -17,9 +17,24 @@ suggestions and clicks use it, and a workspace's own run fine-tunes it.
 - :mod:`.interactive` — outline suggestions, click-to-outline (model, GrabCut fallback) and the
   online Segment Anything choice (:class:`SamClicker`).
 - :mod:`.metrics` — Dice, IoU, boundary F-score, per-wound matching and the simulated edit effort.
-"""
-from core.segmentation.interactive import SamClicker, SamUnavailable, outline_from_click, suggest_outlines
-from core.segmentation.model import Segmenter, SegmenterError, load_default, load_segmenter
+- :mod:`.defaults` — the settings the jobs' ``--help`` shows (threshold, epochs), without torch.
 
-__all__ = ["SamClicker", "SamUnavailable", "Segmenter", "SegmenterError", "load_default", "load_segmenter",
-           "outline_from_click", "suggest_outlines"]
+The names below load their module (and torch) on first use, so ``core.segmentation.defaults`` and
+``core.segmentation.metrics`` import without it.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"SamClicker": "interactive", "SamUnavailable": "interactive", "outline_from_click": "interactive",
+            "suggest_outlines": "interactive", "Segmenter": "model", "SegmenterError": "model",
+            "load_default": "model", "load_segmenter": "model"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """``core.segmentation.<name>`` of :data:`__all__`, imported from its module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.runtime import pick_device
+from core.segmentation.defaults import RUN_KIND, THRESHOLD  # noqa: F401 (THRESHOLD re-exported)
 from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
 
-RUN_KIND = "segmenter"
 CHECKPOINT_NAME = "segmenter.safetensors"
 FORMAT = "triderm-segmenter/2"
 #: Photos are resized to a square of this side before the encoder (strides 4..32 → 64..8 cells); 256 rather
@@ -46,7 +46,6 @@ TUNED_STAGES = (5, 6)
 #: Stages whose outputs feed the decoder: strides 4, 8 (frozen) and 16, 32 (tuned).
 LEVEL_STAGES = (1, 2, 4, 6)
 WIDTH = 32
-THRESHOLD = 0.5
 RECENT_MAPS = 4
 #: Test-time views (flips of the photo) whose logits are averaged.
 TTA_FLIPS = ("identity", "hflip", "vflip", "hvflip")

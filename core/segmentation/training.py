@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
 from annotations.workspace import Workspace
+from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS  # noqa: F401 (PRETRAIN_EPOCHS re-exported)
 from core.segmentation.metrics import dice
 from core.segmentation.model import (
     CHECKPOINT_NAME,
@@ -52,11 +53,6 @@ from core.segmentation.model import (
 
 #: Random augmented views cached per photo, besides the four flips.
 AUGMENTED_VIEWS = 1
-#: Default training length of a workspace run (fine-tuning the default on tens of photos): passes over the
-#: training photos (one random view each).
-EPOCHS = 40
-#: Training length of the default (``--pretrain``, about 200 photos).
-PRETRAIN_EPOCHS = 6
 #: The tuned encoder stages learn at this share of the decoder's rate.
 ENCODER_LR_FACTOR = 0.1
 _SERIES = re.compile(r"(.*\d)[-_]\d+")

@@ -15,8 +15,6 @@ import math
 
 import numpy as np
 
-from core.text.soe import SOE, triplet_margins
-
 SAMPLINGS = ("uniform", "anchor-balanced", "active")
 ENUMERATE_MAX = 5_000_000  # above this many possible questions, active pools are drawn, not enumerated
 
@@ -112,6 +110,8 @@ def select_active(embedding: np.ndarray, candidates: np.ndarray, size: int) -> n
     if size <= 0 or len(candidates) == 0:
         return np.zeros(0, dtype=np.int64)
     size = min(size, len(candidates))
+    from core.text.soe import triplet_margins  # torch: imported by active sampling only (a fast --help)
+
     margin = np.abs(triplet_margins(embedding, candidates))
     order = np.lexsort((margin, candidates[:, 0]))  # by anchor, then by |margin|
     anchors = candidates[order, 0]
@@ -160,6 +160,8 @@ class ActiveSampler:
 
     def fit(self, oriented: np.ndarray) -> np.ndarray:
         """Refit SOE on oriented triplets (i, closer, farther); returns the embedding."""
+        from core.text.soe import SOE
+
         soe = SOE(n_components=self.n_components, n_objects=self.n, random_state=self.seed, **self.soe_params)
         warm = self.embedding_ is not None
         if warm:

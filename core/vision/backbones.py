@@ -43,13 +43,9 @@ from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
 from core.runtime import autocast, load_checkpoint, pick_device
+from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT  # noqa: F401 (re-exported)
 
-OFFLINE_DEFAULT = "efficientnet-lite0"
 LITE0_TIMM = "timm:tf_efficientnet_lite0"
-#: layer → (stages of ``blocks`` run, whether ``conv_head``/``bn2`` follow); all at output stride 16
-LITE0_LAYERS: dict[str, tuple[int, bool]] = {"full": (7, True), "stage7": (7, False), "stage6": (6, False),
-                                             "stage5": (5, False)}
-LITE0_DEFAULT_LAYER = "full"
 VIT_LAYERS = ("last",)
 DERMLIP_HUB = "hf-hub:redlessone/DermLIP_ViT-B-16"
 HUB_HOST = "huggingface.co"

@@ -48,11 +48,10 @@ from annotations.workspace import Workspace
 from core.runtime import source_fingerprint, torch_threads
 from core.vision.augment import AugmentConfig, WoundAugment, view_generator
 from core.vision.backbones import Backbone
+from core.vision.recipe import SHARD_PHOTOS
 
 TOKEN_THRESHOLD = 0.5
 CACHE_VERSION = 3
-#: Photos per shard file written by :meth:`FeatureCache.extract`.
-SHARD_PHOTOS = 32
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"  # finished shards only: temporaries start with "."
 INDEX_NAME = "index.json"
 #: The tensors kept per photo.

@@ -20,10 +20,11 @@ from core.eval.metrics import evaluate
 from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
-from core.vision.backbones import OFFLINE_DEFAULT, Backbone, load_backbone
+from core.vision.backbones import Backbone, load_backbone
 from core.vision.baseline import embed_baseline, image_means
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
 from core.vision.pooling import WoundHead
+from core.vision.recipe import DEFAULTS, NORMALIZE, PAPER_RECIPE, SUPERVISED_CV  # noqa: F401 (re-exported)
 from core.vision.supervised import (
     PROTOCOLS,
     Fold,
@@ -37,25 +38,7 @@ from core.vision.supervised import (
     score_folds,
 )
 
-#: the TriDerm paper's recipe (§3.2): attention pooling, VICReg, 50 epochs, batch 32, lr 1e-2, dim 512
-PAPER_RECIPE: dict[str, Any] = {
-    "backbone": OFFLINE_DEFAULT, "layer": None, "pooling": "attention", "loss": "vicreg", "epochs": 50,
-    "batch_size": 32, "lr": 1e-2, "weight_decay": 1e-5, "views": 16, "seed": 0, "no_cache": False, "dim": 512,
-    "hidden": 128, "min_steps": 0, "normalize": "none", "supervise": None, "cv": 0,
-    "supervise_steps": 300, "supervise_dim": 64, "supervise_lr": 1e-2, "supervise_weight_decay": 1e-2,
-    "supervise_pooling": "mean", "supervise_augment": True, "supervise_heads": 5, "cv_repeats": 3,
-}
-#: the real-data default (benchmarks/real_vision.py): a 128-d predictor (VICReg's covariance term is
-#: estimated from batches of 32, so a 512-d output is mostly noise) and distances between
-#: centred, unit-length embeddings
-DEFAULTS: dict[str, Any] = {**PAPER_RECIPE, "dim": 128, "normalize": "center-l2"}
-NORMALIZE = ("center-l2", "none")
-#: ``--cv`` folds of the supervised mode: few, large folds (with K folds only ~1/K² of the triplets
-#: have all three photos in one fold, the strict set), repeated over ``cv_repeats`` random splits
-SUPERVISED_CV = 2
-
-
-LOSSES = {"vicreg": VICRegLoss, "contrastive": InfoNCELoss, "triplet": TripletLoss}
+LOSSES = {"vicreg": VICRegLoss, "contrastive": InfoNCELoss, "triplet": TripletLoss}  # keys: recipe.LOSS_NAMES
 
 
 NO_CACHE_RETRIES = 5

@@ -1,0 +1,40 @@
+"""A torch-free annotation server: the annotation pages and ``python -m annotations`` never import the
+``[ml]`` extra, and a page that needs it names the extra to install (scripts/app_smoke.py, which CI
+also runs in a fresh venv holding only the wheel with ``[app]``)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_annotation_pages_run_without_the_ml_extra_and_an_ml_page_names_it():
+    out = subprocess.run([sys.executable, "scripts/app_smoke.py", "--block-ml"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    for page in ("Home", "pages/1_Wound_masks.py", "pages/2_Triplets.py", "pages/7_Review.py", "pages/8_Accounts.py",
+                 "pages/9_Follow_up.py"):
+        assert f"ok   {page}\n" in out.stdout
+    assert "ok   no module of the [ml]/[llm] extras imported" in out.stdout
+    assert "ok   pages/4_Train.py names the extra to install" in out.stdout
+
+
+def test_annotations_help_imports_no_torch():
+    code = ("import sys\nfrom annotations.__main__ import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+            "    pass\nprint('torch' in sys.modules, 'streamlit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage: python -m annotations" in out.stdout
+    assert out.stdout.rstrip().endswith("False False")
+
+
+def test_the_missing_extra_guard_stays_out_of_the_way_outside_a_page():
+    """Outside a Streamlit run (a job, a library probing an optional module) a missing module is just missing."""
+    import app_common
+
+    assert app_common.MissingExtra().find_spec("torch") is None
+    assert app_common.MissingExtra().find_spec("not_an_extra_module") is None
+    assert sum(isinstance(f, app_common.MissingExtra) for f in sys.meta_path) == 1
