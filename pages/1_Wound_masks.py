@@ -284,11 +284,12 @@ def suggest() -> None:
 suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
                    help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
 if clicks:
-    restart_col.button("New click outline", on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
-                       width="stretch", help="Forget the clicks so far; your next click starts a new wound")
-engine = engine_col.radio("Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True,
-                          key="mask_click_engine",
-                          help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
+    restart_col.button("New click outline", width="stretch",
+                       on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
+                       help="Forget the clicks so far; your next click starts a new wound")
+engine = engine_col.radio(
+    "Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True, key="mask_click_engine",
+    help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
 draw_col, list_col = st.columns([3, 1], gap="small")
 with draw_col:
     if engine == "Segment Anything":
