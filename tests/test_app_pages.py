@@ -142,6 +142,25 @@ def test_sign_out_revokes_the_session_everywhere(ws):
     assert any("no longer valid" in e.value for e in elsewhere.error)
 
 
+def test_signed_out_every_page_address_holds_the_sign_in_and_after_sign_in_the_page(ws):
+    """A deep link: signed out, each page's address is routed to the sign-in (no "Page not found", no page
+    script); signing in reruns that address, which then holds the page file. (AppTest runs a ``pages/``
+    file directly on switch_page, so the router's registry is checked here; the browser test
+    tests/browser/test_browser_accounts.py follows a deep link end to end.)"""
+    account("Dr Who", "annotator")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception and at.text_input and not at.metric  # the sign-in form
+    signed_out = {info["url_pathname"]: (h, info["script_path"]) for h, info in at._registered_pages.items()}
+    addresses = {Path(p).stem.split("_", 1)[1] for p in PAGES.values()}  # Streamlit's address of pages/N_Name.py
+    assert addresses <= set(signed_out)
+    assert all(signed_out[a][1] == "" for a in addresses)  # the sign-in, a callable: no page file runs
+    sign_in(at, "Dr Who", PASSWORD)
+    signed_in = {info["url_pathname"]: (h, info["script_path"]) for h, info in at._registered_pages.items()}
+    for name, path in PAGES.items():
+        address = Path(path).stem.split("_", 1)[1]
+        assert signed_in[address] == (signed_out[address][0], str(REPO / path)), name  # the same hash: the page
+
+
 def test_every_page_needs_an_account_and_the_right_role(ws):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.metric and "Workspace" not in texts(at)
