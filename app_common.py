@@ -185,10 +185,11 @@ def allowed(permission: str | None) -> bool:
     return found is not None and (permission is None or found.can(permission))
 
 
-def page(title: str, need: str | None = None, compact: bool = False) -> Workspace:
+def page(title: str, need: str | None = None, compact: bool = False, banner: bool = True) -> Workspace:
     """Start a page: config, sign-in and role gate (stops the script when either fails), sidebar,
     synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
-    ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width."""
+    ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width.
+    ``banner=False``: the page labels its sections' data itself (a page that also shows real data)."""
     st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide",
                        initial_sidebar_state="collapsed" if compact else "auto")
     if compact:
@@ -207,7 +208,8 @@ def page(title: str, need: str | None = None, compact: bool = False) -> Workspac
                  f"{escape_md(found.name)} ({found.role}); ask an admin if you need access.")
         st.stop()
     st.title(title)
-    synthetic_banner(ws)
+    if banner:
+        synthetic_banner(ws)
     return ws
 
 
