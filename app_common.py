@@ -198,6 +198,7 @@ def page(title: str, need: str | None = None, compact: bool = False, banner: boo
     sync_cookie()
     found = account()
     if found is None:
+        route_through_app()
         st.error(st.session_state.get("_auth_notice") or "Sign in on the Home page to use TriDerm Studio.")
         st.stop()
     ws = workspace()
@@ -211,6 +212,17 @@ def page(title: str, need: str | None = None, compact: bool = False, banner: boo
     if banner:
         synthetic_banner(ws)
     return ws
+
+
+def route_through_app() -> None:
+    """Until app.py's ``st.navigation`` has run once in this server process, Streamlit runs a ``pages/``
+    file by itself (its legacy multipage mode): e.g. a signed-out deep link that is the server's first
+    request. Leave that mode and rerun the same address, which app.py's router answers with the sign-in."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
 
 
 def sidebar(ws: Workspace) -> None:

@@ -137,9 +137,9 @@ def test_sign_out_revokes_the_session_everywhere(ws):
     assert "account" not in here.session_state
     with pytest.raises(accounts.AuthError, match="no longer valid"):
         accounts.account_from_token(ws.store, accounts.secret_key(ws.root), token)
-    elsewhere.run()
-    assert "account" not in elsewhere.session_state and not elsewhere.dataframe
-    assert any("no longer valid" in e.value for e in elsewhere.error)
+    elsewhere.run()  # the page's address now shows the sign-in, with the reason
+    assert "account" not in elsewhere.session_state and not elsewhere.dataframe and elsewhere.text_input
+    assert any("no longer valid" in e.value for e in [*elsewhere.error, *elsewhere.warning])
 
 
 def test_signed_out_every_page_address_holds_the_sign_in_and_after_sign_in_the_page(ws):
