@@ -2,9 +2,9 @@
 
 Home page (sign-in, workspace overview, import / demo for admins) and the router for the pages in
 ``pages/``. Until a visitor signs in with a personal account (or the identity provider configured
-in the ``[auth]`` secrets), only the sign-in page exists: no other page is even routable. The
-first admin account is created on the command line: ``python -m annotations users add --role
-admin NAME``.
+in the ``[auth]`` secrets), every address shows the sign-in page and no page script runs; after
+sign-in the visitor lands on the page whose address they opened. The first admin account is created
+on the command line: ``python -m annotations users add --role admin NAME``.
 """
 
 from __future__ import annotations
@@ -163,8 +163,12 @@ def gate() -> None:
 def main() -> None:
     st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
     ac.session_key()  # an unusable signing key stops the app here, with the reason
-    if ac.account() is None:
-        nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)])
+    if ac.account() is None:  # every page's address shows the sign-in (no page runs); signing in reruns that
+        # address, which then holds the page itself: a deep link lands on the page asked for after sign-in
+        asked = [st.Page(gate, title="Sign in", icon=":material/lock:", url_path=st.Page(p).url_path,
+                         visibility="hidden") for p, *_ in ac.PAGES]
+        nav = st.navigation([st.Page(gate, title="Sign in", icon=":material/lock:", default=True)] + asked,
+                            position="hidden")
     else:  # every page is routable; each one tells a role without access why it is closed
         st.session_state["_home_page"] = st.Page(home, title="Home", icon=":material/home:", default=True)
         nav = st.navigation([st.session_state["_home_page"]]

@@ -228,10 +228,11 @@ def allowed(permission: str | None) -> bool:
     return found is not None and (permission is None or found.can(permission))
 
 
-def page(title: str, need: str | None = None, compact: bool = False) -> Workspace:
+def page(title: str, need: str | None = None, compact: bool = False, banner: bool = True) -> Workspace:
     """Start a page: config, sign-in and role gate (stops the script when either fails), sidebar,
     synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
-    ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width."""
+    ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width.
+    ``banner=False``: the page labels its sections' data itself (a page that also shows real data)."""
     st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide",
                        initial_sidebar_state="collapsed" if compact else "auto")
     if compact:
@@ -240,6 +241,7 @@ def page(title: str, need: str | None = None, compact: bool = False) -> Workspac
     sync_cookie()
     found = account()
     if found is None:
+        route_through_app()
         st.error(st.session_state.get("_auth_notice") or "Sign in on the Home page to use TriDerm Studio.")
         st.stop()
     ws = workspace()
@@ -250,8 +252,20 @@ def page(title: str, need: str | None = None, compact: bool = False) -> Workspac
                  f"{escape_md(found.name)} ({found.role}); ask an admin if you need access.")
         st.stop()
     st.title(title)
-    synthetic_banner(ws)
+    if banner:
+        synthetic_banner(ws)
     return ws
+
+
+def route_through_app() -> None:
+    """Until app.py's ``st.navigation`` has run once in this server process, Streamlit runs a ``pages/``
+    file by itself (its legacy multipage mode): e.g. a signed-out deep link that is the server's first
+    request. Leave that mode and rerun the same address, which app.py's router answers with the sign-in."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
 
 
 def sidebar(ws: Workspace) -> None:

@@ -16,7 +16,7 @@ from annotations import readings, session
 from annotations.readers import typed_value
 from components.outline_editor import image_uri, outline_editor
 
-ws = ac.page("Wound masks", need="annotate")
+ws = ac.page("Wound masks", need="annotate", compact=True)  # photo and tools in view at 1366×768
 state = st.session_state
 images = ws.store.images()
 if not images:
@@ -132,10 +132,12 @@ ids = [im["image_id"] for im in images]
 if state.get("mask_photo") not in ids:
     state["mask_photo"] = ids[0]
 to_read = set(readings.marked(ws))
-pick = st.selectbox("Photo", ids, key="mask_photo",
-                    format_func=lambda i: f"{i} · second reading" if i in to_read else i)
+# one row above the editor: the photo, then (filled below) its suggestion and click-to-outline tools
+pick_col, suggest_col, restart_col, engine_col = st.columns([1.6, 1, 1, 1.5], vertical_alignment="bottom")
+pick = pick_col.selectbox("Photo", ids, key="mask_photo",
+                          format_func=lambda i: f"{i} · second reading" if i in to_read else i)
 # annotators read marked photos blind; an admin sees the stored outline unless reading the photo too
-if pick in to_read and (not ac.allowed("manage") or st.toggle(
+if pick in to_read and (not ac.allowed("manage") or pick_col.toggle(
         "My second reading of this photo", key="mask_reading",
         help="On: outline this photo blind, into your own layer. Off: the stored outline (admins only while marked)")):
     second_reading(pick)
@@ -279,17 +281,17 @@ def suggest() -> None:
 
 
 # -- the editor ----------------------------------------------------------------------------------------
-draw_col, list_col = st.columns([2, 1], gap="medium")
+suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
+                   help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
+if clicks:
+    restart_col.button("New click outline", width="stretch",
+                       on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
+                       help="Forget the clicks so far; your next click starts a new wound")
+engine = engine_col.radio(
+    "Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True, key="mask_click_engine",
+    help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
+draw_col, list_col = st.columns([3, 1], gap="small")
 with draw_col:
-    b1, b2, b3 = st.columns([1, 1, 2])
-    b1.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest,
-              help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
-    if clicks:
-        b2.button("New click outline", on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
-                  help="Forget the clicks so far; your next click starts a new wound")
-    engine = b3.radio("Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True,
-                      key="mask_click_engine",
-                      help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
     if engine == "Segment Anything":
         st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
     # messages right under the tools that caused them, above the photo (in view at 1366×768)

@@ -72,6 +72,22 @@ def test_roles_see_only_their_pages_and_buttons(app_server, chromium, add_accoun
         context.close()
 
 
+def test_a_signed_out_deep_link_signs_in_then_lands_on_the_page_asked_for(browser_workspace, start_app, page,
+                                                                          add_account, sign_in, tmp_path):
+    name = add_account(browser_workspace, "Dr Deep Link")
+    server = start_app(browser_workspace, tmp_path / "streamlit.log")  # the deep link is its first request
+    deep_link = f"{server.url}/Triplets"
+    page.goto(deep_link)
+    expect(page.get_by_role("textbox", name="Account name")).to_be_visible()
+    idle(page)
+    assert page.get_by_text("Page not found").count() == 0
+    assert page.get_by_role("heading", name="Triplet judgments").count() == 0  # nothing of the page signed out
+    assert page.get_by_role("link", name="Wound masks").count() == 0  # nor the list of pages
+    sign_in(page, deep_link, name, expect_ok=False)
+    expect(page.get_by_role("heading", name="Triplet judgments")).to_be_visible()
+    assert page.url.endswith("/Triplets")
+
+
 def test_sign_in_survives_reload_and_sign_out_works(app_server, page, add_account, sign_in, screenshot):
     name = add_account(app_server.workspace, "Dr Reload")
     sign_in(page, app_server.url, name.upper())  # names ignore case

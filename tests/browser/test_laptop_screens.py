@@ -1,5 +1,5 @@
 """The pages a clinician and a researcher use, on a 1366×768 laptop screen, in Chromium: the outline
-editor's message beside the action, Explore's attention map, the Report (screenshots for the docs)."""
+editor's toolbar on one row and the whole photo above the fold, its message beside the action, Explore's attention map, the Report (screenshots for the docs)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +15,13 @@ LAPTOP = {"width": 1366, "height": 768}
 
 def idle(pg) -> None:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
+
+
+def toolbar_rows(pg) -> int:
+    """How many rows the outline editor's toolbar takes (its items' vertical centres, 6-px tolerance)."""
+    centres = sorted(box["y"] + box["height"] / 2 for box in
+                     (item.bounding_box() for item in pg.locator(".oe .bar > *").all()) if box)
+    return 1 + sum(b - a > 6 for a, b in zip(centres, centres[1:]))
 
 
 def add_attention_run(root) -> int:
@@ -48,6 +55,10 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     pg.get_by_role("link", name="Wound masks").click()
     expect(pg.locator(".oe svg image")).to_be_attached()
     idle(pg)
+    assert toolbar_rows(pg) == 1
+    photo = pg.locator(".oe svg image").bounding_box()  # fitted into the stage: the whole photo in view
+    assert 0 <= photo["y"] and photo["y"] + photo["height"] <= LAPTOP["height"], photo
+    screenshot(pg, "editor_1366x768")
     pg.get_by_role("button", name="Suggest outlines").click()
     message = pg.get_by_text("by the default wound model").first
     expect(message).to_be_visible()
@@ -56,6 +67,7 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     screenshot(pg, "editor_message_1366x768")
 
     run_id = add_attention_run(app_server.workspace)
+    pg.get_by_test_id("stExpandSidebarButton").click()  # the editor keeps the sidebar collapsed (screen width)
     pg.get_by_role("link", name="Explore").click()
     expect(pg.get_by_role("heading", name="Wound attention")).to_be_visible()
     idle(pg)

@@ -138,6 +138,7 @@ def test_two_blind_readings_and_their_dice_on_the_review_page(server, chromium, 
     assert (ws.load_mask("leg-01") == truth).all() and ws.store.wounds("leg-01") == wounds  # the truth untouched
     assert {r["actor"] for r in ws.store.revisions("readings")} == {READER_A, READER_B}
 
+    pg.get_by_test_id("stExpandSidebarButton").click()  # the editor keeps the sidebar collapsed (screen width)
     pg.get_by_role("link", name="Review").click()
     expect(pg.get_by_role("heading", name="Review")).to_be_visible()
     idle(pg)
