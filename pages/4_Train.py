@@ -54,6 +54,11 @@ with vision:
                    "--batch-size", str(int(batch)), "--lr", repr(float(lr)), *(["--paper-recipe"] if paper else [])]
     if supervise:
         vision_args += ["--supervise", "triplets", "--cv", str(int(folds))]
+    st.markdown("**A shared model**: embed this workspace's photos in the space of a model another centre "
+                "published without its patient data (a `python -m core.export_model` folder on this server, or "
+                "`hf-hub:org/repo`); the run (`vision-model`) then shows on Explore and is scored on the Report.")
+    shared_model = st.text_input("Model folder or hf-hub: name", key="shared_model",
+                                 placeholder="hf-hub:org/repo or /srv/models/centre-a").strip()
 
 with text:
     st.markdown("Soft Ordinal Embedding of the LLM's triplets (TriDerm-T). Needs LLM triplets (LLM oracle page).")
@@ -92,6 +97,8 @@ with bench:
 def panels() -> None:
     with vision:
         ac.job_panel(ws, "train-triderm", "train_triderm", vision_args, "training")
+        if shared_model:
+            ac.job_panel(ws, "embed-shared-model", "embed", ["--model", shared_model], "embedding with the shared model")
     with text:
         if llm_sources:
             ac.job_panel(ws, "fit-soe", "fit_soe", soe_args, "SOE fit")

@@ -335,6 +335,21 @@ def test_train_page_shows_loss_curves(ws):
     assert {"Start training", "Start evaluation", "Start benchmark"} <= set(labels)
 
 
+def test_train_page_embeds_with_a_shared_model_named_by_folder_or_hub(ws, tmp_path):
+    """Issue 33 §4: the app loads an exported model by folder or hf-hub name (``core.embed --model``)."""
+    from annotations import jobs
+
+    at = app("train")
+    assert "Start embedding with the shared model" not in [b.label for b in at.button]  # nothing named yet
+    folder = tmp_path / "no-such-model"
+    at.text_input(key="shared_model").input(f" {folder} ").run()
+    assert not at.exception, at.exception
+    next(b for b in at.button if b.label == "Start embedding with the shared model").click().run()
+    record = jobs.job(ws, "embed-shared-model")
+    assert record["module"] == "embed" and record["args"][-2:] == ["--model", str(folder)]
+    jobs.stop_job(ws, "embed-shared-model")
+
+
 def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert "No evaluation report yet" in texts(at)
