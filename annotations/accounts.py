@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
@@ -57,7 +58,13 @@ KEY_FILE = ".session_key"
 REFUSED = (f"Unknown account or wrong password. After {MAX_FAILED} failed sign-ins in a row an account is "
            f"locked for {LOCK_MINUTES} min (an admin can unlock it).")
 _HASHER = PasswordHasher()
-_DUMMY_HASH = _HASHER.hash("not a password of any account")  # equalises timing for refusals
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A hash verified in place of an unknown account's, so every refusal costs one check (made on first use:
+    an Argon2 hash at import slowed every command's start)."""
+    return _HASHER.hash("not a password of any account")
 
 
 class AuthError(Exception):
@@ -235,7 +242,7 @@ def authenticate(store: Store, name: str, password: str, at: datetime | None = N
         else:
             row = None
     try:
-        _HASHER.verify(row["password_hash"] if row else _DUMMY_HASH, password or "")
+        _HASHER.verify(row["password_hash"] if row else _dummy_hash(), password or "")
     except (VerificationError, InvalidHashError):
         raise AuthError(REFUSED) from None
     if row is None:  # the dummy hash's password

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from annotations.fileio import atomic_write
 from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
@@ -459,6 +458,8 @@ def _assign(group: list[Sighting], options: list[Sighting], shift: tuple[float, 
     """The optimal one-to-one assignment of ``group`` to ``options`` or new tracks under ``shift``."""
     cost = np.array([[link_cost(s, c, shift) for c in options] for s in group]).reshape(len(group), len(options))
     full = np.hstack([np.minimum(cost, 1e6), np.where(np.eye(len(group)) > 0, NEW_TRACK, 1e6)])
+    from scipy.optimize import linear_sum_assignment  # here, not at import: --help stays fast
+
     rows, cols = linear_sum_assignment(full)
     return float(full[rows, cols].sum()), cost, {int(r): int(c) for r, c in zip(rows, cols)}
 

@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
-from scipy import ndimage
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # always fullmatch: "$" allows a final "\n"
@@ -738,6 +737,7 @@ def _flat_values(array: np.ndarray, below: float) -> list[int]:
     """Non-zero values under ``below`` that fill a 5×5 block somewhere: regions painted in that value.
     Anti-aliased edges and JPEG noise are gradients and specks, never a flat 5×5 block, except the
     background a JPEG shifted off 0 (the most common value, with 0 itself rare): that one is skin."""
+    from scipy import ndimage  # here, not at import: --help stays fast
     candidates = (array > 0) & (array < below)
     if not candidates.any():
         return []
@@ -789,6 +789,7 @@ def labels_and_geometry(array: np.ndarray, mask_format: str = "auto", min_area: 
     value) or that is not near the largest value (``auto``: under ¾ of it, e.g. a label map
     {1, 2, 255} with 255 = "ignore", or a 16-bit label map whose largest label dominates) is an
     error naming the values found and the ``mask_format`` to set."""
+    from scipy import ndimage  # here, not at import: --help stays fast
     array = np.asarray(array)
     if array.size and array.min() < 0:
         raise DatasetError(f"{name}: negative mask values ({int(array.min())})")

@@ -18,7 +18,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
 
 from annotations import jobs
 from annotations.fileio import write_step
@@ -326,6 +325,8 @@ class Store:
         # 64 MiB of page cache (SQLite's default is 2 MiB): a registry's judgment indexes outgrow 2 MiB
         # near 10⁵ rows, and every random B-tree insert then rereads pages (benchmarks/scale.py)
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        import sqlite_utils  # here, not at import: it imports pandas (about 1 s), which no --help needs
+
         self.db = sqlite_utils.Database(conn)
         self.timeout_s = timeout_s
         self._heartbeats: dict[int, jobs.Heartbeat] = {}

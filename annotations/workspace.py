@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
 
 from annotations import journal
 from annotations.fileio import atomic_write
@@ -31,6 +30,8 @@ def outlines(labels: np.ndarray) -> dict[int, dict[str, Any]]:
 
     ``png`` is the base64 PNG of the wound's 1-bit pixels inside its bounding box: a revision
     keeps it so an outline can be restored exactly."""
+    from scipy import ndimage  # here, not at import: --help stays fast
+
     labels = np.asarray(labels)
     found: dict[int, dict[str, Any]] = {}
     for n, box in enumerate(ndimage.find_objects(labels.astype(np.int64, copy=False)), start=1):

@@ -1,5 +1,5 @@
-"""``--help`` of every job answers without importing torch, scikit-learn or the model libraries (the
-timings are in ``python -m benchmarks.cli_startup``, not here)."""
+"""``--help`` of every job answers without importing torch, scikit-learn, the model libraries, pandas or
+sqlite-utils (the timings are in ``python -m benchmarks.cli_startup``, not here)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,8 @@ from pathlib import Path
 import triderm
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "torchvision", "timm", "open_clip", "transformers", "sentence_transformers", "sklearn", "umap")
+HEAVY = ("torch", "torchvision", "timm", "open_clip", "transformers", "sentence_transformers", "sklearn", "umap",
+         "pandas", "sqlite_utils", "argon2")  # the last three: about 1 s more on 2 cores
 #: runs every job's --help in one interpreter, then prints the heavy modules that were imported
 SCRIPT = f"""
 import contextlib, io, runpy, sys

@@ -176,8 +176,9 @@ def test_set_track_refuses_a_second_wound_of_the_photo_and_changes_nothing(visit
 def test_the_migration_upgrades_an_older_store(tmp_path):
     path = tmp_path / "old.sqlite"
     conn = sqlite3.connect(path)
-    for script in MIGRATIONS[:-1]:
-        conn.executescript(script)
+    for statements in MIGRATIONS[:-1]:
+        for statement in statements:
+            conn.execute(statement)
     conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
     conn.execute("INSERT INTO images (image_id, file, sha256, width, height) VALUES ('a', 'a.png', 'x', 4, 4)")
     conn.execute("INSERT INTO wounds (image_id, wound_index, area, bbox, metadata) VALUES "

@@ -6,7 +6,6 @@ import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from scipy.spatial.distance import cdist
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +35,8 @@ def pairwise_euclidean(x: Matrix, y: Matrix | None = None, squared: bool = False
         return d.clone().fill_diagonal_(0.0) if y is None else d
     x = np.asarray(x, dtype=np.float64)
     other = x if y is None else np.asarray(y, dtype=np.float64)
+    from scipy.spatial.distance import cdist  # here, not at import: jobs' --help stays fast
+
     return cdist(x, other, "sqeuclidean" if squared else "euclidean")
 
 

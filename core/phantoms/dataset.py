@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
-from scipy import ndimage
 from tqdm import tqdm
 
 from core.phantoms.descriptions import DescriptionReader, describe, photo_text
@@ -265,6 +264,8 @@ def montage(dataset_dir: str | Path, n: int = 12, cols: int = 4, tile: tuple[int
     rows = math.ceil(len(paths) / cols)
     tw, th = tile
     pad, top = 6, 44
+    from scipy import ndimage  # here, not at import: --help stays fast
+
     sheet = Image.new("RGB", (cols * (tw + pad) + pad, top + rows * (th + pad) + pad), (250, 250, 250))
     draw = ImageDraw.Draw(sheet)
     draw.text((pad + 2, 10), "SYNTHETIC wound phantoms - procedurally rendered RDEB-like wounds "
