@@ -48,7 +48,7 @@ def links(pg) -> set[str]:
     return {name for name in ALL_PAGES if pg.get_by_role("link", name=name).count()}
 
 
-def test_roles_see_only_their_pages_and_buttons(app_server, chromium, add_account, sign_in):
+def test_roles_see_only_their_pages_and_buttons(app_server, chromium, add_account, sign_in, screenshot):
     for role, visible in VISIBLE.items():
         name = add_account(app_server.workspace, f"Dr {role.title()}", role)
         context = chromium.new_context(viewport={"width": 1366, "height": 900})
@@ -56,6 +56,8 @@ def test_roles_see_only_their_pages_and_buttons(app_server, chromium, add_accoun
         sign_in(pg, app_server.url, name)
         expect(pg.get_by_text(f"({role})").first).to_be_visible()
         assert links(pg) == visible, role
+        if role == "viewer":  # docs/screenshots/navigation_viewer.png (TRIDERM_SCREENSHOT_DIR=docs/screenshots)
+            screenshot(pg, "navigation_viewer")
         demo = pg.get_by_role("button", name="Build demo")
         if role == "admin":
             pg.get_by_text("Import a dataset folder or build the demo").click()
