@@ -26,6 +26,7 @@ vectors mean); the photos are the SYNTHETIC phantoms.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import statistics
@@ -78,6 +79,22 @@ def demo_workspace(root: Path, photos: int) -> Workspace:
     add_random_run(ws, 8)
     accounts.add_account(ws.store, "Bench", "admin", PASSWORD, "benchmark")
     return ws
+
+
+def demo_workspace_of(repo: Path, root: Path, photos: int) -> Path:
+    """The folder of :func:`demo_workspace` made by ``repo``'s own code: a checkout of another revision
+    refuses a store whose schema is newer than its own (its page then never signs in), so its workspace
+    is built in a subprocess there, never opened by this checkout."""
+    if repo == REPO:
+        return demo_workspace(root, photos).root
+    script = "\n".join(["from pathlib import Path", "import sys", "import numpy as np",
+                        "from annotations import accounts", "from annotations.dataset import import_dataset",
+                        "from annotations.workspace import Workspace", f"PASSWORD = {PASSWORD!r}",
+                        inspect.getsource(add_random_run), inspect.getsource(demo_workspace),
+                        "demo_workspace(Path(sys.argv[1]), int(sys.argv[2]))"])
+    subprocess.run([sys.executable, "-c", script, str(root), str(photos)], cwd=repo, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(repo)})
+    return root / "ws"
 
 
 def sign_in(pg, url: str) -> None:
@@ -298,8 +315,8 @@ def triplet_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
     rows = []
     try:
         for n, (label, repo) in enumerate(codes):
-            ws = demo_workspace(root / f"workspace-{n}", args.photos)
-            server = AppServer(ws.root, root / f"streamlit-{n}.log", repo=repo)
+            server = AppServer(demo_workspace_of(repo, root / f"workspace-{n}", args.photos), root / f"streamlit-{n}.log",
+                               repo=repo)
             try:
                 rows += [[label, *row] for row in triplet_rows(browser, server.url, args.presses, args.loads)]
             finally:
