@@ -138,32 +138,36 @@ def epoch_seconds(ws: Path, device: str, epochs: int, module: str, *args: str) -
     return float(np.median(job(module, ws, device, *args, "--epochs", str(epochs))["metrics"]["epoch_seconds"][1:]))
 
 
+ROWS = ("views", "extraction", "soe", "segmenter", "epochs")
+
+
 def measure(args: argparse.Namespace, root: Path) -> Iterator[Row]:
-    """Every row as [workload, unit, device, value, higher is better], as it is measured."""
+    """Every row of ``args.rows`` as [workload, unit, device, value, higher is better], as it is measured."""
     ws_path = root / "ws"
     ws = Workspace(ws_path)
-    ensure_images(ws, progress=False)
+    if set(args.rows) & {"views", "extraction", "epochs"}:
+        ensure_images(ws, progress=False)
     name = f"TriDerm-V views (augment + frozen {OFFLINE_DEFAULT}), {args.views} views/photo"
-    for device in args.devices:
+    for device in args.devices if "views" in args.rows else ():
         for precision in (("bf16", "fp32") if device == "cuda" else ("fp32",)):
             yield [name, "views/s", f"{device} {precision}", triderm_views(ws, device, precision, args.views), True]
-    for device in args.devices:
+    for device in args.devices if "extraction" in args.rows else ():
         for torchrun in (False, True) if device == "cuda" else (False,):
             rate, backend = extraction(ws_path, device, args.views, torchrun)
             yield [f"feature extraction (core.extract_features, {args.views} views)", "photos/s",
                    f"{device}, torchrun 1 process ({backend})" if torchrun else device, rate, True]
     soe_name = ("SOE, 100,000 planted triplets / 1,000 objects (--quick)" if args.quick
                 else "SOE, 10,000,000 planted triplets / 10,000 objects, 400 epochs")
-    for device in args.devices:
+    for device in args.devices if "soe" in args.rows else ():
         seconds, held = soe_seconds(device, args.seed, args.quick)
         yield [soe_name, "s per fit", f"{device} (held-out {held:.1f} %)", seconds, False]
-    if args.medetec:
+    if args.medetec and "segmenter" in args.rows:
         for device in args.devices:
             epoch, infer, n = segmenter_rows(Path(args.medetec), device, args.epochs, args.quick)
             yield [f"segmenter training epoch (Medetec, {n} real photos, cached features)", "s/epoch", device, epoch,
                    False]
             yield ["segmenter inference, one 512-px photo, 4 flips", "s/photo", device, infer, False]
-    for device in args.epoch_devices:
+    for device in args.epoch_devices if "epochs" in args.rows else ():
         for objective in CONCEPT_OBJECTIVES:
             yield [f"concept model epoch (core.train_concepts --objective {objective})", "s/epoch", device,
                    epoch_seconds(ws_path, device, args.epochs, "core.train_concepts", "--objective", objective), False]
@@ -190,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_seed(parser)
     parser.add_argument("--devices", default="cuda,cpu", help="comma-separated: cuda, cpu (default: cuda,cpu)")
     parser.add_argument("--epoch-devices", help="devices of the concept and SLIMP epoch rows (default: --devices)")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows to measure: {', '.join(ROWS)} "
+                        "(default: all)")
     parser.add_argument("--quick", action="store_true", help="smoke sizes (SOE 10⁵ triplets, 6 segmenter photos)")
     parser.add_argument("--results", default=str(RESULTS_DIR), help="folder of the result file gpu.json")
     args = cli.parse_args(parser, argv)
@@ -199,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.devices or not set(args.devices + args.epoch_devices) <= {"cuda", "cpu"} or args.epochs < 3:
         parser.error(f"--devices and --epoch-devices take cuda and/or cpu, --epochs must be ≥ 3; got "
                      f"{args.devices}, {args.epoch_devices}, {args.epochs}")
+    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    if not args.rows or not set(args.rows) <= set(ROWS):
+        parser.error(f"--rows takes {', '.join(ROWS)}; got {args.rows}")
     if "cuda" in args.devices + args.epoch_devices and not torch.cuda.is_available():
         parser.error("no CUDA device on this machine: the GPU rows need one (--devices cpu checks the CPU rows)")
     t_start = time.perf_counter()
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"PARTIAL: the run stopped after {len(measured)} rows; the rows after them are missing.")
         if done:
             print(render_tables([table]), flush=True)
-        return write_result("gpu", "GPU rows (CUDA beside the same machine's CPU)",
+        return write_result("gpu", "GPU rows (CUDA beside the same machine's CPU)" + (" [quick]" if args.quick else ""),
                             command_line("benchmarks.gpu", argv), [args.seed], [table], notes=notes, synthetic=True,
                             seconds=time.perf_counter() - t_start, results_dir=args.results)
 

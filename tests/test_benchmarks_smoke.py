@@ -27,6 +27,8 @@ SMOKE = {
     "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",
     "app_latency": "test_benchmarks_smoke.py::test_app_latency_tiny",
     "followup": "test_followup.py::test_benchmark_quick",
+    "gpu": "test_benchmarks_smoke.py::test_gpu_rows_quick_on_the_cpu",
+    "cli_startup": "test_benchmarks_smoke.py::test_cli_startup_one_job",
     "results": "test_results.py (the renderer every quick run above feeds)",
 }
 
@@ -41,6 +43,28 @@ def _run_quick(name: str, tmp_path, *extra: str) -> dict:
     assert record["tables"] and all(t["rows"] for t in record["tables"])
     assert f"## {record['title']}" in render(out)
     return record
+
+
+def test_gpu_rows_quick_on_the_cpu(tmp_path):
+    """The GPU benchmark's CPU side, one row (the GPU rows need CUDA: a machine without it says so, exit 2)."""
+    record = _run_quick("gpu", tmp_path, "--devices", "cpu", "--rows", "soe")
+    (row,) = record["tables"][0]["rows"]
+    assert row[1] == "s per fit" and row[2].startswith("cpu (held-out ") and row[3] > 0 and row[4] is None
+    if not __import__("torch").cuda.is_available():
+        from benchmarks.gpu import main
+
+        with pytest.raises(SystemExit) as stop:
+            main(["--quick", "--results", str(tmp_path), "--rows", "soe"])
+        assert stop.value.code == 2
+
+
+def test_cli_startup_one_job(capsys):
+    """One timed run of one job's --help (the benchmark prints; it writes no result file)."""
+    from benchmarks.cli_startup import main
+
+    assert main(["--runs", "1", "--only", "embed"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"python -m core\.embed --help\s+\d+\.\d+\s+\d+\.\d+\s+none", out), out
 
 
 def test_soe_quick(tmp_path, demo_workspace):
