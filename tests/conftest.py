@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,16 @@ from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 
 MEDETEC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medetec"
+
+
+@pytest.fixture(autouse=True)
+def _real_main_module():
+    """Streamlit's AppTest installs the script as ``sys.modules["__main__"]`` and leaves it there: a later
+    multiprocessing ``spawn`` child would then run app.py instead of pytest's main (app.py outside a
+    Streamlit run fails, the pool respawns its workers forever). Put the real one back after each test."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 @pytest.fixture(scope="session")
