@@ -362,6 +362,14 @@ def test_report_page_empty_then_filled(ws):
     assert {b.label for b in at.get("download_button")} >= {"Download report.csv", "Download report.md"}
 
 
+def shown_value(element):
+    """An element's value, or None (no value, or a widget the floor Streamlit's AppTest keeps no state for)."""
+    try:
+        return getattr(element, "value", None)
+    except KeyError:
+        return None
+
+
 def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_path, monkeypatch):
     assert "No real-data vision benchmark yet" in texts(app("report"))
     monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path))
@@ -384,7 +392,7 @@ def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_
     assert "seeds 0, 1, 2" in body and "Data: REAL wound photos" in body
     assert len(at.get("plotly_chart")) >= 1
     # the SYNTHETIC banner heads this (phantom) workspace's sections, never the real-data one above them
-    shown_in_order = [e.value for e in walk(at.main) if isinstance(getattr(e, "value", None), str)]
+    shown_in_order = [t for e in walk(at.main) if isinstance(t := shown_value(e), str)]
     synthetic = [n for n, text in enumerate(shown_in_order) if "SYNTHETIC DATA" in text]
     real = shown_in_order.index("Real wounds: vision benchmark")
     assert synthetic and min(synthetic) > real
