@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -70,8 +71,7 @@ def job(module: str, ws: Path, device: str, *args: str, torchrun: bool = False) 
 
 def triderm_views(ws: Workspace, device: str, precision: str, views: int) -> float:
     """Views/s of the TriDerm-V feature cache build (augment + frozen backbone) on ``device``."""
-    os.environ[PRECISION_ENV] = precision
-    try:
+    with mock.patch.dict(os.environ, {PRECISION_ENV: precision}):  # the caller's setting comes back after
         backbone = load_backbone(OFFLINE_DEFAULT, device=device)
         image_ids, _ = workspace_wounds(ws)
         cache = FeatureCache(ws, backbone)
@@ -80,8 +80,6 @@ def triderm_views(ws: Workspace, device: str, precision: str, views: int) -> flo
         seconds = timed(lambda: cache.build(image_ids, views, progress=False))
         shutil.rmtree(cache.root, ignore_errors=True)
         return (views + 1) * len(image_ids) / seconds
-    finally:
-        os.environ.pop(PRECISION_ENV, None)
 
 
 def extraction(ws: Path, device: str, views: int, torchrun: bool) -> tuple[float, str | None]:
