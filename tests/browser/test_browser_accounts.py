@@ -192,7 +192,7 @@ def test_build_demo_ends_with_a_confirmation(chromium, start_app, tmp_path, sign
     pg.goto(server.url)
     expect(pg.get_by_role("textbox", name="Account name")).to_be_visible(timeout=300_000)  # a fresh server's first page
     sign_in(pg, server.url, "Boss")
-    pg.get_by_role("spinbutton", name="Photos").fill("6")
+    pg.get_by_role("spinbutton", name="Photos", exact=True).fill("6")
     pg.get_by_role("button", name="Build demo").click()
     expect(pg.get_by_text("Demo imported: 6 synthetic photos")).to_be_visible(timeout=300_000)  # after the rerun
     idle(pg)
