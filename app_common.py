@@ -240,8 +240,9 @@ def page(title: str, need: str | None = None, compact: bool = False, banner: boo
                 "[data-testid='stMainBlockContainer'] h1 {font-size: 1.6rem; padding: 0;}</style>")
     sync_cookie()
     found = account()
-    if found is None:
+    if found is None or "_home_page" not in st.session_state:  # not reached through app.py's router
         route_through_app()
+    if found is None:
         st.error(st.session_state.get("_auth_notice") or "Sign in on the Home page to use TriDerm Studio.")
         st.stop()
     ws = workspace()
@@ -259,8 +260,9 @@ def page(title: str, need: str | None = None, compact: bool = False, banner: boo
 
 def route_through_app() -> None:
     """Until app.py's ``st.navigation`` has run once in this server process, Streamlit runs a ``pages/``
-    file by itself (its legacy multipage mode): e.g. a signed-out deep link that is the server's first
-    request. Leave that mode and rerun the same address, which app.py's router answers with the sign-in."""
+    file by itself (its legacy multipage mode): a deep link that is the server's first request. Leave that
+    mode and rerun the same address through app.py's router: the sign-in when signed out, else the page
+    with the role's page list (the legacy mode would list every page and no Home)."""
     from streamlit.runtime.pages_manager import PagesManager
 
     if PagesManager.uses_pages_directory:

@@ -90,6 +90,25 @@ def test_a_signed_out_deep_link_signs_in_then_lands_on_the_page_asked_for(browse
     assert page.url.endswith("/Triplets")
 
 
+def test_a_signed_in_deep_link_as_a_fresh_servers_first_request_lists_only_the_roles_pages(
+        browser_workspace, start_app, chromium, add_account, sign_in, tmp_path):
+    """A signed-in annotator (cookie from an earlier server) opens /Triplets as a restarted server's first
+    request: the page opens and the sidebar lists only the annotator's pages, never every page."""
+    name = add_account(browser_workspace, "Dr Fresh Link")
+    first = start_app(browser_workspace, tmp_path / "first.log")
+    context = chromium.new_context(viewport={"width": 1366, "height": 768})
+    pg = context.new_page()
+    sign_in(pg, first.url, name)
+    idle(pg)
+    wait_for_cookie(pg)
+    first.stop()
+    fresh = start_app(browser_workspace, tmp_path / "fresh.log")  # cookies are per host, not per port
+    pg.goto(f"{fresh.url}/Triplets", timeout=300_000)
+    expect(pg.get_by_role("heading", name="Triplet judgments")).to_be_visible(timeout=300_000)
+    assert links(pg) == VISIBLE["annotator"]
+    context.close()
+
+
 def test_sign_in_survives_reload_and_sign_out_works(app_server, page, add_account, sign_in, screenshot):
     name = add_account(app_server.workspace, "Dr Reload")
     sign_in(page, app_server.url, name.upper())  # names ignore case
