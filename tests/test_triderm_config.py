@@ -103,7 +103,7 @@ def test_the_train_page_reads_the_defaults_without_torch():
                       and n.module and n.module.startswith("core.vision")})
     assert "core.vision.triderm_config" in modules
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert out.stdout.strip() == "False", out.stderr
 
 
