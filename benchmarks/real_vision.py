@@ -32,6 +32,7 @@ import resource
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,8 @@ from core.vision.supervised import (
     score_folds,
     split_triplets,
 )
-from core.vision.triderm import DEFAULTS, TriDermTrainer, normalized, oriented_expert
+from core.vision.triderm import TriDermTrainer, normalized, oriented_expert
+from core.vision.triderm_config import DEFAULT, TriDermConfig
 
 SEARCH_LOG = Path(__file__).with_name("real_vision_search.md")
 #: weights of the learned distances in the nested search's fusion with the frozen centred ones
@@ -150,7 +152,7 @@ class Methods:
     """The supervised methods' distances for a set of training triplets and photos, memoised (the
     nested search's final fit of a method is the fixed row's fit of the same fold)."""
 
-    def __init__(self, b: Bench, bank: TokenBank, frozen: np.ndarray, supervised: dict[str, Any]) -> None:
+    def __init__(self, b: Bench, bank: TokenBank, frozen: np.ndarray, supervised: TriDermConfig) -> None:
         self.b, self.bank, self.frozen, self.supervised = b, bank, frozen, supervised
         self.cache: dict[tuple, np.ndarray] = {}
         self.chosen: list[str] = []
@@ -166,7 +168,7 @@ class Methods:
             if method == "linear":
                 z = LinearMetric(random_state=seed).fit(self.frozen, triplets).transform(self.frozen)
             else:
-                trainer = TriDermTrainer(self.bank, {**self.supervised, "seed": seed}, torch.device("cpu"),
+                trainer = TriDermTrainer(self.bank, replace(self.supervised, seed=seed), torch.device("cpu"),
                                          self.b.image_ids)
                 z = trainer.embed(trainer.fit(fit_rows, triplets)[0], fit_rows)[1]
             self.cache[key] = pairwise_euclidean(z)
@@ -213,8 +215,8 @@ class Methods:
 def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     b = Bench(ws, args.folds, not args.quiet)
     has_triplets = len(b.triplets) > 0
-    ssl = {**DEFAULTS, **({"epochs": 5} if args.quick else {})}
-    supervised = {**DEFAULTS, "supervise": "triplets", **({"supervise_steps": 30} if args.quick else {})}
+    ssl = replace(DEFAULT, **({"epochs": 5} if args.quick else {}))
+    supervised = replace(DEFAULT, supervise="triplets", **({"supervise_steps": 30} if args.quick else {}))
     skipped: dict[str, str] = {}
     if not has_triplets:
         skipped["agreement and supervised rows"] = (f"{args.data} has no triplets: nothing to agree with, and no "
@@ -223,7 +225,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     full = frozen_bank(ws, "full", b.keys, b.image_ids, args.views, b.progress)
     frozen = frozen_embedding(full)
     methods = Methods(b, full, frozen, supervised)
-    heads = supervised["supervise_heads"]
+    heads = supervised.supervise_heads
     head_name = f"TriDerm-V --supervise triplets ({heads} metric head{'s' * (heads > 1)}, mean pooling, augmented views)"
     ssl_name = "TriDerm-V self-supervised, real-data default (trained on the training photos, no labels)"
     for seed in tqdm(args.seeds, desc="seeds", unit="seed", disable=args.quiet):
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             return lambda train, rows: D
 
         def ssl_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
-            trainer = TriDermTrainer(full, {**ssl, "seed": seed}, torch.device("cpu"), b.image_ids)
+            trainer = TriDermTrainer(full, replace(ssl, seed=seed), torch.device("cpu"), b.image_ids)
             fit_rows = methods.others(rows)
             return pairwise_euclidean(trainer.embed(trainer.fit(fit_rows)[0], fit_rows)[1])
 
@@ -331,13 +333,13 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
     notes += [f"skipped {k}: {v}" for k, v in out["skipped"].items()]
     if args.quick:
         notes.append("--quick: 5 training epochs, 30 metric-head steps, 4 views, one seed; not a result")
-    elif args.views != DEFAULTS["views"]:
+    elif args.views != DEFAULT.views:
         notes.append(f"--views {args.views}: the metric head and the self-supervised head drew their augmented views "
-                     f"from {args.views} cached views per photo, not the product's {DEFAULTS['views']} (the CPU "
+                     f"from {args.views} cached views per photo, not the product's {DEFAULT.views} (the CPU "
                      "budget of this run)")
     command = " ".join(["python -m benchmarks.real_vision --data", str(args.data),
                         *([f"--seeds {' '.join(map(str, args.seeds))}"] if args.seeds != [0, 1, 2] else []),
-                        *([f"--views {args.views}"] if args.views != DEFAULTS["views"] and not args.quick else []),
+                        *([f"--views {args.views}"] if args.views != DEFAULT.views and not args.quick else []),
                         *([f"--section {args.section}"] if args.section != "real_vision" else []),
                         *(["--quick"] if args.quick else [])])
     n_pat = len({b.patients[i] for i in b.image_ids})
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, required=True, help="a dataset folder in the product layout")
     cli.add_seeds(p)
     cli.add_device(p)
-    p.add_argument("--views", type=int, default=DEFAULTS["views"])
+    p.add_argument("--views", type=int, default=DEFAULT.views)
     p.add_argument("--folds", type=int, default=2, help="patient-disjoint folds per random split (default 2)")
     p.add_argument("--quick", action="store_true",
                    help="5 epochs, 30 metric-head steps, 4 views, one seed (a smoke run)")

@@ -19,7 +19,8 @@ import time
 from annotations.workspace import Workspace
 from core import cli
 from core.runtime import init_distributed, open_workspace, user_errors
-from core.vision.recipe import DEFAULTS, LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, SHARD_PHOTOS
+from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, SHARD_PHOTOS
+from core.vision.triderm_config import DEFAULT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,10 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_device(parser, help="auto (CUDA when available), cpu or cuda (default: auto); under torchrun every "
                                 "process uses its own cuda:LOCAL_RANK")
     cli.add_seed(parser, help="augmentation seed of the cached views (as core.train_triderm's --seed)")
-    parser.add_argument("--backbone", default=DEFAULTS["backbone"], help="backbone registry name (default %(default)s)")
+    parser.add_argument("--backbone", default=DEFAULT.backbone, help="backbone registry name (default %(default)s)")
     parser.add_argument("--layer", default=None,
                         help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
-    parser.add_argument("--views", type=int, default=DEFAULTS["views"],
+    parser.add_argument("--views", type=int, default=DEFAULT.views,
                         help="augmented views per photo (default %(default)s, as core.train_triderm)")
     parser.add_argument("--shard-size", type=int, default=SHARD_PHOTOS, help="photos per shard file (default %(default)s)")
     return parser

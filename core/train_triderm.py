@@ -19,22 +19,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import Field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from core import cli
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
-from core.vision.recipe import (
-    DEFAULTS,
-    LITE0_DEFAULT_LAYER,
-    LITE0_LAYERS,
-    LOSS_NAMES,
-    NORMALIZE,
-    OFFLINE_DEFAULT,
-    PAPER_RECIPE,
-    SUPERVISED_CV,
-)
+from core.vision.recipe import SUPERVISED_CV
+from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, TriDermConfig
+
+#: fields spelled through the shared vocabulary (:mod:`core.cli`)
+SHARED = {"epochs": cli.add_epochs, "batch_size": cli.add_batch_size, "lr": cli.add_lr, "seed": cli.add_seed}
+METAVARS = {"cv": "K", "cv_repeats": "R"}
 
 
 def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
@@ -75,7 +72,27 @@ def next_steps(ws) -> str:
             "  3. sign in; the Report page shows this evaluation, Explore the embeddings, Train more runs.")
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_option(parser: argparse.ArgumentParser, f: Field, kind: Any) -> None:
+    """``--NAME`` for field ``f`` of :class:`TriDermConfig`: its help, type and choices, the default
+    ``None`` (not given: the recipe's value applies), and the values of both recipes in the help (unless
+    ``None`` or ``False``: nothing)."""
+    default, paper = getattr(DEFAULT, f.name), getattr(PAPER_RECIPE, f.name)
+    shown = (f" (default {default}" + (f"; paper recipe {paper}" if paper != default else "") + ")"
+             if (default is not None and default is not False) or paper != default else "")
+    help_ = (f.metadata["help"] + shown).replace("%", "%%")
+    if f.name in SHARED:
+        SHARED[f.name](parser, None, help=help_)
+    elif kind is bool:
+        parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=help_,
+                            action=argparse.BooleanOptionalAction if default else "store_true")
+    else:
+        parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=help_, metavar=METAVARS.get(f.name),
+                            type=next(t for t in getattr(kind, "__args__", (kind,)) if t is not type(None)),
+                            choices=f.metadata["choices"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The job's options: workspace, device, ``--paper-recipe`` and one option per :class:`TriDermConfig` field."""
     parser = argparse.ArgumentParser(prog="python -m core.train_triderm", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     cli.add_device(parser)
@@ -83,101 +100,67 @@ def main(argv: list[str] | None = None) -> int:
                         help="start from the TriDerm paper's settings instead of the real-data default. Without "
                              "--supervise the real-data default (self-supervised) adds nothing measurable on new "
                              "patients: strict 63.1%% vs 63.0%% for the frozen centred backbone on azh-dev (p = 0.97)")
-    parser.add_argument("--backbone", default=None, help=f"backbone registry name (default {DEFAULTS['backbone']})")
-    parser.add_argument("--layer", default=None,
-                        help=f"backbone layer ({OFFLINE_DEFAULT}: {', '.join(LITE0_LAYERS)}; default {LITE0_DEFAULT_LAYER})")
-    parser.add_argument("--pooling", choices=["attention", "mean"], default=None)
-    parser.add_argument("--loss", choices=sorted(LOSS_NAMES), default=None)
-    cli.add_epochs(parser, None, help=f"training epochs (default {DEFAULTS['epochs']})")
-    parser.add_argument("--min-steps", type=int, default=None, help="train at least this many optimiser steps")
-    cli.add_batch_size(parser, None, help=f"wounds per step (default {DEFAULTS['batch_size']})")
-    cli.add_lr(parser, None, help=f"learning rate (default {DEFAULTS['lr']})")
-    parser.add_argument("--weight-decay", type=float, default=None)
-    parser.add_argument("--views", type=int, default=None, help="cached augmented views per photo")
-    cli.add_seed(parser, None, help=f"random seed (default {DEFAULTS['seed']})")
-    parser.add_argument("--no-cache", action="store_true", default=None, help="augment + run the backbone every step (slow)")
-    parser.add_argument("--dim", type=int, default=None)
-    parser.add_argument("--normalize", choices=list(NORMALIZE), default=None,
-                        help="embedding distances: center-l2 (centre, unit length) or none (raw Euclidean)")
-    parser.add_argument("--supervise", choices=["triplets"], default=None,
-                        help="learn from the workspace's expert triplets: a metric head (pooling, standardisation, "
-                             "linear map) trained with the ordinal hinge over the augmented views. Measured on azh-dev, "
-                             "strict (new patients): 67.0%% vs 63.0%% for the frozen centred backbone (+4.3 pp per "
-                             "patient, p = 0.04); a plain linear metric gives 67.8%% (benchmarks/real_vision.py)")
-    parser.add_argument("--supervise-steps", type=int, default=None,
-                        help=f"optimiser steps of the metric head (default {DEFAULTS['supervise_steps']})")
-    parser.add_argument("--supervise-dim", type=int, default=None,
-                        help=f"dimension of the metric space (default {DEFAULTS['supervise_dim']})")
-    parser.add_argument("--supervise-heads", type=int, default=None,
-                        help="independently trained metric heads whose squared distances add (an ensemble; "
-                             f"default {DEFAULTS['supervise_heads']})")
-    parser.add_argument("--cv", type=int, default=None, metavar="K",
-                        help="with --supervise: first score K patient-disjoint folds; the run's figure is the strict "
-                             "one (triplets whose three photos were all unseen by training, CI over patients) "
-                             f"(default {SUPERVISED_CV} with --supervise; 0 to skip)")
-    parser.add_argument("--cv-repeats", type=int, default=None, metavar="R",
-                        help="random patient splits the K folds are repeated over (with K folds only ~1/K² of the "
-                             f"triplets are strict; default {DEFAULTS['cv_repeats']})")
-    args = cli.parse_args(parser, argv)
-    # torch, torchvision and scikit-learn: after the arguments (a fast --help)
-    from core.vision.backbones import BackboneUnavailable, load_backbone
-    from core.vision.triderm import (baseline_run, check_config, check_workspace, embedding_normalize, run_agreement,
-                                     train)
+    hints = get_type_hints(TriDermConfig)
+    for f in fields(TriDermConfig):
+        add_option(parser, f, hints[f.name])
+    return parser
 
-    base = PAPER_RECIPE if args.paper_recipe else DEFAULTS
-    given = {k: v for k, v in vars(args).items() if v is not None and k in base}
-    cfg = {**base, **given}
-    if cfg["supervise"] and args.cv is None:
-        cfg["cv"] = SUPERVISED_CV
-    if args.cv and not cfg["supervise"]:
+
+def recipe_of(args: argparse.Namespace) -> TriDermConfig:
+    """The recipe the options ask for: ``--paper-recipe`` or the default, with every option given; with
+    ``--supervise`` and no ``--cv``, :data:`~core.vision.recipe.SUPERVISED_CV` folds."""
+    given = {f.name: getattr(args, f.name) for f in fields(TriDermConfig) if getattr(args, f.name) is not None}
+    if given.get("supervise") and "cv" not in given:
+        given["cv"] = SUPERVISED_CV
+    return replace(PAPER_RECIPE if args.paper_recipe else DEFAULT, **given)
+
+
+def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
+    """The strict and anchor-unseen out-of-fold agreement of a run's ``metrics["cv"]``."""
+    lines = [(f"out of fold, {cv['repeats']} random splits × {cv['folds']} patient-disjoint folds "
+              "(95 % CI resamples patients):")]
+    for name, m in (("strict — all three photos unseen (the run's figure)", cv),
+                    ("anchor unseen — a new photo among trained photos", cv["anchor_unseen"])):
+        if m["balanced"] is None:
+            lines.append(f"  {name}: no such triplets")
+            continue
+        lo, hi = m["ci"]
+        lines.append(f"  {name}: balanced {100 * m['balanced']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] over "
+                     f"{m['n']} scored triplets, {m['n_patients']} patients")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = cli.parse_args(parser, argv)
+    if args.cv and not args.supervise:
         parser.error("--cv evaluates the supervised mode: add --supervise triplets")
     try:
-        check_config(cfg)
+        cfg = recipe_of(args)
     except ValueError as e:
-        parser.error(str(e).replace("_", "-"))
+        parser.error("--" + str(e).replace("_", "-"))  # the message starts with the field
+    # torch, torchvision and scikit-learn: after the arguments (a fast --help)
+    from core.vision.backbones import BackboneUnavailable, load_backbone
+    from core.vision.triderm import check_workspace, compare_with_baseline, describe, train
+
     ws = open_workspace(args.workspace, parser, require_wounds=True)
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
-        backbone = load_backbone(cfg["backbone"], layer=cfg["layer"])
+        backbone = load_backbone(cfg.backbone, layer=cfg.layer)
         check_workspace(ws, cfg)
-    head = (f"{cfg['supervise_heads']} metric head(s) on the expert triplets: {cfg['supervise_pooling']} pooling, "
-            f"{cfg['supervise_dim']}-d each, "
-            f"{cfg['supervise_steps']} steps (cv {cfg['cv']})" if cfg["supervise"] else
-            f"{cfg['epochs']} epochs" + (f" (at least {cfg['min_steps']} training steps)" if cfg["min_steps"] else "")
-            + f", {cfg['pooling']} pooling, {cfg['dim']}-d")
-    print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {backbone.name}, {cfg['views']} views, "
-          f"{head}, distances {embedding_normalize(cfg)}")
-    run_id = train(ws, **{**cfg, "backbone": backbone})
-    run = ws.store.run(run_id)
-    base_id = baseline_run(ws, backbone)
-    label = (f"TriDerm-V metric head ({cfg['supervise_pooling']}) on expert triplets" if cfg["supervise"]
-             else f"TriDerm-V {cfg['pooling']}/{cfg['loss']}")
-    rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", run_agreement(ws, base_id)),
-            (f"{label} (run {run_id})", run_agreement(ws, run_id))]
-    # a supervised run's agreement with the triplets it was trained on is in-sample: stored under that name,
-    # never as the run's figure (that is the strict out-of-fold one in metrics["cv"])
-    fit_key = "agreement_in_sample" if cfg["supervise"] else "agreement"
-    ws.store.update_run(run_id, metrics={fit_key: rows[1][1], "baseline": {"run": base_id, **rows[0][1]}})
-    tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
-    report = run_report(ws, n_boot=1000, seed=cfg["seed"])  # saved: the Report page shows it
+    print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {describe(cfg, backbone.name)}")
+    run_id = train(ws, cfg, backbone=backbone)
+    rows = compare_with_baseline(ws, run_id, backbone, cfg)
+    report = run_report(ws, n_boot=1000, seed=cfg.seed)  # saved: the Report page shows it
     by_run = {r["run_id"]: r for r in report["rows"]}
-    expert = len(ws.store.expert_triplets())
+    tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
     print(f"\nAgreement with the expert's triplets{tag}, % with 95% bootstrap intervals:")
-    print(agreement_table([(lbl, by_run[rid]) for (lbl, _), rid in zip(rows, (base_id, run_id))]))
-    print(scored_note(by_run[run_id], expert))
-    if cfg["supervise"]:
+    print(agreement_table([(label, by_run[rid]) for label, rid, _ in rows]))
+    print(scored_note(by_run[run_id], len(ws.store.expert_triplets())))
+    if cfg.supervise:
         print("(the supervised row is scored on the triplets it was trained on: in-sample, optimistic, not its figure)")
-    cv = run["metrics"].get("cv")
-    if cv:
-        print(f"out of fold, {cv['repeats']} random splits × {cv['folds']} patient-disjoint folds "
-              "(95 % CI resamples patients):")
-        for name, m in (("strict — all three photos unseen (the run's figure)", cv),
-                        ("anchor unseen — a new photo among trained photos", cv["anchor_unseen"])):
-            if m["balanced"] is None:
-                print(f"  {name}: no such triplets")
-                continue
-            lo, hi = m["ci"]
-            print(f"  {name}: balanced {100 * m['balanced']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] over "
-                  f"{m['n']} scored triplets, {m['n_patients']} patients")
+    run = ws.store.run(run_id)
+    if run["metrics"].get("cv"):
+        print("\n".join(out_of_fold_lines(run["metrics"]["cv"])))
     t = run["metrics"]["timing"]
     print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
     print(f"evaluation saved (report run {report['run_id']}): the Report page shows it.")

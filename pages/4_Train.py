@@ -8,8 +8,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import app_common as ac
-from core.vision.backbones import LITE0_LAYERS
-from core.vision.triderm import DEFAULTS, SUPERVISED_CV
+from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, SUPERVISED_CV
+from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, POOLINGS
 
 ws = ac.page("Train", need="jobs")
 st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
@@ -29,26 +29,27 @@ with vision:
                 "(TriDerm-V, paper §2.2). The offline default backbone is EfficientNet-Lite0 at full depth; "
                 "the default recipe is the one that won on real wounds (`benchmarks/real_vision.py`).")
     recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
-                      help="paper: 512-d predictor, raw Euclidean distances; default: 128-d, centred unit length")
+                      help=f"paper: {PAPER_RECIPE.dim}-d predictor, raw Euclidean distances; default: {DEFAULT.dim}-d, "
+                           "centred unit length")
     paper = recipe == "paper recipe"
     c1, c2, c3, c4, c5, c6 = st.columns(6)
     layer = c1.selectbox("Backbone layer", list(LITE0_LAYERS), help="EfficientNet-Lite0 tokens: full depth (default) "
                          "or an earlier stage (stage5 = the tokens of earlier releases)")
-    pooling = c2.selectbox("Pooling", ["attention", "mean"])
-    loss = c3.selectbox("Loss", ["vicreg", "contrastive", "triplet"])
-    epochs = c4.number_input("Epochs", min_value=1, max_value=500, value=50)
-    batch = c5.number_input("Batch size", min_value=2, max_value=512, value=32)
-    lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=1e-2, format="%.5f")
+    pooling = c2.selectbox("Pooling", POOLINGS, index=POOLINGS.index(DEFAULT.pooling))
+    loss = c3.selectbox("Loss", LOSS_NAMES, index=LOSS_NAMES.index(DEFAULT.loss))
+    epochs = c4.number_input("Epochs", min_value=1, max_value=500, value=DEFAULT.epochs)
+    batch = c5.number_input("Batch size", min_value=2, max_value=512, value=DEFAULT.batch_size)
+    lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=DEFAULT.lr, format="%.5f")
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
     supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
                             help=f"{n_expert} expert judgments in this workspace (--supervise triplets): an ensemble "
-                                 f"of {DEFAULTS['supervise_heads']} metric heads trained on them over the augmented "
+                                 f"of {DEFAULT.supervise_heads} metric heads trained on them over the augmented "
                                  "views, instead of self-supervision. Measured on azh-dev, new patients (strict): "
                                  "67.0 % vs 63.0 % frozen centred; self-supervised alone 63.1 % (no gain)")
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
                             value=SUPERVISED_CV, disabled=not supervise,
-                            help=f"patient-disjoint folds, repeated over {DEFAULTS['cv_repeats']} random splits; the "
+                            help=f"patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random splits; the "
                                  "run's figure is the strict one (triplets whose three photos training never saw)")
     vision_args = ["--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
                    "--batch-size", str(int(batch)), "--lr", repr(float(lr)), *(["--paper-recipe"] if paper else [])]

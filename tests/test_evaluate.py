@@ -5,6 +5,7 @@ import collections
 import csv
 import json
 import logging
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -218,7 +219,7 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
 
     from core.experiments import ablation
     from core.experiments.ablation import run_ablation
-    from core.vision.triderm import DEFAULTS
+    from core.vision.triderm_config import DEFAULT
 
     ws, truth = _tiny_workspace(tmp_path / "ws")
     ids = [f"img{n:02d}" for n in range(N)]
@@ -226,7 +227,7 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
     scores: dict[tuple, dict[int, float]] = collections.defaultdict(dict)  # config -> seed -> balanced
 
     def fake_train(ws_, progress, seed, pooling, loss, epochs, batch_size, lr, **resolved):
-        assert progress is False and set(resolved) == set(DEFAULTS) - {"seed", "pooling", "loss", "epochs",
+        assert progress is False and set(resolved) == set(asdict(DEFAULT)) - {"seed", "pooling", "loss", "epochs",
                                                                          "batch_size", "lr"}
         calls.append((pooling, loss, batch_size, lr, seed, epochs))
         quality = ({"mean": 0.9, "attention": 0.3}[pooling] + {"vicreg": 0.0, "contrastive": 0.45, "triplet": 0.2}[loss]
@@ -236,7 +237,7 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
                                                                  ws_.store.expert_triplets())["balanced"]
         return _add_run(ws_, "vision-triderm", "vision", emb, ids)
 
-    monkeypatch.setitem(sys.modules, "core.vision.triderm", types.SimpleNamespace(train=fake_train, DEFAULTS=DEFAULTS))
+    monkeypatch.setitem(sys.modules, "core.vision.triderm", types.SimpleNamespace(train=fake_train))
     monkeypatch.setattr(ablation, "backbone_identity", lambda name: {"name": name, "weights": "w"})
     out = run_ablation(ws, seeds=3, quick=True, tables=("vision",))
     configs = [("mean", "vicreg", 32, 1e-2), ("attention", "vicreg", 32, 1e-2), ("attention", "contrastive", 32, 1e-2),
@@ -284,7 +285,7 @@ def test_text_cell_same_seed_gives_identical_metrics(tmp_path):
 def test_cell_key_follows_defaults_data_code_and_backbone(monkeypatch):
     from core.experiments import ablation
     from core.text.soe import SOE
-    from core.vision import triderm
+    from core.vision import triderm_config
 
     def keys(context=None, data="d", code="c"):
         rows = ablation.text_rows(["llm:a"], "llm:a") + ablation.vision_rows(None)
@@ -299,7 +300,8 @@ def test_cell_key_follows_defaults_data_code_and_backbone(monkeypatch):
     monkeypatch.setattr(SOE.__init__, "__defaults__", tuple(defaults))
     changed = keys()
     assert all(c != b for c, b in zip(changed[:10], base[:10])) and changed[10:] == base[10:]
-    monkeypatch.setitem(triderm.DEFAULTS, "weight_decay", 1e-4)  # a default no row overrides
+    # a default no row overrides
+    monkeypatch.setattr(triderm_config, "DEFAULT", replace(triderm_config.DEFAULT, weight_decay=1e-4))
     assert all(c != b for c, b in zip(keys()[10:], base[10:]))
     assert ablation.text_code_hash() == ablation.text_code_hash() != ablation.vision_code_hash()
 

@@ -2,6 +2,8 @@
 supervised training term, embedding new photos, and the CLI's bad-input errors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -26,7 +28,8 @@ from core.vision.supervised import (
     score_folds,
     split_triplets,
 )
-from core.vision.triderm import DEFAULTS, oriented_expert, train
+from core.vision.triderm import oriented_expert, train
+from core.vision.triderm_config import DEFAULT
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
 
@@ -245,7 +248,7 @@ def test_an_ensemble_of_heads_trains_each_block_as_its_own_model(augment):
     bank = random_bank(n, channels, 0)
     wound_image, wounds = torch.arange(n), torch.arange(n)
     triplets = torch.from_numpy(random_triplets(n, 40, 1))
-    cfg = {**DEFAULTS, "supervise_steps": 25, "supervise_augment": augment}
+    cfg = replace(DEFAULT, supervise_steps=25, supervise_augment=augment)
     ensemble = MetricHead(channels, dim, heads=2)
     start = ensemble.proj.weight.detach().clone()
     fit_metric_head(ensemble, bank, wound_image, n, wounds, triplets, cfg, torch.Generator().manual_seed(3),

@@ -9,7 +9,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
 from core.runtime import json_safe, pick_device
+from core.vision import triderm_config
 
 CORE = Path(__file__).resolve().parents[1]
 
@@ -182,10 +183,8 @@ def soe_cell(ids: list[str], llm: np.ndarray, expert: list[dict], config: dict, 
 # ----------------------------------------------------------------------------------- vision
 def vision_rows(epochs: int | None) -> list[Row]:
     """Table 2b rows, each with its resolved training config (every TriDerm-V default filled in)."""
-    from core.vision.triderm import DEFAULTS
-
-    base = {"kind": "triderm", **{k: v for k, v in DEFAULTS.items() if k != "seed"}, **VISION_DEFAULT,
-            **({"epochs": epochs} if epochs else {})}
+    base = {"kind": "triderm", **{k: v for k, v in asdict(triderm_config.DEFAULT).items() if k != "seed"},
+            **VISION_DEFAULT, **({"epochs": epochs} if epochs else {})}
     rows = [Row("vision", "pooling", p, {**base, "pooling": p}) for p in POOLINGS]
     rows += [Row("vision", "loss", loss, {**base, "loss": loss}) for loss in LOSSES]
     rows += [Row("vision", "loss", label, {**base, **params}) for label, params in TUNED_LOSSES]

@@ -14,7 +14,7 @@ recipe, metrics and a data summary of counts — no photo, patient or wound id, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ from core.vision.backbones import Backbone, load_backbone, model_folder
 from core.vision.features import token_mask, wound_fractions
 from core.vision.pooling import WoundHead
 from core.vision.supervised import MetricHead
-from core.vision.triderm import DEFAULTS, build_head, embedding_normalize
+from core.vision.triderm import build_head, embedding_normalize
+from core.vision.triderm_config import TriDermConfig
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 HEAD_FORMAT = "triderm-v-head/1"
@@ -52,19 +53,19 @@ class SharedHead(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
         if model_format != HEAD_FORMAT:
             raise ValueError(f"config.json: model_format {model_format!r} is not {HEAD_FORMAT!r}")
         self.backbone_name, self.layer, self.normalize = backbone, layer, normalize
-        self.head = build_head(int(channels), {**DEFAULTS, **recipe})
+        self.head = build_head(int(channels), TriDermConfig.from_record(recipe))
         self.register_buffer("center", torch.zeros(int(dim)))
 
 
 def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
     """Write TriDerm-V run ``run_id`` as a :class:`SharedHead` folder ``out`` (new or empty); returns it.
 
-    The recipe holds the training options only (:data:`~core.vision.triderm.DEFAULTS`' keys), the
+    The recipe holds the training options only (:class:`~core.vision.triderm_config.TriDermConfig`'s fields), the
     metrics their numbers, the data summary the counts of :data:`DATA_COUNTS` and the patients'."""
     blob = _head_blob(ws, run_id)
     run = ws.store.run(run_id)
-    cfg = blob["config"]
-    recipe = {k: cfg[k] for k in DEFAULTS if k in cfg and k != "backbone"}
+    cfg = TriDermConfig.from_record(blob["config"])
+    recipe = {k: v for k, v in asdict(cfg).items() if k != "backbone"}
     data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
     data["n_patients"] = len({i["patient_id"] for i in ws.store.images() if i["patient_id"]})
     model = SharedHead(int(blob["channels"]), int(blob["center"].numel()), recipe, blob["backbone"],
@@ -102,7 +103,7 @@ class TrainedHead:
     @classmethod
     def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TrainedHead:
         blob = _head_blob(ws, run_id)
-        cfg = blob["config"]
+        cfg = TriDermConfig.from_record(blob["config"])
         backbone = load_backbone(blob["backbone"], device=device)
         head = build_head(int(blob["channels"]), cfg)
         head.load_state_dict(blob["head"])

@@ -42,6 +42,7 @@ from core.eval.metrics import patient_bootstrap_ci
 from core.losses import ExpertTripletLoss
 from core.vision.features import TokenBank
 from core.vision.pooling import AttentionPooling, MeanPooling
+from core.vision.triderm_config import TriDermConfig
 
 
 def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -278,11 +279,11 @@ def view_means(bank: TokenBank, wounds: torch.Tensor, eval_means: torch.Tensor) 
 
 
 def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor, n_images: int,
-                    wounds: torch.Tensor, triplets: torch.Tensor, cfg: dict[str, Any], gen: torch.Generator,
+                    wounds: torch.Tensor, triplets: torch.Tensor, cfg: TriDermConfig, gen: torch.Generator,
                     device: torch.device, progress: bool = False) -> list[float]:
     """Train ``head`` on the bank rows ``wounds`` with the ordinal hinge (margin 1 on squared
     distances) over ``triplets`` (image rows): full batch, one random augmented view per wound and
-    step (the inference view when ``cfg['supervise_augment']`` is false), Adam for ``cfg['supervise_steps']``
+    step (the inference view when ``cfg.supervise_augment`` is false), Adam for ``cfg.supervise_steps``
     steps (lr ``supervise_lr`` decayed to 0 on a cosine, weight decay ``supervise_weight_decay``).
     With ``head.heads`` > 1 every block has its own hinge and, with mean pooling, its own view
     draws (attention pooling pools once per step, so its blocks share the step's views). Returns
@@ -298,22 +299,22 @@ def fit_metric_head(head: MetricHead, bank: TokenBank, wound_image: torch.Tensor
         head.scale.copy_(std.clamp_min(0.1 * float(std.mean()) + 1e-6))
         # mean pooling has no parameters: pool every (wound, view) once, then a step is an index
         means = view_means(bank, wounds, pooled).to(device) if isinstance(head.pool, MeanPooling) else None
-    opt = torch.optim.Adam(head.parameters(), lr=cfg["supervise_lr"], weight_decay=cfg["supervise_weight_decay"])
+    opt = torch.optim.Adam(head.parameters(), lr=cfg.supervise_lr, weight_decay=cfg.supervise_weight_decay)
     # the views make every step's loss noisy: decaying the rate lets the head settle (on small sets
     # a constant rate kept the hinge jumping between 10² and 10³ to the last step)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg["supervise_steps"])
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.supervise_steps)
     loss_fn, trip, rows = ExpertTripletLoss(1.0, normalize=False), triplets.to(device), wound_image[wounds].to(device)
     losses: list[float] = []
     no_view = torch.full((len(wounds),), -1)
     head.train()
-    for _ in tqdm(range(cfg["supervise_steps"]), desc="metric head", unit="step", disable=not progress, leave=False):
+    for _ in tqdm(range(cfg.supervise_steps), desc="metric head", unit="step", disable=not progress, leave=False):
         if means is None:  # attention pooling: one draw of views, pooled once, for every block
-            views = bank.sample_views(wounds, gen)[0] if cfg["supervise_augment"] else no_view
+            views = bank.sample_views(wounds, gen)[0] if cfg.supervise_augment else no_view
             x, s = bank.gather(wounds, views)
             zs = [head(x.to(device), s.to(device), len(wounds))[0]] * head.heads
         else:  # each block of the ensemble sees its own view of every wound: block h of zs[h]
             views = (torch.stack([bank.sample_views(wounds, gen)[0] for _ in range(head.heads)])
-                     if cfg["supervise_augment"] else no_view.expand(head.heads, -1))
+                     if cfg.supervise_augment else no_view.expand(head.heads, -1))
             zs = list(head.project(means[torch.arange(len(wounds)), views + 1]))
         loss = torch.stack([loss_fn(image_rows_mean(z[:, h * head.dim:(h + 1) * head.dim], rows, n_images), trip)
                             for h, z in enumerate(zs)]).sum()

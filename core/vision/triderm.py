@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,6 @@ from core.vision.backbones import Backbone, load_backbone
 from core.vision.baseline import embed_baseline, image_means
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
 from core.vision.pooling import WoundHead
-from core.vision.recipe import DEFAULTS, NORMALIZE, PAPER_RECIPE, SUPERVISED_CV  # noqa: F401 (re-exported)
 from core.vision.supervised import (
     PROTOCOLS,
     Fold,
@@ -37,6 +37,7 @@ from core.vision.supervised import (
     repeated_folds,
     score_folds,
 )
+from core.vision.triderm_config import DEFAULT, TriDermConfig
 
 LOSSES = {"vicreg": VICRegLoss, "contrastive": InfoNCELoss, "triplet": TripletLoss}  # keys: recipe.LOSS_NAMES
 
@@ -95,22 +96,22 @@ def _batches(wounds: Tensor, batch_size: int, gen: torch.Generator) -> list[Tens
     return [b for b in perm.split(batch_size) if len(b) >= 2]
 
 
-def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[str, Any],
+def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: TriDermConfig,
         gen: torch.Generator, device: torch.device, fresh: FreshViews | None = None, progress: bool = True,
         on_epoch: Callable[[int, list[float]], None] | None = None, wounds: Tensor | None = None) -> list[float]:
     """AdamW + cosine schedule over all steps; returns the mean loss per epoch. ``wounds``
     restricts the batches to those bank rows."""
     wounds = torch.arange(len(bank)) if wounds is None else wounds
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    steps = cfg["epochs"] * max(1, len(_batches(wounds, cfg["batch_size"], torch.Generator())))
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps = cfg.epochs * max(1, len(_batches(wounds, cfg.batch_size, torch.Generator())))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     losses: list[float] = []
-    bar = tqdm(range(cfg["epochs"]), desc=f"TriDerm-V {cfg['pooling']}/{cfg['loss']}", unit="epoch",
+    bar = tqdm(range(cfg.epochs), desc=f"TriDerm-V {cfg.pooling}/{cfg.loss}", unit="epoch",
                disable=not progress)
     head.train()
     for epoch in bar:
         total, count = 0.0, 0
-        for batch in _batches(wounds, cfg["batch_size"], gen):
+        for batch in _batches(wounds, cfg.batch_size, gen):
             if fresh is None:
                 v1, v2 = bank.sample_views(batch, gen)
                 (x1, s1), (x2, s2) = bank.gather(batch, v1), bank.gather(batch, v2)
@@ -133,44 +134,17 @@ def fit(head: WoundHead, bank: TokenBank, criterion: torch.nn.Module, cfg: dict[
     return losses
 
 
-def check_config(cfg: dict[str, Any]) -> None:
-    """Raise ValueError naming the first out-of-range option."""
-    minimum = {"epochs": 1, "batch_size": 2, "views": 1 if cfg["no_cache"] else 2, "dim": 1, "min_steps": 0}
-    for key, low in minimum.items():
-        if int(cfg[key]) < low:
-            raise ValueError(f"{key} must be ≥ {low}, got {cfg[key]}")
-    if cfg["lr"] <= 0 or cfg["weight_decay"] < 0:
-        raise ValueError(f"need lr > 0 and weight_decay ≥ 0, got {cfg['lr']} and {cfg['weight_decay']}")
-    for key in ("pooling", "supervise_pooling"):
-        if cfg[key] not in ("attention", "mean"):
-            raise ValueError(f"{key} must be 'attention' or 'mean', got {cfg[key]!r}")
-    if cfg["loss"] not in LOSSES:
-        raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {cfg['loss']!r}")
-    if cfg["normalize"] not in NORMALIZE:
-        raise ValueError(f"normalize must be one of {list(NORMALIZE)}, got {cfg['normalize']!r}")
-    if cfg["supervise"] not in (None, "triplets"):
-        raise ValueError(f"supervise must be 'triplets' or None, got {cfg['supervise']!r}")
-    if cfg["cv"] and (cfg["supervise"] is None or int(cfg["cv"]) < 2):
-        raise ValueError(f"cv needs supervise='triplets' and at least 2 folds, got cv={cfg['cv']}")
-    for key in ("supervise_steps", "supervise_dim", "supervise_heads", "cv_repeats"):
-        if int(cfg[key]) < 1:
-            raise ValueError(f"{key} must be ≥ 1, got {cfg[key]}")
-    if cfg["supervise_lr"] <= 0 or cfg["supervise_weight_decay"] < 0:
-        raise ValueError(f"need supervise_lr > 0 and supervise_weight_decay ≥ 0, got {cfg['supervise_lr']} "
-                         f"and {cfg['supervise_weight_decay']}")
-
-
-def check_workspace(ws: Workspace, cfg: dict[str, Any]) -> None:
+def check_workspace(ws: Workspace, cfg: TriDermConfig) -> None:
     """Raise ValueError when ``ws`` cannot serve ``cfg``: no wounds, ``supervise`` without
     expert triplets, ``cv`` folds beyond the number of patients."""
     image_ids, keys = workspace_wounds(ws)
     if not keys:
         raise ValueError(f"{ws.root}: no wounds outlined — nothing to train on")
-    if cfg["supervise"] and not len(oriented_expert(ws, image_ids)):
+    if cfg.supervise and not len(oriented_expert(ws, image_ids)):
         raise ValueError(f"{ws.root}: --supervise triplets needs expert triplets (j/k answers), "
                          "and the workspace has none")
-    if cfg["cv"]:
-        patient_folds(image_ids, patient_of(ws.store.images()), int(cfg["cv"]))
+    if cfg.cv:
+        patient_folds(image_ids, patient_of(ws.store.images()), cfg.cv)
 
 
 def oriented_expert(ws: Workspace, image_ids: Sequence[str]) -> np.ndarray:
@@ -193,32 +167,39 @@ def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tup
     return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12), center
 
 
-def embedding_normalize(cfg: dict[str, Any]) -> str:
+def embedding_normalize(cfg: TriDermConfig) -> str:
     """How a run's image embeddings are normalised: the supervised metric head's raw space, else
-    ``cfg['normalize']``."""
-    return "none" if cfg["supervise"] else cfg["normalize"]
+    ``cfg.normalize``."""
+    return "none" if cfg.supervise else cfg.normalize
 
 
-def build_head(channels: int, cfg: dict[str, Any]) -> WoundHead | MetricHead:
-    """The untrained head a run of ``cfg`` learns: the supervised :class:`MetricHead` with
-    ``cfg['supervise']``, else the self-supervised :class:`WoundHead`."""
-    if cfg["supervise"]:
-        return MetricHead(channels, cfg["supervise_dim"], cfg["supervise_pooling"], cfg["hidden"],
-                          cfg.get("supervise_heads", 1))  # runs saved before the ensemble: one head
-    return WoundHead(channels, cfg["dim"], cfg["pooling"], cfg["hidden"])
+def metric_head(channels: int, cfg: TriDermConfig) -> MetricHead:
+    """The untrained supervised :class:`MetricHead` of ``cfg``."""
+    return MetricHead(channels, cfg.supervise_dim, cfg.supervise_pooling, cfg.hidden, cfg.supervise_heads)
 
 
-def effective_epochs(cfg: dict[str, Any], n_wounds: int) -> int:
+def wound_head(channels: int, cfg: TriDermConfig) -> WoundHead:
+    """The untrained self-supervised :class:`WoundHead` of ``cfg``."""
+    return WoundHead(channels, cfg.dim, cfg.pooling, cfg.hidden)
+
+
+def build_head(channels: int, cfg: TriDermConfig) -> WoundHead | MetricHead:
+    """The untrained head a run of ``cfg`` learns: the :func:`metric_head` with ``cfg.supervise``, else
+    the :func:`wound_head`."""
+    return metric_head(channels, cfg) if cfg.supervise else wound_head(channels, cfg)
+
+
+def effective_epochs(cfg: TriDermConfig, n_wounds: int) -> int:
     """``epochs``, raised so that training takes at least ``min_steps`` optimiser steps."""
-    per_epoch = max(1, n_wounds // cfg["batch_size"] + (n_wounds % cfg["batch_size"] >= 2))
-    return max(int(cfg["epochs"]), math.ceil(cfg["min_steps"] / per_epoch))
+    per_epoch = max(1, n_wounds // cfg.batch_size + (n_wounds % cfg.batch_size >= 2))
+    return max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
 
 
 class TriDermTrainer:
     """One training set-up (bank, config, device) that fits heads on subsets of wounds and
     triplets and embeds every photo with them."""
 
-    def __init__(self, bank: TokenBank, cfg: dict[str, Any], device: torch.device, image_ids: list[str],
+    def __init__(self, bank: TokenBank, cfg: TriDermConfig, device: torch.device, image_ids: list[str],
                  fresh: FreshViews | None = None) -> None:
         self.bank, self.cfg, self.device, self.fresh = bank, cfg, device, fresh
         self.image_ids = image_ids
@@ -233,18 +214,18 @@ class TriDermTrainer:
         cfg = self.cfg
         wounds = (torch.arange(len(self.bank)) if train_rows is None
                   else torch.nonzero(torch.isin(self.wound_image, torch.from_numpy(train_rows)), as_tuple=True)[0])
-        torch.manual_seed(cfg["seed"])
-        gen = torch.Generator().manual_seed(cfg["seed"])
+        torch.manual_seed(cfg.seed)
+        gen = torch.Generator().manual_seed(cfg.seed)
         if triplets is not None:
-            metric = build_head(self.bank.channels, {**cfg, "supervise": "triplets"})
+            metric = metric_head(self.bank.channels, cfg)
             losses = fit_metric_head(metric, self.bank, self.wound_image, len(self.image_ids), wounds,
                                      torch.from_numpy(triplets), cfg, gen, self.device, progress)
             if on_epoch is not None:
                 on_epoch(0, losses)
             return metric, losses
-        head = build_head(self.bank.channels, {**cfg, "supervise": None}).to(self.device)
-        run_cfg = {**cfg, "epochs": effective_epochs(cfg, len(wounds))}
-        losses = fit(head, self.bank, make_loss(cfg["loss"]), run_cfg, gen, self.device, self.fresh, progress,
+        head = wound_head(self.bank.channels, cfg).to(self.device)
+        run_cfg = replace(cfg, epochs=effective_epochs(cfg, len(wounds)))
+        losses = fit(head, self.bank, make_loss(cfg.loss), run_cfg, gen, self.device, self.fresh, progress,
                      on_epoch, wounds)
         return head, losses
 
@@ -268,7 +249,7 @@ class TriDermTrainer:
         photo rows, the distances of a model fitted without them; see :func:`score_folds`)."""
         row = {i: n for n, i in enumerate(self.image_ids)}
         splits = [[np.array([row[i] for i in f]) for f in folds]
-                  for folds in repeated_folds(self.image_ids, patients, k, repeats, self.cfg["seed"])]
+                  for folds in repeated_folds(self.image_ids, patients, k, repeats, self.cfg.seed)]
         everyone = np.arange(len(self.image_ids))
         bar = tqdm(total=k * repeats, desc=f"cv {repeats}×{k} folds", unit="fold", disable=not progress, leave=False)
 
@@ -277,7 +258,7 @@ class TriDermTrainer:
             head, _ = self.fit(train_rows, train_triplets)
             return pairwise_euclidean(self.embed(head, train_rows)[1])
 
-        folds = cross_validate(splits, triplets, fit_fold, budget, self.cfg["seed"], progress=lambda f: bar.update())
+        folds = cross_validate(splits, triplets, fit_fold, budget, self.cfg.seed, progress=lambda f: bar.update())
         bar.close()
         return folds
 
@@ -291,53 +272,52 @@ def out_of_fold(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[
                 if k != "per_anchor"} for p in PROTOCOLS}
 
 
-def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
-    """Train TriDerm-V on ``ws`` (options as in :data:`DEFAULTS`; ``backbone`` may be a
-    registry name or a loaded :class:`Backbone`); returns the run id. With
-    ``supervise="triplets"`` the expert's triplets train a metric head, and ``cv=K`` first scores
-    ``cv_repeats`` random patient-disjoint K-fold splits: ``metrics["cv"]`` holds the strict
-    figure (all three photos unseen; patient-bootstrap CI) and ``anchor_unseen``."""
-    unknown = set(config) - set(DEFAULTS)
+def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **overrides: Any) -> int:
+    """Train TriDerm-V on ``ws`` with ``cfg`` and any field of it in ``overrides`` (``backbone`` may
+    also be a loaded :class:`Backbone`); returns the run id, whose record's config is ``asdict(cfg)``
+    plus the resolved backbone and the data counts. With ``supervise="triplets"`` the expert's
+    triplets train a metric head, and ``cv=K`` first scores ``cv_repeats`` random patient-disjoint
+    K-fold splits: ``metrics["cv"]`` holds the strict figure (all three photos unseen;
+    patient-bootstrap CI) and ``anchor_unseen``."""
+    unknown = set(overrides) - {f.name for f in fields(TriDermConfig)}
     if unknown:
         raise TypeError(f"unknown training options: {sorted(unknown)}")
-    cfg = {**DEFAULTS, **config}
-    check_config(cfg)
+    loaded = overrides.pop("backbone") if isinstance(overrides.get("backbone"), Backbone) else None
+    cfg = replace(cfg, **overrides, **({"backbone": loaded.name} if loaded is not None else {}))
     device = pick_device()
     check_workspace(ws, cfg)
     image_ids, keys = workspace_wounds(ws)
-    triplets = oriented_expert(ws, image_ids) if cfg["supervise"] else None
+    triplets = oriented_expert(ws, image_ids) if cfg.supervise else None
     patients = patient_of(ws.store.images())
-    backbone = (cfg["backbone"] if isinstance(cfg["backbone"], Backbone)
-                else load_backbone(cfg["backbone"], device=device, layer=cfg["layer"]))
+    backbone = loaded or load_backbone(cfg.backbone, device=device, layer=cfg.layer)
     run_id = ws.store.start_run("vision-triderm", {
-        **cfg, "backbone": backbone.name, "layer": backbone.layer, "modality": "vision", "device": str(device),
-        "n_images": len(image_ids), "n_wounds": len(keys), "n_expert_triplets": 0 if triplets is None else len(triplets),
-        "synthetic": ws.is_synthetic}, seed=cfg["seed"])
+        **asdict(cfg), "backbone": backbone.name, "layer": backbone.layer, "modality": "vision",
+        "device": str(device), "n_images": len(image_ids), "n_wounds": len(keys),
+        "n_expert_triplets": 0 if triplets is None else len(triplets), "synthetic": ws.is_synthetic}, seed=cfg.seed)
     try:
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
         t0 = time.perf_counter()
-        cache = FeatureCache(ws, backbone, seed=cfg["seed"])
-        photos = cache.build(image_ids, 0 if cfg["no_cache"] else cfg["views"], progress)
+        cache = FeatureCache(ws, backbone, seed=cfg.seed)
+        photos = cache.build(image_ids, 0 if cfg.no_cache else cfg.views, progress)
         # token bookkeeping and the cached training loop are many tiny ops: on CPU one thread
         # is fastest (no per-op fork/join, no oversubscription of shared cores)
         small_ops = 1 if device.type == "cpu" else torch.get_num_threads()
         with torch_threads(small_ops):
             bank = TokenBank(photos, keys)
         timing["features_s"] = time.perf_counter() - t0
-        fresh = FreshViews(ws, backbone, cache, bank) if cfg["no_cache"] else None
+        fresh = FreshViews(ws, backbone, cache, bank) if cfg.no_cache else None
         trainer = TriDermTrainer(bank, cfg, device, image_ids, fresh)
         t1 = time.perf_counter()
         with torch_threads(small_ops if fresh is None else torch.get_num_threads()):
-            if cfg["cv"]:
-                folds = trainer.cross_validate(triplets, patients, int(cfg["cv"]), int(cfg["cv_repeats"]),
-                                               progress=progress)
-                oof = out_of_fold(image_ids, triplets, folds, patients, seed=cfg["seed"])
+            if cfg.cv:
+                folds = trainer.cross_validate(triplets, patients, cfg.cv, cfg.cv_repeats, progress=progress)
+                oof = out_of_fold(image_ids, triplets, folds, patients, seed=cfg.seed)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
-                metrics["cv"] = {"folds": int(cfg["cv"]), "repeats": int(cfg["cv_repeats"]), "split": "patient",
+                metrics["cv"] = {"folds": cfg.cv, "repeats": cfg.cv_repeats, "split": "patient",
                                  "protocol": "strict", "ci_resamples": "patients", **oof["strict"],
                                  "anchor_unseen": oof["anchor_unseen"]}
-            epochs = 1 if cfg["supervise"] else effective_epochs(cfg, len(bank))
+            epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
         timing["train_s"] = time.perf_counter() - t1
@@ -347,7 +327,7 @@ def train(ws: Workspace, progress: bool = True, **config: Any) -> int:
                         token_weight=weights, grid=np.array(bank.grid), input_size=np.array(backbone.input_size),
                         center=center)
         with atomic_write(ws.run_dir(run_id) / "head.pt", "wb", suffix=".pt") as fh:
-            torch.save({"config": {k: v for k, v in cfg.items() if k != "backbone"}, "backbone": backbone.name,
+            torch.save({"config": {k: v for k, v in asdict(cfg).items() if k != "backbone"}, "backbone": backbone.name,
                         "channels": bank.channels, "center": torch.from_numpy(center), "head": head.state_dict()}, fh)
         if not all(math.isfinite(x) for x in losses):
             raise FloatingPointError(f"non-finite training loss: {losses[-5:]}")
@@ -369,6 +349,32 @@ def baseline_run(ws: Workspace, backbone: str | Backbone, progress: bool = True)
             return int(run["id"])
     bb = backbone if isinstance(backbone, Backbone) else load_backbone(backbone)
     return embed_baseline(ws, bb, progress=progress)
+
+
+def describe(cfg: TriDermConfig, backbone: str) -> str:
+    """One line naming what a run of ``cfg`` on ``backbone`` trains and how it measures distances."""
+    head = (f"{cfg.supervise_heads} metric head(s) on the expert triplets: {cfg.supervise_pooling} pooling, "
+            f"{cfg.supervise_dim}-d each, {cfg.supervise_steps} steps (cv {cfg.cv})" if cfg.supervise else
+            f"{cfg.epochs} epochs" + (f" (at least {cfg.min_steps} training steps)" if cfg.min_steps else "")
+            + f", {cfg.pooling} pooling, {cfg.dim}-d")
+    return f"{backbone}, {cfg.views} views, {head}, distances {embedding_normalize(cfg)}"
+
+
+def compare_with_baseline(ws: Workspace, run_id: int, backbone: Backbone, cfg: TriDermConfig
+                          ) -> list[tuple[str, int, dict[str, Any]]]:
+    """(label, run id, agreement with the expert) of the frozen mean-pool baseline of ``backbone``
+    (computed when missing) and of TriDerm-V run ``run_id``, both recorded on the run: the
+    baseline's under ``baseline``, the run's under ``agreement`` or, for a supervised run, under
+    ``agreement_in_sample`` (scored on the triplets it was trained on: never the run's figure,
+    which is the strict out-of-fold one in ``metrics["cv"]``)."""
+    base_id = baseline_run(ws, backbone)
+    label = (f"TriDerm-V metric head ({cfg.supervise_pooling}) on expert triplets" if cfg.supervise
+             else f"TriDerm-V {cfg.pooling}/{cfg.loss}")
+    rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", base_id, run_agreement(ws, base_id)),
+            (f"{label} (run {run_id})", run_id, run_agreement(ws, run_id))]
+    fit_key = "agreement_in_sample" if cfg.supervise else "agreement"
+    ws.store.update_run(run_id, metrics={fit_key: rows[1][2], "baseline": {"run": base_id, **rows[0][2]}})
+    return rows
 
 
 def run_agreement(ws: Workspace, run_id: int) -> dict[str, Any]:

@@ -1,0 +1,157 @@
+"""TriDerm-V's recipe as a frozen dataclass: validation, the job's options, the run record, and the
+same embeddings as before the refactor."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import FrozenInstanceError, asdict, fields, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, TriDermConfig
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
+#: the keys of the recipe dict (``DEFAULTS``) at commit 37d1fa9, in order: stored run records use them
+RECORD_KEYS = ["backbone", "layer", "pooling", "loss", "epochs", "batch_size", "lr", "weight_decay", "views", "seed",
+               "no_cache", "dim", "hidden", "min_steps", "normalize", "supervise", "cv", "supervise_steps",
+               "supervise_dim", "supervise_lr", "supervise_weight_decay", "supervise_pooling", "supervise_augment",
+               "supervise_heads", "cv_repeats"]
+
+
+def test_the_fields_are_the_keys_of_earlier_run_records():
+    assert [f.name for f in fields(TriDermConfig)] == RECORD_KEYS
+    assert {k: v for k, v in asdict(PAPER_RECIPE).items() if v != getattr(DEFAULT, k)} == {"dim": 512,
+                                                                                          "normalize": "none"}
+    with pytest.raises(FrozenInstanceError):
+        DEFAULT.epochs = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"epochs": 0}, "epochs must be ≥ 1, got 0"),  # an integer below its minimum
+    ({"batch_size": 1}, "batch_size must be ≥ 2, got 1"),
+    ({"epochs": 2.5}, "epochs must be int, got 2.5"),  # the wrong type
+    ({"lr": 0}, "lr must be > 0, got 0"),  # a positive real
+    ({"supervise_weight_decay": -0.1}, "supervise_weight_decay must be ≥ 0, got -0.1"),
+    ({"lr": "fast"}, "lr must be float, got 'fast'"),
+    ({"pooling": "max"}, "pooling must be one of ['attention', 'mean'], got 'max'"),  # a choice
+    ({"loss": "hinge"}, "loss must be one of ['contrastive', 'triplet', 'vicreg'], got 'hinge'"),
+    ({"supervise": "labels"}, "supervise must be one of ['triplets'], got 'labels'"),  # an optional choice
+    ({"layer": 7}, "layer must be str or None, got 7"),
+    ({"no_cache": 1}, "no_cache must be bool, got 1"),  # a flag
+    ({"backbone": None}, "backbone must be str, got None"),
+    ({"views": 1}, "views must be ≥ 2 (≥ 1 with no_cache), got 1"),  # depends on another field
+    ({"cv": 3}, "cv needs supervise='triplets' and at least 2 folds, got cv=3 with supervise=None"),
+    ({"supervise": "triplets", "cv": 1}, "cv needs supervise='triplets' and at least 2 folds, got cv=1"),
+])
+def test_a_bad_value_raises_one_error_naming_the_field(changes, message):
+    with pytest.raises(ValueError) as err:
+        replace(DEFAULT, **changes)
+    assert str(err.value).startswith(message)
+
+
+def test_values_are_stored_as_the_field_types():
+    cfg = TriDermConfig(epochs=np.int64(3), lr=1, views=1, no_cache=True)
+    assert (type(cfg.epochs), type(cfg.lr), cfg.views) == (int, float, 1)
+    assert replace(DEFAULT, supervise="triplets", cv=2).cv == 2
+
+
+def test_a_stored_record_gives_its_recipe():
+    """Known fields are read, others (the data counts) ignored; a record from before the ensemble had one head."""
+    record = {**asdict(DEFAULT), "supervise": "triplets", "n_images": 5, "modality": "vision"}
+    assert TriDermConfig.from_record(record) == replace(DEFAULT, supervise="triplets")
+    old = {k: v for k, v in record.items() if k not in ("supervise_heads", "cv_repeats")}
+    assert TriDermConfig.from_record(old) == replace(DEFAULT, supervise="triplets", supervise_heads=1)
+
+
+def test_help_lists_every_field_with_its_defaults():
+    out = subprocess.run([sys.executable, "-m", "core.train_triderm", "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    flat = " ".join(out.split())
+    for f in fields(TriDermConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in out, flag
+        assert " ".join(f.metadata["help"].split()[:4]) in flat, f.name
+    assert "--supervise-augment, --no-supervise-augment" in out
+    assert "(default 128; paper recipe 512)" in flat and "(default 50)" in flat
+
+
+def test_the_options_build_the_recipe(tmp_path, capsys):
+    from core import cli
+    from core.train_triderm import build_parser, main, recipe_of
+
+    def parsed(*argv: str) -> TriDermConfig:
+        return recipe_of(cli.parse_args(build_parser(), [*argv, "--device", "cpu"]))
+
+    assert parsed() == DEFAULT
+    assert parsed("--paper-recipe", "--epochs", "3", "--no-supervise-augment", "--supervise", "triplets") == replace(
+        PAPER_RECIPE, epochs=3, supervise_augment=False, supervise="triplets", cv=2)  # the job's default folds
+    assert parsed("--supervise", "triplets", "--cv", "0", "--no-cache", "--views", "1").cv == 0
+    with pytest.raises(SystemExit) as err:
+        main(["--workspace", str(tmp_path / "ws"), "--supervise-steps", "0"])
+    assert err.value.code == 2 and "--supervise-steps must be ≥ 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
+
+
+def test_the_train_page_reads_the_defaults_without_torch():
+    """Every ``core`` module the Train page imports loads without torch."""
+    tree = ast.parse((REPO / "pages" / "4_Train.py").read_text())
+    modules = sorted({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                      and n.module and n.module.startswith("core.vision")})
+    assert "core.vision.triderm_config" in modules
+    code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_phantom_workspace):
+    """A tiny phantom (seed 5: 5 photos, 2 patients, 8 wounds, 30 triplets) and two runs of seed 3: the
+    self-supervised head and the supervised metric head (5 heads, 20 steps)."""
+    from core.vision.triderm import train
+
+    ws = tiny_phantom_workspace(5, 5, 2, 8, 30)
+    ssl = train(ws, progress=False, seed=3, **FAST)
+    supervised = train(ws, replace(DEFAULT, supervise="triplets", supervise_steps=20, seed=3, **FAST), progress=False)
+    return ws, {"ssl": ssl, "supervised": supervised}
+
+
+#: measured at commit 37d1fa9 (before the dataclass: ``train(ws, progress=False, seed=3, **FAST)`` and
+#: ``supervise="triplets", supervise_steps=20``) on the workspace of :func:`trained`, CPU torch:
+#: ``image_emb[:2, :4]``, the column sums of ``|wound_emb|[:, :4]`` and the first losses
+BEFORE = {
+    "ssl": ([[-0.432895, 0.465379, -0.049225, -0.144275], [0.446521, -0.305686, -0.466466, 0.154417]],
+            [2.69568, 2.27927, 3.34667, 4.06949], [24.877014, 21.528085]),
+    "supervised": ([[0.08479, -0.216944, 0.730056, -0.942105], [-2.847267, 5.342626, 2.891712, -0.955377]],
+                   [8.42627, 15.52017, 18.70872, 10.93276], [128.571582, 1225.084082, 1205.208789]),
+}
+
+
+@pytest.mark.parametrize("mode", ["ssl", "supervised"])
+def test_the_same_seed_gives_the_embeddings_of_before_the_refactor(trained, mode):
+    from core.runtime import load_embeddings
+
+    ws, runs = trained
+    emb = load_embeddings(ws, runs[mode])
+    image, wound_abs, losses = BEFORE[mode]
+    np.testing.assert_allclose(emb["image_emb"][:2, :4], image, atol=1e-5)
+    np.testing.assert_allclose(np.abs(emb["wound_emb"]).sum(0)[:4], wound_abs, atol=1e-4)
+    np.testing.assert_allclose(ws.store.run(runs[mode])["metrics"]["loss"][:3], losses, rtol=1e-5)
+
+
+def test_a_run_record_holds_the_config_dict(trained):
+    import torch
+
+    ws, runs = trained
+    run = ws.store.run(runs["supervised"])
+    cfg = replace(DEFAULT, supervise="triplets", supervise_steps=20, seed=3, **FAST)
+    # the resolved backbone (the registry name with its layer) replaces the one asked for
+    expected = {**asdict(cfg), "backbone": "efficientnet-lite0@full", "layer": "full"}
+    assert {k: run["config"][k] for k in RECORD_KEYS} == expected
+    assert run["config"]["n_wounds"] == 8 and run["config"]["synthetic"] is True
+    assert TriDermConfig.from_record(run["config"]) == TriDermConfig(**expected)
+    saved = torch.load(ws.run_dir(runs["supervised"]) / "head.pt", weights_only=False)["config"]
+    assert saved == {k: v for k, v in asdict(cfg).items() if k != "backbone"}
