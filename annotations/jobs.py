@@ -136,7 +136,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 running = self._beat()
-            except Exception:  # noqa: BLE001 — database busy or unreachable for a moment: the next beat retries
+            except Exception:
                 running = True
             if not running:
                 return

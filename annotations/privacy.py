@@ -272,7 +272,7 @@ def _delete_naming(ws: Workspace, needles: list[str]) -> tuple[list[str], list[s
         dirs[:] = [d for d in dirs if Path(dirpath, d) not in keep]
         for name in files:
             path = Path(dirpath, name)
-            if path.parent == ws.root and name.startswith(DB_NAME) or path.is_symlink() or not _holds(path, patterns):
+            if (path.parent == ws.root and name.startswith(DB_NAME)) or path.is_symlink() or not _holds(path, patterns):
                 continue
             if path.is_relative_to(ws.cache_dir) or path.is_relative_to(ws.runs_dir):
                 path.unlink()

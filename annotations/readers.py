@@ -514,7 +514,7 @@ def open_image(data: bytes, name: str, suffix: str) -> tuple[Image.Image, Image.
     except UnidentifiedImageError:
         kind = _PIL_FORMATS[suffix][0]
         raise DatasetError(f"{name}: cannot be read as a {kind} image (not a {kind} file, or a damaged one)") from None
-    except Exception as err:  # noqa: BLE001 -- Pillow's decoders raise assorted types on malformed files
+    except Exception as err:
         kind = _PIL_FORMATS[suffix][0]
         raise DatasetError(f"{name}: cannot be read as a {kind} image ({type(err).__name__}: {err})") from None
     return im, upright, orientation

@@ -50,7 +50,7 @@ from core.concepts.vocabulary import ConceptTagger, load_vocab
 VARIANTS = ("untrained", "clip", "make", "conceptclip")
 
 
-def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> dict[str, float]:  # noqa: ANN001
+def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """Fibrin heatmap peak inside the planted fibrin vs chance (see module docstring)."""
     hits, chance, n = 0, [], 0
     gh, gw = heat.shape[1:]
@@ -85,7 +85,7 @@ def truth_lift(labels: np.ndarray, names: list[str], ys: list[str | None], k: in
     return out
 
 
-def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:  # noqa: ANN001
+def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:
     vocab = load_vocab(groups=("wound",))
     tagger = ConceptTagger(vocab)
     pairs = load_pairs(ws, size=size)

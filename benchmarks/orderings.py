@@ -143,7 +143,7 @@ def run_seed(seed: int, cfg: dict[str, Any], tmp: Path, backbone: Backbone) -> d
 
 
 def cell(values: list[float]) -> dict[str, Any]:
-    """mean ± sd with a 95 % t-interval over seeds (percent, rounded to 0.01)."""
+    """Mean ± sd with a 95 % t-interval over seeds (percent, rounded to 0.01)."""
     v = 100 * np.asarray(values, dtype=float)
     m = float(v.mean())
     if len(v) < 2:

@@ -161,7 +161,7 @@ def grouped_bootstrap(values: list[float], groups: list[str], seed: int = 0) -> 
     means = sums[draws].sum(1) / counts[draws].sum(1)
     lo, hi = np.percentile(means, [2.5, 97.5])
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
-            "ci": [float(lo), float(hi)], "n": int(len(v))}
+            "ci": [float(lo), float(hi)], "n": len(v)}
 
 
 def evaluate(net: torch.nn.Module, cache: FeatureCache, samples: list[Sample], test: list[int],

@@ -138,7 +138,7 @@ class Case:
                 if crash_at is not None:
                     os.environ[CRASH_ENV] = str(crash_at)
                 code = cli([*args, "--workspace", str(root)])
-            except BaseException:  # noqa: BLE001 - reported through the exit code and stderr.txt
+            except BaseException:
                 traceback.print_exc()
             finally:
                 sys.stderr.flush()

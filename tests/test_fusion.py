@@ -106,7 +106,7 @@ def test_fusion_of_random_matrices_is_symmetric_and_between_inputs():
         np.testing.assert_allclose(np.diag(D), 0.0)
     stack = np.stack([minmax_normalise(A), minmax_normalise(B)])
     D = uncertainty_fusion([A, B])
-    assert (D >= stack.min(0) - 1e-12).all() and (D <= stack.max(0) + 1e-12).all()
+    assert (stack.min(0) - 1e-12 <= D).all() and (stack.max(0) + 1e-12 >= D).all()
 
 
 def test_align_reports_missing_images():

@@ -18,7 +18,7 @@ def hardest_negative_distances(anchor: Tensor, other: Tensor) -> Tensor:
 
 
 def triplet_margin(anchor: Tensor, positive: Tensor, negative_dist: Tensor, margin: float) -> Tensor:
-    """mean ReLU(‖a − p‖ − d_neg + margin)."""
+    """Mean ReLU(‖a − p‖ − d_neg + margin)."""
     return F.relu((anchor - positive).norm(dim=1) - negative_dist + margin).mean()
 
 

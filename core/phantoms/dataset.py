@@ -70,7 +70,7 @@ def _save_png(path: Path, array: np.ndarray, mode: str) -> None:
 def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, wounds: int = 120,
           triplets: int = 513, progress: bool = False) -> dict[str, Any]:
     """Write a phantom dataset to ``out``; return a summary (counts, agreement, timing)."""
-    if not 3 <= photos:
+    if not photos >= 3:
         raise ValueError(f"--photos must be at least 3, got {photos}")
     if not 1 <= patients <= photos:
         raise ValueError(f"--patients must be in [1, photos={photos}], got {patients}")

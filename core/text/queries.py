@@ -332,10 +332,10 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
     oriented = qr.oriented(plan)
     summary = {
         "run_id": qr.run_id, "oracle": oracle.name, "model": oracle.model, "source": qr.source,
-        "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": int(len(plan)),
+        "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": len(plan),
         "budget_questions": count, "asked": qr.answered + qr.failed, "answered": qr.answered,
         "from_cache": qr.from_cache, "failed": qr.failed, "stopped": qr.stopped,
-        "usable_triplets": int(len(oriented)),
+        "usable_triplets": len(oriented),
         "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
         "first_position_rate": qr.first_position_rate(plan),
         "expert_overlap": qr.expert_overlap(oriented),

@@ -135,7 +135,7 @@ def protocol_summary(records: np.ndarray, image_ids: Sequence[str], patients: di
     acc = np.bincount(inv, weights=records[:, 1].astype(float)) / np.bincount(inv)
     per_anchor = {image_ids[a]: float(x) for a, x in zip(anchors, acc)}
     return {"balanced": float(acc.mean()), "ci": patient_bootstrap_ci(per_anchor, patients, n_boot, seed),
-            "n": int(len(records)), "n_anchors": int(len(anchors)),
+            "n": len(records), "n_anchors": len(anchors),
             "n_patients": len({patients[a] for a in per_anchor}), "per_anchor": per_anchor}
 
 
