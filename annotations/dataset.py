@@ -103,6 +103,7 @@ class DatasetPlan:
 
     @property
     def synthetic(self) -> bool:
+        """Whether ``dataset.json`` marks the dataset SYNTHETIC."""
         return parse_bool(self.info.get("synthetic", False), "dataset.json: synthetic")
 
 
@@ -351,6 +352,7 @@ class TripletTable:
                                "rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone() is not None
 
     def close(self) -> None:
+        """Close and remove the on-disk table now (it is also removed when garbage-collected)."""
         self._close()
 
 
@@ -395,6 +397,7 @@ class Change:
     resolved: str | None = None  # for conflicts: "app" or "file"
 
     def describe(self) -> str:
+        """The change as one line of the merge report."""
         what = {"insert": "new", "update": "changed in the dataset", "delete": "removed (--prune)",
                 "keep-app": "changed in the app since the last import: kept",
                 "keep-deleted": "deleted in the app since the last import: stays deleted",

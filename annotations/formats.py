@@ -50,6 +50,7 @@ def mask_geometry(mask: np.ndarray) -> Polygon | MultiPolygon:
 
 
 def polygons(geometry: Polygon | MultiPolygon) -> list[Polygon]:
+    """The non-empty polygons of a (multi)polygon."""
     return list(geometry.geoms) if isinstance(geometry, MultiPolygon) else [geometry] if not geometry.is_empty else []
 
 

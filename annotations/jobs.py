@@ -54,6 +54,7 @@ _SAME_PROCESS_S = 0.01
 
 
 def hostname() -> str:
+    """The machine's host name (recorded with each run's process)."""
     return socket.gethostname()
 
 
@@ -142,6 +143,7 @@ class Heartbeat:
                 return
 
     def stop(self) -> None:
+        """Stop the heartbeat thread after its current beat."""
         self._stop.set()
 
 

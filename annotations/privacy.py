@@ -62,7 +62,8 @@ class StudyIds:
         """Rename every photo of a validated :class:`annotations.dataset.DatasetPlan` (and each
         reference to it) to its study id."""
         rename = {iid: self.study_id(iid) for iid in sorted(plan.images)}
-        ref = lambda iid: rename.get(iid) or self.ids.get(iid, iid)
+        def ref(iid: str) -> str:
+            return rename.get(iid) or self.ids.get(iid, iid)
         images = {}
         for iid, img in plan.images.items():
             img.image_id = rename[iid]
@@ -74,6 +75,7 @@ class StudyIds:
                       for (entity, kj, name), where in plan.where.items()}
 
     def save(self) -> None:
+        """Write the photo id → study id mapping (CSV, sorted by study id)."""
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(MAPPING_COLUMNS)

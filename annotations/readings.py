@@ -51,6 +51,7 @@ def marked(ws: Workspace) -> list[str]:
 
 
 def is_marked(ws: Workspace, image_id: str) -> bool:
+    """Whether the photo is marked for a reading."""
     return bool(list(ws.store.db.query("SELECT 1 FROM reading_photos WHERE image_id = ?", [image_id])))
 
 

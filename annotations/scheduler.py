@@ -346,7 +346,7 @@ class TripletScheduler:
                         kind[0] if kind else ("repeat" if row["rep"] else "new"), time.time())
 
     def progress(self) -> dict[str, int]:
-        """This annotator's stored answers: total, skips, repeats."""
+        """The annotator's stored answers: total, skips, repeats."""
         rows = self.ws.store.triplets(source=self.source)
         return {
             "answered": len(rows),

@@ -279,10 +279,12 @@ def key_json(key: Any) -> str:
 
 
 def wound_key(image_id: str, wound_index: int) -> dict[str, Any]:
+    """The revision key of a wound."""
     return {"image_id": image_id, "wound_index": int(wound_index)}
 
 
 def triplet_key(row: dict[str, Any]) -> dict[str, Any]:
+    """The revision key of a judgment: source, anchor, references and repeat number."""
     return {k: row[k] for k in ("source", "anchor", "ref_j", "ref_k")} | {"rep": int(row["rep"])}
 
 
@@ -337,6 +339,7 @@ class Store:
     # -- schema --------------------------------------------------------------------------------
     @property
     def schema_version(self) -> int:
+        """The store's schema version (SQLite ``user_version``)."""
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
@@ -374,6 +377,7 @@ class Store:
                 self._action_override = None
 
     def close(self) -> None:
+        """Stop the runs' heartbeats and close the connection."""
         for beat in self._heartbeats.values():
             beat.stop()
         self._heartbeats.clear()
@@ -381,16 +385,19 @@ class Store:
 
     # -- meta ----------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
+        """The workspace setting ``key`` (JSON-decoded), or ``default`` when unset."""
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         return json.loads(row[0]) if row else default
 
     def set_meta(self, key: str, value: Any) -> None:
+        """Store the workspace setting ``key`` as JSON."""
         self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
                         "SET value = excluded.value", [key, json.dumps(value)])
 
     # -- patients and images ---------------------------------------------------------------------
     def upsert_patient(self, patient_id: str, metadata: dict | None = None, *,
                        actor: str = SYSTEM_ACTOR) -> None:
+        """Insert or update a patient and its metadata (each change recorded)."""
         with self.transaction():
             old = self.patient(patient_id)
             self.db.execute(
@@ -399,15 +406,18 @@ class Store:
             self._record_changes("patients", patient_id, old, {"metadata": metadata or {}}, actor)
 
     def patient(self, patient_id: str) -> dict | None:
+        """The patient's row (metadata decoded), or None."""
         rows = list(self.db.query("SELECT * FROM patients WHERE patient_id = ?", [patient_id]))
         return _decode(rows[0]) if rows else None
 
     def patients(self) -> list[dict]:
+        """Every patient, by id."""
         return [_decode(r) for r in self.db.query("SELECT * FROM patients ORDER BY patient_id")]
 
     def upsert_image(self, image_id: str, file: str, sha256: str, width: int, height: int,
                      patient_id: str | None = None, metadata: dict | None = None, *,
                      actor: str = SYSTEM_ACTOR) -> None:
+        """Insert or update a photo's row: file, checksum, size, patient and metadata (each change recorded)."""
         with self.transaction():
             old = self.image(image_id)
             self.db.execute(
@@ -440,9 +450,11 @@ class Store:
                                                       "metadata")}, None, actor)
 
     def images(self) -> list[dict]:
+        """Every photo's row, by id."""
         return [_decode(r) for r in self.db.query("SELECT * FROM images ORDER BY image_id")]
 
     def image(self, image_id: str) -> dict | None:
+        """The photo's row (metadata decoded), or None."""
         rows = list(self.db.query("SELECT * FROM images WHERE image_id = ?", [image_id]))
         return _decode(rows[0]) if rows else None
 
@@ -478,6 +490,7 @@ class Store:
                                    [image_id, int(wound_index)]).fetchone()[0]
 
     def delete_wound(self, image_id: str, wound_index: int, *, actor: str = SYSTEM_ACTOR) -> None:
+        """Remove one wound (recorded); nothing happens when it does not exist."""
         with self.transaction():
             old = self.wound(image_id, wound_index)
             if old is None:
@@ -490,6 +503,7 @@ class Store:
                                   "metadata": old["metadata"]}, None, actor)
 
     def wound(self, image_id: str, wound_index: int) -> dict | None:
+        """The wound's row, or None."""
         rows = list(self.db.query("SELECT * FROM wounds WHERE image_id = ? AND wound_index = ?",
                                   [image_id, int(wound_index)]))
         return _decode(rows[0]) if rows else None
@@ -509,6 +523,7 @@ class Store:
         return geometry
 
     def wounds(self, image_id: str | None = None) -> list[dict]:
+        """The wounds of one photo by index, or of every photo by photo and index."""
         if image_id is None:
             rows = self.db.query("SELECT * FROM wounds ORDER BY image_id, wound_index")
         else:
@@ -518,12 +533,14 @@ class Store:
 
     # -- annotators and triplets -----------------------------------------------------------------
     def add_annotator(self, name: str) -> None:
+        """Register an annotator by name (stripped; an existing name is kept); an empty name raises ValueError."""
         if not name or not name.strip():
             raise ValueError("annotator name is empty")
         self.db.execute("INSERT OR IGNORE INTO annotators (name, created) VALUES (?, ?)",
                         [name.strip(), now()])
 
     def annotators(self) -> list[str]:
+        """Every registered annotator's name, sorted."""
         return [r["name"] for r in self.db.query("SELECT name FROM annotators ORDER BY name")]
 
     def add_triplet(self, anchor: str, ref_j: str, ref_k: str, choice: str, source: str,
@@ -618,12 +635,14 @@ class Store:
             "WHERE kind = 'annotator') ORDER BY id"))
 
     def triplet_sources(self) -> dict[str, int]:
+        """Number of judgments per source, by source."""
         return {r["source"]: r["n"] for r in self.db.query(
             "SELECT source, count(*) AS n FROM triplets GROUP BY source ORDER BY source")}
 
     # -- LLM answers -----------------------------------------------------------------------------
     def llm_cached(self, oracle: str, model: str, prompt_version: str, anchor: str, ref_j: str,
                    ref_k: str) -> dict | None:
+        """The cached LLM answer to this exact question and prompt version, or None."""
         rows = list(self.db.query(
             "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? AND "
             "anchor = ? AND ref_j = ? AND ref_k = ?",
@@ -631,6 +650,7 @@ class Store:
         return rows[0] if rows else None
 
     def llm_answers(self, oracle: str, model: str, prompt_version: str) -> list[dict]:
+        """Every cached answer of one LLM oracle, model and prompt version, oldest first."""
         return list(self.db.query(
             "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? "
             "ORDER BY id", [oracle, model, prompt_version]))
@@ -679,6 +699,7 @@ class Store:
                 self.record_revision(entity, key, field_name, "update", old.get(field_name), value, actor)
 
     def revision(self, revision_id: int) -> dict | None:
+        """One revision by id (key and values decoded), or None."""
         rows = self._revision_rows("SELECT * FROM revisions WHERE id = ?", [int(revision_id)])
         return rows[0] if rows else None
 
@@ -768,6 +789,7 @@ class Store:
 
     def finish_run(self, run_id: int, status: str = "done", metrics: dict | None = None,
                    artifacts: dict | None = None, message: str | None = None) -> None:
+        """Mark a run finished with ``status`` (``done`` sets progress to 1) and its last metrics, artifacts, message."""
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
         self.update_run(run_id, progress=1.0 if status == "done" else None, metrics=metrics,
@@ -792,6 +814,7 @@ class Store:
         return [r for r in rows if status is None or r["status"] == status]
 
     def run(self, run_id: int) -> dict | None:
+        """One run's row, marked interrupted when its process is gone, or None."""
         rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [int(run_id)]))
         return self._reconciled(_decode(rows[0])) if rows else None
 
@@ -815,7 +838,8 @@ class Store:
 
     def counts(self) -> dict[str, int]:
         """Row counts for the workspace overview."""
-        q = lambda sql: self.db.execute(sql).fetchone()[0]
+        def q(sql: str) -> int:
+            return self.db.execute(sql).fetchone()[0]
         return {
             "images": q("SELECT count(*) FROM images"),
             "patients": q("SELECT count(*) FROM patients"),

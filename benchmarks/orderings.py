@@ -253,6 +253,7 @@ def render_text(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.orderings`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.orderings", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, a small phantom, 5 epochs (smoke test)")
     cli.add_seeds(parser, None, help="override the seeds (a list)")

@@ -190,6 +190,7 @@ def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Mutate the chosen modules (or report their stored scores) and print the table; returns 0."""
     parser = argparse.ArgumentParser(prog="python scripts/mutation.py", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all, in order: {', '.join(MODULES)})")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/triderm-mutation"))

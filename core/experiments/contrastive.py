@@ -95,6 +95,7 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
 
 
 def cell_key(variant: str, seed: int, settings: dict[str, Any]) -> str:
+    """A short stable key of one cell (variant, seed and settings) for the results cache."""
     blob = json.dumps({"variant": variant, "seed": seed, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -1,5 +1,4 @@
-"""Writes a phantom study in the dataset-folder layout, and a montage of its photos.
-"""
+"""Writes a phantom study in the dataset-folder layout, and a montage of its photos."""
 from __future__ import annotations
 
 import csv

@@ -1,5 +1,4 @@
-"""Procedural rendering of phantom photos and their wound label maps.
-"""
+"""Procedural rendering of phantom photos and their wound label maps."""
 from __future__ import annotations
 
 import math
@@ -106,9 +105,8 @@ def _place(rng: np.random.Generator, photo: Photo, safe: np.ndarray, h: int, w: 
             for _try in range(200):
                 p = int(rng.integers(len(ys)))
                 cy, cx = float(ys[p]), float(xs[p])
-                if not (bound < cx < w - bound and bound < cy < h - bound):
-                    if bound * 2 < min(h, w) * 0.9:
-                        continue
+                if not (bound < cx < w - bound and bound < cy < h - bound) and bound * 2 < min(h, w) * 0.9:
+                    continue
                 if all(g is None or math.hypot(cx - g.cx, cy - g.cy) > (bound + g.bound) * 1.05 + 3
                        for g in geos):
                     geos[idx] = _Geometry(cx, cy, r, elong, rng.uniform(0, math.pi), harm, bound)
@@ -497,6 +495,7 @@ def _glare(rng: np.random.Generator, photo: Photo, geos: list[_Geometry], labels
 
 
 def font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's default font at ``size`` (unsized where Pillow cannot size it)."""
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow without FreeType sizing

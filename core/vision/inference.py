@@ -101,6 +101,7 @@ class TrainedHead:
 
     @classmethod
     def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TrainedHead:
+        """Load run ``run_id``'s trained head and its backbone."""
         blob = _head_blob(ws, run_id)
         cfg = blob["config"]
         backbone = load_backbone(blob["backbone"], device=device)

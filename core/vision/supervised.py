@@ -193,6 +193,7 @@ class LinearMetric(TransformerMixin, BaseEstimator):
         self.random_state = random_state
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> LinearMetric:
+        """Learn the map from the oriented triplets ``y`` on the features ``X``."""
         X = np.asarray(X, dtype=np.float64)
         trip = np.asarray(y, dtype=np.int64)
         if X.ndim != 2:
@@ -220,6 +221,7 @@ class LinearMetric(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X: np.ndarray) -> np.ndarray:
+        """Map the features ``X`` into the learned space."""
         check_is_fitted(self, "components_")
         return ((np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_) @ self.components_
 

@@ -7,6 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from annotations.workspace import Workspace
+import itertools
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -21,7 +22,7 @@ def toolbar_rows(pg) -> int:
     """How many rows the outline editor's toolbar takes (its items' vertical centres, 6-px tolerance)."""
     centres = sorted(box["y"] + box["height"] / 2 for box in
                      (item.bounding_box() for item in pg.locator(".oe .bar > *").all()) if box)
-    return 1 + sum(b - a > 6 for a, b in zip(centres, centres[1:]))
+    return 1 + sum(b - a > 6 for a, b in itertools.pairwise(centres))
 
 
 def add_attention_run(root) -> int:
