@@ -36,7 +36,7 @@ import sqlite3
 import tempfile
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,7 @@ class DatasetPlan:
         return parse_bool(self.info.get("synthetic", False), "dataset.json: synthetic")
 
 
-def validate_dataset(root: str | Path, known_images: set[str] = frozenset(), keep_metadata: bool = False,
+def validate_dataset(root: str | Path, known_images: Set[str] = frozenset(), keep_metadata: bool = False,
                      min_wound_area: int = 0, spool: Path | None = None) -> DatasetPlan:
     """Read and check a whole dataset folder; raises :class:`DatasetError` on the first problem.
 
@@ -797,7 +797,7 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
         if mapping is not None:
             mapping.apply(plan)
         check_kind(ws, plan.synthetic)
-        if staging is None:
+        if swap is None or staging is None:  # a dry run (both or neither)
             return _summary(ws, plan, plan_merge(ws, plan, prefer, prune), 0, dry_run=True)
         staged = _stage_photos(ws, plan, staging)
         masks: list[tuple[Path, Path]] = []

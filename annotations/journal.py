@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ class Swap:
         """The store's meta key whose presence commits a ``meta`` swap."""
         return f"swap:{self.dir.name}"
 
-    def plan(self, moves: list[tuple[Path | None, Path]], commit: str) -> None:
+    def plan(self, moves: Sequence[tuple[Path | None, Path]], commit: str) -> None:
         """Write the journal of ``moves`` (``(src, dst)``; ``src`` None: ``dst`` is only removed)
         before any of them is made; ``commit`` is ``meta`` or ``marker``."""
         def rel(p: str | Path) -> str:

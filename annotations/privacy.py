@@ -150,7 +150,7 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
             removed["revisions_blanked"] = _blank(db.conn, "revisions", ("old", "new"), {patient_id, *gone})
             removed["runs_blanked"] = _blank(db.conn, "runs", ("config", "metrics", "artifacts", "message"),
                                              {patient_id, *gone})
-            moves = []
+            moves: list[tuple[Path | None, Path]] = []
             for image_id, file in images:
                 layers = readings_dir(ws) / image_id  # second-reading layers (rows gone: ON DELETE CASCADE)
                 moves += [(path, swap.dir / "gone" / str(len(moves) + n))

@@ -301,6 +301,7 @@ class TripletScheduler:
     def _margin(self, anchor: str, a: str, b: str) -> float:
         """Relative distance margin |d(i,j) − d(i,k)| / (d(i,j) + d(i,k)); small = uncertain."""
         D = self._D
+        assert D is not None, "active mode scores pairs only with distances"
         i, j, k = self._dist[anchor], self._dist[a], self._dist[b]
         total = D[i, j] + D[i, k]
         return abs(D[i, j] - D[i, k]) / total if total > 0 else 0.0
