@@ -102,7 +102,7 @@ def cell_key(variant: str, seed: int, settings: dict[str, Any]) -> str:
 
 def summarise(cells: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tuple[float, float]]]:
     """Variant → metric → (mean, sd over seeds; sd 0 with one seed)."""
-    out = {}
+    out: dict[str, dict[str, tuple[float, float]]] = {}
     for variant, rows in cells.items():
         out[variant] = {}
         for m in METRICS:
@@ -122,7 +122,7 @@ def paired_vs_baseline(cells: dict[str, list[dict[str, float]]], baseline: str =
     from scipy.stats import ttest_rel
 
     base = {r["seed"]: r for r in cells.get(baseline, [])}
-    out = {}
+    out: dict[str, dict[str, tuple[float, float, bool]]] = {}
     for variant, rows in cells.items():
         if variant == baseline:
             continue

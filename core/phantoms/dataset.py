@@ -277,7 +277,7 @@ def montage(dataset_dir: str | Path, n: int = 12, cols: int = 4, tile: tuple[int
             arr = np.asarray(img).copy()
             arr[edge] = (arr[edge] * 0.45 + np.array([0, 230, 255]) * 0.55).astype(np.uint8)
             img = Image.fromarray(arr)
-        img.thumbnail((tw, th), Image.LANCZOS)
+        img.thumbnail((tw, th), Image.Resampling.LANCZOS)
         x = pad + (idx % cols) * (tw + pad) + (tw - img.width) // 2
         y = top + (idx // cols) * (th + pad) + (th - img.height) // 2
         sheet.paste(img, (x, y))

@@ -31,7 +31,7 @@ def _noise(rng: np.random.Generator, h: int, w: int, scale: float) -> np.ndarray
     if scale <= 1.0:
         out = grid[:h, :w]
     else:
-        big = Image.fromarray(grid, mode="F").resize((int(gw * scale), int(gh * scale)), Image.BICUBIC)
+        big = Image.fromarray(grid, mode="F").resize((int(gw * scale), int(gh * scale)), Image.Resampling.BICUBIC)
         oy, ox = int(rng.integers(0, int(scale) + 1)), int(rng.integers(0, int(scale) + 1))
         out = np.asarray(big)[oy:oy + h, ox:ox + w]
     out = out - out.mean()
@@ -140,8 +140,8 @@ def _add_ruler(rng: np.random.Generator, col: np.ndarray, labels: np.ndarray, pp
         if mm % 10 == 0 and 0 < mm < length_cm * 10 and lh >= 16:
             draw.text((x - 3, lh * 0.5), str(mm // 10), fill=255, font=font(max(8, int(lh * 0.35))))
     angle = float(rng.uniform(0, 180))
-    tape_a = np.asarray(tape.rotate(angle, resample=Image.BILINEAR, expand=True), np.float32) / 255
-    ink_a = np.asarray(ink.rotate(angle, resample=Image.BILINEAR, expand=True), np.float32) / 255
+    tape_a = np.asarray(tape.rotate(angle, resample=Image.Resampling.BILINEAR, expand=True), np.float32) / 255
+    ink_a = np.asarray(ink.rotate(angle, resample=Image.Resampling.BILINEAR, expand=True), np.float32) / 255
     th, tw = tape_a.shape
     if th >= h or tw >= w:
         return False

@@ -135,7 +135,7 @@ class TrainedHead:
         if labels.shape != (image.height, image.width):
             raise ValueError(f"mask shape {labels.shape} differs from the photo's {(image.height, image.width)}")
         s = self.backbone.input_size
-        x = torch.from_numpy(np.asarray(image.resize((s, s), Image.BILINEAR)).copy()).permute(2, 0, 1).float() / 255
+        x = torch.from_numpy(np.asarray(image.resize((s, s), Image.Resampling.BILINEAR)).copy()).permute(2, 0, 1).float() / 255
         with torch.no_grad():
             feat = self.backbone(self.backbone.normalize(x[None]))[0]
             wounds = [int(v) for v in np.unique(labels) if v > 0]
