@@ -24,6 +24,7 @@ from annotations.readers import DatasetError
 
 
 def sign_in_form() -> None:
+    """The sign-in form (or, with no account yet, how to create the first admin on the server)."""
     store = ac.workspace().store
     notice = st.session_state.pop("_auth_notice", None)
     if notice:
@@ -51,6 +52,7 @@ def sign_in_form() -> None:
 
 
 def overview_section(ws) -> None:
+    """The workspace overview: counts, progress toward the targets, annotators and the latest runs."""
     info = session.overview(ws)
     st.subheader(f"Workspace · {ws.dataset_name}")
     if info["images"] == 0:
@@ -83,6 +85,7 @@ def overview_section(ws) -> None:
 
 
 def data_section(ws) -> None:
+    """Import a dataset folder or build the SYNTHETIC demo (for accounts that manage the workspace)."""
     if built := st.session_state.pop("_demo_built", None):  # outside the expander, which closes once photos exist
         st.success(built, icon=":material/check_circle:")
     with st.expander("Import a dataset folder or build the demo", expanded=ws.store.counts()["images"] == 0):
@@ -144,6 +147,7 @@ def demo_refusal(ws) -> str | None:
 
 
 def home() -> None:
+    """The home page of a signed-in account."""
     ws = ac.page("TriDerm Studio")
     found = ac.account()
     st.caption("Collect expert wound-similarity judgments, learn image and text embeddings, explore them.")
@@ -154,6 +158,7 @@ def home() -> None:
 
 
 def gate() -> None:
+    """The sign-in page shown at every address until someone signs in."""
     st.title("TriDerm Studio")
     ac.sync_cookie()
     st.caption("Access is restricted to personal accounts.")
@@ -161,6 +166,7 @@ def gate() -> None:
 
 
 def main() -> None:
+    """The app's entry point: the sign-in gate, or the navigation over the pages the account may open."""
     st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
     ac.session_key()  # an unusable signing key stops the app here, with the reason
     if ac.account() is None:  # every page's address shows the sign-in (no page runs); signing in reruns that

@@ -7,6 +7,7 @@ Each subcommand is one function taking the parsed arguments; :data:`COMMANDS` ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sqlite3
 import sys
@@ -75,10 +76,8 @@ def _history_args(p: argparse.ArgumentParser) -> None:
 def _history(args: argparse.Namespace) -> list[str]:
     key = args.key
     if key is not None:
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # else a plain id (photo or patient)
             key = json.loads(key)
-        except json.JSONDecodeError:
-            pass  # a plain id (photo or patient)
     return history_lines(Workspace(args.workspace), args.entity, key)
 
 
@@ -149,6 +148,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m annotations`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m annotations",
                                      description="TriDerm datasets, revision history, privacy, backups and accounts.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -77,11 +78,14 @@ class SessionKeyError(RuntimeError):
 
 @dataclass(frozen=True)
 class Account:
+    """A signed-in person: account name, role and e-mail address."""
+
     name: str
     role: str
     email: str | None = None
 
     def can(self, permission: str) -> bool:
+        """Whether the account's role grants ``permission`` (see ``PERMISSIONS``)."""
         return permission in PERMISSIONS[self.role]
 
 
@@ -96,6 +100,7 @@ def clean_name(name: str) -> str:
 
 
 def check_password_strength(password: str) -> None:
+    """Raise AuthError when ``password`` is shorter than ``MIN_PASSWORD`` characters."""
     if len(password or "") < MIN_PASSWORD:
         raise AuthError(f"A password needs at least {MIN_PASSWORD} characters.")
 
@@ -122,6 +127,7 @@ def active(store: Store, name: str) -> Account | None:
 
 
 def by_email(store: Store, email: str) -> Account | None:
+    """The enabled account with this e-mail address (case-insensitive), or None."""
     rows = list(store.db.query("SELECT * FROM accounts WHERE email = ? COLLATE NOCASE AND disabled = 0",
                                [email.strip()]))
     return _account(rows[0]) if rows else None
@@ -157,6 +163,7 @@ def add_account(store: Store, name: str, role: str, password: str | None, actor:
 
 
 def set_role(store: Store, name: str, role: str, actor: str) -> None:
+    """Give account ``name`` another role (recorded); the only admin cannot lose the admin role."""
     if role not in ROLES:
         raise AuthError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     with store.transaction():
@@ -169,6 +176,7 @@ def set_role(store: Store, name: str, role: str, actor: str) -> None:
 
 
 def set_password(store: Store, name: str, password: str, actor: str) -> None:
+    """Set a new password (after the strength check), clear failed sign-ins and end the account's sessions."""
     check_password_strength(password)
     with store.transaction():
         row = _existing(store, name)
@@ -178,6 +186,7 @@ def set_password(store: Store, name: str, password: str, actor: str) -> None:
 
 
 def unlock(store: Store, name: str, actor: str) -> None:
+    """Clear the account's failed sign-ins and lock-out (recorded)."""
     with store.transaction():
         row = _existing(store, name)
         store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL WHERE name = ?", [row["name"]])
@@ -191,6 +200,7 @@ def revoke_sessions(store: Store, name: str) -> None:
 
 
 def set_disabled(store: Store, name: str, disabled: bool, actor: str) -> None:
+    """Disable or re-enable an account (ending its sessions); the only admin cannot be disabled."""
     with store.transaction():
         row = _existing(store, name)
         if disabled and row["role"] == "admin" and _admins(store) == 1:
@@ -212,6 +222,7 @@ def _admins(store: Store) -> int:
 
 
 def has_accounts(store: Store) -> bool:
+    """Whether the store holds at least one account."""
     return store.db.execute("SELECT count(*) FROM accounts").fetchone()[0] > 0
 
 
@@ -271,10 +282,8 @@ def secret_key(root: str | Path) -> str:
             fh.write(secrets.token_urlsafe(48))
             fh.flush()
             os.fsync(fh.fileno())
-        try:
+        with contextlib.suppress(FileExistsError):  # another process made it first: use its key
             os.link(tmp, path)
-        except FileExistsError:  # another process made it first: use its key
-            pass
     finally:
         os.unlink(tmp)
     return _read_key(path)  # (a crash before the link leaves no name; a new key is made next time)
@@ -388,6 +397,7 @@ def include(store: Store, kind: str, target: str | int, actor: str) -> None:
 
 
 def exclusions(store: Store) -> list[dict[str, Any]]:
+    """Every exclusion from evaluation (annotators and single judgments), by kind and target."""
     return list(store.db.query("SELECT * FROM exclusions ORDER BY kind, target"))
 
 

@@ -83,7 +83,8 @@ def align_views(images: list[np.ndarray], masks: list[np.ndarray], calibrations:
         raise ValueError("align_views needs one image, mask and calibration per visit")
     metric = all(c is not None for c in calibrations)
     planes = [_plane(c) if metric else np.eye(3) for c in calibrations]
-    centres, radius = [], 0.0
+    centres: list[np.ndarray | None] = []
+    radius = 0.0
     for mask, h in zip(masks, planes):
         ys, xs = np.nonzero(mask)
         if len(xs) == 0:

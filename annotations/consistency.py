@@ -37,7 +37,7 @@ def chosen_reference(row: Mapping[str, Any]) -> str | None:
 
 
 def _answers(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[Key, dict[int, str]]]:
-    """annotator → key → rep → chosen reference id (skips dropped)."""
+    """Annotator → key → rep → chosen reference id (skips dropped)."""
     out: dict[str, dict[Key, dict[int, str]]] = defaultdict(lambda: defaultdict(dict))
     for row in rows:
         who = annotator_of(row["source"])

@@ -101,7 +101,7 @@ def _whole(value: Any) -> int | None:
 
 def _size(obj: dict, wkey: str, hkey: str, where: str) -> tuple[int, int]:
     w, h = _need(obj, wkey, int, where), _need(obj, hkey, int, where)
-    if not (0 < w and 0 < h and w * h <= MAX_PIXELS):
+    if not (w > 0 and h > 0 and w * h <= MAX_PIXELS):
         raise DatasetError(f"{where}: size {w}×{h} is not a photo size")
     return w, h
 
@@ -335,7 +335,7 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
                     counts = np.array([int(c) for c in el.attrib["rle"].split(",")], np.int64)
                 except (KeyError, ValueError):
                     raise DatasetError(f"{shere}: attribute 'rle' is missing or not comma-separated counts") from None
-                inside = 0 <= left and 0 <= top and left + bw <= w and top + bh <= h
+                inside = left >= 0 and top >= 0 and left + bw <= w and top + bh <= h
                 if (counts < 0).any() or counts.sum() != bw * bh or not inside:
                     raise DatasetError(f"{shere}: rle covers {counts.sum()} pixels, its box {bw}×{bh} at "
                                        f"({left}, {top}) inside a {w}×{h} photo")

@@ -68,6 +68,7 @@ def track_of(metadata: dict[str, Any]) -> str | None:
 
 
 def is_closed(metadata: dict[str, Any], where: str = "closed") -> bool:
+    """Whether the photo's metadata marks its wound closed (a bad value raises, naming ``where``)."""
     return parse_bool(metadata[CLOSED], where) if metadata.get(CLOSED) not in (None, "") else False
 
 
@@ -221,6 +222,7 @@ def calibrate(image: np.ndarray, metadata: dict[str, Any], marker: MarkerSpec | 
 
 
 def workspace_marker(ws: Workspace) -> MarkerSpec | None:
+    """The workspace's calibration marker, or None when none is set."""
     value = ws.store.get_meta("marker")
     return None if value is None else marker_spec(value, "workspace marker")
 

@@ -50,6 +50,7 @@ def mask_geometry(mask: np.ndarray) -> Polygon | MultiPolygon:
 
 
 def polygons(geometry: Polygon | MultiPolygon) -> list[Polygon]:
+    """The non-empty polygons of a (multi)polygon."""
     return list(geometry.geoms) if isinstance(geometry, MultiPolygon) else [geometry] if not geometry.is_empty else []
 
 
@@ -93,7 +94,8 @@ def _wounds(ws: Workspace) -> list[tuple[dict, list[tuple[dict, np.ndarray]]]]:
 
 def coco_document(ws: Workspace, rle: bool = False) -> dict[str, Any]:
     """The workspace's outlines as one COCO instance-segmentation document."""
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for n, (img, wounds) in enumerate(_wounds(ws), start=1):
         images.append({"id": n, "file_name": img["file"], "width": img["width"], "height": img["height"],
                        "triderm_image_id": img["image_id"]})

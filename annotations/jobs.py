@@ -54,6 +54,7 @@ _SAME_PROCESS_S = 0.01
 
 
 def hostname() -> str:
+    """The machine's host name (recorded with each run's process)."""
     return socket.gethostname()
 
 
@@ -136,12 +137,13 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 running = self._beat()
-            except Exception:  # noqa: BLE001 — database busy or unreachable for a moment: the next beat retries
+            except Exception:
                 running = True
             if not running:
                 return
 
     def stop(self) -> None:
+        """Stop the heartbeat thread after its current beat."""
         self._stop.set()
 
 

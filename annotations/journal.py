@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,22 +67,26 @@ class Swap:
         """The store's meta key whose presence commits a ``meta`` swap."""
         return f"swap:{self.dir.name}"
 
-    def plan(self, moves: list[tuple[Path | None, Path]], commit: str) -> None:
+    def plan(self, moves: Sequence[tuple[Path | None, Path]], commit: str) -> None:
         """Write the journal of ``moves`` (``(src, dst)``; ``src`` None: ``dst`` is only removed)
         before any of them is made; ``commit`` is ``meta`` or ``marker``."""
-        rel = lambda p: Path(p).relative_to(self.root).as_posix()
+        def rel(p: str | Path) -> str:
+            return Path(p).relative_to(self.root).as_posix()
         self.entries = [{"src": None if src is None else rel(src), "dst": rel(dst), "old": f"{self.dir.name}/old/{n}",
                          "had": _lexists(dst)} for n, (src, dst) in enumerate(moves)]
         (self.dir / "old").mkdir(exist_ok=True)
         write_json(self.dir / JOURNAL, {"commit": commit, "entries": self.entries})
 
     def forward(self) -> None:
+        """Make every planned move."""
         _forward(self.root, self.entries)
 
     def backward(self) -> None:
+        """Undo the moves made, putting back what was there."""
         _backward(self.root, self.entries)
 
     def mark_committed(self) -> None:
+        """Mark the swap committed: a recovery then finishes it instead of undoing it."""
         write_text(self.dir / COMMITTED, "")
 
     def done(self) -> None:

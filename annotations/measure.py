@@ -94,9 +94,11 @@ class Ruler:
 
     @property
     def length_px(self) -> float:
+        """The segment's length in pixels."""
         return math.hypot(self.x2 - self.x1, self.y2 - self.y1)
 
     def check(self, where: str) -> None:
+        """Raise MeasureError, naming ``where``, for a non-positive length or a zero-length segment."""
         if not self.length_cm > 0:
             raise MeasureError(f"{where}: ruler length must be > 0 cm, got {self.length_cm!r}")
         if self.length_px < 1:
@@ -104,6 +106,7 @@ class Ruler:
                                f"({self.x1:g}, {self.y1:g}))")
 
     def text(self) -> str:
+        """The ruler as text: ``x1 y1 x2 y2 length_cm``."""
         return f"{self.x1:g} {self.y1:g} {self.x2:g} {self.y2:g} {self.length_cm:g}"
 
 

@@ -62,7 +62,8 @@ class StudyIds:
         """Rename every photo of a validated :class:`annotations.dataset.DatasetPlan` (and each
         reference to it) to its study id."""
         rename = {iid: self.study_id(iid) for iid in sorted(plan.images)}
-        ref = lambda iid: rename.get(iid) or self.ids.get(iid, iid)
+        def ref(iid: str) -> str:
+            return rename.get(iid) or self.ids.get(iid, iid)
         images = {}
         for iid, img in plan.images.items():
             img.image_id = rename[iid]
@@ -74,6 +75,7 @@ class StudyIds:
                       for (entity, kj, name), where in plan.where.items()}
 
     def save(self) -> None:
+        """Write the photo id → study id mapping (CSV, sorted by study id)."""
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(MAPPING_COLUMNS)
@@ -148,7 +150,7 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
             removed["revisions_blanked"] = _blank(db.conn, "revisions", ("old", "new"), {patient_id, *gone})
             removed["runs_blanked"] = _blank(db.conn, "runs", ("config", "metrics", "artifacts", "message"),
                                              {patient_id, *gone})
-            moves = []
+            moves: list[tuple[Path | None, Path]] = []
             for image_id, file in images:
                 layers = readings_dir(ws) / image_id  # second-reading layers (rows gone: ON DELETE CASCADE)
                 moves += [(path, swap.dir / "gone" / str(len(moves) + n))
@@ -272,7 +274,7 @@ def _delete_naming(ws: Workspace, needles: list[str]) -> tuple[list[str], list[s
         dirs[:] = [d for d in dirs if Path(dirpath, d) not in keep]
         for name in files:
             path = Path(dirpath, name)
-            if path.parent == ws.root and name.startswith(DB_NAME) or path.is_symlink() or not _holds(path, patterns):
+            if (path.parent == ws.root and name.startswith(DB_NAME)) or path.is_symlink() or not _holds(path, patterns):
                 continue
             if path.is_relative_to(ws.cache_dir) or path.is_relative_to(ws.runs_dir):
                 path.unlink()

@@ -88,6 +88,7 @@ def valid_id(value: str) -> bool:
 
 
 def check_id(value: str, where: str, what: str) -> str:
+    """``value`` when it is a valid id; else DatasetError naming ``where`` and ``what``."""
     if not valid_id(value):
         raise DatasetError(f"{where}: {what} {value!r} is not a valid id (letters, digits, "
                            "'_', '.', '-'; no path separators or '..')")
@@ -514,7 +515,7 @@ def open_image(data: bytes, name: str, suffix: str) -> tuple[Image.Image, Image.
     except UnidentifiedImageError:
         kind = _PIL_FORMATS[suffix][0]
         raise DatasetError(f"{name}: cannot be read as a {kind} image (not a {kind} file, or a damaged one)") from None
-    except Exception as err:  # noqa: BLE001 -- Pillow's decoders raise assorted types on malformed files
+    except Exception as err:
         kind = _PIL_FORMATS[suffix][0]
         raise DatasetError(f"{name}: cannot be read as a {kind} image ({type(err).__name__}: {err})") from None
     return im, upright, orientation
@@ -759,7 +760,7 @@ def mask_to_labels(mask: np.ndarray, mask_format: str = "auto", min_area: int = 
 
 
 def is_binary(values: np.ndarray) -> bool:
-    """``auto`` rule: is this mask binary (possibly anti-aliased or noisy) rather than a label map?
+    """``auto`` rule: whether this mask is binary (possibly anti-aliased or noisy) rather than a label map.
 
     Binary when its values are only {0, 1}, or when its largest value is at least 128 and the pixels
     near that value (≥ ¾ of it) outnumber the in-between ones (¼–¾: anti-aliased edges), so that near-0

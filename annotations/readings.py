@@ -51,6 +51,7 @@ def marked(ws: Workspace) -> list[str]:
 
 
 def is_marked(ws: Workspace, image_id: str) -> bool:
+    """Whether the photo is marked for a reading."""
     return bool(list(ws.store.db.query("SELECT 1 FROM reading_photos WHERE image_id = ?", [image_id])))
 
 
@@ -217,7 +218,8 @@ def agreement(ws: Workspace, exclude: set[str] | frozenset[str] = frozenset()) -
     for row in readings(ws):
         if row["reader"].casefold() not in left_out:
             by_photo.setdefault(row["image_id"], []).append(row)
-    photos, per_pair = [], {}
+    photos: list[dict[str, Any]] = []
+    per_pair: dict[tuple[str, str], list[float]] = {}
     for image_id, rows in by_photo.items():
         if len(rows) < 2:
             continue

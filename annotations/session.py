@@ -45,6 +45,7 @@ def workspace_root(argv: Sequence[str], environ: Mapping[str, str] = os.environ)
 
 # -- overview -----------------------------------------------------------------------------------
 def target(ws: Workspace, key: str) -> int:
+    """The workspace's goal ``key`` (see ``TARGETS``; stored in the workspace's settings)."""
     return int(ws.store.get_meta(key, TARGETS[key]))
 
 

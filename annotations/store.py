@@ -279,10 +279,12 @@ def key_json(key: Any) -> str:
 
 
 def wound_key(image_id: str, wound_index: int) -> dict[str, Any]:
+    """The revision key of a wound."""
     return {"image_id": image_id, "wound_index": int(wound_index)}
 
 
 def triplet_key(row: dict[str, Any]) -> dict[str, Any]:
+    """The revision key of a judgment: source, anchor, references and repeat number."""
     return {k: row[k] for k in ("source", "anchor", "ref_j", "ref_k")} | {"rep": int(row["rep"])}
 
 
@@ -316,8 +318,9 @@ class Store:
         # created private (password hashes, clinical text); SQLite gives its -wal and -shm files the same mode
         with contextlib.suppress(FileExistsError):
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        conn = sqlite3.connect(self.path, timeout=timeout_s, check_same_thread=False,
-                               isolation_level=None)
+        conn = sqlite3.connect(self.path,
+                               timeout=timeout_s,  # pragma: no mutate (PRAGMA busy_timeout below overrides it)
+                               check_same_thread=False, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -330,12 +333,13 @@ class Store:
         self.db = sqlite_utils.Database(conn)
         self.timeout_s = timeout_s
         self._heartbeats: dict[int, jobs.Heartbeat] = {}
-        self._action_override: str | None = None
+        self._action_override: str | None = None  # pragma: no mutate (read as `override or action`: '' is None)
         self._migrate()
 
     # -- schema --------------------------------------------------------------------------------
     @property
     def schema_version(self) -> int:
+        """The store's schema version (SQLite ``user_version``)."""
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
@@ -373,6 +377,7 @@ class Store:
                 self._action_override = None
 
     def close(self) -> None:
+        """Stop the runs' heartbeats and close the connection."""
         for beat in self._heartbeats.values():
             beat.stop()
         self._heartbeats.clear()
@@ -380,16 +385,19 @@ class Store:
 
     # -- meta ----------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
+        """The workspace setting ``key`` (JSON-decoded), or ``default`` when unset."""
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         return json.loads(row[0]) if row else default
 
     def set_meta(self, key: str, value: Any) -> None:
+        """Store the workspace setting ``key`` as JSON."""
         self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
                         "SET value = excluded.value", [key, json.dumps(value)])
 
     # -- patients and images ---------------------------------------------------------------------
     def upsert_patient(self, patient_id: str, metadata: dict | None = None, *,
                        actor: str = SYSTEM_ACTOR) -> None:
+        """Insert or update a patient and its metadata (each change recorded)."""
         with self.transaction():
             old = self.patient(patient_id)
             self.db.execute(
@@ -398,15 +406,18 @@ class Store:
             self._record_changes("patients", patient_id, old, {"metadata": metadata or {}}, actor)
 
     def patient(self, patient_id: str) -> dict | None:
+        """The patient's row (metadata decoded), or None."""
         rows = list(self.db.query("SELECT * FROM patients WHERE patient_id = ?", [patient_id]))
         return _decode(rows[0]) if rows else None
 
     def patients(self) -> list[dict]:
+        """Every patient, by id."""
         return [_decode(r) for r in self.db.query("SELECT * FROM patients ORDER BY patient_id")]
 
     def upsert_image(self, image_id: str, file: str, sha256: str, width: int, height: int,
                      patient_id: str | None = None, metadata: dict | None = None, *,
                      actor: str = SYSTEM_ACTOR) -> None:
+        """Insert or update a photo's row: file, checksum, size, patient and metadata (each change recorded)."""
         with self.transaction():
             old = self.image(image_id)
             self.db.execute(
@@ -428,7 +439,8 @@ class Store:
             old = self.image(image_id)
             if old is None:
                 return
-            for w in self.wounds(image_id):
+            # pragma below: only this photo's wounds exist under its id, whichever wounds give the indices
+            for w in self.wounds(image_id):  # pragma: no mutate
                 self.delete_wound(image_id, w["wound_index"], actor=actor)
             for t in self.db.query("SELECT id FROM triplets WHERE ? IN (anchor, ref_j, ref_k)", [image_id]):
                 self.delete_triplet(t["id"], actor=actor)
@@ -438,9 +450,11 @@ class Store:
                                                       "metadata")}, None, actor)
 
     def images(self) -> list[dict]:
+        """Every photo's row, by id."""
         return [_decode(r) for r in self.db.query("SELECT * FROM images ORDER BY image_id")]
 
     def image(self, image_id: str) -> dict | None:
+        """The photo's row (metadata decoded), or None."""
         rows = list(self.db.query("SELECT * FROM images WHERE image_id = ?", [image_id]))
         return _decode(rows[0]) if rows else None
 
@@ -476,6 +490,7 @@ class Store:
                                    [image_id, int(wound_index)]).fetchone()[0]
 
     def delete_wound(self, image_id: str, wound_index: int, *, actor: str = SYSTEM_ACTOR) -> None:
+        """Remove one wound (recorded); nothing happens when it does not exist."""
         with self.transaction():
             old = self.wound(image_id, wound_index)
             if old is None:
@@ -488,6 +503,7 @@ class Store:
                                   "metadata": old["metadata"]}, None, actor)
 
     def wound(self, image_id: str, wound_index: int) -> dict | None:
+        """The wound's row, or None."""
         rows = list(self.db.query("SELECT * FROM wounds WHERE image_id = ? AND wound_index = ?",
                                   [image_id, int(wound_index)]))
         return _decode(rows[0]) if rows else None
@@ -507,6 +523,7 @@ class Store:
         return geometry
 
     def wounds(self, image_id: str | None = None) -> list[dict]:
+        """The wounds of one photo by index, or of every photo by photo and index."""
         if image_id is None:
             rows = self.db.query("SELECT * FROM wounds ORDER BY image_id, wound_index")
         else:
@@ -516,12 +533,14 @@ class Store:
 
     # -- annotators and triplets -----------------------------------------------------------------
     def add_annotator(self, name: str) -> None:
+        """Register an annotator by name (stripped; an existing name is kept); an empty name raises ValueError."""
         if not name or not name.strip():
             raise ValueError("annotator name is empty")
         self.db.execute("INSERT OR IGNORE INTO annotators (name, created) VALUES (?, ?)",
                         [name.strip(), now()])
 
     def annotators(self) -> list[str]:
+        """Every registered annotator's name, sorted."""
         return [r["name"] for r in self.db.query("SELECT name FROM annotators ORDER BY name")]
 
     def add_triplet(self, anchor: str, ref_j: str, ref_k: str, choice: str, source: str,
@@ -568,7 +587,7 @@ class Store:
             params.append((t["anchor"], t["ref_j"], t["ref_k"], t["choice"], t["source"], int(t.get("rep") or 0),
                            t.get("latency_ms"), t.get("created") or stamp))
         conn = self.db.conn
-        with contextlib.nullcontext() if conn.in_transaction else self.transaction():
+        with self.transaction():  # joins a transaction already open
             revisions = []
             for p in params:
                 cur = conn.execute("INSERT OR IGNORE INTO triplets (anchor, ref_j, ref_k, choice, source, rep, "
@@ -610,17 +629,20 @@ class Store:
         if include_excluded:
             return self.triplets(prefix="expert:")
         return list(self.db.query(
-            "SELECT * FROM triplets WHERE source LIKE 'expert:%' AND id NOT IN (SELECT CAST(target AS INTEGER) "
+            # pragma: SQLite's LIKE ignores ASCII case, so 'EXPERT:%' matches the same sources
+            "SELECT * FROM triplets WHERE source LIKE 'expert:%' AND id NOT IN (SELECT CAST(target AS INTEGER) "  # pragma: no mutate
             "FROM exclusions WHERE kind = 'triplet') AND substr(source, 8) NOT IN (SELECT target FROM exclusions "
             "WHERE kind = 'annotator') ORDER BY id"))
 
     def triplet_sources(self) -> dict[str, int]:
+        """Number of judgments per source, by source."""
         return {r["source"]: r["n"] for r in self.db.query(
             "SELECT source, count(*) AS n FROM triplets GROUP BY source ORDER BY source")}
 
     # -- LLM answers -----------------------------------------------------------------------------
     def llm_cached(self, oracle: str, model: str, prompt_version: str, anchor: str, ref_j: str,
                    ref_k: str) -> dict | None:
+        """The cached LLM answer to this exact question and prompt version, or None."""
         rows = list(self.db.query(
             "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? AND "
             "anchor = ? AND ref_j = ? AND ref_k = ?",
@@ -628,6 +650,7 @@ class Store:
         return rows[0] if rows else None
 
     def llm_answers(self, oracle: str, model: str, prompt_version: str) -> list[dict]:
+        """Every cached answer of one LLM oracle, model and prompt version, oldest first."""
         return list(self.db.query(
             "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? "
             "ORDER BY id", [oracle, model, prompt_version]))
@@ -642,7 +665,7 @@ class Store:
         with self.transaction():
             cur = self.db.execute(
                 "INSERT OR IGNORE INTO llm_queries (oracle, model, prompt_version, anchor, ref_j, "
-                "ref_k, choice, raw, latency_ms, tokens_in, tokens_out, created) "
+                "ref_k, choice, raw, latency_ms, tokens_in, tokens_out, created) "  # pragma: no mutate (SQL case)
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [oracle, model, prompt_version, anchor, ref_j, ref_k, choice, raw, latency_ms,
                  tokens_in, tokens_out, now()])
@@ -676,6 +699,7 @@ class Store:
                 self.record_revision(entity, key, field_name, "update", old.get(field_name), value, actor)
 
     def revision(self, revision_id: int) -> dict | None:
+        """One revision by id (key and values decoded), or None."""
         rows = self._revision_rows("SELECT * FROM revisions WHERE id = ?", [int(revision_id)])
         return rows[0] if rows else None
 
@@ -683,7 +707,8 @@ class Store:
         rows = list(self.db.query(sql, args))
         for r in rows:
             for col in ("key", "old", "new"):
-                r[col] = json.loads(r[col]) if r[col] is not None else None
+                # key/old/new are never SQL NULL (JSON 'null' is stored): the None branch never runs
+                r[col] = json.loads(r[col]) if r[col] is not None else None  # pragma: no mutate
         return rows
 
     def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
@@ -749,20 +774,22 @@ class Store:
             run = self.run(run_id)
             if run is None:
                 raise KeyError(f"no run {run_id}")
-            updates: dict[str, Any] = {"heartbeat": now()}
+            # the keys are SQL column names (f"{c} = ?"), which SQLite reads case-insensitively
+            updates: dict[str, Any] = {"heartbeat": now()}  # pragma: no mutate
             if progress is not None:
-                updates["progress"] = float(progress)
+                updates["progress"] = float(progress)  # pragma: no mutate (a column name: any case)
             if message is not None:
-                updates["message"] = message
+                updates["message"] = message  # pragma: no mutate (a column name: any case)
             if metrics:
-                updates["metrics"] = _dumps({**run["metrics"], **metrics})
+                updates["metrics"] = _dumps({**run["metrics"], **metrics})  # pragma: no mutate (a column name: any case)
             if artifacts:
-                updates["artifacts"] = _dumps({**run["artifacts"], **artifacts})
+                updates["artifacts"] = _dumps({**run["artifacts"], **artifacts})  # pragma: no mutate (a column name)
             cols = ", ".join(f"{c} = ?" for c in updates)
             self.db.execute(f"UPDATE runs SET {cols} WHERE id = ?", [*updates.values(), run_id])
 
     def finish_run(self, run_id: int, status: str = "done", metrics: dict | None = None,
                    artifacts: dict | None = None, message: str | None = None) -> None:
+        """Mark a run finished with ``status`` (``done`` sets progress to 1) and its last metrics, artifacts, message."""
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
         self.update_run(run_id, progress=1.0 if status == "done" else None, metrics=metrics,
@@ -787,6 +814,7 @@ class Store:
         return [r for r in rows if status is None or r["status"] == status]
 
     def run(self, run_id: int) -> dict | None:
+        """One run's row, marked interrupted when its process is gone, or None."""
         rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [int(run_id)]))
         return self._reconciled(_decode(rows[0])) if rows else None
 
@@ -803,21 +831,24 @@ class Store:
                                   "WHERE id = ? AND status = 'running'", [stamp, reason, run["id"]])
         except sqlite3.OperationalError:  # read-only copy, or locked for long: say so, store it next time
             return marked
-        if cur.rowcount != 1:  # it finished meanwhile: read what it wrote
+        # it finished meanwhile: read what it wrote (re-reading the row it just marked gives the marked values)
+        if cur.rowcount != 1:  # pragma: no mutate
             return _decode(next(iter(self.db.query("SELECT * FROM runs WHERE id = ?", [run["id"]]))))
         return marked
 
     def counts(self) -> dict[str, int]:
         """Row counts for the workspace overview."""
-        q = lambda sql: self.db.execute(sql).fetchone()[0]
+        def q(sql: str) -> int:
+            return self.db.execute(sql).fetchone()[0]
         return {
             "images": q("SELECT count(*) FROM images"),
             "patients": q("SELECT count(*) FROM patients"),
             "wounds": q("SELECT count(*) FROM wounds"),
             "described_wounds": q("SELECT count(*) FROM wounds WHERE trim(description) <> ''"),
             "images_with_wounds": q("SELECT count(DISTINCT image_id) FROM wounds"),
-            "expert_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'expert:%'"),
-            "llm_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'llm:%'"),
+            # SQLite's LIKE ignores ASCII case: upper-cased patterns match the same sources
+            "expert_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'expert:%'"),  # pragma: no mutate
+            "llm_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'llm:%'"),  # pragma: no mutate (the same)
             "runs": q("SELECT count(*) FROM runs"),
         }
 
@@ -827,7 +858,7 @@ class _Transaction:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        self.outer = False
+        self.outer = False  # pragma: no mutate (__enter__ sets it before anything reads it)
 
     def __enter__(self) -> sqlite3.Connection:
         self.outer = not self.conn.in_transaction

@@ -102,18 +102,22 @@ class Workspace:
 
     @property
     def images_dir(self) -> Path:
+        """The folder of the imported photos."""
         return self.root / "images"
 
     @property
     def masks_dir(self) -> Path:
+        """The folder of the wound label maps (one PNG per photo)."""
         return self.root / "masks"
 
     @property
     def cache_dir(self) -> Path:
+        """The folder of derived, rebuildable files (features, scheduler leases)."""
         return self.root / "cache"
 
     @property
     def runs_dir(self) -> Path:
+        """The folder of the jobs' run folders."""
         return self.root / "runs"
 
     @property
@@ -123,6 +127,7 @@ class Workspace:
 
     @property
     def is_synthetic(self) -> bool:
+        """Whether the workspace holds SYNTHETIC data (phantoms), set at import."""
         return bool(self.store.get_meta("synthetic", False))
 
     @property
@@ -132,23 +137,28 @@ class Workspace:
 
     @property
     def dataset_name(self) -> str:
+        """The dataset's name (set at import; default the folder's name)."""
         return str(self.store.get_meta("dataset_name", self.root.name))
 
     def run_dir(self, run_id: int) -> Path:
+        """The folder of run ``run_id`` (made when missing)."""
         path = self.runs_dir / str(int(run_id))
         path.mkdir(parents=True, exist_ok=True)
         return path
 
     def image_path(self, image_id: str) -> Path:
+        """The photo's file; KeyError for an unknown id."""
         row = self.store.image(image_id)
         if row is None:
             raise KeyError(f"unknown image {image_id!r}")
         return self.images_dir / row["file"]
 
     def mask_path(self, image_id: str) -> Path:
+        """The photo's label map file (which may not exist yet)."""
         return self.masks_dir / f"{image_id}.png"
 
     def load_image(self, image_id: str) -> Image.Image:
+        """The photo as an RGB image."""
         with Image.open(self.image_path(image_id)) as im:
             return im.convert("RGB")
 

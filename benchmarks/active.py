@@ -183,6 +183,7 @@ def first_within(curve: np.ndarray, budgets: tuple[float, ...], tol: float = 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.active`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.active", description=__doc__.split("\n\n")[0])
     cli.add_workspace(parser, help="a SYNTHETIC phantom workspace (default: build one)")
     cli.add_device(parser)

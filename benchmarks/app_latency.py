@@ -98,6 +98,7 @@ def demo_workspace_of(repo: Path, root: Path, photos: int) -> Path:
 
 
 def sign_in(pg, url: str) -> None:
+    """Sign the benchmark account in at ``url`` and wait for the home page."""
     pg.goto(url)
     pg.get_by_role("textbox", name="Account name").fill("Bench")
     pg.get_by_label("Password", exact=True).fill(PASSWORD)
@@ -138,14 +139,17 @@ class Session:
         return seconds, title.text_content(), self.received
 
     def close(self) -> None:
+        """Close the browser context."""
         self.context.close()
 
 
 def open_explore(page) -> None:
+    """Open the Explore page from the sidebar."""
     page.get_by_role("link", name="Explore").click()
 
 
 def choose_wounds(page) -> None:
+    """Switch Explore to the wounds level."""
     page.get_by_text("wounds", exact=True).click()
 
 
@@ -263,6 +267,7 @@ def triplet_rows(browser, url: str, presses: int, extra_loads: Sequence[int]) ->
 
 
 def summary(seconds: list[float]) -> list[float]:
+    """Median, min and max of ``seconds``, rounded to 0.01 s."""
     return [round(statistics.median(seconds), 2), round(min(seconds), 2), round(max(seconds), 2)]
 
 
@@ -420,6 +425,7 @@ def scale_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.app_latency`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.app_latency", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh servers / sessions per Explore figure (median)")
     parser.add_argument("--presses", type=int, default=40, help="triplets answered by keyboard")

@@ -49,6 +49,7 @@ def median_seconds(command: list[str], cwd: Path, runs: int) -> float | None:
 
 
 def heavy_imports(module: str, cwd: Path) -> str:
+    """The heavy modules (torch, scikit-learn, model libraries) that ``module --help`` imports, space-separated."""
     out = subprocess.run([sys.executable, "-c", PROBE, module], cwd=cwd, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(cwd)})
     return out.stdout.strip() if out.returncode == 0 else "(failed)"
@@ -65,6 +66,7 @@ def export_tree(ref: str, into: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.cli_startup`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cli_startup", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per command (median)")
     parser.add_argument("--ref", default=None, help="also time the commands of this git revision (e.g. f8885f6)")

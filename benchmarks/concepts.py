@@ -50,7 +50,7 @@ from core.concepts.vocabulary import ConceptTagger, load_vocab
 VARIANTS = ("untrained", "clip", "make", "conceptclip")
 
 
-def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> dict[str, float]:  # noqa: ANN001
+def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """Fibrin heatmap peak inside the planted fibrin vs chance (see module docstring)."""
     hits, chance, n = 0, [], 0
     gh, gw = heat.shape[1:]
@@ -61,7 +61,7 @@ def heatmap_test(ws, pairs: WoundPairs, heat: np.ndarray, truth: np.ndarray) -> 
             continue
         if image_id not in masks:
             masks[image_id] = np.asarray(Image.open(fib_dir / f"{image_id}.png"))
-        x0, y0, x1, y1 = pairs.boxes[i]
+        x0, y0, x1, _y1 = pairs.boxes[i]
         side = x1 - x0
         ys = np.clip((y0 + (np.arange(gh) + 0.5) * side / gh).astype(int), 0, masks[image_id].shape[0] - 1)
         xs = np.clip((x0 + (np.arange(gw) + 0.5) * side / gw).astype(int), 0, masks[image_id].shape[1] - 1)
@@ -85,7 +85,8 @@ def truth_lift(labels: np.ndarray, names: list[str], ys: list[str | None], k: in
     return out
 
 
-def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:  # noqa: ANN001
+def run(ws, epochs: int, seed: int, target: str, size: int) -> dict[str, Any]:
+    """Train and score the concept models on the phantom workspace ``ws``; returns the figures."""
     vocab = load_vocab(groups=("wound",))
     tagger = ConceptTagger(vocab)
     pairs = load_pairs(ws, size=size)
@@ -160,6 +161,7 @@ def tables_and_notes(res: dict[str, Any]) -> tuple[list[dict], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.concepts`` benchmark; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.concepts", description=__doc__.split("\n\n")[0])
     cli.add_workspace(p, help="a phantom workspace (default: generate one in a temp dir)")
     cli.add_device(p)

@@ -64,6 +64,7 @@ def step_seconds(model: DualEncoder, rate: float, batch: int, steps: int, seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.flip`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.flip", description=__doc__.splitlines()[0])
     cli.add_device(parser)
     cli.deprecated(parser, "--batch", cli.add_batch_size(parser, 16))

@@ -203,6 +203,7 @@ def speed_table(sp: dict) -> dict:
 
 
 def tables(ph: dict, rl: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    """The result tables: area error per method on phantom visits and the real-data rows."""
     cols = ["wounds", "median |error| %", "95th pct |error| %", "mean error (bias) %"]
     area = {"caption": "Area against the planted cm² on phantom visits (SYNTHETIC; open wounds; tilt 0–30°)",
             "columns": ["method", *cols],
@@ -238,6 +239,7 @@ def _claim(claim: str, errors: list[float], limit_pct: float, quantile: float) -
 
 
 def claims(ph: dict, rl: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    """The claims checked against their targets, each with its test."""
     marker = [e for _, e in ph["marker"]]
     links = ph["links"]
     right = round(links["top1"] * links["wounds"])
@@ -259,6 +261,7 @@ def claims(ph: dict, rl: dict[str, list[tuple[float, float]]]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.followup`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.followup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--visits", type=int, default=6)
     parser.add_argument("--patients", type=int, default=21)

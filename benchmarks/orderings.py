@@ -143,7 +143,7 @@ def run_seed(seed: int, cfg: dict[str, Any], tmp: Path, backbone: Backbone) -> d
 
 
 def cell(values: list[float]) -> dict[str, Any]:
-    """mean ± sd with a 95 % t-interval over seeds (percent, rounded to 0.01)."""
+    """Mean ± sd with a 95 % t-interval over seeds (percent, rounded to 0.01)."""
     v = 100 * np.asarray(values, dtype=float)
     m = float(v.mean())
     if len(v) < 2:
@@ -253,6 +253,7 @@ def render_text(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.orderings`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.orderings", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, a small phantom, 5 epochs (smoke test)")
     cli.add_seeds(parser, None, help="override the seeds (a list)")

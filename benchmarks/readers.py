@@ -45,6 +45,7 @@ def make_dataset(root: Path, width: int, height: int, wounds: int, seed: int = 0
 
 
 def best(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    """The fastest of ``repeats`` timed calls of ``fn`` (seconds) and its last result."""
     times, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -54,6 +55,7 @@ def best(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.readers`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.readers", description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=4000)
     parser.add_argument("--height", type=int, default=3000)

@@ -77,6 +77,7 @@ NESTED = "nested selection: method × fusion weight chosen by inner CV on the tr
 
 
 def peak_rss_mb() -> float:
+    """The process's peak resident memory in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -119,6 +120,7 @@ class Bench:
         return folds
 
     def summary(self, name: str, protocol: str) -> dict[str, Any]:
+        """The agreement summary of method ``name`` under ``protocol`` over its folds' records."""
         recs = self.rows[name]["records"][protocol]
         return protocol_summary(np.concatenate(recs) if recs else np.zeros((0, 2), np.int64), self.image_ids,
                                 self.patients)
@@ -133,6 +135,7 @@ def frozen_bank(ws: Workspace, layer: str, keys: list, image_ids: list, views: i
 
 
 def frozen_embedding(bank: TokenBank) -> np.ndarray:
+    """The frozen backbone's embedding: each photo's mean of its wounds' mean tokens."""
     with torch.no_grad():
         wound, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
     return image_means(bank.wound_keys, wound.numpy())[1]
@@ -179,6 +182,7 @@ class Methods:
         return lambda train, test_rows: self.distances(method, train, self.others(test_rows), seed)
 
     def others(self, rows: np.ndarray) -> np.ndarray:
+        """The photos not in ``rows``."""
         return np.setdiff1d(np.arange(len(self.b.image_ids)), rows)
 
     def nested(self, seed: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
@@ -213,6 +217,7 @@ class Methods:
 
 
 def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
+    """Run every method on the workspace's folds; returns the bench and its records."""
     b = Bench(ws, args.folds, not args.quiet)
     has_triplets = len(b.triplets) > 0
     ssl = replace(DEFAULT, **({"epochs": 5} if args.quick else {}))
@@ -293,6 +298,7 @@ def compare(b: Bench, a: str, base: str, claim: str) -> dict[str, Any] | None:
 
 
 def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The result record: tables and claims from the bench's records, with the time taken."""
     b: Bench = out["bench"]
     rows = []
     for name, r in b.rows.items():
@@ -360,6 +366,7 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
 
 
 def print_report(res: dict[str, Any]) -> None:
+    """Print the result's tables as text."""
     for table in res["tables"]:
         print(f"\n{table['caption']}")
         for row in table["rows"]:
@@ -379,6 +386,7 @@ def print_report(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.real_vision`` benchmark; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.real_vision", description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, required=True, help="a dataset folder in the product layout")
     cli.add_seeds(p)

@@ -182,6 +182,7 @@ def growth(sizes: list[int], values: list[float]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.scale`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="study sizes N (photos)")
     parser.add_argument("--full", action="store_true", help="add N = 10,000")

@@ -105,6 +105,7 @@ class FixedMap:
         self.prob = prob
 
     def probability(self, image: Image.Image) -> np.ndarray:
+        """The precomputed map, whatever the image."""
         return self.prob
 
 
@@ -161,7 +162,7 @@ def grouped_bootstrap(values: list[float], groups: list[str], seed: int = 0) -> 
     means = sums[draws].sum(1) / counts[draws].sum(1)
     lo, hi = np.percentile(means, [2.5, 97.5])
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
-            "ci": [float(lo), float(hi)], "n": int(len(v))}
+            "ci": [float(lo), float(hi)], "n": len(v)}
 
 
 def evaluate(net: torch.nn.Module, cache: FeatureCache, samples: list[Sample], test: list[int],
@@ -173,6 +174,7 @@ def evaluate(net: torch.nn.Module, cache: FeatureCache, samples: list[Sample], t
 
 
 def score(probs: dict[int, np.ndarray], samples: list[Sample]) -> list[dict]:
+    """Per-photo segmentation scores of the thresholded ``probs`` against the samples' masks."""
     rows = []
     for i, prob in probs.items():
         s = photo_scores(predict_mask(prob), mask_to_labels(samples[i].mask.astype(np.uint8)))
@@ -182,6 +184,7 @@ def score(probs: dict[int, np.ndarray], samples: list[Sample]) -> list[dict]:
 
 def train(cache: FeatureCache, subset: list[int], start: torch.nn.Module, epochs: int, seed: int,
           device: str = "cpu") -> torch.nn.Module:
+    """Fine-tune ``start`` on the cached features of ``subset`` (one thread, no progress bar)."""
     with torch_threads(1):
         net, _ = fit_network(cache, subset, start, epochs, seed=seed, device=device, progress=False)
     return net
@@ -224,6 +227,7 @@ def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Cache the features and train and score the segmenters on each split; returns the records."""
     medetec = folder_samples(args.medetec)
     enc = encoder(args.device)
     with torch_threads(1):
@@ -259,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:
+    """The result tables, claims and notes from the records of :func:`run`."""
     n_f, n_m, seed = out.get("n_fuseg"), out["n"]["medetec"], args.seed
     columns = ["trained on → tested on", "photos", "Dice/photo [grouped 95 % CI]", "median Dice/photo", "IoU/photo",
                "boundary F", "Dice/wound", "no-edit wounds % (Dice ≥ 0.9)"]
@@ -326,6 +331,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.segmentation`` benchmark; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.segmentation", description=__doc__.splitlines()[0])
     p.add_argument("--fuseg", type=Path, default=SHARED / "fuseg-dev", help="fuseg-dev folder (images/, masks/)")
     p.add_argument("--medetec", type=Path, default=SHARED / "medetec", help="Medetec folder (images/, masks/)")

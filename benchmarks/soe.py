@@ -121,6 +121,7 @@ def measure(fit: Callable[[], np.ndarray], repeats: int) -> tuple[np.ndarray, fl
 
 
 def cblearn_fit(train: np.ndarray, n: int, backend: str, seed: int, max_iter: int = 1000) -> np.ndarray:
+    """The SOE embedding (4-D) of ``n`` objects that cblearn fits to the ``train`` triplets, for comparison."""
     from cblearn.embedding import SOE as CBSOE
 
     return CBSOE(n_components=4, n_init=1, backend=backend, random_state=seed, max_iter=max_iter,
@@ -262,6 +263,7 @@ def run_scale(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.soe`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soe", description=__doc__.split("\n\n")[0])
     cli.add_workspace(parser, help="a SYNTHETIC phantom workspace (default: build one)")
     cli.add_seed(parser, help="phantom, question order, oracle and SOE seed")

@@ -51,6 +51,7 @@ def demo_wall_s() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.train_triderm`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.train_triderm", description=__doc__.splitlines()[0])
     cli.add_workspace(parser, help="workspace to use (default: fresh phantom demo in a temp dir)")
     cli.add_device(parser)

@@ -44,6 +44,7 @@ LOSSES = ("vicreg", "contrastive", "triplet")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.vision_ablation`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vision_ablation", description=__doc__.splitlines()[0])
     cli.add_workspace(parser, help="workspace to use (default: fresh phantom demo in a temp dir)")
     cli.add_device(parser)

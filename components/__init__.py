@@ -1,0 +1,1 @@
+"""Streamlit components shipped with the app (the outline editor)."""

@@ -90,6 +90,7 @@ def write_results(ws: Workspace, out: dict[str, Any], seeds: int, quick: bool, a
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.ablate`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.ablate", description=__doc__.split("\n\n")[0])
     cli.add_workspace(parser)
     cli.add_device(parser)

@@ -70,6 +70,7 @@ def study_run(ws: Workspace, model: TrainedHead, ref: str) -> int:
 
 
 def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace) -> int:
+    """Embed the photos of ``--images`` with a trained model and print each one's nearest study photos."""
     from core.vision.inference import photo_files, read_labels
 
     files = photo_files(args.images)
@@ -95,6 +96,7 @@ def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.embed`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.embed", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     cli.add_device(parser)

@@ -20,6 +20,7 @@ from core.eval.report import run_report, text_table
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.evaluate`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.evaluate", description=__doc__.split("\n\n")[0])
     cli.add_workspace(parser)
     parser.add_argument("--vision", type=int, default=None, help="vision run id to fuse (default: latest)")

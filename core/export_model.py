@@ -28,6 +28,7 @@ from core.segmentation.defaults import RUN_KIND as SEGMENTER_KIND
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.export_model`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.export_model", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     parser.add_argument("run", type=int, metavar="RUN", help="run id (a vision-triderm or segmenter run)")

@@ -24,6 +24,7 @@ from core.vision.triderm_config import DEFAULT
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The job's argument parser."""
     parser = argparse.ArgumentParser(prog="python -m core.extract_features", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     cli.add_device(parser, help="auto (CUDA when available), cpu or cuda (default: auto); under torchrun every "
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.extract_features`` job; returns the exit status."""
     parser = build_parser()
     args = cli.parse_args(parser, argv)
     import torch.distributed as dist  # torch: after the arguments (a fast --help)

@@ -35,6 +35,7 @@ def agreement_table(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.fit_soe`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.fit_soe",
                                      description="Fit SOE to a triplet source (e.g. llm:<model>) and record a text-soe run.")
     cli.add_workspace(parser)

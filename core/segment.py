@@ -85,6 +85,7 @@ def label_map(prob: np.ndarray, threshold: float, min_area: int = DEFAULT_MIN_WO
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.segment`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.segment", description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=Path, required=True, help="folder of photos to segment")
     parser.add_argument("--out", type=Path, required=True, help="new or empty folder: masks/<name>.png go here")

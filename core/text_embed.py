@@ -20,6 +20,7 @@ from core.text.sentence import run_baseline
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.text_embed`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.text_embed",
                                      description="Text baseline: mean-pooled sentence embeddings of the wound descriptions.")
     cli.add_workspace(parser)

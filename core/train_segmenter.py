@@ -25,6 +25,7 @@ from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.train_segmenter`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.train_segmenter", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     parser.add_argument("--data", action="append", default=[], metavar="DIR",

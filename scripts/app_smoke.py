@@ -34,6 +34,7 @@ class HideML(importlib.abc.MetaPathFinder):
     an ``[app]``-only server (where the guard then stops the page), else it is missing."""
 
     def find_spec(self, name: str, path=None, target=None) -> None:
+        """Route an ``[ml]`` module to the app's missing-extra guard, as if it were not installed."""
         if path is None and EXTRA_OF.get(name) == "ml":
             import app_common
 
@@ -71,12 +72,14 @@ def signed_in_app():
 
 
 def check(at, what: str) -> None:
+    """Exit with FAIL when the AppTest ``at`` raised, else print ok for ``what``."""
     if at.exception:
         sys.exit(f"FAIL {what}: {at.exception[0].message}")
     print(f"ok   {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The smoke test's entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python scripts/app_smoke.py", description=__doc__.splitlines()[0])
     parser.add_argument("--block-ml", action="store_true", help="hide the [ml] modules before the ML page")
     args = parser.parse_args(argv)

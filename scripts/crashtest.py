@@ -116,6 +116,7 @@ class Case:
         self.op, self.base, self.template, self.args = op, base, template, args
 
     def fresh(self, at: Path) -> Path:
+        """A fresh copy of the prepared workspace under ``at``; returns its path."""
         if at.exists():
             shutil.rmtree(at)
         at.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,7 @@ class Case:
                 if crash_at is not None:
                     os.environ[CRASH_ENV] = str(crash_at)
                 code = cli([*args, "--workspace", str(root)])
-            except BaseException:  # noqa: BLE001 - reported through the exit code and stderr.txt
+            except BaseException:
                 traceback.print_exc()
             finally:
                 sys.stderr.flush()
@@ -217,6 +218,7 @@ def crashtest(ops: tuple[str, ...], photos: int, work: Path, max_steps: int = 50
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The crash test's entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     parser.add_argument("--photos", type=int, default=4, help="photos in the dataset (≥ 3)")

@@ -4,8 +4,8 @@ Each module is mutated in a scratch copy of the working tree (``--workdir``, def
 ``/tmp/triderm-mutation``), so the checkout is never touched and a module's results survive
 for the next run (mutmut tests new mutants; this script re-tests the survivors). Prints killed / total and the score per
 module; survivors are listed with ``--survivors`` with their changed lines (or ``cd WORKDIR/<module> &&
-mutmut show NAME``); equivalent ones are excused (:data:`EQUIVALENT`, :func:`sql_case_only`) and left out
-of the score. Not part of ``make test``: hours on 2 cores for every module.
+mutmut show NAME``). Equivalent mutants are never made: their lines carry ``# pragma: no mutate`` with the
+reason; those that only change the letter case of SQL are excused (:func:`sql_case_only`) and left out of the score. Not part of ``make test``: hours on 2 cores for every module.
 
     python scripts/mutation.py [MODULE ...] [--workdir DIR] [--jobs N] [--survivors] [--report]
 """
@@ -64,150 +64,12 @@ MODULES: dict[str, list[str]] = {
                                    "test_judgments_gone_from_the_file_are_deleted_only_with_prune_and_app_changes_conflict")),
                                "tests/test_dataset_streaming.py"],
 }
-# Surviving mutants reviewed by hand and judged equivalent (no behaviour can tell them from the
-# original): name -> the one-line excuse. Excused mutants leave the score's denominator; the report
-# prints how many. Mutants that only change the letter case of an SQL statement are excused
-# automatically (:func:`sql_case_only`).
-EQUIVALENT: dict[str, str] = {
-    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_44":
-        "_dist is read only in active mode, which needs distances, and then they set it",
-    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_45":
-        "_D is read only by _margin, in active mode, where the distances set it",
-    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_51":
-        "dtype=float matters only for non-numeric distances; numeric matrices give the same margins",
-    "annotations.scheduler.xǁTripletSchedulerǁ__init____mutmut_53":
-        "dtype=float matters only for non-numeric distances; numeric matrices give the same margins",
-    "annotations.scheduler.xǁTripletSchedulerǁ_connect__mutmut_5":
-        "the connect timeout is overridden by PRAGMA busy_timeout = 60000 on the next line",
-    "annotations.scheduler.xǁTripletSchedulerǁ_connect__mutmut_7":
-        "the connect timeout is overridden by PRAGMA busy_timeout = 60000 on the next line",
-    "annotations.scheduler.xǁTripletSchedulerǁ_connect__mutmut_6":
-        "writes run inside the explicit BEGIN IMMEDIATE … COMMIT, so sqlite3's implicit transactions never open",
-    "annotations.scheduler.xǁTripletSchedulerǁ_choose__mutmut_34":
-        "j == k never happens: the store refuses a triplet whose references are equal",
-    "annotations.scheduler.xǁTripletSchedulerǁ_orient__mutmut_8":
-        "random() returns exactly 0.5 with probability 2^-53",
-    "annotations.scheduler.xǁTripletSchedulerǁ_repeat__mutmut_46":
-        "a planned repeat takes its sides from swap_of; a and b are not read then",
-    "annotations.scheduler.xǁTripletSchedulerǁ_repeat__mutmut_47":
-        "a planned repeat takes its sides from swap_of; a and b are not read then",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_3":
-        "the shared ranking is recounted on every draw instead of when others' answers change: same questions",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_19":
-        "the shared ranking is recounted on every draw instead of when others' answers change: same questions",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_24":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_26":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_27":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_29":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_30":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_shared__mutmut_31":
-        "any salt in [1, 2^31-2] is a seeded shuffle of tied triplets (2^31-1 is prime); the bound only changes which",
-    "annotations.scheduler.xǁTripletSchedulerǁ_new__mutmut_9":
-        "n_pairs as a float compares and subtracts the same",
-    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_3":
-        "random mode then enumerates the unseen pairs: still one uniformly random unseen pair served",
-    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_7":
-        "random mode samples 2 candidates: still one uniformly random unseen pair served",
-    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_11":
-        "enumerates (scores every pair) at exactly 5×candidates left instead of sampling: more scored",
-    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_14":
-        "51 instead of 50 sampling tries: only moves when the enumeration fallback starts",
-    "annotations.scheduler.xǁTripletSchedulerǁ_unseen_pairs__mutmut_24":
-        "one more candidate than asked: active mode scores one more pair, random still uniform",
-    "annotations.dataset.x__write_csv__mutmut_6":
-        "newline=None vs '': on POSIX writing translates nothing (os.linesep is \\n); csv writes \\r\\n itself",
-    "annotations.dataset.x__write_csv__mutmut_9":
-        "newline=None vs '': on POSIX writing translates nothing (os.linesep is \\n); csv writes \\r\\n itself",
-    "annotations.dataset.x__write_csv__mutmut_7":
-        "the default text encoding is UTF-8 on every supported platform setup (UTF-8 locale / Python UTF-8 mode)",
-    "annotations.dataset.x__write_csv__mutmut_10":
-        "the default text encoding is UTF-8 on every supported platform setup (UTF-8 locale / Python UTF-8 mode)",
-    "annotations.dataset.x__write_csv__mutmut_15":
-        "'UTF-8' and 'utf-8' name the same codec",
-    "annotations.dataset.x_export_dataset__mutmut_22":
-        "the staging folder's name prefix is cosmetic (it is removed at the end)",
-    "annotations.dataset.x_export_dataset__mutmut_24":
-        "the staging folder's name prefix is cosmetic (it is removed at the end)",
-    "annotations.dataset.x_export_dataset__mutmut_35":
-        "the name of the scratch folder for replaced items inside staging is internal",
-    "annotations.dataset.x_export_dataset__mutmut_36":
-        "the name of the scratch folder for replaced items inside staging is internal",
-    "annotations.dataset.x_export_dataset__mutmut_54":
-        "rmtree of our own staging folder does not fail, so ignore_errors never matters",
-    "annotations.dataset.x_export_dataset__mutmut_56":
-        "rmtree of our own staging folder does not fail, so ignore_errors never matters",
-    "annotations.dataset.x_export_dataset__mutmut_57":
-        "rmtree of our own staging folder does not fail, so ignore_errors never matters",
-    "annotations.dataset.x__write_dataset__mutmut_1":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_2":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_3":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_4":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_8":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_9":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_10":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.dataset.x__write_dataset__mutmut_14":
-        "mkdir flags on a just-made, empty staging folder: its parent exists and the sub-folder does not",
-    "annotations.store.xǁStoreǁ__init____mutmut_9":
-        "the connect timeout is overridden by PRAGMA busy_timeout on the next line",
-    "annotations.store.xǁStoreǁ__init____mutmut_33":
-        "_action_override is read as `override or action`: '' and None both mean no override",
-    "annotations.store.xǁStoreǁdelete_image__mutmut_4":
-        "deletes (image_id, i) for every stored wound index i: only this photo's wounds exist under its id",
-    "annotations.store.xǁStoreǁadd_triplets__mutmut_44":
-        "always opening self.transaction() is the same: _Transaction joins an open transaction",
-    "annotations.store.xǁStoreǁexpert_triplets__mutmut_4":
-        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
-    "annotations.store.xǁStoreǁexpert_triplets__mutmut_9":
-        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
-    "annotations.store.xǁStoreǁcounts__mutmut_40":
-        "SQLite's LIKE ignores ASCII case: 'EXPERT:%' matches the same sources",
-    "annotations.store.xǁStoreǁcounts__mutmut_46":
-        "SQLite's LIKE ignores ASCII case: 'LLM:%' matches the same sources",
-    "annotations.store.xǁStoreǁadd_llm_answer__mutmut_10":
-        "only the letter case of SQL keywords/identifiers changes (SQLite reads them case-insensitively)",
-    "annotations.store.xǁStoreǁ_revision_rows__mutmut_15":
-        "key/old/new are never SQL NULL (JSON 'null' is stored), so the None branch never runs",
-    "annotations.store.xǁStoreǁupdate_run__mutmut_7":
-        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
-    "annotations.store.xǁStoreǁupdate_run__mutmut_11":
-        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
-    "annotations.store.xǁStoreǁupdate_run__mutmut_16":
-        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
-    "annotations.store.xǁStoreǁupdate_run__mutmut_19":
-        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
-    "annotations.store.xǁStoreǁupdate_run__mutmut_25":
-        "the dict key is an SQL column name (f'{c} = ?'), read case-insensitively",
-    "annotations.store.xǁStoreǁ_reconciled__mutmut_28":
-        "re-reading the row it just marked returns the same values as the marked dict",
-    "annotations.store.xǁ_Transactionǁ__init____mutmut_2":
-        "outer is always set in __enter__ before it is read",
-    "annotations.store.xǁ_Transactionǁ__init____mutmut_3":
-        "outer is always set in __enter__ before it is read",
-    "annotations.dataset.x__short__mutmut_12":
-        "ensure_ascii=None is falsy, the same as False",
-    "annotations.dataset.x__write_csv__mutmut_23":
-        "csv.writer already writes None as an empty cell",
-    "annotations.dataset.x__swap_back__mutmut_3":
-        "rmtree of a folder this import just renamed into place does not fail",
-    "annotations.dataset.x__swap_back__mutmut_5":
-        "rmtree of a folder this import just renamed into place does not fail",
-    "annotations.dataset.x__swap_back__mutmut_6":
-        "rmtree of a folder this import just renamed into place does not fail",
-    "annotations.scheduler.x_combinations_count__mutmut_12":
-        "max(n - 1, 1) differs only for n <= 1, where both give 0 (comb(1, 2) = comb(0, 2) = 0)",
-}
+# Mutants reviewed by hand and judged equivalent (no behaviour can tell them from the original) are
+# not made at all: the line carries ``# pragma: no mutate`` and the reason, in the module itself, so the
+# excuse moves with the code (mutmut's numbered mutant names shift whenever a function changes). A pragma
+# silences every mutation starting on its line: the equivalent part stands on a line of its own, inside
+# the brackets. Mutants that only change the letter case of an SQL statement are excused here, and left
+# out of the score (:func:`sql_case_only`).
 SQL_CASE = "only the letter case of SQL keywords/identifiers changes (SQLite reads them case-insensitively)"
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # test failure, pytest internal error, timeout (SIGXCPU)
 NOT_RUN = {None, 2, 34}  # not checked, interrupted, skipped
@@ -265,8 +127,6 @@ def sql_case_only(original: str, mutant: str) -> bool:
 
 def excuse(workdir: Path, name: str, cache: dict[str, dict[str, str]]) -> str | None:
     """Why the surviving mutant ``name`` is equivalent, or None (a survivor that counts)."""
-    if name in EQUIVALENT:
-        return EQUIVALENT[name]
     module, function = name.rsplit(".", 1)
     path = workdir / "mutants" / (module.replace(".", "/") + ".py")
     if not path.exists():
@@ -330,6 +190,7 @@ def run_module(module: str, workdir: Path, jobs: int) -> tuple[int, int, list[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Mutate the chosen modules (or report their stored scores) and print the table; returns 0."""
     parser = argparse.ArgumentParser(prog="python scripts/mutation.py", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all, in order: {', '.join(MODULES)})")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/triderm-mutation"))

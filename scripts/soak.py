@@ -110,6 +110,7 @@ def _lines(path: Path) -> int:
 
 
 def soak(args: argparse.Namespace, workspace: Path, scratch: Path) -> dict:
+    """Run the soak on a fresh workspace: import a dataset, then the annotators' sessions; returns the record."""
     data = build_dataset(scratch / "dataset", args.photos)
     ws = Workspace(workspace)
     import_dataset(ws, data)
@@ -195,6 +196,7 @@ def check(ws: Workspace, logs: dict[str, Path], args: argparse.Namespace, expect
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The soak test's entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--annotators", type=int, default=8)
     parser.add_argument("--answers", type=int, default=100, help="answers per annotator")

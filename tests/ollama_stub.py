@@ -21,6 +21,7 @@ Only 127.0.0.1 is bound; ``delay_s`` slows every normal answer (to interrupt a r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import threading
@@ -107,10 +108,8 @@ class OllamaStub:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client timed out
                     self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client timed out
-                    pass
 
             def do_GET(self) -> None:
                 if self.path != "/api/tags":

@@ -268,7 +268,7 @@ def test_wound_crop_box_holds_every_wound_at_the_frame_aspect():
     left, top, right, bottom = session.wound_crop_box(labels)
     assert (left, top) <= (50, 100) and right >= 130 and bottom >= 150  # both wounds inside
     assert abs((right - left) / (bottom - top) - 4 / 3) < 0.02 and right - left < 200  # far smaller than the photo
-    assert 0 <= left and 0 <= top and right <= 400 and bottom <= 300
+    assert left >= 0 and top >= 0 and right <= 400 and bottom <= 300
     labels[:, 10:390] = 3  # a wound as tall as the photo: the whole photo
     assert session.wound_crop_box(labels) == (0, 0, 400, 300)
 

@@ -45,7 +45,7 @@ def test_crops_are_never_wound_empty():
         assert x.shape == (3, 224, 224) and m.shape == (224, 224)
         assert (m > 0).any()
         assert set(m.unique().tolist()) <= {0, 1}
-        assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+        assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
 
 
 def test_views_are_reproducible_and_distinct():

@@ -66,6 +66,6 @@ def test_hub_names_offline_use_the_cache_only_api(monkeypatch, name):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network attempted"))
     monkeypatch.setattr(backbones, "_hub_reachable", lambda *a, **k: pytest.fail("hub probed while offline"))
-    with pytest.raises(BackboneUnavailable, match="not cached.*--backbone efficientnet-lite0"):
+    with pytest.raises(BackboneUnavailable, match=r"not cached.*--backbone efficientnet-lite0"):
         load_backbone(name, device="cpu")
     assert calls == [(canonical_name(name).removeprefix("hf-hub:"), True)]

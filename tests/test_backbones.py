@@ -81,9 +81,9 @@ def test_layers_by_argument_or_suffix_and_canonical_names():
     b = load_backbone("timm:tf_efficientnet_lite0@stage6", device="cpu")
     assert a.name == b.name == "efficientnet-lite0@stage6" and a.channels == b.channels == 192
     assert load_backbone("efficientnet-lite0@stage7", device="cpu").channels == 320
-    with pytest.raises(ValueError, match="unknown layer 'stage9'.*full"):
+    with pytest.raises(ValueError, match=r"unknown layer 'stage9'.*full"):
         load_backbone("efficientnet-lite0", device="cpu", layer="stage9")
-    with pytest.raises(ValueError, match="unknown layer 'block3'.*last"):
+    with pytest.raises(ValueError, match=r"unknown layer 'block3'.*last"):
         load_backbone("open_clip:ViT-B-16@block3", device="cpu")
     rand1 = load_backbone("efficientnet-lite0", device="cpu", pretrained=False)
     rand2 = load_backbone("efficientnet-lite0", device="cpu", pretrained=False)
@@ -130,7 +130,7 @@ def test_dermlip_unreachable_hub_fails_with_clear_message(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     probes = []
     monkeypatch.setattr(backbones, "_hub_reachable", lambda *a, **k: probes.append(1) or False)
-    with pytest.raises(BackboneUnavailable, match="unreachable.*efficientnet-lite0"):
+    with pytest.raises(BackboneUnavailable, match=r"unreachable.*efficientnet-lite0"):
         load_backbone("dermlip", device="cpu")
     assert probes == [1]
 

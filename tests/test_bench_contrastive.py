@@ -180,7 +180,7 @@ def test_flip_variant_trains_a_vit_tower(setup, vit_model: DualEncoder) -> None:
 
 
 def test_patch_dropout_rejected_where_it_cannot_apply(setup) -> None:
-    model, pairs, texts, _ = setup
+    model, _pairs, _texts, _ = setup
     with pytest.raises(ValueError, match="CNN"):
         model.image.set_patch_dropout(0.5)
     with pytest.raises(ValueError, match="trainable image tower"):

@@ -150,7 +150,7 @@ def test_segmentation_tiny(tmp_path, tiny_phantom):
     record = json.loads((tmp_path / "segmentation_smoke.json").read_text(encoding="utf-8"))
     rows = [row[0] for row in record["tables"][0]["rows"]]
     assert any("Otsu" in r for r in rows) and any("zero-shot" in r for r in rows) and len(rows) == 5
-    assert [row[0] for row in record["tables"][2]["rows"]][0].startswith("0 (the default")
+    assert next(row[0] for row in record["tables"][2]["rows"]).startswith("0 (the default")
 
 
 @pytest.mark.slow

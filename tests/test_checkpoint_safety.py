@@ -54,5 +54,5 @@ def test_plain_training_checkpoints_still_load(tmp_path) -> None:
     other = torch.nn.Linear(3, 2)
     assert load_init(other, path) == [] and torch.equal(other.weight, model.weight)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
-    with pytest.raises(ValueError, match="junk.pt"):
+    with pytest.raises(ValueError, match=r"junk.pt"):
         load_checkpoint(tmp_path / "junk.pt")

@@ -323,7 +323,7 @@ def test_reimport_updates_keeps_and_conflicts(tmp_path):
     assert [c.describe() for c in info.value.conflicts] == [
         ('wounds.csv: line 2: wound 1 of a description: changed in the app AND in the dataset (app: "pale"; '
         'file: "pink")')]
-    with pytest.raises(DatasetError, match="^--prefer must be one of app, file, got 'both'$"):
+    with pytest.raises(DatasetError, match=r"^--prefer must be one of app, file, got 'both'$"):
         import_dataset(ws, ds, prefer="both")
     got = import_dataset(ws, ds, prefer="app")
     assert got["merge"] == {**ZERO, "update": 1, "keep-app": 1, "conflict": 1}

@@ -160,7 +160,7 @@ def test_wound_head_pooling_choice_defaults_and_output():
     z, w = head(tokens, segment, 3)
     assert z.shape == (3, 512) and head.pool.score[0].out_features == 128
     assert torch.allclose(torch.zeros(3).index_add_(0, segment, w), torch.ones(3), atol=1e-6)
-    with pytest.raises(ValueError, match="^pooling must be 'attention' or 'mean', got 'max'$"):
+    with pytest.raises(ValueError, match=r"^pooling must be 'attention' or 'mean', got 'max'$"):
         WoundHead(6, pooling="max")
 
 

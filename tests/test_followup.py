@@ -23,6 +23,7 @@ from annotations.readers import DatasetError
 from annotations.store import MIGRATIONS, Store
 from annotations.workspace import Workspace
 from core.phantoms.visits import build_visits, read_truth
+import itertools
 
 
 @pytest.fixture(scope="module")
@@ -384,9 +385,9 @@ def test_a_tracks_photos_align_on_the_body(visits_dataset, visits_ws):
         at = [cv2.perspectiveTransform(cv2.perspectiveTransform(body, cam), v.transform).reshape(-1, 2)
               for cam, v in zip(cams, views)]
         per_cm = np.linalg.norm(at[0][1] - at[0][0]) / 1.5
-        errors += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in zip(at, at[1:])]
+        errors += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in itertools.pairwise(at)]
         photo = [cv2.perspectiveTransform(body, cam).reshape(-1, 2) for cam in cams]  # unaligned: photo pixels
-        moved += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in zip(photo, photo[1:])]
+        moved += [float(np.linalg.norm(b - a, axis=1).mean() / per_cm) for a, b in itertools.pairwise(photo)]
         assert all(v.image.shape == (220, 220, 3) and v.method.startswith("marker plane") for v in views)
     assert len(errors) >= 8 and np.median(errors) < 0.05 and np.percentile(errors, 90) < 0.3  # cm
     assert np.median(moved) > 10 * np.median(errors)

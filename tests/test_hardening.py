@@ -260,7 +260,7 @@ def test_a_truth_file_swapped_for_a_link_after_the_scan_is_refused(tmp_path, mon
 
     monkeypatch.setattr(dataset, "validate_dataset", then_swap)
     ws = Workspace(tmp_path / "ws")
-    with pytest.raises(DatasetError, match="latent.json: is a symbolic link"):
+    with pytest.raises(DatasetError, match=r"latent.json: is a symbolic link"):
         import_dataset(ws, ds)
     assert not any(b"SECRET-KEY" in p.read_bytes() for p in ws.root.rglob("*") if p.is_file())
 

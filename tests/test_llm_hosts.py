@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ollama_stub import OllamaStub, stub_choice  # noqa: E402
-from openai_stub import OpenAIStub  # noqa: E402
+from ollama_stub import OllamaStub, stub_choice
+from openai_stub import OpenAIStub
 
-from core import llm_triplets  # noqa: E402
-from core.text.llm import PROMPT_VERSION, build_messages  # noqa: E402
-from core.text.queries import photo_texts  # noqa: E402
-from core.text.sampling import uniform_order  # noqa: E402
+from core import llm_triplets
+from core.text.llm import PROMPT_VERSION, build_messages
+from core.text.queries import photo_texts
+from core.text.sampling import uniform_order
 
 
 def _plan(ws, budget: int, seed: int = 5) -> list[tuple[str, str, str]]:
@@ -126,19 +126,17 @@ def test_openai_flag_errors(demo_workspace, capsys, argv, message):
 
 def test_an_openai_url_off_the_allow_list_is_refused_before_any_request(demo_workspace, capsys, monkeypatch):
     monkeypatch.setenv("TRIDERM_OLLAMA_HOSTS", "gpu1.example.org")
-    with OpenAIStub() as stub:
-        with pytest.raises(SystemExit) as exit_:
-            llm_triplets.main(["--workspace", str(demo_workspace.root), "--oracle", "openai", "--base-url",
-                               stub.base_url, "--model", "stub-model", "--budget", "3"])
+    with OpenAIStub() as stub, pytest.raises(SystemExit) as exit_:
+        llm_triplets.main(["--workspace", str(demo_workspace.root), "--oracle", "openai", "--base-url",
+                           stub.base_url, "--model", "stub-model", "--budget", "3"])
     assert exit_.value.code == 2 and "not on this installation's allow-list" in capsys.readouterr().err
     assert stub.chats == [] and demo_workspace.store.runs() == []
 
 
 def test_a_model_the_openai_server_does_not_serve_is_one_clear_error(demo_workspace, capsys):
-    with OpenAIStub(models=("other",)) as stub:
-        with pytest.raises(SystemExit) as exit_:
-            llm_triplets.main(["--workspace", str(demo_workspace.root), "--oracle", "openai", "--base-url",
-                               stub.base_url, "--model", "stub-model", "--budget", "3"])
+    with OpenAIStub(models=("other",)) as stub, pytest.raises(SystemExit) as exit_:
+        llm_triplets.main(["--workspace", str(demo_workspace.root), "--oracle", "openai", "--base-url",
+                           stub.base_url, "--model", "stub-model", "--budget", "3"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "model 'stub-model' is not served" in err and "other" in err
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ollama_stub import OllamaStub, stub_choice  # noqa: E402
+from ollama_stub import OllamaStub, stub_choice
 
-from core import fit_soe, llm_triplets  # noqa: E402
-from core.text.llm import PROMPT_VERSION, LocalOracle, PhantomOracle, build_messages  # noqa: E402
-from core.text.queries import photo_texts, run  # noqa: E402
+from core import fit_soe, llm_triplets
+from core.text.llm import PROMPT_VERSION, LocalOracle, PhantomOracle, build_messages
+from core.text.queries import photo_texts, run
 
 REPO = Path(__file__).resolve().parents[1]
 

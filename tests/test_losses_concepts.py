@@ -22,9 +22,9 @@ def test_clip_infonce_hand_computed() -> None:
     txt = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
     s = 2.0
     # logits = s * [[1, 0.6], [0, 0.8]]
-    l = s * torch.tensor([[1.0, 0.6], [0.0, 0.8]])
-    i2t = -(torch.log_softmax(l, 1)[0, 0] + torch.log_softmax(l, 1)[1, 1]) / 2
-    t2i = -(torch.log_softmax(l.T, 1)[0, 0] + torch.log_softmax(l.T, 1)[1, 1]) / 2
+    logits = s * torch.tensor([[1.0, 0.6], [0.0, 0.8]])
+    i2t = -(torch.log_softmax(logits, 1)[0, 0] + torch.log_softmax(logits, 1)[1, 1]) / 2
+    t2i = -(torch.log_softmax(logits.T, 1)[0, 0] + torch.log_softmax(logits.T, 1)[1, 1]) / 2
     assert clip_infonce(img, txt, s).item() == pytest.approx(((i2t + t2i) / 2).item(), abs=1e-6)
 
 
@@ -66,7 +66,8 @@ def test_make_lambda_weighs_the_summed_terms_as_eq8() -> None:
     mask = torch.tensor([[True], [False]])
     patches = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])
     s = 2.0
-    lse = lambda *v: math.log(sum(math.exp(x) for x in v))
+    def lse(*v):
+        return math.log(sum(math.exp(x) for x in v))
     # raw slot: logits s·img·rawᵀ = 2·[[0.6, 0], [0.8, 1]]
     raw_pairs = 0.5 * ((lse(1.2, 0.0) - 1.2) + (lse(1.2, 1.6) - 1.2)) + 0.5 * ((lse(1.6, 2.0) - 2.0) + (lse(0.0, 2.0) - 2.0))
     # sub slot, only image 0 valid: i2t over the valid text only (→ 0), t2i over both images
@@ -99,7 +100,8 @@ def test_sigmoid_it_align_hand_computed_2x2() -> None:
     y = torch.tensor([[0.8, 0.6], [0.0, 1.0]])
     t, b = 10.0, -5.0
     dots = [[0.8, 0.0], [0.6, 1.0]]  # x_m · y_n
-    sig = lambda v: 1.0 / (1.0 + math.exp(-v))
+    def sig(v):
+        return 1.0 / (1.0 + math.exp(-v))
     total = 0.0
     for m in range(2):
         for n in range(2):

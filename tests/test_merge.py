@@ -335,7 +335,7 @@ def test_synthetic_flag_is_parsed_never_truthy_by_being_non_empty(tmp_path, valu
     ws = Workspace(tmp_path / "ws")
     ds = _dataset(tmp_path / "ds", synthetic=value)
     if expected is None:
-        with pytest.raises(DatasetError, match="dataset.json: synthetic: .* is not a boolean"):
+        with pytest.raises(DatasetError, match=r"dataset.json: synthetic: .* is not a boolean"):
             import_dataset(ws, ds)
         assert ws.store.images() == []
     else:
@@ -362,7 +362,7 @@ def test_import_waiting_too_long_for_the_lock_changes_nothing(ws, ds):
     holder.store.db.conn.execute("BEGIN IMMEDIATE")  # an annotator's long write
     ws.store.db.execute("PRAGMA busy_timeout = 100")
     try:
-        with pytest.raises(DatasetError, match="locked.*nothing was imported"):
+        with pytest.raises(DatasetError, match=r"locked.*nothing was imported"):
             import_dataset(ws, ds)
     finally:
         holder.store.db.conn.execute("ROLLBACK")
@@ -443,7 +443,7 @@ def test_a_judgment_deleted_in_the_app_and_changed_in_the_file_is_a_conflict(ws,
     answer = next(t for t in ws.store.triplets() if t["anchor"] == "a")
     ws.store.delete_triplet(answer["id"], actor="dr_x")
     _file_choice(ds, "a", "k")
-    with pytest.raises(MergeConflict, match="triplets.csv: line 2"):
+    with pytest.raises(MergeConflict, match=r"triplets.csv: line 2"):
         import_dataset(ws, ds)
     import_dataset(ws, ds, prefer="app")
     assert ("a", "b", "c") not in _choices(ws)
@@ -460,7 +460,7 @@ def test_judgments_gone_from_the_file_are_deleted_only_with_prune_and_app_change
     assert ("b", "a", "c") not in _choices(ws) and summary["merge"]["delete"] == 1
     _answer_again_in_app(ws, "a", "b", "c", "k")  # changed in the app, then removed from the file
     _file_choice(ds, "a", None)
-    with pytest.raises(MergeConflict, match="judgment|triplet"):
+    with pytest.raises(MergeConflict, match=r"judgment|triplet"):
         import_dataset(ws, ds, prune=True)
     import_dataset(ws, ds, prune=True, prefer="app")
     assert _choices(ws) == {("a", "b", "c"): "k"}

@@ -200,7 +200,7 @@ def test_metadata_has_realistic_missing_values(demo_dataset: Path) -> None:
     missing = np.mean([c == "" for c in cells])
     assert 0.02 <= missing <= 0.12
     sizes = [float(r["size_cm"]) for r in wounds if r["size_cm"]]
-    assert 0.3 <= min(sizes) and max(sizes) <= 14
+    assert min(sizes) >= 0.3 and max(sizes) <= 14
 
 
 def test_deterministic_per_seed(small: Path, tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ def test_deterministic_per_seed(small: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("photos", "wounds"), [(53, 120), (4, 64), (5, 5), (20, 30)])
 def test_wounds_per_photo_partition(photos: int, wounds: int) -> None:
     counts = counts_per_photo(np.random.default_rng(0), photos, wounds)
-    assert len(counts) == photos and counts.sum() == wounds and 1 <= counts.min() and counts.max() <= 16
+    assert len(counts) == photos and counts.sum() == wounds and counts.min() >= 1 and counts.max() <= 16
     assert (counts.max() == 16) == (wounds - photos >= 15)
 
 

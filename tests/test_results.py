@@ -173,9 +173,9 @@ def test_an_erratum_is_rendered_under_its_section_and_may_hold_no_figure(tmp_pat
     (tmp_path / "soe.erratum.md").write_text("The rows of this run\nare wrong.\n", encoding="utf-8")
     assert "**Erratum** (written after the run): The rows of this run are wrong." in render(tmp_path)
     (tmp_path / "soe.erratum.md").write_text("The rows are off by 2.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="soe.erratum.md: an erratum may not contain digits"):
+    with pytest.raises(ValueError, match=r"soe.erratum.md: an erratum may not contain digits"):
         render(tmp_path)
     (tmp_path / "soe.erratum.md").unlink()
     (tmp_path / "flip.erratum.md").write_text("Wrong.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="no result file flip.json to correct"):
+    with pytest.raises(ValueError, match=r"no result file flip.json to correct"):
         render(tmp_path)

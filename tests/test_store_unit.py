@@ -47,7 +47,7 @@ def test_small_helpers():
     assert store_mod._dumps(None) == "{}" and store_mod._dumps({"b": 1, "a": [1]}) == '{"a": [1], "b": 1}'
     assert store_mod._dumps(np.arange(2)) == "[0, 1]"
     assert store_mod._canonical({"b": 1, "a": None}) == '{"a": null, "b": 1}'
-    with pytest.raises(TypeError, match="^not JSON serialisable: object$"):
+    with pytest.raises(TypeError, match=r"^not JSON serialisable: object$"):
         store_mod._json_default(object())
     assert store_mod._decode({"metadata": '{"x": 1}', "bbox": [1], "config": "[2]", "other": "{}"}) == \
         {"metadata": {"x": 1}, "bbox": [1], "config": [2], "other": "{}"}
@@ -79,7 +79,8 @@ def test_git_sha(monkeypatch):
 # -- opening and migrating --------------------------------------------------------------------------
 def test_open_sets_pragmas_and_the_latest_schema(tmp_path):
     s = Store(tmp_path / "t.sqlite", timeout_s=2.5)
-    q = lambda sql: s.db.execute(sql).fetchone()[0]
+    def q(sql):
+        return s.db.execute(sql).fetchone()[0]
     assert (q("PRAGMA busy_timeout"), q("PRAGMA journal_mode"), q("PRAGMA synchronous"), q("PRAGMA foreign_keys")) \
         == (2500, "wal", 1, 1)
     assert s.schema_version == len(MIGRATIONS) == 8 and s.timeout_s == 2.5 and s.path == tmp_path / "t.sqlite"
@@ -314,7 +315,7 @@ def test_last_outline_falls_back_to_the_geometry(store):
 # -- annotators and triplets --------------------------------------------------------------------------
 def test_annotators(store):
     for bad in ("", "   "):
-        with pytest.raises(ValueError, match="^annotator name is empty$"):
+        with pytest.raises(ValueError, match=r"^annotator name is empty$"):
             store.add_annotator(bad)
     store.add_annotator(" zoe ")
     store.add_annotator("adam")
@@ -326,7 +327,7 @@ def test_add_triplet(store):
     photos(store)
     with pytest.raises(ValueError, match=r"^choice must be one of \('j', 'k', 'skip'\), got 'x'$"):
         store.add_triplet("a", "b", "c", "x", "expert:me")
-    with pytest.raises(ValueError, match="^a triplet needs three different images, got a, b, a$"):
+    with pytest.raises(ValueError, match=r"^a triplet needs three different images, got a, b, a$"):
         store.add_triplet("a", "b", "a", "j", "expert:me")
     tid = store.add_triplet("a", "b", "c", "j", "expert:me", latency_ms=12.5, rep=True, created="T0")
     assert store.add_triplet("a", "b", "c", "k", "expert:me", rep=1) is None  # same key: stored once
@@ -348,7 +349,7 @@ def test_a_nan_latency_or_negative_rep_is_refused_not_stored_as_null(store):
     for latency in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match="latency_ms must be a finite number"):
             store.add_triplet("a", "b", "c", "j", "expert:me", latency_ms=latency)
-        with pytest.raises(ValueError, match="^triplet row 1: latency_ms"):
+        with pytest.raises(ValueError, match=r"^triplet row 1: latency_ms"):
             store.add_triplets([{"anchor": "a", "ref_j": "b", "ref_k": "c", "choice": "j", "source": "x"},
                                 {"anchor": "a", "ref_j": "b", "ref_k": "d", "choice": "j", "source": "x",
                                  "latency_ms": latency}])

@@ -285,7 +285,7 @@ def test_a_supervised_run_places_new_photos_in_its_metric_space(tiny_ws, tmp_pat
 
 
 def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
-    base = ["--workspace", str(tiny_ws.root), *"--epochs 1 --views 2 --batch-size 4 --dim 8".split()]
+    base = ["--workspace", str(tiny_ws.root), *["--epochs", "1", "--views", "2", "--batch-size", "4", "--dim", "8"]]
     for extra, message in [(["--layer", "stage9"], "unknown layer 'stage9'"),
                            (["--supervise", "triplets", "--cv", "99"], "larger than the number of patients"),
                            (["--cv", "3"], "add --supervise triplets")]:

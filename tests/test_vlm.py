@@ -97,7 +97,7 @@ def test_open_clip_global_embeddings_are_encode_image_and_encode_text() -> None:
     tok = model.text.tokenize(texts)
     with torch.no_grad():
         g_img, patches, grid = model.encode_image_from(x, 0)
-        g_txt, tokens = model.encode_text_from(tok, tok.attention_mask, 0)
+        g_txt, _tokens = model.encode_text_from(tok, tok.attention_mask, 0)
         patch_tokens = model.image.encode(x, 0)[1]  # before the projection (attention input)
     assert torch.allclose(g_img, ref_img, atol=1e-5) and torch.allclose(g_txt, ref_txt, atol=1e-5)
     assert grid == (4, 4) and patches.shape == (3, 16, 16) and patch_tokens.shape == (3, 16, 64)

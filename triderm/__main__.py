@@ -24,6 +24,7 @@ def _summary(job: str) -> str:
 
 
 def usage() -> str:
+    """The ``triderm`` command's usage text: the subcommands and every job with its summary."""
     jobs = "\n".join(f"  {job.replace('_', '-'):<18} {_summary(job)}" for job in JOBS)
     return (
         "usage: triderm COMMAND [ARGS…]   (triderm COMMAND --help for each)\n\n"
@@ -63,6 +64,7 @@ def run_app(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``triderm`` command: run the app, the annotations CLI or a job; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())

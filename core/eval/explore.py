@@ -26,6 +26,7 @@ from core.eval.distances import image_distances
 from core.eval.fusion import minmax_normalise
 from core.eval.retrieval import EmbeddingIndex, neighbours, run_distances
 from core.runtime import load_embeddings
+import itertools
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -202,6 +203,7 @@ class DistanceRetrieval:
     D: np.ndarray
 
     def neighbours(self, image_id: str, k: int = 5) -> dict[str, list[tuple[str, float]]]:
+        """The ``k`` nearest photos of ``image_id`` in this space, with their distances."""
         return neighbours(self.ids, self.D, image_id, k=k)
 
 
@@ -268,6 +270,6 @@ def add_track_path(fig: go.Figure, xy: np.ndarray, rows: Sequence[int], name: st
                                         for n, d in enumerate(dates)], hoverinfo="text",
                              line={"color": "#111", "width": 2},
                              marker={"size": 14, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "#111"}}))
-    for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", showarrow=True,
                            arrowhead=2, arrowsize=1.2, arrowwidth=1.5, arrowcolor="#111", text="")

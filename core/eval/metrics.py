@@ -136,7 +136,7 @@ def agreement_from_choices(
         return {**{m: float("nan") for m in METRICS}, "n": 0, "n_anchors": 0}
     _, n_a, c_a, cm = _anchor_table(a, y_true, y_pred, correct)
     scores = _scores_from_anchor_weights(np.ones(len(n_a)), n_a, c_a, cm)
-    return {**{m: float(v) for m, v in scores.items()}, "n": int(len(a)), "n_anchors": int(len(n_a))}
+    return {**{m: float(v) for m, v in scores.items()}, "n": len(a), "n_anchors": len(n_a)}
 
 
 def agreement(D: np.ndarray, triplets: np.ndarray) -> dict[str, float]:

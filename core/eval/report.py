@@ -79,6 +79,7 @@ def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
 
 
 def fusion_config(method: str, vision_id: int, text_id: int, alpha: float) -> dict[str, Any]:
+    """The run configuration recorded for a fusion of a vision and a text run."""
     config: dict[str, Any] = {"modality": "fusion", "method": method, "inputs": [int(vision_id), int(text_id)]}
     if method == "uncertainty":
         config["alpha"] = float(alpha)
@@ -187,11 +188,13 @@ def _cell(row: dict, metric: str) -> str:
 
 
 def title(ws: Workspace) -> str:
+    """The report's title: dataset name, marked SYNTHETIC for phantom data."""
     synthetic = " — SYNTHETIC phantom data" if ws.is_synthetic else ""
     return f"Agreement with expert triplets: {ws.dataset_name}{synthetic}"
 
 
 def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str:
+    """The agreement report as Markdown: a table per modality, the hardest anchors and the paper's figures."""
     head = ["Run", "Bal. %", "Micro %", "Macro-F1 %", "κ", "triplets", "anchors", "scored on"]
     lines = [f"# {title(ws)}", "",
              f"{n_expert} expert triplet rows; 95 % CIs from {n_boot} bootstrap resamples of anchors (of "
@@ -213,6 +216,7 @@ def markdown(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> str
 
 
 def text_table(ws: Workspace, rows: list[dict]) -> str:
+    """The agreement table of ``rows`` as aligned plain text."""
     width = max([len("run"), *(len(r["label"]) for r in rows)])
     head = f"{'run':{width}s} {'balanced':>20s} {'micro':>20s} {'macro-F1':>20s} {'kappa':>24s} {'n':>5s}"
     lines = [title(ws), head]

@@ -24,7 +24,7 @@ def mean_sd_ci(values: Iterable[float | None]) -> dict[str, Any] | None:
         return {"mean": m, "sd": None, "ci": None, "n": 1}
     sd = float(arr.std(ddof=1))
     half = float(stats.t.ppf(0.975, len(arr) - 1)) * sd / math.sqrt(len(arr))
-    return {"mean": m, "sd": sd, "ci": [m - half, m + half], "n": int(len(arr))}
+    return {"mean": m, "sd": sd, "ci": [m - half, m + half], "n": len(arr)}
 
 
 def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class Row:
 
     @property
     def label(self) -> str:
+        """The row's label in the table (the factor's value, readable)."""
         if self.factor == "budget":
             return f"budget {100 * self.value:g}%"
         return f"{self.factor} {self.value}"
@@ -230,6 +231,7 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
 
 
 def summarise(rows: list[Row]) -> list[dict[str, Any]]:
+    """Each row's configuration with the mean and sd of its seeds' balanced and micro agreement."""
     out = []
     for r in rows:
         bal = _mean_sd([x["balanced"] for x in r.results])
@@ -244,6 +246,7 @@ def summarise(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def format_table(summary: list[dict], table: str, title: str) -> str:
+    """One ablation table (``table``) of the summary as Markdown under ``title``."""
     rows = [s for s in summary if s["table"] == table]
     w = max([len("setting"), *(len(s["label"]) for s in rows)])
     lines = [title, f"{'setting':{w}s} {'balanced % (mean ± sd)':>24s} {'micro %':>16s} {'seeds':>5s} {'paper':>6s}"
@@ -346,6 +349,7 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
 
 
 def titles(ws: Workspace, seeds: int, quick: bool) -> dict[str, str]:
+    """The tables' titles (SYNTHETIC marked; seeds and the quick setting named)."""
     tag = " — SYNTHETIC phantom data" if ws.is_synthetic else ""
     q = ", quick" if quick else ""
     return {"text": f"Table 2a — text (SOE on LLM triplets), {seeds} seeds{q}{tag}",
@@ -353,6 +357,7 @@ def titles(ws: Workspace, seeds: int, quick: bool) -> dict[str, str]:
 
 
 def write_outputs(ws: Workspace, summary: list[dict], notes: list[str], seeds: int, quick: bool) -> dict[str, str]:
+    """Write the tables as ``runs/ablation/ablation.md`` and ``.json``; returns the paths by format."""
     out = ws.runs_dir / "ablation"
     t = titles(ws, seeds, quick)
     text = "\n\n".join(format_table(summary, table, t[table]) for table in ("text", "vision")

@@ -53,7 +53,7 @@ def variant_config(variant: str, args: argparse.Namespace, seed: int) -> TrainCo
         unimodal_lambda=args.lam, patch_dropout=args.patch_dropout if variant == "flip" else 0.0, seed=seed)
 
 
-def skip_reason(variant: str, model) -> str | None:  # noqa: ANN001 — DualEncoder
+def skip_reason(variant: str, model) -> str | None:
     """Why ``variant`` cannot run on ``model`` (None when it can)."""
     if variant == "flip" and model.image.is_cnn:
         return ("FLIP patch dropout drops ViT patch tokens; the image tower is a CNN "
@@ -62,7 +62,7 @@ def skip_reason(variant: str, model) -> str | None:  # noqa: ANN001 — DualEnco
 
 
 def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], labels: np.ndarray,
-                  scorer_concepts, targets: list[str | None], ws) -> dict[str, float]:  # noqa: ANN001
+                  scorer_concepts, targets: list[str | None], ws) -> dict[str, float]:
     """All benchmark metrics for a trained model."""
     g, patches, _ = trainer.embed()
     t = trainer.embed_texts()
@@ -95,13 +95,14 @@ def evaluate_cell(trainer: Trainer, held: np.ndarray, concept_names: list[str], 
 
 
 def cell_key(variant: str, seed: int, settings: dict[str, Any]) -> str:
+    """A short stable key of one cell (variant, seed and settings) for the results cache."""
     blob = json.dumps({"variant": variant, "seed": seed, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def summarise(cells: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tuple[float, float]]]:
-    """variant → metric → (mean, sd over seeds; sd 0 with one seed)."""
-    out = {}
+    """Variant → metric → (mean, sd over seeds; sd 0 with one seed)."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
     for variant, rows in cells.items():
         out[variant] = {}
         for m in METRICS:
@@ -113,7 +114,7 @@ def summarise(cells: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, t
 
 def paired_vs_baseline(cells: dict[str, list[dict[str, float]]], baseline: str = BASELINE,
                        alpha: float = 0.05) -> dict[str, dict[str, tuple[float, float, bool]]]:
-    """variant → metric → (mean, sd of the per-seed difference variant − baseline, significant).
+    """Variant → metric → (mean, sd of the per-seed difference variant − baseline, significant).
 
     Cells of the same seed share the held-out split and head initialisation, so differences are
     paired by seed; ``significant`` is a two-sided paired t-test at ``alpha`` (needs ≥ 3 seeds).
@@ -121,7 +122,7 @@ def paired_vs_baseline(cells: dict[str, list[dict[str, float]]], baseline: str =
     from scipy.stats import ttest_rel
 
     base = {r["seed"]: r for r in cells.get(baseline, [])}
-    out = {}
+    out: dict[str, dict[str, tuple[float, float, bool]]] = {}
     for variant, rows in cells.items():
         if variant == baseline:
             continue

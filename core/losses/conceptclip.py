@@ -67,6 +67,7 @@ class SigLIPLoss(nn.Module):
     """SigLIP sigmoid image–text loss (the ``siglip`` objective; ConceptCLIP IT-Align alone)."""
 
     def forward(self, image: Tensor, text: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+        """The sigmoid image–text loss of a batch."""
         return sigmoid_it_align(image, text, scale, bias)
 
 
@@ -90,6 +91,7 @@ class ConceptCLIPLoss(nn.Module):
         scales: tuple[Tensor, Tensor],
         biases: tuple[Tensor, Tensor],
     ) -> Tensor:
+        """L_IT on the global embeddings plus α·L_RC on patch and concept embeddings (when any concept)."""
         loss = sigmoid_it_align(image, text, scales[0], biases[0])
         if self.alpha and concepts.shape[1]:
             loss = loss + self.alpha * rc_align(patches, concepts, concept_mask, scales[1], biases[1])

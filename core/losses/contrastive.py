@@ -27,4 +27,5 @@ class InfoNCELoss(nn.Module):
         self.temperature = temperature
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
+        """The symmetric InfoNCE loss of two views' embeddings."""
         return 0.5 * (info_nce(z1, z2, self.temperature) + info_nce(z2, z1, self.temperature))

@@ -21,6 +21,7 @@ class ExpertTripletLoss(nn.Module):
         self.normalize = normalize
 
     def forward(self, z: Tensor, triplets: Tensor) -> Tensor:
+        """The mean hinge loss of the oriented ``triplets`` on ``z`` (L2-normalised first when set)."""
         if self.normalize:
             z = F.normalize(z, dim=1)
         i, j, k = triplets.unbind(1)

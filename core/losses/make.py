@@ -93,6 +93,7 @@ class CLIPLoss(nn.Module):
     """CLIP symmetric InfoNCE as a module (the ``clip`` objective)."""
 
     def forward(self, image: Tensor, text: Tensor, logit_scale: Tensor) -> Tensor:
+        """The symmetric CLIP InfoNCE loss of a batch."""
         return clip_infonce(image, text, logit_scale)
 
 
@@ -124,6 +125,7 @@ class MAKELoss(nn.Module):
         logit_scale: Tensor,
         disease_slot: int | None = 0,
     ) -> Tensor:
+        """The MAKE loss of a batch (see the class docstring)."""
         n, a = aspects.shape[:2]
         if self.use_weights and disease_slot is not None and a > disease_slot:
             w_sub = diagnosis_weights(aspects[:, disease_slot], subs, sub_mask)

@@ -18,7 +18,7 @@ def hardest_negative_distances(anchor: Tensor, other: Tensor) -> Tensor:
 
 
 def triplet_margin(anchor: Tensor, positive: Tensor, negative_dist: Tensor, margin: float) -> Tensor:
-    """mean ReLU(‖a − p‖ − d_neg + margin)."""
+    """Mean ReLU(‖a − p‖ − d_neg + margin)."""
     return F.relu((anchor - positive).norm(dim=1) - negative_dist + margin).mean()
 
 
@@ -30,6 +30,7 @@ class TripletLoss(nn.Module):
         self.margin = margin
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
+        """The symmetric batch-hard triplet loss of two views' embeddings."""
         if z1.shape[0] < 2:
             raise ValueError("the triplet loss needs ≥ 2 wounds per batch for a negative")
         a, p = F.normalize(z1, dim=-1), F.normalize(z2, dim=-1)

@@ -35,6 +35,7 @@ class SimCLRProjector(nn.Module):
         self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        """Project the embeddings ``x``."""
         return self.net(x)
 
 
@@ -53,6 +54,7 @@ class CLIPUnimodalLoss(nn.Module):
         self.projector = SimCLRProjector(in_dim, out_dim)
 
     def forward(self, image: Tensor, text: Tensor, logit_scale: Tensor, view1: Tensor, view2: Tensor) -> Tensor:
+        """The combined CLIP and NT-Xent loss of a batch."""
         loss = self.lam * clip_infonce(image, text, logit_scale)
         if self.lam < 1.0:
             loss = loss + (1.0 - self.lam) * nt_xent(self.projector(view1), self.projector(view2), self.temperature)

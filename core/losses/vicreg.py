@@ -37,6 +37,7 @@ class VICRegLoss(nn.Module):
         self.lambda_, self.mu, self.nu, self.eps = lambda_, mu, nu, eps
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
+        """The VICReg loss of two views' embeddings."""
         if z1.shape != z2.shape or z1.ndim != 2 or z1.shape[0] < 2:
             raise ValueError(f"VICReg needs two N×D batches with N ≥ 2, got {tuple(z1.shape)} and {tuple(z2.shape)}")
         s = invariance_loss(z1, z2)

@@ -78,7 +78,25 @@ from core.phantoms.world import (
     concept_presence,
 )
 
-__all__ = ["DATASET_NAME", "build", "montage", "DescriptionReader", "read_description", "ANNOTATOR", "CEILINGS",
-           "PhantomTruth", "TextOracle", "calibrate_oracle", "expert_rng", "load_ceilings", "load_text_oracle",
-           "load_truth", "CONCEPTS", "DESCRIBED_FEATURES", "DISTRACTORS", "LATENT_FEATURES", "VISIBLE_FEATURES",
-           "concept_presence"]
+__all__ = [
+    "ANNOTATOR",
+    "CEILINGS",
+    "CONCEPTS",
+    "DATASET_NAME",
+    "DESCRIBED_FEATURES",
+    "DISTRACTORS",
+    "LATENT_FEATURES",
+    "VISIBLE_FEATURES",
+    "DescriptionReader",
+    "PhantomTruth",
+    "TextOracle",
+    "build",
+    "calibrate_oracle",
+    "concept_presence",
+    "expert_rng",
+    "load_ceilings",
+    "load_text_oracle",
+    "load_truth",
+    "montage",
+    "read_description",
+]

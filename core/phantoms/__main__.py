@@ -1,5 +1,4 @@
-"""``python -m core.phantoms``: write a SYNTHETIC phantom dataset folder.
-"""
+"""``python -m core.phantoms``: write a SYNTHETIC phantom dataset folder."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +14,7 @@ from core.phantoms.visits import build_visits
 
 # --------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.phantoms`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m core.phantoms",
         description="Build the SYNTHETIC wound-phantom demo dataset (dataset-folder layout with latent truth/).")

@@ -1,5 +1,4 @@
-"""Writes a phantom study in the dataset-folder layout, and a montage of its photos.
-"""
+"""Writes a phantom study in the dataset-folder layout, and a montage of its photos."""
 from __future__ import annotations
 
 import csv
@@ -70,7 +69,7 @@ def _save_png(path: Path, array: np.ndarray, mode: str) -> None:
 def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, wounds: int = 120,
           triplets: int = 513, progress: bool = False) -> dict[str, Any]:
     """Write a phantom dataset to ``out``; return a summary (counts, agreement, timing)."""
-    if not 3 <= photos:
+    if not photos >= 3:
         raise ValueError(f"--photos must be at least 3, got {photos}")
     if not 1 <= patients <= photos:
         raise ValueError(f"--patients must be in [1, photos={photos}], got {patients}")
@@ -278,7 +277,7 @@ def montage(dataset_dir: str | Path, n: int = 12, cols: int = 4, tile: tuple[int
             arr = np.asarray(img).copy()
             arr[edge] = (arr[edge] * 0.45 + np.array([0, 230, 255]) * 0.55).astype(np.uint8)
             img = Image.fromarray(arr)
-        img.thumbnail((tw, th), Image.LANCZOS)
+        img.thumbnail((tw, th), Image.Resampling.LANCZOS)
         x = pad + (idx % cols) * (tw + pad) + (tw - img.width) // 2
         y = top + (idx // cols) * (th + pad) + (th - img.height) // 2
         sheet.paste(img, (x, y))

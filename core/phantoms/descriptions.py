@@ -202,10 +202,12 @@ class DescriptionReader:
         return cls(mean, np.where(std > 1e-9, std, 1.0))
 
     def wound_vector(self, description: str) -> np.ndarray:
+        """The standardised latent vector read from one wound's description."""
         read = read_description(description)
         raw = np.array([read[f] for f in LATENT_FEATURES])
         z = np.where(np.isnan(raw), 0.0, (raw - self.mean) / self.std)
         return z * np.asarray(LATENT_WEIGHTS)
 
     def photo_vector(self, text: str) -> np.ndarray:
+        """The mean latent vector of a photo's wound descriptions."""
         return np.mean([self.wound_vector(t) for t in split_photo_text(text)], axis=0)

@@ -1,5 +1,4 @@
-"""The simulated expert: a calibrated noisy oracle on the photos' latent truth, and its reload.
-"""
+"""The simulated expert: a calibrated noisy oracle on the photos' latent truth, and its reload."""
 from __future__ import annotations
 
 import csv

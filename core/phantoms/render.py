@@ -1,5 +1,4 @@
-"""Procedural rendering of phantom photos and their wound label maps.
-"""
+"""Procedural rendering of phantom photos and their wound label maps."""
 from __future__ import annotations
 
 import math
@@ -32,7 +31,7 @@ def _noise(rng: np.random.Generator, h: int, w: int, scale: float) -> np.ndarray
     if scale <= 1.0:
         out = grid[:h, :w]
     else:
-        big = Image.fromarray(grid, mode="F").resize((int(gw * scale), int(gh * scale)), Image.BICUBIC)
+        big = Image.fromarray(grid, mode="F").resize((int(gw * scale), int(gh * scale)), Image.Resampling.BICUBIC)
         oy, ox = int(rng.integers(0, int(scale) + 1)), int(rng.integers(0, int(scale) + 1))
         out = np.asarray(big)[oy:oy + h, ox:ox + w]
     out = out - out.mean()
@@ -106,9 +105,8 @@ def _place(rng: np.random.Generator, photo: Photo, safe: np.ndarray, h: int, w: 
             for _try in range(200):
                 p = int(rng.integers(len(ys)))
                 cy, cx = float(ys[p]), float(xs[p])
-                if not (bound < cx < w - bound and bound < cy < h - bound):
-                    if bound * 2 < min(h, w) * 0.9:
-                        continue
+                if not (bound < cx < w - bound and bound < cy < h - bound) and bound * 2 < min(h, w) * 0.9:
+                    continue
                 if all(g is None or math.hypot(cx - g.cx, cy - g.cy) > (bound + g.bound) * 1.05 + 3
                        for g in geos):
                     geos[idx] = _Geometry(cx, cy, r, elong, rng.uniform(0, math.pi), harm, bound)
@@ -142,8 +140,8 @@ def _add_ruler(rng: np.random.Generator, col: np.ndarray, labels: np.ndarray, pp
         if mm % 10 == 0 and 0 < mm < length_cm * 10 and lh >= 16:
             draw.text((x - 3, lh * 0.5), str(mm // 10), fill=255, font=font(max(8, int(lh * 0.35))))
     angle = float(rng.uniform(0, 180))
-    tape_a = np.asarray(tape.rotate(angle, resample=Image.BILINEAR, expand=True), np.float32) / 255
-    ink_a = np.asarray(ink.rotate(angle, resample=Image.BILINEAR, expand=True), np.float32) / 255
+    tape_a = np.asarray(tape.rotate(angle, resample=Image.Resampling.BILINEAR, expand=True), np.float32) / 255
+    ink_a = np.asarray(ink.rotate(angle, resample=Image.Resampling.BILINEAR, expand=True), np.float32) / 255
     th, tw = tape_a.shape
     if th >= h or tw >= w:
         return False
@@ -497,6 +495,7 @@ def _glare(rng: np.random.Generator, photo: Photo, geos: list[_Geometry], labels
 
 
 def font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's default font at ``size`` (unsized where Pillow cannot size it)."""
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow without FreeType sizing

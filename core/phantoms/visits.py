@@ -56,9 +56,11 @@ class Track:
     closed_at: int | None = None
 
     def area(self, days: float) -> float:
+        """The wound's area (cm²) ``days`` after the first visit, capped at ``MAX_CM2``."""
         return min(self.area0 * math.exp(self.rate * days / 30.0), MAX_CM2)
 
     def outline(self, area: float) -> np.ndarray:
+        """The wound's outline (photo coordinates) scaled to ``area``."""
         return self.centre + self.shape * math.sqrt(area)
 
 
@@ -74,6 +76,8 @@ class Camera:
 
 @dataclass
 class Patient:
+    """A phantom patient and the wound tracks followed over visits."""
+
     patient_id: str
     tracks: list[Track] = field(default_factory=list)
     start: date = date(2024, 1, 8)

@@ -1,5 +1,4 @@
-"""The phantom world: patients, photos and wounds with latent clinical attributes (synthetic).
-"""
+"""The phantom world: patients, photos and wounds with latent clinical attributes (synthetic)."""
 from __future__ import annotations
 
 import math
@@ -91,6 +90,8 @@ SIZES = ((512, 384), (544, 408), (480, 360), (576, 384), (512, 340), (384, 512),
 # --------------------------------------------------------------------------- latent model
 @dataclass
 class Wound:
+    """A phantom wound: latent attributes, border, size, site and what the patient tells."""
+
     attrs: dict[str, float]          # granulation, fibrin, depth, erythema, crust in [0, 1]
     border: str
     size_cm: float                   # longest diameter
@@ -106,6 +107,8 @@ class Wound:
 
 @dataclass
 class Photo:
+    """A phantom photo: id, patient, body region and side, camera and its wounds."""
+
     image_id: str
     patient: int
     region: str
@@ -225,6 +228,7 @@ def visible_columns() -> np.ndarray:
 
 
 def standardise(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standardised, weighted latent features with the mean and std used."""
     mean, std = raw.mean(axis=0), raw.std(axis=0)
     std = np.where(std > 1e-9, std, 1.0)
     return (raw - mean) / std * np.asarray(LATENT_WEIGHTS), mean, std

@@ -19,8 +19,6 @@ from tqdm import tqdm
 
 from annotations.workspace import Workspace
 from core.text.llm import PROMPT_VERSION, Answer, Oracle, OracleUnavailable, Question
-
-log = logging.getLogger(__name__)
 from core.text.sampling import (
     SAMPLINGS,
     ActiveSampler,
@@ -31,6 +29,8 @@ from core.text.sampling import (
     resolve_budget,
     uniform_order,
 )
+
+log = logging.getLogger(__name__)
 
 
 def photo_texts(ws: Workspace) -> dict[str, str]:
@@ -67,17 +67,21 @@ class QueryRun:
 
     # -- questions -------------------------------------------------------------------------
     def question(self, q: np.ndarray) -> Question:
+        """The question ``q`` (photo indices) with the photos' texts."""
         a, j, k = (self.ids[int(x)] for x in q)
         return Question(a, j, k, self.texts[a], self.texts[j], self.texts[k])
 
     def orders(self, q: np.ndarray) -> list[tuple[str, str, str]]:
+        """The orders in which ``q`` is asked: both sides when debiasing, else as drawn."""
         a, j, k = (self.ids[int(x)] for x in q)
         return [(a, j, k), (a, k, j)] if self.debias else [(a, j, k)]
 
     def is_answered(self, q: np.ndarray) -> bool:
+        """Whether every order of ``q`` has a cached answer."""
         return all(o in self.cache for o in self.orders(q))
 
     def pending_orders(self, questions: Iterable[np.ndarray]) -> list[Question]:
+        """The orders of ``questions`` still to ask (cached ones are counted as such)."""
         out: list[Question] = []
         for q in questions:
             base = self.question(q)
@@ -200,11 +204,13 @@ class QueryRun:
             "failed": self.failed})
 
     def bar(self, total: int) -> tqdm:
+        """A progress bar over ``total`` questions to the oracle."""
         return tqdm(total=total, desc=f"{self.oracle.name}:{self.oracle.model}", unit="q",
                     disable=not self.progress, dynamic_ncols=True)
 
     # -- plans -----------------------------------------------------------------------------
     def run_fixed(self, order: np.ndarray, budget: int) -> np.ndarray:
+        """Ask the first ``budget`` questions of ``order``; returns them."""
         plan = order[:budget]
         pending = self.pending_orders(plan)
         with self.bar(len(pending)) as bar:
@@ -225,6 +231,7 @@ class QueryRun:
         return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
     def run_active(self, budget: int, batch: int, seed: int) -> np.ndarray:
+        """Ask ``budget`` questions chosen by active sampling in batches of ``batch``; returns them."""
         sampler = ActiveSampler(self.n, batch, seed=seed)
         candidates = sampler.questions
         if candidates is None:  # too many to enumerate: the answered ones come from the cache
@@ -284,6 +291,7 @@ class QueryRun:
         return {"n": total, "agreement": hits / total if total else None}
 
     def first_position_rate(self, plan: np.ndarray) -> float | None:
+        """The share of j answers among the j/k answers to ``plan`` (position bias), or None without any."""
         answers = [self.cache.get(o) for q in plan for o in self.orders(q)]
         jk = [a for a in answers if a in ("j", "k")]
         return sum(a == "j" for a in jk) / len(jk) if jk else None
@@ -332,10 +340,10 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
     oriented = qr.oriented(plan)
     summary = {
         "run_id": qr.run_id, "oracle": oracle.name, "model": oracle.model, "source": qr.source,
-        "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": int(len(plan)),
+        "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": len(plan),
         "budget_questions": count, "asked": qr.answered + qr.failed, "answered": qr.answered,
         "from_cache": qr.from_cache, "failed": qr.failed, "stopped": qr.stopped,
-        "usable_triplets": int(len(oriented)),
+        "usable_triplets": len(oriented),
         "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
         "first_position_rate": qr.first_position_rate(plan),
         "expert_overlap": qr.expert_overlap(oriented),

@@ -26,7 +26,7 @@ def offline_model_dir(name: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"--model {name} needs the `{package.replace('_', '-')}` package (pip install it)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (path / "modules.json").is_file():
         raise RuntimeError(f"{path} is not a sentence-transformers folder")
     return path
@@ -59,10 +59,9 @@ def load_encoder(name: str):
 
     Hub names are checked before the (slow) sentence-transformers import, so offline the
     call fails within seconds instead of retrying downloads."""
-    if name not in OFFLINE_MODELS and not Path(name).is_dir():
-        if not _hub_cached(name) and not _hub_reachable():
-            raise RuntimeError(f"cannot load {name!r}: the Hugging Face hub is unreachable (offline) and the "
-                               f"model is not cached; use the offline default --model minilm")
+    if name not in OFFLINE_MODELS and not Path(name).is_dir() and not _hub_cached(name) and not _hub_reachable():
+        raise RuntimeError(f"cannot load {name!r}: the Hugging Face hub is unreachable (offline) and the "
+                           f"model is not cached; use the offline default --model minilm")
     from sentence_transformers import SentenceTransformer
 
     device = str(pick_device())

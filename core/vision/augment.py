@@ -150,6 +150,7 @@ class WoundAugment:
 
     def __call__(self, image: Image.Image | np.ndarray, labels: np.ndarray,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Augment ``image`` and its label map together; returns the tensors."""
         return self.augment_prepared(*self.prepare(image, labels), generator)
 
 

@@ -102,6 +102,7 @@ class TrainedHead:
 
     @classmethod
     def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TrainedHead:
+        """Load run ``run_id``'s trained head and its backbone."""
         blob = _head_blob(ws, run_id)
         cfg = TriDermConfig.from_record(blob["config"])
         backbone = load_backbone(blob["backbone"], device=device)
@@ -135,7 +136,7 @@ class TrainedHead:
         if labels.shape != (image.height, image.width):
             raise ValueError(f"mask shape {labels.shape} differs from the photo's {(image.height, image.width)}")
         s = self.backbone.input_size
-        x = torch.from_numpy(np.asarray(image.resize((s, s), Image.BILINEAR)).copy()).permute(2, 0, 1).float() / 255
+        x = torch.from_numpy(np.asarray(image.resize((s, s), Image.Resampling.BILINEAR)).copy()).permute(2, 0, 1).float() / 255
         with torch.no_grad():
             feat = self.backbone(self.backbone.normalize(x[None]))[0]
             wounds = [int(v) for v in np.unique(labels) if v > 0]

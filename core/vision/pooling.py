@@ -42,6 +42,7 @@ class MeanPooling(nn.Module):
     """Mean of each wound's tokens (the ablation and the frozen baseline)."""
 
     def forward(self, tokens: Tensor, segment: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Each of the ``n`` wounds' mean token and every token's weight (1 / its wound's token count)."""
         counts = torch.zeros(n, dtype=tokens.dtype, device=tokens.device).index_add_(
             0, segment, torch.ones_like(segment, dtype=tokens.dtype))
         w = 1.0 / counts[segment]

@@ -136,7 +136,7 @@ def protocol_summary(records: np.ndarray, image_ids: Sequence[str], patients: di
     acc = np.bincount(inv, weights=records[:, 1].astype(float)) / np.bincount(inv)
     per_anchor = {image_ids[a]: float(x) for a, x in zip(anchors, acc)}
     return {"balanced": float(acc.mean()), "ci": patient_bootstrap_ci(per_anchor, patients, n_boot, seed),
-            "n": int(len(records)), "n_anchors": int(len(anchors)),
+            "n": len(records), "n_anchors": len(anchors),
             "n_patients": len({patients[a] for a in per_anchor}), "per_anchor": per_anchor}
 
 
@@ -194,6 +194,7 @@ class LinearMetric(TransformerMixin, BaseEstimator):
         self.random_state = random_state
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> LinearMetric:
+        """Learn the map from the oriented triplets ``y`` on the features ``X``."""
         X = np.asarray(X, dtype=np.float64)
         trip = np.asarray(y, dtype=np.int64)
         if X.ndim != 2:
@@ -221,6 +222,7 @@ class LinearMetric(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X: np.ndarray) -> np.ndarray:
+        """Map the features ``X`` into the learned space."""
         check_is_fitted(self, "components_")
         return ((np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_) @ self.components_
 

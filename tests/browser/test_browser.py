@@ -6,11 +6,10 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-expect.set_options(timeout=60_000)
-
 from annotations.workspace import Workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
+expect.set_options(timeout=60_000)
 
 
 def idle(pg) -> None:

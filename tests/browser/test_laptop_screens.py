@@ -7,6 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from annotations.workspace import Workspace
+import itertools
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -21,7 +22,7 @@ def toolbar_rows(pg) -> int:
     """How many rows the outline editor's toolbar takes (its items' vertical centres, 6-px tolerance)."""
     centres = sorted(box["y"] + box["height"] / 2 for box in
                      (item.bounding_box() for item in pg.locator(".oe .bar > *").all()) if box)
-    return 1 + sum(b - a > 6 for a, b in zip(centres, centres[1:]))
+    return 1 + sum(b - a > 6 for a, b in itertools.pairwise(centres))
 
 
 def add_attention_run(root) -> int:
@@ -57,13 +58,13 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     idle(pg)
     assert toolbar_rows(pg) == 1
     photo = pg.locator(".oe svg image").bounding_box()  # fitted into the stage: the whole photo in view
-    assert 0 <= photo["y"] and photo["y"] + photo["height"] <= LAPTOP["height"], photo
+    assert photo["y"] >= 0 and photo["y"] + photo["height"] <= LAPTOP["height"], photo
     screenshot(pg, "editor_1366x768")
     pg.get_by_role("button", name="Suggest outlines").click()
     message = pg.get_by_text("by the default wound model").first
     expect(message).to_be_visible()
     box = message.bounding_box()
-    assert 0 <= box["y"] and box["y"] + box["height"] <= LAPTOP["height"], box  # beside the action, in view
+    assert box["y"] >= 0 and box["y"] + box["height"] <= LAPTOP["height"], box  # beside the action, in view
     screenshot(pg, "editor_message_1366x768")
 
     run_id = add_attention_run(app_server.workspace)
@@ -75,7 +76,7 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     umap = pg.locator(".js-plotly-plot").first
     expect(umap).to_be_visible()
     box = umap.bounding_box()
-    assert 0 <= box["y"] and box["y"] + box["height"] <= LAPTOP["height"], box  # the whole map above the fold
+    assert box["y"] >= 0 and box["y"] + box["height"] <= LAPTOP["height"], box  # the whole map above the fold
     expect(pg.get_by_text("Overlay opacity")).to_be_visible()
     maps = pg.get_by_test_id("stImage").filter(has_text=" · wound ")
     expect(maps.first).to_be_visible()
