@@ -40,10 +40,32 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
     import torch
 
-__all__ = ["DEMO_SEED", "DEVICES", "PRECISIONS", "PRECISION_ENV", "amp_dtype", "autocast", "grad_scaler", "ensure_images", "git_sha", "init_distributed", "json_safe", "load_checkpoint",
-           "load_embeddings", "open_workspace", "pick_device", "numbers_only", "resolve_device",
-           "save_embeddings", "source_fingerprint", "torch_threads", "use_device", "use_precision", "user_errors",
-           "write_model_folder"]
+__all__ = [
+    "DEMO_SEED",
+    "DEVICES",
+    "PRECISIONS",
+    "PRECISION_ENV",
+    "amp_dtype",
+    "autocast",
+    "ensure_images",
+    "git_sha",
+    "grad_scaler",
+    "init_distributed",
+    "json_safe",
+    "load_checkpoint",
+    "load_embeddings",
+    "numbers_only",
+    "open_workspace",
+    "pick_device",
+    "resolve_device",
+    "save_embeddings",
+    "source_fingerprint",
+    "torch_threads",
+    "use_device",
+    "use_precision",
+    "user_errors",
+    "write_model_folder",
+]
 
 DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"

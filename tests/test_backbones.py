@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-import core.vision.backbones as backbones
 from core.runtime import torch_threads
+from core.vision import backbones
 from core.vision.backbones import BackboneUnavailable, list_backbones, load_backbone, state_in_order
 
 

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
 from core.runtime import autocast, load_checkpoint, pick_device
-from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT  # noqa: F401 (re-exported)
+from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT
 
 LITE0_TIMM = "timm:tf_efficientnet_lite0"
 VIT_LAYERS = ("last",)
