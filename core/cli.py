@@ -8,6 +8,8 @@ Spellings (each helper adds one option with its canonical help; ``**kw`` overrid
 ``--seeds``        a list of seeds (``--seeds 0 1 2``)
 ``--n-seeds``      a count of seeds (seeds ``0 … N−1``)
 ``--device``       ``auto`` (CUDA when available), ``cpu`` or ``cuda``; one device for the whole job
+``--precision``    ``auto`` (bf16 where the GPU has it, else fp16), ``fp32``, ``bf16`` or ``fp16``: CUDA's
+                   compute precision, added with ``--device`` (the CPU always computes in fp32)
 ``--batch-size``   items (or patients, for SLIMP) per optimiser step
 ``--epochs``       training epochs
 ``--lr``           learning rate
@@ -34,7 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.runtime import DEVICES, use_device
+from core.runtime import DEVICES, PRECISIONS, use_device, use_precision
 
 __all__ = ["DEVICES", "add_batch_size", "add_crop_size", "add_device", "add_epochs", "add_lambda", "add_lr",
            "add_n_seeds", "add_seed", "add_seeds", "add_workspace", "deprecated", "parse_args"]
@@ -72,9 +74,16 @@ def add_n_seeds(parser: Parser, default: int | None = 3, **kw: Any) -> argparse.
 
 
 def add_device(parser: Parser, **kw: Any) -> argparse.Action:
-    """``--device {auto,cpu,cuda}``; :func:`parse_args` resolves it to ``"cpu"``/``"cuda"`` for the process."""
-    return _add(parser, "--device", {"choices": DEVICES, "default": "auto",
-                                     "help": "auto (CUDA when available), cpu or cuda (default: auto)"}, kw)
+    """``--device {auto,cpu,cuda}`` and, beside it, ``--precision {auto,fp32,bf16,fp16}``; :func:`parse_args`
+    resolves them for the process (``"cpu"``/``"cuda"``; the precision the device computes in). Returns the
+    ``--device`` action."""
+    device = _add(parser, "--device", {"choices": DEVICES, "default": "auto",
+                                       "help": "auto (CUDA when available), cpu or cuda (default: auto)"}, kw)
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="CUDA compute precision: auto (bf16 where the GPU supports it, else fp16 with loss "
+                             "scaling; else $TRIDERM_CUDA_PRECISION), fp32, bf16 or fp16; the CPU always computes "
+                             "in fp32 (default: auto)")
+    return device
 
 
 def add_batch_size(parser: Parser, default: int | None, **kw: Any) -> argparse.Action:
@@ -148,7 +157,8 @@ def log_to_console() -> None:
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """``parser.parse_args(argv)``; a ``--device`` is resolved (``auto`` → ``"cuda"`` or ``"cpu"``) and
-    fixed for the whole process; a ``cuda`` request without CUDA exits through ``parser.error``. The
+    fixed for the whole process, with its ``--precision`` (resolved to ``fp32``, ``bf16`` or ``fp16``); a
+    ``cuda`` request without CUDA, or ``bf16`` on a GPU without it, exits through ``parser.error``. The
     library's messages go to stderr from then on (:func:`log_to_console`)."""
     log_to_console()
     with warnings.catch_warnings():
@@ -157,6 +167,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     if isinstance(getattr(args, "device", None), str):
         try:
             args.device = str(use_device(args.device))  # "cpu" or "cuda": JSON-safe in run configs
+            if isinstance(getattr(args, "precision", None), str):
+                args.precision = use_precision(args.precision, args.device)  # what the device computes in
         except ValueError as e:
             parser.error(str(e))
     return args

@@ -1,8 +1,10 @@
 """Shared plumbing of every job: device choice, opening a workspace, run artifacts.
 
-- **Device**: CUDA (bf16 autocast; ``TRIDERM_CUDA_PRECISION=fp32`` for full precision) when
-  available, else the CPU (fp32); a job's ``--device`` fixes it for the whole process
+- **Device**: CUDA when available, else the CPU; a job's ``--device`` fixes it for the whole process
   (:func:`use_device`, called by :func:`core.cli.parse_args`).
+- **Precision**: on CUDA, autocast in bf16 where ``torch.cuda.is_bf16_supported()``, else in fp16 with a
+  loss scaler (:func:`grad_scaler`); ``fp32`` turns it off. A job's ``--precision`` chooses (:func:`use_precision`),
+  else ``$TRIDERM_CUDA_PRECISION``, else ``auto``; on the CPU it is always fp32 (faster and exact there).
 - **Workspace**: :func:`open_workspace` opens the ``--workspace`` of a job, importing the
   SYNTHETIC phantom demo into an empty one, and turns user errors into one clear ``parser``
   error (:func:`user_errors`).
@@ -38,18 +40,42 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:  # torch is imported where a device or checkpoint is used: reading embeddings needs none
     import torch
 
-__all__ = ["DEMO_SEED", "DEVICES", "PRECISION_ENV", "autocast", "ensure_images", "git_sha", "init_distributed", "json_safe", "load_checkpoint",
-           "load_embeddings", "open_workspace", "pick_device", "numbers_only", "resolve_device",
-           "save_embeddings", "source_fingerprint", "torch_threads", "use_device", "user_errors",
-           "write_model_folder"]
+__all__ = [
+    "DEMO_SEED",
+    "DEVICES",
+    "PRECISIONS",
+    "PRECISION_ENV",
+    "amp_dtype",
+    "autocast",
+    "ensure_images",
+    "git_sha",
+    "grad_scaler",
+    "init_distributed",
+    "json_safe",
+    "load_checkpoint",
+    "load_embeddings",
+    "numbers_only",
+    "open_workspace",
+    "pick_device",
+    "resolve_device",
+    "save_embeddings",
+    "source_fingerprint",
+    "torch_threads",
+    "use_device",
+    "use_precision",
+    "user_errors",
+    "write_model_folder",
+]
 
 DEMO_SEED = 0
 EMBEDDINGS_FILE = "embeddings.npz"
 
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISION_ENV = "TRIDERM_CUDA_PRECISION"  # bf16 (default) or fp32: the compute precision on CUDA
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISION_ENV = "TRIDERM_CUDA_PRECISION"  # one of PRECISIONS: the CUDA precision when --precision is auto
 _chosen_device: torch.device | None = None
+_chosen_precision: str | None = None
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
@@ -103,19 +129,54 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), world, torch.device("cpu")
 
 
-def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA (fp32 when ``TRIDERM_CUDA_PRECISION=fp32``); a no-op context on CPU
-    (fp32 there is both faster and exact)."""
+def use_precision(spec: str | None, device: torch.device | str | None = None) -> str:
+    """Set the process's CUDA precision (a job's ``--precision``; ``auto``/``None`` clears it) and return the
+    precision ``device`` (default: :func:`pick_device`) then computes in: ``fp32``, ``bf16`` or ``fp16``. An
+    unknown name, or ``bf16`` on a GPU without it, is a ValueError."""
+    import torch
+
+    global _chosen_precision
+    if spec is not None and spec not in PRECISIONS:
+        raise ValueError(f"precision {spec!r}: choose from {', '.join(PRECISIONS)}")
+    _chosen_precision = None if spec in (None, "auto") else spec
+    dtype = amp_dtype(pick_device() if device is None else device)
+    return "fp32" if dtype is None else "bf16" if dtype == torch.bfloat16 else "fp16"
+
+
+def amp_dtype(device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype on ``device``, ``None`` for fp32: always on the CPU; on CUDA the precision chosen by
+    :func:`use_precision`, else ``$TRIDERM_CUDA_PRECISION``, else ``auto`` — bf16 where
+    ``torch.cuda.is_bf16_supported()``, else fp16 (train with :func:`grad_scaler`)."""
     import os
 
     import torch
 
-    precision = os.environ.get(PRECISION_ENV, "bf16")
-    if precision not in ("bf16", "fp32"):
-        raise ValueError(f"{PRECISION_ENV}={precision!r}: choose bf16 or fp32")
-    if torch.device(device).type == "cuda" and precision == "bf16":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    precision = _chosen_precision or os.environ.get(PRECISION_ENV) or "auto"
+    if precision not in PRECISIONS:
+        raise ValueError(f"{PRECISION_ENV}={precision!r}: choose from {', '.join(PRECISIONS)}")
+    if torch.device(device).type != "cuda" or precision == "fp32":
+        return None
+    bf16 = torch.cuda.is_bf16_supported()
+    if precision == "bf16" and not bf16:
+        raise ValueError("precision bf16: this GPU does not support bfloat16 (use fp16 or auto)")
+    return torch.bfloat16 if precision == "bf16" or (precision == "auto" and bf16) else torch.float16
+
+
+def autocast(device: torch.device | str) -> contextlib.AbstractContextManager:
+    """Autocast to :func:`amp_dtype` on CUDA; a no-op context for fp32 (always on the CPU)."""
+    import torch
+
+    dtype = amp_dtype(device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type="cuda", dtype=dtype)
+
+
+def grad_scaler(device: torch.device | str) -> torch.amp.GradScaler:
+    """The loss scaler of a training loop on ``device``: enabled only under fp16 autocast (bf16 and fp32 need
+    none). Disabled it passes through (``scale(loss)`` is ``loss``, ``step(opt)`` is ``opt.step()``), so a loop
+    always runs ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``."""
+    import torch
+
+    return torch.amp.GradScaler(torch.device(device).type, enabled=amp_dtype(device) == torch.float16)
 
 
 @contextlib.contextmanager

@@ -13,8 +13,8 @@ from core.vision.backbones import (
     DERMLIP_HUB,
     LITE0_TIMM,
     BackboneUnavailable,
-    available_backbones,
     canonical_name,
+    list_backbones,
     load_backbone,
 )
 
@@ -33,7 +33,7 @@ def test_canonical_name(name, canonical):
 
 
 def test_every_alias_and_its_canonical_name_are_listed():
-    listed = available_backbones()
+    listed = list_backbones()
     assert all(alias in listed and target in listed for alias, target in ALIASES.items())
     assert ALIASES == {"efficientnet-lite0": LITE0_TIMM, "dermlip": DERMLIP_HUB}
 
@@ -46,9 +46,11 @@ def test_alias_and_canonical_name_build_the_same_backbone():
     assert torch.equal(a(x), b(x))
 
 
-def test_other_timm_models_are_a_clear_error():
-    with pytest.raises(ValueError, match="only timm:tf_efficientnet_lite0"):
-        load_backbone("timm:resnet50", device="cpu", pretrained=False)
+def test_a_timm_tag_names_timm_hub_weights_not_the_embedded_ones():
+    """``timm:tf_efficientnet_lite0`` is the embedded package's weights; with a tag, timm's own (hub) weights."""
+    a = load_backbone("timm:tf_efficientnet_lite0.in1k", device="cpu", pretrained=False)
+    assert a.name == "timm:tf_efficientnet_lite0.in1k:random@full" and a.arch == "efficientnet-lite0"
+    assert (a.channels, a.grid()) == (1280, (14, 14))
 
 
 @pytest.mark.parametrize("name", ["dermlip", DERMLIP_HUB, "hf-hub:example-org/not-cached-clip"])

@@ -1,4 +1,5 @@
-"""Backbone registry: offline default weights, open_clip ViT maps, checkpoints, fast hub failure."""
+"""Backbone registry: offline default weights (through timm's pretrained machinery, features unchanged since the
+parent commit), any timm model, open_clip ViT maps, checkpoints, fast hub failure."""
 from __future__ import annotations
 
 import socket
@@ -8,8 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-import core.vision.backbones as backbones
-from core.vision.backbones import BackboneUnavailable, available_backbones, load_backbone, load_state_in_order
+from core.runtime import torch_threads
+from core.vision import backbones
+from core.vision.backbones import BackboneUnavailable, list_backbones, load_backbone, state_in_order
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +93,88 @@ def test_layers_by_argument_or_suffix_and_canonical_names():
 
 
 def test_in_order_loading_names_the_mismatching_tensor():
-    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    target = [("0.weight", (4, 3)), ("0.bias", (4,)), ("1.weight", (2, 4)), ("1.bias", (2,))]
     bad = {"a.weight": torch.zeros(4, 3), "a.bias": torch.zeros(4), "b.weight": torch.zeros(3, 4),
            "b.bias": torch.zeros(2)}
     with pytest.raises(ValueError, match=r"#2 b\.weight .*\(3, 4\).*1\.weight expects \(2, 4\)"):
-        load_state_in_order(net, bad, "test.pth")
+        state_in_order(target, bad, "test.pth")
     with pytest.raises(ValueError, match="3 tensors but the model has 4"):
-        load_state_in_order(net, dict(list(bad.items())[:3]), "test.pth")
+        state_in_order(target, dict(list(bad.items())[:3]), "test.pth")
+    good = {**bad, "b.weight": torch.ones(2, 4)}
+    assert list(state_in_order(target, good, "test.pth")) == [k for k, _ in target]
+
+
+#: Computed on the parent commit 37d1fa9 (before the timm route), from its worktree with
+#: ``torch.set_num_threads(1)``: per output, the float64 sum and sum of squares, then four flat indices (spread
+#: over the non-zero entries) and their values. ``full``/``stage5``: ``load_backbone("efficientnet-lite0@…",
+#: device="cpu")`` on ``bb.preprocess(arr)``; ``enc0``–``enc2``: ``core.segmentation.model.encoder("cpu")`` on
+#: ``to_batch(photos, 64)``; ``arr``: ``np.random.default_rng(0).integers(0, 256, (2, 96, 128, 3), dtype=np.uint8)``.
+PARENT_FEATURES = {
+    "full": (30039.585762507726, 75814.37754028174, [2, 162102, 333912, 501367],
+             [0.08596423268318176, 0.49143996834754944, 0.3210456967353821, 0.3304954767227173]),
+    "stage5": (-7244.057296618819, 657144.386594529, [0, 14634, 29268, 43903],
+               [-5.791897773742676, -7.140883922576904, 3.4007327556610107, -1.5364930629730225]),
+    "enc0": (3324.669771410525, 932528.0604046995, [0, 4095, 8191, 12287],
+             [0.1380019187927246, -3.025848388671875, -3.7752976417541504, 12.116296768188477]),
+    "enc1": (-6978.773584891111, 195075.42774972733, [0, 1706, 3412, 5119],
+             [-1.0363457202911377, -5.400094985961914, -6.725347518920898, -0.23826098442077637]),
+    "enc2": (-734.0606397911906, 64404.140314346485, [0, 1194, 2388, 3583],
+             [-2.007923126220703, -3.5040721893310547, 7.561323165893555, 2.9478249549865723]),
+}
+
+
+def test_embedded_default_features_are_those_of_the_parent_commit(lite0, lite0_full):
+    """Behaviour unchanged by the one timm route (pretrained_cfg_overlay + in-order filter, forward_intermediates,
+    timm's mean/std): the vision features and the segmenter's encoder output match the parent commit's."""
+    from core.segmentation.model import encoder, to_batch
+
+    arr = np.random.default_rng(0).integers(0, 256, (2, 96, 128, 3), dtype=np.uint8)
+    with torch_threads(1), torch.no_grad():
+        out = {"full": lite0_full(lite0_full.preprocess(arr)), "stage5": lite0(lite0.preprocess(arr))}
+        out.update({f"enc{i}": f for i, f in enumerate(encoder("cpu")(to_batch([Image.fromarray(a) for a in arr],
+                                                                                64)))})
+    assert encoder("cpu").identity == "efficientnet-lite0:579344248a93"  # the shipped segmenter's encoder
+    assert (lite0_full.mean, lite0_full.std) == ((0.5,) * 3, (0.5,) * 3)
+    for name, (total, squares, idx, values) in PARENT_FEATURES.items():
+        f = out[name].double()
+        assert f.sum().item() == pytest.approx(total, rel=1e-6), name
+        assert f.pow(2).sum().item() == pytest.approx(squares, rel=1e-6), name
+        assert torch.allclose(f.flatten()[idx], torch.tensor(values, dtype=torch.float64), rtol=0, atol=1e-6), name
+
+
+def test_any_timm_model_gives_its_last_feature_map():
+    cnn = load_backbone("timm:resnet18", device="cpu", pretrained=False)
+    assert cnn.name == "timm:resnet18:random@last" and (cnn.channels, cnn.grid()) == (512, (7, 7))
+    assert (cnn.mean, cnn.std) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # timm's data config
+    assert cnn(torch.zeros(1, 3, 224, 224)).shape == (1, 512, 7, 7) and len(cnn.blocks()) == 4
+    vit = load_backbone("timm:vit_tiny_patch16_224", device="cpu", pretrained=False)
+    assert vit(torch.zeros(1, 3, 224, 224)).shape == (1, 192, 14, 14) and len(vit.blocks()) == 12
+    with pytest.raises(ValueError, match="224px"):
+        vit.grid(256)
+    with pytest.raises(ValueError, match="unknown layer 'stage5'.*last"):
+        load_backbone("timm:resnet18@stage5", device="cpu", pretrained=False)
+    with pytest.raises(ValueError, match="unknown timm model 'resnet9000'"):
+        load_backbone("timm:resnet9000", device="cpu")
+    with pytest.raises(ValueError, match="Invalid pretrained tag"):
+        load_backbone("timm:resnet18.nope", device="cpu")
+
+
+def test_timm_hub_weights_offline_fail_fast_with_clear_message(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network attempted"))
+    with pytest.raises(BackboneUnavailable, match="timm:resnet18.a1_in1k.*not cached.*--backbone efficientnet-lite0"):
+        load_backbone("timm:resnet18.a1_in1k", device="cpu")
+
+
+def test_list_backbones_delegates_to_timm_and_open_clip(monkeypatch):
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network attempted"))
+    every = list_backbones()
+    assert every[:4] == ["efficientnet-lite0", "timm:tf_efficientnet_lite0", "dermlip",
+                         "hf-hub:redlessone/DermLIP_ViT-B-16"]
+    assert "timm:resnet18" in every and "open_clip:ViT-B-16" in every
+    assert list_backbones("timm:tf_efficientnet_lite0*", pretrained=True) == [
+        "timm:tf_efficientnet_lite0", "timm:tf_efficientnet_lite0.in1k"]
+    assert "open_clip:ViT-B-16:laion2b_s34b_b88k" in list_backbones("open_clip:*", pretrained=True)
 
 
 def test_open_clip_vit_without_weights_gives_14x14_map():
@@ -136,11 +213,10 @@ def test_dermlip_unreachable_hub_fails_with_clear_message(monkeypatch):
 
 
 def test_unknown_names_are_rejected():
-    with pytest.raises(ValueError, match="unknown backbone"):
+    with pytest.raises(ValueError, match="unknown backbone 'resnet-9000'.*timm:<model>"):
         load_backbone("resnet-9000")
     with pytest.raises(FileNotFoundError):
         load_backbone("/nonexistent/weights.pt")
-    assert "efficientnet-lite0" in available_backbones()
 
 
 def test_gradients_flow_only_into_unfrozen_stem(lite0):

@@ -162,26 +162,98 @@ def test_slimp_forward_and_loss_follow_input_device_and_dtype() -> None:
     assert loss.dtype == DT and torch.isfinite(loss)
 
 
-def test_autocast_is_bf16_on_cuda_and_a_no_op_on_the_cpu() -> None:
-    """The one place that picks the mixed-precision dtype (core.runtime.autocast), checked on CPU."""
-    from core.runtime import autocast
+@pytest.fixture
+def gpu(monkeypatch):
+    """A mocked CUDA device (``torch.cuda.is_available()``); the test sets ``is_bf16_supported``. The process's
+    precision choice and ``$TRIDERM_CUDA_PRECISION`` are cleared, and come back afterwards."""
+    from core import runtime
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runtime, "_chosen_precision", None)
+    monkeypatch.delenv(runtime.PRECISION_ENV, raising=False)
+    return lambda bf16: monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+
+
+def test_autocast_is_bf16_on_cuda_and_a_no_op_on_the_cpu(gpu) -> None:
+    """The one place that picks the mixed-precision dtype (core.runtime.autocast), checked on CPU."""
+    from core.runtime import autocast, grad_scaler
+
+    gpu(True)
     ctx = autocast("cuda:0")
     assert isinstance(ctx, torch.autocast) and ctx.device == "cuda" and ctx.fast_dtype == torch.bfloat16
+    assert not grad_scaler("cuda:0").is_enabled()  # bf16 needs no loss scaling
     assert isinstance(autocast(torch.device("cpu")), contextlib.nullcontext)
     a = torch.randn(4, 4)
     with autocast("cpu"):
         assert (a @ a).dtype == torch.float32  # fp32 on the CPU: exact and faster there
 
 
-def test_cuda_precision_env_gives_fp32_or_one_clear_error(monkeypatch) -> None:
-    """``TRIDERM_CUDA_PRECISION=fp32`` turns the CUDA autocast off (benchmarks.gpu's fp32 rows); a typo is refused."""
-    from core.runtime import PRECISION_ENV, autocast
+def test_gpus_without_bf16_get_fp16_with_a_loss_scaler(gpu) -> None:
+    from core.runtime import autocast, grad_scaler, use_precision
 
+    gpu(False)
+    ctx = autocast("cuda:0")
+    assert isinstance(ctx, torch.autocast) and ctx.fast_dtype == torch.float16
+    assert grad_scaler("cuda:0").is_enabled()
+    with pytest.raises(ValueError, match="bf16: this GPU does not support bfloat16"):
+        use_precision("bf16", "cuda:0")
+    assert use_precision("fp32", "cuda:0") == "fp32" and not grad_scaler("cuda:0").is_enabled()
+    assert isinstance(autocast("cuda:0"), contextlib.nullcontext)
+    assert use_precision("auto", "cuda:0") == "fp16"
+
+
+def test_cpu_precision_is_fp32_whatever_is_asked(gpu) -> None:
+    """``--precision`` on the CPU is a no-op: no autocast, and a pass-through scaler (the loops' three lines
+    are then exactly ``loss.backward(); opt.step()``)."""
+    from core.runtime import autocast, grad_scaler, use_precision
+
+    gpu(False)
+    for spec in ("auto", "fp16", "bf16", "fp32"):
+        assert use_precision(spec, "cpu") == "fp32" and isinstance(autocast("cpu"), contextlib.nullcontext)
+    scaler, w = grad_scaler("cpu"), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.5)
+    loss = (w * w).sum()
+    assert scaler.scale(loss) is loss
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(w.detach(), torch.zeros(2))  # 1 − 0.5·2
+
+
+def test_precision_option_sits_beside_device_and_is_resolved(gpu, monkeypatch) -> None:
+    import argparse
+
+    from core import cli, runtime
+
+    monkeypatch.setattr(runtime, "_chosen_device", None)
+    gpu(True)
+    parser = argparse.ArgumentParser()
+    cli.add_device(parser)
+    args = cli.parse_args(parser, ["--device", "cuda", "--precision", "fp16"])
+    assert (args.device, args.precision) == ("cuda", "fp16") and runtime.amp_dtype("cuda") == torch.float16
+    assert cli.parse_args(parser, ["--device", "cuda"]).precision == "bf16"
+    assert cli.parse_args(parser, ["--device", "cpu", "--precision", "bf16"]).precision == "fp32"
+    with pytest.raises(SystemExit):
+        cli.parse_args(parser, ["--precision", "fp64"])
+    gpu(False)
+    with pytest.raises(SystemExit):
+        cli.parse_args(parser, ["--device", "cuda", "--precision", "bf16"])
+
+
+def test_cuda_precision_env_gives_fp32_or_one_clear_error(gpu, monkeypatch) -> None:
+    """``TRIDERM_CUDA_PRECISION`` still chooses when ``--precision`` is auto (benchmarks.gpu's fp32 rows); a typo
+    is refused; an explicit ``--precision`` wins over it."""
+    from core.runtime import PRECISION_ENV, autocast, use_precision
+
+    gpu(True)
     monkeypatch.setenv(PRECISION_ENV, "fp32")
     assert isinstance(autocast("cuda:0"), contextlib.nullcontext)
+    assert use_precision("bf16", "cuda:0") == "bf16"
+    use_precision("auto")
     monkeypatch.setenv(PRECISION_ENV, "fp16")
-    with pytest.raises(ValueError, match="TRIDERM_CUDA_PRECISION='fp16': choose bf16 or fp32"):
+    assert autocast("cuda:0").fast_dtype == torch.float16
+    monkeypatch.setenv(PRECISION_ENV, "fp8")
+    with pytest.raises(ValueError, match="TRIDERM_CUDA_PRECISION='fp8': choose from auto, fp32, bf16, fp16"):
         autocast("cuda:0")
 
 

@@ -21,7 +21,7 @@ from core.concepts.vocabulary import ConceptTagger, disease_aspect, sub_captions
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
 from core.losses.make import CLIPLoss, MAKELoss
 from core.losses.unimodal import CLIPUnimodalLoss
-from core.runtime import autocast
+from core.runtime import autocast, grad_scaler
 from core.vision.augment import crop_views
 
 SIGMOID_OBJECTIVES = ("siglip", "conceptclip")  # trained with SigLIP's (t_g, b_g), see ConceptScorer
@@ -337,6 +337,7 @@ class Trainer:
         history = []
         idx_all = torch.as_tensor(train_idx, dtype=torch.long)
         bar = tqdm(range(self.cfg.epochs), desc=f"train {self.cfg.objective}", disable=not progress, leave=False)
+        scaler = grad_scaler(self.model.device)
         for epoch in bar:
             perm = idx_all[torch.randperm(len(idx_all), generator=self.gen, device="cpu")]
             losses = []
@@ -347,8 +348,9 @@ class Trainer:
                 with autocast(self.model.device):  # bf16 on CUDA, a no-op on the CPU
                     loss = self.loss(b)
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                self.opt.step()
+                scaler.scale(loss).backward()
+                scaler.step(self.opt)
+                scaler.update()
                 losses.append(loss.item())
             history.append(float(np.mean(losses)))
             bar.set_postfix(loss=f"{history[-1]:.3f}")

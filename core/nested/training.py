@@ -25,7 +25,7 @@ from core.nested.model import (
     probe,
     retrieval_recall,
 )
-from core.runtime import autocast, load_checkpoint
+from core.runtime import autocast, grad_scaler, load_checkpoint
 
 FRACTIONS = (0.01, 0.1, 1.0)
 
@@ -150,14 +150,16 @@ def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, 
     epoch means of the loss and its parts."""
     images, masks, wound_tab, patient_tab = tensors
     sums: dict[str, float] = {}
+    scaler = grad_scaler(device)  # fp16 only: its loss scale restarts each epoch (a few skipped steps at most)
     for batch in batches:
         shard = [batch[i] for i in np.array_split(np.arange(len(batch)), world)[rank]]
         inputs = make_inputs(shard, images, masks, wound_tab, patient_tab, device)
         with autocast(device):  # bf16 on CUDA, a no-op on the CPU
             loss, stats = batch_loss(model, net(inputs), inputs, len(batch), group, world)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v / len(batches)
     return sums

@@ -1,7 +1,7 @@
 """The wound segmenter: EfficientNet-Lite0 pyramid (strides 4–32, the last four stages fine-tuned) + an FPN decoder.
 
-The encoder is timm ``tf_efficientnet_lite0`` built with ``features_only``; its ImageNet weights are
-the offline backbone's (:func:`core.vision.backbones.load_backbone`), copied by parameter name. The
+The encoder is timm ``tf_efficientnet_lite0`` built with ``features_only``, through the vision backbones' one
+loader (:func:`core.vision.backbones.create_timm_model`: the offline backbone's ImageNet weights, its mean/std). The
 stem and the first three stages (strides 2–8, :class:`Encoder`) stay frozen, so training computes
 their outputs once per photo and view; the later stages (strides 16 and 32, :data:`TUNED_STAGES`)
 are fine-tuned with the decoder (:class:`SegNet`; their batch-norm statistics stay ImageNet's). The
@@ -34,7 +34,7 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.runtime import pick_device
 from core.segmentation.defaults import RUN_KIND, THRESHOLD  # noqa: F401 (THRESHOLD re-exported)
-from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
+from core.vision.backbones import LITE0_TIMM, OFFLINE_DEFAULT, create_timm_model
 
 CHECKPOINT_NAME = "segmenter.safetensors"
 FORMAT = "triderm-segmenter/2"
@@ -62,14 +62,13 @@ class SegmenterError(ValueError):
 
 
 def _lite0(device: torch.device) -> tuple[nn.Module, str, tuple[float, ...], tuple[float, ...]]:
+    """The pyramid of the offline backbone's network and weights (one loader: :func:`create_timm_model`), its
+    identity (architecture + weights fingerprint) and timm's mean/std for it."""
     import timm
 
-    source = load_backbone(OFFLINE_DEFAULT, device="cpu")
-    net = timm.create_model("tf_efficientnet_lite0", features_only=True, out_indices=(1, 2, 3, 4), pretrained=False)
-    missing, _ = net.load_state_dict(source.model.state_dict(), strict=False)
-    if missing:
-        raise SegmenterError(f"offline backbone weights lack encoder tensors {missing[:3]}…")
-    return net.to(device).eval(), f"{source.arch}:{source.weights}", source.mean, source.std
+    net, weights = create_timm_model(LITE0_TIMM[len("timm:"):], features_only=True, out_indices=(1, 2, 3, 4))
+    data = timm.data.resolve_model_data_config(net)
+    return net.to(device).eval(), f"{OFFLINE_DEFAULT}:{weights}", data["mean"], data["std"]
 
 
 class Encoder(nn.Module):

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
 from annotations.workspace import Workspace
+from core.runtime import autocast, grad_scaler
 from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS  # noqa: F401 (PRETRAIN_EPOCHS re-exported)
 from core.segmentation.metrics import dice
 from core.segmentation.model import (
@@ -41,8 +42,8 @@ from core.segmentation.model import (
     THRESHOLD,
     TTA_FLIPS,
     Encoder,
-    SegNet,
     Segmenter,
+    SegNet,
     encoder,
     flip,
     load_default,
@@ -239,6 +240,7 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
     opt = torch.optim.AdamW(groups, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs * steps_per_epoch))
     losses: list[float] = []
+    scaler = grad_scaler(device)
     bar = tqdm(range(epochs), desc="segmenter", unit="epoch", disable=not progress, leave=False)
     for epoch in bar:
         net.train()
@@ -248,11 +250,13 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
         for batch in rows[torch.randperm(len(rows), generator=gen)].split(batch_size):
             feats = [level[batch].to(device).float() for level in cache.levels]
             target = cache.targets[batch].to(device).float()
-            logits = net(feats)
-            loss = F.binary_cross_entropy_with_logits(logits, target) + dice_loss(logits, target)
+            with autocast(device):  # bf16 (or fp16 with the scaler) on CUDA, a no-op on the CPU
+                logits = net(feats)
+                loss = F.binary_cross_entropy_with_logits(logits, target) + dice_loss(logits, target)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             sched.step()
             total += loss.item() * len(batch)
         losses.append(total / len(rows))

