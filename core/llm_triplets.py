@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.oracle in ("ollama", "openai"):
         kwargs = {"timeout": args.timeout, "retries": args.retries, "connect_timeout": args.connect_timeout,
                   "allowed_hosts": ollama_hosts(ws.store.get_meta("ollama_hosts")),
-                  "per_host": args.workers, "log": sys.stderr}
+                  "per_host": args.workers}
     elif args.oracle == "local":
         kwargs = {"batch_size": args.batch_size}
     workers = args.workers * (len(hosts) if hosts else 1)
