@@ -13,6 +13,7 @@ import hashlib
 import importlib.abc
 import io
 import json
+import math
 import sys
 import threading
 from collections.abc import Mapping
@@ -508,3 +509,64 @@ def any_job_running(ws: Workspace) -> bool:
     from annotations import jobs
 
     return any(j["alive"] for j in jobs.jobs(ws))
+
+
+# -- the Report page's cells and rows (plain functions, no Streamlit) -------------------------------------------
+REPORT_METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %", "kappa": "κ"}
+
+
+def metric_text(value: float | None, metric: str) -> str:
+    """An agreement figure as the report shows it: κ to 3 decimals, the others in % to 1; "–" when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.3f}" if metric == "kappa" else f"{100 * value:.1f}"
+
+
+def metric_cell(row: Mapping, metric: str) -> str:
+    """A report row's ``metric`` with its 95 % CI in brackets when it has one."""
+    lo, hi = (row.get("ci") or {}).get(metric, (None, None))
+    ci = f" [{metric_text(lo, metric)}, {metric_text(hi, metric)}]" if lo is not None else ""
+    return metric_text(row.get(metric), metric) + ci
+
+
+def seeds_cell(c: object, seeds: int) -> object:
+    """A benchmark cell ``{"mean", "sd", "ci", "n"}`` as mean [± sd] [95% CI], saying over how many seeds
+    (``seeds`` when the cell does not say); no interval where there is none; other values as they are."""
+    if not isinstance(c, dict):
+        return "–" if c is None else c  # no triplets in the dataset: no agreement to show
+    n = c.get("n", seeds)
+    ci = c.get("ci")
+    interval = f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci and ci[0] != ci[1] else ""
+    if c.get("sd") is None or n < 2:
+        return f"{c['mean']:.1f}{interval} (1 seed)"
+    if c["sd"] == 0:
+        return f"{c['mean']:.1f}{interval} (same on all {n} seeds)"
+    return f"{c['mean']:.1f} ± {c['sd']:.1f}{interval} ({n} seeds)"
+
+
+def agreement_rows(rows: list[dict]) -> list[dict]:
+    """The agreement report's table: one row per run with each metric and its CI."""
+    return [{"modality": r.get("modality"), "run": r.get("run_id"), "method": r.get("label"),
+             **{label: metric_cell(r, m) for m, label in REPORT_METRICS.items()}, "triplets": r.get("n"),
+             "anchors": r.get("n_anchors"), "scored on": r.get("protocol", "all triplets")} for r in rows]
+
+
+def ablation_rows(rows: list[dict]) -> list[dict]:
+    """An ablation table's rows: factor, setting, seeds, balanced and micro % as mean ± sd, the paper's figure."""
+    def pm(r: dict, m: str) -> str:
+        return f"{100 * (r.get(f'{m}_mean') or 0):.1f} ± {100 * (r.get(f'{m}_sd') or 0):.1f}"
+
+    return [{"factor": r.get("factor"), "setting": r.get("label"), "seeds": r.get("seeds"),
+             "balanced % (mean ± sd)": pm(r, "balanced"), "micro % (mean ± sd)": pm(r, "micro"),
+             "paper %": r.get("paper")} for r in rows]
+
+
+def benchmark_rows(summary: dict, paired: bool = False) -> list[dict]:
+    """The contrastive benchmark's table: mean ± sd per variant and metric, or with ``paired`` the seed-paired
+    difference from ``clip`` (``*`` where its paired t-test has p < 0.05; the majority baseline left out)."""
+    if paired:
+        return [{"variant": v, **{m: f"{d[0]:+.3f} ± {d[1]:.3f}{'*' if d[2] else ''}"
+                                  for m, d in metrics.items() if m != "probe_majority"}}
+                for v, metrics in summary.items()]
+    return [{"variant": v, **{m: f"{ms[0]:.3f} ± {ms[1]:.3f}" for m, ms in metrics.items()}}
+            for v, metrics in summary.items()]

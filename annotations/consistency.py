@@ -159,3 +159,27 @@ def disagreements(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for d in out:
         del d["_m"]
     return out
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    """``value`` rounded for a table; ``None`` (an empty cell) for a missing or NaN figure."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else round(value, digits)
+
+
+def annotator_rows(names: Iterable[str], progress_of: Mapping[str, Mapping[str, Any]],
+                   consistency_of: Mapping[str, Mapping[str, Any]], roles: Mapping[str, str],
+                   excluded: Iterable[str]) -> list[dict[str, Any]]:
+    """The Review page's annotator table: account, judgments, skips, planned repeats, self-consistency,
+    median seconds per answer, last answer and whether the annotator counts in evaluation."""
+    left_out = set(excluded)
+    rows = []
+    for n in names:
+        p = progress_of.get(n, {})
+        rows.append({"annotator": n, "account": roles.get(n, "no account (free-text name)"),
+                     "judgments": p.get("answered", 0), "skips": p.get("skips", 0),
+                     "planned repeats": p.get("repeats", 0),
+                     "self-consistency": rounded(consistency_of.get(n, {}).get("rate", math.nan)),
+                     "median seconds": rounded(p.get("median_ms", math.nan) / 1000, 1),
+                     "last answer": str(p.get("last", ""))[:16].replace("T", " "),
+                     "in evaluation": n not in left_out})
+    return rows

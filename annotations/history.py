@@ -113,3 +113,25 @@ def _restore_triplet(ws: Workspace, key: dict, old: dict | None, actor: str) -> 
         store.delete_triplet(row[0], actor=actor)
     store.add_triplet(key["anchor"], key["ref_j"], key["ref_k"], old["choice"], key["source"],
                       latency_ms=old.get("latency_ms"), rep=key["rep"], created=old.get("created"), actor=actor)
+
+
+def readable(value: Any, limit: int = 120) -> str:
+    """A revision's old or new value as a person reads it: ``field: value`` pairs, lists comma-separated,
+    nothing as an em dash (no Python dicts or quotes)."""
+    if value is None or value == "" or value == {}:
+        return "—"
+    if isinstance(value, dict):
+        text = " · ".join(f"{str(k).replace('_', ' ')}: {readable(v, limit)}" for k, v in value.items()
+                          if v not in (None, "", {}, []))
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(readable(v, limit) for v in value)
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def audit_rows(revisions: list[dict[str, Any]], last: int = 300) -> list[dict[str, Any]]:
+    """The audit trail's table: the ``last`` revisions, newest first, each value :func:`readable`."""
+    return [{"when": r["created"][:19].replace("T", " "), "account": r["actor"], "entity": r["entity"],
+             "row": readable(r["key"]), "field": r["field"], "action": r["action"], "old": readable(r["old"]),
+             "new": readable(r["new"])} for r in revisions[-last:][::-1]]

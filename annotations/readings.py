@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from annotations.consistency import rounded
 from annotations.fileio import atomic_write
 from annotations.store import now
 from annotations.workspace import Workspace, outlines
@@ -237,3 +238,13 @@ def agreement(ws: Workspace, exclude: set[str] | frozenset[str] = frozenset()) -
              for (a, b), v in sorted(per_pair.items(), key=lambda kv: (kv[0][0].casefold(), kv[0][1].casefold()))]
     return {"photos": photos, "pairs": pairs,
             "mean": float(np.mean([p["mean"] for p in photos])) if photos else math.nan}
+
+
+def photo_rows(photos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table of outline agreement per photo (the ``photos`` of :func:`agreement`), lowest mean Dice first:
+    readers, mean Dice, each pair's Dice and each reading's Dice against the stored outline."""
+    return [{"photo": ph["image_id"], "readers": ", ".join(ph["readers"]),
+             "mean Dice": rounded(ph["mean"]),
+             "pairs": "; ".join(f"{p['a']}–{p['b']} {p['dice']:.3f}" for p in ph["pairs"]),
+             "vs stored": "; ".join(f"{r} {v:.3f}" for r, v in sorted(ph["vs_stored"].items())) or "no stored outline"}
+            for ph in sorted(photos, key=lambda ph: ph["mean"])]

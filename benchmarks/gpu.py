@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from annotations.workspace import Workspace
-from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, write_result
+from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, repo_env, write_result
 from core import cli
 from core.runtime import PRECISION_ENV, ensure_images, use_device
 from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
@@ -62,8 +62,7 @@ def job(module: str, ws: Path, device: str, *args: str, torchrun: bool = False) 
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m"] if torchrun
                 else [sys.executable, "-m"])
     proc = subprocess.run([*launcher, module, "--workspace", str(ws), "--device", device, *args], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+                          capture_output=True, text=True, env=repo_env())
     if proc.returncode:
         raise RuntimeError(f"{module} {' '.join(args)} on {device} failed: {proc.stderr.strip()[-1500:]}")
     return Workspace(ws).store.runs()[0]

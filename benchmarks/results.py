@@ -213,6 +213,12 @@ def render(results_dir: Path | str = RESULTS_DIR) -> str:
 
 
 # -------------------------------------------------------------------------------------- main
+def repo_env() -> dict[str, str]:
+    """``os.environ`` with this checkout first on ``PYTHONPATH``, for a child ``python -m core.<job>``:
+    it imports this repository's code whatever its working directory or installed copy."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
 def cuda_available() -> bool:
     import torch
 

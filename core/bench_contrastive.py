@@ -29,8 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
-import numpy as np
+from typing import Any
 
 from core import cli
 from core.concepts.defaults import OFFLINE_DEFAULT
@@ -60,11 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from core.runtime import open_workspace
+SETTINGS = ("model", "epochs", "crop_size", "batch_size", "lr", "tower_lr", "partial_image", "partial_text", "lam",
+            "patch_dropout", "holdout", "target")
 
-    parser = _parser()
-    args = cli.parse_args(parser, argv)
+
+def _settle(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Fill the ``--quick``-dependent defaults and check the options; the variants to run."""
     defaults = {"n_seeds": (1, 5), "epochs": (2, 8), "crop_size": (96, 160)}  # (quick, full)
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
@@ -80,40 +80,23 @@ def main(argv: list[str] | None = None) -> int:
                      ("--partial-image and --partial-text must be ≥ 1", min(args.partial_image, args.partial_text) >= 1)):
         if not ok:
             parser.error(flag)
-    # torch, scikit-learn and the models: after the arguments (a fast --help)
-    import torch
+    return variants
 
-    from annotations.fileio import read_json, write_json
+
+def _inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Any, Any, list[str | None], Any]:
+    """(workspace, wound pairs, probe targets, image–text model); bad input exits through ``parser``."""
     from core.concepts.dual_encoder import VLMUnavailable, load_vlm
-    from core.concepts.training import (
-        Trainer,
-        build_text_inputs,
-        concept_labels,
-        load_pairs,
-        split_holdout,
-        target_values,
-    )
-    from core.concepts.vocabulary import ConceptTagger, load_vocab
-    from core.experiments.contrastive import (
-        OUT_DIR,
-        cell_key,
-        evaluate_cell,
-        paired_vs_baseline,
-        skip_reason,
-        summarise,
-        variant_config,
-        write_outputs,
-    )
+    from core.concepts.training import NotEnoughData, load_pairs, target_values
+    from core.runtime import open_workspace, user_errors
 
     ws = open_workspace(args.workspace)
-    pairs = load_pairs(ws, size=args.crop_size)
+    with user_errors(parser, NotEnoughData):
+        pairs = load_pairs(ws, size=args.crop_size)
     targets = target_values(pairs, args.target)
     if all(t is None for t in targets):
         columns = sorted({k for m in pairs.metadata for k in m})
         parser.error(f"--target {args.target!r}: no wound, photo or patient has a value in that metadata column; "
                      f"columns: {', '.join(columns) or 'none'}")
-    settings = {k: getattr(args, k) for k in ("model", "epochs", "crop_size", "batch_size", "lr", "tower_lr", "partial_image",
-                                               "partial_text", "lam", "patch_dropout", "holdout", "target")}
     try:
         model = load_vlm(args.model)
     except (VLMUnavailable, ValueError) as e:
@@ -122,63 +105,37 @@ def main(argv: list[str] | None = None) -> int:
                                ("--partial-text", args.partial_text, model.text)):
         if value > tower.n_levels:
             parser.error(f"{flag} {value}: {args.model} has {tower.n_levels} blocks in that tower")
+    return ws, pairs, targets, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = cli.parse_args(parser, argv)
+    variants = _settle(parser, args)
+    # torch, scikit-learn and the models: after the arguments (a fast --help)
+    from core.concepts.training import NotEnoughData
+    from core.experiments.contrastive import OUT_DIR, ContrastiveBench
+
+    ws, pairs, targets, model = _inputs(parser, args)
+    settings = {k: getattr(args, k) for k in SETTINGS}
     out = ws.runs_dir / OUT_DIR
     (out / "cells").mkdir(parents=True, exist_ok=True)
     run_id = ws.store.start_run("bench-contrastive", {**settings, "n_seeds": args.n_seeds, "variants": variants,
                                                       "quick": args.quick, "synthetic": ws.is_synthetic}, seed=0)
     t0 = time.perf_counter()
     try:
-        vocab = load_vocab(groups=("wound",))
-        tagger = ConceptTagger(vocab)
-        texts = build_text_inputs(pairs, tagger)
-        names, labels, source = concept_labels(ws, pairs, tagger)
-        scorer_concepts = [c for c in vocab if c.name in names]
-        keep = [i for i, n in enumerate(names) if n in {c.name for c in scorer_concepts}]
-        names, labels = [names[i] for i in keep], labels[:, keep]
-        init = {k: v.clone() for k, v in model.state_dict().items()}
-        cells: dict[str, list[dict[str, float]]] = {}
-        skipped: dict[str, str] = {}
-        todo = [(v, s) for v in variants for s in range(args.n_seeds)]
-        for n_done, (variant, seed) in enumerate(todo):
-            reason = skip_reason(variant, model)
-            if reason:
-                skipped[variant] = reason
-                continue
-            key = cell_key(variant, seed, settings)
-            path = out / "cells" / f"{variant}_s{seed}.json"
-            if path.is_file() and not args.fresh:
-                cached = read_json(path)
-                if cached.get("key") == key:
-                    cells.setdefault(variant, []).append({**cached["metrics"], "seed": seed})
-                    print(f"[cached] {variant} seed {seed}")
-                    continue
-            t1 = time.perf_counter()
-            held = split_holdout(pairs.patient_ids, args.holdout, seed)
-            model.load_state_dict(init)
-            torch.manual_seed(seed)
-            model.reset_heads()  # per-seed head initialisation (pretrained projections stay)
-            trainer = Trainer(model, pairs, texts, variant_config(variant, args, seed))
-            history = trainer.fit(np.flatnonzero(~held), progress=True)
-            metrics = evaluate_cell(trainer, held, names, labels, scorer_concepts, targets, ws)
-            metrics["final_loss"] = history[-1]
-            metrics["seconds"] = round(time.perf_counter() - t1, 1)
-            write_json(path, {"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1)
-            cells.setdefault(variant, []).append({**metrics, "seed": seed})
-            print(f"{variant} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-            ws.store.update_run(run_id, progress=(n_done + 1) / len(todo))
-        summary = summarise(cells)
-        held_sizes = [r["n_heldout"] for rows in cells.values() for r in rows if "n_heldout" in r]
-        settings_out = {**settings, "n_seeds": args.n_seeds, "concept_labels": source, "n_wounds": len(pairs),
-                        "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
-        write_outputs(out, summary, skipped, settings_out, ws.is_synthetic, paired_vs_baseline(cells))
-        artifacts = {name: str(out / name) for name in ("table.md", "table.csv", "results.json", "chart.json", "chart.html")}
-        ws.store.finish_run(run_id, metrics={"summary": summary, "skipped": skipped,
-                                             "seconds": round(time.perf_counter() - t0, 1)}, artifacts=artifacts)
+        bench = ContrastiveBench(ws, model, pairs, targets, settings, out, run_id, fresh=args.fresh)
+        for cell in bench.run(variants, args.n_seeds, args):
+            print(f"[cached] {cell.variant} seed {cell.seed}" if cell.cached else
+                  f"{cell.variant} seed {cell.seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in cell.metrics.items()))
+        table = bench.finish(args.n_seeds, time.perf_counter() - t0)
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                             metrics={"error": str(e)})
+        if isinstance(e, NotEnoughData):
+            parser.error(str(e))
         raise
-    print((out / "table.md").read_text())
+    print(table.read_text())
     print(f"total {time.perf_counter() - t0:.0f} s; outputs in {out}")
     return 0
 

@@ -69,8 +69,9 @@ def study_run(ws: Workspace, model: TrainedHead, ref: str) -> int:
     return int(done[0]["id"]) if done else embed_workspace(ws, model, ref)
 
 
-def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace) -> int:
-    """Embed the photos of ``--images`` with a trained model and print each one's nearest study photos."""
+def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace) -> list[str]:
+    """Embed the photos of ``--images`` with ``model`` and find their nearest study photos (the
+    distances to every study photo written to ``--out`` as CSV); the lines to print."""
     from core.vision.inference import photo_files, read_labels
 
     files = photo_files(args.images)
@@ -81,18 +82,18 @@ def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace
     emb = np.stack([model.embed(photo, labels) for photo, labels in photos])
     D = pairwise_euclidean(emb, study["image_emb"])
     k = min(args.neighbours, D.shape[1])
-    print(f"{len(names)} new photo(s) in the space of {args.model} (run {run_id}, {model.backbone.name}); "
-          f"nearest of {D.shape[1]} study photos:")
+    lines = [f"{len(names)} new photo(s) in the space of {args.model} (run {run_id}, {model.backbone.name}); "
+             f"nearest of {D.shape[1]} study photos:"]
     for name, row in zip(names, D):
         near = ", ".join(f"{study['image_ids'][j]} ({row[j]:.3f})" for j in np.argsort(row)[:k])
-        print(f"  {name}: {near}")
+        lines.append(f"  {name}: {near}")
     if args.out is not None:
         with open(args.out, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["photo", *study["image_ids"]])
             w.writerows([name, *(f"{d:.6f}" for d in row)] for name, row in zip(names, D))
-        print(f"distances → {args.out}")
-    return 0
+        lines.append(f"distances → {args.out}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         with user_errors(parser, ValueError, BackboneUnavailable, FileNotFoundError):
             model = TrainedHead.open(ws, args.model)
             if args.images is not None:
-                return place_new_photos(ws, model, args)
+                print("\n".join(place_new_photos(ws, model, args)))
+                return 0
         run_id = embed_workspace(ws, model, args.model)
         print(f"run {run_id}: the workspace's photos in the space of {args.model} ({model.backbone.name}) "
               f"→ {ws.run_dir(run_id)}")

@@ -51,7 +51,7 @@ from core.text.queries import run
 from core.text.sampling import SAMPLINGS, parse_budget
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m core.llm_triplets",
         description="Ask a triplet oracle (synthetic expert) about the workspace's photos. Resumable: "
@@ -85,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-failures", type=int, default=5,
                         help="stop asking after this many questions failed after retries (0: never stop)")
     cli.add_batch_size(parser, 8, help="questions per forward pass (local oracle; default 8)")
-    args = cli.parse_args(parser, argv)
+    return parser
+
+
+def _budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> float | int:
+    """Check the options; the question budget (a count or a fraction)."""
     try:
         budget = parse_budget(args.budget)
     except ValueError as exc:
@@ -102,15 +106,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--ollama-host is for --oracle ollama (OpenAI-compatible servers: --base-url)")
     if args.oracle == "openai" and not args.base_url:
         parser.error("--oracle openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-    ws = Workspace(resolve_workspace(args.workspace))
+    return budget
+
+
+def _oracle_kwargs(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
+    """The options of the chosen oracle: network settings and the allow-list of a server, the batch of the local one."""
     kwargs: dict[str, Any] = {}
-    hosts = args.base_url if args.oracle == "openai" else args.host
     if args.oracle in ("ollama", "openai"):
         kwargs = {"timeout": args.timeout, "retries": args.retries, "connect_timeout": args.connect_timeout,
                   "allowed_hosts": ollama_hosts(ws.store.get_meta("ollama_hosts")),
-                  "per_host": args.workers, "log": sys.stderr}
+                  "per_host": args.workers}
     elif args.oracle == "local":
         kwargs = {"batch_size": args.batch_size}
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = cli.parse_args(parser, argv)
+    budget = _budget(parser, args)
+    ws = Workspace(resolve_workspace(args.workspace))
+    hosts = args.base_url if args.oracle == "openai" else args.host
+    kwargs = _oracle_kwargs(args, ws)
     workers = args.workers * (len(hosts) if hosts else 1)
     try:
         oracle = make_oracle(args.oracle, args.model, host=hosts, truth_dir=ws.truth_dir, seed=args.seed, **kwargs)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from annotations.fileio import atomic_write
 from core import cli
 from core.concepts.defaults import OBJECTIVES, OFFLINE_DEFAULT
+
+if TYPE_CHECKING:
+    from core.concepts.training import TrainConfig
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -52,39 +52,9 @@ class UsageError(ValueError):
     """A flag combination that cannot give any result (reported as a parser error, exit 2)."""
 
 
-def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
-    """Train + evaluate + store; returns the run's metrics."""
-    # torch and the models: here, not at import (a fast --help)
-    import torch
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    from core.concepts.training import TrainConfig
 
-    from core.concepts.dual_encoder import load_vlm
-    from core.concepts.scores import ConceptBottleneck, ConceptScorer
-    from core.concepts.training import (
-        SIGMOID_OBJECTIVES,
-        TrainConfig,
-        Trainer,
-        build_text_inputs,
-        concept_auroc,
-        concept_labels,
-        load_pairs,
-        split_holdout,
-        target_values,
-    )
-    from core.concepts.vocabulary import ConceptTagger, load_vocab
-    from core.runtime import open_workspace, save_embeddings
-
-    ws = open_workspace(args.workspace)
-    try:
-        concepts = load_vocab(groups=[g.strip() for g in args.groups.split(",") if g.strip()])
-    except ValueError as e:
-        raise UsageError(f"--groups {args.groups!r}: {e}") from None
-    tagger = ConceptTagger(load_vocab(groups=("wound",)))
-    pairs = load_pairs(ws, size=args.crop_size)
-    names, labels, source = concept_labels(ws, pairs, tagger)
-    if not {c.name for c in concepts} & set(names):
-        raise UsageError(f"--groups {args.groups!r}: none of its concepts has labels in this workspace "
-                         f"({source}: {', '.join(names)}), so there is no AUROC to report; use --groups wound")
-    held = split_holdout(pairs.patient_ids, args.holdout, args.seed)
     cfg = TrainConfig(objective=args.objective, epochs=args.epochs, batch=args.batch_size, lr=args.lr,
                       tower_lr=args.tower_lr,
                       image_unlock=args.unlock if args.unlock_image is None else args.unlock_image,
@@ -92,76 +62,60 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     try:
         cfg.validate()
     except ValueError as e:
-        raise SystemExit(str(e)) from None
-    config = {**vars(args), "modality": "concept", "n_wounds": len(pairs), "n_heldout": int(held.sum()),
+        raise UsageError(str(e)) from None
+    return cfg
+
+
+def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
+    """Train + evaluate + store; returns the run's metrics (with its ``run_id``)."""
+    # torch and the models: here, not at import (a fast --help)
+    from core.concepts.dual_encoder import load_vlm
+    from core.concepts.run import ConceptData, train_and_evaluate
+    from core.concepts.training import Trainer, build_text_inputs
+    from core.concepts.vocabulary import load_vocab
+    from core.runtime import open_workspace
+
+    ws = open_workspace(args.workspace)
+    try:
+        concepts = load_vocab(groups=[g.strip() for g in args.groups.split(",") if g.strip()])
+    except ValueError as e:
+        raise UsageError(f"--groups {args.groups!r}: {e}") from None
+    data = ConceptData.load(ws, concepts, args.crop_size, args.holdout, args.seed)
+    if not data.labelled():
+        raise UsageError(f"--groups {args.groups!r}: none of its concepts has labels in this workspace "
+                         f"({data.source}: {', '.join(data.names)}), so there is no AUROC to report; use --groups wound")
+    cfg = _train_config(args)
+    config = {**vars(args), "modality": "concept", "n_wounds": len(data.pairs), "n_heldout": int(data.held.sum()),
               "synthetic": ws.is_synthetic}
     run_id = ws.store.start_run("concepts", config, seed=args.seed, name=f"{args.objective}{' (untrained)' if args.untrained else ''}")
     try:
         t0 = time.perf_counter()
         model = load_vlm(args.model, seed=args.seed)
-        texts = build_text_inputs(pairs, tagger)
         try:
-            trainer = Trainer(model, pairs, texts, cfg)
+            trainer = Trainer(model, data.pairs, build_text_inputs(data.pairs, data.tagger), cfg)
         except ValueError as e:
             raise UsageError(f"--objective {args.objective} --model {args.model}: {e}") from None
-        history: list[float] = []
-        stamps = [time.perf_counter()]
-
-        def on_epoch(epoch: int, losses: list[float]) -> None:
-            stamps.append(time.perf_counter())
-            ws.store.update_run(run_id, progress=(epoch + 1) / cfg.epochs, metrics={"loss": losses})
-
-        if not args.untrained:
-            history = trainer.fit(np.flatnonzero(~held), progress=progress, on_epoch=on_epoch)
-        g, patches, grid = trainer.embed()
-        scorer = ConceptScorer(model, concepts, beta=args.beta, sigmoid=args.objective in SIGMOID_OBJECTIVES)
-        sc = scorer.scores(g, patches)
-        heat = scorer.heatmaps(patches, grid)
-        col = {n: i for i, n in enumerate(scorer.names)}
-        common = [n for n in names if n in col]
-        metrics: dict[str, Any] = {"loss": history, "auroc_source": source, "seconds": round(time.perf_counter() - t0, 1),
-                                   "epoch_seconds": [round(b - a, 4) for a, b in zip(stamps, stamps[1:])]}
-        for kind in ("global", "local", "fused"):
-            s = sc[kind][held][:, [col[n] for n in common]]
-            metrics[f"auroc_{kind}"] = concept_auroc(s, labels[held][:, [names.index(n) for n in common]], common)
-        ys = target_values(pairs, args.target)
-        known = np.array([y is not None for y in ys])
-        if known.sum() >= 4 and len({y for y in ys if y}) >= 2:
-            cbm = ConceptBottleneck(scorer.names, random_state=args.seed)
-            tr, te = known & ~held, known & held
-            cbm.fit(sc["fused"][tr], [ys[i] for i in np.flatnonzero(tr)])
-            metrics["bottleneck"] = {"target": args.target, "top3": cbm.top_concepts(3),
-                                     "heldout_accuracy": cbm.score(sc["fused"][te], [ys[i] for i in np.flatnonzero(te)])
-                                     if te.any() else None}
-        photo_ids = sorted(set(pairs.image_ids))
-        gi = g.numpy()
-        photo_emb = np.stack([gi[[i for i, p in enumerate(pairs.image_ids) if p == pid]].mean(0) for pid in photo_ids])
-        save_embeddings(ws, run_id, photo_ids, image_emb=photo_emb, wound_keys=pairs.keys, wound_emb=gi,
-                        concept_names=np.asarray(scorer.names), concept_global=sc["global"],
-                        concept_local=sc["local"], concept_fused=sc["fused"],
-                        concept_heatmaps=heat.astype(np.float16), crop_boxes=pairs.boxes, heldout=held)
-        with atomic_write(ws.run_dir(run_id) / "heads.pt", "wb", suffix=".pt") as fh:
-            torch.save(model.extra_state_dict(), fh)
-        ws.store.finish_run(run_id, metrics=metrics, artifacts={"heads": str(ws.run_dir(run_id) / "heads.pt")})
-        metrics["run_id"] = run_id
-        return metrics
+        metrics = train_and_evaluate(ws, run_id, data, trainer, args.beta, args.target, train=not args.untrained,
+                                     progress=progress, started=t0)
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                             metrics={"error": str(e)})
         raise
+    metrics["run_id"] = run_id
+    return metrics
 
 
-def _print(metrics: dict[str, Any]) -> None:
-    print(f"run {metrics['run_id']}  concept AUROC on held-out wounds ({metrics['auroc_source']})")
+def report(metrics: dict[str, Any]) -> str:
+    """The run's held-out concept AUROC per concept and its concept bottleneck, as text."""
+    lines = [f"run {metrics['run_id']}  concept AUROC on held-out wounds ({metrics['auroc_source']})"]
     fused = metrics["auroc_fused"]
-    for name in fused:
-        print(f"  {name:24s} global {metrics['auroc_global'].get(name, float('nan')):.3f}  "
-              f"local {metrics['auroc_local'].get(name, float('nan')):.3f}  fused {fused[name]:.3f}")
+    lines += [f"  {name:24s} global {metrics['auroc_global'].get(name, float('nan')):.3f}  "
+              f"local {metrics['auroc_local'].get(name, float('nan')):.3f}  fused {fused[name]:.3f}" for name in fused]
     if "bottleneck" in metrics:
         b = metrics["bottleneck"]
-        print(f"concept bottleneck → {b['target']} (held-out accuracy {b['heldout_accuracy']})")
-        for cls, top in b["top3"].items():
-            print(f"  {cls:16s} " + ", ".join(f"{n} ({w:+.2f})" for n, w in top))
+        lines.append(f"concept bottleneck → {b['target']} (held-out accuracy {b['heldout_accuracy']})")
+        lines += [f"  {cls:16s} " + ", ".join(f"{n} ({w:+.2f})" for n, w in top) for cls, top in b["top3"].items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,14 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.beta <= 1:
         parser.error("--beta must be in [0, 1]")
     from core.concepts.dual_encoder import VLMUnavailable
+    from core.concepts.training import NotEnoughData
 
     try:
         metrics = run(args)
     except VLMUnavailable as e:
         parser.exit(2, f"error: {e}\n")
-    except UsageError as e:
+    except (UsageError, NotEnoughData) as e:
         parser.error(str(e))
-    _print(metrics)
+    print(report(metrics))
     return 0
 
 

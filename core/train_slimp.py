@@ -31,14 +31,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 from core import cli
 
 if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
+    from annotations.workspace import Workspace
     from core.nested.model import NestedData
     from core.nested.tabular import TabularSchema
+    from core.nested.training import EpochLoop
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,10 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="label permutations (within the same folds) for the probes' chance level (≥ 100)")
     p.add_argument("--name", default=None, help="run name")
     return p
-
-
-TRAIN_KEYS = ("backbone", "batch_size", "max_wounds", "lr", "lam", "temperature", "dim", "crop_size", "seed",
-              "continual", "init", "target", "no_wound_meta", "no_patient_meta")
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: int) -> None:
@@ -155,60 +152,27 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
     return f"    {name}\n" + "\n".join(f"      {r}" for r in rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = cli.parse_args(parser, argv)
-    # torch and the model's modules: after the arguments (a fast --help)
-    import torch
+def _open(parser: argparse.ArgumentParser, args: argparse.Namespace, rank: int, world: int
+          ) -> tuple[Workspace, NestedData, dict[str, Any] | None]:
+    """The workspace (the demo imported once, by rank 0), its nested data and a ``--resume`` run's
+    checkpoint, whose training settings replace those of ``args``; bad input exits through ``parser``."""
     import torch.distributed as dist
-    from torch import nn
-    from tqdm import tqdm
 
     from annotations.workspace import Workspace
-    from core.nested.model import (
-        SLIMP,
-        epoch_batches,
-        frozen_features,
-        load_nested_data,
-        wound_crops,
-    )
-    from core.nested.tabular import TabularSchema
-    from core.nested.training import (
-        checkpoint_path,
-        evaluate_model,
-        load_init,
-        param_groups,
-        save_checkpoint,
-        train_epoch,
-    )
-    from core.runtime import init_distributed, load_checkpoint, open_workspace, user_errors
-    from core.vision.backbones import BackboneUnavailable, load_backbone
+    from core.nested.model import epoch_batches, load_nested_data
+    from core.nested.training import read_resume
+    from core.runtime import open_workspace, user_errors
 
-    rank, world, device = init_distributed()
-    distributed = dist.is_initialized()  # under torchrun, one process or many
-    _validate(parser, args, world)
     if rank == 0:
         open_workspace(args.workspace)  # imports the demo into an empty workspace, once
-    if distributed:
+    if dist.is_initialized():
         dist.barrier()
     ws = Workspace(args.workspace)
-    try:
+    with user_errors(parser, ValueError):
         data = load_nested_data(ws)
-    except ValueError as e:
-        parser.error(str(e))
-
-    start_epoch, losses, resume_state = 0, [], None
-    if args.resume is not None:
-        path = ws.runs_dir / str(args.resume) / "checkpoint.pt"
-        run = ws.store.run(args.resume)
-        if run is None or run["kind"] != "slimp" or not path.exists():
-            parser.error(f"--resume {args.resume}: no SLIMP run with a checkpoint at {path}")
-        with user_errors(parser, ValueError):
-            resume_state = load_checkpoint(path)
-        saved = {"batch_size": resume_state["args"].get("batch_patients"), **resume_state["args"]}  # pre-0.2 key
-        for k in TRAIN_KEYS:
-            setattr(args, k, saved[k])
-        start_epoch, losses = resume_state["epoch"], resume_state["losses"]
+        resume = None if args.resume is None else read_resume(ws, args.resume)
+    if resume is not None:
+        vars(args).update(resume["args"])
     if args.ablation and not args.target:
         columns = sorted({k for r in data.wound_records + data.patient_records for k in r})
         parser.error("--ablation compares linear probes of a target column: give --target COLUMN "
@@ -219,131 +183,109 @@ def main(argv: list[str] | None = None) -> int:
             data.labels(args.target)
         except KeyError as e:
             parser.error(e.args[0])
+    smallest = min(map(len, epoch_batches(data.patient_wounds, args.batch_size, args.max_wounds, args.seed, 0)))
+    if smallest < world:  # the same in every epoch: only the patients' order is resampled
+        parser.error(f"a batch of {smallest} patients cannot be split over {world} processes")
+    return ws, data, resume
 
-    try:
+
+def _config(args: argparse.Namespace, world: int, bb: Any, schemas: tuple[TabularSchema | None, TabularSchema | None],
+            synthetic: bool) -> dict[str, Any]:
+    """The run record's config."""
+    import torch.distributed as dist
+
+    from core.nested.training import TRAIN_KEYS
+
+    return {"modality": "nested", **{k: getattr(args, k) for k in TRAIN_KEYS}, "epochs": args.epochs,
+            "world_size": world, "backend": dist.get_backend() if dist.is_initialized() else None,
+            "backbone_name": bb.name, "feat_dim": bb.channels,
+            "trainable": "stem + tabular input embeddings" if args.continual
+            else "projection + tabular encoders + phenotype + temperature (frozen backbone, cached features)",
+            "wound_fields": None if schemas[0] is None else schemas[0].names,
+            "patient_fields": None if schemas[1] is None else schemas[1].names,
+            "synthetic": synthetic}
+
+
+def _loop(parser: argparse.ArgumentParser, args: argparse.Namespace, ws: Workspace, data: NestedData,
+          resume: dict[str, Any] | None, rank: int, world: int, device: Any) -> tuple[EpochLoop, list[str]]:
+    """Backbone, image and metadata inputs, model, optimizer and run record of this process: its
+    epoch loop and the tensors ``--init`` left freshly initialised."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from core.nested.model import SLIMP
+    from core.nested.training import (
+        TRAIN_KEYS,
+        EpochLoop,
+        checkpoint_path,
+        image_inputs,
+        load_init,
+        make_optimizer,
+        open_run,
+        resumed_schemas,
+    )
+    from core.runtime import user_errors
+    from core.vision.backbones import BackboneUnavailable, load_backbone
+
+    with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         bb = load_backbone(args.backbone, device=device)
-    except (BackboneUnavailable, ValueError, FileNotFoundError) as e:
-        parser.error(str(e))
-    size = args.crop_size or (128 if args.continual else bb.input_size)
-    args.crop_size = size
-
-    if resume_state is not None:
-        config = resume_state["model_config"]
-        wound_schema = None if config["wound_schema"] is None else TabularSchema.from_dict(config["wound_schema"])
-        patient_schema = None if config["patient_schema"] is None else TabularSchema.from_dict(config["patient_schema"])
-    else:
-        wound_schema, patient_schema = _schemas(parser, data, args)
-    wound_tab = None if wound_schema is None else wound_schema.encode(data.wound_records)
-    patient_tab = None if patient_schema is None else patient_schema.encode(data.patient_records)
-
-    # image inputs: cached pooled features (frozen backbone) or normalised crops (continual)
-    if args.continual:
-        crops, masks = wound_crops(ws, data, size)
-        images = bb.preprocess(crops, size=size).cpu()
-        trunk, stem = bb._features, bb.stem_parameters()
-    else:
-        if rank == 0:
-            images = frozen_features(ws, data, bb, size)
-        if distributed:
-            dist.barrier()
-        if rank != 0:
-            images = frozen_features(ws, data, bb, size)
-        masks, trunk, stem = None, None, []
-
+    args.crop_size = args.crop_size or (128 if args.continual else bb.input_size)
+    schemas = resumed_schemas(resume) if resume is not None else _schemas(parser, data, args)
+    tabs = [None if s is None else s.encode(r) for s, r in zip(schemas, (data.wound_records, data.patient_records))]
+    images, masks, trunk, stem = image_inputs(ws, data, bb, args.crop_size, args.continual, rank)
     torch.manual_seed(args.seed)
-    model = SLIMP(bb.channels, wound_schema, patient_schema, dim=args.dim, lam=args.lam,
-                  temperature=args.temperature, trunk=trunk).to(device)
+    model = SLIMP(bb.channels, *schemas, dim=args.dim, lam=args.lam, temperature=args.temperature,
+                  trunk=trunk).to(device)
     skipped: list[str] = []
-    if args.init and resume_state is None:
+    if args.init and resume is None:
         init_path = checkpoint_path(ws, args.init)
         if not init_path.exists():
             parser.error(f"--init {args.init}: no checkpoint at {init_path}")
         with user_errors(parser, ValueError):
             skipped = load_init(model, init_path)
-    if args.continual:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        trainable = model.continual_parameters(stem)
-        for p in trainable:
-            p.requires_grad_(True)
-    else:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(param_groups(trainable), lr=args.lr)
-    if resume_state is not None:
-        model.load_state_dict(resume_state["model"])
-        optimizer.load_state_dict(resume_state["optimizer"])
-
-    group = dist.new_group() if distributed else None
-    net: nn.Module = model
-    if distributed:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    run_id = args.resume
-    config = {"modality": "nested", **{k: getattr(args, k) for k in TRAIN_KEYS}, "epochs": args.epochs,
-              "world_size": world, "backend": dist.get_backend() if distributed else None, "backbone_name": bb.name, "feat_dim": bb.channels,
-              "trainable": "stem + tabular input embeddings" if args.continual
-              else "projection + tabular encoders + phenotype + temperature (frozen backbone, cached features)",
-              "wound_fields": None if wound_schema is None else wound_schema.names,
-              "patient_fields": None if patient_schema is None else patient_schema.names,
-              "synthetic": ws.is_synthetic}
+    optimizer = make_optimizer(model, args.continual, stem, args.lr, resume)
+    distributed = dist.is_initialized()
+    net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
+        if distributed else model
+    loop = EpochLoop(ws, model, net, optimizer, (images, masks, *tabs), {k: getattr(args, k) for k in TRAIN_KEYS},
+                     device, args.resume, dist.new_group() if distributed else None, rank, world)
+    if resume is not None:
+        loop.losses = resume["losses"]
+        loop.history = {k: list(resume.get("history", {}).get(k, [])) for k in ("inner", "outer")}
     if rank == 0:
-        if run_id is None:
-            run_id = ws.store.start_run("slimp", config, seed=args.seed, name=args.name)
-        else:
-            ws.store.update_run(run_id, message=f"resumed at epoch {start_epoch}")
-        run_dir = ws.run_dir(run_id)
-        if wound_schema is not None:
-            wound_schema.save(run_dir / "wound_schema.json")
-        if patient_schema is not None:
-            patient_schema.save(run_dir / "patient_schema.json")
-        if skipped:
-            print(f"--init: kept fresh initialisation for {len(skipped)} tensors whose shape changed: {skipped}")
+        loop.run_id = open_run(ws, args.resume, _config(args, world, bb, schemas, ws.is_synthetic), args.seed,
+                               args.name, 0 if resume is None else resume["epoch"], schemas)
+    return loop, skipped
 
-    patient_wounds = data.patient_wounds
-    history = {k: list(resume_state.get("history", {}).get(k, [])) if resume_state else [] for k in ("inner", "outer")}
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = cli.parse_args(parser, argv)
+    import torch.distributed as dist  # torch: after the arguments (a fast --help)
+
+    from core.runtime import init_distributed
+
+    rank, world, device = init_distributed()
+    _validate(parser, args, world)
+    ws, data, resume = _open(parser, args, rank, world)
+    loop, skipped = _loop(parser, args, ws, data, resume, rank, world, device)
+    if skipped and rank == 0:
+        print(f"--init: kept fresh initialisation for {len(skipped)} tensors whose shape changed: {skipped}")
     try:
-        bar = tqdm(range(start_epoch, args.epochs), desc="slimp", unit="epoch", disable=rank != 0,
-                   initial=start_epoch, total=args.epochs)
-        epoch_seconds: list[float] = []
-        for epoch in bar:
-            t0 = time.perf_counter()
-            batches = epoch_batches(patient_wounds, args.batch_size, args.max_wounds, args.seed, epoch)
-            if min(map(len, batches)) < world:
-                parser.error(f"a batch of {min(map(len, batches))} patients cannot be split over {world} processes")
-            sums = train_epoch(net, model, optimizer, batches, (images, masks, wound_tab, patient_tab), device,
-                               group, rank, world)
-            losses.append(sums["loss"])
-            epoch_seconds.append(round(time.perf_counter() - t0, 4))  # this session's epochs (a resumed run: the new ones)
-            for k in ("inner", "outer"):
-                if k in sums:
-                    history[k].append(sums[k])
-            if rank == 0:
-                bar.set_postfix(loss=f"{sums['loss']:.4f}", tau=f"{1 / model.criterion.logit_scale.item():.4f}")
-                save_checkpoint(run_dir / "checkpoint.pt", {k: getattr(args, k) for k in TRAIN_KEYS}, model,
-                                optimizer, epoch + 1, losses, history, run_id)
-                ws.store.update_run(run_id, progress=(epoch + 1) / args.epochs,
-                                    metrics={"loss": losses, **history,
-                                             "temperature": 1 / model.criterion.logit_scale.item(),
-                                             "epoch_seconds": epoch_seconds},
-                                    artifacts={"checkpoint": str(run_dir / "checkpoint.pt")})
+        loop.run(data.patient_wounds, 0 if resume is None else resume["epoch"], args.epochs)
         if rank == 0:
-            metrics = evaluate_model(ws, model, data, images, masks, wound_tab, patient_tab, device, args, run_id)
-            artifacts = {"checkpoint": str(run_dir / "checkpoint.pt")}
-            for name in ("wound_schema.json", "patient_schema.json"):
-                if (run_dir / name).exists():
-                    artifacts[name.removesuffix(".json")] = str(run_dir / name)
-            ws.store.finish_run(run_id, metrics={"loss": losses, **history, "eval": metrics}, artifacts=artifacts)
-            print(report(metrics, ws.is_synthetic, run_id))
+            print(report(loop.finish(data, args), ws.is_synthetic, loop.run_id))
     except KeyboardInterrupt:
-        if rank == 0 and run_id is not None:
-            ws.store.finish_run(run_id, status="stopped", message="interrupted")
+        if rank == 0 and loop.run_id is not None:
+            ws.store.finish_run(loop.run_id, status="stopped", message="interrupted")
         return 130
     except BaseException as e:
-        if rank == 0 and run_id is not None:
-            ws.store.finish_run(run_id, status="failed", message=f"{type(e).__name__}: {e}")
+        if rank == 0 and loop.run_id is not None:
+            ws.store.finish_run(loop.run_id, status="failed", message=f"{type(e).__name__}: {e}")
         raise
     finally:
-        if distributed:
+        if dist.is_initialized():
             dist.destroy_process_group()
     return 0
 

@@ -1,8 +1,9 @@
 """Explore: UMAP of a run's embeddings, retrieval of similar / dissimilar photos, wound attention maps,
 and per-wound top concepts with concept heatmaps from a `concepts` run.
 
-The map's data, its UMAP (computed once per embedding and stored beside it) and the retrieval index
-come from :mod:`core.eval.explore`; this page only draws them."""
+The map's data, its UMAP (computed once per embedding and stored beside it), the retrieval index and
+the tables and text drawn here come from :mod:`core.eval.explore`; this page only draws them, one
+function per section (:func:`main` calls them in order)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import streamlit as st
-from PIL import Image
 
 import app_common as ac
 from annotations import followup
@@ -24,20 +24,27 @@ st.html("<style>[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;} "
 
 try:
     from core.eval.explore import (
+        MapInput,
         add_track_path,
+        attention_overlays,
         cluster_labels,
+        colour_options,
+        colour_value,
         compute_umap,
+        concept_table,
         embeddings_stamp,
         has_wound_embedding,
         map_input,
         quick_layout,
         retrieval,
+        run_choices,
         scatter_figure,
+        stale_note,
         stored_umap,
         track_rows,
         umap_path,
     )
-    from core.eval.report import embedding_runs, run_figure
+    from core.eval.report import embedding_runs
     from core.runtime import load_embeddings
 except ImportError as err:  # the ML part of the product is not installed
     st.info(f"The explorer needs the `core` models, which are not available here yet ({err}).", icon="🚧")
@@ -66,79 +73,47 @@ def clusters(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp
     return cluster_labels(map_data(root, run_ids, level, method, stamp), k)
 
 
-runs = embedding_runs(ws)
-if not runs:
-    st.info("No finished embedding run yet. Train a vision model or fit a text embedding on the Train page; "
-            "its image embedding appears here as a map.")
-    st.stop()
-
-TRAINED_FIRST = ("vision-triderm", "fusion", "text-soe")  # trained models before frozen baselines
-runs = sorted(runs, key=lambda r: (TRAINED_FIRST.index(r["kind"]) if r["kind"] in TRAINED_FIRST else 9, -r["id"]))
-label = {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
-         + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) for r in runs}
-c0, c1, c2, c3, c4 = st.columns([2, 3, 2, 2, 2])  # one row of controls: the map stays above the fold
-source = c0.radio("Map of", ["one run", "fused runs"],
-                  help="fused: two runs' min-max normalised distances combined (core.eval.fusion)")
-if source == "one run":
-    run_ids: tuple[int, ...] = (c1.selectbox("Run", list(label), format_func=label.get, key="explore_run"),)
-    method = "uncertainty"
-else:
-    picked = c1.multiselect("Runs to fuse (vision first)", list(label), format_func=label.get,
-                            default=list(label)[:2], max_selections=2, key="explore_fuse")
-    method = c2.selectbox("Fusion", ["uncertainty", "similarity"])
+def choose_runs(columns: list) -> tuple[tuple[int, ...], str]:
+    """The row of controls: one run, or two runs to fuse and the fusion method; (run ids, method)."""
+    runs = embedding_runs(ws)
+    if not runs:
+        st.info("No finished embedding run yet. Train a vision model or fit a text embedding on the Train page; "
+                "its image embedding appears here as a map.")
+        st.stop()
+    label = run_choices(runs)
+    source = columns[0].radio("Map of", ["one run", "fused runs"],
+                              help="fused: two runs' min-max normalised distances combined (core.eval.fusion)")
+    if source == "one run":
+        return (columns[1].selectbox("Run", list(label), format_func=label.get, key="explore_run"),), "uncertainty"
+    picked = columns[1].multiselect("Runs to fuse (vision first)", list(label), format_func=label.get,
+                                    default=list(label)[:2], max_selections=2, key="explore_fuse")
+    method = columns[2].selectbox("Fusion", ["uncertainty", "similarity"])
     if len(picked) != 2:
         st.info("Pick two runs to fuse.")
         st.stop()
-    run_ids = tuple(picked)
-run = ws.store.run(run_ids[0])
-stamp = (str(run.get("finished") or run["created"]), embeddings_stamp(ws, run_ids))
-edited = ws.store.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
-                             "AND field IN ('outline', 'row')").fetchone()[0]  # outlines added, changed, deleted
-stale = None
-if edited and edited > str(run["created"]):
-    stale = (f"This run is out of date: wounds were added, edited or deleted after it was made (last change "
-             f"{edited[:16].replace('T', ' ')} UTC, run {run['id']} from {str(run['created'])[:16].replace('T', ' ')} "
-             "UTC). Its map and attention show the wounds as they were; train a new run on the Train page.")
-emb_level = "photos"
-if len(run_ids) == 1 and has_wound_embedding(ws, run_ids[0]):
-    emb_level = c2.radio("Points", ["photos", "wounds"], horizontal=True)
-try:
-    m = map_data(str(ws.root), run_ids, emb_level, method, stamp)
-    photos = photo_retrieval(str(ws.root), run_ids, method, stamp)
-except (ValueError, KeyError) as err:  # e.g. fused runs that cover different photos
-    st.error(f"Cannot build distances for these runs: {err}")
-    st.stop()
-ids = photos.ids
-images = {im["image_id"]: im for im in ws.store.images()}
-patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
-colour_by = c3.selectbox("Colour by", ["patient", "cluster"] + sorted(
-    {k for im in images.values() for k in (im["metadata"] or {})}
-    | {f"patient {k}" for meta in patients.values() for k in meta}))
-show_thumbs = c4.toggle("Thumbnails on the map", value=False, disabled=len(m) > THUMBNAILS_MAX,
-                        help=f"Up to {THUMBNAILS_MAX} points; above, click a point to see its photo.")
+    return tuple(picked), method
 
-map_col, side_col = st.columns([3, 2], gap="large")  # the map first: the settings go below it
-with st.expander("UMAP settings"):
-    n_neighbors = st.slider("Neighbours", 2, 50, 15)
-    min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
-    k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
-xy = stored_umap(ws, m, n_neighbors, min_dist)
-is_umap = xy is not None
-if not is_umap:  # computed once per embedding and setting, in the background; an instant MDS meanwhile
-    umap_file = umap_path(ws, m, n_neighbors, min_dist)
+
+def last_outline_edit() -> str | None:
+    """When a wound outline was last added, changed or deleted (the store's revisions)."""
+    return ws.store.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
+                               "AND field IN ('outline', 'row')").fetchone()[0]
+
+
+def layout(m: MapInput, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple
+           ) -> tuple[np.ndarray, Path | None, int]:
+    """The UMAP settings and the map's 2-d layout: the stored UMAP, else an instant MDS while the UMAP is
+    computed in the background; (xy, the UMAP file awaited or None, the number of clusters)."""
+    with st.expander("UMAP settings"):
+        n_neighbors = st.slider("Neighbours", 2, 50, 15)
+        min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
+        k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
+    xy = stored_umap(ws, m, n_neighbors, min_dist)
+    if xy is not None:
+        return xy, None, k_clusters
+    umap_file = umap_path(ws, m, n_neighbors, min_dist)  # computed once per embedding and setting
     ac.in_background(str(umap_file), compute_umap, ws, m, n_neighbors, min_dist)
-    xy = instant_layout(str(ws.root), run_ids, emb_level, method, stamp)
-
-
-def colour_value(image_id: str, n: int) -> str:
-    im = images.get(image_id, {})
-    if colour_by == "patient":
-        return str(im.get("patient_id") or "unknown")
-    if colour_by == "cluster":
-        return f"cluster {cluster_of[n] + 1}"
-    if colour_by.startswith("patient "):
-        return str(patients.get(im.get("patient_id"), {}).get(colour_by[8:], "unknown"))
-    return str((im.get("metadata") or {}).get(colour_by, "unknown"))
+    return instant_layout(str(ws.root), run_ids, level, method, stamp), umap_file, k_clusters
 
 
 @st.fragment(run_every=2.0)
@@ -150,73 +125,110 @@ def poll_umap(path: str) -> None:
                "switches to it by itself.")
 
 
-cluster_of = clusters(str(ws.root), run_ids, emb_level, method, stamp, k_clusters) if colour_by == "cluster" else None
-grouped, colours = ac.category_colours([colour_value(i, n) for n, i in enumerate(m.images)])
-fig = scatter_figure(xy, m.points, grouped, colours, colour_by)
-if show_thumbs:
+def add_thumbnails(fig, xy: np.ndarray, image_ids: list[str]) -> None:
     span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
-    for (x, y), image_id in zip(xy, m.images):
+    for (x, y), image_id in zip(xy, image_ids):
         fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 96)), "x": x, "y": y, "xref": "x",
                               "yref": "y", "sizex": span * 0.07, "sizey": span * 0.07, "xanchor": "center",
                               "yanchor": "middle", "layer": "above"})
-title = " + ".join(f"run {r}" for r in run_ids)
-projection = "UMAP" if is_umap else "Classical MDS (UMAP being computed)"
-with side_col:
-    if stale:
-        st.warning(stale, icon=":material/update:")
-    track_ids = [t["track_id"] for t in followup.tracks(ws.store)]
-    path_of = st.selectbox("Track path (a wound across visits)", track_ids, index=None, key="explore_track",
-                           placeholder="no track" if track_ids else "no wound track yet (Follow-up page)",
-                           disabled=not track_ids)
-if path_of:
-    visits = followup.track_visits(ws.store, path_of)
-    path = track_rows(m, visits)
-    date_of = {image_id: day for image_id, _, day in visits}  # one wound of a track per photo
-    add_track_path(fig, xy, path, path_of, [date_of[m.images[r]] for r in path])
-    if len(path) < len(visits):
-        side_col.caption(f"Track {path_of}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
-fig.update_layout(height=450, margin={"t": 40, "b": 10, "l": 10, "r": 10}, title=f"{projection} of {title} ({emb_level})",
-                  xaxis={"showticklabels": False, "title": ""}, yaxis={"showticklabels": False, "title": ""},
-                  legend={"title": colour_by}, dragmode="pan")
-if ws.is_synthetic:
-    fig.add_annotation(text="SYNTHETIC", xref="paper", yref="paper", x=0.99, y=0.01, showarrow=False,
-                       font={"size": 14, "color": "#b00"})
-with map_col:
-    event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
-    st.caption("Hover a point for its photo id; click a point to show it and its neighbours. Each group has its own "
-               "colour and symbol; click a legend entry to hide it, double-click to show it alone.")
-    if not is_umap:
-        poll_umap(str(umap_file))
-clicked = None
-try:
-    points = event.selection.points if event else []
-    if points:
-        clicked = m.images[int(points[0]["customdata"])]
-except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+
+
+def track_path(fig, side_col, m: MapInput, xy: np.ndarray, stale: str | None) -> None:
+    """The stale-run warning and the track picker beside the map; the picked track drawn on it."""
+    with side_col:
+        if stale:
+            st.warning(stale, icon=":material/update:")
+        track_ids = [t["track_id"] for t in followup.tracks(ws.store)]
+        path_of = st.selectbox("Track path (a wound across visits)", track_ids, index=None, key="explore_track",
+                               placeholder="no track" if track_ids else "no wound track yet (Follow-up page)",
+                               disabled=not track_ids)
+    if path_of:
+        visits = followup.track_visits(ws.store, path_of)
+        path = track_rows(m, visits)
+        date_of = {image_id: day for image_id, _, day in visits}  # one wound of a track per photo
+        add_track_path(fig, xy, path, path_of, [date_of[m.images[r]] for r in path])
+        if len(path) < len(visits):
+            side_col.caption(f"Track {path_of}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
+
+
+def clicked_photo(event, m: MapInput, ids) -> None:
+    """A new click on the map moves the photo picker to the clicked photo."""
     clicked = None
-if clicked and clicked in ids and clicked != st.session_state.get("_explore_click"):
-    st.session_state["explore_photo"] = clicked  # a new click moves the photo picker
-st.session_state["_explore_click"] = clicked
+    try:
+        points = event.selection.points if event else []
+        if points:
+            clicked = m.images[int(points[0]["customdata"])]
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        clicked = None
+    if clicked and clicked in ids and clicked != st.session_state.get("_explore_click"):
+        st.session_state["explore_photo"] = clicked
+    st.session_state["_explore_click"] = clicked
 
-with side_col:
-    query = st.selectbox("Photo", list(ids), key="explore_photo")
-    st.image(ac.photo(ws, query, 480), caption=f"{query} · patient {images.get(query, {}).get('patient_id') or '—'}",
-             width="stretch")
-    for w in ws.store.wounds(query):
-        if w["description"]:
-            st.caption(f"Wound {w['wound_index']}: {ac.escape_md(w['description'])}")
 
-k = st.slider("Photos per row", 3, 10, 5)
-result = photos.neighbours(query, k=min(k, len(ids) - 1))
-st.subheader("Retrieval")
-st.caption("Distances are min-max normalised to [0, 1]" + (" after fusion" if len(run_ids) > 1 else "")
-           + "; TriDerm's figure shows similar photos below 0.35 and dissimilar ones above 0.8.")
-for title_, key in (("Most similar", "similar"), ("Most dissimilar", "dissimilar")):
-    st.markdown(f"**{title_}**")
-    cols = st.columns(len(result[key]))
-    for col, (image_id, dist) in zip(cols, result[key]):
-        col.image(ac.letterboxed(ws, image_id, 320, 240), caption=f"{image_id} · d = {dist:.2f}",
-                  width="stretch")
+def draw_map(columns: list, run_ids: tuple[int, ...], method: str, run: dict, stamp: tuple, stale: str | None):
+    """The map (points coloured by the chosen group, thumbnails, a track path) and the photo picker beside it;
+    (the retrieval of the map's photos, the photo picked)."""
+    level = "photos"
+    if len(run_ids) == 1 and has_wound_embedding(ws, run_ids[0]):
+        level = columns[2].radio("Points", ["photos", "wounds"], horizontal=True)
+    try:
+        m = map_data(str(ws.root), run_ids, level, method, stamp)
+        photos = photo_retrieval(str(ws.root), run_ids, method, stamp)
+    except (ValueError, KeyError) as err:  # e.g. fused runs that cover different photos
+        st.error(f"Cannot build distances for these runs: {err}")
+        st.stop()
+    images = {im["image_id"]: im for im in ws.store.images()}
+    patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
+    colour_by = columns[3].selectbox("Colour by", colour_options(images, patients))
+    show_thumbs = columns[4].toggle("Thumbnails on the map", value=False, disabled=len(m) > THUMBNAILS_MAX,
+                                    help=f"Up to {THUMBNAILS_MAX} points; above, click a point to see its photo.")
+    map_col, side_col = st.columns([3, 2], gap="large")  # the map first: the settings go below it
+    xy, umap_file, k_clusters = layout(m, run_ids, level, method, stamp)
+    cluster_of = clusters(str(ws.root), run_ids, level, method, stamp, k_clusters) if colour_by == "cluster" else None
+    grouped, colours = ac.category_colours([colour_value(images.get(i, {}), patients, colour_by,
+                                                         None if cluster_of is None else int(cluster_of[n]))
+                                            for n, i in enumerate(m.images)])
+    fig = scatter_figure(xy, m.points, grouped, colours, colour_by)
+    if show_thumbs:
+        add_thumbnails(fig, xy, m.images)
+    track_path(fig, side_col, m, xy, stale)
+    projection = "UMAP" if umap_file is None else "Classical MDS (UMAP being computed)"
+    fig.update_layout(height=450, margin={"t": 40, "b": 10, "l": 10, "r": 10},
+                      title=f"{projection} of {' + '.join(f'run {r}' for r in run_ids)} ({level})",
+                      xaxis={"showticklabels": False, "title": ""}, yaxis={"showticklabels": False, "title": ""},
+                      legend={"title": colour_by}, dragmode="pan")
+    if ws.is_synthetic:
+        fig.add_annotation(text="SYNTHETIC", xref="paper", yref="paper", x=0.99, y=0.01, showarrow=False,
+                           font={"size": 14, "color": "#b00"})
+    with map_col:
+        event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
+        st.caption("Hover a point for its photo id; click a point to show it and its neighbours. Each group has its "
+                   "own colour and symbol; click a legend entry to hide it, double-click to show it alone.")
+        if umap_file is not None:
+            poll_umap(str(umap_file))
+    clicked_photo(event, m, photos.ids)
+    with side_col:
+        query = st.selectbox("Photo", list(photos.ids), key="explore_photo")
+        st.image(ac.photo(ws, query, 480), caption=f"{query} · patient {images.get(query, {}).get('patient_id') or '—'}",
+                 width="stretch")
+        for w in ws.store.wounds(query):
+            if w["description"]:
+                st.caption(f"Wound {w['wound_index']}: {ac.escape_md(w['description'])}")
+    return photos, query
+
+
+def show_retrieval(photos, query: str, fused: bool) -> None:
+    k = st.slider("Photos per row", 3, 10, 5)
+    result = photos.neighbours(query, k=min(k, len(photos.ids) - 1))
+    st.subheader("Retrieval")
+    st.caption("Distances are min-max normalised to [0, 1]" + (" after fusion" if fused else "")
+               + "; TriDerm's figure shows similar photos below 0.35 and dissimilar ones above 0.8.")
+    for title, key in (("Most similar", "similar"), ("Most dissimilar", "dissimilar")):
+        st.markdown(f"**{title}**")
+        cols = st.columns(len(result[key]))
+        for col, (image_id, dist) in zip(cols, result[key]):
+            col.image(ac.letterboxed(ws, image_id, 320, 240), caption=f"{image_id} · d = {dist:.2f}",
+                      width="stretch")
 
 
 @st.cache_data(show_spinner=False)
@@ -233,29 +245,9 @@ def attention_maps(root: str, run_id: int, image_id: str, stamp: str, opacity: f
     """Per wound of the photo: its tokens' attention weights in Viridis over the photo (dark blue low,
     yellow high) at ``opacity``, where the wound has tokens (PNG, at most 720 px; cached per run,
     photo, run state and opacity)."""
-    emb = load_embeddings(ws, run_id)
-    need = ("token_wound", "token_pos", "token_weight", "grid")
-    if emb.get("wound_keys") is None or any(k not in emb for k in need):
-        return []
-    gh, gw = (int(v) for v in emb["grid"])
-    photo = ws.load_image(image_id)
     out = []
-    for row, (iid, index) in enumerate(emb["wound_keys"]):
-        if iid != image_id:
-            continue
-        sel = emb["token_wound"] == row
-        heat = np.zeros((gh, gw), dtype=np.float32)
-        pos = emb["token_pos"][sel].astype(int)
-        heat[pos[:, 0], pos[:, 1]] = emb["token_weight"][sel]
-        if heat.max() > 0:
-            heat /= heat.max()
-        big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.BILINEAR),
-                         dtype=np.float32) / 255.0
-        base = np.asarray(photo.convert("RGB"), dtype=np.float32)
-        colour = viridis()[(big * 255).astype(np.uint8)].astype(np.float32)
-        cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the wound's tokens
-        mix = base * (1 - cover) + colour * cover
-        picture = Image.fromarray(mix.clip(0, 255).astype(np.uint8))
+    for index, picture in attention_overlays(load_embeddings(ws, run_id), image_id, ws.load_image(image_id),
+                                             opacity, viridis()):
         picture.thumbnail((720, 720))
         buf = io.BytesIO()
         picture.save(buf, format="PNG")
@@ -263,11 +255,11 @@ def attention_maps(root: str, run_id: int, image_id: str, stamp: str, opacity: f
     return out
 
 
-if len(run_ids) == 1 and run["config"].get("modality") == "vision":
+def show_attention(run_id: int, query: str, stamp: tuple) -> None:
     st.subheader("Wound attention")
     opacity = st.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="explore_attention_opacity",
                         help="0: the photo alone; 1: the attention colours alone")
-    maps = attention_maps(str(ws.root), run_ids[0], query, stamp, opacity)
+    maps = attention_maps(str(ws.root), run_id, query, stamp, opacity)
     if maps:
         st.caption("Attention weight of each feature-grid token inside the wound (Viridis: dark blue low, yellow "
                    "high), from the run's attention pooling head.")
@@ -285,56 +277,81 @@ def concept_run_data(root: str, run_id: int, stamp: str) -> dict:
                                      "concept_fused", "concept_heatmaps", "crop_boxes")}
 
 
-st.subheader("Wound concepts")
-concept_runs = [r for r in ws.store.runs(kind="concepts")
-                if r["status"] == "done" and (r.get("artifacts") or {}).get("embeddings")]
-if not concept_runs:
-    st.caption("No concepts run yet. Create one with `python -m core.train_concepts --objective make` "
-               "(zero-shot concept scores and heatmaps per wound).")
-else:
+def concept_labels() -> dict[str, str]:
+    """Concept name → label from the vocabulary (names alone, with a note, when it cannot be read)."""
     try:
-        from core.concepts.scores import heatmap_overlay, top_concepts, wound_row
         from core.concepts.vocabulary import GROUPS, load_vocab
 
-        vocab_labels = {c.name: c.label for c in load_vocab(groups=GROUPS)}
+        return {c.name: c.label for c in load_vocab(groups=GROUPS)}
     except Exception as err:  # noqa: BLE001 — a broken vocabulary file must not break the page
         st.caption(f"Concept vocabulary unavailable ({ac.escape_md(str(err))}); showing concept names.")
-        vocab_labels = {}
+        return {}
+
+
+def show_wound_concepts(cdata: dict, run_id: int, query: str, w: dict, row: int, labels: dict[str, str]) -> None:
+    """One wound's top-concepts table and the heatmap of a concept over its crop."""
+    from core.concepts.scores import heatmap_overlay, top_concepts
+
+    names = [str(n) for n in cdata["concept_names"]]
+    st.markdown(f"**{ac.escape_md(query)} · wound {int(w['wound_index'])}**")
+    t_col, h_col = st.columns([3, 2], gap="large")
+    top = top_concepts(cdata, row, k=5)
+    t_col.dataframe(pd.DataFrame(concept_table(top, labels)), hide_index=True, width="stretch")
+    if cdata["concept_heatmaps"] is not None and cdata["crop_boxes"] is not None:
+        pick = h_col.selectbox("Heatmap of", names, index=names.index(top[0]["concept"]) if top else 0,
+                               format_func=lambda n: labels.get(n, n),
+                               key=f"explore_concept_{run_id}_{query}_{w['wound_index']}")
+        overlay = heatmap_overlay(ws.load_image(query), cdata["concept_heatmaps"][row][names.index(pick)],
+                                  cdata["crop_boxes"][row])
+        overlay.thumbnail((360, 360))
+        h_col.image(overlay, width="stretch",
+                    caption=f"{query} · wound {int(w['wound_index'])} · {labels.get(pick, pick)}"
+                            + (" · SYNTHETIC" if ws.is_synthetic else ""))
+
+
+def show_concepts(query: str) -> None:
+    st.subheader("Wound concepts")
+    concept_runs = [r for r in ws.store.runs(kind="concepts")
+                    if r["status"] == "done" and (r.get("artifacts") or {}).get("embeddings")]
+    if not concept_runs:
+        st.caption("No concepts run yet. Create one with `python -m core.train_concepts --objective make` "
+                   "(zero-shot concept scores and heatmaps per wound).")
+        return
+    from core.concepts.scores import wound_row
+
+    labels = concept_labels()
     c_label = {r["id"]: f"run {r['id']} · {r['config'].get('objective', '?')}"
                + (f" · {r['name']}" if r.get("name") else "") for r in concept_runs}
-    concept_run_id = st.selectbox("Concepts run", list(c_label), format_func=c_label.get, key="explore_concepts_run")
-    c_run = ws.store.run(concept_run_id)
-    cdata = concept_run_data(str(ws.root), concept_run_id, str(c_run.get("finished") or c_run["created"]))
+    run_id = st.selectbox("Concepts run", list(c_label), format_func=c_label.get, key="explore_concepts_run")
+    c_run = ws.store.run(run_id)
+    cdata = concept_run_data(str(ws.root), run_id, str(c_run.get("finished") or c_run["created"]))
     if cdata["concept_names"] is None or cdata["concept_fused"] is None or cdata["wound_keys"] is None:
         st.caption("This run stored no concept scores.")
-    else:
-        names = [str(n) for n in cdata["concept_names"]]
-        st.caption("Zero-shot concept scores P(present) per wound (fused = mean of the global and the top-k "
-                   "patch scores) and each concept's patch heatmap over the wound crop the model saw "
-                   "(red = evidence for the concept, blue = against)"
-                   + (" — **synthetic data**." if ws.is_synthetic else "."))
-        shown = 0
-        for w in ws.store.wounds(query):
-            row = wound_row(cdata, query, w["wound_index"])
-            if row is None:
-                continue
+        return
+    st.caption("Zero-shot concept scores P(present) per wound (fused = mean of the global and the top-k "
+               "patch scores) and each concept's patch heatmap over the wound crop the model saw "
+               "(red = evidence for the concept, blue = against)"
+               + (" — **synthetic data**." if ws.is_synthetic else "."))
+    shown = 0
+    for w in ws.store.wounds(query):
+        row = wound_row(cdata, query, w["wound_index"])
+        if row is not None:
             shown += 1
-            st.markdown(f"**{ac.escape_md(query)} · wound {int(w['wound_index'])}**")
-            t_col, h_col = st.columns([3, 2], gap="large")
-            top = top_concepts(cdata, row, k=5)
-            t_col.dataframe(pd.DataFrame([{"concept": vocab_labels.get(t["concept"], t["concept"]),
-                                           "fused": round(t["fused"], 3), "global": round(t["global"], 3),
-                                           "local": round(t["local"], 3)} for t in top]),
-                            hide_index=True, width="stretch")
-            if cdata["concept_heatmaps"] is not None and cdata["crop_boxes"] is not None:
-                pick = h_col.selectbox("Heatmap of", names, index=names.index(top[0]["concept"]) if top else 0,
-                                       format_func=lambda n: vocab_labels.get(n, n),
-                                       key=f"explore_concept_{concept_run_id}_{query}_{w['wound_index']}")
-                overlay = heatmap_overlay(ws.load_image(query), cdata["concept_heatmaps"][row][names.index(pick)],
-                                          cdata["crop_boxes"][row])
-                overlay.thumbnail((360, 360))
-                h_col.image(overlay, width="stretch",
-                            caption=f"{query} · wound {int(w['wound_index'])} · {vocab_labels.get(pick, pick)}"
-                                    + (" · SYNTHETIC" if ws.is_synthetic else ""))
-        if not shown:
-            st.caption("No wound of this photo is in the concepts run (only described wounds are scored).")
+            show_wound_concepts(cdata, run_id, query, w, row, labels)
+    if not shown:
+        st.caption("No wound of this photo is in the concepts run (only described wounds are scored).")
+
+
+def main() -> None:
+    columns = st.columns([2, 3, 2, 2, 2])  # one row of controls: the map stays above the fold
+    run_ids, method = choose_runs(columns)
+    run = ws.store.run(run_ids[0])
+    stamp = (str(run.get("finished") or run["created"]), embeddings_stamp(ws, run_ids))
+    photos, query = draw_map(columns, run_ids, method, run, stamp, stale_note(run, last_outline_edit()))
+    show_retrieval(photos, query, fused=len(run_ids) > 1)
+    if len(run_ids) == 1 and run["config"].get("modality") == "vision":
+        show_attention(run_ids[0], query, stamp)
+    show_concepts(query)
+
+
+main()

@@ -1,7 +1,11 @@
 """Review (admins): each annotator's progress and reliability, agreement between annotators,
 disagreements to look at, exclusion of test/practice annotators or single judgments from every
 metric, second reading of outlines (photos marked here, Dice beside the triplet κ), and the audit trail
-of who changed what."""
+of who changed what.
+
+One function per tab (:func:`main` draws them); the tables' rows come from UI-free functions
+(:func:`annotations.consistency.annotator_rows`, :func:`annotations.readings.photo_rows`,
+:func:`annotations.history.audit_rows`)."""
 
 from __future__ import annotations
 
@@ -12,99 +16,89 @@ import streamlit as st
 
 import app_common as ac
 from annotations import accounts, consistency, readings
+from annotations.consistency import rounded as num
+from annotations.history import audit_rows
 
 ws = ac.page("Review", need="manage")
 actor = ac.actor()
 store = ws.store
 
 
-def num(value: float, digits: int = 3) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else round(value, digits)
-
-
-all_rows = store.expert_triplets(include_excluded=True)
-kept = store.expert_triplets()  # what every metric (here, in core.eval and in the jobs) uses
-excluded_names = {e["target"]: e for e in accounts.exclusions(store) if e["kind"] == "annotator"}
-excluded_ids = {int(e["target"]): e for e in accounts.exclusions(store) if e["kind"] == "triplet"}
-roles = {a["name"]: a["role"] for a in accounts.list_accounts(store)}
-st.caption(f"{len(all_rows)} expert judgments stored; {len(kept)} count in evaluation "
-           f"({len(all_rows) - len(kept)} excluded: kept in the store, marked, left out of every metric).")
-
-annotators_tab, agreement_tab, disagreement_tab, outlines_tab, audit_tab = st.tabs(
-    ["Annotators", "Agreement", "Disagreements", "Second reading", "Audit trail"])
-
-with annotators_tab:
+def annotators_tab(all_rows: list[dict], kept: list[dict], excluded_names: dict[str, dict]) -> None:
     progress = consistency.progress(all_rows)
-    consistent = consistency.self_consistency(kept)
     names = sorted(set(progress) | set(excluded_names), key=str.lower)
     if not names:
         st.info("No expert judgment yet.")
-    else:
-        st.dataframe(pd.DataFrame([{
-            "annotator": n, "account": roles.get(n, "no account (free-text name)"),
-            "judgments": progress.get(n, {}).get("answered", 0), "skips": progress.get(n, {}).get("skips", 0),
-            "planned repeats": progress.get(n, {}).get("repeats", 0),
-            "self-consistency": num(consistent.get(n, {}).get("rate", math.nan)),
-            "median seconds": num(progress.get(n, {}).get("median_ms", math.nan) / 1000, 1),
-            "last answer": str(progress.get(n, {}).get("last", ""))[:16].replace("T", " "),
-            "in evaluation": n not in excluded_names,
-        } for n in names]), hide_index=True, width="stretch")
-        st.markdown("**Exclude an annotator from evaluation** (e.g. a test or practice account)")
-        who = st.selectbox("Annotator", names, key="review_who")
-        if who in excluded_names:
+        return
+    roles = {a["name"]: a["role"] for a in accounts.list_accounts(store)}
+    st.dataframe(pd.DataFrame(consistency.annotator_rows(names, progress, consistency.self_consistency(kept), roles,
+                                                         excluded_names)), hide_index=True, width="stretch")
+    st.markdown("**Exclude an annotator from evaluation** (e.g. a test or practice account)")
+    who = st.selectbox("Annotator", names, key="review_who")
+    if who in excluded_names:
+        c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
+        c1.caption(f"Excluded by {ac.escape_md(excluded_names[who]['actor'])}: "
+                   f"{ac.escape_md(excluded_names[who]['reason']) or 'no reason given'}")
+        if c2.button("Include again", key="review_include"):
+            accounts.include(store, "annotator", who, actor)
+            st.rerun()
+    else:  # a form: typing the reason never reruns the page, so the sidebar links always navigate
+        with st.form("review_exclude_form", border=False):
             c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
-            c1.caption(f"Excluded by {ac.escape_md(excluded_names[who]['actor'])}: "
-                       f"{ac.escape_md(excluded_names[who]['reason']) or 'no reason given'}")
-            if c2.button("Include again", key="review_include"):
-                accounts.include(store, "annotator", who, actor)
+            reason = c1.text_input("Reason", key="review_reason", placeholder="practice account")
+            if c2.form_submit_button("Exclude", type="primary", key="review_exclude"):
+                accounts.exclude(store, "annotator", who, reason, actor)
                 st.rerun()
-        else:  # a form: typing the reason never reruns the page, so the sidebar links always navigate
-            with st.form("review_exclude_form", border=False):
-                c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
-                reason = c1.text_input("Reason", key="review_reason", placeholder="practice account")
-                if c2.form_submit_button("Exclude", type="primary", key="review_exclude"):
-                    accounts.exclude(store, "annotator", who, reason, actor)
-                    st.rerun()
 
-with agreement_tab:
-    kappa_col, dice_col = st.columns(2, gap="large")
+
+def kappa_table(col, kept: list[dict]) -> None:
     kappa = consistency.inter_annotator_kappa(kept)
     mean = kappa["mean_kappa"]
-    kappa_col.markdown("**Triplets: Cohen's κ between annotators on shared triplets** (first showing, skips left "
-                       "out)" + ("" if math.isnan(mean) else f" — mean κ = {mean:.3f}"))
+    col.markdown("**Triplets: Cohen's κ between annotators on shared triplets** (first showing, skips left "
+                 "out)" + ("" if math.isnan(mean) else f" — mean κ = {mean:.3f}"))
     if kappa["pairs"]:
-        kappa_col.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "shared": p["n"],
-                                           "agreement": num(p["agreement"]), "κ": num(p["kappa"])}
-                                          for p in kappa["pairs"]]), hide_index=True, width="stretch")
+        col.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "shared": p["n"],
+                                     "agreement": num(p["agreement"]), "κ": num(p["kappa"])}
+                                    for p in kappa["pairs"]]), hide_index=True, width="stretch")
     else:
-        kappa_col.caption("No triplet has been answered by two annotators (in evaluation) yet.")
-    outline = readings.agreement(ws, exclude=set(excluded_names))
-    dice_col.markdown("**Outlines: Dice between annotators on photos read by both** (wound union per photo)"
-                      + ("" if math.isnan(outline["mean"]) else f" — mean Dice = {outline['mean']:.3f}"))
+        col.caption("No triplet has been answered by two annotators (in evaluation) yet.")
+
+
+def dice_table(col, outline: dict) -> None:
+    col.markdown("**Outlines: Dice between annotators on photos read by both** (wound union per photo)"
+                 + ("" if math.isnan(outline["mean"]) else f" — mean Dice = {outline['mean']:.3f}"))
     if outline["pairs"]:
-        dice_col.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "photos": p["n"],
-                                          "mean Dice": num(p["mean"]), "lowest Dice": num(p["min"])}
-                                         for p in outline["pairs"]]), hide_index=True, width="stretch")
+        col.dataframe(pd.DataFrame([{"annotator A": p["a"], "annotator B": p["b"], "photos": p["n"],
+                                     "mean Dice": num(p["mean"]), "lowest Dice": num(p["min"])}
+                                    for p in outline["pairs"]]), hide_index=True, width="stretch")
     else:
-        dice_col.caption("No photo has two second readings (in evaluation) yet: mark photos for second reading "
-                         "in the Second reading tab.")
+        col.caption("No photo has two second readings (in evaluation) yet: mark photos for second reading "
+                    "in the Second reading tab.")
+
+
+def readings_per_photo(photos: list[dict]) -> None:
+    """Outline agreement per photo and, for the photo picked, its stored outline beside every reading."""
+    st.markdown("**Outline agreement per photo** (Dice of each pair of readers; *vs stored*: each reading "
+                "against the photo's stored outline)")
+    st.dataframe(pd.DataFrame(readings.photo_rows(photos)), hide_index=True, width="stretch")
+    worst = sorted(photos, key=lambda ph: ph["mean"])
+    look = st.selectbox("Look at the readings of", range(len(worst)), key="reading_look",
+                        format_func=lambda n: f"{worst[n]['image_id']} (mean Dice {worst[n]['mean']:.3f})")
+    shown = worst[look]
+    photo = ws.load_image(shown["image_id"])
+    layers = [("stored outline", ws.load_mask(shown["image_id"]))]
+    layers += [(name, readings.load_layer(ws, shown["image_id"], name)) for name in shown["readers"]]
+    for col, (name, labels) in zip(st.columns(len(layers)), layers):
+        col.image(ac.outline_overlay(photo, labels), caption=name, width="stretch")
+
+
+def agreement_tab(kept: list[dict], excluded_names: dict[str, dict]) -> None:
+    kappa_col, dice_col = st.columns(2, gap="large")
+    kappa_table(kappa_col, kept)
+    outline = readings.agreement(ws, exclude=set(excluded_names))
+    dice_table(dice_col, outline)
     if outline["photos"]:
-        st.markdown("**Outline agreement per photo** (Dice of each pair of readers; *vs stored*: each reading "
-                    "against the photo's stored outline)")
-        st.dataframe(pd.DataFrame([{
-            "photo": ph["image_id"], "readers": ", ".join(ph["readers"]), "mean Dice": num(ph["mean"]),
-            "pairs": "; ".join(f"{p['a']}–{p['b']} {p['dice']:.3f}" for p in ph["pairs"]),
-            "vs stored": "; ".join(f"{r} {v:.3f}" for r, v in sorted(ph["vs_stored"].items())) or "no stored outline",
-        } for ph in sorted(outline["photos"], key=lambda ph: ph["mean"])]), hide_index=True, width="stretch")
-        worst = sorted(outline["photos"], key=lambda ph: ph["mean"])
-        look = st.selectbox("Look at the readings of", range(len(worst)), key="reading_look",
-                            format_func=lambda n: f"{worst[n]['image_id']} (mean Dice {worst[n]['mean']:.3f})")
-        shown = worst[look]
-        photo = ws.load_image(shown["image_id"])
-        layers = [("stored outline", ws.load_mask(shown["image_id"]))]
-        layers += [(name, readings.load_layer(ws, shown["image_id"], name)) for name in shown["readers"]]
-        for col, (name, labels) in zip(st.columns(len(layers)), layers):
-            col.image(ac.outline_overlay(photo, labels), caption=name, width="stretch")
+        readings_per_photo(outline["photos"])
     st.markdown("**Self-consistency on planned repeats**")
     sc = consistency.self_consistency(kept)
     if sc:
@@ -112,7 +106,27 @@ with agreement_tab:
                                     "consistency": num(v["rate"])} for a, v in sorted(sc.items())]),
                      hide_index=True, width="stretch")
 
-with disagreement_tab:
+
+def divided_triplet(d: dict, excluded_names: dict[str, dict], excluded_ids: dict[int, dict]) -> None:
+    """One triplet answered differently: its three photos and each annotator's answer, with (un)exclude buttons."""
+    cols = st.columns(3)
+    for col, image_id, role in zip(cols, (d["refs"][0], d["anchor"], d["refs"][1]), ("A", "Query", "B")):
+        col.image(ac.outlined(ws, image_id, 480, 360), caption=f"{role} · {image_id}", width="stretch")
+    for name, (row_id, chosen) in sorted(d["answers"].items()):
+        c1, c2 = st.columns([4, 1], vertical_alignment="center")
+        side = "A" if chosen == d["refs"][0] else "B"
+        mark = " · **excluded**" if row_id in excluded_ids or name in excluded_names else ""
+        c1.markdown(f"{ac.escape_md(name)} chose **{side}** ({chosen}) — judgment {row_id}{mark}")
+        if row_id in excluded_ids:
+            if c2.button("Include", key=f"inc_{row_id}"):
+                accounts.include(store, "triplet", row_id, actor)
+                st.rerun()
+        elif c2.button("Exclude", key=f"exc_{row_id}"):
+            accounts.exclude(store, "triplet", row_id, "excluded on the Review page", actor)
+            st.rerun()
+
+
+def disagreements_tab(all_rows: list[dict], excluded_names: dict[str, dict], excluded_ids: dict[int, dict]) -> None:
     divided = consistency.disagreements(all_rows)
     if not divided:
         st.info("No shared triplet was answered differently.")
@@ -121,28 +135,14 @@ with disagreement_tab:
         labels = [f"{d['anchor']} vs {d['refs'][0]} / {d['refs'][1]} ({len(d['answers'])} annotators)"
                   for d in divided]
         pick = st.selectbox("Triplet", range(len(divided)), format_func=labels.__getitem__, key="review_pick")
-        d = divided[pick]
-        cols = st.columns(3)
-        for col, image_id, role in zip(cols, (d["refs"][0], d["anchor"], d["refs"][1]), ("A", "Query", "B")):
-            col.image(ac.outlined(ws, image_id, 480, 360), caption=f"{role} · {image_id}", width="stretch")
-        for name, (row_id, chosen) in sorted(d["answers"].items()):
-            c1, c2 = st.columns([4, 1], vertical_alignment="center")
-            side = "A" if chosen == d["refs"][0] else "B"
-            mark = " · **excluded**" if row_id in excluded_ids or name in excluded_names else ""
-            c1.markdown(f"{ac.escape_md(name)} chose **{side}** ({chosen}) — judgment {row_id}{mark}")
-            if row_id in excluded_ids:
-                if c2.button("Include", key=f"inc_{row_id}"):
-                    accounts.include(store, "triplet", row_id, actor)
-                    st.rerun()
-            elif c2.button("Exclude", key=f"exc_{row_id}"):
-                accounts.exclude(store, "triplet", row_id, "excluded on the Review page", actor)
-                st.rerun()
+        divided_triplet(divided[pick], excluded_names, excluded_ids)
     if excluded_ids:
         st.markdown("**Single judgments excluded**")
         st.dataframe(pd.DataFrame([{"judgment": i, "by": e["actor"], "reason": e["reason"], "when": e["created"][:16]}
                                    for i, e in sorted(excluded_ids.items())]), hide_index=True, width="stretch")
 
-with outlines_tab:
+
+def second_reading_tab(excluded_names: dict[str, dict]) -> None:
     st.caption("Photos marked here are outlined again, independently, by each annotator who opens them: every "
                "reading is stored as that annotator's own layer beside the stored outline, which it never changes. "
                "Readers see only their own outline; agreement (Agreement tab) is shown to admins only. Unmarking "
@@ -168,29 +168,35 @@ with outlines_tab:
     else:
         st.caption("No second reading stored yet.")
 
-def readable(value, limit: int = 120) -> str:
-    """A revision's old or new value as a person reads it: ``field: value`` pairs, lists comma-separated,
-    nothing as an em dash (no Python dicts or quotes)."""
-    if value is None or value == "" or value == {}:
-        return "—"
-    if isinstance(value, dict):
-        text = " · ".join(f"{str(k).replace('_', ' ')}: {readable(v, limit)}" for k, v in value.items()
-                          if v not in (None, "", {}, []))
-    elif isinstance(value, (list, tuple)):
-        text = ", ".join(readable(v, limit) for v in value)
-    else:
-        text = str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
-
-with audit_tab:
-    changes = store.revisions()[-300:][::-1]
-    if not changes:
+def audit_tab() -> None:
+    rows = audit_rows(store.revisions())
+    if not rows:
         st.caption("No change recorded yet.")
-    else:
-        frame = pd.DataFrame([{"when": r["created"][:19].replace("T", " "), "account": r["actor"],
-                               "entity": r["entity"], "row": readable(r["key"]), "field": r["field"],
-                               "action": r["action"], "old": readable(r["old"]), "new": readable(r["new"])}
-                              for r in changes])
-        who = st.multiselect("Accounts", sorted(frame["account"].unique()), key="audit_who")
-        st.dataframe(frame[frame["account"].isin(who)] if who else frame, hide_index=True, width="stretch")
+        return
+    frame = pd.DataFrame(rows)
+    who = st.multiselect("Accounts", sorted(frame["account"].unique()), key="audit_who")
+    st.dataframe(frame[frame["account"].isin(who)] if who else frame, hide_index=True, width="stretch")
+
+
+def main() -> None:
+    all_rows = store.expert_triplets(include_excluded=True)
+    kept = store.expert_triplets()  # what every metric (here, in core.eval and in the jobs) uses
+    excluded_names = {e["target"]: e for e in accounts.exclusions(store) if e["kind"] == "annotator"}
+    excluded_ids = {int(e["target"]): e for e in accounts.exclusions(store) if e["kind"] == "triplet"}
+    st.caption(f"{len(all_rows)} expert judgments stored; {len(kept)} count in evaluation "
+               f"({len(all_rows) - len(kept)} excluded: kept in the store, marked, left out of every metric).")
+    tabs = st.tabs(["Annotators", "Agreement", "Disagreements", "Second reading", "Audit trail"])
+    with tabs[0]:
+        annotators_tab(all_rows, kept, excluded_names)
+    with tabs[1]:
+        agreement_tab(kept, excluded_names)
+    with tabs[2]:
+        disagreements_tab(all_rows, excluded_names, excluded_ids)
+    with tabs[3]:
+        second_reading_tab(excluded_names)
+    with tabs[4]:
+        audit_tab()
+
+
+main()

@@ -13,7 +13,6 @@ themselves on a machine without a GPU (slow: every CLI end to end).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script (python scripts/gpu_check.py): the repository's packages
+
+from benchmarks.results import repo_env  # after the path above
 
 # Runs a job module as __main__ and reports the peak CUDA memory it allocated (stderr marker).
 _LAUNCHER = """
@@ -70,9 +72,7 @@ def run_step(argv: list[str], timeout: float, need_cuda: bool = True) -> tuple[b
     """Run one command; (passed, detail)."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=repo_env())
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     secs = time.perf_counter() - t0

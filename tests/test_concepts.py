@@ -149,3 +149,47 @@ def test_train_concepts_groups_without_results_is_a_clean_error(demo_workspace, 
         main(["--workspace", str(demo_workspace.root), "--epochs", "1", "--crop-size", "64", *flags])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert demo_workspace.store.runs(kind="concepts") == []
+
+
+def test_split_holdout_one_patient_is_not_enough_data() -> None:
+    from core.concepts.training import NotEnoughData, split_holdout
+
+    with pytest.raises(NotEnoughData, match="cannot split 1 patient group"):
+        split_holdout(["p1"] * 5, 0.3, seed=0)
+    mask = split_holdout(["a", "a", "b", "c"], 0.3, seed=0)
+    assert 0 < mask.sum() < 4 and mask[0] == mask[1]  # whole patients on each side
+
+
+def test_train_concepts_with_too_few_described_wounds_is_one_error_and_no_run(demo_workspace, capsys) -> None:
+    """The library raises NotEnoughData (never exits); the job reports it once, exit 2, no run stored."""
+    from core.train_concepts import main
+
+    store = demo_workspace.store
+    for w in store.wounds()[3:]:
+        store.upsert_wound(w["image_id"], w["wound_index"], w["area"], w["bbox"], "", w.get("metadata"))
+    with pytest.raises(SystemExit) as e:
+        main(["--workspace", str(demo_workspace.root), "--epochs", "1", "--crop-size", "64"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "need at least 4 wounds with a description, found 3" in err
+    assert store.runs(kind="concepts") == []
+
+
+def test_concept_metrics_auroc_on_held_out_wounds_and_bottleneck() -> None:
+    """concept_metrics scores only held-out wounds: a scorer that ranks them perfectly gets AUROC 1."""
+    from types import SimpleNamespace
+
+    from core.concepts.run import ConceptData, concept_metrics
+
+    n = 12
+    labels = np.array([[i % 2, (i // 2) % 2] for i in range(n)])
+    held = np.arange(n) >= 6
+    scores = {k: labels[:, ::-1].astype(float) for k in ("global", "local", "fused")}  # scorer order: b, a
+    scores["local"] = 1.0 - scores["local"]  # the local scores rank every wound backwards
+    pairs = SimpleNamespace(metadata=[{"site": "arm" if i % 2 else "leg"} for i in range(n)])
+    data = ConceptData([], None, pairs, ["a", "b"], labels, "test", held)
+    out = concept_metrics(data, SimpleNamespace(names=["b", "a"]), scores, "site", seed=0)
+    assert out["auroc_global"] == out["auroc_fused"] == {"a": 1.0, "b": 1.0, "mean": 1.0}
+    assert out["auroc_local"] == {"a": 0.0, "b": 0.0, "mean": 0.0}
+    assert out["bottleneck"]["target"] == "site" and out["bottleneck"]["heldout_accuracy"] == 1.0
+    assert concept_metrics(data, SimpleNamespace(names=["b", "a"]), scores, "nothing", seed=0).keys() == {
+        "auroc_global", "auroc_local", "auroc_fused"}

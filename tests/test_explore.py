@@ -205,3 +205,62 @@ def test_a_track_path_joins_its_visits_in_order_on_wound_and_photo_maps():
     assert list(path.x) == [1.0, 0.0, 2.0] and list(path.text) == ["1", "2", "3"] and path.name == "track P1-T1"
     arrows = [(a.ax, a.ay, a.x, a.y) for a in fig.layout.annotations]
     assert arrows == [(1.0, 0.0, 0.0, 0.0), (0.0, 0.0, 2.0, 1.0)]
+
+
+def test_run_choices_put_trained_models_first_then_newest():
+    from core.eval.explore import run_choices
+
+    runs = [{"id": i, "kind": k, "config": {"modality": "vision"}, "name": n, "metrics": {}}
+            for i, k, n in ((1, "vision-baseline", None), (2, "text-soe", None), (3, "vision-baseline", "b"),
+                            (4, "vision-triderm", None))]
+    labels = run_choices(runs)
+    assert list(labels) == [4, 2, 3, 1]
+    assert labels[3] == "run 3 · vision-baseline · vision · b" and labels[2] == "run 2 · text-soe · vision"
+
+
+def test_stale_note_only_when_outlines_changed_after_the_run():
+    from core.eval.explore import stale_note
+
+    run = {"id": 7, "created": "2026-01-02T10:00:00"}
+    assert stale_note(run, None) is None and stale_note(run, "2026-01-01T09:00:00") is None
+    note = stale_note(run, "2026-01-03T08:30:12.5")
+    assert "last change 2026-01-03 08:30 UTC, run 7 from 2026-01-02 10:00 UTC" in note
+
+
+def test_colour_options_and_values():
+    from core.eval.explore import colour_options, colour_value
+
+    images = {"a": {"patient_id": "P1", "metadata": {"site": "leg"}}, "b": {"patient_id": None, "metadata": None}}
+    patients = {"P1": {"sex": "F"}}
+    assert colour_options(images, patients) == ["patient", "cluster", "patient sex", "site"]
+    assert [colour_value(images["a"], patients, c, 2) for c in ("patient", "cluster", "patient sex", "site")] == [
+        "P1", "cluster 3", "F", "leg"]
+    assert [colour_value(images["b"], patients, c) for c in ("patient", "patient sex", "site")] == ["unknown"] * 3
+
+
+def test_attention_overlays_colour_only_the_wounds_tokens():
+    from PIL import Image
+
+    from core.eval.explore import attention_overlays
+
+    lut = np.zeros((256, 3), dtype=np.uint8)
+    lut[:, 0] = 255  # every weight red
+    emb = {"wound_keys": [("p1", 1), ("p2", 1), ("p1", 2)], "grid": np.array([2, 2]),
+           "token_wound": np.array([0, 0, 2]), "token_pos": np.array([[0, 0], [1, 1], [0, 1]]),
+           "token_weight": np.array([1.0, 0.5, 2.0])}
+    photo = Image.new("RGB", (2, 2), (0, 0, 255))
+    out = attention_overlays(emb, "p1", photo, 1.0, lut)
+    assert [i for i, _ in out] == [1, 2]
+    first = np.asarray(out[0][1])
+    assert tuple(first[0, 0]) == (255, 0, 0) and tuple(first[0, 1]) == (0, 0, 255)  # no token there: the photo
+    assert attention_overlays({"wound_keys": emb["wound_keys"]}, "p1", photo, 1.0, lut) == []
+
+
+def test_concept_table_labels_and_rounds():
+    from core.eval.explore import concept_table
+
+    top = [{"concept": "fibrin", "fused": 0.12345, "global": 0.2, "local": 0.04691}, {"concept": "x", "fused": 1,
+                                                                                       "global": 1, "local": 1}]
+    assert concept_table(top, {"fibrin": "Fibrin (slough)"}) == [
+        {"concept": "Fibrin (slough)", "fused": 0.123, "global": 0.2, "local": 0.047},
+        {"concept": "x", "fused": 1, "global": 1, "local": 1}]

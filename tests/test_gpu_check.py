@@ -52,3 +52,13 @@ def test_only_the_numpy_jobs_pass_without_cuda_memory() -> None:
     module = _script()
     no_device = {label for label, argv in module.steps("/tmp/ws") if "--device" not in argv}
     assert no_device == set(module.NUMPY_ONLY) == {"evaluate"}
+
+
+def test_child_jobs_import_this_checkout_first(monkeypatch) -> None:
+    """scripts/gpu_check.py and benchmarks/gpu.py start their jobs with benchmarks.results.repo_env."""
+    from benchmarks.results import repo_env
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert repo_env()["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert repo_env()["PYTHONPATH"] == str(REPO) and _script().repo_env is repo_env

@@ -121,3 +121,76 @@ def test_every_documented_job_answers_help(job):
     assert out.returncode == 0, out.stderr
     assert f"python -m core.{job}" in out.stdout and "--workspace" in out.stdout or job == "phantoms"
     assert "usage:" in out.stdout
+
+
+# ------------------------------------------------------------------ thin jobs; library code never prints or exits
+MAX_FUNCTION_LINES = 60
+JOB_MODULES = {*(f"core.{j}" for j in JOBS), "core.phantoms.__main__"}
+
+
+def _scopes(tree: ast.AST) -> dict[ast.AST, list[str]]:
+    """Every node → the names of the functions around it, outermost first."""
+    out: dict[ast.AST, list[str]] = {}
+
+    def visit(node: ast.AST, chain: list[str]) -> None:
+        out[node] = chain
+        inner = [*chain, node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else chain
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, [])
+    return out
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (N lines)`` for every function of ``path`` longer than ``limit`` lines (decorators excluded)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{'.'.join([*chain, n.name])} ({n.end_lineno - n.lineno + 1} lines)"
+            for n, chain in _scopes(tree).items()
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def prints_and_exits(path: Path, module: str) -> list[str]:
+    """``print(`` calls, ``raise SystemExit`` and ``sys.exit(``/``exit(``/``os._exit(`` outside a job's ``main``
+    (a job's module level may exit: ``raise SystemExit(main())``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    job = module in JOB_MODULES
+    found = []
+    for node, chain in _scopes(tree).items():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            what = "print"
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "exit", "quit", "os._exit"):
+            what = ast.unparse(node.func)
+        elif isinstance(node, ast.Raise) and node.exc is not None and ast.unparse(node.exc).startswith("SystemExit"):
+            what = "raise SystemExit"
+        else:
+            continue
+        allowed = job and ("main" in chain or (not chain and what != "print"))
+        if not allowed:
+            found.append(f"{module}:{node.lineno} {what} in {'.'.join(chain) or 'module level'}")
+    return found
+
+
+@pytest.mark.parametrize("job", [p.stem for p in sorted(CORE.glob("*.py"))])
+def test_jobs_are_thin_no_function_over_60_lines(job):
+    """A job parses, opens the workspace, calls the method's folder and prints: its loops live there."""
+    assert long_functions(CORE / f"{job}.py") == []
+
+
+def test_only_a_jobs_main_prints_or_exits():
+    """Library code logs (``logging.getLogger(__name__)``) and raises; only a job's ``main`` prints or exits."""
+    found = [v for p in CORE.rglob("*.py") for v in prints_and_exits(p, module_name(p))]
+    assert found == []
+
+
+def test_a_long_function_or_a_library_print_is_caught(tmp_path):
+    lib = tmp_path / "lib.py"
+    lib.write_text("import sys\n\n\ndef helper():\n    print('x')\n    raise SystemExit(1)\n\n\n"
+                   "def main():\n    def inner():\n        print('ok in main')\n    sys.exit(inner())\n\n\n"
+                   "def long():\n" + "    x = 1\n" * 60 + "\n\nif True:\n    raise SystemExit(main())\n")
+    assert long_functions(lib) == ["long (61 lines)"]
+    assert prints_and_exits(lib, "core.embed") == ["core.embed:5 print in helper", "core.embed:6 raise SystemExit in helper"]
+    assert prints_and_exits(lib, "core.text.lib") == [
+        "core.text.lib:5 print in helper", "core.text.lib:6 raise SystemExit in helper",
+        "core.text.lib:11 print in main.inner", "core.text.lib:12 sys.exit in main",
+        "core.text.lib:79 raise SystemExit in module level"]

@@ -214,3 +214,35 @@ def test_review_page_marks_photos_and_shows_dice_to_admins_only(ws: Workspace, m
     annotator = review_page(ws, monkeypatch, "A", "annotator")
     assert any("is only for" in e.value for e in annotator.error)
     assert not annotator.dataframe and "Dice" not in "\n".join(m.value for m in annotator.markdown)
+
+
+# -- the Review page's tables (UI-free) -----------------------------------------------------------------
+def test_review_tables_annotators_photos_and_audit_rows():
+    from annotations.consistency import annotator_rows
+    from annotations.history import audit_rows, readable
+    from annotations.readings import photo_rows
+
+    progress = {"ann": {"answered": 10, "skips": 2, "repeats": 3, "median_ms": 1234.0, "last": "2026-01-02T03:04:05"}}
+    rows = annotator_rows(["ann", "test"], progress, {"ann": {"rate": 2 / 3}}, {"ann": "annotator"}, {"test": {}})
+    assert rows[0] == {"annotator": "ann", "account": "annotator", "judgments": 10, "skips": 2, "planned repeats": 3,
+                       "self-consistency": 0.667, "median seconds": 1.2, "last answer": "2026-01-02 03:04",
+                       "in evaluation": True}
+    assert rows[1]["account"] == "no account (free-text name)" and rows[1]["self-consistency"] is None
+    assert rows[1]["median seconds"] is None and rows[1]["in evaluation"] is False
+
+    photos = [{"image_id": "b", "readers": ["x", "y"], "mean": 0.9, "pairs": [{"a": "x", "b": "y", "dice": 0.9}],
+               "vs_stored": {"y": 0.8, "x": 0.95}},
+              {"image_id": "a", "readers": ["x"], "mean": math.nan, "pairs": [], "vs_stored": {}}]
+    first = next(r for r in photo_rows(photos) if r["photo"] == "b")
+    assert first == {"photo": "b", "readers": "x, y", "mean Dice": 0.9, "pairs": "x–y 0.900",
+                     "vs stored": "x 0.950; y 0.800"}
+    assert next(r for r in photo_rows(photos) if r["photo"] == "a")["vs stored"] == "no stored outline"
+
+    assert readable({"site": "leg", "size_cm": None, "tags": ["a", "b"]}) == "site: leg · tags: a, b"
+    assert readable(None) == readable("") == "—" and readable("x" * 200, limit=10) == "x" * 9 + "…"
+    revisions = [{"created": f"2026-01-0{i}T10:00:00.123", "actor": "ann", "entity": "wounds", "key": {"wound": i},
+                  "field": "description", "action": "update", "old": "", "new": f"text {i}"} for i in range(1, 5)]
+    table = audit_rows(revisions, last=3)
+    assert [r["new"] for r in table] == ["text 4", "text 3", "text 2"]
+    assert table[0] == {"when": "2026-01-04 10:00:00", "account": "ann", "entity": "wounds", "row": "wound: 4",
+                        "field": "description", "action": "update", "old": "—", "new": "text 4"}

@@ -36,6 +36,11 @@ MAX_SUBS = 8
 MAX_CONCEPTS = 6
 
 
+class NotEnoughData(ValueError):
+    """The workspace holds too little data for the method (too few described wounds, or patients
+    that cannot be split into a training and a held-out set): a user error, reported by the job."""
+
+
 # ----------------------------------------------------------------------------- data
 @dataclass
 class WoundPairs:
@@ -72,7 +77,7 @@ def load_pairs(ws, size: int = 160, margin: float = 0.25) -> WoundPairs:
     patients = {p["patient_id"]: p.get("metadata") or {} for p in store.patients()}
     wounds = [w for w in store.wounds() if (w.get("description") or "").strip()]
     if len(wounds) < 4:
-        raise SystemExit(f"workspace {ws.root}: need at least 4 wounds with a description, found {len(wounds)}")
+        raise NotEnoughData(f"workspace {ws.root}: need at least 4 wounds with a description, found {len(wounds)}")
     keys, img_ids, pats, descs, metas, crops, boxes = [], [], [], [], [], [], []
     photo_cache: dict[str, Any] = {}
     for w in wounds:
@@ -109,7 +114,7 @@ def split_holdout(groups: list[str], frac: float, seed: int) -> np.ndarray:
         held += counts[uniq[i]]
     mask = np.array([g in chosen for g in groups])
     if mask.all() or not mask.any():
-        raise SystemExit(f"cannot split {len(uniq)} patient group(s) into train and held-out sets")
+        raise NotEnoughData(f"cannot split {len(uniq)} patient group(s) into train and held-out sets")
     return mask
 
 

@@ -9,6 +9,8 @@
   never shown. :func:`quick_layout` is the instant classical-MDS layout shown until it is stored.
 - **Retrieval** (:func:`retrieval`): above :data:`LARGE` photos of a run with an embedding, an
   :class:`~core.eval.retrieval.EmbeddingIndex` (no n×n matrix); else the distance matrix.
+- **The page's tables and text** (:func:`run_choices`, :func:`stale_note`, :func:`colour_value`,
+  :func:`attention_overlays`, :func:`concept_table`): plain functions the page draws.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from PIL import Image
 
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
@@ -31,9 +34,9 @@ import itertools
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["LARGE", "DistanceRetrieval", "MapInput", "cluster_labels", "compute_umap", "embeddings_stamp",
-           "has_wound_embedding", "map_input", "quick_layout", "retrieval", "scatter_figure", "stored_umap",
-           "umap_path"]
+__all__ = ["LARGE", "DistanceRetrieval", "MapInput", "attention_overlays", "cluster_labels", "colour_options",
+           "colour_value", "compute_umap", "concept_table", "embeddings_stamp", "has_wound_embedding", "map_input",
+           "quick_layout", "retrieval", "run_choices", "scatter_figure", "stale_note", "stored_umap", "umap_path"]
 
 LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
 SMALL_MAP = 200  # points up to which markers are large and outlined
@@ -273,3 +276,77 @@ def add_track_path(fig: go.Figure, xy: np.ndarray, rows: Sequence[int], name: st
     for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", showarrow=True,
                            arrowhead=2, arrowsize=1.2, arrowwidth=1.5, arrowcolor="#111", text="")
+
+
+# ------------------------------------------------------------------ the page's tables and text (no Streamlit)
+TRAINED_FIRST = ("vision-triderm", "fusion", "text-soe")  # trained models before frozen baselines
+
+
+def run_choices(runs: Sequence[dict]) -> dict[int, str]:
+    """Run id → its label for the run picker, trained models first (then newest first)."""
+    from core.eval.report import run_figure
+
+    ordered = sorted(runs, key=lambda r: (TRAINED_FIRST.index(r["kind"]) if r["kind"] in TRAINED_FIRST else 9, -r["id"]))
+    return {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
+            + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) for r in ordered}
+
+
+def stale_note(run: dict, last_outline_edit: str | None) -> str | None:
+    """The warning for a run made before the wounds' outlines last changed (``None`` when it is current)."""
+    if not last_outline_edit or last_outline_edit <= str(run["created"]):
+        return None
+    return (f"This run is out of date: wounds were added, edited or deleted after it was made (last change "
+            f"{last_outline_edit[:16].replace('T', ' ')} UTC, run {run['id']} from "
+            f"{str(run['created'])[:16].replace('T', ' ')} UTC). Its map and attention show the wounds as they "
+            "were; train a new run on the Train page.")
+
+
+def colour_options(images: dict[str, dict], patients: dict[str, dict]) -> list[str]:
+    """What the map can be coloured by: patient, cluster, each photo metadata field, each patient field."""
+    return ["patient", "cluster"] + sorted({k for im in images.values() for k in (im["metadata"] or {})}
+                                           | {f"patient {k}" for meta in patients.values() for k in meta})
+
+
+def colour_value(image: dict, patients: dict[str, dict], colour_by: str, cluster: int | None = None) -> str:
+    """A photo's group under ``colour_by`` (one of :func:`colour_options`); ``cluster`` its 0-based cluster."""
+    if colour_by == "patient":
+        return str(image.get("patient_id") or "unknown")
+    if colour_by == "cluster":
+        return f"cluster {cluster + 1}"
+    if colour_by.startswith("patient "):
+        return str(patients.get(image.get("patient_id"), {}).get(colour_by[8:], "unknown"))
+    return str((image.get("metadata") or {}).get(colour_by, "unknown"))
+
+
+def attention_overlays(emb: dict, image_id: str, photo: Image.Image, opacity: float, lut: np.ndarray
+                       ) -> list[tuple[int, Image.Image]]:
+    """(wound index, picture) per wound of ``image_id`` in a run's embeddings: its tokens' attention
+    weights (normalised to the wound's maximum) coloured by ``lut`` (256×3 uint8) over the photo at
+    ``opacity`` where the weight exceeds 2 %; empty when the run stored no attention."""
+    need = ("token_wound", "token_pos", "token_weight", "grid")
+    if emb.get("wound_keys") is None or any(k not in emb for k in need):
+        return []
+    gh, gw = (int(v) for v in emb["grid"])
+    base = np.asarray(photo.convert("RGB"), dtype=np.float32)
+    out = []
+    for row, (iid, index) in enumerate(emb["wound_keys"]):
+        if iid != image_id:
+            continue
+        sel = emb["token_wound"] == row
+        heat = np.zeros((gh, gw), dtype=np.float32)
+        pos = emb["token_pos"][sel].astype(int)
+        heat[pos[:, 0], pos[:, 1]] = emb["token_weight"][sel]
+        if heat.max() > 0:
+            heat /= heat.max()
+        big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.BILINEAR),
+                         dtype=np.float32) / 255.0
+        colour = lut[(big * 255).astype(np.uint8)].astype(np.float32)
+        cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the wound's tokens
+        out.append((index, Image.fromarray((base * (1 - cover) + colour * cover).clip(0, 255).astype(np.uint8))))
+    return out
+
+
+def concept_table(top: Sequence[dict], labels: dict[str, str]) -> list[dict]:
+    """Rows of a wound's top-concepts table: the concept's label and its fused, global and local scores."""
+    return [{"concept": labels.get(t["concept"], t["concept"]), "fused": round(t["fused"], 3),
+             "global": round(t["global"], 3), "local": round(t["local"], 3)} for t in top]

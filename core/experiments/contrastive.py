@@ -1,5 +1,6 @@
 """The contrastive-objective benchmark (METHODS.md §5): CLIP variants trained under identical
-settings and scored on the same metrics, with seed-paired tests against CLIP.
+settings and scored on the same metrics, with seed-paired tests against CLIP. :class:`ContrastiveBench`
+runs the (variant, seed) cells of ``python -m core.bench_contrastive``, reusing finished ones.
 """
 from __future__ import annotations
 
@@ -7,17 +8,31 @@ import argparse
 import csv
 import hashlib
 import json
+import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from annotations.fileio import atomic_write, write_json, write_text
+from annotations.fileio import atomic_write, read_json, write_json, write_text
 from core.concepts.scores import ConceptScorer
-from core.concepts.training import SIGMOID_OBJECTIVES, TrainConfig, Trainer, concept_auroc
+from core.concepts.training import (
+    SIGMOID_OBJECTIVES,
+    TrainConfig,
+    Trainer,
+    WoundPairs,
+    build_text_inputs,
+    concept_auroc,
+    concept_labels,
+    split_holdout,
+)
+from core.concepts.vocabulary import ConceptTagger, load_vocab
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.experiments.defaults import OUT_DIR, VARIANTS  # noqa: F401 (re-exported)
@@ -181,3 +196,88 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
     write_text(out / "chart.json", fig.to_json())
     write_text(out / "chart.html", fig.to_html(include_plotlyjs="cdn"))
 
+
+
+ARTIFACTS = ("table.md", "table.csv", "results.json", "chart.json", "chart.html")
+
+
+@dataclass
+class Cell:
+    """One finished (variant, seed) cell: its metrics, and whether they were reused from ``cells/``."""
+
+    variant: str
+    seed: int
+    metrics: dict[str, float]
+    cached: bool
+
+
+class ContrastiveBench:
+    """The benchmark's cells on one workspace and model: every variant starts from the same
+    pretrained weights and, per seed, the same held-out split and head initialisation. Each
+    finished cell is written to ``out/cells/`` (with a key of its settings, reused next time unless
+    ``fresh``) and advances run ``run_id``'s progress."""
+
+    def __init__(self, ws: Any, model: Any, pairs: WoundPairs, targets: list[str | None], settings: dict[str, Any],
+                 out: Path, run_id: int, fresh: bool = False) -> None:
+        self.ws, self.model, self.pairs, self.targets = ws, model, pairs, targets
+        self.settings, self.out, self.run_id, self.fresh = settings, out, run_id, fresh
+        vocab = load_vocab(groups=("wound",))
+        tagger = ConceptTagger(vocab)
+        self.texts = build_text_inputs(pairs, tagger)
+        names, labels, self.label_source = concept_labels(ws, pairs, tagger)
+        self.scorer_concepts = [c for c in vocab if c.name in names]
+        keep = [i for i, n in enumerate(names) if n in {c.name for c in self.scorer_concepts}]
+        self.names, self.labels = [names[i] for i in keep], labels[:, keep]
+        self.init = {k: v.clone() for k, v in model.state_dict().items()}
+        self.cells: dict[str, list[dict[str, float]]] = {}
+        self.skipped: dict[str, str] = {}
+
+    def run(self, variants: list[str], n_seeds: int, args: Any) -> Iterator[Cell]:
+        """Train (or reuse) every cell of ``variants`` × seeds ``0 … n_seeds − 1``, yielding each when done;
+        variants the model cannot run are recorded in :attr:`skipped` with the reason."""
+        todo = [(v, s) for v in variants for s in range(n_seeds)]
+        for n_done, (variant, seed) in enumerate(todo):
+            reason = skip_reason(variant, self.model)
+            if reason:
+                self.skipped[variant] = reason
+                continue
+            path = self.out / "cells" / f"{variant}_s{seed}.json"
+            key = cell_key(variant, seed, self.settings)
+            cached = read_json(path) if path.is_file() and not self.fresh else {}
+            if cached.get("key") == key:
+                self.cells.setdefault(variant, []).append({**cached["metrics"], "seed": seed})
+                yield Cell(variant, seed, cached["metrics"], cached=True)
+                continue
+            metrics = self.train_cell(variant, seed, args)
+            write_json(path, {"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1)
+            self.cells.setdefault(variant, []).append({**metrics, "seed": seed})
+            self.ws.store.update_run(self.run_id, progress=(n_done + 1) / len(todo))
+            yield Cell(variant, seed, metrics, cached=False)
+
+    def train_cell(self, variant: str, seed: int, args: Any) -> dict[str, float]:
+        """Train one variant from the pretrained weights with seed ``seed``; its held-out metrics."""
+        t1 = time.perf_counter()
+        held = split_holdout(self.pairs.patient_ids, args.holdout, seed)
+        self.model.load_state_dict(self.init)
+        torch.manual_seed(seed)
+        self.model.reset_heads()  # per-seed head initialisation (pretrained projections stay)
+        trainer = Trainer(self.model, self.pairs, self.texts, variant_config(variant, args, seed))
+        history = trainer.fit(np.flatnonzero(~held), progress=True)
+        metrics = evaluate_cell(trainer, held, self.names, self.labels, self.scorer_concepts, self.targets, self.ws)
+        metrics["final_loss"] = history[-1]
+        metrics["seconds"] = round(time.perf_counter() - t1, 1)
+        return metrics
+
+    def finish(self, n_seeds: int, seconds: float) -> Path:
+        """Write the tables and chart (:func:`write_outputs`) and finish the run; the table.md path."""
+        summary = summarise(self.cells)
+        held_sizes = [r["n_heldout"] for rows in self.cells.values() for r in rows if "n_heldout" in r]
+        settings_out = {**self.settings, "n_seeds": n_seeds, "concept_labels": self.label_source,
+                        "n_wounds": len(self.pairs),
+                        "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
+        write_outputs(self.out, summary, self.skipped, settings_out, self.ws.is_synthetic,
+                      paired_vs_baseline(self.cells))
+        self.ws.store.finish_run(self.run_id, metrics={"summary": summary, "skipped": self.skipped,
+                                                       "seconds": round(seconds, 1)},
+                                 artifacts={name: str(self.out / name) for name in ARTIFACTS})
+        return self.out / "table.md"

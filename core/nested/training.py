@@ -1,9 +1,12 @@
-"""SLIMP training (METHODS.md §2): distributed set-up, the nested loss of a batch, checkpoints
-and the evaluation of a trained model (retrieval, probes).
+"""SLIMP training (METHODS.md §2): distributed set-up, the nested loss of a batch, checkpoints,
+resuming, the epoch loop (:class:`EpochLoop`) and the evaluation of a trained model (retrieval,
+probes).
 """
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from annotations.fileio import atomic_write
 from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
@@ -20,14 +24,22 @@ from core.nested.model import (
     NestedData,
     NestedInputs,
     embed_all,
+    epoch_batches,
+    frozen_features,
     make_inputs,
     photo_embeddings,
     probe,
     retrieval_recall,
+    wound_crops,
 )
+from core.nested.tabular import TabularSchema
 from core.runtime import autocast, grad_scaler, load_checkpoint
 
 FRACTIONS = (0.01, 0.1, 1.0)
+#: the settings a checkpoint keeps, so that ``--resume`` trains on exactly as before
+TRAIN_KEYS = ("backbone", "batch_size", "max_wounds", "lr", "lam", "temperature", "dim", "crop_size", "seed",
+              "continual", "init", "target", "no_wound_meta", "no_patient_meta")
+SCHEMA_FILES = ("wound_schema.json", "patient_schema.json")
 
 
 def gather_rows(t: Tensor, group: Any, world: int) -> Tensor:
@@ -141,7 +153,6 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     return metrics
 
 
-
 def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, batches: list[list[int]],
                 tensors: tuple[Any, Any, Any, Any], device: torch.device, group: Any, rank: int,
                 world: int) -> dict[str, float]:
@@ -172,3 +183,138 @@ def save_checkpoint(path: Path, train_args: dict[str, Any], model: SLIMP, optimi
         torch.save({"args": train_args, "model_config": model.config, "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(), "epoch": epoch, "losses": losses, "history": history,
                     "run_id": run_id}, fh)
+
+
+def read_resume(ws: Any, run_id: int) -> dict[str, Any]:
+    """The checkpoint of SLIMP run ``run_id``, its ``"args"`` the :data:`TRAIN_KEYS` settings (a pre-0.2
+    ``batch_patients`` read as ``batch_size``); ValueError when the run has no readable checkpoint."""
+    path = ws.runs_dir / str(run_id) / "checkpoint.pt"
+    run = ws.store.run(run_id)
+    if run is None or run["kind"] != "slimp" or not path.exists():
+        raise ValueError(f"--resume {run_id}: no SLIMP run with a checkpoint at {path}")
+    state = load_checkpoint(path)
+    saved = {"batch_size": state["args"].get("batch_patients"), **state["args"]}
+    state["args"] = {k: saved[k] for k in TRAIN_KEYS}
+    return state
+
+
+def resumed_schemas(state: dict[str, Any]) -> tuple[TabularSchema | None, TabularSchema | None]:
+    """The (wound, patient) metadata schemas a checkpoint was trained with."""
+    config = state["model_config"]
+    return tuple(None if config[k] is None else TabularSchema.from_dict(config[k])  # type: ignore[return-value]
+                 for k in ("wound_schema", "patient_schema"))
+
+
+def image_inputs(ws: Any, data: NestedData, bb: Any, size: int, continual: bool, rank: int
+                 ) -> tuple[Tensor, Tensor | None, nn.Module | None, list[nn.Parameter]]:
+    """(images, masks, trunk, stem parameters). ``continual``: the normalised wound crops and their
+    masks, with the backbone's trunk and stem; else the frozen backbone's pooled features, cached on
+    disk by rank 0 before the other processes of a distributed run read them."""
+    if continual:
+        crops, masks = wound_crops(ws, data, size)
+        return bb.preprocess(crops, size=size).cpu(), masks, bb._features, bb.stem_parameters()
+    distributed = dist.is_initialized()
+    if rank == 0:
+        images = frozen_features(ws, data, bb, size)
+    if distributed:
+        dist.barrier()
+    if rank != 0:
+        images = frozen_features(ws, data, bb, size)
+    return images, None, None, []
+
+
+def make_optimizer(model: SLIMP, continual: bool, stem: list[nn.Parameter], lr: float,
+                   resume: dict[str, Any] | None = None) -> torch.optim.Optimizer:
+    """AdamW over what the mode trains (``continual``: only the stem and the tabular input
+    embeddings, everything else frozen); a resumed run's model and optimizer state loaded."""
+    if continual:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        trainable = model.continual_parameters(stem)
+        for p in trainable:
+            p.requires_grad_(True)
+    else:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(param_groups(trainable), lr=lr)
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+    return optimizer
+
+
+def open_run(ws: Any, run_id: int | None, config: dict[str, Any], seed: int, name: str | None, start_epoch: int,
+             schemas: tuple[TabularSchema | None, TabularSchema | None]) -> int:
+    """Start the ``slimp`` run record (or note the resume of run ``run_id``) and save its schemas."""
+    if run_id is None:
+        run_id = ws.store.start_run("slimp", config, seed=seed, name=name)
+    else:
+        ws.store.update_run(run_id, message=f"resumed at epoch {start_epoch}")
+    for schema, filename in zip(schemas, SCHEMA_FILES):
+        if schema is not None:
+            schema.save(ws.run_dir(run_id) / filename)
+    return run_id
+
+
+@dataclass
+class EpochLoop:
+    """One process's share of SLIMP training: each epoch trains on its shard of the global batches;
+    rank 0 then writes the checkpoint and the run record (``run_id``), so a killed run resumes."""
+
+    ws: Any
+    model: SLIMP
+    net: nn.Module  # the model, or its DistributedDataParallel wrapper
+    optimizer: torch.optim.Optimizer
+    tensors: tuple[Any, Any, Any, Any]  # images, masks, wound_tab, patient_tab
+    train_args: dict[str, Any]  # the TRAIN_KEYS settings
+    device: torch.device
+    run_id: int | None = None
+    group: Any = None
+    rank: int = 0
+    world: int = 1
+    losses: list[float] = field(default_factory=list)
+    history: dict[str, list[float]] = field(default_factory=lambda: {"inner": [], "outer": []})
+    epoch_seconds: list[float] = field(default_factory=list)  # this session's epochs (a resumed run: the new ones)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.ws.run_dir(self.run_id) / "checkpoint.pt"
+
+    def run(self, patient_wounds: list[np.ndarray], start_epoch: int, epochs: int) -> None:
+        """Train epochs ``start_epoch … epochs − 1`` (a tqdm bar on rank 0)."""
+        a = self.train_args
+        bar = tqdm(range(start_epoch, epochs), desc="slimp", unit="epoch", disable=self.rank != 0,
+                   initial=start_epoch, total=epochs)
+        for epoch in bar:
+            t0 = time.perf_counter()
+            batches = epoch_batches(patient_wounds, a["batch_size"], a["max_wounds"], a["seed"], epoch)
+            sums = train_epoch(self.net, self.model, self.optimizer, batches, self.tensors, self.device,
+                               self.group, self.rank, self.world)
+            self.losses.append(sums["loss"])
+            self.epoch_seconds.append(round(time.perf_counter() - t0, 4))
+            for k in ("inner", "outer"):
+                if k in sums:
+                    self.history[k].append(sums[k])
+            if self.rank == 0:
+                bar.set_postfix(loss=f"{sums['loss']:.4f}", tau=f"{1 / self.model.criterion.logit_scale.item():.4f}")
+                self._record(epoch + 1, epochs)
+
+    def _record(self, done: int, epochs: int) -> None:
+        save_checkpoint(self.checkpoint, self.train_args, self.model, self.optimizer, done, self.losses,
+                        self.history, self.run_id)
+        self.ws.store.update_run(self.run_id, progress=done / epochs,
+                                 metrics={"loss": self.losses, **self.history,
+                                          "temperature": 1 / self.model.criterion.logit_scale.item(),
+                                          "epoch_seconds": self.epoch_seconds},
+                                 artifacts={"checkpoint": str(self.checkpoint)})
+
+    def finish(self, data: NestedData, args: argparse.Namespace) -> dict[str, Any]:
+        """Evaluate the trained model (:func:`evaluate_model`) and close the run record; its metrics."""
+        metrics = evaluate_model(self.ws, self.model, data, *self.tensors, self.device, args, self.run_id)
+        run_dir = self.ws.run_dir(self.run_id)
+        artifacts = {"checkpoint": str(self.checkpoint)}
+        for name in SCHEMA_FILES:
+            if (run_dir / name).exists():
+                artifacts[name.removesuffix(".json")] = str(run_dir / name)
+        self.ws.store.finish_run(self.run_id, metrics={"loss": self.losses, **self.history, "eval": metrics},
+                                 artifacts=artifacts)
+        return metrics

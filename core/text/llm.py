@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import threading
 import time
@@ -51,6 +52,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 PROMPT_VERSION = "triderm-v2"
 ORACLES = ("ollama", "openai", "local", "phantom")
@@ -431,9 +434,9 @@ class MultiHostOracle(Oracle):
     flight (at most ``per_host`` each; a caller waits for a free slot); a host that becomes
     :class:`OracleUnavailable` is dead from then on and the question is asked of another. Only when
     every host is dead does the run stop. :attr:`stats` counts answers, failures and the cause of
-    death per host (:meth:`report` prints them)."""
+    death per host (:meth:`report` words them); a host going down is logged as a warning."""
 
-    def __init__(self, oracles: Sequence[Oracle], per_host: int = 1, log: Any = None) -> None:
+    def __init__(self, oracles: Sequence[Oracle], per_host: int = 1) -> None:
         if not oracles:
             raise ValueError("no hosts")
         if len({(o.name, o.model) for o in oracles}) != 1:
@@ -441,7 +444,6 @@ class MultiHostOracle(Oracle):
         self.oracles = list(oracles)
         self.name, self.model = oracles[0].name, oracles[0].model
         self.per_host = max(1, per_host)
-        self._log = log
         self._cond = threading.Condition()
         self.busy = {o.host: 0 for o in self.oracles}
         self.stats: dict[str, dict[str, Any]] = {o.host: {"answered": 0, "failed": 0, "dead": None}
@@ -455,9 +457,7 @@ class MultiHostOracle(Oracle):
         with self._cond:
             self.stats[oracle.host]["dead"] = str(exc)
             self._cond.notify_all()
-        if self._log is not None:
-            print(f"host {oracle.host} is down ({exc}); its questions go to the other hosts", file=self._log,
-                  flush=True)
+        log.warning("host %s is down (%s); its questions go to the other hosts", oracle.host, exc)
 
     def _live(self) -> list[Oracle]:
         return [o for o in self.oracles if self.stats[o.host]["dead"] is None]
@@ -673,11 +673,11 @@ class PhantomOracle(Oracle):
 
 
 def make_oracle(kind: str, model: str | None = None, host: str | Sequence[str] | None = None,
-                truth_dir: str | Path | None = None, seed: int = 0, per_host: int = 1, log: Any = None,
+                truth_dir: str | Path | None = None, seed: int = 0, per_host: int = 1,
                 **kwargs: Any) -> Oracle:
     """Build an oracle by name (``ollama``, ``openai``, ``local``, ``phantom``); ``host`` is the
     Ollama host or the OpenAI base URL, several of them a :class:`MultiHostOracle` (``per_host``
-    requests in flight on each; host failures printed to ``log``)."""
+    requests in flight on each; a host that goes down is logged as a warning)."""
     if kind not in ORACLES:
         raise ValueError(f"unknown oracle {kind!r}; choose one of {', '.join(ORACLES)}")
     model = model or DEFAULT_MODELS[kind]
@@ -688,7 +688,7 @@ def make_oracle(kind: str, model: str | None = None, host: str | Sequence[str] |
         cls = OllamaOracle if kind == "ollama" else OpenAIOracle
         key = "host" if kind == "ollama" else "base_url"
         oracles = [cls(model, **{key: h}, **kwargs) for h in hosts]
-        return oracles[0] if len(oracles) == 1 else MultiHostOracle(oracles, per_host, log)
+        return oracles[0] if len(oracles) == 1 else MultiHostOracle(oracles, per_host)
     if kind == "local":
         return LocalOracle(model, **kwargs)
     if truth_dir is None:
