@@ -64,16 +64,16 @@ mutation: install
 MIN_VENV ?= .venv-min
 MIN_PY := $(MIN_VENV)/bin/python
 MIN_TORCH ?= torch torchvision
-MIN_TESTS ?= tests/test_store.py tests/test_dataset.py tests/test_metrics.py tests/test_soe.py \
-	tests/test_estimator_checks.py tests/test_cli_vocabulary.py tests/test_backbones.py tests/test_backbone_names.py \
-	tests/test_augment.py tests/test_concepts.py tests/test_text_embed.py tests/test_llm.py tests/test_app_pages.py \
-	tests/test_layout.py
+MIN_TESTS ?= tests/integration/test_store.py tests/integration/test_dataset.py tests/unit/test_metrics.py tests/unit/test_soe.py \
+	tests/unit/test_estimator_checks.py tests/integration/test_cli_vocabulary.py tests/integration/test_backbones.py tests/unit/test_backbone_names.py \
+	tests/unit/test_augment.py tests/integration/test_concepts.py tests/integration/test_text_embed.py tests/integration/test_llm.py tests/integration/test_app_pages.py \
+	tests/integration/test_layout.py
 # AppTest of the floor Streamlit cannot render a page holding an inline st.components.v2 component (the
 # outline editor: "Component ... is not registered"); that page is tested in Chromium on the current Streamlit
 # and the signed-out routing test reads AppTest's page registry (_registered_pages), which the floor's AppTest lacks
-MIN_DESELECT ?= --deselect tests/test_app_pages.py::test_wound_masks_page_edits_and_deletes \
-	--deselect tests/test_app_pages.py::test_wound_masks_without_a_trained_model_suggest_from_the_default_one \
-	--deselect tests/test_app_pages.py::test_signed_out_every_page_address_holds_the_sign_in_and_after_sign_in_the_page
+MIN_DESELECT ?= --deselect tests/integration/test_app_pages.py::test_wound_masks_page_edits_and_deletes \
+	--deselect tests/integration/test_app_pages.py::test_wound_masks_without_a_trained_model_suggest_from_the_default_one \
+	--deselect tests/integration/test_app_pages.py::test_signed_out_every_page_address_holds_the_sign_in_and_after_sign_in_the_page
 test-min: $(MIN_VENV)/.installed
 	$(MIN_PY) -m pip freeze > $(MIN_VENV)/freeze.txt
 	$(MIN_PY) -m pytest -q -m "not slow and not browser" -p no:cacheprovider $(MIN_TESTS) $(MIN_DESELECT)

@@ -32,19 +32,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # module (or package folder) -> the test files that exercise it
 MODULES: dict[str, list[str]] = {
-    "core/eval/metrics.py": ["tests/test_metrics.py"],
-    "core/eval/fusion.py": ["tests/test_fusion.py", "tests/test_retrieval.py"],
-    "core/vision/pooling.py": ["tests/test_features.py", "tests/test_gpu_paths.py"],
-    "core/losses": ["tests/test_losses_vision.py", "tests/test_losses_concepts.py",
-                    *(f"tests/test_slimp.py::{t}" for t in ("test_inner_loss_zero_for_single_wound_patient",
+    "core/eval/metrics.py": ["tests/unit/test_metrics.py"],
+    "core/eval/fusion.py": ["tests/unit/test_fusion.py", "tests/integration/test_retrieval.py"],
+    "core/vision/pooling.py": ["tests/integration/test_features.py", "tests/unit/test_gpu_paths.py"],
+    "core/losses": ["tests/unit/test_losses_vision.py", "tests/unit/test_losses_concepts.py",
+                    *(f"tests/integration/test_slimp.py::{t}" for t in ("test_inner_loss_zero_for_single_wound_patient",
                                                             "test_inner_loss_ignores_other_patients_wounds",
                                                             "test_outer_loss_matches_hand_computed_three_patients",
                                                             "test_temperature_is_learnable_from_clip_init"))],
-    "annotations/scheduler.py": ["tests/test_scheduler_unit.py"],
-    "core/text/soe.py": ["tests/test_soe.py"],
-    "annotations/store.py": ["tests/test_store_unit.py"],
-    "annotations/dataset.py": ["tests/test_dataset_unit.py",
-                               *(f"tests/test_merge.py::{t}" for t in (
+    "annotations/scheduler.py": ["tests/unit/test_scheduler_unit.py"],
+    "core/text/soe.py": ["tests/unit/test_soe.py"],
+    "annotations/store.py": ["tests/unit/test_store_unit.py"],
+    "annotations/dataset.py": ["tests/unit/test_dataset_unit.py",
+                               *(f"tests/integration/test_merge.py::{t}" for t in (
                                    "test_reimport_keeps_app_edits_drawn_outlines_and_undone_answers",
                                    "test_a_change_in_the_dataset_alone_is_applied",
                                    "test_both_sides_changed_is_a_conflict_named_by_file_line_field",
@@ -62,7 +62,7 @@ MODULES: dict[str, list[str]] = {
                                    "test_a_judgment_changed_on_both_sides_is_a_conflict",
                                    "test_a_judgment_deleted_in_the_app_and_changed_in_the_file_is_a_conflict",
                                    "test_judgments_gone_from_the_file_are_deleted_only_with_prune_and_app_changes_conflict")),
-                               "tests/test_dataset_streaming.py"],
+                               "tests/integration/test_dataset_streaming.py"],
 }
 # Mutants reviewed by hand and judged equivalent (no behaviour can tell them from the original) are
 # not made at all: the line carries ``# pragma: no mutate`` and the reason, in the module itself, so the

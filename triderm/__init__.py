@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: the jobs ``core.<job>`` that ``triderm <job>`` runs (the vocabulary of tests/test_layout.py, plus the phantoms).
+#: the jobs ``core.<job>`` that ``triderm <job>`` runs (the vocabulary of tests/integration/test_layout.py, plus the phantoms).
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
         "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model", "segment",
         "phantoms")

@@ -155,7 +155,7 @@ class MiniLMTower(TextTower):
 
     def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
         # BertLayer is transformers-internal (no public per-layer API): pyproject caps transformers < 6,
-        # and tests/test_concepts.py runs it on the floor (4.45, tuple output) and the current 5.x (tensor)
+        # and tests/integration/test_concepts.py runs it on the floor (4.45, tuple output) and the current 5.x (tensor)
         ext = (1.0 - mask[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
         out = layer(h, attention_mask=ext)
         return out[0] if isinstance(out, tuple) else out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from test_followup_page import split_visits
+from tests.integration.test_followup_page import split_visits
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace

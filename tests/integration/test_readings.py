@@ -182,7 +182,7 @@ def review_page(ws: Workspace, monkeypatch, name: str, role: str):
     from annotations import accounts
 
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(ws.root))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=60)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=60)
     at.session_state["account"] = (accounts.get(ws.store, name)
                                    or accounts.add_account(ws.store, name, role, "correct horse battery", "test"))
     at.session_state["_cookie"] = accounts.issue_token(ws.store, accounts.secret_key(ws.root),

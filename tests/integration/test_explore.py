@@ -154,7 +154,7 @@ def test_quick_layout_vectors_and_distances_agree():
 
 def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_path, fake_umap):
     import app_common
-    from tests.test_app_pages import add_test_embedding, app
+    from tests.integration.test_app_pages import add_test_embedding, app
 
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
     monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))

@@ -13,7 +13,7 @@ import pytest
 
 from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, TriDermConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
 #: the keys of the recipe dict (``DEFAULTS``) at commit 37d1fa9, in order: stored run records use them
 RECORD_KEYS = ["backbone", "layer", "pooling", "loss", "epochs", "batch_size", "lr", "weight_decay", "views", "seed",

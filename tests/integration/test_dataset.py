@@ -16,7 +16,7 @@ from annotations.dataset import export_dataset, import_dataset
 from annotations.readers import DatasetError, mask_to_labels
 from annotations.workspace import Workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _snapshot(ws: Workspace) -> dict:

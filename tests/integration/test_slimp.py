@@ -17,7 +17,7 @@ from core.losses.nested import NestedContrastiveLoss, inner_losses, outer_loss, 
 from core.nested.model import SLIMP, crop_box, epoch_batches, masked_pool, retrieval_recall
 from core.nested.tabular import TabularSchema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- loss terms

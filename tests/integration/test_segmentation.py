@@ -40,7 +40,7 @@ from core.segmentation.training import (
     split_groups,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SIZE = 64
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import triderm
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "torchvision", "timm", "open_clip", "transformers", "sentence_transformers", "sklearn", "umap",
          "pandas", "sqlite_utils", "argon2")  # the last three: about 1 s more on 2 cores
 #: runs every job's --help in one interpreter, then prints the heavy modules that were imported

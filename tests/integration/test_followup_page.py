@@ -14,7 +14,7 @@ from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from core.phantoms.visits import build_visits, read_truth
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGE = "pages/9_Follow_up.py"
 
 

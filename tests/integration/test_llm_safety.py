@@ -27,7 +27,7 @@ from core.text.llm import (
     ollama_hosts,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def stub_cli(ws: Workspace, host: str, *extra: str) -> list[str]:

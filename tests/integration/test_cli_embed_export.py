@@ -18,7 +18,7 @@ from annotations.store import MIGRATIONS, Store
 from annotations.workspace import Workspace
 from core.runtime import load_embeddings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:

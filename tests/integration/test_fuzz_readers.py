@@ -3,7 +3,7 @@ valid result or one DatasetError — never another exception — and a rejected 
 the workspace.
 
 ``make test`` runs a modest number of examples; for a long run set ``TRIDERM_FUZZ_EXAMPLES``, e.g.
-``TRIDERM_FUZZ_EXAMPLES=5000 python -m pytest tests/test_fuzz_readers.py``.
+``TRIDERM_FUZZ_EXAMPLES=5000 python -m pytest tests/integration/test_fuzz_readers.py``.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from annotations.journal import Swap
 from annotations.privacy import erase_patient
 from annotations.workspace import Workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("crashtest", ROOT / "scripts" / "crashtest.py")
 crashtest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(crashtest)

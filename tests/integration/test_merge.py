@@ -22,7 +22,7 @@ from annotations.readers import DatasetError
 from annotations.store import wound_key
 from annotations.workspace import Workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dataset(root: Path, synthetic: bool | str | None = None) -> Path:

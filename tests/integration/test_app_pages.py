@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from annotations import accounts, followup, jobs, session
 from annotations.workspace import Workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 PAGES = {
     "masks": "pages/1_Wound_masks.py",

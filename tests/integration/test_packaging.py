@@ -13,7 +13,7 @@ import pytest
 import triderm
 from triderm.__main__ import streamlit_flags
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 ML_MODULES = {"torch", "torchvision", "timm", "open-clip-torch", "transformers", "sentence-transformers",
               "scikit-learn", "umap-learn"}

@@ -19,7 +19,7 @@ from core import fit_soe, llm_triplets
 from core.text.llm import PROMPT_VERSION, LocalOracle, PhantomOracle, build_messages
 from core.text.queries import photo_texts, run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(ws, host: str, *extra: str) -> list[str]:

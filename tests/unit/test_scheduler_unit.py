@@ -1,6 +1,6 @@
 """Triplet scheduler, unit level: small in-memory workspaces, a fake clock, hand-computed draws.
 
-Fast companion of tests/test_scheduler.py (whose concurrency tests are slow); every expected value
+Fast companion of tests/integration/test_scheduler.py (whose concurrency tests are slow); every expected value
 below is worked out by hand from the rules in annotations/scheduler.py's docstring.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ from annotations import jobs
 from annotations.store import now
 from annotations.workspace import Workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 # a job that runs for minutes unless stopped: a large phantom dataset
 LONG_JOB = ["--photos", "400", "--wounds", "800", "--patients", "80"]

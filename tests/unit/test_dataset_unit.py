@@ -1,5 +1,5 @@
 """Dataset folders, unit level: tiny hand-made datasets in tmp_path, exact errors, plans, merge lines,
-summaries and exports (mutation-checked, issue 22; the merge scenarios are in tests/test_merge.py)."""
+summaries and exports (mutation-checked, issue 22; the merge scenarios are in tests/integration/test_merge.py)."""
 from __future__ import annotations
 
 import csv

@@ -1,6 +1,6 @@
 """The SQLite store, unit level: one small store per test in tmp_path, exact rows, revisions and errors.
 
-Fast companion of tests/test_store.py (mutation-checked, issue 22)."""
+Fast companion of tests/integration/test_store.py (mutation-checked, issue 22)."""
 from __future__ import annotations
 
 import json

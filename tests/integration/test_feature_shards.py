@@ -120,7 +120,7 @@ def test_torchrun_ranks_write_one_cache_that_training_reads_without_recomputing(
     one folder, rank 0 records the run; a single process then finds every photo cached."""
     root = tmp_path / "ws"
     shutil.copytree(ws.root, root)
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
                     "-m", "core.extract_features", "--workspace", str(root), "--backbone", "efficientnet-lite0",
                     "--layer", "stage5", "--views", "1", "--shard-size", "2", "--device", "cpu"],

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.results import REQUIRED, render
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # every benchmarks/*.py and the test that runs it with a quick / tiny setting
 SMOKE = {
     "soe": "test_benchmarks_smoke.py::test_soe_quick",
