@@ -141,7 +141,7 @@ class _TqdmHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+        except Exception:  # logging's own contract: report, never raise
             self.handleError(record)
 
 

@@ -131,6 +131,7 @@ def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train TriDerm on a workspace, compare it with the baseline and print the agreement report."""
     parser = build_parser()
     args = cli.parse_args(parser, argv)
     if args.cv and not args.supervise:

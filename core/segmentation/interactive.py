@@ -137,7 +137,7 @@ class SamClicker:
                                  "sam_vit_b/l/h checkpoints of the Segment Anything project)")
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
+        except Exception as e:  # any unreadable file is the same user error
             raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({e})") from None
         patch = state.get(SAM_PATCH_KEY) if isinstance(state, dict) else None
         model_type = SAM_WIDTHS.get(int(patch.shape[0])) if isinstance(patch, torch.Tensor) and patch.ndim else None

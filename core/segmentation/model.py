@@ -89,7 +89,8 @@ class Encoder(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, device=device).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(std, device=device).view(1, 3, 1, 1))
 
-    def train(self, mode: bool = True) -> Encoder:  # always frozen, always in eval mode
+    def train(self, mode: bool = True) -> Encoder:
+        """Stay in eval mode whatever ``mode`` asks: the encoder is always frozen."""
         return super().train(False)
 
     def imagenet_stages(self) -> nn.Sequential:
@@ -132,6 +133,7 @@ class FPNDecoder(nn.Module):
                              nn.ReLU(inplace=True))
 
     def forward(self, feats: Sequence[Tensor]) -> Tensor:
+        """Feature maps from the finest to the coarsest → logits at the finest map's stride."""
         x = self.lateral[-1](feats[-1])
         outs = [self.smooth[-1](x)]
         for i in range(len(feats) - 2, -1, -1):
@@ -153,6 +155,7 @@ class SegNet(nn.Module):
         self.decoder = FPNDecoder(channels, width)
 
     def train(self, mode: bool = True) -> SegNet:
+        """Set ``mode``, then put the tuned stages back in eval mode (their batch-norm statistics stay ImageNet's)."""
         super().train(mode)
         self.stages.eval()  # batch-norm statistics stay ImageNet's (small batches)
         return self

@@ -180,6 +180,7 @@ class FeatureCache:
     size: int
 
     def row(self, sample: int, view: int = 0) -> int:
+        """The row of ``levels`` and ``targets`` that holds view ``view`` of sample ``sample``."""
         return sample * self.views + view
 
 

@@ -253,7 +253,7 @@ def _architecture_state(arch: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
 
 
 def in_order_filter(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn`` of :data:`EMBEDDED_WEIGHTS`: the file's tensors renamed in order to timm's
+    """The timm ``pretrained_filter_fn`` of :data:`EMBEDDED_WEIGHTS`: the file's tensors renamed in order to timm's
     full architecture (each shape checked), then those ``model`` holds (a ``features_only`` model holds a prefix)."""
     cfg = model.pretrained_cfg
     renamed = state_in_order(_architecture_state(cfg["architecture"]), state, str(cfg.get("file")))
@@ -338,7 +338,7 @@ class _Intermediate(nn.Module):
 
 def _lite0_backbone(net: nn.Module, model_name: str, pretrained: bool, weights: str, layer: str | None,
                     device: torch.device) -> Backbone:
-    """timm EfficientNet-Lite0 at output stride 16, with the layers of :data:`LITE0_LAYERS`."""
+    """The timm EfficientNet-Lite0 at output stride 16, with the layers of :data:`LITE0_LAYERS`."""
     import timm
 
     layer = layer or LITE0_DEFAULT_LAYER
@@ -527,7 +527,7 @@ def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.de
 
     visual = model.visual
     if not isinstance(visual, VisionTransformer):
-        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")  # noqa: TRY004 — user input error; jobs report ValueError
+        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")  # user input error; jobs report ValueError
     size = visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else int(size)
     patch = visual.patch_size
@@ -603,7 +603,7 @@ def _checkpoint(spec: str, device: torch.device, pretrained: bool, layer: str | 
         return bb
     state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a state dict")  # noqa: TRY004 — user input error
+        raise ValueError(f"{path}: not a state dict")  # user input error
     state = {k.removeprefix("module."): v for k, v in state.items()}
     import open_clip
 

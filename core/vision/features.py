@@ -355,6 +355,7 @@ class TokenBank:
 
     @property
     def channels(self) -> int:
+        """The number of feature channels per token."""
         return self.eval_tokens.shape[1]
 
     def __len__(self) -> int:

@@ -46,6 +46,7 @@ NO_CACHE_RETRIES = 5
 
 
 def make_loss(name: str) -> torch.nn.Module:
+    """The training loss named ``name`` (a key of :data:`LOSSES`); ValueError for any other name."""
     if name not in LOSSES:
         raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {name!r}")
     return LOSSES[name]()
