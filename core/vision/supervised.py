@@ -234,13 +234,19 @@ class MetricHead(torch.nn.Module):
     ``heads`` independent blocks of ``dim`` (an ensemble: each block is trained with its own hinge,
     see :func:`fit_metric_head`; squared distances add over the blocks)."""
 
+    mean: torch.Tensor  # buffers
+    scale: torch.Tensor
+
     def __init__(self, channels: int, dim: int = 64, pooling: str = "mean", hidden: int = 128,
                  heads: int = 1) -> None:
         super().__init__()
         if pooling == "attention":
-            self.pool: torch.nn.Module = AttentionPooling(channels, hidden)
-            torch.nn.init.zeros_(self.pool.score[2].weight)
-            torch.nn.init.zeros_(self.pool.score[2].bias)
+            pool = AttentionPooling(channels, hidden)
+            score = pool.score[2]
+            assert isinstance(score, torch.nn.Linear)
+            torch.nn.init.zeros_(score.weight)
+            torch.nn.init.zeros_(score.bias)
+            self.pool: torch.nn.Module = pool
         elif pooling == "mean":
             self.pool = MeanPooling()
         else:
