@@ -132,6 +132,7 @@ class FPNDecoder(nn.Module):
 
     def __init__(self, channels: Sequence[int], width: int = WIDTH) -> None:
         super().__init__()
+        self.width = width
         self.lateral = nn.ModuleList(nn.Conv2d(c, width, 1) for c in channels)
         self.smooth = nn.ModuleList(self._conv(width) for _ in channels)
         self.head = nn.Sequential(self._conv(width), nn.Conv2d(width, 1, 1))

@@ -82,7 +82,8 @@ def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndar
     whose photos are the row indices ``test_rows``: train = no photo of the fold; strict = all three
     photos in the fold; anchor-unseen = the anchor in the fold, both references outside it."""
     in_fold = np.isin(triplets, test_rows)
-    return ~in_fold.any(1), in_fold.all(1), in_fold[:, 0] & ~in_fold[:, 1:].any(1)
+    # numpy's stubs type .any/.all over an axis as "scalar or array" (shape unknown); these are 1-D arrays
+    return ~in_fold.any(1), in_fold.all(1), in_fold[:, 0] & ~in_fold[:, 1:].any(1)  # type: ignore[return-value]
 
 
 def subsample(triplets: np.ndarray, n: int | None, seed: int) -> np.ndarray:
