@@ -114,6 +114,13 @@ def _account(row: dict) -> Account:
     return Account(row["name"], row["role"], row["email"])
 
 
+def _stored_name(store: Store, name: str) -> str:
+    """The stored spelling of an account name that a command has just found (any case)."""
+    account = get(store, name)
+    assert account is not None, name  # the command would have raised AuthError
+    return account.name
+
+
 def get(store: Store, name: str) -> Account | None:
     """The account named ``name`` (any case), or None."""
     row = _row(store, name)
@@ -242,9 +249,10 @@ def authenticate(store: Store, name: str, password: str, at: datetime | None = N
     at = at or datetime.now(timezone.utc)
     with store.transaction():
         row = _row(store, name or "")
-        usable = row is not None and row["password_hash"] is not None and not row["disabled"]
-        locked = _parse(row["locked_until"]) if usable else None
-        if usable and (locked is None or locked <= at):
+        if row is not None and (row["password_hash"] is None or row["disabled"]):
+            row = None  # unusable: checked against the dummy hash
+        locked = _parse(row["locked_until"]) if row is not None else None
+        if row is not None and (locked is None or locked <= at):
             failed = (0 if locked is not None else int(row["failed"])) + 1
             until = ((at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds")
                      if failed >= MAX_FAILED else None)
@@ -450,13 +458,13 @@ def run_cli(store: Store, args: Any) -> int:
             print(f"created {account.role} account {account.name}")
         elif args.users_command == "password":
             set_password(store, args.name, _read_password(args.password_stdin), actor)
-            print(f"password of {get(store, args.name).name} changed")
+            print(f"password of {_stored_name(store, args.name)} changed")
         elif args.users_command == "role":
             set_role(store, args.name, args.role, actor)
-            print(f"{get(store, args.name).name} is now {args.role}")
+            print(f"{_stored_name(store, args.name)} is now {args.role}")
         elif args.users_command == "unlock":
             unlock(store, args.name, actor)
-            print(f"{get(store, args.name).name} unlocked")
+            print(f"{_stored_name(store, args.name)} unlocked")
         else:
             for row in list_accounts(store):
                 state = "disabled" if row["disabled"] else ("locked" if row["locked_until"] else "active")

@@ -63,12 +63,12 @@ def _register(moving: np.ndarray, fixed: np.ndarray, skin: np.ndarray, motion: i
     grey = [_grey(fixed), _grey(moving)]
     start = _correlation(grey[0], grey[1], skin)
     try:
-        score, warp = cv2.findTransformECC(grey[0], grey[1], warp, motion,
+        score, found = cv2.findTransformECC(grey[0], grey[1], warp, motion,
                                        (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, ECC_ITERATIONS, ECC_EPS),
                                        skin.astype(np.uint8), 5)
     except cv2.error:
         return None
-    h = np.vstack([warp.astype(np.float64), [0, 0, 1]])
+    h = np.vstack([np.asarray(found, np.float64), [0, 0, 1]])
     inverse = np.linalg.inv(h)  # ECC's warp maps fixed's pixels to moving's: invert it
     if not np.isfinite(inverse).all() or np.hypot(*inverse[:2, 2]) > MAX_SHIFT * fixed.shape[1] or score <= start:
         return None
@@ -107,7 +107,7 @@ def align_views(images: list[np.ndarray], masks: list[np.ndarray], calibrations:
         move = scale @ np.array([[1, 0, -c[0]], [0, 1, -c[1]], [0, 0, 1]]) @ h
         view = cv2.warpPerspective(image, move, (size, size), flags=cv2.INTER_AREA, borderValue=(40, 40, 45))
         wound = cv2.warpPerspective(mask.astype(np.uint8), move, (size, size), flags=cv2.INTER_NEAREST) > 0
-        method = ("marker plane" if metric and calibrations[0].method == "marker" else
+        method = ("marker plane" if metric and calibrations[0] is not None and calibrations[0].method == "marker" else
                   "ruler scale" if metric else "pixels") + ", wound centred"
         if views:
             before = views[-1]
@@ -136,6 +136,7 @@ def track_views(ws: Workspace, visits: list[tuple[str, int]], size: int = 220) -
     images, masks, calibrations = [], [], []
     for image_id, wound_index in visits:
         img = ws.store.image(image_id)
+        assert img is not None, image_id  # a track's visits are the workspace's photos
         pixels = np.asarray(ws.load_image(image_id))
         images.append(pixels)
         masks.append(ws.load_mask(image_id) == wound_index)

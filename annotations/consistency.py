@@ -95,7 +95,7 @@ def inter_annotator_kappa(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     where the mean is over pairs with a defined κ (nan if none).
     """
     answers = _answers(rows)
-    pairs = []
+    pairs: list[dict[str, Any]] = []
     for a, b in itertools.combinations(sorted(answers), 2):
         shared = sorted(
             k for k in answers[a].keys() & answers[b].keys() if 0 in answers[a][k] and 0 in answers[b][k]
@@ -149,7 +149,7 @@ def disagreements(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if who is None or chosen is None or int(row.get("rep") or 0) != 0:
             continue
         by_key[triplet_key(row["anchor"], row["ref_j"], row["ref_k"])][who] = (int(row["id"]), chosen)
-    out = []
+    out: list[dict[str, Any]] = []
     for key, answers in by_key.items():
         picks = [c for _, c in answers.values()]
         if len(set(picks)) > 1:

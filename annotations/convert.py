@@ -139,6 +139,7 @@ def read_coco(path: Path) -> list[_Photo]:
         photo = photos.get(_need(ann, "image_id", (int, str), here))
         if photo is None:
             raise DatasetError(f"{here}: image_id {ann['image_id']!r} is not in images")
+        assert photo.size is not None  # a COCO image declares its width and height
         w, h = photo.size
         seg = _need(ann, "segmentation", (list, dict), here)
         wound = _Wound(f"{here}.segmentation", label=categories.get(ann.get("category_id"), ""),
@@ -385,18 +386,20 @@ def _image_id(photo: _Photo, path: Path) -> str:
 def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, list[tuple[int, _Wound]], int]:
     """The photo's label map, its (index, wound) pairs and how many outlines covered no pixel centre."""
     given = [w.index for w in photo.wounds]
-    use_given = bool(given) and all(isinstance(i, int) and i >= 1 for i in given)
-    if use_given and len(set(given)) != len(given):
-        raise DatasetError(f"{photo.where}: wound index {max(given, key=given.count)} is given twice")
-    labels = np.zeros(shape_hw, np.uint16 if len(given) > 255 or (use_given and max(given) > 255) else np.uint8)
-    out, empty, n = [], 0, 0
-    for wound in photo.wounds:
+    indices = [i for i in given if isinstance(i, int) and i >= 1]
+    use_given = bool(given) and len(indices) == len(given)
+    if use_given and len(set(indices)) != len(indices):
+        raise DatasetError(f"{photo.where}: wound index {max(indices, key=indices.count)} is given twice")
+    labels = np.zeros(shape_hw, np.uint16 if len(given) > 255 or (use_given and max(indices) > 255) else np.uint8)
+    out: list[tuple[int, _Wound]] = []
+    empty, n = 0, 0
+    for k, wound in enumerate(photo.wounds):
         mask = wound.mask if wound.mask is not None else rasterize(wound.geometry, shape_hw)
         if not mask.any():
             empty += 1
             continue
         n += 1
-        index = wound.index if use_given else n
+        index = indices[k] if use_given else n
         clash = labels[mask]
         if clash.any():
             raise DatasetError(f"{wound.where}: overlaps wound {int(clash[clash > 0][0])} of {photo.name!r} by "

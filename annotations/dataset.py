@@ -158,6 +158,7 @@ def validate_dataset(root: str | Path, known_images: Set[str] = frozenset(), kee
                 raise DatasetError(f"{here}: mask for unknown image {path.stem!r} "
                                    "(no matching file in images/)")
             img = images[path.stem]
+            assert img.photo is not None  # kept (without its bytes) when the image was read above
             mask = read_mask(folder, path, img.photo, mask_format, min_wound_area)
             dropped += mask.dropped
             for index, outline in outlines(mask.labels).items():
@@ -210,14 +211,14 @@ def validate_dataset(root: str | Path, known_images: Set[str] = frozenset(), kee
             if image_id in seen_images:
                 raise DatasetError(f"{here}: image_id {image_id!r} is listed twice")
             seen_images.add(image_id)
-            pid = row["patient_id"] or None
-            if pid is not None:
-                check_id(pid, here, "patient_id")
-                if pid not in patients:
+            image_pid = row["patient_id"] or None
+            if image_pid is not None:
+                check_id(image_pid, here, "patient_id")
+                if image_pid not in patients:
                     if has_patients_csv:
-                        raise DatasetError(f"{here}: patient_id {pid!r} is not in patients.csv")
-                    patients[pid] = {}
-            images[image_id].patient_id = pid
+                        raise DatasetError(f"{here}: patient_id {image_pid!r} is not in patients.csv")
+                    patients[image_pid] = {}
+            images[image_id].patient_id = image_pid
             images[image_id].metadata = {**row_metadata(row, ("image_id", "patient_id")),
                                          **images[image_id].metadata}
             for name in ("patient_id", "metadata"):
@@ -529,6 +530,7 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
             base = {name: bases.get((entity, kj, name)) for name in fields}
             where = plan.where.get((entity, kj, presence)) or "workspace"
             if f is None:
+                assert c is not None  # a key not in the file is one of the workspace's
                 if base[presence] is None:
                     continue  # made in the app: never touched by an import
                 if not prune or entity == "patients" or \
@@ -715,7 +717,11 @@ def _merge_masks(ws: Workspace, plan: DatasetPlan, wounds: dict[str, dict | None
         old = labels.pop(iid, None)
         if old is None and iid in in_app:
             old = ws.load_mask(iid)
-        shape = (img.height, img.width) if img is not None else old.shape
+        if img is not None:
+            shape = (img.height, img.width)
+        else:
+            assert old is not None, iid  # a photo not in the dataset is in the app
+            shape = old.shape
         if old is None:
             old = np.zeros(shape, dtype=np.int32)
         new = np.zeros(shape, dtype=np.int32)
@@ -737,16 +743,16 @@ def _merge_masks(ws: Workspace, plan: DatasetPlan, wounds: dict[str, dict | None
                 new[old == index] = index
         found = outlines(new)
         for kj in merged[iid]:
-            row = wounds[kj]
-            if row is None:
+            merged_row = wounds[kj]
+            if merged_row is None:
                 continue
             outline = found.get(keys[kj]["wound_index"])
             if outline is None:
                 changes.append(Change("wounds", keys[kj], "outline", "keep-app", "masks/" + iid + ".png",
-                                      None, row["outline"]))
+                                      None, merged_row["outline"]))
                 wounds[kj] = {"skip": True}
             else:
-                row["outline"] = outline
+                merged_row["outline"] = outline
         if not np.array_equal(new, old):
             changed.append(iid)
             if sink is not None:
@@ -874,6 +880,7 @@ def _stage_photos(ws: Workspace, plan: DatasetPlan, staging: Path) -> list[tuple
         if target.exists() and _file_sha256(target) == img.sha256:
             continue
         tmp = staging / "images" / target.name
+        assert img.spooled is not None, img.image_id  # a plan to apply is read with a spool
         os.replace(img.spooled, tmp)
         staged.append((tmp, target))
     return staged

@@ -40,7 +40,7 @@ def atomic_write(path: str | Path, mode: str = "wb", suffix: str | None = None,
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                suffix=suffix if suffix is not None else ".tmp")
     try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": newline} if mode == "w" else {})) as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", newline=newline) if mode == "w" else os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

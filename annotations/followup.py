@@ -381,7 +381,7 @@ def patient_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["visit_date"]:
             totals[(r["patient"], r["visit_date"])].append(r["area_cm2"])
     return [{"patient": p, "visit_date": d,
-             "open_area_cm2": None if any(a is None for a in areas) else _round(sum(areas))}
+             "open_area_cm2": None if any(a is None for a in areas) else _round(sum(a for a in areas if a is not None))}
             for (p, d), areas in sorted(totals.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
 
 

@@ -96,6 +96,7 @@ def _restore_wound(ws: Workspace, key: dict, name: str, old: Any, actor: str) ->
         raise DatasetError(f"wound {index} of {image_id}: its old pixels now all belong to other wounds")
     ws.save_mask(image_id, labels)
     base = old if name == "row" else current
+    assert base is not None  # an outline revision needs the wound to exist (checked above)
     store.upsert_wound(image_id, index, value["area"], value["bbox"], base["description"], base["metadata"],
                        actor=actor, outline=value)
 

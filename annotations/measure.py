@@ -170,7 +170,7 @@ def _refined(grey: np.ndarray, quad: np.ndarray, spec: MarkerSpec) -> np.ndarray
     crop = np.ascontiguousarray(grey[y0:y1, x0:x1])
     corners, ids, _ = spec.detector(refine=True).detectMarkers(crop)
     if ids is not None and spec.marker_id in ids.ravel():
-        quad = corners[list(ids.ravel()).index(spec.marker_id)].reshape(4, 2) + [x0, y0]
+        quad = corners[ids.ravel().tolist().index(spec.marker_id)].reshape(4, 2) + [x0, y0]
     return quad.astype(np.float64)
 
 
@@ -197,7 +197,8 @@ def measure(mask: np.ndarray, calibration: Calibration | None) -> Measurement:
     if calibration is None or area_px == 0:
         return Measurement(area_px, "pixels" if calibration is None else calibration.method,
                            area_cm2=None if calibration is None else 0.0, centre=centre)
-    centre = tuple(float(v) for v in calibration.to_plane(np.array([centre]))[0])
+    cx, cy = calibration.to_plane(np.array([centre]))[0]
+    centre = (float(cx), float(cy))
     area = float(_pixel_areas(calibration.homography, xs, ys).sum())
     contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     hull = cv2.convexHull(np.concatenate(contours).reshape(-1, 2)).reshape(-1, 2).astype(np.float64)
@@ -230,6 +231,7 @@ def _length_width(points: np.ndarray) -> tuple[float, float]:
 def _uncertainty(m: Measurement, cal: Calibration, xs: np.ndarray, ys: np.ndarray) -> None:
     if cal.method == "marker":
         corner = 2 * math.sqrt(2) * CORNER_PX / cal.side_px  # area ~ scale²; scale error ~ corner error / side
+        assert cal.corners is not None  # a marker calibration keeps its corners
         centre = cal.corners.mean(axis=0)
         distance_sides = float(math.hypot(xs.mean() - centre[0], ys.mean() - centre[1]) / cal.side_px)
         planarity = PLANARITY_PER_SIDE * distance_sides

@@ -79,7 +79,8 @@ class StudyIds:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(MAPPING_COLUMNS)
-        writer.writerows(sorted(self.ids.items(), key=lambda kv: kv[1]))
+        rows = sorted(self.ids.items(), key=lambda kv: kv[1])
+        writer.writerows(rows)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, buf.getvalue())
 

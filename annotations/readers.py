@@ -281,7 +281,7 @@ def iter_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
         for col, cell in zip(header, cells):
             guesses.setdefault(col, _TypeGuess()).add(cell.strip())
     types = {c: (columns or {}).get(c) or guesses.get(c, _TypeGuess()).kind for c in header}
-    if any(c in (columns or {}) for c in header):  # a declared type may not fit a cell: checked before any row
+    if columns and any(c in columns for c in header):  # a declared type may not fit a cell: checked before any row
         for line, cells in _records(name, text, required, []):
             for col, cell in zip(header, cells):
                 if col in columns and cell.strip():
@@ -535,9 +535,8 @@ def read_photo(folder: DatasetFolder, path: Path, keep_metadata: bool = False) -
     elif suffix == ".png":
         stored = _strip_png(data)
     elif suffix in (".jpg", ".jpeg"):
-        stored = _strip_jpeg(data)
-        if stored is None:
-            stored = _encode(pixels, im, suffix, keep_metadata)
+        stripped = _strip_jpeg(data)
+        stored = stripped if stripped is not None else _encode(pixels, im, suffix, keep_metadata)
     else:  # TIFF keeps metadata in tags among the pixel layout: re-encoded losslessly
         stored = _encode(pixels, im, suffix, keep_metadata)
     meta = {"exif_orientation": orientation} if orientation != 1 else {}

@@ -276,6 +276,7 @@ def add_wound(ws: Workspace, image_id: str, region: np.ndarray, wound_index: int
             raise ValueError("The outline is empty or lies entirely on wounds already outlined.")
         labels[claim] = wound_index
         outline = outline_of(labels, wound_index)
+        assert outline is not None  # the claim above is not empty
         old = existing.get(wound_index, {})
         meta = dict(metadata if metadata is not None else old.get("metadata") or {})
         meta["origin"] = origin

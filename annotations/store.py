@@ -687,7 +687,8 @@ class Store:
             [entity, key_json(key), field, action,
              json.dumps(old, sort_keys=True, default=_json_default),
              json.dumps(new, sort_keys=True, default=_json_default), str(actor).strip(), now()])
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # set by the INSERT
+        return cur.lastrowid
 
     def _record_changes(self, entity: str, key: Any, old: dict | None, new: dict, actor: str) -> None:
         """One ``insert`` revision for a new row, else one ``update`` per changed field."""
@@ -751,7 +752,8 @@ class Store:
             "INSERT INTO runs (kind, name, config, seed, git_sha, status, pid, pid_created, host, heartbeat, "
             "created) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
             [kind, name, _dumps(config), seed, git_sha(), pid, created, jobs.hostname(), stamp, stamp])
-        run_id = int(cur.lastrowid)
+        assert cur.lastrowid is not None  # set by the INSERT
+        run_id = cur.lastrowid
         self._heartbeats[run_id] = jobs.Heartbeat(lambda: self._beat(run_id))
         return run_id
 

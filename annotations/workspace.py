@@ -8,7 +8,7 @@ import io
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from PIL import Image
@@ -57,6 +57,10 @@ def outline_pixels(value: dict[str, Any]) -> np.ndarray:
         return np.asarray(im.convert("1"), dtype=bool)
 
 
+@overload
+def outline_hash(value: dict[str, Any]) -> str: ...
+@overload
+def outline_hash(value: None) -> None: ...
 def outline_hash(value: dict[str, Any] | None) -> str | None:
     """A hash of an outline's pixels and place (None for no outline)."""
     if value is None:

@@ -130,7 +130,8 @@ class _Deprecated(argparse.Action):
 def deprecated(parser: Parser, old: str, new: argparse.Action) -> argparse.Action:
     """Accept ``old`` (hidden from ``--help``) as a deprecated spelling of the option ``new``
     (the action :func:`add_*` or ``add_argument`` returned): same type, nargs, choices and dest."""
-    return parser.add_argument(old, action=_Deprecated, new=new.option_strings[0], dest=new.dest, type=new.type,
+    # typeshed's add_argument rejects type=None, argparse's own default for "no conversion"
+    return parser.add_argument(old, action=_Deprecated, new=new.option_strings[0], dest=new.dest, type=new.type,  # type: ignore[arg-type]
                                nargs=new.nargs, choices=new.choices, default=argparse.SUPPRESS,
                                metavar=new.metavar, help=argparse.SUPPRESS)
 
@@ -141,7 +142,7 @@ class _TqdmHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+        except Exception:  # logging's own contract: report, never raise
             self.handleError(record)
 
 

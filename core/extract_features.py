@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         per_rank = [computed]
         if distributed:
-            per_rank = [None] * world
+            per_rank = [0] * world  # filled by all_gather_object
             dist.all_gather_object(per_rank, computed)
     except BaseException as exc:
         if run_id is not None:
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(per_rank)
         metrics = {"computed": total, "computed_per_rank": per_rank, "cached_before": len(image_ids) - total,
                    "seconds": seconds, "disk_mib": disk / 2**20}
+        assert run_id is not None  # rank 0 started the run
         ws.store.finish_run(run_id, metrics=metrics)
         print(f"{len(image_ids)} photos × {args.views} views of {backbone.name}: computed {total} "
               f"(per rank {per_rank}), {len(image_ids) - total} already cached; {seconds:.1f}s; "

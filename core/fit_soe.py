@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         llm = {s: n for s, n in ws.store.triplet_sources().items() if s.startswith("llm:")}
         if not llm:
             parser.error(f"no llm:* triplets in {ws.root}; run `python -m core.llm_triplets` first or pass --source")
-        source = max(llm, key=llm.get)
+        source = max(llm, key=lambda s: llm[s])
     overrides = {k: v for k, v in (("margin", args.margin), ("epochs", args.epochs), ("lr", args.lr)) if v is not None}
     base = SOE.paper_protocol() if args.paper_protocol else SOE()
     soe = base.set_params(n_components=args.dim, random_state=args.seed, **overrides)

@@ -263,7 +263,7 @@ def save_embeddings(ws: Workspace, run_id: int, image_ids: Sequence[str],
         arrays["image_emb"] = np.asarray(image_emb, dtype=np.float32)
     if distance is not None:
         arrays["distance"] = np.asarray(distance, dtype=np.float64)
-    if wound_keys is not None:
+    if wound_keys is not None and wound_emb is not None:  # both or neither (checked above)
         if len(wound_keys) != len(wound_emb):
             raise ValueError(f"{len(wound_keys)} wound keys for {len(wound_emb)} wound embeddings")
         arrays["wound_image_ids"] = np.asarray([k[0] for k in wound_keys], dtype=str)

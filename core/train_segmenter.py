@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id = train_segmenter(ws, args.data, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                                  seed=args.seed, device=device, val_fraction=args.val_fraction, pretrain=args.pretrain)
     run = ws.store.run(run_id)
+    assert run is not None, run_id  # just recorded
     dice = run["metrics"].get("dice")
     checkpoint = ws.root / run["artifacts"]["checkpoint"]
     print(f"run {run_id}: segmenter trained on {run['metrics']['n_train']} photos, final loss "

@@ -131,6 +131,7 @@ def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train TriDerm on a workspace, compare it with the baseline and print the agreement report."""
     parser = build_parser()
     args = cli.parse_args(parser, argv)
     if args.cv and not args.supervise:
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.supervise:
         print("(the supervised row is scored on the triplets it was trained on: in-sample, optimistic, not its figure)")
     run = ws.store.run(run_id)
+    assert run is not None, run_id  # just recorded
     if run["metrics"].get("cv"):
         print("\n".join(out_of_fold_lines(run["metrics"]["cv"])))
     t = run["metrics"]["timing"]

@@ -96,6 +96,7 @@ with bench:
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
 def panels() -> None:
+    """The job panel of each tab, then the loss curves (refreshed every 2 s while a job runs)."""
     with vision:
         ac.job_panel(ws, "train-triderm", "train_triderm", vision_args, "training")
         if shared_model:
@@ -124,6 +125,7 @@ def panels() -> None:
 
 
 def loss_curves() -> None:
+    """Plot the training loss per epoch of the chosen runs, with a table of every run that reported one."""
     st.subheader("Loss curves")
     runs = [r for r in ws.store.runs() if isinstance(r["metrics"].get("loss"), list) and r["metrics"]["loss"]]
     if not runs:

@@ -25,7 +25,7 @@ def pairwise_euclidean(x: Matrix, y: Matrix | None = None, squared: bool = False
     Neither builds an n×m×d difference array.
     """
     torch = sys.modules.get("torch")  # a tensor implies torch is imported; arrays never import it
-    if torch is not None and isinstance(x, torch.Tensor):
+    if not isinstance(x, np.ndarray) and torch is not None and isinstance(x, torch.Tensor):
         other = x if y is None else y
         if squared:
             sq = x.pow(2).sum(1)
@@ -33,11 +33,11 @@ def pairwise_euclidean(x: Matrix, y: Matrix | None = None, squared: bool = False
             return (sq[:, None] + osq[None, :] - 2 * x @ other.T).clamp_min(0)
         d = torch.cdist(x.unsqueeze(0), other.unsqueeze(0)).squeeze(0)
         return d.clone().fill_diagonal_(0.0) if y is None else d
-    x = np.asarray(x, dtype=np.float64)
-    other = x if y is None else np.asarray(y, dtype=np.float64)
+    a = np.asarray(x, dtype=np.float64)
+    b = a if y is None else np.asarray(y, dtype=np.float64)
     from scipy.spatial.distance import cdist  # here, not at import: jobs' --help stays fast
 
-    return cdist(x, other, "sqeuclidean" if squared else "euclidean")
+    return cdist(a, b, "sqeuclidean" if squared else "euclidean")
 
 
 def image_distances(emb: dict[str, Any]) -> tuple[list[str], np.ndarray]:

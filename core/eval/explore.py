@@ -112,7 +112,9 @@ def map_input(ws: Workspace, run_ids: Sequence[int], level: str = "photos", meth
         else:
             points, distances = image_distances(emb)
             points, images, distances = list(points), list(points), minmax_normalise(distances)
-    digest = _digest(points, vectors if vectors is not None else distances)
+    matrix = vectors if vectors is not None else distances
+    assert matrix is not None  # each branch above sets the vectors or the distances
+    digest = _digest(points, matrix)
     return MapInput(run_ids, level, method, points, images, vectors, distances, digest)
 
 

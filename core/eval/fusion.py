@@ -51,7 +51,7 @@ def _square(D: np.ndarray, name: str = "D") -> np.ndarray:
     return D
 
 
-def _stack(Ds: Sequence[np.ndarray]) -> np.ndarray:
+def _stack(Ds: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
     if len(Ds) < 2:
         raise ValueError(f"fusion needs at least 2 distance matrices, got {len(Ds)}")
     mats = [_square(D, f"distance matrix {m}") for m, D in enumerate(Ds)]
@@ -79,7 +79,7 @@ def row_variance(D: np.ndarray) -> np.ndarray:
 
 def _priors(n_modalities: int, alpha: float | Sequence[float]) -> np.ndarray:
     """Modality priors: a scalar α means (α, 1 − α) for two modalities; else one prior per modality."""
-    if np.isscalar(alpha):
+    if isinstance(alpha, (int, float, np.integer, np.floating)):
         if n_modalities != 2:
             raise ValueError(f"a scalar alpha applies to 2 modalities; give {n_modalities} priors instead")
         if not 0.0 < float(alpha) < 1.0:
@@ -91,7 +91,7 @@ def _priors(n_modalities: int, alpha: float | Sequence[float]) -> np.ndarray:
     return p / p.sum()
 
 
-def uncertainty_weights(Ds: Sequence[np.ndarray], alpha: float | Sequence[float] = DEFAULT_ALPHA) -> np.ndarray:
+def uncertainty_weights(Ds: Sequence[np.ndarray] | np.ndarray, alpha: float | Sequence[float] = DEFAULT_ALPHA) -> np.ndarray:
     """Per-image modality weights w[m, i] (each column sums to 1).
 
     **Reconstruction** — the paper's eq. 3 is lost in the extracted text; this follows

@@ -32,10 +32,10 @@ def _validate_distance(D: np.ndarray) -> np.ndarray:
 
 def _per_triplet(
     D: np.ndarray,
-    anchors: Sequence[int],
-    refs_j: Sequence[int],
-    refs_k: Sequence[int],
-    choices: Sequence[str],
+    anchors: Sequence[int] | np.ndarray,
+    refs_j: Sequence[int] | np.ndarray,
+    refs_k: Sequence[int] | np.ndarray,
+    choices: Sequence[str] | np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Validate inputs; return (anchor index, true label, predicted label, correct).
 
@@ -120,10 +120,10 @@ def _scores_from_anchor_weights(
 
 def agreement_from_choices(
     D: np.ndarray,
-    anchors: Sequence[int],
-    refs_j: Sequence[int],
-    refs_k: Sequence[int],
-    choices: Sequence[str],
+    anchors: Sequence[int] | np.ndarray,
+    refs_j: Sequence[int] | np.ndarray,
+    refs_k: Sequence[int] | np.ndarray,
+    choices: Sequence[str] | np.ndarray,
 ) -> dict[str, float]:
     """Agreement of distance matrix ``D`` with triplets in the store's raw format.
 

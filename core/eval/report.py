@@ -75,7 +75,8 @@ def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
         return run
     candidates = [r for r in embedding_runs(ws) if r["config"].get("modality") == modality]
     preferred = [r for r in candidates if r["kind"] == PREFERRED_KIND[modality]]
-    return (preferred or candidates or [None])[0]
+    pool = preferred or candidates
+    return pool[0] if pool else None
 
 
 def fusion_config(method: str, vision_id: int, text_id: int, alpha: float) -> dict[str, Any]:
@@ -97,7 +98,9 @@ def fusion_run(ws: Workspace, method: str, vision: dict, text: dict, alpha: floa
     for run in ws.store.runs(kind="fusion", status="done"):
         if run["config"] == config and has_embeddings(ws, run):
             return run["id"], True
-    inputs = [run_image_distances(ws, vision), run_image_distances(ws, text)]
+    vision_d, text_d = run_image_distances(ws, vision), run_image_distances(ws, text)
+    assert vision_d is not None and text_d is not None  # pick_input gives runs with image embeddings
+    inputs = [vision_d, text_d]
     run_id = ws.store.start_run("fusion", config, name=f"{method} fusion of runs {vision['id']} + {text['id']}")
     try:
         fused = fuse(inputs, method=method, alpha=alpha, allow_missing=True)

@@ -153,16 +153,16 @@ def read_description(text: str) -> dict[str, float]:
             else:
                 out[name] = value
             low = low[:m.start()] + " " * (m.end() - m.start()) + low[m.end():]
-    for phrase, name, value in _PHRASES:
+    for phrase, name, level in _PHRASES:
         at = low.find(phrase)
         if at < 0:
             continue
         low = low[:at] + " " * len(phrase) + low[at + len(phrase):]
         if name == "border":
             for b in ("hyperkeratotic", "fibrotic", "scarred"):
-                out[f"border_{b}"] = float(value == b)
+                out[f"border_{b}"] = float(level == b)
         elif math.isnan(out[name]):
-            out[name] = float(value)
+            out[name] = float(level)
     for word, value in _DEPTH:
         if re.search(rf"\b{word}\b", low):
             out["depth"] = value

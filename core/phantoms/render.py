@@ -237,8 +237,8 @@ def render_photo(rng: np.random.Generator, photo: Photo, fitz: int
         patch *= (1 - halo[..., None] * (1 - red))
         tex = _noise(rng, bh, bw, max(1.5, geo.r / 14))
         if wd.border == "hyperkeratotic":
-            width = max(2.5, 0.2 * geo.r) * (0.8 + 0.35 * _noise(rng, bh, bw, max(3, geo.r / 4)))
-            rim = np.clip(1 - t / np.maximum(width, 1), 0, 1) ** 0.6 * (d >= 0.97)
+            widths = max(2.5, 0.2 * geo.r) * (0.8 + 0.35 * _noise(rng, bh, bw, max(3, geo.r / 4)))
+            rim = np.clip(1 - t / np.maximum(widths, 1), 0, 1) ** 0.6 * (d >= 0.97)
             rim *= np.clip(0.9 + 0.6 * _noise(rng, bh, bw, max(2, geo.r / 8)), 0, 1) * free
             rim_col = np.array([0.93, 0.89, 0.79], np.float32) * (0.92 + 0.08 * tex[..., None])
             rim_col = rim_col * (0.65 + 0.35 * tone.max() / 0.95)

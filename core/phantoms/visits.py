@@ -18,14 +18,23 @@ import math
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import cv2
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-MARKER = {"dictionary": "DICT_4X4_50", "id": 7, "side_cm": 4.0}
+
+class MarkerSpec(TypedDict):
+    """The printed marker: its ArUco dictionary's name in ``cv2.aruco``, its id and side."""
+
+    dictionary: str
+    id: int
+    side_cm: float
+
+
+MARKER: MarkerSpec = {"dictionary": "DICT_4X4_50", "id": 7, "side_cm": 4.0}
 SIZE = (1024, 768)         # photo width, height
 TEXTURE_PPC = 30           # plane texture, pixels per cm
 PLANE_CM = (32.0, 24.0)    # the body plane's extent

@@ -62,7 +62,7 @@ def export_segmenter(ws: Workspace, run_id: int, out: str | Path) -> Path:
         raise ValueError(f"run {run_id}: no segmenter run with that id in {ws.root}")
     seg = Segmenter.load(run_checkpoint(ws, run), device="cpu", run_id=run_id)
     cfg = run["config"]
-    model = SharedSegmenter(seg.encoder.identity, seg.encoder.channels, seg.net.decoder.lateral[0].out_channels,
+    model = SharedSegmenter(seg.encoder.identity, seg.encoder.channels, seg.net.decoder.width,
                             seg.input_size, seg.tta, {k: cfg[k] for k in RECIPE if k in cfg},
                             numbers_only(run["metrics"]), {k: cfg[k] for k in DATA_COUNTS if k in cfg})
     model.net.load_state_dict(seg.net.state_dict())

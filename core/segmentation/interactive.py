@@ -113,7 +113,8 @@ def grabcut_outline(rgb: np.ndarray, x: int, y: int, exclude: Sequence[tuple[int
         mask[_disc((sh, sw), int(ex * scale), int(ey * scale), seed)] = cv2.GC_BGD
     mask[_disc((sh, sw), sx, sy, seed)] = cv2.GC_FGD
     bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-    cv2.grabCut(np.ascontiguousarray(small[..., ::-1]), mask, None, bgd, fgd, GRABCUT_ITERATIONS,
+    # OpenCV's stubs require a rect; with GC_INIT_WITH_MASK it is unused and None is what OpenCV documents
+    cv2.grabCut(np.ascontiguousarray(small[..., ::-1]), mask, None, bgd, fgd, GRABCUT_ITERATIONS,  # type: ignore[call-overload]
                 cv2.GC_INIT_WITH_MASK)
     fg = ((mask == cv2.GC_FGD) | (mask == cv2.GC_PR_FGD)).astype(np.uint8)
     fg = cv2.resize(fg, (w, h), interpolation=cv2.INTER_NEAREST) > 0
@@ -137,7 +138,7 @@ class SamClicker:
                                  "sam_vit_b/l/h checkpoints of the Segment Anything project)")
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
+        except Exception as e:  # any unreadable file is the same user error
             raise SamUnavailable(f"{path}: not a loadable Segment Anything checkpoint ({e})") from None
         patch = state.get(SAM_PATCH_KEY) if isinstance(state, dict) else None
         model_type = SAM_WIDTHS.get(int(patch.shape[0])) if isinstance(patch, torch.Tensor) and patch.ndim else None

@@ -21,6 +21,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from annotations.workspace import Workspace
 from core.runtime import pick_device
 from core.segmentation.defaults import RUN_KIND, THRESHOLD  # noqa: F401 (THRESHOLD re-exported)
 from core.vision.backbones import LITE0_TIMM, OFFLINE_DEFAULT, create_timm_model
+
+if TYPE_CHECKING:
+    from timm.models.efficientnet import EfficientNetFeatures
 
 CHECKPOINT_NAME = "segmenter.safetensors"
 FORMAT = "triderm-segmenter/2"
@@ -61,12 +65,14 @@ class SegmenterError(ValueError):
     """A segmenter that cannot be used: no trained run, an unreadable or mismatched checkpoint."""
 
 
-def _lite0(device: torch.device) -> tuple[nn.Module, str, tuple[float, ...], tuple[float, ...]]:
+def _lite0(device: torch.device) -> tuple[EfficientNetFeatures, str, tuple[float, ...], tuple[float, ...]]:
     """The pyramid of the offline backbone's network and weights (one loader: :func:`create_timm_model`), its
     identity (architecture + weights fingerprint) and timm's mean/std for it."""
     import timm
+    from timm.models.efficientnet import EfficientNetFeatures
 
     net, weights = create_timm_model(LITE0_TIMM[len("timm:"):], features_only=True, out_indices=(1, 2, 3, 4))
+    assert isinstance(net, EfficientNetFeatures)  # timm's class for features_only EfficientNets
     data = timm.data.resolve_model_data_config(net)
     return net.to(device).eval(), f"{OFFLINE_DEFAULT}:{weights}", data["mean"], data["std"]
 
@@ -74,6 +80,9 @@ def _lite0(device: torch.device) -> tuple[nn.Module, str, tuple[float, ...], tup
 class Encoder(nn.Module):
     """The frozen stem and stages 0–2 of EfficientNet-Lite0 (ImageNet weights): features at strides 4 and 8;
     :meth:`imagenet_stages` gives fresh copies of the later stages' ImageNet weights."""
+
+    mean: Tensor  # buffers
+    std: Tensor
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
@@ -89,7 +98,8 @@ class Encoder(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, device=device).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(std, device=device).view(1, 3, 1, 1))
 
-    def train(self, mode: bool = True) -> Encoder:  # always frozen, always in eval mode
+    def train(self, mode: bool = True) -> Encoder:
+        """Stay in eval mode whatever ``mode`` asks: the encoder is always frozen."""
         return super().train(False)
 
     def imagenet_stages(self) -> nn.Sequential:
@@ -122,6 +132,7 @@ class FPNDecoder(nn.Module):
 
     def __init__(self, channels: Sequence[int], width: int = WIDTH) -> None:
         super().__init__()
+        self.width = width
         self.lateral = nn.ModuleList(nn.Conv2d(c, width, 1) for c in channels)
         self.smooth = nn.ModuleList(self._conv(width) for _ in channels)
         self.head = nn.Sequential(self._conv(width), nn.Conv2d(width, 1, 1))
@@ -132,6 +143,7 @@ class FPNDecoder(nn.Module):
                              nn.ReLU(inplace=True))
 
     def forward(self, feats: Sequence[Tensor]) -> Tensor:
+        """Feature maps from the finest to the coarsest → logits at the finest map's stride."""
         x = self.lateral[-1](feats[-1])
         outs = [self.smooth[-1](x)]
         for i in range(len(feats) - 2, -1, -1):
@@ -153,6 +165,7 @@ class SegNet(nn.Module):
         self.decoder = FPNDecoder(channels, width)
 
     def train(self, mode: bool = True) -> SegNet:
+        """Set ``mode``, then put the tuned stages back in eval mode (their batch-norm statistics stay ImageNet's)."""
         super().train(mode)
         self.stages.eval()  # batch-norm statistics stay ImageNet's (small batches)
         return self
@@ -189,7 +202,7 @@ def probability_map(logits: Tensor, shape: tuple[int, int], views: Sequence[str]
 
 def to_batch(images: Sequence[Image.Image], size: int = INPUT_SIZE) -> Tensor:
     """PIL photos → float batch B×3×size×size in [0, 1] (square bilinear resize)."""
-    arrs = [np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR)) for im in images]
+    arrs = [np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)) for im in images]
     return torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).float() / 255.0
 
 

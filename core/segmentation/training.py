@@ -142,8 +142,8 @@ def augment(image: Image.Image, mask: np.ndarray, rng: np.random.Generator,
         pad = round(0.21 * max(h, w))  # the corners a 45° turn brings in are reflected skin, not black
         rgb = np.pad(rgb, ((pad, pad), (pad, pad), (0, 0)), mode="reflect")
         m = np.pad(m, pad, mode="reflect")
-        rgb = np.asarray(Image.fromarray(rgb).rotate(angle, Image.BILINEAR))[pad:pad + h, pad:pad + w]
-        m = np.asarray(Image.fromarray(m).rotate(angle, Image.NEAREST))[pad:pad + h, pad:pad + w]
+        rgb = np.asarray(Image.fromarray(rgb).rotate(angle, Image.Resampling.BILINEAR))[pad:pad + h, pad:pad + w]
+        m = np.asarray(Image.fromarray(m).rotate(angle, Image.Resampling.NEAREST))[pad:pad + h, pad:pad + w]
     h, w = m.shape
     scale = float(np.exp(rng.uniform(*np.log(aug.scale))))
     aspect = float(np.exp(rng.uniform(-aug.aspect, aug.aspect)))
@@ -180,6 +180,7 @@ class FeatureCache:
     size: int
 
     def row(self, sample: int, view: int = 0) -> int:
+        """The row of ``levels`` and ``targets`` that holds view ``view`` of sample ``sample``."""
         return sample * self.views + view
 
 

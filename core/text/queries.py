@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -93,7 +93,7 @@ class QueryRun:
         return out
 
     # -- asking ----------------------------------------------------------------------------
-    def _answers(self, questions: list[Question]) -> Iterator[tuple[Question, Answer | Exception]]:
+    def _answers(self, questions: list[Question]) -> Generator[tuple[Question, Answer | Exception], None, None]:
         """Answers in question order (so the store's order is the plan's, whatever the timing),
         ``workers`` requests in flight and at most 2×workers chunks under way."""
         size = max(1, self.oracle.batch_size)

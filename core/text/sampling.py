@@ -154,7 +154,7 @@ class ActiveSampler:
             raise ValueError(f"{n} objects have {n_questions(n):,} questions: too many to rank them all; "
                              f"give a pool_factor")
         self.questions = anchor_balanced_order(n, seed) if enumerate_all else None
-        self.keys = canonical_key(self.questions, n) if enumerate_all else None
+        self.keys = canonical_key(self.questions, n) if self.questions is not None else None
         self.rng = np.random.default_rng([seed, 3])
         self.embedding_: np.ndarray | None = None
 
@@ -175,6 +175,7 @@ class ActiveSampler:
         size = self.batch_size if size is None else size
         if self.questions is None:
             return self._next_lazy(oriented, np.asarray(asked_keys, dtype=np.int64), size)
+        assert self.keys is not None  # set with the questions
         candidates = self.questions[~np.isin(self.keys, asked_keys)]
         if len(oriented) == 0:
             return candidates[:size]
@@ -186,6 +187,7 @@ class ActiveSampler:
 
     def _next_lazy(self, oriented: np.ndarray, asked_keys: np.ndarray, size: int) -> np.ndarray:
         """A drawn pool of ≈ pool_factor × size unasked, distinct questions; its most uncertain ``size``."""
+        assert self.pool_factor is not None  # lazy sampling requires it (checked in __init__)
         want = size if len(oriented) == 0 else int(self.pool_factor * size)
         draw = random_questions(self.n, 2 * want + 16, self.rng)
         keys = canonical_key(draw, self.n)

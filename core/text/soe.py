@@ -223,7 +223,7 @@ class SOE(BaseEstimator):
     @classmethod
     def paper_protocol(cls, **overrides: Any) -> SOE:
         """The TriDerm paper's settings (§3.2): δ = 0, lr 0.05, batch 2048, 50 epochs, init 0.1."""
-        params = {"margin": 0.0, "lr": 0.05, "batch_size": 2048, "epochs": 50, "anchor_balanced": True, "init_scale": 0.1}
+        params: dict[str, Any] = {"margin": 0.0, "lr": 0.05, "batch_size": 2048, "epochs": 50, "anchor_balanced": True, "init_scale": 0.1}
         params.update(overrides)
         return cls(**params)
 
@@ -331,6 +331,7 @@ class SOE(BaseEstimator):
             else:
                 order = torch.randperm(m, generator=gen).to(device)
             total = torch.zeros((), device=device)
+            assert self.batch_size is not None  # no batch size is a full or a sampled fit (above)
             for start in range(0, m, self.batch_size):
                 idx = order[start:start + self.batch_size]
                 total += step(idx, torch.full((len(idx),), 1.0 / len(idx), device=device)) * len(idx)

@@ -142,6 +142,7 @@ class WoundAugment:
                     break
             if box is None:  # every affine lost the wounds: keep the flipped, un-warped view
                 box = nonempty_crop_box(mask, c.size, gen)
+                assert box is not None  # prepare() refuses a mask without wound pixels
             y0, x0 = box
             img = img[:, y0:y0 + c.size, x0:x0 + c.size]
             mask = mask[:, y0:y0 + c.size, x0:x0 + c.size]

@@ -40,7 +40,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -148,7 +148,7 @@ class Backbone:
         self._memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self._mean_t = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
         self._std_t = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
-        self.model.to(device, memory_format=self._memory_format).eval()
+        self.model.to(device).to(memory_format=self._memory_format).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
 
@@ -185,7 +185,7 @@ class Backbone:
             x = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float() / 255.0
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
         else:
-            arrs = [np.asarray(im.convert("RGB").resize((s, s), Image.BILINEAR)) for im in images]
+            arrs = [np.asarray(im.convert("RGB").resize((s, s), Image.Resampling.BILINEAR)) for im in images]
             x = torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).float() / 255.0
         return self.normalize(x.clamp(0.0, 1.0))
 
@@ -252,8 +252,13 @@ def _architecture_state(arch: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
         return tuple((k, tuple(v.shape)) for k, v in timm.create_model(arch).state_dict().items())
 
 
-def in_order_filter(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn`` of :data:`EMBEDDED_WEIGHTS`: the file's tensors renamed in order to timm's
+#: A timm network. timm's model API (``pretrained_cfg``, ``feature_info``, ``forward_intermediates``,
+#: ``group_matcher``, …) differs between architectures and is not declared on ``nn.Module``: it is duck-typed.
+TimmNet: TypeAlias = Any
+
+
+def in_order_filter(state: dict[str, Tensor], model: TimmNet) -> dict[str, Tensor]:
+    """The timm ``pretrained_filter_fn`` of :data:`EMBEDDED_WEIGHTS`: the file's tensors renamed in order to timm's
     full architecture (each shape checked), then those ``model`` holds (a ``features_only`` model holds a prefix)."""
     cfg = model.pretrained_cfg
     renamed = state_in_order(_architecture_state(cfg["architecture"]), state, str(cfg.get("file")))
@@ -280,7 +285,7 @@ def _cached_timm_file(model_name: str) -> str:
     raise FileNotFoundError(f"{cfg.hf_hub_id} is not in the Hugging Face cache")
 
 
-def create_timm_model(model_name: str, pretrained: bool = True, **kwargs: Any) -> tuple[nn.Module, str]:
+def create_timm_model(model_name: str, pretrained: bool = True, **kwargs: Any) -> tuple[TimmNet, str]:
     """``timm.create_model(model_name, **kwargs)`` and a fingerprint of its weights: the one way into a timm
     network, for the vision backbones and the segmenter's encoder alike.
 
@@ -322,7 +327,7 @@ class _Intermediate(nn.Module):
     """One feature map of a timm network through its own ``forward_intermediates`` (``index`` None: the
     whole ``forward_features``, e.g. EfficientNet's head convolution)."""
 
-    def __init__(self, net: nn.Module, index: int | None, extra_blocks: bool = False) -> None:
+    def __init__(self, net: TimmNet, index: int | None, extra_blocks: bool = False) -> None:
         super().__init__()
         self.net = net
         self.index = index
@@ -336,9 +341,9 @@ class _Intermediate(nn.Module):
                                               **kw)[0]
 
 
-def _lite0_backbone(net: nn.Module, model_name: str, pretrained: bool, weights: str, layer: str | None,
+def _lite0_backbone(net: TimmNet, model_name: str, pretrained: bool, weights: str, layer: str | None,
                     device: torch.device) -> Backbone:
-    """timm EfficientNet-Lite0 at output stride 16, with the layers of :data:`LITE0_LAYERS`."""
+    """The timm EfficientNet-Lite0 at output stride 16, with the layers of :data:`LITE0_LAYERS`."""
     import timm
 
     layer = layer or LITE0_DEFAULT_LAYER
@@ -399,7 +404,7 @@ class _ViTPatchMap(nn.Module):
     While the visual tower's ``patch_dropout`` is training (FLIP, see ``core.concepts.dual_encoder``) only the
     kept tokens come out, in random order, as a B×C×1×kept map."""
 
-    def __init__(self, visual: nn.Module, grid: int) -> None:
+    def __init__(self, visual: Any, grid: int) -> None:  # open_clip's VisionTransformer (open_clip ships no types)
         super().__init__()
         self.visual = visual
         self.grid = grid
@@ -495,7 +500,9 @@ def _cached_open_clip(model_name: str, pretrained: str | None) -> nn.Module:
 def _needs_hub(model_name: str, pretrained: str | None) -> bool:
     if model_name.startswith("hf-hub:"):
         return True
-    return bool(pretrained) and not Path(pretrained).is_file()
+    if not pretrained:
+        return False
+    return not Path(pretrained).is_file()
 
 
 def _create_open_clip(model_name: str, pretrained: str | None, label: str) -> nn.Module:
@@ -527,7 +534,7 @@ def _open_clip_backbone(model: nn.Module, name: str, arch: str, device: torch.de
 
     visual = model.visual
     if not isinstance(visual, VisionTransformer):
-        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")  # noqa: TRY004 — user input error; jobs report ValueError
+        raise ValueError(f"{name}: only open_clip ViT towers give patch maps (got {type(visual).__name__})")  # user input error; jobs report ValueError
     size = visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else int(size)
     patch = visual.patch_size
@@ -603,7 +610,7 @@ def _checkpoint(spec: str, device: torch.device, pretrained: bool, layer: str | 
         return bb
     state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a state dict")  # noqa: TRY004 — user input error
+        raise ValueError(f"{path}: not a state dict")  # user input error
     state = {k.removeprefix("module."): v for k, v in state.items()}
     import open_clip
 

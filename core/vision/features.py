@@ -216,7 +216,7 @@ class FeatureCache:
             pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v, self.seed))
                      for v in views]
         feats = self._forward([p[0] for p in pairs])
-        grid = tuple(feats.shape[-2:])
+        grid = (feats.shape[-2], feats.shape[-1])
         frac = torch.stack([wound_fractions(p[1], wound_indices, grid) for p in pairs]).half()
         return feats, frac
 
@@ -247,7 +247,7 @@ class FeatureCache:
         image = self.ws.load_image(image_id)
         if cached is None:
             eval_feat = self._forward([self._unit(image)])[0]
-            eval_frac = wound_fractions(labels, wounds, tuple(eval_feat.shape[-2:]))
+            eval_frac = wound_fractions(labels, wounds, (eval_feat.shape[-2], eval_feat.shape[-1]))
             cached = {"wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
                       "views": eval_feat.new_zeros((0, *eval_feat.shape)),
                       "view_frac": eval_frac.half().new_zeros((0, *eval_frac.shape))}
@@ -355,6 +355,7 @@ class TokenBank:
 
     @property
     def channels(self) -> int:
+        """The number of feature channels per token."""
         return self.eval_tokens.shape[1]
 
     def __len__(self) -> int:

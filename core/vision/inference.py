@@ -46,6 +46,8 @@ class SharedHead(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
 
     The constructor's arguments are ``config.json``; the module's tensors ``model.safetensors``."""
 
+    center: torch.Tensor  # a buffer
+
     def __init__(self, channels: int, dim: int, recipe: dict[str, Any], backbone: str, layer: str | None,
                  normalize: str, metrics: dict[str, Any] | None = None, data: dict[str, Any] | None = None,
                  model_format: str = HEAD_FORMAT) -> None:
@@ -64,6 +66,7 @@ def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
     metrics their numbers, the data summary the counts of :data:`DATA_COUNTS` and the patients'."""
     blob = _head_blob(ws, run_id)
     run = ws.store.run(run_id)
+    assert run is not None, run_id  # just recorded
     cfg = TriDermConfig.from_record(blob["config"])
     recipe = {k: v for k, v in asdict(cfg).items() if k != "backbone"}
     data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
@@ -140,7 +143,8 @@ class TrainedHead:
         with torch.no_grad():
             feat = self.backbone(self.backbone.normalize(x[None]))[0]
             wounds = [int(v) for v in np.unique(labels) if v > 0]
-            mask = token_mask(wound_fractions(labels, wounds, tuple(feat.shape[-2:]))).flatten(1)
+            grid_h, grid_w = feat.shape[-2:]
+            mask = token_mask(wound_fractions(labels, wounds, (grid_h, grid_w))).flatten(1)
             seg, loc = torch.nonzero(mask, as_tuple=True)
             z, _ = self.head(feat.flatten(1).T[loc].to(self.backbone.device), seg.to(self.backbone.device),
                              len(wounds))

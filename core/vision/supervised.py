@@ -82,7 +82,8 @@ def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndar
     whose photos are the row indices ``test_rows``: train = no photo of the fold; strict = all three
     photos in the fold; anchor-unseen = the anchor in the fold, both references outside it."""
     in_fold = np.isin(triplets, test_rows)
-    return ~in_fold.any(1), in_fold.all(1), in_fold[:, 0] & ~in_fold[:, 1:].any(1)
+    # numpy's stubs type .any/.all over an axis as "scalar or array" (shape unknown); these are 1-D arrays
+    return ~in_fold.any(1), in_fold.all(1), in_fold[:, 0] & ~in_fold[:, 1:].any(1)  # type: ignore[return-value]
 
 
 def subsample(triplets: np.ndarray, n: int | None, seed: int) -> np.ndarray:
@@ -234,13 +235,19 @@ class MetricHead(torch.nn.Module):
     ``heads`` independent blocks of ``dim`` (an ensemble: each block is trained with its own hinge,
     see :func:`fit_metric_head`; squared distances add over the blocks)."""
 
+    mean: torch.Tensor  # buffers
+    scale: torch.Tensor
+
     def __init__(self, channels: int, dim: int = 64, pooling: str = "mean", hidden: int = 128,
                  heads: int = 1) -> None:
         super().__init__()
         if pooling == "attention":
-            self.pool: torch.nn.Module = AttentionPooling(channels, hidden)
-            torch.nn.init.zeros_(self.pool.score[2].weight)
-            torch.nn.init.zeros_(self.pool.score[2].bias)
+            pool = AttentionPooling(channels, hidden)
+            score = pool.score[2]
+            assert isinstance(score, torch.nn.Linear)
+            torch.nn.init.zeros_(score.weight)
+            torch.nn.init.zeros_(score.bias)
+            self.pool: torch.nn.Module = pool
         elif pooling == "mean":
             self.pool = MeanPooling()
         else:

@@ -46,6 +46,7 @@ NO_CACHE_RETRIES = 5
 
 
 def make_loss(name: str) -> torch.nn.Module:
+    """The training loss named ``name`` (a key of :data:`LOSSES`); ValueError for any other name."""
     if name not in LOSSES:
         raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {name!r}")
     return LOSSES[name]()
@@ -311,6 +312,7 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
         t1 = time.perf_counter()
         with torch_threads(small_ops if fresh is None else torch.get_num_threads()):
             if cfg.cv:
+                assert triplets is not None  # cv implies supervise (TriDermConfig checks)
                 folds = trainer.cross_validate(triplets, patients, cfg.cv, cfg.cv_repeats, progress=progress)
                 oof = out_of_fold(image_ids, triplets, folds, patients, seed=cfg.seed)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
