@@ -151,7 +151,7 @@ def test_any_timm_model_gives_its_last_feature_map():
     assert vit(torch.zeros(1, 3, 224, 224)).shape == (1, 192, 14, 14) and len(vit.blocks()) == 12
     with pytest.raises(ValueError, match="224px"):
         vit.grid(256)
-    with pytest.raises(ValueError, match="unknown layer 'stage5'.*last"):
+    with pytest.raises(ValueError, match=r"unknown layer 'stage5'.*last"):
         load_backbone("timm:resnet18@stage5", device="cpu", pretrained=False)
     with pytest.raises(ValueError, match="unknown timm model 'resnet9000'"):
         load_backbone("timm:resnet9000", device="cpu")
@@ -162,7 +162,7 @@ def test_any_timm_model_gives_its_last_feature_map():
 def test_timm_hub_weights_offline_fail_fast_with_clear_message(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network attempted"))
-    with pytest.raises(BackboneUnavailable, match="timm:resnet18.a1_in1k.*not cached.*--backbone efficientnet-lite0"):
+    with pytest.raises(BackboneUnavailable, match=r"timm:resnet18.a1_in1k.*not cached.*--backbone efficientnet-lite0"):
         load_backbone("timm:resnet18.a1_in1k", device="cpu")
 
 
@@ -213,7 +213,7 @@ def test_dermlip_unreachable_hub_fails_with_clear_message(monkeypatch):
 
 
 def test_unknown_names_are_rejected():
-    with pytest.raises(ValueError, match="unknown backbone 'resnet-9000'.*timm:<model>"):
+    with pytest.raises(ValueError, match=r"unknown backbone 'resnet-9000'.*timm:<model>"):
         load_backbone("resnet-9000")
     with pytest.raises(FileNotFoundError):
         load_backbone("/nonexistent/weights.pt")
