@@ -184,6 +184,8 @@ def speedups(rows: list[Row]) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Measure the chosen rows on each device, rewriting ``gpu.json`` after every row (a run cut short keeps
+    what it measured), and print the table at the end."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--medetec", help="Medetec folder (images/, masks/) for the segmenter rows (left out without)")
     parser.add_argument("--views", type=int, default=16, help="augmented views per photo (default: 16)")

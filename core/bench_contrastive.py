@@ -109,6 +109,8 @@ def _inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train and evaluate every variant over the seeds (cached cells reused), print each cell and the
+    table; the run record is marked stopped or failed when the benchmark does not finish."""
     parser = _parser()
     args = cli.parse_args(parser, argv)
     variants = _settle(parser, args)

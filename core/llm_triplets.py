@@ -122,6 +122,8 @@ def _oracle_kwargs(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ask the oracle the planned questions and print the run summary as JSON; 1 when questions failed
+    (rerun to retry them), 0 otherwise."""
     parser = _parser()
     args = cli.parse_args(parser, argv)
     budget = _budget(parser, args)

@@ -119,6 +119,7 @@ def report(metrics: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train and evaluate the image–text model from the command line and print its report."""
     parser = _parser()
     args = cli.parse_args(parser, argv)
     if not 0 < args.holdout < 1:

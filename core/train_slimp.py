@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m core.train_slimp``."""
     p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0])
     cli.add_workspace(p)
     cli.add_device(p, help="auto (CUDA when available), cpu or cuda (default: auto); under torchrun every process "
@@ -232,7 +233,8 @@ def _loop(parser: argparse.ArgumentParser, args: argparse.Namespace, ws: Workspa
         bb = load_backbone(args.backbone, device=device)
     args.crop_size = args.crop_size or (128 if args.continual else bb.input_size)
     schemas = resumed_schemas(resume) if resume is not None else _schemas(parser, data, args)
-    tabs = [None if s is None else s.encode(r) for s, r in zip(schemas, (data.wound_records, data.patient_records))]
+    wound_tab, patient_tab = (None if s is None else s.encode(r)
+                              for s, r in zip(schemas, (data.wound_records, data.patient_records)))
     images, masks, trunk, stem = image_inputs(ws, data, bb, args.crop_size, args.continual, rank)
     torch.manual_seed(args.seed)
     model = SLIMP(bb.channels, *schemas, dim=args.dim, lam=args.lam, temperature=args.temperature,
@@ -248,8 +250,9 @@ def _loop(parser: argparse.ArgumentParser, args: argparse.Namespace, ws: Workspa
     distributed = dist.is_initialized()
     net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if distributed else model
-    loop = EpochLoop(ws, model, net, optimizer, (images, masks, *tabs), {k: getattr(args, k) for k in TRAIN_KEYS},
-                     device, args.resume, dist.new_group() if distributed else None, rank, world)
+    loop = EpochLoop(ws, model, net, optimizer, (images, masks, wound_tab, patient_tab),
+                     {k: getattr(args, k) for k in TRAIN_KEYS}, device, args.resume,
+                     dist.new_group() if distributed else None, rank, world)
     if resume is not None:
         loop.losses = resume["losses"]
         loop.history = {k: list(resume.get("history", {}).get(k, [])) for k in ("inner", "outer")}
@@ -260,6 +263,8 @@ def _loop(parser: argparse.ArgumentParser, args: argparse.Namespace, ws: Workspa
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train SLIMP on a workspace (one process of a torchrun group, or alone), evaluate it and print
+    the report on rank 0; 0 on success, 130 when interrupted."""
     parser = build_parser()
     args = cli.parse_args(parser, argv)
     import torch.distributed as dist  # torch: after the arguments (a fast --help)
@@ -275,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop.run(data.patient_wounds, 0 if resume is None else resume["epoch"], args.epochs)
         if rank == 0:
+            assert loop.run_id is not None, "rank 0 opened the run record in _loop"
             print(report(loop.finish(data, args), ws.is_synthetic, loop.run_id))
     except KeyboardInterrupt:
         if rank == 0 and loop.run_id is not None:

@@ -47,6 +47,7 @@ def photo_uri(path: str, sha256: str) -> str:
 
 
 def latest_segmenter_run() -> int | None:
+    """The id of the workspace's newest finished segmenter run, None when there is none."""
     from core.segmentation.model import latest_run
 
     run = latest_run(ws)
@@ -54,6 +55,7 @@ def latest_segmenter_run() -> int | None:
 
 
 def hex_colour(index: int) -> str:
+    """The outline palette's colour of wound ``index`` as ``#rrggbb``."""
     r, g, b = session.PALETTE[(index - 1) % len(session.PALETTE)]
     return f"#{r:02x}{g:02x}{b:02x}"
 
@@ -118,6 +120,7 @@ def read_action(image_id: str, me: str, shape: tuple[int, int], action: dict) ->
 
 
 def read_delete(image_id: str, me: str, index: int) -> None:
+    """Delete wound ``index`` from ``me``'s own reading of the photo; the store's refusal becomes the page's message."""
     try:
         readings.delete_wound(ws, image_id, index, reader=me, actor=me)
     except ValueError as err:
@@ -154,6 +157,7 @@ if pending is not None and pending.image_id != pick:
 
 
 def user_error(err: Exception) -> None:
+    """Show ``err`` as the page's error message on the next run."""
     state["mask_error"] = str(err)
 
 
@@ -256,12 +260,14 @@ def clicker():
 
 @st.cache_resource(show_spinner="Loading Segment Anything…", max_entries=1)
 def sam(path: str):
+    """The Segment Anything click model from the checkpoint at ``path`` (loaded once per process)."""
     from core.segmentation import SamClicker
 
     return SamClicker(path)
 
 
 def suggest() -> None:
+    """Suggest outlines for the photo on screen with the newest segmenter run; errors become the page's message."""
     from core.segmentation import suggest_outlines
 
     try:
@@ -341,10 +347,12 @@ with draw_col:
 
 # -- wounds: description and every metadata field ------------------------------------------------------
 def field_names(meta: dict) -> list[str]:
+    """The metadata fields to edit: the standard ones, then the wound's other non-hidden fields."""
     return list(FIELDS) + [k for k in meta if k not in FIELDS and k not in HIDDEN_FIELDS]
 
 
 def save_text(image_id: str, index: int, names: list[str]) -> None:
+    """Store the edited description and metadata fields ``names`` of wound ``index`` (an empty field is removed)."""
     base = f"{image_id}_{index}"
     old = next(w for w in ws.store.wounds(image_id) if w["wound_index"] == index)
     meta = dict(old["metadata"] or {})
@@ -355,6 +363,7 @@ def save_text(image_id: str, index: int, names: list[str]) -> None:
 
 
 def remove(image_id: str, index: int) -> None:
+    """Delete wound ``index`` of the photo, redraw its outlines and say so."""
     session.delete_wound(ws, image_id, index, actor=ac.actor())
     bump(image_id)
     state["mask_flash"] = f"Deleted wound {index} of {image_id}."

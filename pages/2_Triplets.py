@@ -1,4 +1,4 @@
-"""Triplet judgments: is the query photo more like the left or the right reference?
+"""Triplet judgments, asking whether the query photo is more like the left or the right reference.
 
 Made for judging wounds: the three photos fill a 1366-px screen (sidebar collapsed, narrow
 margins), each cropped around its outlined wounds (the whole photo one key away, outlines on/off by
@@ -94,6 +94,7 @@ state.setdefault("outlines", True)
 
 
 def undo_since() -> str:
+    """The earliest answer time (ISO, UTC) an undo may still take back."""
     return (datetime.now(timezone.utc) - UNDO_WINDOW).isoformat(timespec="milliseconds")
 
 
@@ -111,6 +112,7 @@ def current() -> Question | None:
 
 
 def answer(choice: str, token: tuple) -> None:
+    """Store ``choice`` for the question on screen (a stale click, whose ``token`` no longer matches, is ignored)."""
     q = state.get("question")
     if q is None or dataclasses.astuple(q) != token:  # a stale click (double press): ignore
         return
@@ -121,6 +123,7 @@ def answer(choice: str, token: tuple) -> None:
 
 
 def undo() -> None:
+    """Take back the newest answer of the undo window and show its question again."""
     back = sched.undo_last(undo_since(), actor=actor)
     if back is None:
         return
@@ -130,21 +133,25 @@ def undo() -> None:
 
 
 def flip(key: str) -> None:
+    """Toggle the boolean session setting ``key``."""
     state[key] = not state[key]
 
 
 def view(image_id: str) -> tuple[bytes, int]:
+    """The photo's picture as shown in the triplet (cropped or whole, outlines on or off) and its width."""
     return ac.wound_view(ws, image_id, *FRAME, crop=not state["whole_photo"], outline=state["outlines"])
 
 
 @st.dialog("Photo", width="large")
 def zoom(image_id: str, role: str) -> None:
+    """A dialog with the whole photo and its wounds' descriptions."""
     st.image(ac.wound_view(ws, image_id, *ZOOM, crop=False, outline=state["outlines"])[0],
              caption=f"{role} · {image_id} · whole photo")
     descriptions(image_id)
 
 
 def descriptions(image_id: str) -> None:
+    """A caption per wound of the photo that has a description."""
     for w in ws.store.wounds(image_id):
         if w["description"].strip():
             st.caption(f"Wound {int(w['wound_index'])}: {ac.escape_md(w['description'])}")

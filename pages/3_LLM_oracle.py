@@ -75,6 +75,7 @@ if start:
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
 def status() -> None:
+    """The LLM job's panel, the LLM triplets in the store per source and the table of LLM runs."""
     ac.job_panel(ws, JOB, "llm_triplets", [], "LLM run", start=False)
     sources = {s: n for s, n in ws.store.triplet_sources().items() if s.startswith("llm:")}
     runs = ws.store.runs(kind="llm-triplets")

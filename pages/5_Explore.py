@@ -55,21 +55,25 @@ THUMBNAILS_MAX = 200  # photos drawn on the map itself; above, a photo shows on 
 
 @st.cache_resource(show_spinner="Loading the map…", max_entries=16)
 def map_data(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple):
+    """The map's input for the runs (cached per workspace ``root`` and ``stamp``)."""
     return map_input(ws, run_ids, level, method)
 
 
 @st.cache_resource(show_spinner="Preparing retrieval…", max_entries=8)
 def photo_retrieval(root: str, run_ids: tuple[int, ...], method: str, stamp: tuple):
+    """The photo retrieval index of the runs (cached per workspace ``root`` and ``stamp``)."""
     return retrieval(ws, run_ids, method)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def instant_layout(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple) -> np.ndarray:
+    """A quick 2-D layout of the map data, drawn before the slower projection is ready."""
     return quick_layout(map_data(root, run_ids, level, method, stamp))
 
 
 @st.cache_resource(show_spinner="Clustering…", max_entries=16)
 def clusters(root: str, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple, k: int) -> np.ndarray:
+    """``k`` cluster labels of the map's points."""
     return cluster_labels(map_data(root, run_ids, level, method, stamp), k)
 
 
@@ -126,6 +130,7 @@ def poll_umap(path: str) -> None:
 
 
 def add_thumbnails(fig, xy: np.ndarray, image_ids: list[str]) -> None:
+    """Draw each photo's thumbnail at its point ``xy`` of the figure, sized to the map's span."""
     span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
     for (x, y), image_id in zip(xy, image_ids):
         fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 96)), "x": x, "y": y, "xref": "x",
@@ -218,6 +223,7 @@ def draw_map(columns: list, run_ids: tuple[int, ...], method: str, run: dict, st
 
 
 def show_retrieval(photos, query: str, fused: bool) -> None:
+    """The most similar and most dissimilar photos to ``query``, with their normalised distances."""
     k = st.slider("Photos per row", 3, 10, 5)
     result = photos.neighbours(query, k=min(k, len(photos.ids) - 1))
     st.subheader("Retrieval")
@@ -256,6 +262,7 @@ def attention_maps(root: str, run_id: int, image_id: str, stamp: str, opacity: f
 
 
 def show_attention(run_id: int, query: str, stamp: tuple) -> None:
+    """The attention maps of vision run ``run_id`` over the wounds of ``query``, with an opacity slider."""
     st.subheader("Wound attention")
     opacity = st.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="explore_attention_opacity",
                         help="0: the photo alone; 1: the attention colours alone")
@@ -272,6 +279,7 @@ def show_attention(run_id: int, query: str, stamp: tuple) -> None:
 
 @st.cache_data(show_spinner="Loading concept scores…", max_entries=8)
 def concept_run_data(root: str, run_id: int, stamp: str) -> dict:
+    """The concept scores, heatmaps and crop boxes saved by concepts run ``run_id``."""
     emb = load_embeddings(ws, run_id)
     return {k: emb.get(k) for k in ("wound_keys", "concept_names", "concept_global", "concept_local",
                                      "concept_fused", "concept_heatmaps", "crop_boxes")}
@@ -283,7 +291,7 @@ def concept_labels() -> dict[str, str]:
         from core.concepts.vocabulary import GROUPS, load_vocab
 
         return {c.name: c.label for c in load_vocab(groups=GROUPS)}
-    except Exception as err:  # noqa: BLE001 — a broken vocabulary file must not break the page
+    except Exception as err:  # a broken vocabulary file must not break the page
         st.caption(f"Concept vocabulary unavailable ({ac.escape_md(str(err))}); showing concept names.")
         return {}
 
@@ -310,6 +318,7 @@ def show_wound_concepts(cdata: dict, run_id: int, query: str, w: dict, row: int,
 
 
 def show_concepts(query: str) -> None:
+    """Per wound of ``query``: its top concepts and a concept heatmap from a chosen concepts run."""
     st.subheader("Wound concepts")
     concept_runs = [r for r in ws.store.runs(kind="concepts")
                     if r["status"] == "done" and (r.get("artifacts") or {}).get("embeddings")]
@@ -343,6 +352,8 @@ def show_concepts(query: str) -> None:
 
 
 def main() -> None:
+    """The Explore page: run controls, the map, retrieval, then (a vision run) attention, and concepts of the
+    query photo."""
     columns = st.columns([2, 3, 2, 2, 2])  # one row of controls: the map stays above the fold
     run_ids, method = choose_runs(columns)
     run = ws.store.run(run_ids[0])

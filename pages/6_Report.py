@@ -80,6 +80,7 @@ def agreement_chart(rows: list[dict]) -> None:
 
 
 def agreement_section() -> None:
+    """Each embedding run's agreement with the expert's triplets, from the evaluation report."""
     st.subheader("Agreement with the expert's triplets")
     report_json = report_dir / "report.json"
     if not report_json.exists():
@@ -106,6 +107,7 @@ def agreement_section() -> None:
 
 
 def ablation_section() -> None:
+    """The ablation table (paper Table 2), when the ablations have run."""
     st.subheader("Ablations (paper Table 2)")
     ablation_json = ablation_dir / "ablation.json"
     if not ablation_json.exists():
@@ -131,6 +133,7 @@ def ablation_section() -> None:
 
 
 def contrastive_section() -> None:
+    """The contrastive-objective benchmark: summary, seed-paired differences from ``clip``, chart and downloads."""
     results = bench_dir / "results.json"
     if not results.exists():
         st.info("No contrastive-objective benchmark yet. Start it on the Train page "
@@ -163,6 +166,7 @@ def contrastive_section() -> None:
 
 
 def main() -> None:
+    """The Report page: the real-wound benchmark, then this workspace's sections."""
     real_vision_section()
     st.divider()
     st.header(f"This workspace · {ac.escape_md(ws.dataset_name)}")

@@ -25,6 +25,7 @@ store = ws.store
 
 
 def annotators_tab(all_rows: list[dict], kept: list[dict], excluded_names: dict[str, dict]) -> None:
+    """Per annotator: progress, self-consistency and role, with exclusion controls."""
     progress = consistency.progress(all_rows)
     names = sorted(set(progress) | set(excluded_names), key=str.lower)
     if not names:
@@ -52,6 +53,7 @@ def annotators_tab(all_rows: list[dict], kept: list[dict], excluded_names: dict[
 
 
 def kappa_table(col, kept: list[dict]) -> None:
+    """Cohen's κ between each pair of annotators on their shared triplets, in column ``col``."""
     kappa = consistency.inter_annotator_kappa(kept)
     mean = kappa["mean_kappa"]
     col.markdown("**Triplets: Cohen's κ between annotators on shared triplets** (first showing, skips left "
@@ -65,6 +67,7 @@ def kappa_table(col, kept: list[dict]) -> None:
 
 
 def dice_table(col, outline: dict) -> None:
+    """The Dice between each pair of annotators on photos both outlined, in column ``col``."""
     col.markdown("**Outlines: Dice between annotators on photos read by both** (wound union per photo)"
                  + ("" if math.isnan(outline["mean"]) else f" — mean Dice = {outline['mean']:.3f}"))
     if outline["pairs"]:
@@ -93,6 +96,7 @@ def readings_per_photo(photos: list[dict]) -> None:
 
 
 def agreement_tab(kept: list[dict], excluded_names: dict[str, dict]) -> None:
+    """Inter-annotator agreement (triplet κ, outline Dice) and self-consistency on repeats."""
     kappa_col, dice_col = st.columns(2, gap="large")
     kappa_table(kappa_col, kept)
     outline = readings.agreement(ws, exclude=set(excluded_names))
@@ -127,6 +131,8 @@ def divided_triplet(d: dict, excluded_names: dict[str, dict], excluded_ids: dict
 
 
 def disagreements_tab(all_rows: list[dict], excluded_names: dict[str, dict], excluded_ids: dict[int, dict]) -> None:
+    """The shared triplets answered differently (the most divided first, one opened for review) and the single
+    judgments excluded so far."""
     divided = consistency.disagreements(all_rows)
     if not divided:
         st.info("No shared triplet was answered differently.")
@@ -143,6 +149,7 @@ def disagreements_tab(all_rows: list[dict], excluded_names: dict[str, dict], exc
 
 
 def second_reading_tab(excluded_names: dict[str, dict]) -> None:
+    """Mark or unmark photos for independent second readings of their outlines."""
     st.caption("Photos marked here are outlined again, independently, by each annotator who opens them: every "
                "reading is stored as that annotator's own layer beside the stored outline, which it never changes. "
                "Readers see only their own outline; agreement (Agreement tab) is shown to admins only. Unmarking "
@@ -170,6 +177,7 @@ def second_reading_tab(excluded_names: dict[str, dict]) -> None:
 
 
 def audit_tab() -> None:
+    """The store's change log, filterable by account."""
     rows = audit_rows(store.revisions())
     if not rows:
         st.caption("No change recorded yet.")
@@ -180,6 +188,7 @@ def audit_tab() -> None:
 
 
 def main() -> None:
+    """The Review page's tabs over every stored expert judgment (excluded ones marked)."""
     all_rows = store.expert_triplets(include_excluded=True)
     kept = store.expert_triplets()  # what every metric (here, in core.eval and in the jobs) uses
     excluded_names = {e["target"]: e for e in accounts.exclusions(store) if e["kind"] == "annotator"}

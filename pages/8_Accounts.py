@@ -92,6 +92,7 @@ with hosts_tab, st.form("ollama_hosts"):
         hosts = [h.strip() for h in text.splitlines() if h.strip()]
 
         def save() -> None:
+            """Check every host and store the allow-list (nothing stored when one is malformed)."""
             for h in hosts:
                 allowed_ollama_host(h, [h])  # one clear error for a malformed entry; nothing saved
             ws.store.set_meta("ollama_hosts", hosts)

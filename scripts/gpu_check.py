@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python scripts/gpu_check.py): the repository's packages
 
-from benchmarks.results import repo_env  # after the path above
+from benchmarks.results import repo_env  # noqa: E402 (after the path above)
 
 # Runs a job module as __main__ and reports the peak CUDA memory it allocated (stderr marker).
 _LAUNCHER = """
@@ -88,6 +88,8 @@ def run_step(argv: list[str], timeout: float, need_cuda: bool = True) -> tuple[b
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run each command of :func:`steps` on a fresh demo workspace and print PASS/FAIL per step; 1 when any
+    failed (0 with nothing checked on a machine without CUDA)."""
     parser = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary workspace (its path is printed)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per command")

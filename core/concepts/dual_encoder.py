@@ -35,6 +35,7 @@ import abc
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,11 @@ from torch import Tensor, nn
 
 from core.concepts.defaults import OFFLINE_DEFAULT
 from core.runtime import autocast, pick_device
-from core.vision.backbones import DERMLIP_HUB, BackboneUnavailable, load_backbone
+from core.vision.backbones import DERMLIP_HUB, Backbone, BackboneUnavailable, load_backbone
+
+if TYPE_CHECKING:
+    from open_clip import CLIP
+    from open_clip.transformer import VisionTransformer
 
 MODELS = (OFFLINE_DEFAULT, "dermlip")
 EMBED_DIM = 256
@@ -112,7 +117,9 @@ class TextTower(nn.Module, abc.ABC):
         """Run levels ``start``..``stop``: from tokens when ``start`` is 0, else from the
         hidden states cached at level ``start``; returns the states at level ``stop``."""
         if start == 0:
-            h = self.embed(h)  # type: ignore[arg-type]
+            assert isinstance(h, Tokens), "level 0 starts from tokens"
+            h = self.embed(h)
+        assert isinstance(h, Tensor), "a level above 0 starts from cached hidden states"
         for layer in self.layers()[start:stop]:
             h = self.run_layer(layer, h, mask)
         return self.finish(h) if stop == self.n_levels else h
@@ -142,18 +149,22 @@ class MiniLMTower(TextTower):
         self.n_levels = len(self.bert.encoder.layer)
 
     def tokenize(self, texts: list[str]) -> Tokens:
+        """Texts → ids, mask and character offsets, padded to the longest (at most ``MAX_TOKENS``)."""
         b = self.tokenizer(list(texts), padding=True, truncation=True, max_length=MAX_TOKENS,
                            return_tensors="pt", return_offsets_mapping=True)
         return Tokens(b["input_ids"], b["attention_mask"], b["offset_mapping"])
 
     def embed(self, tok: Tokens) -> Tensor:
+        """BERT's word + position + token-type embeddings (all token type 0)."""
         ids = tok.input_ids.to(self.bert.device)
         return self.bert.embeddings(input_ids=ids, token_type_ids=torch.zeros_like(ids))
 
     def layers(self) -> list[nn.Module]:
+        """BERT's encoder layers."""
         return list(self.bert.encoder.layer)
 
     def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
+        """One BertLayer with the padding mask as an additive attention mask."""
         # BertLayer is transformers-internal (no public per-layer API): pyproject caps transformers < 6,
         # and tests/integration/test_concepts.py runs it on the floor (4.45, tuple output) and the current 5.x (tensor)
         ext = (1.0 - mask[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
@@ -161,13 +172,14 @@ class MiniLMTower(TextTower):
         return out[0] if isinstance(out, tuple) else out
 
     def stem_parameters(self) -> list[nn.Parameter]:
+        """BERT's embedding parameters."""
         return list(self.bert.embeddings.parameters())
 
 
 class OpenCLIPTextTower(TextTower):
     """open_clip's causal text transformer (for ``dermlip``); no character offsets."""
 
-    def __init__(self, model: nn.Module, tokenizer) -> None:
+    def __init__(self, model: CLIP, tokenizer) -> None:
         super().__init__()
         self.clip = model
         self.tokenizer = tokenizer
@@ -175,24 +187,29 @@ class OpenCLIPTextTower(TextTower):
         self.n_levels = len(model.transformer.resblocks)
 
     def tokenize(self, texts: list[str]) -> Tokens:
+        """Texts → open_clip's fixed-length ids; the mask covers each text up to its EOT token."""
         ids = self.tokenizer(list(texts))
         eot = ids.argmax(dim=-1)
         mask = (torch.arange(ids.shape[1], device=ids.device)[None] <= eot[:, None]).long()
         return Tokens(ids, mask, None)
 
     def embed(self, tok: Tokens) -> Tensor:
+        """Token embeddings plus the learned positional embeddings."""
         ids = tok.input_ids.to(self.clip.positional_embedding.device)
         return self.clip.token_embedding(ids) + self.clip.positional_embedding[: ids.shape[1]]
 
     def layers(self) -> list[nn.Module]:
+        """The text transformer's residual blocks."""
         return list(self.clip.transformer.resblocks)
 
     def run_layer(self, layer: nn.Module, h: Tensor, mask: Tensor) -> Tensor:
+        """One residual block under the causal attention mask (padding is after EOT, so ``mask`` is unused)."""
         t = h.shape[1]
         causal = torch.full((t, t), float("-inf"), device=h.device, dtype=h.dtype).triu_(1)
         return layer(h, attn_mask=causal)
 
     def finish(self, h: Tensor) -> Tensor:
+        """open_clip's final LayerNorm."""
         return self.clip.ln_final(h)
 
     def pool(self, states: Tensor, mask: Tensor) -> Tensor:
@@ -201,6 +218,7 @@ class OpenCLIPTextTower(TextTower):
         return states[torch.arange(len(states), device=states.device), last.to(states.device)]
 
     def stem_parameters(self) -> list[nn.Parameter]:
+        """The token and positional embeddings."""
         return [self.clip.token_embedding.weight, self.clip.positional_embedding]
 
 
@@ -210,21 +228,29 @@ class ImageTower(nn.Module):
     at 0 or the end (no per-block caching), where the output is B×(1+P)×C: the pooled token,
     then the patch tokens."""
 
-    def __init__(self, backbone) -> None:
+    #: open_clip's image projection (width × dim) taken out of a ViT trunk; None for a CNN
+    proj: Tensor | None
+
+    def __init__(self, backbone: Backbone) -> None:
         super().__init__()
         self.backbone = backbone
         self.is_cnn = backbone.arch == "efficientnet-lite0"
-        # ViT: only the visual trunk (an open_clip model also holds the text tower)
-        self.net = backbone.model if self.is_cnn else backbone._features
+        # ViT: only the visual trunk (an open_clip model also holds the text tower). Its submodules
+        # (timm's conv_stem/bn1, open_clip's visual) are reached by name, which torch types only as
+        # `Tensor | Module`, hence Any.
+        self.net: Any = backbone.model if self.is_cnn else backbone._features
         self.blocks = nn.ModuleList(backbone.blocks())
         self.n_levels = len(self.blocks)
         self.width = backbone.channels
         self.input_size = backbone.input_size
         # ViT: open_clip's image projection leaves the trunk (it becomes the image head), so
         # the trunk's pooled token comes out before the projection (see the module docstring)
-        proj = None if self.is_cnn else self.net.visual.proj
-        if proj is not None:
-            self.net.visual.proj = None
+        proj = None
+        if not self.is_cnn:
+            visual: VisionTransformer = self.net.visual
+            proj = visual.proj
+            if proj is not None:
+                visual.proj = None
         self.register_buffer("proj", None if proj is None else proj.detach().clone(), persistent=False)
 
     def set_patch_dropout(self, prob: float) -> None:
@@ -240,6 +266,8 @@ class ImageTower(nn.Module):
             self.net.visual.patch_dropout.train(self.training)
 
     def forward_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Run levels ``start``..``stop``: from the image when ``start`` is 0, else from the feature
+        map cached at level ``start`` (ViT: only 0 → end, giving the pooled token then the patches)."""
         if not self.is_cnn:
             if (start, stop) != (0, self.n_levels):
                 raise ValueError(f"{self.backbone.name}: ViT towers run whole (levels 0→{self.n_levels})")
@@ -265,9 +293,12 @@ class ImageTower(nn.Module):
         return pooled, tokens, ((side, side) if n == side * side else (1, n))  # (1, kept) under FLIP
 
     def stem_parameters(self) -> list[nn.Parameter]:
+        """The backbone's stem/patch-embedding parameters."""
         return list(self.backbone.stem_parameters())
 
     def train(self, mode: bool = True) -> ImageTower:
+        """Every submodule stays in eval mode (BatchNorm statistics frozen); only the tower's own flag and
+        a ViT's patch dropout follow ``mode``."""
         super().train(False)  # BatchNorm statistics stay frozen (see module docstring)
         if not self.is_cnn:
             self.net.visual.patch_dropout.train(mode)  # FLIP drops patches in training only
@@ -294,7 +325,7 @@ def linear_from(proj: Tensor) -> nn.Linear:
     marked ``pretrained`` (:meth:`DualEncoder.reset_heads` keeps it)."""
     head = nn.Linear(proj.shape[0], proj.shape[1], bias=False)
     head.weight.data.copy_(proj.detach().T)
-    head.pretrained = True
+    head.pretrained = True  # type: ignore[assignment]  # torch types Module.__setattr__ for tensors/modules only
     return head
 
 
@@ -315,8 +346,8 @@ class DualEncoder(nn.Module):
         self.text = text
         self.dim = dim
         if image_head is None:
-            use_proj = getattr(image, "proj", None) is not None and image.proj.shape[1] == dim
-            image_head = linear_from(image.proj) if use_proj else _mlp(image.width, dim)
+            proj = image.proj
+            image_head = linear_from(proj) if proj is not None and proj.shape[1] == dim else _mlp(image.width, dim)
         self.image_head = image_head
         self.text_head = text_head if text_head is not None else _mlp(text.width, dim)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
@@ -330,10 +361,12 @@ class DualEncoder(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's parameters."""
         return self.logit_scale.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the model's parameters."""
         return self.logit_scale.dtype
 
     def follow(self, h: Tensor) -> Tensor:
@@ -370,6 +403,7 @@ class DualEncoder(nn.Module):
         return img, txt
 
     def head_parameters(self) -> list[nn.Parameter]:
+        """Both projection heads and the logit scales/biases (always trained)."""
         return [*self.image_head.parameters(), *self.text_head.parameters(), self.logit_scale,
                 self.sig_scale, self.sig_bias, self.loc_scale, self.loc_bias]
 
@@ -379,21 +413,26 @@ class DualEncoder(nn.Module):
         for head in (self.image_head, self.text_head):
             if not getattr(head, "pretrained", False):
                 for mod in head.modules():
-                    if hasattr(mod, "reset_parameters"):
-                        mod.reset_parameters()
+                    reset = getattr(mod, "reset_parameters", None)
+                    if reset is not None:
+                        reset()
 
     def tower_parameters(self) -> list[nn.Parameter]:
+        """The unlocked (trainable) parameters of both towers."""
         return [p for p in [*self.image.parameters(), *self.text.parameters()] if p.requires_grad]
 
     # -- encoding ------------------------------------------------------------------------
     def image_levels(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """The image tower's levels ``start``..``stop`` with ``x`` moved to the model's device and dtype."""
         return self.image.forward_levels(self.follow(x), start, stop)
 
     def text_levels(self, h: Tensor | Tokens, mask: Tensor, start: int, stop: int) -> Tensor:
+        """The text tower's levels ``start``..``stop``, cached states and ``mask`` moved to the model's device."""
         return self.text.forward_levels(self.follow(h) if isinstance(h, Tensor) else h, mask.to(self.device),
                                         start, stop)
 
     def encode_image_from(self, h: Tensor, level: int) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """From level ``level`` of the image tower: (global, patches, grid), projected and L2-normalised."""
         pooled, patches, grid = self.image.encode(self.follow(h), level)
         g = F.normalize(self.image_head(pooled), dim=-1)
         return g, F.normalize(self.image_head(patches), dim=-1), grid
@@ -410,6 +449,7 @@ class DualEncoder(nn.Module):
         return g, F.normalize(self.text_head(states), dim=-1) if tokens else None
 
     def preprocess(self, images, size: int | None = None) -> Tensor:
+        """PIL images or a uint8 array → the image tower's normalised input (see ``Backbone.preprocess``)."""
         return self.image.backbone.preprocess(images, size)
 
     @torch.no_grad()
@@ -445,6 +485,7 @@ class DualEncoder(nn.Module):
             tok = self.text.tokenize(texts[i:i + batch])
             with autocast(self.device):
                 g, tokens = self.encode_text_from(tok, tok.attention_mask, 0)
+            assert tokens is not None  # tokens=True projects every token
             g, tokens = g.float(), tokens.float()
             m = tok.attention_mask.bool()
             if tok.offsets is not None:
@@ -497,6 +538,7 @@ def open_clip_encoder(backbone, tokenizer, name: str) -> DualEncoder:
     ``encode_text`` (L2-normalised)."""
     clip = backbone.model
     image = ImageTower(backbone)
+    assert image.proj is not None, "an open_clip ViT tower hands its image projection to the head"
     text = OpenCLIPTextTower(clip, tokenizer)
     model = DualEncoder(image, text, dim=int(clip.text_projection.shape[1]), name=name,
                         image_head=linear_from(image.proj), text_head=linear_from(clip.text_projection))

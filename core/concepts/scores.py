@@ -217,7 +217,7 @@ def heatmap_overlay(photo, heat: np.ndarray, box, alpha: float = 0.6):
     size = crop.size
 
     def up(m: np.ndarray) -> np.ndarray:  # patch grid → crop pixels, in [0, 1]
-        img = Image.fromarray((m.clip(0, 1) * 255).astype(np.uint8)).resize(size, Image.BILINEAR)
+        img = Image.fromarray((m.clip(0, 1) * 255).astype(np.uint8)).resize(size, Image.Resampling.BILINEAR)
         return np.asarray(img, dtype=np.float32) / 255.0
 
     pos, neg = up(h), up(-h)

@@ -237,6 +237,9 @@ def decay_groups(params: list[torch.nn.Parameter], lr: float, weight_decay: floa
 
 @dataclass
 class TrainConfig:
+    """Settings of one dual-encoder training run: the objective (``make``, ``clip``, ``siglip``,
+    ``conceptclip``), optimisation, unlocked tower blocks, the unimodal terms and FLIP patch dropout."""
+
     objective: str = "make"
     epochs: int = 30
     batch: int = 32
@@ -253,6 +256,7 @@ class TrainConfig:
     seed: int = 0
 
     def validate(self) -> None:
+        """Raise ValueError naming the first setting that is out of range or combines badly."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.unimodal not in (None, "augment", "mask"):
@@ -301,6 +305,7 @@ class Trainer:
         return g[at], tok[at] if tok is not None else None, mask[inv]
 
     def loss(self, idx: Tensor) -> Tensor:
+        """The configured objective's loss on the wound pairs ``idx`` (one batch)."""
         m, cfg, t = self.model, self.cfg, self.texts
         img, patches, _ = m.encode_image_from(self.images.base[idx], self.img_level)
         scale = m.logit_scale.exp().clamp(max=100)
@@ -320,8 +325,10 @@ class Trainer:
             if cfg.unimodal:
                 # augment: two augmented views A1(B), A2(B); mask: the image vs its masked view
                 # (contrastive benchmark §2.2.2 "Augmented CL" / "Masked CL").
-                pick = torch.stack([torch.randperm(self.images.views.shape[1], generator=self.gen, device="cpu")[:2] for _ in idx])
-                v = self.images.views[idx[:, None], pick]  # B×2×…
+                views = self.images.views
+                assert views is not None, "the image bank keeps views when unimodal is set"
+                pick = torch.stack([torch.randperm(views.shape[1], generator=self.gen, device="cpu")[:2] for _ in idx])
+                v = views[idx[:, None], pick]  # B×2×…
                 first = v[:, 0] if cfg.unimodal == "augment" else self.images.base[idx]
                 z1, z2 = (m.image.encode(m.follow(x), self.img_level)[0] for x in (first, v[:, 1]))  # pooled features
                 return self.uni(img, g, scale, z1, z2)
@@ -329,7 +336,10 @@ class Trainer:
         scales, biases = (m.sig_scale.exp(), m.loc_scale.exp()), (m.sig_bias, m.loc_bias)
         if cfg.objective == "siglip":
             return self.siglip(img, g, scales[0], biases[0])
-        offsets = self.bank.tokens.offsets[torch.from_numpy(t.raw[idx.numpy()])]
+        all_offsets = self.bank.tokens.offsets
+        # conceptclip: the constructor checked that the tokenizer gives offsets; tokens=True above
+        assert all_offsets is not None and tok is not None
+        offsets = all_offsets[torch.from_numpy(t.raw[idx.numpy()])]
         spans = [span_token_mask(o, t.spans[i], MAX_CONCEPTS) for o, i in zip(offsets, idx.tolist())]
         smask = torch.stack(spans)[..., : tok.shape[1]].to(tok.device) & mask[:, None, :].bool().to(tok.device)
         conc = torch.einsum("nwt,ntd->nwd", smask.float(), tok) / smask.sum(-1, keepdim=True).clamp(min=1)

@@ -105,7 +105,7 @@ class ConceptTagger:
         self.concepts = list(concepts)
         # Longest terms first so "hyperkeratotic border" wins over "hyperkeratotic".
         pairs = sorted(((t, c.name) for c in concepts for t in c.terms), key=lambda p: -len(p[0]))
-        self._term_to_name = {}
+        self._term_to_name: dict[str, str] = {}
         for t, n in pairs:
             self._term_to_name.setdefault(t, n)
         self._terms = re.compile("|".join(f"({_term_pattern(t)})" for t, _ in pairs), re.IGNORECASE)

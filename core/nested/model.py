@@ -125,8 +125,8 @@ def wound_crops(ws: Any, data: NestedData, size: int) -> tuple[list[Image.Image]
             cache = {image_id: (ws.load_image(image_id), ws.load_mask(image_id))}
         image, labels = cache[image_id]
         box = crop_box(bbox, image.width, image.height)
-        crops.append(image.crop(box).resize((size, size), Image.BILINEAR))
-        own = Image.fromarray(((labels == index) * 255).astype(np.uint8)).crop(box).resize((size, size), Image.BILINEAR)
+        crops.append(image.crop(box).resize((size, size), Image.Resampling.BILINEAR))
+        own = Image.fromarray(((labels == index) * 255).astype(np.uint8)).crop(box).resize((size, size), Image.Resampling.BILINEAR)
         masks[i] = torch.from_numpy(np.asarray(own, dtype=np.float32) / 255.0)
     return crops, masks
 
@@ -134,7 +134,7 @@ def wound_crops(ws: Any, data: NestedData, size: int) -> tuple[list[Image.Image]
 def masked_pool(fmap: Tensor, masks: Tensor) -> Tensor:
     """Mean of a B×C×h×w feature map over the wound's cells (mask area-averaged to the
     grid as weights); the whole crop when the wound covers no cell."""
-    weights = F.adaptive_avg_pool2d(masks.unsqueeze(1).to(fmap.dtype), fmap.shape[-2:])
+    weights = F.adaptive_avg_pool2d(masks.unsqueeze(1).to(fmap.dtype), (fmap.shape[-2], fmap.shape[-1]))
     total = weights.sum(dim=(2, 3), keepdim=True)
     weights = torch.where(total > 1e-6, weights / total.clamp_min(1e-6), torch.full_like(weights, 1.0 / weights[0, 0].numel()))
     return (fmap * weights).sum(dim=(2, 3))
@@ -248,11 +248,13 @@ class SLIMP(nn.Module):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], trunk: nn.Module | None = None) -> SLIMP:
+        """Rebuild a model from its :attr:`config` (as saved in a checkpoint), on ``trunk`` if given."""
         schema = {k: None if config[k] is None else TabularSchema.from_dict(config[k]) for k in ("wound_schema", "patient_schema")}
         return cls(config["feat_dim"], schema["wound_schema"], schema["patient_schema"], dim=config["dim"],
                    lam=config["lam"], temperature=config["temperature"], trunk=trunk)
 
     def train(self, mode: bool = True) -> SLIMP:
+        """Set training mode; the image trunk stays in eval mode (frozen BatchNorm statistics)."""
         super().train(mode)
         if self.trunk is not None:
             self.trunk.eval()
@@ -262,10 +264,11 @@ class SLIMP(nn.Module):
         """Pooled image features: computed by the trunk from crops, or passed through."""
         if self.trunk is None:
             return images
+        assert masks is not None, "a trunk pools its feature map over the wound masks"
         return masked_pool(self.trunk(images), masks)
 
     def encode_images(self, images: Tensor, masks: Tensor | None = None) -> Tensor:
-        """w (n_w × dim)."""
+        """The image embeddings w (n_w × dim)."""
         return self.image_proj(self.image_features(images, masks))
 
     def phenotypes(self, w: Tensor, h: Tensor | None, patient_index: Tensor, n_patients: int) -> Tensor:
@@ -273,6 +276,7 @@ class SLIMP(nn.Module):
         wh = w if h is None else torch.cat([w, h], dim=1)
         sums = wh.new_zeros(n_patients, wh.shape[1]).index_add(0, patient_index, wh)
         counts = torch.bincount(patient_index, minlength=n_patients).clamp_min(1).to(wh.dtype)
+        assert self.phenotype is not None, "phenotypes need patient metadata"
         return self.phenotype(sums / counts[:, None])
 
     def forward(self, inputs: NestedInputs) -> dict[str, Tensor | None]:
@@ -314,8 +318,10 @@ def embed_all(model: SLIMP, images: Tensor, masks: Tensor | None, wound_tab: Tab
             w.append(model.encode_images(images[s:s + batch_size].to(device), m).float().cpu())
         out: dict[str, Tensor | None] = {"w": F.normalize(torch.cat(w), dim=1), "h": None, "x": None}
         if model.wound_encoder is not None:
+            assert wound_tab is not None, "a model with wound metadata embeds wound_tab"
             out["h"] = F.normalize(model.wound_encoder(wound_tab.to(device)).float().cpu(), dim=1)
         if model.patient_encoder is not None:
+            assert patient_tab is not None, "a model with patient metadata embeds patient_tab"
             out["x"] = F.normalize(model.patient_encoder(patient_tab.to(device)).float().cpu(), dim=1)
     model.train(was)
     return out

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -78,6 +78,7 @@ class TabularBatch:
         return self.numeric.shape[0]
 
     def to(self, device: torch.device | str) -> TabularBatch:
+        """The same batch with every tensor on ``device``."""
         return TabularBatch(*(t.to(device) for t in (self.numeric, self.numeric_missing, self.categorical, self.categorical_missing)))
 
     def index(self, idx: Tensor | Sequence[int]) -> TabularBatch:
@@ -133,6 +134,7 @@ class TabularSchema:
 
     @property
     def names(self) -> list[str]:
+        """The field names in schema order."""
         return [f.name for f in self.fields]
 
     def encode(self, records: Sequence[Mapping[str, Any]]) -> TabularBatch:
@@ -158,19 +160,23 @@ class TabularSchema:
         return TabularBatch(num, num_missing, cat, cat_missing)
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields (:meth:`from_dict` reads it back)."""
         return {"fields": [asdict(f) for f in self.fields]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TabularSchema:
+        """The schema written by :meth:`to_dict`."""
         return cls([FieldSpec(**f) for f in data["fields"]])
 
     def save(self, path: str | Path) -> Path:
+        """Write the schema as JSON to ``path``; returns the path."""
         path = Path(path)
         write_json(path, self.to_dict())
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> TabularSchema:
+        """Read a schema written by :meth:`save`."""
         return cls.from_dict(read_json(path))
 
 
@@ -181,6 +187,9 @@ class TabularEncoder(nn.Module):
     numeric weights/biases, the categorical tables and the per-field missing embeddings —
     the only tabular parameters SLIMP's continual pre-training adapts (appendix D).
     """
+
+    #: each categorical field's first row in :attr:`cat_table` (a buffer)
+    cat_offsets: Tensor
 
     def __init__(self, schema: TabularSchema, out_dim: int = 128, d_model: int = 64, n_layers: int = 2, n_heads: int = 4) -> None:
         super().__init__()
@@ -203,7 +212,9 @@ class TabularEncoder(nn.Module):
 
     def input_embedding_parameters(self) -> list[nn.Parameter]:
         """Per-field numeric embeddings, categorical tables, missing and field-identity embeddings."""
-        return [self.num_weight, self.num_bias, self.cat_table.weight, self.missing, self.field_embedding]
+        # nn.Embedding.weight is a Parameter; torch's stubs type it as a plain Tensor
+        return [self.num_weight, self.num_bias, cast(nn.Parameter, self.cat_table.weight), self.missing,
+                self.field_embedding]
 
     def tokens(self, batch: TabularBatch) -> Tensor:
         """Input field tokens, n × F × d_model (numeric fields first, then categorical)."""

@@ -66,9 +66,12 @@ def batch_loss(core: SLIMP, out: dict[str, Tensor | None], inputs: NestedInputs,
     """
     scale = core.criterion.logit_scale
     w, h, z, x = out["w"], out["h"], out["z"], out["x"]
+    assert w is not None, "every wound has an image embedding"
     if x is None:
+        assert h is not None, "without patient metadata SLIMP has wound metadata"
         flat = symmetric_infonce(gather_rows(w, group, world), gather_rows(h, group, world), scale)
         return flat, {"loss": flat.item()}
+    assert z is not None, "phenotypes z come with patient metadata x"
     outer = outer_loss(gather_rows(z, group, world), gather_rows(x, group, world), scale)
     if h is None:
         return outer, {"loss": outer.item(), "outer": outer.item()}
@@ -83,6 +86,7 @@ def batch_loss(core: SLIMP, out: dict[str, Tensor | None], inputs: NestedInputs,
 
 
 def checkpoint_path(ws: Any, ref: str) -> Path:
+    """The checkpoint ``ref`` names: a file path, or a run id (digits) of the workspace when no such file exists."""
     path = Path(ref)
     if ref.isdigit() and not path.exists():
         path = ws.runs_dir / ref / "checkpoint.pt"
@@ -103,6 +107,8 @@ def load_init(model: SLIMP, path: Path) -> list[str]:
 
 
 def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """AdamW parameter groups: matrices with weight decay, vectors and scalars (biases, norms,
+    temperature) without; empty groups left out."""
     decay = [p for p in params if p.ndim >= 2]
     rest = [p for p in params if p.ndim < 2]
     return [g for g in ({"params": decay}, {"params": rest, "weight_decay": 0.0}) if g["params"]]
@@ -116,7 +122,9 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     from core.runtime import save_embeddings
 
     emb = embed_all(model, images, masks, wound_tab, patient_tab, device)
-    w = emb["w"].numpy()
+    w_emb = emb["w"]
+    assert w_emb is not None, "every wound has an image embedding"
+    w = w_emb.numpy()
     h = None if emb["h"] is None else emb["h"].numpy()
     x = None if emb["x"] is None else emb["x"].numpy()[data.wound_patient]
     wh = w if h is None else np.concatenate([w, h], axis=1)
@@ -153,7 +161,8 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
     return metrics
 
 
-def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer, batches: list[list[int]],
+def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer,
+                batches: list[list[tuple[int, np.ndarray]]],
                 tensors: tuple[Any, Any, Any, Any], device: torch.device, group: Any, rank: int,
                 world: int) -> dict[str, float]:
     """One epoch over ``batches`` of patients, each split over the ``world`` processes (this one
@@ -201,8 +210,9 @@ def read_resume(ws: Any, run_id: int) -> dict[str, Any]:
 def resumed_schemas(state: dict[str, Any]) -> tuple[TabularSchema | None, TabularSchema | None]:
     """The (wound, patient) metadata schemas a checkpoint was trained with."""
     config = state["model_config"]
-    return tuple(None if config[k] is None else TabularSchema.from_dict(config[k])  # type: ignore[return-value]
-                 for k in ("wound_schema", "patient_schema"))
+    wound, patient = (None if config[k] is None else TabularSchema.from_dict(config[k])
+                      for k in ("wound_schema", "patient_schema"))
+    return wound, patient
 
 
 def image_inputs(ws: Any, data: NestedData, bb: Any, size: int, continual: bool, rank: int
@@ -277,6 +287,7 @@ class EpochLoop:
 
     @property
     def checkpoint(self) -> Path:
+        """The run's resumable checkpoint file."""
         return self.ws.run_dir(self.run_id) / "checkpoint.pt"
 
     def run(self, patient_wounds: list[np.ndarray], start_epoch: int, epochs: int) -> None:
@@ -299,6 +310,7 @@ class EpochLoop:
                 self._record(epoch + 1, epochs)
 
     def _record(self, done: int, epochs: int) -> None:
+        assert self.run_id is not None, "rank 0 opens the run record before training"
         save_checkpoint(self.checkpoint, self.train_args, self.model, self.optimizer, done, self.losses,
                         self.history, self.run_id)
         self.ws.store.update_run(self.run_id, progress=done / epochs,
@@ -309,6 +321,7 @@ class EpochLoop:
 
     def finish(self, data: NestedData, args: argparse.Namespace) -> dict[str, Any]:
         """Evaluate the trained model (:func:`evaluate_model`) and close the run record; its metrics."""
+        assert self.run_id is not None, "rank 0 opens the run record before training"
         metrics = evaluate_model(self.ws, self.model, data, *self.tensors, self.device, args, self.run_id)
         run_dir = self.ws.run_dir(self.run_id)
         artifacts = {"checkpoint": str(self.checkpoint)}

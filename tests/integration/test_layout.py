@@ -119,7 +119,7 @@ def test_every_documented_job_answers_help(job):
     out = subprocess.run([sys.executable, "-m", f"core.{job}", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert f"python -m core.{job}" in out.stdout and "--workspace" in out.stdout or job == "phantoms"
+    assert (f"python -m core.{job}" in out.stdout and "--workspace" in out.stdout) or job == "phantoms"
     assert "usage:" in out.stdout
 
 
