@@ -314,9 +314,12 @@ def colour_value(image: dict, patients: dict[str, dict], colour_by: str, cluster
     if colour_by == "patient":
         return str(image.get("patient_id") or "unknown")
     if colour_by == "cluster":
+        if cluster is None:
+            raise ValueError("colour_by='cluster' needs the photo's cluster")
         return f"cluster {cluster + 1}"
     if colour_by.startswith("patient "):
-        return str(patients.get(image.get("patient_id"), {}).get(colour_by[8:], "unknown"))
+        pid = image.get("patient_id")
+        return str((patients.get(pid, {}) if pid is not None else {}).get(colour_by[8:], "unknown"))
     return str((image.get("metadata") or {}).get(colour_by, "unknown"))
 
 
@@ -340,7 +343,7 @@ def attention_overlays(emb: dict, image_id: str, photo: Image.Image, opacity: fl
         heat[pos[:, 0], pos[:, 1]] = emb["token_weight"][sel]
         if heat.max() > 0:
             heat /= heat.max()
-        big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.BILINEAR),
+        big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.Resampling.BILINEAR),
                          dtype=np.float32) / 255.0
         colour = lut[(big * 255).astype(np.uint8)].astype(np.float32)
         cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the wound's tokens
