@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_device(parser)
     parser.add_argument("--paper-recipe", action="store_true",
                         help="start from the TriDerm paper's settings instead of the real-data default. Without "
-                             "--supervise the real-data default (self-supervised) adds nothing measurable on new "
-                             "patients: strict 63.1%% vs 63.0%% for the frozen centred backbone on azh-dev (p = 0.97)")
+                             "--supervise the real-data default (self-supervised) added nothing measurable over the "
+                             "frozen centred backbone on new patients (azh-dev, strict: docs/RESULTS.md, Real wounds)")
     hints = get_type_hints(TriDermConfig)
     for f in fields(TriDermConfig):
         add_option(parser, f, hints[f.name])

@@ -45,8 +45,10 @@ with vision:
     supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
                             help=f"{n_expert} expert judgments in this workspace (--supervise triplets): an ensemble "
                                  f"of {DEFAULT.supervise_heads} metric heads trained on them over the augmented "
-                                 "views, instead of self-supervision. Measured on azh-dev, new patients (strict): "
-                                 "67.0 % vs 63.0 % frozen centred; self-supervised alone 63.1 % (no gain)")
+                                 "views, instead of self-supervision. On azh-dev's new patients (strict) it scored above "
+                                 "the frozen centred backbone, though not significantly once corrected for the "
+                                 "section's multiple tests; self-supervision alone did not (figures: the Report's "
+                                 "real-data section, docs/RESULTS.md)")
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
                             value=SUPERVISED_CV, disabled=not supervise,
                             help=f"patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random splits; the "
