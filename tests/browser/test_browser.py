@@ -5,16 +5,12 @@ import re
 
 import pytest
 from playwright.sync_api import expect
+from streamlit_page import idle
 
 from annotations.workspace import Workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect.set_options(timeout=60_000)
-
-
-def idle(pg) -> None:
-    """Wait until the app's script run has finished (Streamlit marks the root element)."""
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
 def go(pg, page_name: str) -> None:

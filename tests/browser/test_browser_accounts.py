@@ -10,6 +10,7 @@ import pytest
 from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
+from streamlit_page import idle
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -23,10 +24,6 @@ VISIBLE = {"annotator": {"Wound masks", "Triplet judgments"},
            "viewer": {"Explore", "Report"},
            "researcher": {"LLM oracle", "Train", "Explore", "Report"},
            "admin": set(ALL_PAGES)}
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
 def wait_for_cookie(pg, present: bool = True, timeout_ms: int = 120_000) -> None:

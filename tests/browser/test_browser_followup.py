@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
+from streamlit_page import idle
 from tests.integration.test_followup_page import split_visits
 
 from annotations.dataset import import_dataset
@@ -19,11 +20,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ADMIN = "Dr Admin"
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshots" / "followup.png"
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
-    pg.wait_for_timeout(300)
 
 
 @pytest.fixture
@@ -45,11 +41,11 @@ def test_add_a_visit_accept_links_see_the_curve_export(page, server, sign_in, sc
     page.get_by_text("Add a visit's photos").click()
     page.get_by_label("Folder on the server").fill(str(after))
     page.get_by_label("Folder on the server").press("Enter")
-    idle(page)
+    idle(page, settle_ms=300)
     page.get_by_role("button", name="Import the visit").click()
     expect(page.get_by_text("Imported")).to_be_visible()
     expect(page.get_by_text("Links to confirm · 0")).not_to_be_visible()
-    idle(page)
+    idle(page, settle_ms=300)
     heading = page.get_by_text("Links to confirm ·")
     pending = int(heading.inner_text().split("·")[1])
     assert pending > 0
@@ -57,7 +53,7 @@ def test_add_a_visit_accept_links_see_the_curve_export(page, server, sign_in, sc
         expect(page.get_by_role("button", name="Accept")).to_be_visible()
         page.locator("body").press("a")  # the keyboard, as on the Triplets page
         expect(page.get_by_text(f"Links to confirm · {left}")).to_be_visible()
-        idle(page)
+        idle(page, settle_ms=300)
     linked = [w for w in ws.store.wounds() if w["image_id"].endswith("_v03")]
     assert all(w["metadata"].get("track_id") for w in linked)
     expect(page.locator(".js-plotly-plot").first).to_be_visible()

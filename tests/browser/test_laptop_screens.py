@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from playwright.sync_api import expect
+from streamlit_page import idle
 
 from annotations.workspace import Workspace
 import itertools
@@ -12,10 +13,6 @@ import itertools
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 LAPTOP = {"width": 1366, "height": 768}
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
 def toolbar_rows(pg) -> int:

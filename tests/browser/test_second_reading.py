@@ -7,6 +7,7 @@ import re
 import pytest
 from PIL import Image
 from playwright.sync_api import expect
+from streamlit_page import idle
 from wound_photos import draw, tool, wound_photo
 
 from annotations import readings
@@ -22,11 +23,6 @@ ADMIN, READER_A, READER_B = "Dr Admin", "Dr Ames", "Dr Bell"
 SQUARE_A = [(60, 60), (140, 60), (140, 130), (60, 130)]
 SQUARE_B = [(80, 60), (160, 60), (160, 130), (80, 130)]
 TRIPLETS = [("leg-01", "leg-02", "leg-03"), ("leg-02", "leg-01", "leg-03"), ("leg-03", "leg-01", "leg-02")]
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
-    pg.wait_for_timeout(300)  # a rerun that starts late: the remaining fixed wait (see the closing note)
 
 
 @pytest.fixture
@@ -67,32 +63,32 @@ def read_blind(chromium, url: str, sign_in, ws: Workspace, name: str, square: li
     pg = context.new_page()
     pg.set_default_timeout(120_000)
     sign_in(pg, url, name)
-    idle(pg)
+    idle(pg, settle_ms=300)
     pg.get_by_role("link", name="Wound masks").click()
     expect(pg.get_by_role("heading", name="Your reading of leg-01")).to_be_visible()
     expect(pg.get_by_text("Second reading", exact=False).first).to_be_visible()
     expect(pg.locator(".oe svg image")).to_be_attached()
-    idle(pg)
+    idle(pg, settle_ms=300)
     # blind: neither the stored outline (two wounds) nor the other reader's outline is drawn
     expect(pg.locator(".oe path.shape")).to_have_count(0)
     draw_and_save(pg, square)
     expect(pg.get_by_text("Saved wound 1 of your reading of leg-01.")).to_be_visible()
-    idle(pg)
+    idle(pg, settle_ms=300)
     expect(pg.locator(".oe path.shape")).to_have_count(1)
     if extra:
         before = readings.readings(ws)
         draw_and_save(pg, [(120, 100), (180, 100), (180, 150), (120, 150)])
         expect(pg.get_by_text(re.compile(r"overlaps wound\(s\) 1 of your reading.*Nothing was saved"))).to_be_visible()
-        idle(pg)
+        idle(pg, settle_ms=300)
         assert readings.readings(ws) == before
         pg.keyboard.press("Escape")
         draw_and_save(pg, [(200, 160), (240, 160), (240, 200), (200, 200)])
         expect(pg.get_by_text("Saved wound 2 of your reading of leg-01.")).to_be_visible()
-        idle(pg)
+        idle(pg, settle_ms=300)
         expect(pg.locator(".oe path.shape")).to_have_count(2)
         pg.get_by_role("button", name="Delete wound 2").click()
         expect(pg.get_by_text("Deleted wound 2 of your reading of leg-01.")).to_be_visible()
-        idle(pg)
+        idle(pg, settle_ms=300)
         expect(pg.locator(".oe path.shape")).to_have_count(1)
     assert pg.get_by_text(re.compile("Dice|agreement", re.IGNORECASE)).count() == 0  # no score on their page
     if shot is not None:
@@ -110,23 +106,23 @@ def test_two_blind_readings_and_their_dice_on_the_review_page(server, chromium, 
     pg = admin.new_page()
     pg.set_default_timeout(120_000)
     sign_in(pg, app.url, ADMIN)
-    idle(pg)
+    idle(pg, settle_ms=300)
     pg.get_by_role("link", name="Review").click()
     expect(pg.get_by_role("heading", name="Review")).to_be_visible()
-    idle(pg)
+    idle(pg, settle_ms=300)
     pg.get_by_role("tab", name="Second reading", exact=True).click()
     pg.get_by_test_id("stMultiSelect").filter(has_text="Photos for second reading").click()
     pg.get_by_role("option", name="leg-01", exact=True).click()
     pg.keyboard.press("Escape")
     pg.get_by_role("button", name="Save marks").click()
-    idle(pg)
+    idle(pg, settle_ms=300)
     assert readings.marked(ws) == ["leg-01"]
 
     # the admin sees the stored outline of the marked photo, and reads it blind only when asking to
     pg.get_by_role("link", name="Wound masks").click()
     expect(pg.get_by_role("heading", name="Wounds of leg-01")).to_be_visible()
     expect(pg.locator('.oe path.shape[data-key="w1"]')).to_have_count(1)
-    idle(pg)
+    idle(pg, settle_ms=300)
     pg.get_by_text("My second reading of this photo").click()
     expect(pg.get_by_role("heading", name="Your reading of leg-01")).to_be_visible()
     expect(pg.locator(".oe path.shape")).to_have_count(0)
@@ -141,7 +137,7 @@ def test_two_blind_readings_and_their_dice_on_the_review_page(server, chromium, 
     pg.get_by_test_id("stExpandSidebarButton").click()  # the editor keeps the sidebar collapsed (screen width)
     pg.get_by_role("link", name="Review").click()
     expect(pg.get_by_role("heading", name="Review")).to_be_visible()
-    idle(pg)
+    idle(pg, settle_ms=300)
     pg.get_by_role("tab", name="Agreement", exact=True).click()
     expect(pg.get_by_text(re.compile(r"Cohen's κ between annotators.* mean κ = "))).to_be_visible()  # the triplet κ …
     expect(pg.get_by_text("mean Dice = 0.750")).to_be_visible()  # … beside the outline Dice

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 from playwright.sync_api import expect
+from streamlit_page import idle, image_shown
 
 from annotations.workspace import Workspace
 from app_common import outline_overlay
@@ -15,10 +16,6 @@ from app_common import outline_overlay
 expect.set_options(timeout=60_000)
 FRAME = (960, 720)  # the Triplets page's letterbox of each photo (pages/2_Triplets.py)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def idle(pg) -> None:
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
 def framed(photo: Image.Image, size: tuple[int, int]) -> np.ndarray:
@@ -67,6 +64,7 @@ def test_triplet_photos_large_outlined_and_zoomable(app_server, chromium, add_ac
     dialog = pg.get_by_role("dialog")
     expect(dialog).to_be_visible()
     expect(dialog.get_by_text(f"Query · {ids[1]}")).to_be_visible()
+    image_shown(pg, '[role="dialog"] img')  # its box is 0 px high until the photo's bytes arrive
     box = dialog.locator("img").first.bounding_box()
     assert box["width"] > 500 and box["y"] >= 0 and box["y"] + box["height"] <= 768, box  # fits a laptop screen
     screenshot(pg, "triplets_zoom")
