@@ -286,63 +286,68 @@ def suggest() -> None:
     bump(pick)
 
 
-# -- the editor ----------------------------------------------------------------------------------------
-suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
-                   help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
-if clicks:
-    restart_col.button("New click outline", width="stretch",
-                       on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
-                       help="Forget the clicks so far; your next click starts a new wound")
-engine = engine_col.radio(
-    "Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True, key="mask_click_engine",
-    help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
-draw_col, list_col = st.columns([3, 1], gap="small")
-with draw_col:
-    if engine == "Segment Anything":
-        st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
-    # messages right under the tools that caused them, above the photo (in view at 1366×768)
-    if state.get("mask_error"):
-        st.error(state.pop("mask_error"))
-    if state.get("mask_flash"):
-        st.success(state.pop("mask_flash"))
+def editor():
+    """The tools row, the outline editor on the photo, and the overlap decision of a pending save.
 
-    shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
-              for i, polys in session.label_polygons(labels).items()]
-    shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
-                "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
-    overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
-    version = f"{state.get(f'mask_ver_{pick}', 0)}:{sum(w['area'] for w in wounds)}:{len(wounds)}"
-    action = outline_editor(
-        image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
-        shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
-    if action and action.get("nonce") != state.get("mask_nonce"):
-        state["mask_nonce"] = action["nonce"]
-        handle(action)
-        st.rerun()
+    Returns the column beside the editor, for the wound list.
+    """
+    suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
+                       help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
+    if clicks:
+        restart_col.button("New click outline", width="stretch",
+                           on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
+                           help="Forget the clicks so far; your next click starts a new wound")
+    engine = engine_col.radio(
+        "Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True, key="mask_click_engine",
+        help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
+    draw_col, list_col = st.columns([3, 1], gap="small")
+    with draw_col:
+        if engine == "Segment Anything":
+            st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
+        # messages right under the tools that caused them, above the photo (in view at 1366×768)
+        if state.get("mask_error"):
+            st.error(state.pop("mask_error"))
+        if state.get("mask_flash"):
+            st.success(state.pop("mask_flash"))
 
-    if pending is not None:
-        with st.container(border=True):
-            target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"
-            shared = ", ".join(f"wound {j} ({n:,} px)" for j, n in sorted(pending.overlaps.items()))
-            st.warning(f"{target} overlaps {shared}: the shared pixels are hatched in red. "
-                       "Nothing is clipped on its own — decide which wound keeps them.", icon=":material/layers:")
-            keeps = {}
-            for j in sorted(pending.overlaps):
-                mine = f"{target} keeps them"
-                choice = st.radio(f"Overlap with wound {j}", [mine, f"Wound {j} keeps them"], key=f"mask_keep_{j}",
-                                  horizontal=True, index=None)
-                if choice is not None:
-                    keeps[j] = choice == mine
-            c1, c2 = st.columns(2)
-            if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
-                write(pending, keeps, state.pop("mask_pending_after", None))
-                st.rerun()
-            if c2.button("Cancel (keep editing)"):
-                state["mask_pending"] = None
-                st.rerun()
-    st.caption(f"{image['width']}×{image['height']} px · patient {image.get('patient_id') or '—'} · "
-               f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
-               "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
+        shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
+                  for i, polys in session.label_polygons(labels).items()]
+        shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
+                    "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
+        overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
+        version = f"{state.get(f'mask_ver_{pick}', 0)}:{sum(w['area'] for w in wounds)}:{len(wounds)}"
+        action = outline_editor(
+            image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
+            shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
+        if action and action.get("nonce") != state.get("mask_nonce"):
+            state["mask_nonce"] = action["nonce"]
+            handle(action)
+            st.rerun()
+
+        if pending is not None:
+            with st.container(border=True):
+                target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"
+                shared = ", ".join(f"wound {j} ({n:,} px)" for j, n in sorted(pending.overlaps.items()))
+                st.warning(f"{target} overlaps {shared}: the shared pixels are hatched in red. "
+                           "Nothing is clipped on its own — decide which wound keeps them.", icon=":material/layers:")
+                keeps = {}
+                for j in sorted(pending.overlaps):
+                    mine = f"{target} keeps them"
+                    choice = st.radio(f"Overlap with wound {j}", [mine, f"Wound {j} keeps them"], key=f"mask_keep_{j}",
+                                      horizontal=True, index=None)
+                    if choice is not None:
+                        keeps[j] = choice == mine
+                c1, c2 = st.columns(2)
+                if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
+                    write(pending, keeps, state.pop("mask_pending_after", None))
+                    st.rerun()
+                if c2.button("Cancel (keep editing)"):
+                    state["mask_pending"] = None
+                    st.rerun()
+        st.caption(f"{image['width']}×{image['height']} px · patient {image.get('patient_id') or '—'} · "
+                   f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
+                   "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
+    return list_col
 
 
 # -- wounds: description and every metadata field ------------------------------------------------------
@@ -369,30 +374,35 @@ def remove(image_id: str, index: int) -> None:
     state["mask_flash"] = f"Deleted wound {index} of {image_id}."
 
 
-with list_col:
-    st.subheader(f"Wounds of {pick}")
-    if not wounds:
-        st.info("No wound outlined on this photo yet. Draw one, click inside one, or ask for suggestions.")
-    for w in wounds:
-        i, base = w["wound_index"], f"{pick}_{w['wound_index']}"
-        meta = w["metadata"] or {}
-        names = field_names(meta)
-        with st.container(border=True):
-            st.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
-            st.text_area("Description", value=w["description"], key=f"desc_{base}", on_change=save_text,
-                         args=(pick, i, names), placeholder="granulation, fibrin, border, erythema, crusts…",
-                         height=90)
-            cols = st.columns(2)
-            for n, name in enumerate(names):
-                value = meta.get(name)
-                cols[n % 2].text_input(FIELDS.get(name, name.replace("_", " ").capitalize()),
-                                       value="" if value is None else str(value), key=f"meta_{name}_{base}",
-                                       on_change=save_text, args=(pick, i, names))
-            st.button(f"Delete wound {i}", icon=":material/delete:", key=f"del_{base}", on_click=remove,
-                      args=(pick, i), help="Remove this wound's outline and description")
-    done = sum(1 for w in wounds if w["description"].strip())
-    if wounds:
-        st.caption(f"{done} of {len(wounds)} wounds described. Text is saved when you leave a field.")
-    if suggestions:
-        st.caption(f"{len(suggestions)} suggestion(s) waiting (dashed, cyan): select one in the editor, "
-                   "edit it if needed, then Accept or Reject.")
+def wound_list(list_col) -> None:
+    """Each wound of the photo: its description and metadata fields (saved on leaving a field), delete."""
+    with list_col:
+        st.subheader(f"Wounds of {pick}")
+        if not wounds:
+            st.info("No wound outlined on this photo yet. Draw one, click inside one, or ask for suggestions.")
+        for w in wounds:
+            i, base = w["wound_index"], f"{pick}_{w['wound_index']}"
+            meta = w["metadata"] or {}
+            names = field_names(meta)
+            with st.container(border=True):
+                st.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
+                st.text_area("Description", value=w["description"], key=f"desc_{base}", on_change=save_text,
+                             args=(pick, i, names), placeholder="granulation, fibrin, border, erythema, crusts…",
+                             height=90)
+                cols = st.columns(2)
+                for n, name in enumerate(names):
+                    value = meta.get(name)
+                    cols[n % 2].text_input(FIELDS.get(name, name.replace("_", " ").capitalize()),
+                                           value="" if value is None else str(value), key=f"meta_{name}_{base}",
+                                           on_change=save_text, args=(pick, i, names))
+                st.button(f"Delete wound {i}", icon=":material/delete:", key=f"del_{base}", on_click=remove,
+                          args=(pick, i), help="Remove this wound's outline and description")
+        done = sum(1 for w in wounds if w["description"].strip())
+        if wounds:
+            st.caption(f"{done} of {len(wounds)} wounds described. Text is saved when you leave a field.")
+        if suggestions:
+            st.caption(f"{len(suggestions)} suggestion(s) waiting (dashed, cyan): select one in the editor, "
+                       "edit it if needed, then Accept or Reject.")
+
+
+wound_list(editor())

@@ -63,31 +63,35 @@ name = ac.annotator()
 actor = ac.actor()
 state = st.session_state
 
-with st.columns([3, 2])[1].expander("Settings", expanded=False):
-    per_target = st.number_input("My target (triplets)", min_value=1, max_value=100_000,
-                                 value=target(ws, "target_per_annotator"), key="my_target")
-    repeat_share = st.slider("Planned repeats", 0.0, 0.5, 0.1, 0.05,
-                             help="share of questions that re-ask one of your earlier triplets")
-    repeat_gap = st.number_input("A repeat comes back after at least … other questions", min_value=0,
-                                 max_value=10_000, value=20, step=5,
-                                 help="enough questions in between that the first answer cannot be remembered")
-    shared_share = st.slider("Shared with other annotators", 0.0, 0.9, 0.2, 0.05)
-    active = newest_active(ws)
-    mode = st.radio("Reference choice", ["random", "active"], horizontal=True,
-                    disabled=active is None,
-                    help="active: the pair with the smallest distance margin under the newest embedding run"
-                    if active else "active needs a finished embedding run (Train page)")
-    st.toggle("Show wound descriptions", value=False, key="show_descriptions")
-    if active is not None and mode == "active":
-        st.caption(f"Active mode uses run {active[2]['id']} ({active[2]['kind']}).")
+def scheduler() -> TripletScheduler:
+    """The settings panel; the session's scheduler, rebuilt only when a setting changes."""
+    with st.columns([3, 2])[1].expander("Settings", expanded=False):
+        st.number_input("My target (triplets)", min_value=1, max_value=100_000,
+                        value=target(ws, "target_per_annotator"), key="my_target")
+        repeat_share = st.slider("Planned repeats", 0.0, 0.5, 0.1, 0.05,
+                                 help="share of questions that re-ask one of your earlier triplets")
+        repeat_gap = st.number_input("A repeat comes back after at least … other questions", min_value=0,
+                                     max_value=10_000, value=20, step=5,
+                                     help="enough questions in between that the first answer cannot be remembered")
+        shared_share = st.slider("Shared with other annotators", 0.0, 0.9, 0.2, 0.05)
+        active = newest_active(ws)
+        mode = st.radio("Reference choice", ["random", "active"], horizontal=True,
+                        disabled=active is None,
+                        help="active: the pair with the smallest distance margin under the newest embedding run"
+                        if active else "active needs a finished embedding run (Train page)")
+        st.toggle("Show wound descriptions", value=False, key="show_descriptions")
+        if active is not None and mode == "active":
+            st.caption(f"Active mode uses run {active[2]['id']} ({active[2]['kind']}).")
+    settings = (name, repeat_share, int(repeat_gap), shared_share, mode, active[2]["id"] if active else None)
+    if state.get("_sched_settings") != settings:
+        state["_sched"] = TripletScheduler(
+            ws, name, repeat_share=repeat_share, repeat_gap=int(repeat_gap), shared_share=shared_share, mode=mode,
+            distances=(active[0], active[1]) if (mode == "active" and active) else None)
+        state["_sched_settings"] = settings
+    return state["_sched"]
 
-settings = (name, repeat_share, int(repeat_gap), shared_share, mode, active[2]["id"] if active else None)
-if state.get("_sched_settings") != settings:
-    state["_sched"] = TripletScheduler(
-        ws, name, repeat_share=repeat_share, repeat_gap=int(repeat_gap), shared_share=shared_share, mode=mode,
-        distances=(active[0], active[1]) if (mode == "active" and active) else None)
-    state["_sched_settings"] = settings
-sched: TripletScheduler = state["_sched"]
+
+sched = scheduler()
 state.setdefault("pending", [])  # questions put aside by an undo
 state.setdefault("whole_photo", False)
 state.setdefault("outlines", True)
@@ -179,7 +183,7 @@ def prefetch() -> None:
 def answer_loop() -> None:
     """Progress, the three photos, answer / zoom / view / undo buttons: reruns alone on every answer."""
     q = current()
-    done = sched.progress()
+    done, per_target = sched.progress(), int(state["my_target"])
     st.progress(min(1.0, done["answered"] / per_target),
                 text=f"{ac.escape_md(name)}: {done['answered']} of {per_target} triplets "
                      f"({done['repeats']} planned repeats, {done['skips']} skipped)")

@@ -12,55 +12,56 @@ from core.text.llm import DEFAULT_MODELS, ollama_hosts
 JOB = "llm-triplets"
 
 ws = ac.page("LLM oracle", need="jobs")
-st.caption("The LLM acts as a *synthetic expert*: it reads the three photos' wound descriptions and says whether "
-           "the query is more like the first or the second reference (TriDerm §2.2). Answers are cached in the "
-           "store, so a stopped run resumes with only the missing questions.")
 
-counts = ws.store.counts()
-if counts["described_wounds"] == 0:
-    st.info("No wound has a description yet. Write descriptions on the Wound masks page (or import them) first.")
 
-if started := st.session_state.pop("llm_started", None):
-    st.success(f"Started `python -m core.llm_triplets {started}`")
-allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
-record = jobs.job(ws, JOB)
-running = bool(record and record["alive"])
+def choose_oracle(running: bool) -> str:
+    """The oracle, chosen outside the form so that the model shown is always the chosen oracle's."""
+    return st.columns(3)[0].selectbox("Oracle", ["local", "ollama", "phantom"], disabled=running,
+                                      help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
+                                           "ollama: a model served by Ollama; phantom: reads the SYNTHETIC "
+                                           "descriptions like a calibrated expert would (benchmarks only)")
 
-# The oracle is chosen outside the form so that the model shown is always the chosen oracle's; the
-# form starts the run with exactly the values submitted with it (nothing typed is left behind).
-oracle = st.columns(3)[0].selectbox("Oracle", ["local", "ollama", "phantom"], disabled=running,
-                      help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
-                           "ollama: a model served by Ollama; phantom: reads the SYNTHETIC descriptions "
-                           "like a calibrated expert would (benchmarks only)")
-with st.form("llm_form"):
-    c2, c3 = st.columns(2)
-    if oracle == "ollama":
-        model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"])
-        host = c3.selectbox("Ollama host", allowed, disabled=not allowed,
-                            help="Only the hosts an administrator allowed (workspace setting ollama_hosts)")
-    else:
-        c2.text_input("Model", value=DEFAULT_MODELS[oracle], disabled=True,
-                      help="The model this oracle always uses")
-    c4, c5, c6, c7, c8 = st.columns(5)
-    budget = c4.text_input("Budget", value="200", help="A count of triplets, or a fraction of all combinations (0.1)")
-    sampling = c5.selectbox("Sampling", ["uniform", "anchor-balanced", "active"])
-    workers = c6.number_input("Workers", min_value=1, max_value=32, value=1)
-    seed = c7.number_input("Seed", min_value=0, value=0)
-    max_failures = c8.number_input("Max failures", min_value=1, value=5,
-                                   help="Stop asking after this many questions failed after retries")
-    debias = st.checkbox("Order debiasing (ask both orders, keep agreeing answers)")
-    start = st.form_submit_button("Start LLM run", type="primary", disabled=running,
-                                  help="Stop the running LLM job first" if running else None)
 
-if start:
-    from core.text.sampling import parse_budget
+def run_form(oracle: str, allowed: list[str], running: bool) -> tuple[list[str], str] | None:
+    """The run's settings; on submit, the job's arguments and the budget as typed (else ``None``).
 
+    The form starts the run with exactly the values submitted with it (nothing typed is left behind).
+    """
+    with st.form("llm_form"):
+        c2, c3 = st.columns(2)
+        if oracle == "ollama":
+            model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"])
+            host = c3.selectbox("Ollama host", allowed, disabled=not allowed,
+                                help="Only the hosts an administrator allowed (workspace setting ollama_hosts)")
+        else:
+            c2.text_input("Model", value=DEFAULT_MODELS[oracle], disabled=True,
+                          help="The model this oracle always uses")
+        c4, c5, c6, c7, c8 = st.columns(5)
+        budget = c4.text_input("Budget", value="200",
+                               help="A count of triplets, or a fraction of all combinations (0.1)")
+        sampling = c5.selectbox("Sampling", ["uniform", "anchor-balanced", "active"])
+        workers = c6.number_input("Workers", min_value=1, max_value=32, value=1)
+        seed = c7.number_input("Seed", min_value=0, value=0)
+        max_failures = c8.number_input("Max failures", min_value=1, value=5,
+                                       help="Stop asking after this many questions failed after retries")
+        debias = st.checkbox("Order debiasing (ask both orders, keep agreeing answers)")
+        start = st.form_submit_button("Start LLM run", type="primary", disabled=running,
+                                      help="Stop the running LLM job first" if running else None)
+    if not start:
+        return None
     args = ["--oracle", oracle, "--budget", budget.strip(), "--sampling", sampling, "--workers", str(int(workers)),
             "--seed", str(int(seed)), "--max-failures", str(int(max_failures))]
     if oracle == "ollama":
         args += ["--model", model.strip() or DEFAULT_MODELS["ollama"], "--ollama-host", str(host)]
     if debias:
         args.append("--debias")
+    return args, budget
+
+
+def start_run(args: list[str], budget: str, oracle: str, allowed: list[str]) -> None:
+    """Start the background job, or show why not (a malformed budget, no allowed Ollama host)."""
+    from core.text.sampling import parse_budget
+
     try:
         parse_budget(budget)
         if oracle == "ollama" and not allowed:
@@ -96,5 +97,23 @@ def status() -> None:
             column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1)})
 
 
-st.subheader("Background run")
-status()
+def main() -> None:
+    """What the oracle does, its run form, and the background run's status."""
+    st.caption("The LLM acts as a *synthetic expert*: it reads the three photos' wound descriptions and says "
+               "whether the query is more like the first or the second reference (TriDerm §2.2). Answers are "
+               "cached in the store, so a stopped run resumes with only the missing questions.")
+    if ws.store.counts()["described_wounds"] == 0:
+        st.info("No wound has a description yet. Write descriptions on the Wound masks page (or import them) first.")
+    if started := st.session_state.pop("llm_started", None):
+        st.success(f"Started `python -m core.llm_triplets {started}`")
+    allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
+    record = jobs.job(ws, JOB)
+    running = bool(record and record["alive"])
+    oracle = choose_oracle(running)
+    if submitted := run_form(oracle, allowed, running):
+        start_run(*submitted, oracle, allowed)
+    st.subheader("Background run")
+    status()
+
+
+main()

@@ -12,26 +12,16 @@ from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, SUPERVISED_CV
 from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, POOLINGS
 
 ws = ac.page("Train", need="jobs")
-st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
-           "Progress and losses come from each job's run record in the store.")
 
-counts = ws.store.counts()
-if counts["wounds"] == 0:
-    st.info("No wound is outlined yet: the vision model trains on wound outlines (Wound masks page).")
 
-has_segmenter = ac.module_available("train_segmenter")  # shown only where `core.train_segmenter` is installed
-tabs = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations", "Contrastive benchmark"]
-               + (["Retrain segmenter"] if has_segmenter else []))
-vision, text, evaluation, ablation, bench = tabs[:5]
-
-with vision:
+def vision_tab() -> tuple[list[str], str]:
+    """TriDerm-V's settings: the training job's arguments and a shared model to embed with (or "")."""
     st.markdown("Wound attention pooling + predictor on a frozen backbone, VICReg on augmented views "
                 "(TriDerm-V, paper §2.2). The offline default backbone is EfficientNet-Lite0 at full depth; "
                 "the default recipe is the one that won on real wounds (`benchmarks/real_vision.py`).")
     recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
                       help=f"paper: {PAPER_RECIPE.dim}-d predictor, raw Euclidean distances; default: {DEFAULT.dim}-d, "
                            "centred unit length")
-    paper = recipe == "paper recipe"
     c1, c2, c3, c4, c5, c6 = st.columns(6)
     layer = c1.selectbox("Backbone layer", list(LITE0_LAYERS), help="EfficientNet-Lite0 tokens: full depth (default) "
                          "or an earlier stage (stage5 = the tokens of earlier releases)")
@@ -53,71 +43,80 @@ with vision:
                             value=SUPERVISED_CV, disabled=not supervise,
                             help=f"patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random splits; the "
                                  "run's figure is the strict one (triplets whose three photos training never saw)")
-    vision_args = ["--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
-                   "--batch-size", str(int(batch)), "--lr", repr(float(lr)), *(["--paper-recipe"] if paper else [])]
+    args = ["--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
+            "--batch-size", str(int(batch)), "--lr", repr(float(lr)),
+            *(["--paper-recipe"] if recipe == "paper recipe" else [])]
     if supervise:
-        vision_args += ["--supervise", "triplets", "--cv", str(int(folds))]
+        args += ["--supervise", "triplets", "--cv", str(int(folds))]
     st.markdown("**A shared model**: embed this workspace's photos in the space of a model another centre "
                 "published without its patient data (a `python -m core.export_model` folder on this server, or "
                 "`hf-hub:org/repo`); the run (`vision-model`) then shows on Explore and is scored on the Report.")
     shared_model = st.text_input("Model folder or hf-hub: name", key="shared_model",
                                  placeholder="hf-hub:org/repo or /srv/models/centre-a").strip()
+    return args, shared_model
 
-with text:
+
+def text_tab(llm_sources: list[str]) -> list[str]:
+    """TriDerm-T's settings: the SOE job's arguments."""
     st.markdown("Soft Ordinal Embedding of the LLM's triplets (TriDerm-T). Needs LLM triplets (LLM oracle page).")
-    llm_sources = [s for s in ws.store.triplet_sources() if s.startswith("llm:")]
     c1, c2 = st.columns(2)
     source = c1.selectbox("Triplet source", llm_sources or ["(no LLM triplets yet)"], disabled=not llm_sources)
     dim = c2.number_input("Dimensions", min_value=1, max_value=64, value=4)
-    soe_args = ["--source", source, "--dim", str(int(dim))]
+    return ["--source", source, "--dim", str(int(dim))]
 
-with evaluation:
+
+def evaluation_tab() -> list[str]:
+    """The evaluation job's arguments."""
     st.markdown("Agreement of every finished embedding run (and the vision + text fusions) with the expert "
                 "triplets, with bootstrap CIs. Writes the report shown on the Report page.")
     n_boot = st.number_input("Bootstrap resamples", min_value=100, max_value=10_000, value=1000, step=100)
-    eval_args = ["--n-boot", str(int(n_boot))]
+    return ["--n-boot", str(int(n_boot))]
 
-with ablation:
+
+def ablation_tab() -> list[str]:
+    """The ablation job's arguments."""
     st.markdown("The paper's Table 2 ablations (SOE dimension/budget/oracle; pooling and loss) over seeds.")
     c1, c2 = st.columns(2)
     quick = c1.checkbox("Quick pass (10 vision epochs)", value=True)
     seeds = c2.number_input("Seeds per cell", min_value=1, max_value=10, value=3)
-    ablate_args = (["--quick"] if quick else []) + ["--n-seeds", str(int(seeds))]
+    return (["--quick"] if quick else []) + ["--n-seeds", str(int(seeds))]
 
-with bench:
+
+def bench_tab() -> list[str]:
+    """The contrastive benchmark's arguments."""
     from core.experiments.contrastive import VARIANTS
 
     st.markdown("CLIP-objective variants (SigLIP, frozen / partly frozen towers, unimodal terms, FLIP) trained "
                 "under identical settings on wound crops + descriptions; retrieval, concept AUROC, linear probe "
                 "and triplet agreement. Finished cells are reused. Results on the Report page.")
     c1, c2 = st.columns([1, 3])
-    bench_quick = c1.checkbox("Quick pass (1 seed, 2 epochs, 96 px)", value=True)
+    quick = c1.checkbox("Quick pass (1 seed, 2 epochs, 96 px)", value=True)
     variants = c2.multiselect("Variants", VARIANTS, default=list(VARIANTS))
-    bench_args = (["--quick"] if bench_quick else []) + ["--variants", ",".join(variants or VARIANTS)]
+    return (["--quick"] if quick else []) + ["--variants", ",".join(variants or VARIANTS)]
 
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
-def panels() -> None:
+def panels(tabs: list, args: dict[str, list[str]], shared_model: str, llm_sources: list[str]) -> None:
     """The job panel of each tab, then the loss curves (refreshed every 2 s while a job runs)."""
-    with vision:
-        ac.job_panel(ws, "train-triderm", "train_triderm", vision_args, "training")
+    with tabs[0]:
+        ac.job_panel(ws, "train-triderm", "train_triderm", args["vision"], "training")
         if shared_model:
             ac.job_panel(ws, "embed-shared-model", "embed", ["--model", shared_model], "embedding with the shared model")
-    with text:
+    with tabs[1]:
         if llm_sources:
-            ac.job_panel(ws, "fit-soe", "fit_soe", soe_args, "SOE fit")
+            ac.job_panel(ws, "fit-soe", "fit_soe", args["text"], "SOE fit")
         else:
             st.info("Run the LLM oracle first: SOE needs LLM triplets.")
         st.markdown("**Text baseline**: mean-pooled MiniLM sentence embeddings of each photo's descriptions "
                     "(offline).")
         ac.job_panel(ws, "text-embed", "text_embed", ["--model", "minilm"], "text baseline")
-    with evaluation:
-        ac.job_panel(ws, "evaluate", "evaluate", eval_args, "evaluation")
-    with ablation:
-        ac.job_panel(ws, "ablate", "ablate", ablate_args, "ablations")
-    with bench:
-        ac.job_panel(ws, "bench-contrastive", "bench_contrastive", bench_args, "benchmark")
-    if has_segmenter:
+    with tabs[2]:
+        ac.job_panel(ws, "evaluate", "evaluate", args["evaluation"], "evaluation")
+    with tabs[3]:
+        ac.job_panel(ws, "ablate", "ablate", args["ablation"], "ablations")
+    with tabs[4]:
+        ac.job_panel(ws, "bench-contrastive", "bench_contrastive", args["bench"], "benchmark")
+    if len(tabs) > 5:
         with tabs[5]:
             st.markdown("Fine-tune the wound segmenter that suggests outlines on the Wound masks page (until then, the "
                         "default model shipped with TriDerm) on every outline drawn or imported so far "
@@ -148,4 +147,28 @@ def loss_curves() -> None:
     } for r in runs]), hide_index=True, width="stretch")
 
 
-panels()
+def main() -> None:
+    """One tab per job (settings, then its panel), the segmenter's where it is installed, and the loss curves."""
+    st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
+               "Progress and losses come from each job's run record in the store.")
+    if ws.store.counts()["wounds"] == 0:
+        st.info("No wound is outlined yet: the vision model trains on wound outlines (Wound masks page).")
+    has_segmenter = ac.module_available("train_segmenter")  # shown only where `core.train_segmenter` is installed
+    tabs = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations", "Contrastive benchmark"]
+                   + (["Retrain segmenter"] if has_segmenter else []))
+    llm_sources = [s for s in ws.store.triplet_sources() if s.startswith("llm:")]
+    with tabs[0]:
+        vision_args, shared_model = vision_tab()
+    with tabs[1]:
+        text_args = text_tab(llm_sources)
+    with tabs[2]:
+        eval_args = evaluation_tab()
+    with tabs[3]:
+        ablate_args = ablation_tab()
+    with tabs[4]:
+        bench_args = bench_tab()
+    panels(tabs, {"vision": vision_args, "text": text_args, "evaluation": eval_args, "ablation": ablate_args,
+                  "bench": bench_args}, shared_model, llm_sources)
+
+
+main()

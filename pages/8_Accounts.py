@@ -27,74 +27,100 @@ def attempt(action, success: str) -> None:
         st.rerun()
 
 
-done = st.session_state.pop("_accounts_done", None)
-if done:
-    st.success(done)
+def accounts_table(rows: list[dict]) -> None:
+    """Every account with its role, state and sign-in record."""
+    st.dataframe(pd.DataFrame([{"account": r["name"], "role": r["role"], "e-mail (identity provider)": r["email"] or "",
+                                "state": "disabled" if r["disabled"] else ("locked" if r["locked_until"] else "active"),
+                                "failed sign-ins": r["failed"], "locked until": r["locked_until"] or "",
+                                "created": r["created"][:16].replace("T", " ")} for r in rows]),
+                 hide_index=True, width="stretch")
 
-rows = accounts.list_accounts(store)
-st.dataframe(pd.DataFrame([{"account": r["name"], "role": r["role"], "e-mail (identity provider)": r["email"] or "",
-                            "state": "disabled" if r["disabled"] else ("locked" if r["locked_until"] else "active"),
-                            "failed sign-ins": r["failed"], "locked until": r["locked_until"] or "",
-                            "created": r["created"][:16].replace("T", " ")} for r in rows]),
-             hide_index=True, width="stretch")
 
-new_tab, edit_tab, legacy_tab, hosts_tab = st.tabs(["New account", "Change an account", "Earlier annotator names",
-                                                    "Ollama hosts"])
-with new_tab, st.form("new_account", clear_on_submit=True):
-    c1, c2, c3 = st.columns(3)
-    name = c1.text_input("Account name")
-    role = c2.selectbox("Role", ROLES, index=ROLES.index("annotator"))
-    email = c3.text_input("E-mail (for identity-provider sign-in; optional)")
-    password = st.text_input(f"Initial password (at least {accounts.MIN_PASSWORD} characters; empty = identity "
-                             "provider only)", type="password")
-    if st.form_submit_button("Create account", type="primary"):
-        attempt(lambda: accounts.add_account(store, name, role, password or None, actor, email=email or None),
-                f"Account {name.strip()} created.")
+def new_account_tab() -> None:
+    """A form creating one account (password, identity-provider e-mail, or both)."""
+    with st.form("new_account", clear_on_submit=True):
+        c1, c2, c3 = st.columns(3)
+        name = c1.text_input("Account name")
+        role = c2.selectbox("Role", ROLES, index=ROLES.index("annotator"))
+        email = c3.text_input("E-mail (for identity-provider sign-in; optional)")
+        password = st.text_input(f"Initial password (at least {accounts.MIN_PASSWORD} characters; empty = identity "
+                                 "provider only)", type="password")
+        if st.form_submit_button("Create account", type="primary"):
+            attempt(lambda: accounts.add_account(store, name, role, password or None, actor, email=email or None),
+                    f"Account {name.strip()} created.")
 
-with edit_tab:
-    names = [r["name"] for r in rows]
-    who = st.selectbox("Account", names, key="acct_who")
-    if who:
-        row = next(r for r in rows if r["name"] == who)
-        c1, c2, c3 = st.columns(3, vertical_alignment="bottom")
-        role = c1.selectbox("Role", ROLES, index=ROLES.index(row["role"]), key="acct_role")
-        if c1.button("Change role", disabled=role == row["role"]):
-            attempt(lambda: accounts.set_role(store, who, role, actor), f"{who} is now {role}.")
-        if c2.button("Unlock", disabled=not (row["locked_until"] or row["failed"])):
-            attempt(lambda: accounts.unlock(store, who, actor), f"{who} unlocked.")
-        if c3.button("Enable" if row["disabled"] else "Disable"):
-            attempt(lambda: accounts.set_disabled(store, who, not row["disabled"], actor),
-                    f"{who} {'enabled' if row['disabled'] else 'disabled'}.")
-        with st.form("reset_password", clear_on_submit=True):
-            new = st.text_input("New password (signs the account out in every browser)", type="password")
-            if st.form_submit_button("Set password"):
-                attempt(lambda: accounts.set_password(store, who, new, actor), f"Password of {who} changed.")
 
-with legacy_tab:
+def edit_account_tab(rows: list[dict]) -> None:
+    """Role, unlock, disable/enable and password of one account."""
+    who = st.selectbox("Account", [r["name"] for r in rows], key="acct_who")
+    if not who:
+        return
+    row = next(r for r in rows if r["name"] == who)
+    c1, c2, c3 = st.columns(3, vertical_alignment="bottom")
+    role = c1.selectbox("Role", ROLES, index=ROLES.index(row["role"]), key="acct_role")
+    if c1.button("Change role", disabled=role == row["role"]):
+        attempt(lambda: accounts.set_role(store, who, role, actor), f"{who} is now {role}.")
+    if c2.button("Unlock", disabled=not (row["locked_until"] or row["failed"])):
+        attempt(lambda: accounts.unlock(store, who, actor), f"{who} unlocked.")
+    if c3.button("Enable" if row["disabled"] else "Disable"):
+        attempt(lambda: accounts.set_disabled(store, who, not row["disabled"], actor),
+                f"{who} {'enabled' if row['disabled'] else 'disabled'}.")
+    with st.form("reset_password", clear_on_submit=True):
+        new = st.text_input("New password (signs the account out in every browser)", type="password")
+        if st.form_submit_button("Set password"):
+            attempt(lambda: accounts.set_password(store, who, new, actor), f"Password of {who} changed.")
+
+
+def legacy_names_tab(rows: list[dict]) -> None:
+    """Move the judgments stored under an earlier free-text annotator name to an account."""
     legacy = accounts.legacy_names(store)
     if not legacy:
         st.caption("Every annotator name with judgments belongs to an account.")
-    else:
-        st.caption("Judgments stored under a free-text name move to the account you pick; each move is recorded "
-                   "in the audit trail (old and new source), nothing is deleted.")
-        c1, c2, c3 = st.columns([2, 2, 1], vertical_alignment="bottom")
-        old = c1.selectbox("Earlier name", legacy, key="legacy_name")
-        target = c2.selectbox("Account", [r["name"] for r in rows], key="legacy_account")
-        if c3.button("Move judgments", type="primary"):
-            attempt(lambda: accounts.map_name(store, old, target, actor), f"Judgments of {old!r} now belong to {target}.")
+        return
+    st.caption("Judgments stored under a free-text name move to the account you pick; each move is recorded "
+               "in the audit trail (old and new source), nothing is deleted.")
+    c1, c2, c3 = st.columns([2, 2, 1], vertical_alignment="bottom")
+    old = c1.selectbox("Earlier name", legacy, key="legacy_name")
+    target = c2.selectbox("Account", [r["name"] for r in rows], key="legacy_account")
+    if c3.button("Move judgments", type="primary"):
+        attempt(lambda: accounts.map_name(store, old, target, actor), f"Judgments of {old!r} now belong to {target}.")
 
-with hosts_tab, st.form("ollama_hosts"):
-    st.caption("The only Ollama servers LLM runs may call (one per line: host, host:port or http(s)://host:port). "
-               "Researchers pick from this list; nobody types an address per run.")
-    current = ws.store.get_meta("ollama_hosts", list(DEFAULT_OLLAMA_HOSTS))
-    text = st.text_area("Allowed hosts", "\n".join(current), key="ollama_hosts_text")
-    if st.form_submit_button("Save hosts"):
-        hosts = [h.strip() for h in text.splitlines() if h.strip()]
 
-        def save() -> None:
-            """Check every host and store the allow-list (nothing stored when one is malformed)."""
-            for h in hosts:
-                allowed_ollama_host(h, [h])  # one clear error for a malformed entry; nothing saved
-            ws.store.set_meta("ollama_hosts", hosts)
+def hosts_tab() -> None:
+    """The allow-list of Ollama servers LLM runs may call."""
+    with st.form("ollama_hosts"):
+        st.caption("The only Ollama servers LLM runs may call (one per line: host, host:port or http(s)://host:port). "
+                   "Researchers pick from this list; nobody types an address per run.")
+        current = store.get_meta("ollama_hosts", list(DEFAULT_OLLAMA_HOSTS))
+        text = st.text_area("Allowed hosts", "\n".join(current), key="ollama_hosts_text")
+        if st.form_submit_button("Save hosts"):
+            hosts = [h.strip() for h in text.splitlines() if h.strip()]
 
-        attempt(save, f"{len(hosts)} Ollama host(s) allowed.")
+            def save() -> None:
+                """Check every host and store the allow-list (nothing stored when one is malformed)."""
+                for h in hosts:
+                    allowed_ollama_host(h, [h])  # one clear error for a malformed entry; nothing saved
+                store.set_meta("ollama_hosts", hosts)
+
+            attempt(save, f"{len(hosts)} Ollama host(s) allowed.")
+
+
+def main() -> None:
+    """The accounts table above four tabs of changes, each recorded in the audit trail."""
+    done = st.session_state.pop("_accounts_done", None)
+    if done:
+        st.success(done)
+    rows = accounts.list_accounts(store)
+    accounts_table(rows)
+    tabs = st.tabs(["New account", "Change an account", "Earlier annotator names", "Ollama hosts"])
+    with tabs[0]:
+        new_account_tab()
+    with tabs[1]:
+        edit_account_tab(rows)
+    with tabs[2]:
+        legacy_names_tab(rows)
+    with tabs[3]:
+        hosts_tab()
+
+
+main()

@@ -112,8 +112,8 @@ def link(r: dict, track: str | None) -> None:
     st.toast(f"Wound {r['wound_index']} of {r['image_id']} → {target}")
 
 
-# -- add a visit --------------------------------------------------------------------------------------
-if ac.allowed("manage"):
+def import_visit_form() -> None:
+    """Admins: import a visit's photos from a dataset folder on the server."""
     with st.expander("Add a visit's photos (a dataset folder: images/, masks/, images.csv with visit_date)"):
         folder = st.text_input("Folder on the server", key="fu_folder")
         visit_day = st.date_input("Visit date of the new photos (where images.csv gives none)", value=None,
@@ -126,31 +126,33 @@ if ac.allowed("manage"):
             else:
                 st.success(f"Imported {summary['images']} photo(s), {summary['wounds']} wound(s).")
 
-with st.expander("Visit date of a photo"):
-    undated = [i["image_id"] for i in store.images() if followup.VISIT_DATE not in i["metadata"]]
-    photo = st.selectbox("Photo", undated or [i["image_id"] for i in store.images()], key="fu_photo")
-    day = st.date_input("Visit date", value=date.today(), max_value=date.today(), key="fu_day")
-    if st.button("Set the visit date", key="fu_set_date", disabled=not (can_edit and photo)):
-        try:
-            followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
-        except DatasetError as err:
-            st.error(str(err))
 
-now = version()
-try:
-    rows = rows_of(str(ws.root), now)
-except DatasetError as err:
-    st.error(str(err))
-    st.stop()
+def visit_date_form() -> None:
+    """Set the visit date of one photo (undated photos first)."""
+    with st.expander("Visit date of a photo"):
+        undated = [i["image_id"] for i in store.images() if followup.VISIT_DATE not in i["metadata"]]
+        photo = st.selectbox("Photo", undated or [i["image_id"] for i in store.images()], key="fu_photo")
+        day = st.date_input("Visit date", value=date.today(), max_value=date.today(), key="fu_day")
+        if st.button("Set the visit date", key="fu_set_date", disabled=not (can_edit and photo)):
+            try:
+                followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
+            except DatasetError as err:
+                st.error(str(err))
 
-# -- link the new visit's wounds ------------------------------------------------------------------------
-cues = wound_runs() if any(r["track"] is None for r in rows) else {}
-cue = st.selectbox("Embedding similarity as a linking cue", [None, *cues], index=1 if cues else 0,
-                   format_func=lambda k: "none (site, position, size)" if k is None else cues[k],
-                   key="fu_cue") if cues else None
-pending = followup.pending_links(rows, wound_embeddings(str(ws.root), cue) if cue is not None else None)
-st.subheader(f"Links to confirm · {len(pending)}")
-if pending and can_edit:
+
+def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
+    """The next unlinked wound with its proposed track: accept, start a new track, or correct it."""
+    cues = wound_runs() if any(r["track"] is None for r in rows) else {}
+    cue = st.selectbox("Embedding similarity as a linking cue", [None, *cues], index=1 if cues else 0,
+                       format_func=lambda k: "none (site, position, size)" if k is None else cues[k],
+                       key="fu_cue") if cues else None
+    pending = followup.pending_links(rows, wound_embeddings(str(ws.root), cue) if cue is not None else None)
+    st.subheader(f"Links to confirm · {len(pending)}")
+    if not pending:
+        st.caption("Every wound of a dated photo is on a track.")
+        return
+    if not can_edit:
+        return
     r = pending[0]
     best = r["proposals"][0][0]
     left, right = st.columns([1, 2])
@@ -169,41 +171,64 @@ if pending and can_edit:
         st.button("Link to this track", key="fu_correct_btn", disabled=choice is None, on_click=link,
                   args=(r, choice))
         st.caption(f"Keys: **{KEYS['accept']}** accept · **{KEYS['new']}** new track")
-elif not pending:
-    st.caption("Every wound of a dated photo is on a track.")
 
-# -- curves ---------------------------------------------------------------------------------------------
-linked = [r for r in rows if r["track"] is not None and r["visit_date"]]
-if not linked:
-    st.info("No wound is on a track yet: set visit dates and link the wounds above.")
-    st.stop()
-patients = sorted({str(r["patient"]) for r in linked})
-chosen = st.multiselect("Patients", patients, default=patients[: min(5, len(patients))], key="fu_patients")
-shown = [r for r in linked if str(r["patient"]) in chosen]
-unit = "area_cm2" if all(r["area_cm2"] is not None for r in shown) else "area_px"
-if unit == "area_px":
-    st.warning("Some photos have neither the calibration marker nor a ruler: areas in pixels, no cm².")
-st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stretch", key="fu_curves")
-heal = followup.healing(shown)
-st.dataframe(pd.DataFrame(heal), hide_index=True, width="stretch")
 
-# -- a track's photos side by side, aligned on the wound --------------------------------------------------
-track = st.selectbox("Track photos", sorted({r["track"] for r in shown}), key="fu_track")
-visits = [r for r in shown if r["track"] == track]
-views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
-for col, r, (picture, how) in zip(st.columns(max(len(visits), 1)), visits, views):
-    size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-    col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
-if views:
-    registered = sum("(ECC)" in how for _, how in views[1:])
-    st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the visit "
-               "before (ECC on the skin around the wound; a registration that did not help is not used).")
+def healing_curves(linked: list[dict]) -> list[dict]:
+    """Area curves and the healing table of the chosen patients; returns their linked wounds."""
+    patients = sorted({str(r["patient"]) for r in linked})
+    chosen = st.multiselect("Patients", patients, default=patients[: min(5, len(patients))], key="fu_patients")
+    shown = [r for r in linked if str(r["patient"]) in chosen]
+    unit = "area_cm2" if all(r["area_cm2"] is not None for r in shown) else "area_px"
+    if unit == "area_px":
+        st.warning("Some photos have neither the calibration marker nor a ruler: areas in pixels, no cm².")
+    st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stretch", key="fu_curves")
+    st.dataframe(pd.DataFrame(followup.healing(shown)), hide_index=True, width="stretch")
+    return shown
 
-# -- export -------------------------------------------------------------------------------------------------
-buf = io.StringIO()
-writer = csv.DictWriter(buf, fieldnames=list(followup.COLUMNS))
-writer.writeheader()
-for r in [r for r in rows if r["track"] is not None]:
-    writer.writerow({k: "" if r.get(k) is None else r[k] for k in followup.COLUMNS})
-st.download_button("Download the follow-up CSV", buf.getvalue(), file_name="followup.csv", mime="text/csv",
-                   key="fu_download")
+
+def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
+    """A track's photos side by side, aligned on the wound."""
+    track = st.selectbox("Track photos", sorted({r["track"] for r in shown}), key="fu_track")
+    visits = [r for r in shown if r["track"] == track]
+    views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
+    for col, r, (picture, _) in zip(st.columns(max(len(visits), 1)), visits, views):
+        size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
+        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
+    if views:
+        registered = sum("(ECC)" in how for _, how in views[1:])
+        st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the "
+                   "visit before (ECC on the skin around the wound; a registration that did not help is not used).")
+
+
+def export_button(rows: list[dict]) -> None:
+    """The tidy follow-up CSV of every wound on a track."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(followup.COLUMNS))
+    writer.writeheader()
+    for r in [r for r in rows if r["track"] is not None]:
+        writer.writerow({k: "" if r.get(k) is None else r[k] for k in followup.COLUMNS})
+    st.download_button("Download the follow-up CSV", buf.getvalue(), file_name="followup.csv", mime="text/csv",
+                       key="fu_download")
+
+
+def main() -> None:
+    """Add visits and dates, confirm links, then curves, a track's photos and the CSV."""
+    if ac.allowed("manage"):
+        import_visit_form()
+    visit_date_form()
+    now = version()
+    try:
+        rows = rows_of(str(ws.root), now)
+    except DatasetError as err:
+        st.error(str(err))
+        return
+    confirm_links(rows, now)
+    linked = [r for r in rows if r["track"] is not None and r["visit_date"]]
+    if not linked:
+        st.info("No wound is on a track yet: set visit dates and link the wounds above.")
+        return
+    track_photos(healing_curves(linked), now)
+    export_button(rows)
+
+
+main()

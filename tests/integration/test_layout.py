@@ -14,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "core"
+MAX_PAGE_SCRIPT_LINES = 30  # the Wound masks page's photo choice and session state, the longest
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
         "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model", "segment")
 PLUMBING = ("runtime", "cli")
@@ -181,6 +182,29 @@ def test_only_a_jobs_main_prints_or_exits():
     """Library code logs (``logging.getLogger(__name__)``) and raises; only a job's ``main`` prints or exits."""
     found = [v for p in CORE.rglob("*.py") for v in prints_and_exits(p, module_name(p))]
     assert found == []
+
+
+def script_lines(path: Path) -> int:
+    """Lines of ``path``'s module-level statements other than imports (an optional import's ``try`` too),
+    definitions and the docstring."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imports = (ast.Import, ast.ImportFrom)
+    return sum(n.end_lineno - n.lineno + 1 for n in tree.body[1:]
+               if not isinstance(n, (*imports, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+               and not (isinstance(n, ast.Try) and all(isinstance(b, imports) for b in n.body)))
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "pages").glob("*.py")))
+def test_pages_are_functions_a_test_can_call(page):
+    """A page's module level only sets up (``ac.page``, constants, session defaults) and calls its functions."""
+    assert script_lines(REPO / "pages" / page) <= MAX_PAGE_SCRIPT_LINES
+
+
+def test_a_long_page_script_is_caught(tmp_path):
+    page = tmp_path / "page.py"
+    page.write_text('"""Doc."""\nimport streamlit as st\n\n\ndef main():\n    st.write(1)\n\n\n'
+                    + "st.write(2)\n" * (MAX_PAGE_SCRIPT_LINES + 1) + "main()\n")
+    assert script_lines(page) == MAX_PAGE_SCRIPT_LINES + 2
 
 
 def test_a_long_function_or_a_library_print_is_caught(tmp_path):
