@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from core.concepts.defaults import OFFLINE_DEFAULT
 from core.runtime import autocast, pick_device
 from core.vision.backbones import DERMLIP_HUB, Backbone, BackboneUnavailable, load_backbone
+from core.vision.recipe import OFFLINE_DEFAULT as OFFLINE_DEFAULT_BACKBONE
 
 if TYPE_CHECKING:
     from open_clip import CLIP
@@ -234,7 +235,11 @@ class ImageTower(nn.Module):
     def __init__(self, backbone: Backbone) -> None:
         super().__init__()
         self.backbone = backbone
-        self.is_cnn = backbone.arch == "efficientnet-lite0"
+        # EfficientNet-Lite0 runs block by block (its blocks are its stages); an open_clip ViT runs whole
+        self.is_cnn = backbone.arch == OFFLINE_DEFAULT_BACKBONE
+        if not self.is_cnn and not hasattr(backbone.model, "visual"):
+            raise ValueError(f"{backbone.name}: an image tower is EfficientNet-Lite0 (run block by block) or an "
+                             "open_clip ViT; other timm models give only their last feature map")
         # ViT: only the visual trunk (an open_clip model also holds the text tower). Its submodules
         # (timm's conv_stem/bn1, open_clip's visual) are reached by name, which torch types only as
         # `Tensor | Module`, hence Any.

@@ -104,3 +104,13 @@ def test_open_clip_global_embeddings_are_encode_image_and_encode_text() -> None:
     assert torch.allclose(patches, F.normalize(patch_tokens @ model.image.proj, dim=-1), atol=1e-5)
     # the global embedding is the pooled token, not the mean of the patch tokens
     assert not torch.allclose(g_img, F.normalize(patch_tokens.mean(1) @ model.image.proj, dim=-1), atol=1e-2)
+
+
+def test_an_image_tower_runs_lite0_block_by_block_and_refuses_another_timm_model_by_name() -> None:
+    from core.concepts.dual_encoder import ImageTower
+    from core.vision.backbones import load_backbone
+
+    tower = ImageTower(load_backbone("efficientnet-lite0", device="cpu", pretrained=False))
+    assert tower.is_cnn and tower.forward_levels(torch.zeros(1, 3, 64, 64), 0, tower.n_levels).ndim == 4
+    with pytest.raises(ValueError, match=r"timm:resnet18.*EfficientNet-Lite0"):
+        ImageTower(load_backbone("timm:resnet18", device="cpu", pretrained=False))
