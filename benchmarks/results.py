@@ -36,7 +36,7 @@ RESULTS_MD = REPO / "docs" / "RESULTS.md"
 # Section name → the shell command (run from the repository root) that regenerates it from scratch.
 SECTIONS: dict[str, str] = {
     "vision_ablation": "python -m benchmarks.vision_ablation",
-    "real_vision": "python -m benchmarks.real_vision --data ../shared/data/azh-dev",
+    "real_vision": "python -m benchmarks.real_vision --data ../shared/data/azh-dev --views 4",
     "real_vision_medetec": "python -m benchmarks.real_vision --data ../shared/data/medetec --section real_vision_medetec",
     "train_triderm": "python -m benchmarks.train_triderm",
     "soe": "python -m benchmarks.soe",

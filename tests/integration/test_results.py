@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,24 @@ def test_every_result_file_has_the_required_keys(path):
         assert set(claim) == {"claim", "test", "p", "holds"} and isinstance(claim["holds"], bool)
         assert claim["holds"] is False or (claim["p"] is not None and claim["p"] < 0.05)
     assert all(isinstance(n, str) for n in record["notes"])
+
+
+#: Options a stored command may add to its registry entry: where this machine keeps data or an interpreter.
+MACHINE_LOCAL = {"--fuseg", "--medetec", "--data", "--cblearn-python", "--device"}
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_the_registry_command_regenerates_the_stored_file(path):
+    """``make results SECTION=s`` runs what made the file: the stored command is the registry's, or the registry's
+    with machine-local arguments after it (a data path, the cblearn interpreter). The GPU section's file came
+    from the device, whose paths and older epoch count it records (its erratum says so)."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if record["section"] in results.NEEDS_CUDA:
+        pytest.skip("written on the GPU machine")
+    registry, stored = SECTIONS[record["section"]], record["command"]
+    assert stored == registry or stored.startswith(registry + " "), (stored, registry)
+    extra = shlex.split(stored[len(registry):])
+    assert [o for o in extra[::2] if o not in MACHINE_LOCAL] == [] and len(extra) % 2 == 0, extra
 
 
 def test_renderer_formats_a_known_result_as_expected(tmp_path):
