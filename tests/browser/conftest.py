@@ -111,6 +111,7 @@ def create_account(workspace: Path | str, name: str, role: str = "annotator") ->
 def sign_in_as(pg, url: str, name: str, password: str = PASSWORD, expect_ok: bool = True) -> None:
     """Fill the sign-in form at ``url`` (and wait for the home page unless ``expect_ok`` is False)."""
     from playwright.sync_api import expect
+    from streamlit_page import wait_for_cookie
 
     pg.goto(url)
     box = pg.get_by_role("textbox", name="Account name")
@@ -120,6 +121,7 @@ def sign_in_as(pg, url: str, name: str, password: str = PASSWORD, expect_ok: boo
     pg.get_by_role("button", name="Sign in").click()
     if expect_ok:
         expect(pg.get_by_text("Signed in as").first).to_be_visible()
+        wait_for_cookie(pg)  # a goto before the app's script has set it would open a signed-out session
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
-"""Waits shared by the browser tests: a finished script run, a photo decoded and laid out."""
+"""Waits shared by the browser tests: a finished script run, a photo decoded and laid out, the session cookie."""
 from __future__ import annotations
+
+from playwright.sync_api import Error as PlaywrightError
+
+from annotations import accounts
 
 
 def idle(pg, settle_ms: int = 0) -> None:
@@ -23,3 +27,20 @@ def image_shown(pg, selector: str) -> None:
                            && img.getBoundingClientRect().height > 0; }""",
         arg=selector,
     )
+
+
+def wait_for_cookie(pg, present: bool = True, timeout_ms: int = 120_000) -> None:
+    """Wait until the browser holds (or no longer holds) the session cookie the app writes (from page script,
+    so ``document.cookie`` sees it); fails with a clear message after a generous timeout.
+
+    The app writes it from a script after the sign-in run: "Signed in as" can show before it is set, and a
+    ``goto`` in that moment opens a new session without it.
+    """
+    try:
+        pg.wait_for_function("([name, present]) => document.cookie.split('; ').some(c => c.startsWith(name + '=')"
+                             " && c.length > name.length + 1) === present", arg=[accounts.COOKIE_NAME, present],
+                             timeout=timeout_ms)
+    except PlaywrightError as err:
+        raise AssertionError(f"session cookie {'never set' if present else 'never deleted'} within "
+                             f"{timeout_ms / 1000:.0f} s") from err
+    assert any(c["name"] == accounts.COOKIE_NAME for c in pg.context.cookies()) == present

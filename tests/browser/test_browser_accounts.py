@@ -8,9 +8,8 @@ import time
 
 import pytest
 from itsdangerous import TimestampSigner, URLSafeTimedSerializer
-from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
-from streamlit_page import idle
+from streamlit_page import idle, wait_for_cookie
 
 from annotations import accounts
 from annotations.dataset import import_dataset
@@ -24,19 +23,6 @@ VISIBLE = {"annotator": {"Wound masks", "Triplet judgments"},
            "viewer": {"Explore", "Report"},
            "researcher": {"LLM oracle", "Train", "Explore", "Report"},
            "admin": set(ALL_PAGES)}
-
-
-def wait_for_cookie(pg, present: bool = True, timeout_ms: int = 120_000) -> None:
-    """Wait until the browser holds (or no longer holds) the session cookie the app writes (from page script,
-    so ``document.cookie`` sees it); fails with a clear message after a generous timeout."""
-    try:
-        pg.wait_for_function("([name, present]) => document.cookie.split('; ').some(c => c.startsWith(name + '=')"
-                             " && c.length > name.length + 1) === present", arg=[accounts.COOKIE_NAME, present],
-                             timeout=timeout_ms)
-    except PlaywrightError as err:
-        raise AssertionError(f"session cookie {'never set' if present else 'never deleted'} within "
-                             f"{timeout_ms / 1000:.0f} s") from err
-    assert any(c["name"] == accounts.COOKIE_NAME for c in pg.context.cookies()) == present
 
 
 def links(pg) -> set[str]:
