@@ -45,6 +45,7 @@ from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, write_result
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, AppServer
+from tests.browser.streamlit_page import idle, wait_for_cookie
 
 PASSWORD = "benchmark-password"
 TARGET_EXPLORE_S = 3.0
@@ -104,12 +105,8 @@ def sign_in(pg, url: str) -> None:
     pg.get_by_label("Password", exact=True).fill(PASSWORD)
     pg.get_by_role("button", name="Sign in").click()
     pg.get_by_text("Signed in as").first.wait_for()
+    wait_for_cookie(pg, timeout_ms=600_000)  # a goto before the app's script has set it opens a signed-out session
     idle(pg)
-
-
-def idle(pg) -> None:
-    """Wait until the app's script run has finished."""
-    pg.wait_for_selector('[data-test-script-state="notRunning"]', state="attached")
 
 
 class Session:
