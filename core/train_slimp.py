@@ -280,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop.run(data.patient_wounds, 0 if resume is None else resume["epoch"], args.epochs)
         if rank == 0:
-            assert loop.run_id is not None, "rank 0 opened the run record in _loop"
-            print(report(loop.finish(data, args), ws.is_synthetic, loop.run_id))
+            print(report(loop.finish(data, args), ws.is_synthetic, loop.opened_run))
     except KeyboardInterrupt:
         if rank == 0 and loop.run_id is not None:
             ws.store.finish_run(loop.run_id, status="stopped", message="interrupted")

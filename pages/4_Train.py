@@ -96,8 +96,10 @@ def bench_tab() -> list[str]:
 
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
-def panels(tabs: list, args: dict[str, list[str]], shared_model: str, llm_sources: list[str]) -> None:
-    """The job panel of each tab, then the loss curves (refreshed every 2 s while a job runs)."""
+def panels(tabs: list, args: dict[str, list[str]], shared_model: str, llm_sources: list[str],
+           segmenter_tab=None) -> None:
+    """The job panel of each tab (``segmenter_tab``: the segmenter's, where it is installed), then the loss
+    curves (refreshed every 2 s while a job runs)."""
     with tabs[0]:
         ac.job_panel(ws, "train-triderm", "train_triderm", args["vision"], "training")
         if shared_model:
@@ -116,8 +118,8 @@ def panels(tabs: list, args: dict[str, list[str]], shared_model: str, llm_source
         ac.job_panel(ws, "ablate", "ablate", args["ablation"], "ablations")
     with tabs[4]:
         ac.job_panel(ws, "bench-contrastive", "bench_contrastive", args["bench"], "benchmark")
-    if len(tabs) > 5:
-        with tabs[5]:
+    if segmenter_tab is not None:
+        with segmenter_tab:
             st.markdown("Fine-tune the wound segmenter that suggests outlines on the Wound masks page (until then, the "
                         "default model shipped with TriDerm) on every outline drawn or imported so far "
                         "(`python -m core.train_segmenter --workspace W`).")
@@ -168,7 +170,7 @@ def main() -> None:
     with tabs[4]:
         bench_args = bench_tab()
     panels(tabs, {"vision": vision_args, "text": text_args, "evaluation": eval_args, "ablation": ablate_args,
-                  "bench": bench_args}, shared_model, llm_sources)
+                  "bench": bench_args}, shared_model, llm_sources, tabs[5] if has_segmenter else None)
 
 
 main()

@@ -286,9 +286,15 @@ class EpochLoop:
     epoch_seconds: list[float] = field(default_factory=list)  # this session's epochs (a resumed run: the new ones)
 
     @property
+    def opened_run(self) -> int:
+        """The run record's id: rank 0 opens it (``open_run``) before training."""
+        assert self.run_id is not None, "rank 0 opens the run record before training"
+        return self.run_id
+
+    @property
     def checkpoint(self) -> Path:
         """The run's resumable checkpoint file."""
-        return self.ws.run_dir(self.run_id) / "checkpoint.pt"
+        return self.ws.run_dir(self.opened_run) / "checkpoint.pt"
 
     def run(self, patient_wounds: list[np.ndarray], start_epoch: int, epochs: int) -> None:
         """Train epochs ``start_epoch … epochs − 1`` (a tqdm bar on rank 0)."""
@@ -310,10 +316,9 @@ class EpochLoop:
                 self._record(epoch + 1, epochs)
 
     def _record(self, done: int, epochs: int) -> None:
-        assert self.run_id is not None, "rank 0 opens the run record before training"
         save_checkpoint(self.checkpoint, self.train_args, self.model, self.optimizer, done, self.losses,
-                        self.history, self.run_id)
-        self.ws.store.update_run(self.run_id, progress=done / epochs,
+                        self.history, self.opened_run)
+        self.ws.store.update_run(self.opened_run, progress=done / epochs,
                                  metrics={"loss": self.losses, **self.history,
                                           "temperature": 1 / self.model.criterion.logit_scale.item(),
                                           "epoch_seconds": self.epoch_seconds},
@@ -321,13 +326,12 @@ class EpochLoop:
 
     def finish(self, data: NestedData, args: argparse.Namespace) -> dict[str, Any]:
         """Evaluate the trained model (:func:`evaluate_model`) and close the run record; its metrics."""
-        assert self.run_id is not None, "rank 0 opens the run record before training"
-        metrics = evaluate_model(self.ws, self.model, data, *self.tensors, self.device, args, self.run_id)
-        run_dir = self.ws.run_dir(self.run_id)
+        metrics = evaluate_model(self.ws, self.model, data, *self.tensors, self.device, args, self.opened_run)
+        run_dir = self.ws.run_dir(self.opened_run)
         artifacts = {"checkpoint": str(self.checkpoint)}
         for name in SCHEMA_FILES:
             if (run_dir / name).exists():
                 artifacts[name.removesuffix(".json")] = str(run_dir / name)
-        self.ws.store.finish_run(self.run_id, metrics={"loss": self.losses, **self.history, "eval": metrics},
+        self.ws.store.finish_run(self.opened_run, metrics={"loss": self.losses, **self.history, "eval": metrics},
                                  artifacts=artifacts)
         return metrics
