@@ -16,16 +16,16 @@ def idle(pg, settle_ms: int = 0) -> None:
         pg.wait_for_timeout(settle_ms)
 
 
-def image_shown(pg, selector: str) -> None:
-    """Wait until the first image matching ``selector`` is decoded and laid out with a non-zero size.
+def image_shown(pg, selector: str, count: int = 1) -> None:
+    """Wait until the first ``count`` images matching ``selector`` are decoded and laid out with a non-zero size.
 
-    A dialog's ``img`` is attached before its bytes arrive; its box is 0 px high until they do.
+    An ``img`` is attached before its bytes arrive; its box is 0 px high (and not yet its final width) until they do.
     """
     pg.wait_for_function(
-        """sel => { const img = document.querySelector(sel);
-                    return !!img && img.complete && img.naturalWidth > 0
-                           && img.getBoundingClientRect().height > 0; }""",
-        arg=selector,
+        """([sel, n]) => { const imgs = [...document.querySelectorAll(sel)].slice(0, n);
+                           return imgs.length === n && imgs.every(img => img.complete && img.naturalWidth > 0
+                                                                  && img.getBoundingClientRect().height > 0); }""",
+        arg=[selector, count],
     )
 
 

@@ -78,6 +78,7 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     maps = pg.get_by_test_id("stImage").filter(has_text=" · wound ")
     expect(maps.first).to_be_visible()
     maps.first.scroll_into_view_if_needed()
+    maps.first.locator("img").evaluate("img => img.decode()")  # its box has its final size once decoded
     assert maps.first.locator("img").bounding_box()["width"] >= 300  # the larger view
     screenshot(pg, "explore_attention_1366x768")
 

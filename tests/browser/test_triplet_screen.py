@@ -41,6 +41,7 @@ def test_triplet_photos_large_outlined_and_zoomable(app_server, chromium, add_ac
     pg.keyboard.press("f")  # one key to the whole photo
     expect(pg.get_by_text("Shown: the whole photo")).to_be_visible()
     idle(pg)
+    image_shown(pg, '[data-testid="stMain"] [data-testid="stImage"] img', 3)  # the whole photos, loaded
     boxes = [photos.nth(i).bounding_box() for i in range(3)]
     assert all(b["width"] >= 420 for b in boxes), boxes  # anchor and both references
     assert boxes[0]["x"] < boxes[1]["x"] < boxes[2]["x"] and max(b["x"] + b["width"] for b in boxes) <= 1366
