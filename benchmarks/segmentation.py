@@ -214,14 +214,15 @@ def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample
     kfold: dict[int, list[dict]] = {1: [], 2: [], 4: []}
     for f, test in enumerate(tqdm(folds, desc="fuseg-dev folds", unit="fold", disable=args.quiet)):
         held = set(test)
-        net = train(cache_f, [i for i in range(len(fuseg)) if i not in held], new_net(enc), args.epochs, args.seed + f,
-                    args.device)
+        rest = [i for i in range(len(fuseg)) if i not in held]
+        net = train(cache_f, rest, new_net(enc, seed=args.seed + f), args.epochs, args.seed + f, args.device)
         for tta in kfold:
             kfold[tta] += evaluate(net, cache_f, fuseg, test, tta, args.device)
     out["kfold"] = kfold
     out["otsu_fuseg"] = score({i: otsu_red(s.image) for i, s in enumerate(fuseg)}, fuseg)
     out["otsu_medetec"] = score({i: otsu_red(s.image) for i, s in enumerate(medetec)}, medetec)
-    net = train(cache_m, list(range(len(medetec))), new_net(enc), args.source_epochs, args.seed, args.device)
+    net = train(cache_m, list(range(len(medetec))), new_net(enc, seed=args.seed), args.source_epochs, args.seed,
+                args.device)
     out["medetec_to_fuseg"] = evaluate(net, cache_f, fuseg, list(range(len(fuseg))), device=args.device)
     return out
 

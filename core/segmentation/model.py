@@ -181,9 +181,12 @@ class SegNet(nn.Module):
         return self.decoder(feats)
 
 
-def new_net(enc: Encoder, width: int = WIDTH) -> SegNet:
-    """A network to train from ImageNet: the encoder's tuned stages as published, a fresh decoder."""
-    return SegNet(enc.imagenet_stages(), enc.channels, width).to(enc.device)
+def new_net(enc: Encoder, width: int = WIDTH, seed: int = 0) -> SegNet:
+    """A network to train from ImageNet: the encoder's tuned stages as published, a fresh decoder whose initial
+    weights come from ``seed`` (the global random state is neither read nor changed)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SegNet(enc.imagenet_stages(), enc.channels, width).to(enc.device)
 
 
 def flip(x: Tensor, view: str) -> Tensor:

@@ -331,7 +331,7 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int 
     run_id = ws.store.start_run(RUN_KIND, config, seed=seed)
     try:
         enc = encoder(str(device))
-        start = new_net(enc) if pretrain else load_default(device).net
+        start = new_net(enc, seed=seed) if pretrain else load_default(device).net
         cache = cache_features(samples, enc, seed=seed, progress=progress)
         net, losses = fit_network(
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,

@@ -38,6 +38,7 @@ from core.segmentation.training import (
     folder_samples,
     series_group,
     split_groups,
+    train_segmenter,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -261,6 +262,24 @@ def test_a_workspace_run_fine_tunes_the_default_and_pretrain_starts_from_imagene
         job.main(["--workspace", str(ws.root), "--pretrain", "--epochs", "1"])
     assert exit_.value.code == 2 and "--pretrain trains on dataset folders only" in capsys.readouterr().err
     assert len(ws.store.runs(kind=RUN_KIND)) == 1
+
+
+def test_a_pretrain_run_is_the_same_for_the_same_seed(tmp_path):
+    """The fresh decoder's weights come from the run's seed, not from the process's random state."""
+    data = _dataset(tmp_path / "ds", 3)
+    weights = []
+    for name in ("a", "b"):
+        torch.manual_seed(len(weights))  # whatever the global state, the seed decides
+        ws = Workspace(tmp_path / name)  # the function, not the job: the job installs its model as the default
+        train_segmenter(ws, [data], epochs=1, seed=3, val_fraction=0, pretrain=True, progress=False)
+        weights.append(load_segmenter(ws).net.state_dict())
+    assert all(torch.equal(v, weights[1][k]) for k, v in weights[0].items())
+    state = torch.random.get_rng_state()
+    enc = encoder("cpu")
+    fresh = [new_net(enc, seed=s).decoder.state_dict() for s in (0, 0, 1)]
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(v, fresh[1][k]) for k, v in fresh[0].items())
+    assert not all(torch.equal(v, fresh[2][k]) for k, v in fresh[0].items())
 
 
 def test_no_masks_is_one_clear_error_and_nothing_is_written(tmp_path, capsys):
