@@ -1,7 +1,7 @@
 """Wound segmentation: in-source folds, cross-source transfer, the default model and a clinic's learning curve.
 
     python -m benchmarks.segmentation [--fuseg ../shared/data/fuseg-dev] [--medetec ../shared/data/medetec]
-                                      [--folds 2] [--epochs 6] [--source-epochs 12] [--curve-steps 100]
+                                      [--folds 2] [--fold-seeds 3] [--epochs 6] [--source-epochs 12] [--curve-steps 100]
                                       [--curve-folds 2] [--seed 0] [--section segmentation]
 
 Every network is the product's recipe (:mod:`core.segmentation`: EfficientNet-Lite0 with its stride-32
@@ -9,7 +9,9 @@ stages fine-tuned + FPN decoder, strong random views, 4-flip test-time augmentat
 
 - **fuseg-dev k-fold by photo** (``--folds``; a file-name series stays in one fold), each fold's
   network trained from ImageNet on the other folds, ``--epochs`` epochs like the default; the same
-  predictions with 1, 2 and 4 test-time flips say what the flips add;
+  predictions with 1, 2 and 4 test-time flips say what the flips add; the folds are trained again
+  with ``--fold-seeds`` sets of seeds (the decoder's initial weights and the batch order), whose spread
+  says how much of a difference between recipes the seed alone makes;
 - **trained on Medetec → fuseg-dev**: from ImageNet on all Medetec photos (``--source-epochs``);
 - **the default model → Medetec** (zero-shot): the segmenter shipped in the package
   (:func:`core.segmentation.model.default_path`), trained on fuseg-dev only, so this row is
@@ -46,6 +48,7 @@ from annotations.readers import mask_to_labels
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
+from core.eval.stats import mean_sd_ci
 from core.runtime import torch_threads
 from core.segmentation.interactive import click_outline, wound_components
 from core.segmentation.metrics import dice, photo_scores
@@ -80,6 +83,12 @@ def group_folds(samples: list[Sample], k: int, seed: int) -> list[list[int]]:
     for g in ranked:
         min(folds, key=len).extend(groups[g])
     return [sorted(f) for f in folds]
+
+
+def fold_seed(seed: int, seed_set: int, fold: int, folds: int) -> int:
+    """The seed of fold ``fold``'s network in seed set ``seed_set``: ``seed + fold`` in the first set, and no two
+    networks alike."""
+    return seed + seed_set * folds + fold
 
 
 def predict_mask(prob: np.ndarray, min_area: int = DEFAULT_MIN_WOUND_AREA) -> np.ndarray:
@@ -211,14 +220,20 @@ def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample
     out: dict[str, Any] = {"n_fuseg": len(fuseg)}
     folds = group_folds(fuseg, args.folds, args.seed)
     out["folds"] = [len(f) for f in folds]
-    kfold: dict[int, list[dict]] = {1: [], 2: [], 4: []}
-    for f, test in enumerate(tqdm(folds, desc="fuseg-dev folds", unit="fold", disable=args.quiet)):
-        held = set(test)
+    kfold: dict[int, list[dict]] = {1: [], 2: [], 4: []}  # the first seed set, by test-time flips
+    by_seed: list[list[dict]] = [[] for _ in range(args.fold_seeds)]  # 4 flips, by seed set
+    runs = [(s, f) for s in range(args.fold_seeds) for f in range(len(folds))]
+    for s, f in tqdm(runs, desc="fuseg-dev folds × seeds", unit="network", disable=args.quiet):
+        seed, held = fold_seed(args.seed, s, f, args.folds), set(folds[f])
         rest = [i for i in range(len(fuseg)) if i not in held]
-        net = train(cache_f, rest, new_net(enc, seed=args.seed + f), args.epochs, args.seed + f, args.device)
-        for tta in kfold:
-            kfold[tta] += evaluate(net, cache_f, fuseg, test, tta, args.device)
-    out["kfold"] = kfold
+        net = train(cache_f, rest, new_net(enc, seed=seed), args.epochs, seed, args.device)
+        for tta in kfold if s == 0 else (4,):
+            rows = evaluate(net, cache_f, fuseg, folds[f], tta, args.device)
+            if s == 0:
+                kfold[tta] += rows
+            if tta == 4:
+                by_seed[s] += rows
+    out["kfold"], out["kfold_seeds"] = kfold, by_seed
     out["otsu_fuseg"] = score({i: otsu_red(s.image) for i, s in enumerate(fuseg)}, fuseg)
     out["otsu_medetec"] = score({i: otsu_red(s.image) for i, s in enumerate(medetec)}, medetec)
     net = train(cache_m, list(range(len(medetec))), new_net(enc, seed=args.seed), args.source_epochs, args.seed,
@@ -295,7 +310,19 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
                        "columns": ["flips averaged", "photos", "Dice/photo [grouped 95 % CI]", "median Dice/photo"],
                        "rows": [[f"{k} ({', '.join(TTA_FLIPS[:k])})", len(v), *summary(v, seed)[:2]]
                                 for k, v in out["kfold"].items()]})
-        notes.append(f"fuseg-dev folds: {', '.join(map(str, out['folds']))} test photos.")
+        seed_rows = []
+        for s, rows in enumerate(out["kfold_seeds"]):
+            seeds = ", ".join(str(fold_seed(seed, s, f, args.folds)) for f in range(args.folds))
+            seed_rows.append([f"{seeds}{' (the rows above)' if s == 0 else ''}", len(rows), *summary(rows, seed)[:2]])
+        means = [float(np.mean([r["dice"] for r in rows])) for rows in out["kfold_seeds"]]
+        seed_rows.append([f"mean of the {len(means)} seed sets' means (sd, 95 % t interval)", n_f, mean_sd_ci(means),
+                          None])
+        tables.append({"caption": f"Training seeds of the fuseg-dev {args.folds}-fold networks (each fold's network "
+                                  "seeded as listed: decoder's initial weights and batch order; same folds, 4 flips)",
+                       "columns": ["seeds of the fold networks", "photos", "Dice/photo [grouped 95 % CI]",
+                                   "median Dice/photo"], "rows": seed_rows})
+        notes.append(f"fuseg-dev folds: {', '.join(map(str, out['folds']))} test photos. The first table's k-fold row "
+                     "and the flips table are the first seed set's networks.")
     if "curve" in out:
         pools = out["curve_pools"]
         curve_rows = [[{"0": "0 (the default, zero-shot)", "all": f"all ({min(pools)}–{max(pools)})"}.get(k, k),
@@ -337,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fuseg", type=Path, default=SHARED / "fuseg-dev", help="fuseg-dev folder (images/, masks/)")
     p.add_argument("--medetec", type=Path, default=SHARED / "medetec", help="Medetec folder (images/, masks/)")
     p.add_argument("--folds", type=int, default=2, help="fuseg-dev folds (default: 2)")
+    p.add_argument("--fold-seeds", type=int, default=3,
+                   help="seed sets the fuseg-dev folds are trained with (default: 3; the first gives the main rows)")
     cli.add_epochs(p, PRETRAIN_EPOCHS, help=f"epochs of the fuseg-dev fold networks (default: {PRETRAIN_EPOCHS})")
     p.add_argument("--source-epochs", type=int, default=12, help="epochs of the Medetec → fuseg-dev network")
     p.add_argument("--curve-steps", type=int, default=100, help="photo-views of each learning-curve fine-tuning")
@@ -353,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = [d for d in (args.fuseg, args.medetec) if not (d / "images").is_dir()]
     if missing:
         p.error(f"{missing[0]}: no images/ folder")
+    if args.folds < 2 or args.fold_seeds < 1:
+        p.error(f"need --folds ≥ 2 and --fold-seeds ≥ 1 (got {args.folds} and {args.fold_seeds})")
     t0 = time.perf_counter()
     out = run(args)
     tables, claims, notes = report(args, out)

@@ -143,14 +143,20 @@ def test_scale_tiny(capsys, tmp_path):
 def test_segmentation_tiny(tmp_path, tiny_phantom):
     from benchmarks.segmentation import main
     data = tiny_phantom(0, 8, 4, 12, 10)
-    argv = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--epochs", "1", "--source-epochs", "1",
-            "--curve-steps", "4", "--curve-folds", "2", "--quiet", "--section", "segmentation_smoke",
-            "--results", str(tmp_path)]
+    argv = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--fold-seeds", "2", "--epochs", "1",
+            "--source-epochs", "1", "--curve-steps", "4", "--curve-folds", "2", "--quiet", "--section",
+            "segmentation_smoke", "--results", str(tmp_path)]
     assert main(argv) == 0
     record = json.loads((tmp_path / "segmentation_smoke.json").read_text(encoding="utf-8"))
-    rows = [row[0] for row in record["tables"][0]["rows"]]
+    tables = {t["caption"].split(" (")[0]: t["rows"] for t in record["tables"]}
+    rows = [row[0] for row in tables["In-source folds and cross-source transfer"]]
     assert any("Otsu" in r for r in rows) and any("zero-shot" in r for r in rows) and len(rows) == 5
-    assert next(row[0] for row in record["tables"][2]["rows"]).startswith("0 (the default")
+    first, second, spread = tables["Training seeds of the fuseg-dev 2-fold networks"]
+    assert (first[0], second[0]) == ("0, 1 (the rows above)", "2, 3") and spread[3] is None
+    assert first[2] == tables["In-source folds and cross-source transfer"][0][2]  # the first set is the main row
+    assert spread[2]["n"] == 2 and spread[2]["mean"] == pytest.approx((first[2]["mean"] + second[2]["mean"]) / 2)
+    curve = next(v for k, v in tables.items() if k.startswith("Learning curve"))
+    assert curve[0][0].startswith("0 (the default")
 
 
 @pytest.mark.slow
