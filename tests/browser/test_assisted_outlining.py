@@ -155,11 +155,14 @@ def test_click_to_outline_on_medetec(medetec_app, page):
     # segmenter benchmark's business, not this test's)
     assert first[y, x] and (first & largest).sum() / largest.sum() > 0.5
 
-    # a second click, on a part of the proposal outside the expert's wound (or its rim), removes it
+    # a second click, on a part of the proposal outside the expert's wound, removes it; a proposal inside the
+    # wound is split at its point farthest from the first click, 3 px inside it (a click on its rim may land
+    # a pixel outside the proposal on screen)
     spill = first & ~ndimage.binary_dilation(largest, iterations=2)
-    if not spill.any():
-        spill = first & ~ndimage.binary_erosion(first, iterations=3)
     far = ndimage.distance_transform_edt(~largest)
+    if not spill.any():
+        spill = ndimage.binary_erosion(first, iterations=3)
+        far = np.hypot(*(np.mgrid[:truth.shape[0], :truth.shape[1]] - np.array([y, x])[:, None, None]))
     ey, ex = np.unravel_index(np.where(spill, far, -1).argmax(), far.shape)
     with settled(page, "clicking outside the wound"):
         page.mouse.click(*to_screen(page, ex + 0.5, ey + 0.5))
