@@ -1,7 +1,7 @@
 """Wound segmentation: in-source folds, cross-source transfer, the default model and a clinic's learning curve.
 
     python -m benchmarks.segmentation [--fuseg ../shared/data/fuseg-dev] [--medetec ../shared/data/medetec]
-                                      [--folds 2] [--fold-seeds 3] [--epochs 6] [--source-epochs 12] [--curve-steps 100]
+                                      [--folds 2] [--fold-seeds 3] [--epochs 6] [--source-epochs 12] [--curve-epochs 40]
                                       [--curve-folds 2] [--seed 0] [--section segmentation]
 
 Every network is the product's recipe (:mod:`core.segmentation`: EfficientNet-Lite0 with its stride-32
@@ -18,8 +18,9 @@ stages fine-tuned + FPN decoder, strong random views, 4-flip test-time augmentat
   fuseg-dev → Medetec as well; on fuseg-dev the default's own training photos cannot score it, and
   the k-fold row (the same recipe on held-out photos) stands for it;
 - **learning curve of a clinic** (Medetec as the clinic): ``--curve-folds`` folds by photo group;
-  from each fold's training photos 5, 15 and all fine-tune the default (``python -m core.train_segmenter``'s
-  start) for about ``--curve-steps`` photo-views, tested on the fold; 0 photos is the default itself;
+  from each fold's training photos 5, 15 and all fine-tune the default as a workspace's own segmenter
+  run does (``python -m core.train_segmenter``: the default as its start, ``--curve-epochs`` epochs,
+  the product's :data:`~core.segmentation.defaults.EPOCHS`), tested on the fold; 0 photos is the default itself;
 - red-channel Otsu (no training) on each set, for reference.
 
 Predictions are thresholded at 0.5, components below the minimum wound area (25 px) dropped, and
@@ -56,6 +57,7 @@ from core.segmentation.model import TTA_FLIPS, Segmenter, default_path, encoder,
 from core.segmentation.training import (
     AUGMENTED_VIEWS,
     ENCODER_LR_FACTOR,
+    EPOCHS,
     PRETRAIN_EPOCHS,
     FeatureCache,
     Sample,
@@ -266,8 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         curve["0"] += evaluate(default.net, cache_m, medetec, test, device=args.device)
         for n in (*CURVE, len(pool)):
             subset = sorted(rng.choice(pool, size=min(n, len(pool)), replace=False).tolist())
-            net = train(cache_m, subset, default.net, max(1, round(args.curve_steps / len(subset))), args.seed + f,
-                        args.device)
+            net = train(cache_m, subset, default.net, args.curve_epochs, args.seed + f, args.device)
             curve["all" if n == len(pool) else str(n)] += evaluate(net, cache_m, medetec, test, device=args.device)
     out["curve"], out["curve_pools"] = curve, [len(medetec) - len(t) for t in curve_folds]
     with torch_threads(1):
@@ -304,7 +305,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
          f"1e-3 (cosine), FPN decoder; views: 4 flips + {AUGMENTED_VIEWS} strong random view(s) per photo "
          f"(rotation ±45°, scale ×0.5–2, aspect, colour/hue/gamma jitter, blur); BCE + soft Dice; "
          f"{args.epochs} epochs in-source (the default: {PRETRAIN_EPOCHS}), {args.source_epochs} from Medetec's "
-         f"{n_m} photos; curve fine-tunes ≈ {args.curve_steps} photo-views. 4-flip test-time augmentation.")]
+         f"{n_m} photos; curve fine-tunes {args.curve_epochs} epochs (a workspace run's). 4-flip test-time augmentation.")]
     if "kfold" in out:
         tables.append({"caption": f"Test-time flips on the fuseg-dev {args.folds}-fold predictions (same networks)",
                        "columns": ["flips averaged", "photos", "Dice/photo [grouped 95 % CI]", "median Dice/photo"],
@@ -368,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seed sets the fuseg-dev folds are trained with (default: 3; the first gives the main rows)")
     cli.add_epochs(p, PRETRAIN_EPOCHS, help=f"epochs of the fuseg-dev fold networks (default: {PRETRAIN_EPOCHS})")
     p.add_argument("--source-epochs", type=int, default=12, help="epochs of the Medetec → fuseg-dev network")
-    p.add_argument("--curve-steps", type=int, default=100, help="photo-views of each learning-curve fine-tuning")
+    p.add_argument("--curve-epochs", type=int, default=EPOCHS,
+                   help=f"epochs of each learning-curve fine-tuning (default: {EPOCHS}, a workspace run's)")
     p.add_argument("--curve-folds", type=int, default=2)
     cli.add_seed(p)
     cli.add_device(p)
@@ -384,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{missing[0]}: no images/ folder")
     if args.folds < 2 or args.fold_seeds < 1:
         p.error(f"need --folds ≥ 2 and --fold-seeds ≥ 1 (got {args.folds} and {args.fold_seeds})")
+    if args.curve_epochs < 1:
+        p.error(f"need --curve-epochs ≥ 1 (got {args.curve_epochs})")
     t0 = time.perf_counter()
     out = run(args)
     tables, claims, notes = report(args, out)

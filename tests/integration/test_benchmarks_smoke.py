@@ -144,7 +144,7 @@ def test_segmentation_tiny(tmp_path, tiny_phantom):
     from benchmarks.segmentation import main
     data = tiny_phantom(0, 8, 4, 12, 10)
     argv = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--fold-seeds", "2", "--epochs", "1",
-            "--source-epochs", "1", "--curve-steps", "4", "--curve-folds", "2", "--quiet", "--section",
+            "--source-epochs", "1", "--curve-epochs", "1", "--curve-folds", "2", "--quiet", "--section",
             "segmentation_smoke", "--results", str(tmp_path)]
     assert main(argv) == 0
     record = json.loads((tmp_path / "segmentation_smoke.json").read_text(encoding="utf-8"))
