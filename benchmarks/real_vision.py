@@ -63,7 +63,8 @@ from core.vision.supervised import (
     score_folds,
     split_triplets,
 )
-from core.vision.triderm import TriDermTrainer, normalized, oriented_expert
+from core.vision.baseline import normalized
+from core.vision.triderm import TriDermTrainer, oriented_expert
 from core.vision.triderm_config import DEFAULT, TriDermConfig
 
 SEARCH_LOG = Path(__file__).with_name("real_vision_search.md")

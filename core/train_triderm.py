@@ -1,6 +1,7 @@
-"""Train TriDerm-V: wound attention pooling + predictor on a frozen backbone (TriDerm §2.2, §3.2).
+"""Learn a workspace's vision embedding: frozen centred, TriDerm-V or metric heads on the expert's triplets.
 
-Each step takes a batch of wounds, two different augmented views of each wound's photo,
+TriDerm-V (``--mode self-supervised``; TriDerm §2.2, §3.2): wound attention pooling + predictor on a
+frozen backbone. Each step takes a batch of wounds, two different augmented views of each wound's photo,
 pools each wound's tokens (attention or mean), maps them with the predictor (Linear +
 LayerNorm, dim 512) and applies VICReg (default), InfoNCE or a triplet loss to the pair.
 AdamW, cosine learning-rate schedule over all steps. With the feature cache (default) the
@@ -13,7 +14,12 @@ embedding is the head's output, an image's the mean of its wounds. The run (kind
 token, its attention weight and grid position (``token_wound``, ``token_pos``,
 ``token_weight``, ``grid``), then the command prints frozen baseline vs trained agreement.
 
-    python -m core.train_triderm [--workspace W] [--backbone efficientnet-lite0] ...
+``--mode`` (default ``auto``) follows the strict real-data evidence (:data:`core.vision.recipe.MODES`):
+with the expert's triplets in the workspace it trains the supervised metric heads, scored out of fold
+first; without them it records the frozen centred embedding (a ``vision-baseline`` run, no training),
+since no self-supervised recipe beat it on new patients. ``--mode self-supervised`` trains TriDerm-V.
+
+    python -m core.train_triderm [--workspace W] [--mode auto|frozen|self-supervised|supervised] ...
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from typing import Any, get_type_hints
 from core import cli
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
-from core.vision.recipe import SUPERVISED_CV
+from core.vision.recipe import MODES, SUPERVISED_CV
 from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, TriDermConfig
 
 #: fields spelled through the shared vocabulary (:mod:`core.cli`)
@@ -92,27 +98,43 @@ def add_option(parser: argparse.ArgumentParser, f: Field, kind: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The job's options: workspace, device, ``--paper-recipe`` and one option per :class:`TriDermConfig` field."""
+    """The job's options: workspace, device, ``--mode``, ``--paper-recipe`` and one option per
+    :class:`TriDermConfig` field."""
     parser = argparse.ArgumentParser(prog="python -m core.train_triderm", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     cli.add_device(parser)
+    parser.add_argument("--mode", choices=tuple(MODES), default="auto",
+                        help=("what to learn (default auto). " + "; ".join(f"{k}: {v}" for k, v in MODES.items())
+                              ).replace("%", "%%"))
     parser.add_argument("--paper-recipe", action="store_true",
-                        help="start from the TriDerm paper's settings instead of the real-data default. Without "
-                             "--supervise the real-data default (self-supervised) added nothing measurable over the "
-                             "frozen centred backbone on new patients (azh-dev, strict: docs/RESULTS.md, Real wounds)")
+                        help="start from the TriDerm paper's settings instead of the real-data default; with --mode "
+                             "auto it trains the paper's self-supervised TriDerm-V")
     hints = get_type_hints(TriDermConfig)
     for f in fields(TriDermConfig):
         add_option(parser, f, hints[f.name])
     return parser
 
 
-def recipe_of(args: argparse.Namespace) -> TriDermConfig:
-    """The recipe the options ask for: ``--paper-recipe`` or the default, with every option given; with
-    ``--supervise`` and no ``--cv``, :data:`~core.vision.recipe.SUPERVISED_CV` folds."""
+def recipe_of(args: argparse.Namespace, mode: str = "self-supervised") -> TriDermConfig:
+    """The recipe the options ask for: ``--paper-recipe`` or the default, with every option given; the
+    supervised ``mode`` (or ``--supervise``) learns from the triplets, with
+    :data:`~core.vision.recipe.SUPERVISED_CV` folds unless ``--cv`` says otherwise."""
     given = {f.name: getattr(args, f.name) for f in fields(TriDermConfig) if getattr(args, f.name) is not None}
+    if mode == "supervised":
+        given.setdefault("supervise", "triplets")
     if given.get("supervise") and "cv" not in given:
         given["cv"] = SUPERVISED_CV
     return replace(PAPER_RECIPE if args.paper_recipe else DEFAULT, **given)
+
+
+def asked_mode(args: argparse.Namespace) -> str:
+    """The mode the options alone ask for: ``--mode``, else ``supervised`` for ``--supervise``/``--cv``,
+    ``self-supervised`` for ``--paper-recipe``, else ``auto`` (the workspace decides)."""
+    if args.mode != "auto":
+        return args.mode
+    if args.supervise or args.cv:
+        return "supervised"
+    return "self-supervised" if args.paper_recipe else "auto"
 
 
 def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
@@ -131,40 +153,63 @@ def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train TriDerm on a workspace, compare it with the baseline and print the agreement report."""
+    """Embed a workspace in the ``--mode`` it asks for, compare with the baseline and print the agreement report."""
     parser = build_parser()
     args = cli.parse_args(parser, argv)
-    if args.cv and not args.supervise:
-        parser.error("--cv evaluates the supervised mode: add --supervise triplets")
+    asked = asked_mode(args)
+    if asked in ("frozen", "self-supervised") and (args.supervise or args.cv):
+        parser.error(f"--supervise and --cv belong to the supervised mode, not to --mode {asked}")
     try:
-        cfg = recipe_of(args)
+        cfg = recipe_of(args, asked)  # every option checked before the workspace is touched
     except ValueError as e:
         parser.error("--" + str(e).replace("_", "-"))  # the message starts with the field
     # torch, torchvision and scikit-learn: after the arguments (a fast --help)
     from core.vision.backbones import BackboneUnavailable, load_backbone
-    from core.vision.triderm import check_workspace, compare_with_baseline, describe, train
+    from core.vision.baseline import embed_baseline
+    from core.vision.triderm import auto_mode, baseline_run, check_workspace, compare_with_baseline, describe, train
 
     ws = open_workspace(args.workspace, parser, require_wounds=True)
+    mode, why = (asked, "asked") if asked != "auto" else auto_mode(ws)
+    cfg = recipe_of(args, mode)
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         backbone = load_backbone(cfg.backbone, layer=cfg.layer)
         check_workspace(ws, cfg)
-    print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {describe(cfg, backbone.name)}")
-    run_id = train(ws, cfg, backbone=backbone)
-    rows = compare_with_baseline(ws, run_id, backbone, cfg)
+    print(f"mode: {mode} ({why}) — {MODES[mode]}")
+    if mode == "frozen":
+        run_id = embed_baseline(ws, backbone, normalize="center-l2")
+    else:
+        print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {describe(cfg, backbone.name)}")
+        run_id = train(ws, cfg, backbone=backbone)
+    run = ws.store.run(run_id)
+    assert run is not None, run_id  # just recorded
+    if mode != "frozen":
+        t = run["metrics"]["timing"]
+        print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
+    if not ws.store.expert_triplets():
+        print(f"run {run_id} recorded. No expert triplets yet: nothing to score the embedding against (the Triplets "
+              "page collects them; the Report page then evaluates every run).")
+        print(next_steps(ws))
+        return 0
+    if mode == "frozen":
+        base_id = baseline_run(ws, backbone)
+        rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", base_id),
+                (f"frozen {backbone.name}, centred unit length (run {run_id})", run_id)]
+    else:
+        rows = [(label, rid) for label, rid, _ in compare_with_baseline(ws, run_id, backbone, cfg)]
     report = run_report(ws, n_boot=1000, seed=cfg.seed)  # saved: the Report page shows it
     by_run = {r["run_id"]: r for r in report["rows"]}
     tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
     print(f"\nAgreement with the expert's triplets{tag}, % with 95% bootstrap intervals:")
-    print(agreement_table([(label, by_run[rid]) for label, rid, _ in rows]))
-    print(scored_note(by_run[run_id], len(ws.store.expert_triplets())))
-    if cfg.supervise:
-        print("(the supervised row is scored on the triplets it was trained on: in-sample, optimistic, not its figure)")
-    run = ws.store.run(run_id)
-    assert run is not None, run_id  # just recorded
-    if run["metrics"].get("cv"):
+    print(agreement_table([(label, by_run[rid]) for label, rid in rows]))
+    if not (cfg.supervise and run["metrics"].get("cv")):  # a strict figure's counts: the out-of-fold lines
+        print(scored_note(by_run[run_id], len(ws.store.expert_triplets())))
+    if cfg.supervise and run["metrics"].get("cv"):
+        print("(the supervised row is its strict out-of-fold figure, never its agreement with the triplets it was "
+              "trained on)")
         print("\n".join(out_of_fold_lines(run["metrics"]["cv"])))
-    t = run["metrics"]["timing"]
-    print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
+    elif cfg.supervise:
+        print("(the supervised row is scored on the triplets it was trained on: IN-SAMPLE, optimistic, not its "
+              "figure; --cv K scores it out of fold)")
     print(f"evaluation saved (report run {report['run_id']}): the Report page shows it.")
     print(next_steps(ws))
     return 0

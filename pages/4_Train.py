@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import app_common as ac
-from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, SUPERVISED_CV
+from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, MODES, SUPERVISED_CV
 from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, POOLINGS
 
 ws = ac.page("Train", need="jobs")
@@ -16,9 +16,11 @@ ws = ac.page("Train", need="jobs")
 
 def vision_tab() -> tuple[list[str], str]:
     """TriDerm-V's settings: the training job's arguments and a shared model to embed with (or "")."""
-    st.markdown("Wound attention pooling + predictor on a frozen backbone, VICReg on augmented views "
-                "(TriDerm-V, paper §2.2). The offline default backbone is EfficientNet-Lite0 at full depth; "
-                "the default recipe is the one that won on real wounds (`benchmarks/real_vision.py`).")
+    st.markdown("An image embedding of the outlined wounds on a frozen backbone (EfficientNet-Lite0 at full depth "
+                "offline). **auto** follows what was measured on new patients (`benchmarks/real_vision.py`): metric "
+                "heads learnt from the expert's triplets when the workspace has them, else the frozen centred "
+                "embedding, which no self-supervised training beat. **self-supervised** trains TriDerm-V (attention "
+                "pooling + predictor, VICReg on augmented views, paper §2.2) with the recipe below.")
     recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
                       help=f"paper: {PAPER_RECIPE.dim}-d predictor, raw Euclidean distances; default: {DEFAULT.dim}-d, "
                            "centred unit length")
@@ -32,22 +34,21 @@ def vision_tab() -> tuple[list[str], str]:
     lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=DEFAULT.lr, format="%.5f")
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
-    supervise = s1.checkbox("Learn from the expert's triplets", value=False, disabled=n_expert == 0,
-                            help=f"{n_expert} expert judgments in this workspace (--supervise triplets): an ensemble "
-                                 f"of {DEFAULT.supervise_heads} metric heads trained on them over the augmented "
-                                 "views, instead of self-supervision. On azh-dev's new patients (strict) it scored above "
-                                 "the frozen centred backbone, though not significantly once corrected for the "
-                                 "section's multiple tests; self-supervision alone did not (figures: the Report's "
-                                 "real-data section, docs/RESULTS.md)")
+    modes = [m for m in MODES if n_expert or m != "supervised"]
+    mode = s1.radio("Mode", modes, horizontal=True,
+                    help=f"{n_expert} expert judgments in this workspace. " + " ".join(
+                        f"**{m}**: {MODES[m]}." for m in modes))
+    supervised = mode == "supervised" or (mode == "auto" and n_expert > 0)
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
-                            value=SUPERVISED_CV, disabled=not supervise,
-                            help=f"patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random splits; the "
-                                 "run's figure is the strict one (triplets whose three photos training never saw)")
-    args = ["--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
+                            value=SUPERVISED_CV, disabled=not supervised,
+                            help=f"supervised mode: patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random "
+                                 "splits; the run's figure is the strict one (triplets whose three photos training "
+                                 "never saw)")
+    args = ["--mode", mode, "--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
             "--batch-size", str(int(batch)), "--lr", repr(float(lr)),
             *(["--paper-recipe"] if recipe == "paper recipe" else [])]
-    if supervise:
-        args += ["--supervise", "triplets", "--cv", str(int(folds))]
+    if supervised:
+        args += ["--cv", str(int(folds))]
     st.markdown("**A shared model**: embed this workspace's photos in the space of a model another centre "
                 "published without its patient data (a `python -m core.export_model` folder on this server, or "
                 "`hf-hub:org/repo`); the run (`vision-model`) then shows on Explore and is scored on the Report.")

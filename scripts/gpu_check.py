@@ -47,7 +47,7 @@ def steps(ws: str, device: str = "cuda") -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-c", _LAUNCHER]
     w = ["--workspace", ws, "--device", device]
     return [
-        ("train_triderm", [*py, "core.train_triderm", *w, "--epochs", "2"]),  # imports the demo first
+        ("train_triderm", [*py, "core.train_triderm", *w, "--mode", "self-supervised", "--epochs", "2"]),  # the demo first
         ("extract_features", [*py, "core.extract_features", *w, "--views", "2"]),
         ("embed", [*py, "core.embed", *w]),
         ("text_embed", [*py, "core.text_embed", *w]),

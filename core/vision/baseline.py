@@ -1,5 +1,7 @@
 """Frozen vision baseline (TriDerm §3.3, METHODS.md §1): a wound's embedding is the mean of its
-backbone tokens, an image's the mean of its wounds; recorded as a ``vision-baseline`` run.
+backbone tokens, an image's the mean of its wounds; recorded as a ``vision-baseline`` run, raw or
+centred on the study's photos and scaled to unit length (the frozen centred embedding, the
+strongest simple baseline on real wounds).
 """
 from __future__ import annotations
 
@@ -23,11 +25,25 @@ def image_means(wound_keys: list[tuple[str, int]], wound_emb: np.ndarray) -> tup
     return ids, sums / np.bincount(index, minlength=len(ids))[:, None]
 
 
-def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = None, progress: bool = True) -> int:
-    """Record the frozen mean-pool baseline of ``backbone`` as a run; returns its id."""
+def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(embedding, centre): ``center-l2`` subtracts the mean of ``rows`` (all by default) and
+    scales every row to unit length, so distances compare directions; ``none`` keeps ``emb``."""
+    if how == "none":
+        return emb, np.zeros(emb.shape[1])
+    center = emb[rows if rows is not None else slice(None)].mean(0)
+    z = emb - center
+    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12), center
+
+
+def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = None, progress: bool = True,
+                   normalize: str = "none") -> int:
+    """Record the frozen mean-pool baseline of ``backbone`` as a run; returns its id. With
+    ``normalize="center-l2"`` the photos' embeddings are centred on their mean and scaled to unit
+    length (:func:`normalized`; the centre is stored with them)."""
     run_id = ws.store.start_run("vision-baseline", {
         "modality": "vision", "backbone": backbone.name, "pooling": "mean", "input_size": backbone.input_size,
-        "token_rule": "cell area fraction >= 0.5, else the wound's best cell", "synthetic": ws.is_synthetic})
+        "token_rule": "cell area fraction >= 0.5, else the wound's best cell", "normalize": normalize,
+        "synthetic": ws.is_synthetic}, name="frozen, centred unit length" if normalize == "center-l2" else None)
     try:
         if bank is None:
             image_ids, keys = workspace_wounds(ws)
@@ -36,7 +52,9 @@ def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = N
             wound_emb, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
         wound_emb = wound_emb.numpy()
         ids, image_emb = image_means(bank.wound_keys, wound_emb)
-        save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb)
+        image_emb, center = normalized(image_emb, normalize)
+        save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
+                        center=center)
         ws.store.finish_run(run_id, metrics={"n_images": len(ids), "n_wounds": len(bank)})
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",

@@ -14,6 +14,21 @@ NORMALIZE = ("center-l2", "none")
 #: ``--cv`` folds of the supervised mode: few, large folds (with K folds only ~1/K² of the triplets
 #: have all three photos in one fold, the strict set), repeated over ``cv_repeats`` random splits
 SUPERVISED_CV = 2
+#: ``python -m core.train_triderm --mode``: what each mode learns and what it added, measured on azh-dev's new
+#: patients (strict: all three photos of a triplet unseen by training, paired over 57 patients;
+#: ``python -m benchmarks.real_vision``, docs/RESULTS.md "Real wounds"); ``auto`` is the job's default
+MODES = {
+    "auto": "supervised when the workspace has expert triplets over outlined photos of at least "
+            f"{SUPERVISED_CV} patients, else frozen: the best measured mode for what the workspace holds",
+    "frozen": "no training: a photo is the mean of its wounds' backbone tokens, centred on the study's photos, "
+              "unit length. azh-dev strict 63.0 %: the baseline the other modes are measured against",
+    "self-supervised": "TriDerm-V: attention pooling + predictor trained with VICReg on augmented views, no labels "
+                       "(the TriDerm paper's method; --paper-recipe for its settings). azh-dev strict 63.1 %: "
+                       "+0.0 pp over frozen (p = 0.99), adds nothing measured",
+    "supervised": "an ensemble of metric heads trained on the workspace's expert triplets (--supervise triplets), "
+                  "scored on patient-disjoint folds first (--cv). azh-dev strict 66.7 %: +4.1 pp over frozen "
+                  "(p = 0.042); a plain linear metric reached 67.8 % (+6.0 pp)",
+}
 #: the training objectives (``--loss``; :data:`core.vision.triderm.LOSSES` maps them to the losses)
 LOSS_NAMES = ("contrastive", "triplet", "vicreg")
 #: Photos per shard file of the feature cache (:meth:`core.vision.features.FeatureCache.extract`).

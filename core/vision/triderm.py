@@ -22,9 +22,10 @@ from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
 from core.vision.backbones import Backbone, load_backbone
-from core.vision.baseline import embed_baseline, image_means
+from core.vision.baseline import embed_baseline, image_means, normalized
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
 from core.vision.pooling import WoundHead
+from core.vision.recipe import SUPERVISED_CV
 from core.vision.supervised import (
     PROTOCOLS,
     Fold,
@@ -148,6 +149,20 @@ def check_workspace(ws: Workspace, cfg: TriDermConfig) -> None:
         patient_folds(image_ids, patient_of(ws.store.images()), cfg.cv)
 
 
+def auto_mode(ws: Workspace) -> tuple[str, str]:
+    """The mode ``--mode auto`` picks (:data:`~core.vision.recipe.MODES`) and why: ``supervised`` when the
+    expert's triplets over outlined photos span at least :data:`SUPERVISED_CV` patients (its folds),
+    else ``frozen``: without labels no training beat the frozen centred embedding on new patients."""
+    image_ids, _ = workspace_wounds(ws)
+    n = len(oriented_expert(ws, image_ids))
+    patient = patient_of(ws.store.images())
+    patients = len({patient[i] for i in image_ids})
+    if n and patients >= SUPERVISED_CV:
+        return "supervised", f"{n} expert triplets over outlined photos of {patients} patients"
+    return "frozen", ("no expert triplets over outlined photos" if not n else
+                      f"outlined photos of {patients} patient(s), too few for {SUPERVISED_CV} patient-disjoint folds")
+
+
 def oriented_expert(ws: Workspace, image_ids: Sequence[str]) -> np.ndarray:
     """The expert's non-skip triplets over ``image_ids`` as rows [i, chosen, other]."""
     row = {i: n for n, i in enumerate(image_ids)}
@@ -156,16 +171,6 @@ def oriented_expert(ws: Workspace, image_ids: Sequence[str]) -> np.ndarray:
            for t in ws.store.expert_triplets()
            if t["choice"] in ("j", "k") and {t["anchor"], t["ref_j"], t["ref_k"]} <= row.keys()]
     return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-
-def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(embedding, centre): ``center-l2`` subtracts the mean of ``rows`` (all by default) and
-    scales every row to unit length, so distances compare directions; ``none`` keeps ``emb``."""
-    if how == "none":
-        return emb, np.zeros(emb.shape[1])
-    center = emb[rows if rows is not None else slice(None)].mean(0)
-    z = emb - center
-    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12), center
 
 
 def embedding_normalize(cfg: TriDermConfig) -> str:
@@ -343,11 +348,12 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
 
 
 def baseline_run(ws: Workspace, backbone: str | Backbone, progress: bool = True) -> int:
-    """Latest finished frozen baseline of ``backbone`` (a registry name or a loaded backbone,
+    """Latest finished raw frozen baseline of ``backbone`` (a registry name or a loaded backbone,
     matched on the recorded name), computed when there is none."""
     name = backbone.name if isinstance(backbone, Backbone) else backbone
     for run in ws.store.runs(kind="vision-baseline"):
-        if run["status"] == "done" and run["config"].get("backbone") == name:
+        if (run["status"] == "done" and run["config"].get("backbone") == name
+                and run["config"].get("normalize", "none") == "none"):
             return int(run["id"])
     bb = backbone if isinstance(backbone, Backbone) else load_backbone(backbone)
     return embed_baseline(ws, bb, progress=progress)

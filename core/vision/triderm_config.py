@@ -46,10 +46,9 @@ class TriDermConfig:
     normalize: str = option("center-l2", "embedding distances: center-l2 (centre, unit length) or none (raw "
                                          "Euclidean)", choices=NORMALIZE)
     supervise: str | None = option(
-        None, "learn from the workspace's expert triplets: a metric head (pooling, standardisation, linear map) "
-              "trained with the ordinal hinge over the augmented views. Measured on azh-dev, strict (new "
-              "patients): 67.0% vs 63.0% for the frozen centred backbone (+4.3 pp per patient, p = 0.04); a "
-              "plain linear metric gives 67.8% (benchmarks/real_vision.py)", choices=("triplets",))
+        None, "learn from the workspace's expert triplets (the supervised mode): a metric head (pooling, "
+              "standardisation, linear map) trained with the ordinal hinge over the augmented views; what it "
+              "adds, measured: --mode", choices=("triplets",))
     cv: int = option(0, "with --supervise: first score K patient-disjoint folds; the run's figure is the strict one "
                         "(triplets whose three photos were all unseen by training, CI over patients). The job "
                         f"scores {SUPERVISED_CV} with --supervise unless told; 0 to skip", minimum=0)

@@ -92,7 +92,7 @@ def test_no_cache_path_and_option_validation(tiny_ws, monkeypatch):
 
 
 def test_cli_prints_baseline_vs_trained_table(tiny_ws, capsys):
-    assert main(["--workspace", str(tiny_ws.root), "--epochs", "2", "--views", "2", "--batch-size", "4",
+    assert main(["--workspace", str(tiny_ws.root), "--mode", "self-supervised", "--epochs", "2", "--views", "2", "--batch-size", "4",
                  "--dim", "16", "--loss", "contrastive"]) == 0
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out

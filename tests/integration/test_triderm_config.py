@@ -3,6 +3,8 @@ same embeddings as before the refactor."""
 from __future__ import annotations
 
 import ast
+import json
+import re
 import subprocess
 import sys
 from dataclasses import FrozenInstanceError, asdict, fields, replace
@@ -155,3 +157,34 @@ def test_a_run_record_holds_the_config_dict(trained):
     assert TriDermConfig.from_record(run["config"]) == TriDermConfig(**expected)
     saved = torch.load(ws.run_dir(runs["supervised"]) / "head.pt", weights_only=False)["config"]
     assert saved == {k: v for k, v in asdict(cfg).items() if k != "backbone"}
+
+
+def test_each_modes_help_quotes_the_stored_real_data_figures():
+    """``--mode``'s help (:data:`~core.vision.recipe.MODES`) quotes results/real_vision.json (azh-dev, strict):
+    regenerating that file makes this test name every figure that has moved."""
+    from core.vision.recipe import MODES
+
+    stored = json.loads((REPO / "results" / "real_vision.json").read_text())
+    strict = {row[0]: row[1]["mean"] for row in stored["tables"][0]["rows"]}
+    claims = {c["claim"]: c for c in stored["claims"]}
+
+    def diff(claim: str) -> str:
+        return re.search(r"mean difference ([+-]\d+\.\d pp)", claims[claim]["test"]).group(1)
+
+    frozen = "frozen, new tokens, mean pooling, centred unit length (centre of the training photos)"
+    ssl = "TriDerm-V self-supervised, real-data default (trained on the training photos, no labels)"
+    supervised = "TriDerm-V --supervise triplets (5 metric heads, mean pooling, augmented views)"
+    ssl_claim = "the self-supervised default beats the frozen centred embedding (strict)"
+    sup_claim = "the supervised mode beats the frozen centred embedding (strict)"
+    lin_claim = "the linear metric beats the frozen centred embedding (strict)"
+    expected = {
+        "frozen": [f"{strict[frozen]:.1f} %"],
+        "self-supervised": [f"{strict[ssl]:.1f} %", f"{diff(ssl_claim)} over frozen",
+                            f"p = {claims[ssl_claim]['p']:.2g}"],
+        "supervised": [f"{strict[supervised]:.1f} %", f"{diff(sup_claim)} over frozen",
+                       f"p = {claims[sup_claim]['p']:.2g}",
+                       f"{strict['linear metric on frozen new tokens']:.1f} % ({diff(lin_claim)})"],
+    }
+    for mode, figures in expected.items():
+        for figure in figures:
+            assert figure in MODES[mode], (mode, figure)

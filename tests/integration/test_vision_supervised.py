@@ -2,6 +2,7 @@
 supervised training term, embedding new photos, and the CLI's bad-input errors."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -15,6 +16,8 @@ from core.eval.metrics import agreement
 from core.losses import ExpertTripletLoss
 from core.runtime import load_embeddings, pick_device
 from core.train_triderm import main as train_main
+from core.vision.backbones import load_backbone
+from core.vision.baseline import embed_baseline
 from core.vision.features import PhotoFeatures, TokenBank, wound_fractions
 from core.vision.supervised import (
     LinearMetric,
@@ -284,26 +287,58 @@ def test_a_supervised_run_places_new_photos_in_its_metric_space(tiny_ws, tmp_pat
     assert f"again: {first} (0.0" in capsys.readouterr().out
 
 
-def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
-    base = ["--workspace", str(tiny_ws.root), *["--epochs", "1", "--views", "2", "--batch-size", "4", "--dim", "8"]]
-    for extra, message in [(["--layer", "stage9"], "unknown layer 'stage9'"),
-                           (["--supervise", "triplets", "--cv", "99"], "larger than the number of patients"),
-                           (["--cv", "3"], "add --supervise triplets")]:
-        with pytest.raises(SystemExit) as err:
-            train_main([*base, *extra])
-        assert err.value.code == 2 and message in capsys.readouterr().err
-    assert tiny_ws.store.runs() == []
-    empty = Workspace(tmp_path / "no-triplets")
+def without_triplets(ws: Workspace, tmp_path) -> Workspace:
+    """A workspace with ``ws``'s photos and wounds and no expert triplet."""
     import shutil
 
     from annotations.dataset import import_dataset
 
+    empty = Workspace(tmp_path / "no-triplets")
     ds = tmp_path / "ds"
-    shutil.copytree(tiny_ws.root / "images", ds / "images")
-    shutil.copytree(tiny_ws.root / "masks", ds / "masks")
+    shutil.copytree(ws.root / "images", ds / "images")
+    shutil.copytree(ws.root / "masks", ds / "masks")
     (ds / "wounds.csv").write_text("image_id,wound_index,description\n" + "".join(
-        f"{w['image_id']},{w['wound_index']},\n" for w in tiny_ws.store.wounds()))
+        f"{w['image_id']},{w['wound_index']},\n" for w in ws.store.wounds()))
     import_dataset(empty, ds)
+    return empty
+
+
+def test_the_default_mode_follows_the_evidence(tiny_ws, tmp_path, capsys):
+    """``--mode auto``: the supervised metric heads, scored out of fold, when the workspace has expert
+    triplets; else the frozen centred embedding (a ``vision-baseline`` run, no training)."""
+    assert train_main(["--workspace", str(tiny_ws.root), "--supervise-steps", "5", "--supervise-heads", "1",
+                       "--views", "2", "--cv-repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^mode: supervised \(\d+ expert triplets over outlined photos of \d+ patients\)", out, re.M), out
+    (run,) = tiny_ws.store.runs(kind="vision-triderm")
+    assert run["config"]["supervise"] == "triplets" and run["metrics"]["cv"]["protocol"] == "strict"
+    assert "strict — all three photos unseen (the run's figure)" in out
+
+    empty = without_triplets(tiny_ws, tmp_path)
+    assert train_main(["--workspace", str(empty.root)]) == 0
+    out = capsys.readouterr().out
+    assert "mode: frozen (no expert triplets over outlined photos)" in out and "No expert triplets yet" in out
+    (run,) = empty.store.runs()
+    assert run["kind"] == "vision-baseline" and run["config"]["normalize"] == "center-l2"
+    assert run["name"] == "frozen, centred unit length"
+    centred, raw = load_embeddings(empty, run["id"]), load_embeddings(empty, embed_baseline(empty, load_backbone(DEFAULT.backbone)))
+    z = raw["image_emb"] - raw["image_emb"].mean(0)
+    assert np.allclose(centred["image_emb"], z / np.linalg.norm(z, axis=1, keepdims=True), atol=1e-5)
+    assert np.allclose(centred["center"], raw["image_emb"].mean(0))
+
+
+def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
+    base = ["--workspace", str(tiny_ws.root), *["--epochs", "1", "--views", "2", "--batch-size", "4", "--dim", "8"]]
+    for extra, message in [(["--layer", "stage9"], "unknown layer 'stage9'"),
+                           (["--supervise", "triplets", "--cv", "99"], "larger than the number of patients"),
+                           (["--mode", "self-supervised", "--cv", "3"],
+                            "--supervise and --cv belong to the supervised mode, not to --mode self-supervised"),
+                           (["--mode", "frozen", "--supervise", "triplets"], "not to --mode frozen")]:
+        with pytest.raises(SystemExit) as err:
+            train_main([*base, *extra])
+        assert err.value.code == 2 and message in capsys.readouterr().err
+    assert tiny_ws.store.runs() == []
+    empty = without_triplets(tiny_ws, tmp_path)
     with pytest.raises(SystemExit) as err:
         train_main(["--workspace", str(empty.root), "--supervise", "triplets", *base[2:]])
     assert err.value.code == 2 and "needs expert triplets" in capsys.readouterr().err
