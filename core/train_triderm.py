@@ -138,7 +138,8 @@ def asked_mode(args: argparse.Namespace) -> str:
 
 
 def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
-    """The strict and anchor-unseen out-of-fold agreement of a run's ``metrics["cv"]``."""
+    """The strict and anchor-unseen out-of-fold agreement of a run's ``metrics["cv"]``, and the frozen
+    centred embedding's on the same strict triplets with the paired test of the run against it."""
     lines = [(f"out of fold, {cv['repeats']} random splits × {cv['folds']} patient-disjoint folds "
               "(95 % CI resamples patients):")]
     for name, m in (("strict — all three photos unseen (the run's figure)", cv),
@@ -149,6 +150,17 @@ def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
         lo, hi = m["ci"]
         lines.append(f"  {name}: balanced {100 * m['balanced']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] over "
                      f"{m['n']} scored triplets, {m['n_patients']} patients")
+    base = cv.get("frozen_centred") or {}
+    if base.get("balanced") is not None:
+        lo, hi = base["ci"]
+        lines.append(f"  frozen centred, the same strict triplets: balanced {100 * base['balanced']:.1f}% "
+                     f"[{100 * lo:.1f}, {100 * hi:.1f}]")
+    if "paired" in base:
+        t = base["paired"]
+        verdict = "beats it" if t["t_p"] < 0.05 and t["mean_diff"] > 0 else "does not beat it"
+        lines.append(f"  this run − frozen centred: {100 * t['mean_diff']:+.1f} pp per patient over {t['n_patients']} "
+                     f"patients (paired t-test p = {t['t_p']:.2g}, Wilcoxon p = {t['wilcoxon_p']:.2g}): the run "
+                     f"{verdict} at p < 0.05")
     return lines
 
 

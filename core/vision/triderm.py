@@ -24,7 +24,7 @@ from core.vision.augment import WoundAugment
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.baseline import embed_baseline, image_means, normalized
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
-from core.vision.pooling import WoundHead
+from core.vision.pooling import MeanPooling, WoundHead
 from core.vision.recipe import SUPERVISED_CV
 from core.vision.supervised import (
     PROTOCOLS,
@@ -34,6 +34,7 @@ from core.vision.supervised import (
     fit_metric_head,
     patient_folds,
     patient_of,
+    patient_paired_test,
     protocol_summary,
     repeated_folds,
     score_folds,
@@ -235,6 +236,14 @@ class TriDermTrainer:
                      on_epoch, wounds)
         return head, losses
 
+    def frozen_images(self) -> np.ndarray:
+        """The frozen mean-pool image embedding, rows in ``image_ids`` order (the baseline of the folds)."""
+        with torch.no_grad():
+            z, _ = MeanPooling()(self.bank.eval_tokens, self.bank.eval_segment, len(self.bank))
+        ids, image_emb = image_means(self.bank.wound_keys, z.numpy())
+        assert ids == self.image_ids
+        return image_emb
+
     def embed(self, head: WoundHead | MetricHead, fit_rows: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(wound embeddings, image embeddings in ``image_ids`` order, attention weights, centre);
@@ -278,13 +287,31 @@ def out_of_fold(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[
                 if k != "per_anchor"} for p in PROTOCOLS}
 
 
+def versus_frozen(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], frozen: np.ndarray,
+                  patients: dict[str, str], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """The frozen centred embedding (centred on each fold's training photos, unit length) scored strictly
+    on the same folds as the run, and under ``paired`` the run minus it per patient
+    (:func:`~core.vision.supervised.patient_paired_test`; with at least 2 patients)."""
+    everyone = np.arange(len(image_ids))
+    base = [(rows, pairwise_euclidean(normalized(frozen, "center-l2", np.setdiff1d(everyone, rows))[0]))
+            for rows, _ in folds]
+    run, ref = (protocol_summary(score_folds(triplets, f)["strict"], image_ids, patients, n_boot, seed)
+                for f in (folds, base))
+    out = {k: v for k, v in ref.items() if k != "per_anchor"}
+    rows = [[{"anchor": a, "accuracy": x} for a, x in s["per_anchor"].items()] for s in (run, ref)]
+    if len({patients[r["anchor"]] for r in rows[0]}) >= 2:
+        out["paired"] = patient_paired_test(*rows, patients)
+    return out
+
+
 def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **overrides: Any) -> int:
     """Train TriDerm-V on ``ws`` with ``cfg`` and any field of it in ``overrides`` (``backbone`` may
     also be a loaded :class:`Backbone`); returns the run id, whose record's config is ``asdict(cfg)``
     plus the resolved backbone and the data counts. With ``supervise="triplets"`` the expert's
     triplets train a metric head, and ``cv=K`` first scores ``cv_repeats`` random patient-disjoint
     K-fold splits: ``metrics["cv"]`` holds the strict figure (all three photos unseen;
-    patient-bootstrap CI) and ``anchor_unseen``."""
+    patient-bootstrap CI), ``anchor_unseen`` and ``frozen_centred`` (the strongest simple baseline on
+    the same strict triplets, with the paired test of the run against it: :func:`versus_frozen`)."""
     unknown = set(overrides) - {f.name for f in fields(TriDermConfig)}
     if unknown:
         raise TypeError(f"unknown training options: {sorted(unknown)}")
@@ -323,7 +350,9 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
                 metrics["cv"] = {"folds": cfg.cv, "repeats": cfg.cv_repeats, "split": "patient",
                                  "protocol": "strict", "ci_resamples": "patients", **oof["strict"],
-                                 "anchor_unseen": oof["anchor_unseen"]}
+                                 "anchor_unseen": oof["anchor_unseen"],
+                                 "frozen_centred": versus_frozen(image_ids, triplets, folds, trainer.frozen_images(),
+                                                                 patients, seed=cfg.seed)}
             epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))

@@ -12,12 +12,13 @@ from PIL import Image
 
 from annotations.workspace import Workspace
 from core.embed import main as embed_main
+from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import agreement
 from core.losses import ExpertTripletLoss
 from core.runtime import load_embeddings, pick_device
 from core.train_triderm import main as train_main
 from core.vision.backbones import load_backbone
-from core.vision.baseline import embed_baseline
+from core.vision.baseline import embed_baseline, normalized
 from core.vision.features import PhotoFeatures, TokenBank, wound_fractions
 from core.vision.supervised import (
     LinearMetric,
@@ -31,7 +32,7 @@ from core.vision.supervised import (
     score_folds,
     split_triplets,
 )
-from core.vision.triderm import oriented_expert, train
+from core.vision.triderm import oriented_expert, train, versus_frozen
 from core.vision.triderm_config import DEFAULT
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
@@ -287,6 +288,23 @@ def test_a_supervised_run_places_new_photos_in_its_metric_space(tiny_ws, tmp_pat
     assert f"again: {first} (0.0" in capsys.readouterr().out
 
 
+def test_versus_frozen_pairs_the_run_with_the_frozen_centred_baseline_on_the_same_folds():
+    rng = np.random.default_rng(0)
+    frozen = rng.normal(size=(12, 5))
+    ids = [f"p{i}" for i in range(12)]
+    patients = {i: f"patient{n // 2}" for n, i in enumerate(ids)}
+    triplets = np.array([rng.choice(12, 3, replace=False) for _ in range(400)])
+    everyone = np.arange(12)
+    same = [(rows, pairwise_euclidean(normalized(frozen, "center-l2", np.setdiff1d(everyone, rows))[0]))
+            for rows in (np.arange(6), np.arange(6, 12))]
+    out = versus_frozen(ids, triplets, same, frozen, patients)
+    expected = protocol_summary(score_folds(triplets, same)["strict"], ids, patients)
+    assert out["balanced"] == expected["balanced"] and out["n"] == expected["n"] > 0
+    assert out["paired"]["mean_diff"] == 0 and out["paired"]["n_patients"] == 6
+    reversed_ = versus_frozen(ids, triplets, [(rows, -D) for rows, D in same], frozen, patients)
+    assert reversed_["balanced"] == out["balanced"] and reversed_["paired"]["mean_diff"] < 0
+
+
 def without_triplets(ws: Workspace, tmp_path) -> Workspace:
     """A workspace with ``ws``'s photos and wounds and no expert triplet."""
     import shutil
@@ -313,6 +331,9 @@ def test_the_default_mode_follows_the_evidence(tiny_ws, tmp_path, capsys):
     (run,) = tiny_ws.store.runs(kind="vision-triderm")
     assert run["config"]["supervise"] == "triplets" and run["metrics"]["cv"]["protocol"] == "strict"
     assert "strict — all three photos unseen (the run's figure)" in out
+    base = run["metrics"]["cv"]["frozen_centred"]
+    assert 0 <= base["balanced"] <= 1 and base["n"] == run["metrics"]["cv"]["n"] and "paired" in base
+    assert "frozen centred, the same strict triplets: balanced" in out and "this run − frozen centred:" in out
 
     empty = without_triplets(tiny_ws, tmp_path)
     assert train_main(["--workspace", str(empty.root)]) == 0
