@@ -160,6 +160,25 @@ def test_segmentation_tiny(tmp_path, tiny_phantom):
 
 
 @pytest.mark.slow
+def test_segmentation_ablation_tiny(tmp_path, tiny_phantom):
+    """``--part ablation``: each variant trained on the same folds and seeds; the recipe's row is the main
+    section's seed sets, and a claim per variant against it."""
+    from benchmarks.segmentation import ABLATION, main
+    data = tiny_phantom(0, 8, 4, 12, 10)
+    common = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--fold-seeds", "2", "--epochs", "1",
+              "--quiet", "--results", str(tmp_path)]
+    assert main([*common, "--part", "ablation", "--section", "ablation_smoke"]) == 0
+    assert main([*common, "--part", "sources", "--source-epochs", "1", "--section", "sources_smoke"]) == 0
+    record = json.loads((tmp_path / "ablation_smoke.json").read_text(encoding="utf-8"))
+    (table,) = record["tables"]
+    assert [r[0] for r in table["rows"]] == list(ABLATION)
+    seeds = next(t for t in json.loads((tmp_path / "sources_smoke.json").read_text(encoding="utf-8"))["tables"]
+                 if t["caption"].startswith("Training seeds"))
+    assert table["rows"][0][5] == ", ".join(f"{r[2]['mean']:.3f}" for r in seeds["rows"][:2])  # the same networks
+    assert [c["claim"].split("'")[1] for c in record["claims"]] == list(ABLATION)[1:]
+
+
+@pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
 def test_app_latency_tiny(capsys):
