@@ -300,7 +300,7 @@ def versus_frozen(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequenc
     out = {k: v for k, v in ref.items() if k != "per_anchor"}
     rows = [[{"anchor": a, "accuracy": x} for a, x in s["per_anchor"].items()] for s in (run, ref)]
     if len({patients[r["anchor"]] for r in rows[0]}) >= 2:
-        out["paired"] = patient_paired_test(*rows, patients)
+        out["paired"] = patient_paired_test(rows[0], rows[1], patients)
     return out
 
 
