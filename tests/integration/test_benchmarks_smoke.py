@@ -170,12 +170,12 @@ def test_segmentation_ablation_tiny(tmp_path, tiny_phantom):
     assert main([*common, "--part", "ablation", "--section", "ablation_smoke"]) == 0
     assert main([*common, "--part", "sources", "--source-epochs", "1", "--section", "sources_smoke"]) == 0
     record = json.loads((tmp_path / "ablation_smoke.json").read_text(encoding="utf-8"))
-    (table,) = record["tables"]
-    assert [r[0] for r in table["rows"]] == list(ABLATION)
+    table, other_source = record["tables"]
+    assert [r[0] for r in table["rows"]] == [r[0] for r in other_source["rows"]] == list(ABLATION)
     seeds = next(t for t in json.loads((tmp_path / "sources_smoke.json").read_text(encoding="utf-8"))["tables"]
                  if t["caption"].startswith("Training seeds"))
     assert table["rows"][0][5] == ", ".join(f"{r[2]['mean']:.3f}" for r in seeds["rows"][:2])  # the same networks
-    assert [c["claim"].split("'")[1] for c in record["claims"]] == list(ABLATION)[1:]
+    assert [c["claim"].split("'")[1] for c in record["claims"]] == list(ABLATION)[1:] * 2
 
 
 @pytest.mark.slow
