@@ -29,6 +29,7 @@ from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from annotations.workspace import Workspace
 from core import cli
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
@@ -164,6 +165,28 @@ def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
     return lines
 
 
+def agreement_lines(ws: Workspace, run: dict[str, Any], rows: list[tuple[str, int]], cfg: TriDermConfig
+                    ) -> list[str]:
+    """Evaluate every run of ``ws`` (the saved report the Report page shows); the lines of the labelled
+    ``rows``' (label, run id) agreement, then what ``run``'s figure is: its strict out-of-fold lines for a
+    supervised run, else how many of the expert's triplets were scored."""
+    report = run_report(ws, n_boot=1000, seed=cfg.seed)
+    by_run = {r["run_id"]: r for r in report["rows"]}
+    tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
+    lines = [f"\nAgreement with the expert's triplets{tag}, % with 95% bootstrap intervals:",
+             agreement_table([(label, by_run[rid]) for label, rid in rows])]
+    cv = run["metrics"].get("cv")
+    if cfg.supervise and cv:
+        lines += ["(the supervised row is its strict out-of-fold figure, never its agreement with the triplets it "
+                  "was trained on)", *out_of_fold_lines(cv)]
+    else:
+        lines.append(scored_note(by_run[run["id"]], len(ws.store.expert_triplets())))
+    if cfg.supervise and not cv:
+        lines.append("(the supervised row is scored on the triplets it was trained on: IN-SAMPLE, optimistic, not "
+                     "its figure; --cv K scores it out of fold)")
+    return [*lines, f"evaluation saved (report run {report['run_id']}): the Report page shows it."]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Embed a workspace in the ``--mode`` it asks for, compare with the baseline and print the agreement report."""
     parser = build_parser()
@@ -208,21 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 (f"frozen {backbone.name}, centred unit length (run {run_id})", run_id)]
     else:
         rows = [(label, rid) for label, rid, _ in compare_with_baseline(ws, run_id, backbone, cfg)]
-    report = run_report(ws, n_boot=1000, seed=cfg.seed)  # saved: the Report page shows it
-    by_run = {r["run_id"]: r for r in report["rows"]}
-    tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
-    print(f"\nAgreement with the expert's triplets{tag}, % with 95% bootstrap intervals:")
-    print(agreement_table([(label, by_run[rid]) for label, rid in rows]))
-    if not (cfg.supervise and run["metrics"].get("cv")):  # a strict figure's counts: the out-of-fold lines
-        print(scored_note(by_run[run_id], len(ws.store.expert_triplets())))
-    if cfg.supervise and run["metrics"].get("cv"):
-        print("(the supervised row is its strict out-of-fold figure, never its agreement with the triplets it was "
-              "trained on)")
-        print("\n".join(out_of_fold_lines(run["metrics"]["cv"])))
-    elif cfg.supervise:
-        print("(the supervised row is scored on the triplets it was trained on: IN-SAMPLE, optimistic, not its "
-              "figure; --cv K scores it out of fold)")
-    print(f"evaluation saved (report run {report['run_id']}): the Report page shows it.")
+    print("\n".join(agreement_lines(ws, run, rows, cfg)))
     print(next_steps(ws))
     return 0
 
