@@ -47,9 +47,8 @@ from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.runtime import torch_threads
 from core.vision.backbones import load_backbone
-from core.vision.baseline import image_means
+from core.vision.baseline import mean_pooled, normalized
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.vision.pooling import MeanPooling
 from core.vision.supervised import (
     PROTOCOLS,
     Fold,
@@ -63,7 +62,6 @@ from core.vision.supervised import (
     score_folds,
     split_triplets,
 )
-from core.vision.baseline import normalized
 from core.vision.triderm import TriDermTrainer, oriented_expert
 from core.vision.triderm_config import DEFAULT, TriDermConfig
 
@@ -137,9 +135,7 @@ def frozen_bank(ws: Workspace, layer: str, keys: list, image_ids: list, views: i
 
 def frozen_embedding(bank: TokenBank) -> np.ndarray:
     """The frozen backbone's embedding: each photo's mean of its wounds' mean tokens."""
-    with torch.no_grad():
-        wound, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
-    return image_means(bank.wound_keys, wound.numpy())[1]
+    return mean_pooled(bank)[2]
 
 
 def batch_centred(emb: np.ndarray, test_rows: np.ndarray) -> np.ndarray:

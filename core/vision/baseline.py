@@ -25,6 +25,14 @@ def image_means(wound_keys: list[tuple[str, int]], wound_emb: np.ndarray) -> tup
     return ids, sums / np.bincount(index, minlength=len(ids))[:, None]
 
 
+def mean_pooled(bank: TokenBank) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """The frozen backbone's embeddings: (each wound's mean token, image ids (sorted), each image's mean of
+    its wounds')."""
+    with torch.no_grad():
+        wound_emb, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
+    return wound_emb.numpy(), *image_means(bank.wound_keys, wound_emb.numpy())
+
+
 def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(embedding, centre): ``center-l2`` subtracts the mean of ``rows`` (all by default) and
     scales every row to unit length, so distances compare directions; ``none`` keeps ``emb``."""
@@ -48,10 +56,7 @@ def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = N
         if bank is None:
             image_ids, keys = workspace_wounds(ws)
             bank = TokenBank(FeatureCache(ws, backbone).build(image_ids, 0, progress), keys)
-        with torch.no_grad():
-            wound_emb, _ = MeanPooling()(bank.eval_tokens, bank.eval_segment, len(bank))
-        wound_emb = wound_emb.numpy()
-        ids, image_emb = image_means(bank.wound_keys, wound_emb)
+        wound_emb, ids, image_emb = mean_pooled(bank)
         image_emb, center = normalized(image_emb, normalize)
         save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
                         center=center)

@@ -22,9 +22,9 @@ from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
 from core.vision.backbones import Backbone, load_backbone
-from core.vision.baseline import embed_baseline, image_means, normalized
+from core.vision.baseline import embed_baseline, image_means, mean_pooled, normalized
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
-from core.vision.pooling import MeanPooling, WoundHead
+from core.vision.pooling import WoundHead
 from core.vision.recipe import SUPERVISED_CV
 from core.vision.supervised import (
     PROTOCOLS,
@@ -238,9 +238,7 @@ class TriDermTrainer:
 
     def frozen_images(self) -> np.ndarray:
         """The frozen mean-pool image embedding, rows in ``image_ids`` order (the baseline of the folds)."""
-        with torch.no_grad():
-            z, _ = MeanPooling()(self.bank.eval_tokens, self.bank.eval_segment, len(self.bank))
-        ids, image_emb = image_means(self.bank.wound_keys, z.numpy())
+        _, ids, image_emb = mean_pooled(self.bank)
         assert ids == self.image_ids
         return image_emb
 
