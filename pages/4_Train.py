@@ -38,12 +38,12 @@ def vision_tab() -> tuple[list[str], str]:
     mode = s1.radio("Mode", modes, horizontal=True,
                     help=f"{n_expert} expert judgments in this workspace. " + " ".join(
                         f"**{m}**: {MODES[m]}." for m in modes))
-    supervised = mode == "supervised" or (mode == "auto" and n_expert > 0)
+    supervised = mode == "supervised"  # auto: the job decides, and takes its own folds if it supervises
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
                             value=SUPERVISED_CV, disabled=not supervised,
                             help=f"supervised mode: patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random "
                                  "splits; the run's figure is the strict one (triplets whose three photos training "
-                                 "never saw)")
+                                 f"never saw). auto takes {SUPERVISED_CV} folds when it supervises")
     args = ["--mode", mode, "--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
             "--batch-size", str(int(batch)), "--lr", repr(float(lr)),
             *(["--paper-recipe"] if recipe == "paper recipe" else [])]
