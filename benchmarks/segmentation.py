@@ -5,7 +5,7 @@
                                       [--curve-folds 2] [--seed 0] [--section segmentation]
 
 Every network is the product's recipe (:mod:`core.segmentation`: EfficientNet-Lite0 with its stride-32
-stages fine-tuned + FPN decoder, strong random views, 4-flip test-time augmentation). Rows:
+stages fine-tuned + FPN decoder, trained on the 4 flips, 4-flip test-time augmentation). Rows:
 
 - **fuseg-dev k-fold by photo** (``--folds``; a file-name series stays in one fold), each fold's
   network trained from ImageNet on the other folds, ``--epochs`` epochs like the default; the same
@@ -22,10 +22,10 @@ stages fine-tuned + FPN decoder, strong random views, 4-flip test-time augmentat
   run does (``python -m core.train_segmenter``: the default as its start, ``--curve-epochs`` epochs,
   the product's :data:`~core.segmentation.defaults.EPOCHS`), tested on the fold; 0 photos is the default itself;
 - red-channel Otsu (no training) on each set, for reference.
-- ``--part ablation`` (its own section, ``segmentation_ablation``): what two steps of the recipe add —
-  the fuseg-dev fold networks (same folds and seeds) trained with the encoder frozen, and without the
-  strong random views, against the recipe, on held-out fuseg-dev photos and zero-shot on Medetec,
-  paired over photo groups.
+- ``--part ablation`` (its own section, ``segmentation_ablation``): what two steps add — the fuseg-dev
+  fold networks (same folds and seeds) trained with the encoder frozen (a step the recipe has), and
+  with a strong random view per photo (a step it dropped), against the recipe, on held-out fuseg-dev
+  photos and zero-shot on Medetec, paired over photo groups.
 
 Predictions are thresholded at 0.5, components below the minimum wound area (25 px) dropped, and
 scored at the photo's resolution: Dice, IoU and boundary F (DAVIS tolerance) per photo, Dice per
@@ -40,7 +40,7 @@ import argparse
 import hashlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -249,23 +249,34 @@ def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample
     return out
 
 
-#: the ablation's variants: name → (the cache's strong random views per photo, the encoder's rate factor)
-ABLATION = {"the recipe (encoder stages 5–6 tuned, strong random views)": (AUGMENTED_VIEWS, ENCODER_LR_FACTOR),
-            "encoder frozen (decoder only)": (AUGMENTED_VIEWS, 0.0),
-            "no strong random views (4 flips only)": (0, ENCODER_LR_FACTOR)}
+class Variant(NamedTuple):
+    """An ablation's network: strong random views cached per photo, the encoder's rate factor, and the step
+    it differs from the recipe by (``in_recipe``: the recipe has the step and the variant lacks it)."""
+
+    views: int
+    encoder_lr_factor: float
+    step: str = ""
+    in_recipe: bool = True
+
+
+#: the ablation's variants, the recipe first
+ABLATION = {"the recipe (encoder stages 5–6 tuned, 4 flips)": Variant(AUGMENTED_VIEWS, ENCODER_LR_FACTOR),
+            "encoder frozen (decoder only)": Variant(AUGMENTED_VIEWS, 0.0, "tuning encoder stages 5–6"),
+            "+ 1 strong random view per photo": Variant(AUGMENTED_VIEWS + 1, ENCODER_LR_FACTOR,
+                                                        "a strong random view per photo", in_recipe=False)}
 #: the ablation's test sets: key → what is scored
 ABLATION_TARGETS = {"fuseg": "held-out fuseg-dev photos", "medetec": "Medetec photos (another source, zero-shot)"}
 
 
 def ablation(args: argparse.Namespace) -> dict[str, Any]:
-    """What two steps of the recipe add: the fuseg-dev fold networks of :func:`sources` (same folds and seeds,
-    ``--fold-seeds`` sets) trained as the recipe, with the encoder frozen, and without the strong views; each
-    scored on its held-out fuseg-dev fold and on every Medetec photo (another source, zero-shot)."""
+    """What two steps add: the fuseg-dev fold networks of :func:`sources` (same folds and seeds, ``--fold-seeds``
+    sets) trained as the recipe, with the encoder frozen, and with a strong random view per photo; each scored
+    on its held-out fuseg-dev fold and on every Medetec photo (another source, zero-shot)."""
     fuseg, medetec = folder_samples(args.fuseg), folder_samples(args.medetec)
     enc = encoder(args.device)
     caches: dict[int, FeatureCache] = {}
     with torch_threads(1):
-        for views in sorted({v for v, _ in ABLATION.values()}):
+        for views in sorted({v.views for v in ABLATION.values()}):
             caches[views] = cache_features(fuseg, enc, augmented=views, seed=args.seed, progress=not args.quiet)
         cache_m = cache_features(medetec, enc, augmented=0, progress=not args.quiet)  # scored on its flips only
     folds = group_folds(fuseg, args.folds, args.seed)
@@ -273,7 +284,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         target: {name: [[] for _ in range(args.fold_seeds)] for name in ABLATION} for target in ABLATION_TARGETS}
     runs = [(name, s, f) for name in ABLATION for s in range(args.fold_seeds) for f in range(len(folds))]
     for name, s, f in tqdm(runs, desc="ablation networks", unit="network", disable=args.quiet):
-        views, factor = ABLATION[name]
+        views, factor = ABLATION[name].views, ABLATION[name].encoder_lr_factor
         seed, held = fold_seed(args.seed, s, f, args.folds), set(folds[f])
         rest = [i for i in range(len(fuseg)) if i not in held]
         net = train(caches[views], rest, new_net(enc, seed=seed), args.epochs, seed, args.device, factor)
@@ -283,9 +294,9 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def ablation_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:
-    """The ablation's tables (per test set, each variant's Dice over its seed sets), its claims (the recipe
-    beats each variant: one-sided paired t-test over photo groups, each group's Dice averaged over its
-    photos, fold networks and seed sets) and notes."""
+    """The ablation's tables (per test set, each variant's Dice over its seed sets), its claims (each variant's
+    step adds Dice: one-sided paired t-test over photo groups, each group's Dice averaged over its photos,
+    fold networks and seed sets) and notes."""
     seed, recipe = args.seed, next(iter(ABLATION))
     tables, claims = [], []
     for target, what in ABLATION_TARGETS.items():
@@ -303,10 +314,12 @@ def ablation_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list
             rows.append([name, len(sets[0]), *summary([r for rows_ in sets for r in rows_], seed)[:2],
                          mean_sd_ci(means), ", ".join(f"{m:.3f}" for m in means)])
             if name != recipe:
-                a, b = by_group(recipe), by_group(name)
-                groups = sorted(a)
-                claims.append(paired_claim(f"the recipe beats '{name}' on {what} (Dice/photo)",
-                                           [a[g] for g in groups], [b[g] for g in groups]))
+                step = ABLATION[name]
+                with_, without = ((by_group(recipe), by_group(name)) if step.in_recipe
+                                  else (by_group(name), by_group(recipe)))
+                groups = sorted(with_)
+                claims.append(paired_claim(f"{step.step} adds Dice on {what} (Dice/photo)",
+                                           [with_[g] for g in groups], [without[g] for g in groups]))
         tables.append({"caption": f"What each recipe step adds, scored on {what}: the fuseg-dev {args.folds}-fold "
                                   f"networks, {args.fold_seeds} seed sets per variant (the same folds and seeds), "
                                   f"{args.epochs} epochs, 4 flips",
@@ -379,8 +392,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
     notes = [
         (f"Recipe: input {load_default('cpu').input_size} px; EfficientNet-Lite0 stem and stages 0–4 frozen (their "
          f"features cached), stages 5–6 (stride 32) fine-tuned at {ENCODER_LR_FACTOR}× the decoder's AdamW rate "
-         f"1e-3 (cosine), FPN decoder; views: 4 flips + {AUGMENTED_VIEWS} strong random view(s) per photo "
-         f"(rotation ±45°, scale ×0.5–2, aspect, colour/hue/gamma jitter, blur); BCE + soft Dice; "
+         f"1e-3 (cosine), FPN decoder; views: the 4 flips, {AUGMENTED_VIEWS} strong random view(s) per photo "
+         f"(the ablation's variant: rotation ±45°, scale ×0.5–2, aspect, colour/hue/gamma jitter, blur); BCE + soft Dice; "
          f"{args.epochs} epochs in-source (the default: {PRETRAIN_EPOCHS}), {args.source_epochs} from Medetec's "
          f"{n_m} photos; curve fine-tunes {args.curve_epochs} epochs (a workspace run's). 4-flip test-time augmentation.")]
     if "kfold" in out:
