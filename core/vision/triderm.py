@@ -278,25 +278,29 @@ class TriDermTrainer:
 
 def out_of_fold(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], patients: dict[str, str],
                 n_boot: int = 1000, seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Protocol (``strict``, ``anchor_unseen``) → balanced agreement with its patient-bootstrap CI
-    and counts (:func:`protocol_summary` without the per-anchor table)."""
+    """Protocol (``strict``, ``anchor_unseen``) → balanced agreement with its patient-bootstrap CI,
+    counts and per-anchor table (:func:`protocol_summary`)."""
     records = score_folds(triplets, folds)
-    return {p: {k: v for k, v in protocol_summary(records[p], image_ids, patients, n_boot, seed).items()
-                if k != "per_anchor"} for p in PROTOCOLS}
+    return {p: protocol_summary(records[p], image_ids, patients, n_boot, seed) for p in PROTOCOLS}
 
 
-def versus_frozen(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], frozen: np.ndarray,
-                  patients: dict[str, str], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def stored(summary: dict[str, Any]) -> dict[str, Any]:
+    """A protocol summary as a run's metrics keep it: without the per-anchor table."""
+    return {k: v for k, v in summary.items() if k != "per_anchor"}
+
+
+def versus_frozen(run_strict: dict[str, Any], image_ids: Sequence[str], triplets: np.ndarray,
+                  folds: Sequence[Fold], frozen: np.ndarray, patients: dict[str, str], n_boot: int = 1000,
+                  seed: int = 0) -> dict[str, Any]:
     """The frozen centred embedding (centred on each fold's training photos, unit length) scored strictly
-    on the same folds as the run, and under ``paired`` the run minus it per patient
-    (:func:`~core.vision.supervised.patient_paired_test`; with at least 2 patients)."""
+    on the same folds as the run, and under ``paired`` the run (its strict :func:`out_of_fold` summary)
+    minus it per patient (:func:`~core.vision.supervised.patient_paired_test`; with at least 2 patients)."""
     everyone = np.arange(len(image_ids))
     base = [(rows, pairwise_euclidean(normalized(frozen, "center-l2", np.setdiff1d(everyone, rows))[0]))
             for rows, _ in folds]
-    run, ref = (protocol_summary(score_folds(triplets, f)["strict"], image_ids, patients, n_boot, seed)
-                for f in (folds, base))
-    out = {k: v for k, v in ref.items() if k != "per_anchor"}
-    rows = [[{"anchor": a, "accuracy": x} for a, x in s["per_anchor"].items()] for s in (run, ref)]
+    ref = protocol_summary(score_folds(triplets, base)["strict"], image_ids, patients, n_boot, seed)
+    out = stored(ref)
+    rows = [[{"anchor": a, "accuracy": x} for a, x in s["per_anchor"].items()] for s in (run_strict, ref)]
     if len({patients[r["anchor"]] for r in rows[0]}) >= 2:
         out["paired"] = patient_paired_test(rows[0], rows[1], patients)
     return out
@@ -347,10 +351,10 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
                 oof = out_of_fold(image_ids, triplets, folds, patients, seed=cfg.seed)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
                 metrics["cv"] = {"folds": cfg.cv, "repeats": cfg.cv_repeats, "split": "patient",
-                                 "protocol": "strict", "ci_resamples": "patients", **oof["strict"],
-                                 "anchor_unseen": oof["anchor_unseen"],
-                                 "frozen_centred": versus_frozen(image_ids, triplets, folds, trainer.frozen_images(),
-                                                                 patients, seed=cfg.seed)}
+                                 "protocol": "strict", "ci_resamples": "patients", **stored(oof["strict"]),
+                                 "anchor_unseen": stored(oof["anchor_unseen"]),
+                                 "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds,
+                                                                 trainer.frozen_images(), patients, seed=cfg.seed)}
             epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))

@@ -32,7 +32,7 @@ from core.vision.supervised import (
     score_folds,
     split_triplets,
 )
-from core.vision.triderm import oriented_expert, train, versus_frozen
+from core.vision.triderm import oriented_expert, out_of_fold, train, versus_frozen
 from core.vision.triderm_config import DEFAULT
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
@@ -297,11 +297,13 @@ def test_versus_frozen_pairs_the_run_with_the_frozen_centred_baseline_on_the_sam
     everyone = np.arange(12)
     same = [(rows, pairwise_euclidean(normalized(frozen, "center-l2", np.setdiff1d(everyone, rows))[0]))
             for rows in (np.arange(6), np.arange(6, 12))]
-    out = versus_frozen(ids, triplets, same, frozen, patients)
+    out = versus_frozen(out_of_fold(ids, triplets, same, patients)["strict"], ids, triplets, same, frozen, patients)
     expected = protocol_summary(score_folds(triplets, same)["strict"], ids, patients)
     assert out["balanced"] == expected["balanced"] and out["n"] == expected["n"] > 0
     assert out["paired"]["mean_diff"] == 0 and out["paired"]["n_patients"] == 6
-    reversed_ = versus_frozen(ids, triplets, [(rows, -D) for rows, D in same], frozen, patients)
+    flipped = [(rows, -D) for rows, D in same]
+    reversed_ = versus_frozen(out_of_fold(ids, triplets, flipped, patients)["strict"], ids, triplets, same, frozen,
+                              patients)
     assert reversed_["balanced"] == out["balanced"] and reversed_["paired"]["mean_diff"] < 0
 
 
