@@ -14,8 +14,10 @@ Any dataset folder in the product layout. Every seed draws one random patient-di
 95 % CIs resample patients. Label-free rows fit what they fit (a centre, a self-supervised head)
 on the training photos only. Rows: frozen EfficientNet-Lite0 (old and new tokens, mean pooling;
 centred unit length with the centre of the training photos; centred on each photo batch's own
-mean); TriDerm-V self-supervised (real-data default); the linear metric; TriDerm-V
-``--supervise triplets``; and **nested selection** — the method (frozen centred, linear metric,
+mean; averaged over the inference view and the photo's augmented views — test-time views; averaged
+over two input sizes — multi-scale); TriDerm-V self-supervised (real-data default); the linear metric; TriDerm-V
+``--supervise triplets``; the last stage + head of the backbone fine-tuned on the triplets
+(:mod:`core.vision.finetune`); and **nested selection** — the method (frozen centred, linear metric,
 metric head) and the weight of its fusion with the frozen centred distances chosen by an inner
 patient-disjoint 2-fold CV on the training fold's own triplets (strict inner score), so the
 outer fold that reports it is never used to choose. A second table trains on one fixed patient
@@ -47,8 +49,10 @@ from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.runtime import torch_threads
 from core.vision.backbones import load_backbone
-from core.vision.baseline import mean_pooled, normalized
-from core.vision.features import FeatureCache, TokenBank, workspace_wounds
+from core.vision.baseline import image_means, mean_pooled, normalized
+from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, workspace_wounds, wound_tokens
+from core.vision.finetune import FineTuneConfig, LastStageTuner
+from core.vision.pooling import MeanPooling
 from core.vision.supervised import (
     PROTOCOLS,
     Fold,
@@ -73,6 +77,11 @@ CROSS_HALF_SEED = 1000
 FROZEN = "frozen, new tokens, mean pooling, centred unit length (centre of the training photos)"
 LINEAR = "linear metric on frozen new tokens"
 NESTED = "nested selection: method × fusion weight chosen by inner CV on the training fold"
+#: input sizes averaged by the multi-scale row (the backbone's own first)
+SCALES = (224, 320)
+VIEWS_ROW = "frozen, new tokens, mean over the inference view and the augmented views (test-time views), centred"
+FINETUNE = "last stage + head of the backbone fine-tuned on the triplets (stage 7 + conv head, augmented views)"
+SCALES_ROW = f"frozen, new tokens, mean over {' and '.join(map(str, SCALES))}-px inputs (multi-scale), centred"
 
 
 def peak_rss_mb() -> float:
@@ -133,9 +142,50 @@ def frozen_bank(ws: Workspace, layer: str, keys: list, image_ids: list, views: i
         return TokenBank(photos, keys)
 
 
+def stage6_photos(ws: Workspace, image_ids: list, views: int, progress: bool) -> list[PhotoFeatures]:
+    """The frozen stage-6 features of the photos, in row order (the fine-tuned stage's input)."""
+    photos = FeatureCache(ws, load_backbone("efficientnet-lite0", layer="stage6"), seed=0).build(
+        image_ids, views, progress)
+    return [photos[i] for i in image_ids]
+
+
 def frozen_embedding(bank: TokenBank) -> np.ndarray:
     """The frozen backbone's embedding: each photo's mean of its wounds' mean tokens."""
     return mean_pooled(bank)[2]
+
+
+def view_averaged(bank: TokenBank) -> np.ndarray:
+    """Each photo's mean of its wounds' embeddings, a wound's the mean over its inference view and every
+    augmented view it appears in (the cached views as test-time views)."""
+    pool, wounds = MeanPooling(), torch.arange(len(bank))
+    with torch.no_grad():
+        total = pool(bank.eval_tokens, bank.eval_segment, len(bank))[0]
+        count = torch.ones(len(bank), 1)
+        for v in range(bank.n_views):
+            present = wounds[bank.valid[:, v]]
+            tokens, segment = bank.gather(present, torch.full_like(present, v))
+            total[present] += pool(tokens, segment, len(present))[0]
+            count[present] += 1
+    return image_means(bank.wound_keys, (total / count).numpy())[1]
+
+
+def scaled_embedding(ws: Workspace, keys: list[tuple[str, int]], image_ids: list[str], size: int) -> np.ndarray:
+    """Each photo's mean of its wounds' mean tokens, the photo resized to ``size`` × ``size`` px (the frozen
+    backbone is fully convolutional: a larger input gives a finer token grid)."""
+    backbone = load_backbone("efficientnet-lite0", layer="full")
+    wounds: dict[str, list[int]] = {}
+    for image_id, w in keys:
+        wounds.setdefault(image_id, []).append(w)
+    out = []
+    with torch.no_grad(), torch_threads(1):
+        for image_id in image_ids:
+            photo = np.asarray(ws.load_image(image_id).convert("RGB").resize((size, size), resample=2))
+            x = torch.from_numpy(photo.copy()).permute(2, 0, 1).float()[None] / 255.0
+            feat = backbone(backbone.normalize(x))[0]
+            grid = (feat.shape[-2], feat.shape[-1])
+            tokens = wound_tokens(ws.load_mask(image_id), wounds[image_id], grid)
+            out.append(torch.stack([feat.flatten(1)[:, t].mean(1) for t in tokens]).mean(0).numpy())
+    return np.stack(out)
 
 
 def batch_centred(emb: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
@@ -225,8 +275,24 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
                                                     "judgments to learn from; only costs are measured")
     stage5 = frozen_bank(ws, "stage5", b.keys, b.image_ids, 0, b.progress)
     full = frozen_bank(ws, "full", b.keys, b.image_ids, args.views, b.progress)
-    frozen = frozen_embedding(full)
+    image_order, frozen = mean_pooled(full)[1:]
+    if image_order != b.image_ids:  # every row's embedding is indexed by the bench's photo rows
+        raise RuntimeError("the token bank's photo order differs from the workspace's")
+    views_emb = view_averaged(full)
+    scales_emb = np.mean([frozen if size == SCALES[0] else scaled_embedding(ws, b.keys, b.image_ids, size)
+                          for size in SCALES], axis=0)
     methods = Methods(b, full, frozen, supervised)
+    tune = FineTuneConfig(steps=10) if args.quick else FineTuneConfig()
+    tuner = (LastStageTuner(load_backbone("efficientnet-lite0", layer="full"),
+                            stage6_photos(ws, b.image_ids, args.views, b.progress), tune) if has_triplets else None)
+
+    def tuned(seed: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            assert tuner is not None  # rows with triplets only
+            fit_rows = methods.others(rows)
+            return pairwise_euclidean(tuner.fit(train, fit_rows, seed).transform(fit_rows))
+        return fit_fold
+
     heads = supervised.supervise_heads
     head_name = f"TriDerm-V --supervise triplets ({heads} metric head{'s' * (heads > 1)}, mean pooling, augmented views)"
     ssl_name = "TriDerm-V self-supervised, real-data default (trained on the training photos, no labels)"
@@ -250,6 +316,9 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         b.record(FROZEN, lambda: cv(methods.fixed("frozen", seed)))
         b.record("frozen, new tokens, each photo batch centred on its own mean, unit length",
                  lambda: cv(lambda train, rows: pairwise_euclidean(batch_centred(frozen, rows))))
+        for name, emb in ((VIEWS_ROW, views_emb), (SCALES_ROW, scales_emb)):
+            b.record(name, lambda emb=emb: cv(lambda train, rows: pairwise_euclidean(
+                normalized(emb, "center-l2", methods.others(rows))[0])))
 
         def ssl_row() -> list[Fold] | None:
             if has_triplets:
@@ -262,15 +331,17 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             continue
         b.record(LINEAR, lambda: cv(methods.fixed("linear", seed)))
         b.record(head_name, lambda: cv(methods.fixed("head", seed)))
+        b.record(FINETUNE, lambda: cv(tuned(seed)))
         b.record(NESTED, lambda: cv(methods.nested(seed)))
     cross: dict[str, list[Fold]] = {}
     if has_triplets:
         halves = b.split(CROSS_HALF_SEED, 2)
         seed = args.seeds[0]
         for name, fit_fold in ((FROZEN, methods.fixed("frozen", seed)), (LINEAR, methods.fixed("linear", seed)),
-                               (head_name, methods.fixed("head", seed)), (NESTED, methods.nested(seed))):
+                               (head_name, methods.fixed("head", seed)), (FINETUNE, tuned(seed)),
+                               (NESTED, methods.nested(seed))):
             cross[name] = cross_validate([halves], b.triplets, fit_fold)
-    return {"bench": b, "skipped": skipped, "cross": cross, "methods": methods, "head_name": head_name}
+    return {"bench": b, "skipped": skipped, "cross": cross, "methods": methods, "head_name": head_name, "tune": tune}
 
 
 def cell(s: dict[str, Any]) -> dict[str, Any] | None:
@@ -312,6 +383,10 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
                 FROZEN, "the self-supervised default beats the frozen centred embedding (strict)"),
         compare(b, "frozen, new tokens, each photo batch centred on its own mean, unit length", FROZEN,
                 "centring new photos on their own batch beats the training photos' centre (strict)"),
+        compare(b, FINETUNE, FROZEN, "fine-tuning the last stage beats the frozen centred embedding (strict)"),
+        compare(b, FINETUNE, LINEAR, "fine-tuning the last stage beats the linear metric (strict)"),
+        compare(b, VIEWS_ROW, FROZEN, "test-time views beat the inference view alone (frozen centred, strict)"),
+        compare(b, SCALES_ROW, FROZEN, "multi-scale inputs beat the backbone's own size (frozen centred, strict)"),
     ) if c is not None]
     cross_rows = []
     for name, folds in out["cross"].items():
@@ -333,9 +408,16 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
         notes.append(f"with {args.folds} patient folds only ~1/{args.folds ** 2} of the triplets have all three "
                      "photos in one fold: few, large folds keep the strict set big; each seed is one more random "
                      "patient split, and the records of every fold and seed are pooled per anchor")
+    if FINETUNE in b.rows:
+        tune = out["tune"]
+        notes.append(f"fine-tuning (one fixed configuration, chosen before it was run, not searched): {tune.steps} "
+                     f"AdamW steps at {tune.lr:g} (cosine), hinge margin {tune.margin:g} on unit-length centred "
+                     f"embeddings, {tune.batch_triplets} training triplets per step, every training photo through a "
+                     "random cached view at each step; batch-norm statistics stay ImageNet's")
     notes += [f"skipped {k}: {v}" for k, v in out["skipped"].items()]
     if args.quick:
-        notes.append("--quick: 5 training epochs, 30 metric-head steps, 4 views, one seed; not a result")
+        notes.append(f"--quick: 5 training epochs, 30 metric-head steps, {FineTuneConfig(steps=10).steps} "
+                     "fine-tuning steps, 4 views, one seed; not a result")
     elif args.views != DEFAULT.views:
         notes.append(f"--views {args.views}: the metric head and the self-supervised head drew their augmented views "
                      f"from {args.views} cached views per photo, not the product's {DEFAULT.views} (the CPU "

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from benchmarks.real_vision import FROZEN, LINEAR, NESTED, configurations_tried, main
+from benchmarks.real_vision import FROZEN, LINEAR, NESTED, SCALES_ROW, VIEWS_ROW, configurations_tried, main
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,7 @@ def test_quick_run_writes_every_row_and_a_complete_result(tiny_dataset, tmp_path
     assert names[:3] == ["frozen, old tokens (stage 5), mean pooling", "frozen, new tokens (full, OS 16), mean pooling",
                          FROZEN]
     assert LINEAR in names and NESTED in names and any("--supervise triplets" in n for n in names)
+    assert {VIEWS_ROW, SCALES_ROW} <= set(names)  # issue 30 §4: test-time views and multi-scale inputs
     assert res["tables"][0]["columns"][1:3] == ["strict %", "anchor unseen %"]
     for row in res["tables"][0]["rows"]:
         for c in row[1:3]:  # one pooled estimate with its patient-bootstrap CI, no sd over seeds

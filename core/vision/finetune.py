@@ -1,0 +1,113 @@
+"""Partial fine-tuning of the backbone's last stage with the expert's triplets (issue 30 §4).
+
+EfficientNet-Lite0's stem and stages 1–6 stay frozen; their output (the ``stage6`` layer, cached
+with the self-supervised recipe's augmented views) feeds a trainable copy of the last stage
+(``blocks[6]``) and the head (``conv_head`` + ``bn2``, batch-norm statistics kept at ImageNet's).
+A photo's embedding is the mean over its wounds of their mean tokens (the frozen baseline's
+pooling), centred on the training photos' mean and scaled to unit length. Each step shows every
+training photo through one of its views drawn at random (the inference view or an augmented one)
+and takes the ordinal hinge (:class:`~core.losses.ExpertTripletLoss`) on a batch of the training
+triplets. Only triplets and photos of the training fold are used (patient-disjoint in the
+benchmark); the held-out photos are embedded through the inference view.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from core.losses import ExpertTripletLoss
+from core.vision.backbones import Backbone
+from core.vision.baseline import normalized
+from core.vision.features import PhotoFeatures, token_mask
+
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    """Steps, AdamW rate, hinge margin (on unit-length embeddings), triplets per step, seed."""
+
+    steps: int = 150
+    lr: float = 1e-4
+    margin: float = 0.1
+    batch_triplets: int = 256
+    seed: int = 0
+
+
+def pooling_weights(frac: Tensor) -> Tensor:
+    """H×W weights whose weighted sum of a token map is the mean over wounds of their mean tokens
+    (``frac``: E×H×W wound area fractions; wounds without a token are left out; all zero if none)."""
+    mask = token_mask(frac.float()).float()
+    n = mask.flatten(1).sum(1)
+    present = n > 0
+    if not present.any():
+        return torch.zeros(frac.shape[1:])
+    return (mask[present] / n[present, None, None]).sum(0) / present.sum()
+
+
+class LastStageTuner:
+    """The last stage + head of a ``full``-layer EfficientNet-Lite0, tuned on stage-6 features.
+
+    ``photos`` are the rows' stage-6 features (:class:`~core.vision.features.PhotoFeatures`, in row
+    order); ``fit(triplets, fit_rows)`` trains on the oriented triplets (all rows in ``fit_rows``),
+    ``transform(fit_rows)`` embeds every row (inference view), centred on ``fit_rows``, unit length.
+    """
+
+    def __init__(self, full: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig()) -> None:
+        net = full.model
+        self.start = nn.Sequential(net.blocks[6], net.conv_head, net.bn2)
+        self.config = config
+        self.eval_x = torch.stack([p.eval_feat.float() for p in photos])
+        self.eval_w = torch.stack([pooling_weights(p.eval_frac) for p in photos])
+        views = [torch.cat([p.eval_feat[None].float(), p.views.float()]) for p in photos]
+        weights = [torch.stack([self.eval_w[n], *(pooling_weights(f) for f in p.view_frac)])
+                   for n, p in enumerate(photos)]
+        # a view where no wound kept a token falls back to the inference view
+        self.view_x = torch.stack([torch.where(w.flatten(1).sum(1)[:, None, None, None] > 0, v, v[:1])
+                                   for v, w in zip(views, weights)])
+        self.view_w = torch.stack([torch.where(w.flatten(1).sum(1)[:, None, None] > 0, w, w[:1]) for w in weights])
+        self.tail: nn.Module = self.start
+        self.losses: list[float] = []
+
+    def _embed(self, x: Tensor, w: Tensor) -> Tensor:
+        return torch.einsum("bchw,bhw->bc", self.tail(x), w)
+
+    def fit(self, triplets: np.ndarray, fit_rows: np.ndarray, seed: int | None = None) -> LastStageTuner:
+        """Tune a fresh copy of the last stage + head on ``triplets`` over the photos ``fit_rows``
+        (``seed`` overrides the config's)."""
+        cfg = self.config if seed is None else replace(self.config, seed=seed)
+        rows = np.asarray(fit_rows)
+        local = {int(r): n for n, r in enumerate(rows)}
+        if not len(triplets) or not set(np.unique(triplets).tolist()) <= local.keys():
+            raise ValueError("fine-tuning needs training triplets whose photos are all in fit_rows")
+        t = torch.tensor([[local[int(i)] for i in tr] for tr in triplets])
+        gen = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.tail = copy.deepcopy(self.start)
+        self.tail.eval()  # batch-norm statistics stay ImageNet's; the weights train
+        for p in self.tail.parameters():
+            p.requires_grad_(True)
+        opt = torch.optim.AdamW(self.tail.parameters(), lr=cfg.lr, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps)
+        loss_fn = ExpertTripletLoss(cfg.margin, normalize=True)
+        index = torch.from_numpy(rows)
+        self.losses = []
+        for _ in range(cfg.steps):
+            view = torch.randint(self.view_x.shape[1], (len(rows),), generator=gen)
+            emb = self._embed(self.view_x[index, view], self.view_w[index, view])
+            batch = t[torch.randint(len(t), (min(cfg.batch_triplets, len(t)),), generator=gen)]
+            loss = loss_fn(emb - emb.mean(0), batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            self.losses.append(loss.item())
+        return self
+
+    def transform(self, fit_rows: np.ndarray) -> np.ndarray:
+        """Every row's embedding (inference view), centred on ``fit_rows``' mean, unit length."""
+        with torch.no_grad():
+            emb = self._embed(self.eval_x, self.eval_w).double().numpy()
+        return normalized(emb, "center-l2", np.asarray(fit_rows))[0]

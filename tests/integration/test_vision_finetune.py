@@ -1,0 +1,62 @@
+"""Partial fine-tuning of the backbone's last stage (:mod:`core.vision.finetune`) on a SYNTHETIC phantom."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from core.vision.backbones import load_backbone
+from core.vision.baseline import mean_pooled
+from core.vision.features import FeatureCache, TokenBank, workspace_wounds
+from core.vision.finetune import FineTuneConfig, LastStageTuner, pooling_weights
+from core.vision.supervised import split_triplets
+from core.vision.triderm import oriented_expert
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_phantom_workspace):
+    """A phantom workspace, its rows, expert triplets and stage-6 / full features (2 augmented views)."""
+    ws = tiny_phantom_workspace(5, 8, 4, 12, 60)
+    image_ids, keys = workspace_wounds(ws)
+    full = load_backbone("efficientnet-lite0", layer="full")
+    stage6 = FeatureCache(ws, load_backbone("efficientnet-lite0", layer="stage6")).build(image_ids, 2, False)
+    bank = TokenBank(FeatureCache(ws, full).build(image_ids, 0, False), keys)
+    return ws, image_ids, oriented_expert(ws, image_ids), full, [stage6[i] for i in image_ids], bank
+
+
+def test_the_untuned_tail_reproduces_the_frozen_embedding(tiny):
+    """The last stage + head on the cached stage-6 features, pooled by :func:`pooling_weights`, is the
+    frozen ``full`` mean-pool embedding (up to the cache's fp16)."""
+    _, image_ids, _, full, photos, bank = tiny
+    tuner = LastStageTuner(full, photos)
+    with torch.no_grad():
+        mine = tuner._embed(tuner.eval_x, tuner.eval_w).numpy()
+    ids, frozen = mean_pooled(bank)[1:]
+    assert ids == image_ids
+    assert np.abs(mine - frozen).max() < 0.02 * np.abs(frozen).max()
+    assert torch.allclose(tuner.eval_w.flatten(1).sum(1), torch.ones(len(photos)))  # weights of a mean
+
+
+def test_pooling_weights_leave_out_a_wound_without_tokens():
+    frac = torch.zeros(2, 4, 4)
+    frac[0, :2, :2] = 1.0
+    w = pooling_weights(frac)
+    assert w.sum() == pytest.approx(1.0) and (w[:2, :2] == 0.25).all()
+    assert pooling_weights(torch.zeros(2, 4, 4)).sum() == 0
+
+
+def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
+    _, image_ids, triplets, full, photos, _ = tiny
+    test_rows = np.arange(len(image_ids) // 2)
+    train = triplets[split_triplets(triplets, test_rows)[0]]
+    fit_rows = np.setdiff1d(np.arange(len(image_ids)), test_rows)
+    tuner = LastStageTuner(full, photos, FineTuneConfig(steps=30, lr=1e-3, batch_triplets=len(train)))
+    before = [p.detach().clone() for p in tuner.start.parameters()]
+    z = tuner.fit(train, fit_rows, seed=0).transform(fit_rows)
+    assert np.mean(tuner.losses[-5:]) < np.mean(tuner.losses[:5])
+    assert np.allclose(np.linalg.norm(z, axis=1), 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(before, tuner.start.parameters()))  # the backbone is untouched
+    again = LastStageTuner(full, photos, tuner.config).fit(train, fit_rows, seed=0).transform(fit_rows)
+    assert np.array_equal(z, again)  # same seed, same embedding
+    with pytest.raises(ValueError, match="fit_rows"):
+        tuner.fit(triplets, fit_rows)  # triplets naming held-out photos
