@@ -29,8 +29,8 @@ from core.vision.features import PhotoFeatures, token_mask
 class FineTuneConfig:
     """Steps, AdamW rate, hinge margin (on unit-length embeddings), triplets per step, seed."""
 
-    steps: int = 150
-    lr: float = 1e-4
+    steps: int = 60
+    lr: float = 3e-4
     margin: float = 0.1
     batch_triplets: int = 256
     seed: int = 0
