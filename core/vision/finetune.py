@@ -57,7 +57,7 @@ class LastStageTuner:
 
     def __init__(self, full: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig()) -> None:
         net = full.model
-        self.start = nn.Sequential(net.blocks[6], net.conv_head, net.bn2)
+        self.start = nn.Sequential(*(net.get_submodule(name) for name in ("blocks.6", "conv_head", "bn2")))
         self.config = config
         self.eval_x = torch.stack([p.eval_feat.float() for p in photos])
         self.eval_w = torch.stack([pooling_weights(p.eval_frac) for p in photos])
