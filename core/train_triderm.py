@@ -121,7 +121,7 @@ def recipe_of(args: argparse.Namespace, mode: str = "self-supervised") -> TriDer
     supervised ``mode`` (or ``--supervise``) learns from the triplets, with
     :data:`~core.vision.recipe.SUPERVISED_CV` folds unless ``--cv`` says otherwise."""
     given = {f.name: getattr(args, f.name) for f in fields(TriDermConfig) if getattr(args, f.name) is not None}
-    if mode == "supervised":
+    if mode in ("supervised", "fine-tune"):  # fine-tune: the supervised mode's folds
         given.setdefault("supervise", "triplets")
     if given.get("supervise") and "cv" not in given:
         given["cv"] = SUPERVISED_CV
@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch, torchvision and scikit-learn: after the arguments (a fast --help)
     from core.vision.backbones import BackboneUnavailable, load_backbone
     from core.vision.baseline import embed_baseline
+    from core.vision.finetune import FineTuneConfig, train_finetuned
     from core.vision.triderm import auto_mode, baseline_run, check_workspace, compare_with_baseline, describe, train
 
     ws = open_workspace(args.workspace, parser, require_wounds=True)
@@ -212,12 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mode: {mode} ({why}) — {MODES[mode]}")
     if mode == "frozen":
         run_id = embed_baseline(ws, backbone, normalize="center-l2")
+    elif mode == "fine-tune":
+        with user_errors(parser, ValueError):
+            run_id = train_finetuned(ws, cfg.views, cfg.cv or 0, cfg.cv_repeats, FineTuneConfig(seed=cfg.seed))
     else:
         print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {describe(cfg, backbone.name)}")
         run_id = train(ws, cfg, backbone=backbone)
     run = ws.store.run(run_id)
     assert run is not None, run_id  # just recorded
-    if mode != "frozen":
+    if mode not in ("frozen", "fine-tune"):
         t = run["metrics"]["timing"]
         print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
     if not ws.store.expert_triplets():
@@ -225,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
               "page collects them; the Report page then evaluates every run).")
         print(next_steps(ws))
         return 0
-    if mode == "frozen":
+    if mode in ("frozen", "fine-tune"):
         base_id = baseline_run(ws, backbone)
         rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", base_id),
-                (f"frozen {backbone.name}, centred unit length (run {run_id})", run_id)]
+                (f"frozen {backbone.name}, centred unit length (run {run_id})" if mode == "frozen" else
+                 f"last stage + head fine-tuned on the triplets (run {run_id})", run_id)]
     else:
         rows = [(label, rid) for label, rid, _ in compare_with_baseline(ws, run_id, backbone, cfg)]
     print("\n".join(agreement_lines(ws, run, rows, cfg)))

@@ -34,7 +34,7 @@ def vision_tab() -> tuple[list[str], str]:
     lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=DEFAULT.lr, format="%.5f")
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
-    modes = [m for m in MODES if n_expert or m != "supervised"]
+    modes = [m for m in MODES if n_expert or m not in ("supervised", "fine-tune")]
     mode = s1.radio("Mode", modes, horizontal=True,
                     help=f"{n_expert} expert judgments in this workspace. " + " ".join(
                         f"**{m}**: {MODES[m]}." for m in modes))

@@ -13,16 +13,27 @@ benchmark); the held-out photos are embedded through the inference view.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+import math
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
+from annotations.workspace import Workspace
+from core.eval.distances import pairwise_euclidean
 from core.losses import ExpertTripletLoss
-from core.vision.backbones import Backbone
-from core.vision.baseline import normalized
-from core.vision.features import PhotoFeatures, token_mask
+from core.runtime import pick_device, save_embeddings
+from core.vision.backbones import Backbone, load_backbone
+from core.vision.baseline import mean_pooled, normalized
+from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
+from core.vision.recipe import OFFLINE_DEFAULT, SUPERVISED_CV
+from core.vision.supervised import cross_validate, patient_of, repeated_folds
+from core.vision.triderm import oriented_expert, out_of_fold, stored, versus_frozen
+
+#: the run kind of :func:`train_finetuned`
+RUN_KIND = "vision-finetune"
 
 
 @dataclass(frozen=True)
@@ -55,8 +66,10 @@ class LastStageTuner:
     ``transform(fit_rows)`` embeds every row (inference view), centred on ``fit_rows``, unit length.
     """
 
-    def __init__(self, full: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig()) -> None:
+    def __init__(self, full: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig(),
+                 device: torch.device | str = "cpu") -> None:
         net = full.model
+        self.device = torch.device(device)
         self.start = nn.Sequential(*(net.get_submodule(name) for name in ("blocks.6", "conv_head", "bn2")))
         self.config = config
         self.eval_x = torch.stack([p.eval_feat.float() for p in photos])
@@ -68,6 +81,8 @@ class LastStageTuner:
         self.view_x = torch.stack([torch.where(w.flatten(1).sum(1)[:, None, None, None] > 0, v, v[:1])
                                    for v, w in zip(views, weights)])
         self.view_w = torch.stack([torch.where(w.flatten(1).sum(1)[:, None, None] > 0, w, w[:1]) for w in weights])
+        self.eval_x, self.eval_w, self.view_x, self.view_w = (
+            t.to(self.device) for t in (self.eval_x, self.eval_w, self.view_x, self.view_w))
         self.tail: nn.Module = self.start
         self.losses: list[float] = []
 
@@ -85,19 +100,20 @@ class LastStageTuner:
         t = torch.tensor([[local[int(i)] for i in tr] for tr in triplets])
         gen = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.tail = copy.deepcopy(self.start)
+        self.tail = copy.deepcopy(self.start).to(self.device)
         self.tail.eval()  # batch-norm statistics stay ImageNet's; the weights train
         for p in self.tail.parameters():
             p.requires_grad_(True)
         opt = torch.optim.AdamW(self.tail.parameters(), lr=cfg.lr, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps)
         loss_fn = ExpertTripletLoss(cfg.margin, normalize=True)
-        index = torch.from_numpy(rows)
+        index = torch.from_numpy(rows).to(self.device)
+        t = t.to(self.device)
         self.losses = []
         for _ in range(cfg.steps):
-            view = torch.randint(self.view_x.shape[1], (len(rows),), generator=gen)
+            view = torch.randint(self.view_x.shape[1], (len(rows),), generator=gen).to(self.device)
             emb = self._embed(self.view_x[index, view], self.view_w[index, view])
-            batch = t[torch.randint(len(t), (min(cfg.batch_triplets, len(t)),), generator=gen)]
+            batch = t[torch.randint(len(t), (min(cfg.batch_triplets, len(t)),), generator=gen).to(self.device)]
             loss = loss_fn(emb - emb.mean(0), batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -109,5 +125,63 @@ class LastStageTuner:
     def transform(self, fit_rows: np.ndarray) -> np.ndarray:
         """Every row's embedding (inference view), centred on ``fit_rows``' mean, unit length."""
         with torch.no_grad():
-            emb = self._embed(self.eval_x, self.eval_w).double().numpy()
+            emb = self._embed(self.eval_x, self.eval_w).double().cpu().numpy()
         return normalized(emb, "center-l2", np.asarray(fit_rows))[0]
+
+
+def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repeats: int = 3,
+                    config: FineTuneConfig = FineTuneConfig(), progress: bool = True) -> int:
+    """Fine-tune the last stage + head on the workspace's expert triplets and record a ``vision-finetune`` run;
+    returns its id. With ``cv`` (and photos of at least ``cv`` patients) the run's figure comes first: ``cv``
+    patient-disjoint folds × ``cv_repeats`` random splits, scored strict (all three photos unseen), with the
+    frozen centred embedding on the same folds (:func:`~core.vision.triderm.versus_frozen`); then the model
+    trained on every triplet embeds every photo (inference view, centred on the study's photos, unit length)."""
+    image_ids, keys = workspace_wounds(ws)
+    triplets = oriented_expert(ws, image_ids)
+    if not len(triplets):
+        raise ValueError("fine-tuning needs expert triplets over outlined photos: the Triplets page collects them")
+    patients = patient_of(ws.store.images())
+    device = pick_device()
+    full = load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
+    run_id = ws.store.start_run(RUN_KIND, {
+        **asdict(config), "modality": "vision", "backbone": full.name, "tuned": "blocks.6 + conv_head + bn2",
+        "supervise": "triplets", "views": views, "cv": cv, "cv_repeats": cv_repeats, "device": str(device),
+        "n_images": len(image_ids), "n_wounds": len(keys), "n_expert_triplets": len(triplets),
+        "synthetic": ws.is_synthetic}, seed=config.seed)
+    try:
+        stage6 = load_backbone(OFFLINE_DEFAULT, device=device, layer="stage6")
+        photos = FeatureCache(ws, stage6, seed=config.seed).build(image_ids, views, progress)
+        tuner = LastStageTuner(full, [photos[i] for i in image_ids], config, device)
+        everyone = np.arange(len(image_ids))
+        metrics: dict = {}
+        if cv and len({patients[i] for i in image_ids}) >= cv:
+            row = {i: n for n, i in enumerate(image_ids)}
+            splits = [[np.array([row[i] for i in fold]) for fold in split]
+                      for split in repeated_folds(image_ids, patients, cv, cv_repeats, config.seed)]
+            bar = tqdm(total=cv * cv_repeats, desc="fine-tuning folds", unit="fold", disable=not progress)
+
+            def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
+                fit_rows = np.setdiff1d(everyone, rows)
+                bar.update()
+                return pairwise_euclidean(tuner.fit(train, fit_rows).transform(fit_rows))
+
+            folds = cross_validate(splits, triplets, fit_fold)
+            bar.close()
+            oof = out_of_fold(image_ids, triplets, folds, patients, seed=config.seed)
+            frozen = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
+                                           keys))[2]
+            metrics["cv"] = {"folds": cv, "repeats": cv_repeats, "split": "patient", "protocol": "strict",
+                             "ci_resamples": "patients", **stored(oof["strict"]),
+                             "anchor_unseen": stored(oof["anchor_unseen"]),
+                             "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds, frozen,
+                                                             patients, seed=config.seed)}
+        image_emb = tuner.fit(triplets, everyone).transform(everyone)
+        if not all(math.isfinite(x) for x in tuner.losses):
+            raise FloatingPointError(f"non-finite training loss: {tuner.losses[-5:]}")
+        save_embeddings(ws, run_id, image_ids, image_emb=image_emb)
+        ws.store.finish_run(run_id, metrics={"loss": tuner.losses, **metrics})
+    except BaseException as e:
+        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
+                            metrics={"error": f"{type(e).__name__}: {e}"})
+        raise
+    return run_id

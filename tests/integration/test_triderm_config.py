@@ -177,6 +177,9 @@ def test_each_modes_help_quotes_the_stored_real_data_figures():
     ssl_claim = "the self-supervised default beats the frozen centred embedding (strict)"
     sup_claim = "the supervised mode beats the frozen centred embedding (strict)"
     lin_claim = "the linear metric beats the frozen centred embedding (strict)"
+    tuned = "last stage + head of the backbone fine-tuned on the triplets (stage 7 + conv head, augmented views)"
+    tuned_claim = "fine-tuning the last stage beats the frozen centred embedding (strict)"
+    tuned_lin_claim = "fine-tuning the last stage beats the linear metric (strict)"
     expected = {
         "frozen": [f"{strict[frozen]:.1f} %"],
         "self-supervised": [f"{strict[ssl]:.1f} %", f"{diff(ssl_claim)} over frozen",
@@ -184,6 +187,8 @@ def test_each_modes_help_quotes_the_stored_real_data_figures():
         "supervised": [f"{strict[supervised]:.1f} %", f"{diff(sup_claim)} over frozen",
                        f"p = {claims[sup_claim]['p']:.2g}",
                        f"{strict['linear metric on frozen new tokens']:.1f} % ({diff(lin_claim)})"],
+        "fine-tune": [f"{strict[tuned]:.1f} %", f"{diff(tuned_claim)} over frozen", f"p = {claims[tuned_claim]['p']:.2g}",
+                      f"{diff(tuned_lin_claim)} over the linear metric", f"p = {claims[tuned_lin_claim]['p']:.2g}"],
     }
     for mode, figures in expected.items():
         for figure in figures:

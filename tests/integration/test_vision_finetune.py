@@ -8,7 +8,7 @@ import torch
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.vision.finetune import FineTuneConfig, LastStageTuner, pooling_weights
+from core.vision.finetune import RUN_KIND, FineTuneConfig, LastStageTuner, pooling_weights
 from core.vision.supervised import split_triplets
 from core.vision.triderm import oriented_expert
 
@@ -60,3 +60,39 @@ def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
     assert np.array_equal(z, again)  # same seed, same embedding
     with pytest.raises(ValueError, match="fit_rows"):
         tuner.fit(triplets, fit_rows)  # triplets naming held-out photos
+
+
+def test_the_fine_tune_mode_records_its_strict_figure_first(tiny_phantom, imported, capsys):
+    """``--mode fine-tune``: a ``vision-finetune`` run whose figure is strict out of fold (patient-disjoint
+    folds, with the frozen centred embedding on the same triplets), then every photo embedded; the Report
+    shows the strict figure, never the in-sample one."""
+    from core.eval.report import STRICT, build_rows
+    from core.runtime import load_embeddings
+    from core.train_triderm import main
+
+    ws = imported(tiny_phantom(5, 8, 4, 12, 60))
+    assert main(["--workspace", str(ws.root), "--mode", "fine-tune", "--views", "2", "--cv-repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "mode: fine-tune (asked)" in out and "strict — all three photos unseen" in out
+    run = ws.store.runs(kind=RUN_KIND)[0]
+    cv = run["metrics"]["cv"]
+    assert run["status"] == "done" and cv["protocol"] == "strict" and cv["folds"] == 2 and cv["repeats"] == 1
+    assert "balanced" in cv["frozen_centred"] and len(run["metrics"]["loss"]) == FineTuneConfig().steps
+    emb = load_embeddings(ws, run["id"])
+    assert np.allclose(np.linalg.norm(emb["image_emb"], axis=1), 1.0) and len(emb["image_ids"]) == 8
+    row = next(r for r in build_rows(ws, [run], ws.store.expert_triplets(), n_boot=10, seed=0))
+    assert row["protocol"] == STRICT and row["balanced"] == cv["balanced"]
+
+
+def test_the_fine_tune_mode_needs_expert_triplets(tiny_phantom, imported, tmp_path):
+    import shutil
+
+    from core.train_triderm import main
+
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny_phantom(5, 8, 4, 12, 60), ds)
+    (ds / "triplets.csv").unlink()
+    ws = imported(ds)
+    with pytest.raises(SystemExit):
+        main(["--workspace", str(ws.root), "--mode", "fine-tune"])
+    assert not ws.store.runs(kind=RUN_KIND)
