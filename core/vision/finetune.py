@@ -30,7 +30,7 @@ from core.vision.baseline import mean_pooled, normalized
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
 from core.vision.recipe import OFFLINE_DEFAULT, SUPERVISED_CV
 from core.vision.supervised import cross_validate, patient_of, repeated_folds
-from core.vision.triderm import oriented_expert, out_of_fold, stored, versus_frozen
+from core.vision.triderm import oriented_expert, strict_cv_metrics
 
 #: the run kind of :func:`train_finetuned`
 RUN_KIND = "vision-finetune"
@@ -167,14 +167,10 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
 
             folds = cross_validate(splits, triplets, fit_fold)
             bar.close()
-            oof = out_of_fold(image_ids, triplets, folds, patients, seed=config.seed)
             frozen = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
                                            keys))[2]
-            metrics["cv"] = {"folds": cv, "repeats": cv_repeats, "split": "patient", "protocol": "strict",
-                             "ci_resamples": "patients", **stored(oof["strict"]),
-                             "anchor_unseen": stored(oof["anchor_unseen"]),
-                             "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds, frozen,
-                                                             patients, seed=config.seed)}
+            metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen, patients, cv, cv_repeats,
+                                              config.seed)
         image_emb = tuner.fit(triplets, everyone).transform(everyone)
         if not all(math.isfinite(x) for x in tuner.losses):
             raise FloatingPointError(f"non-finite training loss: {tuner.losses[-5:]}")

@@ -306,6 +306,17 @@ def versus_frozen(run_strict: dict[str, Any], image_ids: Sequence[str], triplets
     return out
 
 
+def strict_cv_metrics(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], frozen: np.ndarray,
+                      patients: dict[str, str], k: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+    """A run's ``metrics["cv"]`` from its out-of-fold ``folds`` (``repeats`` splits × ``k`` patient folds): the
+    strict figure (no photo of a scored triplet seen by training), ``anchor_unseen`` and ``frozen_centred``
+    (:func:`versus_frozen` against the frozen embedding ``frozen``)."""
+    oof = out_of_fold(image_ids, triplets, folds, patients, seed=seed)
+    return {"folds": k, "repeats": repeats, "split": "patient", "protocol": "strict", "ci_resamples": "patients",
+            **stored(oof["strict"]), "anchor_unseen": stored(oof["anchor_unseen"]),
+            "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds, frozen, patients, seed=seed)}
+
+
 def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **overrides: Any) -> int:
     """Train TriDerm-V on ``ws`` with ``cfg`` and any field of it in ``overrides`` (``backbone`` may
     also be a loaded :class:`Backbone`); returns the run id, whose record's config is ``asdict(cfg)``
@@ -348,13 +359,9 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
             if cfg.cv:
                 assert triplets is not None  # cv implies supervise (TriDermConfig checks)
                 folds = trainer.cross_validate(triplets, patients, cfg.cv, cfg.cv_repeats, progress=progress)
-                oof = out_of_fold(image_ids, triplets, folds, patients, seed=cfg.seed)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
-                metrics["cv"] = {"folds": cfg.cv, "repeats": cfg.cv_repeats, "split": "patient",
-                                 "protocol": "strict", "ci_resamples": "patients", **stored(oof["strict"]),
-                                 "anchor_unseen": stored(oof["anchor_unseen"]),
-                                 "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds,
-                                                                 trainer.frozen_images(), patients, seed=cfg.seed)}
+                metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, trainer.frozen_images(), patients,
+                                                  cfg.cv, cfg.cv_repeats, cfg.seed)
             epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
