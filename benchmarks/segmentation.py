@@ -23,9 +23,9 @@ stages fine-tuned + FPN decoder, trained on the 4 flips, 4-flip test-time augmen
   the product's :data:`~core.segmentation.defaults.EPOCHS`), tested on the fold; 0 photos is the default itself;
 - red-channel Otsu (no training) on each set, for reference.
 - ``--part ablation`` (its own section, ``segmentation_ablation``): what three steps add — the fuseg-dev
-  fold networks (same folds and seeds) trained with the encoder frozen (a step the recipe has), with a
-  strong random view per photo (a step it dropped) and at 512-px input (a step it lacks), against the
-  recipe, on held-out fuseg-dev photos and zero-shot on Medetec, paired over photo groups.
+  fold networks (same folds and seeds) trained with the encoder frozen and at 256-px input (steps the
+  recipe has), and with a strong random view per photo (a step it dropped), against the recipe, on
+  held-out fuseg-dev photos and zero-shot on Medetec, paired over photo groups.
 
 Predictions are thresholded at 0.5, components below the minimum wound area (25 px) dropped, and
 scored at the photo's resolution: Dice, IoU and boundary F (DAVIS tolerance) per photo, Dice per
@@ -262,12 +262,12 @@ class Variant(NamedTuple):
 
 
 #: the ablation's variants, the recipe first
-ABLATION = {"the recipe (encoder stages 5–6 tuned, 4 flips)": Variant(AUGMENTED_VIEWS, ENCODER_LR_FACTOR),
+ABLATION = {f"the recipe ({INPUT_SIZE} px, encoder stages 5–6 tuned, 4 flips)": Variant(AUGMENTED_VIEWS,
+                                                                                        ENCODER_LR_FACTOR),
             "encoder frozen (decoder only)": Variant(AUGMENTED_VIEWS, 0.0, "tuning encoder stages 5–6"),
             "+ 1 strong random view per photo": Variant(AUGMENTED_VIEWS + 1, ENCODER_LR_FACTOR,
                                                         "a strong random view per photo", in_recipe=False),
-            "512-px input": Variant(AUGMENTED_VIEWS, ENCODER_LR_FACTOR, f"512-px input (not {INPUT_SIZE})",
-                                    in_recipe=False, size=512)}
+            "256-px input": Variant(AUGMENTED_VIEWS, ENCODER_LR_FACTOR, f"{INPUT_SIZE}-px input (not 256)", size=256)}
 #: the ablation's test sets: key → what is scored
 ABLATION_TARGETS = {"fuseg": "held-out fuseg-dev photos", "medetec": "Medetec photos (another source, zero-shot)"}
 
@@ -275,7 +275,7 @@ ABLATION_TARGETS = {"fuseg": "held-out fuseg-dev photos", "medetec": "Medetec ph
 def ablation(args: argparse.Namespace) -> dict[str, Any]:
     """What three steps add: the fuseg-dev fold networks of :func:`sources` (same folds and seeds,
     ``--fold-seeds`` sets) trained as the recipe, with the encoder frozen, with a strong random view per photo
-    and at 512 px; each scored on its held-out fuseg-dev fold and on every Medetec photo (another source,
+    and at 256 px; each scored on its held-out fuseg-dev fold and on every Medetec photo (another source,
     zero-shot)."""
     fuseg, medetec = folder_samples(args.fuseg), folder_samples(args.medetec)
     enc = encoder(args.device)
@@ -339,8 +339,8 @@ def ablation_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list
     notes = [f"Claims: one-sided paired t-test over photo groups, each group's Dice averaged over its photos, the "
              f"fold networks and the {args.fold_seeds} seed sets; on Medetec every photo is scored by both fold "
              f"networks of a seed set. {multiple_tests_note(claims)}",
-             "Not ablated here: the test-time flips (the main section's flips table). The 512-px networks are "
-             "scored at 512 px on both sets; their CPU inference time is not measured here."]
+             "Not ablated here: the test-time flips (the main section's flips table). Each network is scored at "
+             "its own input size on both sets."]
     return tables, claims, notes
 
 

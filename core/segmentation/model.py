@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 
 CHECKPOINT_NAME = "segmenter.safetensors"
 FORMAT = "triderm-segmenter/2"
-#: Photos are resized to a square of this side before the encoder (strides 4..32 → 64..8 cells); 256 rather
-#: than 512 px: the most the shared 2-core CPU budget allowed for training (model card, benchmark).
-INPUT_SIZE = 256
+#: Photos are resized to a square of this side before the encoder (strides 4..32 → 128..16 cells): 512 px, which
+#: the fuseg-dev ablation chose over 256 (``benchmarks/segmentation.py --part ablation``, model card).
+INPUT_SIZE = 512
 #: ``blocks`` stages of ``tf_efficientnet_lite0``: 0–4 frozen (strides 2–16), 5–6 fine-tuned (stride 32).
 TUNED_STAGES = (5, 6)
 #: Stages whose outputs feed the decoder: strides 4, 8 (frozen) and 16, 32 (tuned).

@@ -197,7 +197,7 @@ def test_segmentation_ablation_claims_point_from_the_step():
     out = {"ablation": {t: {name: [photos(name), photos(name)] for name in ABLATION} for t in ABLATION_TARGETS}}
     _, claims, _ = ablation_report(Namespace(seed=0, folds=2, fold_seeds=2, epochs=1), out)
     in_recipe = [v.in_recipe for v in ABLATION.values()][1:]
-    assert in_recipe[0] and not any(in_recipe[1:])
+    assert any(in_recipe) and not all(in_recipe)  # steps both ways: one the recipe has, one it lacks
     assert [c["holds"] for c in claims] == in_recipe * 2  # a step the recipe lacks lowers Dice: its claim fails
 
 
