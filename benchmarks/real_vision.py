@@ -290,7 +290,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
             assert tuner is not None  # rows with triplets only
             fit_rows = methods.others(rows)
-            return pairwise_euclidean(tuner.fit(train, fit_rows, seed).transform(fit_rows))
+            return pairwise_euclidean(tuner.fit(train, fit_rows, seed).transform())
         return fit_fold
 
     heads = supervised.supervise_heads

@@ -4,7 +4,7 @@ Without ``--model``: the frozen baseline (TriDerm §3.3) — each photo resized 
 input size, a wound's embedding the mean of its tokens (:mod:`core.vision.features`), a
 photo's the mean of its wounds; recorded as a ``vision-baseline`` run.
 
-With ``--model MODEL`` — a TriDerm-V run id of the workspace, a model folder written by
+With ``--model MODEL`` — a TriDerm-V or fine-tune run id of the workspace, a model folder written by
 ``python -m core.export_model`` or an ``hf-hub:<org>/<repo>`` name (from the local cache when the
 hub is offline) — the workspace's photos with wounds are embedded in that model's space (each the
 mean of its wounds through the head, normalised like the model's study) and recorded as a
@@ -36,13 +36,13 @@ from core.runtime import load_embeddings, open_workspace, save_embeddings, user_
 from core.vision.recipe import OFFLINE_DEFAULT
 
 if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
-    from core.vision.inference import TrainedHead
+    from core.vision.inference import TrainedHead, TunedModel
 
 
 MODEL_RUN = "vision-model"
 
 
-def embed_workspace(ws: Workspace, model: TrainedHead, ref: str, progress: bool = True) -> int:
+def embed_workspace(ws: Workspace, model: TrainedHead | TunedModel, ref: str, progress: bool = True) -> int:
     """Embed the workspace's photos with wounds in ``model``'s space; record a ``vision-model`` run."""
     ids = sorted({w["image_id"] for w in ws.store.wounds()})
     run_id = ws.store.start_run(MODEL_RUN, {"modality": "vision", "model": ref, "backbone": model.backbone.name,
@@ -60,7 +60,7 @@ def embed_workspace(ws: Workspace, model: TrainedHead, ref: str, progress: bool 
     return run_id
 
 
-def study_run(ws: Workspace, model: TrainedHead, ref: str) -> int:
+def study_run(ws: Workspace, model: TrainedHead | TunedModel, ref: str) -> int:
     """The run whose embedding new photos are placed among: the model's own run, else the latest
     finished ``vision-model`` run of ``ref`` in the workspace (made now when there is none)."""
     if model.run_id is not None:
@@ -69,7 +69,7 @@ def study_run(ws: Workspace, model: TrainedHead, ref: str) -> int:
     return int(done[0]["id"]) if done else embed_workspace(ws, model, ref)
 
 
-def place_new_photos(ws: Workspace, model: TrainedHead, args: argparse.Namespace) -> list[str]:
+def place_new_photos(ws: Workspace, model: TrainedHead | TunedModel, args: argparse.Namespace) -> list[str]:
     """Embed the photos of ``--images`` with ``model`` and find their nearest study photos (the
     distances to every study photo written to ``--out`` as CSV); the lines to print."""
     from core.vision.inference import photo_files, read_labels
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT, help=f"backbone name (default {OFFLINE_DEFAULT})")
     parser.add_argument("--layer", default=None, help="backbone layer (default: the backbone's registry default)")
     parser.add_argument("--model", default=None, metavar="RUN|FOLDER|hf-hub:ORG/REPO",
-                        help="a TriDerm-V run id, an exported model folder or an hf-hub: name: embed the "
+                        help="a TriDerm-V or fine-tune run id, an exported model folder or an hf-hub: name: embed the "
                              "workspace's photos (and --images) in its space")
     parser.add_argument("--images", type=Path, default=None, metavar="DIR", help="new photos to embed (with --model)")
     parser.add_argument("--neighbours", type=int, default=5, help="nearest study photos printed per new photo")
@@ -116,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--neighbours must be ≥ 1, got {args.neighbours}")
     from core.vision.backbones import BackboneUnavailable, load_backbone
     from core.vision.baseline import embed_baseline
-    from core.vision.inference import TrainedHead
+    from core.vision.inference import open_model
 
     if args.model is not None:
         ws = open_workspace(args.workspace, parser, require_wounds=args.images is None)
         with user_errors(parser, ValueError, BackboneUnavailable, FileNotFoundError):
-            model = TrainedHead.open(ws, args.model)
+            model = open_model(ws, args.model)
             if args.images is not None:
                 print("\n".join(place_new_photos(ws, model, args)))
                 return 0

@@ -8,25 +8,29 @@ pooling), centred on the training photos' mean and scaled to unit length. Each s
 training photo through one of its views drawn at random (the inference view or an augmented one)
 and takes the ordinal hinge (:class:`~core.losses.ExpertTripletLoss`) on a batch of the training
 triplets. Only triplets and photos of the training fold are used (patient-disjoint in the
-benchmark); the held-out photos are embedded through the inference view.
+benchmark); the held-out photos are embedded through the inference view. A run saves the tuned
+weights and the study's centre (``runs/<id>/tail.pt``), so new photos can be placed among the study's
+(:class:`~core.vision.inference.TunedModel`).
 """
 from __future__ import annotations
 
 import copy
 import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.losses import ExpertTripletLoss
 from core.runtime import pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
-from core.vision.baseline import mean_pooled, normalized
+from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
 from core.vision.recipe import OFFLINE_DEFAULT, SUPERVISED_CV
 from core.vision.supervised import cross_validate, patient_of, repeated_folds
@@ -34,6 +38,10 @@ from core.vision.triderm import oriented_expert, strict_cv_metrics
 
 #: the run kind of :func:`train_finetuned`
 RUN_KIND = "vision-finetune"
+#: a run's tuned weights: backbone name, the tail's state, the study's centre, the configuration
+TAIL_FILE = "tail.pt"
+#: the tuned modules of EfficientNet-Lite0 (last stage + head), in forward order
+TAIL = ("blocks.6", "conv_head", "bn2")
 
 
 @dataclass(frozen=True)
@@ -58,19 +66,25 @@ def pooling_weights(frac: Tensor) -> Tensor:
     return (mask[present] / n[present, None, None]).sum(0) / present.sum()
 
 
+def tail_of(backbone: Backbone) -> nn.Sequential:
+    """The last stage + head (:data:`TAIL`) of an EfficientNet-Lite0 backbone (any layer: its model holds
+    them), as the modules themselves."""
+    return nn.Sequential(*(backbone.model.get_submodule(name) for name in TAIL))
+
+
 class LastStageTuner:
-    """The last stage + head of a ``full``-layer EfficientNet-Lite0, tuned on stage-6 features.
+    """The last stage + head of EfficientNet-Lite0, tuned on stage-6 features.
 
     ``photos`` are the rows' stage-6 features (:class:`~core.vision.features.PhotoFeatures`, in row
-    order); ``fit(triplets, fit_rows)`` trains on the oriented triplets (all rows in ``fit_rows``),
-    ``transform(fit_rows)`` embeds every row (inference view), centred on ``fit_rows``, unit length.
+    order); ``fit(triplets, fit_rows)`` trains on the oriented triplets (all rows in ``fit_rows``) and
+    keeps the mean embedding of ``fit_rows`` (``center_``); ``transform()`` embeds every row (inference
+    view), centred on it, unit length.
     """
 
-    def __init__(self, full: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig(),
+    def __init__(self, backbone: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig(),
                  device: torch.device | str = "cpu") -> None:
-        net = full.model
         self.device = torch.device(device)
-        self.start = nn.Sequential(*(net.get_submodule(name) for name in ("blocks.6", "conv_head", "bn2")))
+        self.start = tail_of(backbone)
         self.config = config
         self.eval_x = torch.stack([p.eval_feat.float() for p in photos])
         self.eval_w = torch.stack([pooling_weights(p.eval_frac) for p in photos])
@@ -85,6 +99,7 @@ class LastStageTuner:
             t.to(self.device) for t in (self.eval_x, self.eval_w, self.view_x, self.view_w))
         self.tail: nn.Module = self.start
         self.losses: list[float] = []
+        self.center_ = np.zeros(0)
 
     def _embed(self, x: Tensor, w: Tensor) -> Tensor:
         return torch.einsum("bchw,bhw->bc", self.tail(x), w)
@@ -120,13 +135,23 @@ class LastStageTuner:
             opt.step()
             sched.step()
             self.losses.append(loss.item())
+        self.center_ = self._eval_embedding()[rows].mean(0)
         return self
 
-    def transform(self, fit_rows: np.ndarray) -> np.ndarray:
-        """Every row's embedding (inference view), centred on ``fit_rows``' mean, unit length."""
+    def _eval_embedding(self) -> np.ndarray:
         with torch.no_grad():
-            emb = self._embed(self.eval_x, self.eval_w).double().cpu().numpy()
-        return normalized(emb, "center-l2", np.asarray(fit_rows))[0]
+            return self._embed(self.eval_x, self.eval_w).double().cpu().numpy()
+
+    def transform(self) -> np.ndarray:
+        """Every row's embedding (inference view), centred on the training photos' mean, unit length."""
+        z = self._eval_embedding() - self.center_
+        return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12)
+
+    def save(self, path: Path, backbone: str) -> None:
+        """Write the tuned tail, the centre and the configuration to ``path`` (``torch.save``, plain tensors)."""
+        with atomic_write(path, "wb", suffix=".pt") as fh:
+            torch.save({"backbone": backbone, "tail": self.tail.state_dict(),
+                        "center": torch.from_numpy(self.center_), "config": asdict(self.config)}, fh)
 
 
 def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repeats: int = 3,
@@ -142,16 +167,15 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
         raise ValueError("fine-tuning needs expert triplets over outlined photos: the Triplets page collects them")
     patients = patient_of(ws.store.images())
     device = pick_device()
-    full = load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
+    stage6 = load_backbone(OFFLINE_DEFAULT, device=device, layer="stage6")
     run_id = ws.store.start_run(RUN_KIND, {
-        **asdict(config), "modality": "vision", "backbone": full.name, "tuned": "blocks.6 + conv_head + bn2",
+        **asdict(config), "modality": "vision", "backbone": OFFLINE_DEFAULT, "tuned": " + ".join(TAIL),
         "supervise": "triplets", "views": views, "cv": cv, "cv_repeats": cv_repeats, "device": str(device),
         "n_images": len(image_ids), "n_wounds": len(keys), "n_expert_triplets": len(triplets),
         "synthetic": ws.is_synthetic}, seed=config.seed)
     try:
-        stage6 = load_backbone(OFFLINE_DEFAULT, device=device, layer="stage6")
         photos = FeatureCache(ws, stage6, seed=config.seed).build(image_ids, views, progress)
-        tuner = LastStageTuner(full, [photos[i] for i in image_ids], config, device)
+        tuner = LastStageTuner(stage6, [photos[i] for i in image_ids], config, device)
         everyone = np.arange(len(image_ids))
         metrics: dict = {}
         if cv and len({patients[i] for i in image_ids}) >= cv:
@@ -161,21 +185,23 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
             bar = tqdm(total=cv * cv_repeats, desc="fine-tuning folds", unit="fold", disable=not progress)
 
             def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
-                fit_rows = np.setdiff1d(everyone, rows)
                 bar.update()
-                return pairwise_euclidean(tuner.fit(train, fit_rows).transform(fit_rows))
+                return pairwise_euclidean(tuner.fit(train, np.setdiff1d(everyone, rows)).transform())
 
             folds = cross_validate(splits, triplets, fit_fold)
             bar.close()
+            full = load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
             frozen = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
                                            keys))[2]
             metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen, patients, cv, cv_repeats,
                                               config.seed)
-        image_emb = tuner.fit(triplets, everyone).transform(everyone)
+        image_emb = tuner.fit(triplets, everyone).transform()
         if not all(math.isfinite(x) for x in tuner.losses):
             raise FloatingPointError(f"non-finite training loss: {tuner.losses[-5:]}")
         save_embeddings(ws, run_id, image_ids, image_emb=image_emb)
-        ws.store.finish_run(run_id, metrics={"loss": tuner.losses, **metrics})
+        tuner.save(ws.run_dir(run_id) / TAIL_FILE, OFFLINE_DEFAULT)
+        ws.store.finish_run(run_id, metrics={"loss": tuner.losses, **metrics},
+                            artifacts={"tail": str((ws.run_dir(run_id) / TAIL_FILE).relative_to(ws.root))})
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                             metrics={"error": f"{type(e).__name__}: {e}"})

@@ -1,9 +1,12 @@
-"""Embedding photos a trained TriDerm-V run has not seen, in the run's own space.
+"""Embedding photos a trained run has not seen, in the run's own space.
 
-A run saves its head (``runs/<id>/head.pt``: configuration, backbone name with its layer, the
+A TriDerm-V run saves its head (``runs/<id>/head.pt``: configuration, backbone name with its layer, the
 embedding centre); a new photo goes through the same frozen backbone at its input size, its
 wounds' tokens (from its mask, or the whole photo when it has none) through the head, and its
-embedding is normalised like the study's, so distances to the study's photos are comparable.
+embedding is normalised like the study's, so distances to the study's photos are comparable. A
+fine-tune run (:mod:`core.vision.finetune`) saves its tuned last stage + head and the study's centre
+(``runs/<id>/tail.pt``): a new photo goes through the frozen backbone up to stage 6, then the tuned
+tail, its wounds' mean tokens averaged (:class:`TunedModel`). :func:`open_model` opens either.
 
 A run is shared with other centres as a :class:`SharedHead` folder (Hugging Face's
 ``save_pretrained`` layout, :class:`~huggingface_hub.PyTorchModelHubMixin`): ``model.safetensors``
@@ -13,6 +16,7 @@ recipe, metrics and a data summary of counts — no photo, patient or wound id, 
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ from annotations.workspace import Workspace
 from core.runtime import load_checkpoint, numbers_only, write_model_folder
 from core.vision.backbones import Backbone, load_backbone, model_folder
 from core.vision.features import token_mask, wound_fractions
+from core.vision.finetune import RUN_KIND as FINETUNE_RUN, TAIL_FILE, pooling_weights, tail_of
 from core.vision.pooling import WoundHead
 from core.vision.supervised import MetricHead
 from core.vision.triderm import build_head, embedding_normalize
@@ -133,26 +138,79 @@ class TrainedHead:
     def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
         """One photo's embedding: the mean over its wounds (label values > 0; the whole photo
         when ``labels`` is None or empty), normalised like the run's study photos."""
-        image = ImageOps.exif_transpose(image).convert("RGB")
-        if labels is None or not (labels > 0).any():
-            labels = np.ones((image.height, image.width), dtype=np.int32)
-        if labels.shape != (image.height, image.width):
-            raise ValueError(f"mask shape {labels.shape} differs from the photo's {(image.height, image.width)}")
-        s = self.backbone.input_size
-        x = torch.from_numpy(np.asarray(image.resize((s, s), Image.Resampling.BILINEAR)).copy()).permute(2, 0, 1).float() / 255
+        x, labels, wounds = model_input(self.backbone, image, labels)
         with torch.no_grad():
-            feat = self.backbone(self.backbone.normalize(x[None]))[0]
-            wounds = [int(v) for v in np.unique(labels) if v > 0]
+            feat = self.backbone(self.backbone.normalize(x))[0]
             grid_h, grid_w = feat.shape[-2:]
             mask = token_mask(wound_fractions(labels, wounds, (grid_h, grid_w))).flatten(1)
             seg, loc = torch.nonzero(mask, as_tuple=True)
             z, _ = self.head(feat.flatten(1).T[loc].to(self.backbone.device), seg.to(self.backbone.device),
                              len(wounds))
         emb = z.float().cpu().numpy().mean(0)
-        if self.normalize == "center-l2":
-            emb = emb - self.center
-            emb = emb / max(float(np.linalg.norm(emb)), 1e-12)
-        return emb
+        return centred_unit(emb, self.center) if self.normalize == "center-l2" else emb
+
+
+@dataclass
+class TunedModel:
+    """A fine-tune run's frozen backbone up to stage 6, its tuned last stage + head and the study's centre."""
+
+    run_id: int
+    backbone: Backbone
+    tail: nn.Module
+    center: np.ndarray
+    normalize: str = "center-l2"
+
+    @classmethod
+    def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TunedModel:
+        """Load fine-tune run ``run_id``'s tuned weights and its backbone."""
+        path = ws.run_dir(run_id) / TAIL_FILE
+        if not path.exists():
+            raise ValueError(f"--model {run_id}: the fine-tune run has no saved weights ({path}); it predates "
+                             "weight saving: train it again")
+        blob = load_checkpoint(path)
+        backbone = load_backbone(blob["backbone"], device=device, layer="stage6")
+        tail = copy.deepcopy(tail_of(backbone))
+        tail.load_state_dict(blob["tail"])
+        return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy())
+
+    def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
+        """One photo's embedding as the run embedded its study photos: the tuned tail's tokens averaged
+        per wound, then over wounds (the whole photo when ``labels`` is None or empty), centred, unit length."""
+        x, labels, wounds = model_input(self.backbone, image, labels)
+        with torch.no_grad():
+            feat = self.backbone(self.backbone.normalize(x)).half().float()  # the feature cache's precision
+            weights = pooling_weights(wound_fractions(labels, wounds, (feat.shape[-2], feat.shape[-1])))
+            emb = torch.einsum("chw,hw->c", self.tail(feat)[0], weights.to(feat.device))
+        return centred_unit(emb.double().cpu().numpy(), self.center)
+
+
+def open_model(ws: Workspace, ref: str, device: torch.device | str | None = None) -> TrainedHead | TunedModel:
+    """The model ``--model ref`` names: a fine-tune run of ``ws`` (:class:`TunedModel`), else a TriDerm-V run id,
+    a :class:`SharedHead` folder or an ``hf-hub:`` name (:meth:`TrainedHead.open`)."""
+    run = ws.store.run(int(ref)) if ref.isdigit() else None
+    if run is not None and run["kind"] == FINETUNE_RUN:
+        return TunedModel.load(ws, int(ref), device)
+    return TrainedHead.open(ws, ref, device)
+
+
+def model_input(backbone: Backbone, image: Image.Image, labels: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray,
+                                                                                             list[int]]:
+    """A photo as ``backbone``'s inference input (upright RGB resized to its square, in [0, 1], 1×3×S×S), its
+    label map (the whole photo is one wound when ``labels`` is None or empty) and its wound values."""
+    image = ImageOps.exif_transpose(image).convert("RGB")
+    if labels is None or not (labels > 0).any():
+        labels = np.ones((image.height, image.width), dtype=np.int32)
+    if labels.shape != (image.height, image.width):
+        raise ValueError(f"mask shape {labels.shape} differs from the photo's {(image.height, image.width)}")
+    s = backbone.input_size
+    x = torch.from_numpy(np.asarray(image.resize((s, s), Image.Resampling.BILINEAR)).copy()).permute(2, 0, 1)
+    return x.float()[None] / 255, labels, [int(v) for v in np.unique(labels) if v > 0]
+
+
+def centred_unit(emb: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """``emb`` minus ``center``, scaled to unit length."""
+    z = emb - center
+    return z / max(float(np.linalg.norm(z)), 1e-12)
 
 
 def photo_files(folder: Path) -> list[tuple[str, Path, Path | None]]:

@@ -52,11 +52,11 @@ def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
     fit_rows = np.setdiff1d(np.arange(len(image_ids)), test_rows)
     tuner = LastStageTuner(full, photos, FineTuneConfig(steps=30, lr=1e-3, batch_triplets=len(train)))
     before = [p.detach().clone() for p in tuner.start.parameters()]
-    z = tuner.fit(train, fit_rows, seed=0).transform(fit_rows)
+    z = tuner.fit(train, fit_rows, seed=0).transform()
     assert np.mean(tuner.losses[-5:]) < np.mean(tuner.losses[:5])
     assert np.allclose(np.linalg.norm(z, axis=1), 1.0)
     assert all(torch.equal(a, b) for a, b in zip(before, tuner.start.parameters()))  # the backbone is untouched
-    again = LastStageTuner(full, photos, tuner.config).fit(train, fit_rows, seed=0).transform(fit_rows)
+    again = LastStageTuner(full, photos, tuner.config).fit(train, fit_rows, seed=0).transform()
     assert np.array_equal(z, again)  # same seed, same embedding
     with pytest.raises(ValueError, match="fit_rows"):
         tuner.fit(triplets, fit_rows)  # triplets naming held-out photos
@@ -82,6 +82,37 @@ def test_the_fine_tune_mode_records_its_strict_figure_first(tiny_phantom, import
     assert np.allclose(np.linalg.norm(emb["image_emb"], axis=1), 1.0) and len(emb["image_ids"]) == 8
     row = next(r for r in build_rows(ws, [run], ws.store.expert_triplets(), n_boot=10, seed=0))
     assert row["protocol"] == STRICT and row["balanced"] == cv["balanced"]
+
+
+def test_a_fine_tune_run_places_new_photos_where_it_put_the_study_photos(tiny_phantom, imported, capsys, tmp_path):
+    """The run saves its tuned weights: ``core.embed --model RUN --images DIR`` embeds a copy of a study photo
+    (photo + mask) onto that photo's stored embedding, so it is its own nearest study photo."""
+    import shutil
+
+    from core.embed import main as embed
+    from core.runtime import load_embeddings
+    from core.train_triderm import main
+    from core.vision.inference import TunedModel, open_model
+
+    data = tiny_phantom(5, 8, 4, 12, 60)
+    ws = imported(data)
+    assert main(["--workspace", str(ws.root), "--mode", "fine-tune", "--views", "2", "--cv", "0"]) == 0
+    run = ws.store.runs(kind=RUN_KIND)[0]
+    emb = load_embeddings(ws, run["id"])
+    model = open_model(ws, str(run["id"]))
+    assert isinstance(model, TunedModel)
+    for n, image_id in enumerate(emb["image_ids"][:3]):
+        placed = model.embed(ws.load_image(image_id), ws.load_mask(image_id))
+        assert np.abs(placed - emb["image_emb"][n]).max() < 1e-4
+    photo = next((data / "images").iterdir())
+    new = tmp_path / "new"
+    (new / "masks").mkdir(parents=True)
+    shutil.copy(photo, new / photo.name)
+    shutil.copy(data / "masks" / f"{photo.stem}.png", new / "masks" / f"{photo.stem}.png")
+    capsys.readouterr()
+    assert embed(["--workspace", str(ws.root), "--model", str(run["id"]), "--images", str(new), "--neighbours", "1"]) == 0
+    nearest = capsys.readouterr().out.splitlines()[-1]
+    assert nearest.strip().startswith(f"{photo.stem}: ") and "(0.000)" in nearest
 
 
 def test_the_fine_tune_mode_needs_expert_triplets(tiny_phantom, imported, tmp_path):
