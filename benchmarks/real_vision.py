@@ -18,7 +18,7 @@ mean; averaged over the inference view and the photo's augmented views — test-
 over two input sizes — multi-scale); TriDerm-V self-supervised (real-data default); the linear metric; TriDerm-V
 ``--supervise triplets``; the last stage + head of the backbone fine-tuned on the triplets
 (:mod:`core.vision.finetune`); and **nested selection** — the method (frozen centred, linear metric,
-metric head) and the weight of its fusion with the frozen centred distances chosen by an inner
+metric head, fine-tuned last stage) and the weight of its fusion with the frozen centred distances chosen by an inner
 patient-disjoint 2-fold CV on the training fold's own triplets (strict inner score), so the
 outer fold that reports it is never used to choose. A second table trains on one fixed patient
 half and scores strict on the other, both ways (cross-half transfer).
@@ -72,6 +72,8 @@ from core.vision.triderm_config import DEFAULT, TriDermConfig
 SEARCH_LOG = Path(__file__).with_name("real_vision_search.md")
 #: weights of the learned distances in the nested search's fusion with the frozen centred ones
 FUSION_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
+#: the learned methods of the nested search (:meth:`Methods.distances`)
+LEARNED = ("linear", "head", "finetune")
 #: the fixed patient split of the cross-half table (a seed no seed of the folds uses by default)
 CROSS_HALF_SEED = 1000
 FROZEN = "frozen, new tokens, mean pooling, centred unit length (centre of the training photos)"
@@ -202,21 +204,25 @@ class Methods:
     """The supervised methods' distances for a set of training triplets and photos, memoised (the
     nested search's final fit of a method is the fixed row's fit of the same fold)."""
 
-    def __init__(self, b: Bench, bank: TokenBank, frozen: np.ndarray, supervised: TriDermConfig) -> None:
-        self.b, self.bank, self.frozen, self.supervised = b, bank, frozen, supervised
+    def __init__(self, b: Bench, bank: TokenBank, frozen: np.ndarray, supervised: TriDermConfig,
+                 tuner: LastStageTuner | None) -> None:
+        self.b, self.bank, self.frozen, self.supervised, self.tuner = b, bank, frozen, supervised, tuner
         self.cache: dict[tuple, np.ndarray] = {}
         self.chosen: list[str] = []
         self.scored = 0
 
     def distances(self, method: str, triplets: np.ndarray, fit_rows: np.ndarray, seed: int) -> np.ndarray:
-        """n×n distances of ``method`` (``frozen``, ``linear``, ``head``) fitted on ``triplets`` and
-        the photos ``fit_rows`` only."""
+        """n×n distances of ``method`` (``frozen``, ``linear``, ``head``, ``finetune``) fitted on ``triplets``
+        and the photos ``fit_rows`` only."""
         if method == "frozen":
             return pairwise_euclidean(normalized(self.frozen, "center-l2", fit_rows)[0])
         key = (method, seed, triplets.tobytes(), fit_rows.tobytes())
         if key not in self.cache:
             if method == "linear":
                 z = LinearMetric(random_state=seed).fit(self.frozen, triplets).transform(self.frozen)
+            elif method == "finetune":
+                assert self.tuner is not None  # rows with triplets only
+                z = self.tuner.fit(triplets, fit_rows, seed).transform()
             else:
                 trainer = TriDermTrainer(self.bank, replace(self.supervised, seed=seed), torch.device("cpu"),
                                          self.b.image_ids)
@@ -234,8 +240,8 @@ class Methods:
 
     def nested(self, seed: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """``fit_fold`` of the nested search: on the training fold alone, an inner patient-disjoint
-        2-fold split scores every candidate (frozen centred; linear metric or metric head fused with
-        the frozen centred distances at each weight of :data:`FUSION_WEIGHTS`) on its strict inner
+        2-fold split scores every candidate (frozen centred; linear metric, metric head or fine-tuned last
+        stage fused with the frozen centred distances at each weight of :data:`FUSION_WEIGHTS`) on its strict inner
         triplets; the best is refitted on the whole training fold. An inner fold without training
         triplets (tiny data) leaves the frozen candidate only."""
         def fit_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
@@ -244,7 +250,7 @@ class Methods:
             inner = [np.array([self.b.row[i] for i in f])
                      for f in patient_folds(ids, self.b.patients, 2, seed + 1)]
             learnable = all(split_triplets(train, rows)[0].any() for rows in inner)  # else: frozen only
-            learned = ("linear", "head") if learnable else ()
+            learned = LEARNED if learnable else ()
             candidates = [("frozen", 0.0)] + [(m, w) for m in learned for w in FUSION_WEIGHTS]
             per_method = {m: cross_validate([inner], train, lambda tr, rows, m=m: self.distances(
                 m, tr, np.setdiff1d(fit_rows, rows), seed)) for m in ("frozen", *learned)}
@@ -281,17 +287,10 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     views_emb = view_averaged(full)
     scales_emb = np.mean([frozen if size == SCALES[0] else scaled_embedding(ws, b.keys, b.image_ids, size)
                           for size in SCALES], axis=0)
-    methods = Methods(b, full, frozen, supervised)
     tune = FineTuneConfig(steps=10) if args.quick else FineTuneConfig()
-    tuner = (LastStageTuner(load_backbone("efficientnet-lite0", layer="full"),
+    tuner = (LastStageTuner(load_backbone("efficientnet-lite0", layer="stage6"),
                             stage6_photos(ws, b.image_ids, args.views, b.progress), tune) if has_triplets else None)
-
-    def tuned(seed: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
-            assert tuner is not None  # rows with triplets only
-            fit_rows = methods.others(rows)
-            return pairwise_euclidean(tuner.fit(train, fit_rows, seed).transform())
-        return fit_fold
+    methods = Methods(b, full, frozen, supervised, tuner)
 
     heads = supervised.supervise_heads
     head_name = f"TriDerm-V --supervise triplets ({heads} metric head{'s' * (heads > 1)}, mean pooling, augmented views)"
@@ -331,14 +330,14 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             continue
         b.record(LINEAR, lambda: cv(methods.fixed("linear", seed)))
         b.record(head_name, lambda: cv(methods.fixed("head", seed)))
-        b.record(FINETUNE, lambda: cv(tuned(seed)))
+        b.record(FINETUNE, lambda: cv(methods.fixed("finetune", seed)))
         b.record(NESTED, lambda: cv(methods.nested(seed)))
     cross: dict[str, list[Fold]] = {}
     if has_triplets:
         halves = b.split(CROSS_HALF_SEED, 2)
         seed = args.seeds[0]
         for name, fit_fold in ((FROZEN, methods.fixed("frozen", seed)), (LINEAR, methods.fixed("linear", seed)),
-                               (head_name, methods.fixed("head", seed)), (FINETUNE, tuned(seed)),
+                               (head_name, methods.fixed("head", seed)), (FINETUNE, methods.fixed("finetune", seed)),
                                (NESTED, methods.nested(seed))):
             cross[name] = cross_validate([halves], b.triplets, fit_fold)
     return {"bench": b, "skipped": skipped, "cross": cross, "methods": methods, "head_name": head_name, "tune": tune}
@@ -385,6 +384,7 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
                 "centring new photos on their own batch beats the training photos' centre (strict)"),
         compare(b, FINETUNE, FROZEN, "fine-tuning the last stage beats the frozen centred embedding (strict)"),
         compare(b, FINETUNE, LINEAR, "fine-tuning the last stage beats the linear metric (strict)"),
+        compare(b, FINETUNE, head_name, "fine-tuning the last stage beats the supervised mode (strict)"),
         compare(b, VIEWS_ROW, FROZEN, "test-time views beat the inference view alone (frozen centred, strict)"),
         compare(b, SCALES_ROW, FROZEN, "multi-scale inputs beat the backbone's own size (frozen centred, strict)"),
     ) if c is not None]
@@ -401,8 +401,10 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
              "rows above are the frozen defaults' final run."]
     if methods.chosen:
         counts = {c: methods.chosen.count(c) for c in sorted(set(methods.chosen))}
-        notes.append(f"nested selection scored {methods.scored} candidate configurations on inner folds "
-                     f"(up to {1 + 2 * len(FUSION_WEIGHTS)} per outer fold, never on the outer test fold) and chose: "
+        notes.append(f"nested selection scored {methods.scored} candidate configurations on inner folds (frozen "
+                     f"centred, and each of {', '.join(LEARNED)} fused at weights "
+                     f"{', '.join(map(str, FUSION_WEIGHTS))}: up to {1 + len(LEARNED) * len(FUSION_WEIGHTS)} per "
+                     "outer fold, never on the outer test fold) and chose: "
                      + ", ".join(f"{c} ({n}×)" for c, n in counts.items())
                      + " (method and weight of the learned distances in the fusion with the frozen centred ones)")
         notes.append(f"with {args.folds} patient folds only ~1/{args.folds ** 2} of the triplets have all three "

@@ -34,7 +34,8 @@ def test_quick_run_writes_every_row_and_a_complete_result(tiny_dataset, tmp_path
     assert [r[1] for r in cross["rows"][:2]] == ["half A → half B", "half B → half A"] and "Cross-half" in cross["caption"]
     for claim in res["claims"]:
         assert claim["holds"] == ("mean difference +" in claim["test"] and claim["p"] < 0.05)
-    assert any(n.startswith("nested selection scored") for n in res["notes"])
+    nested = next(n for n in res["notes"] if n.startswith("nested selection scored"))
+    assert "linear, head, finetune fused" in nested  # issue 30 §5: fine-tuning is a candidate of the nested search
     assert "{} self-supervised recipe configurations and {} supervised-mode".format(*configurations_tried()) in res["notes"][0]
     assert "--quick" in res["command"] and "strict" in capsys.readouterr().out
 
