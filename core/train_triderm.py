@@ -15,11 +15,12 @@ token, its attention weight and grid position (``token_wound``, ``token_pos``,
 ``token_weight``, ``grid``), then the command prints frozen baseline vs trained agreement.
 
 ``--mode`` (default ``auto``) follows the strict real-data evidence (:data:`core.vision.recipe.MODES`):
-with the expert's triplets in the workspace it trains the supervised metric heads, scored out of fold
-first; without them it records the frozen centred embedding (a ``vision-baseline`` run, no training),
-since no self-supervised recipe beat it on new patients. ``--mode self-supervised`` trains TriDerm-V.
+with the expert's triplets in the workspace it fine-tunes the backbone's last stage + head on them
+(:mod:`core.vision.finetune`), scored out of fold first; without them it records the frozen centred embedding
+(a ``vision-baseline`` run, no training), since no self-supervised recipe beat it on new patients.
+``--mode supervised`` trains metric heads on the triplets, ``--mode self-supervised`` TriDerm-V.
 
-    python -m core.train_triderm [--workspace W] [--mode auto|frozen|self-supervised|supervised] ...
+    python -m core.train_triderm [--workspace W] [--mode auto|frozen|self-supervised|supervised|fine-tune] ...
 """
 from __future__ import annotations
 

@@ -38,16 +38,17 @@ def vision_tab() -> tuple[list[str], str]:
     mode = s1.radio("Mode", modes, horizontal=True,
                     help=f"{n_expert} expert judgments in this workspace. " + " ".join(
                         f"**{m}**: {MODES[m]}." for m in modes))
-    supervised = mode == "supervised"  # auto: the job decides, and takes its own folds if it supervises
+    scored = mode in ("supervised", "fine-tune")  # auto: the job decides, and takes its own folds if it trains
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
-                            value=SUPERVISED_CV, disabled=not supervised,
-                            help=f"supervised mode: patient-disjoint folds, repeated over {DEFAULT.cv_repeats} random "
-                                 "splits; the run's figure is the strict one (triplets whose three photos training "
-                                 f"never saw). auto takes {SUPERVISED_CV} folds when it supervises")
+                            value=SUPERVISED_CV, disabled=not scored,
+                            help=f"supervised and fine-tune modes: patient-disjoint folds, repeated over "
+                                 f"{DEFAULT.cv_repeats} random splits; the run's figure is the strict one (triplets "
+                                 "whose three photos training never saw). auto takes "
+                                 f"{SUPERVISED_CV} folds when it trains on the triplets")
     args = ["--mode", mode, "--layer", layer, "--pooling", pooling, "--loss", loss, "--epochs", str(int(epochs)),
             "--batch-size", str(int(batch)), "--lr", repr(float(lr)),
             *(["--paper-recipe"] if recipe == "paper recipe" else [])]
-    if supervised:
+    if scored:
         args += ["--cv", str(int(folds))]
     st.markdown("**A shared model**: embed this workspace's photos in the space of a model another centre "
                 "published without its patient data (a `python -m core.export_model` folder on this server, or "

@@ -18,8 +18,8 @@ SUPERVISED_CV = 2
 #: patients (strict: all three photos of a triplet unseen by training, paired over 57 patients;
 #: ``python -m benchmarks.real_vision``, docs/RESULTS.md "Real wounds"); ``auto`` is the job's default
 MODES = {
-    "auto": "supervised when the workspace has expert triplets over outlined photos of at least "
-            f"{SUPERVISED_CV} patients, else frozen (fine-tune measured higher still; auto does not pick it yet)",
+    "auto": "fine-tune when the workspace has expert triplets over outlined photos of at least "
+            f"{SUPERVISED_CV} patients (the best mode measured on new patients), else frozen",
     "frozen": "no training: a photo is the mean of its wounds' backbone tokens, centred on the study's photos, "
               "unit length. azh-dev strict 63.0 %: the baseline the other modes are measured against",
     "self-supervised": "TriDerm-V: attention pooling + predictor trained with VICReg on augmented views, no labels "

@@ -151,15 +151,16 @@ def check_workspace(ws: Workspace, cfg: TriDermConfig) -> None:
 
 
 def auto_mode(ws: Workspace) -> tuple[str, str]:
-    """The mode ``--mode auto`` picks (:data:`~core.vision.recipe.MODES`) and why: ``supervised`` when the
-    expert's triplets over outlined photos span at least :data:`SUPERVISED_CV` patients (its folds),
-    else ``frozen``: without labels no training beat the frozen centred embedding on new patients."""
+    """The mode ``--mode auto`` picks (:data:`~core.vision.recipe.MODES`) and why: ``fine-tune`` (the best mode on
+    azh-dev's new patients) when the expert's triplets over outlined photos span at least :data:`SUPERVISED_CV`
+    patients (its folds), else ``frozen``: without labels no training beat the frozen centred embedding on new
+    patients."""
     image_ids, _ = workspace_wounds(ws)
     n = len(oriented_expert(ws, image_ids))
     patient = patient_of(ws.store.images())
     patients = len({patient[i] for i in image_ids})
     if n and patients >= SUPERVISED_CV:
-        return "supervised", f"{n} expert triplets over outlined photos of {patients} patients"
+        return "fine-tune", f"{n} expert triplets over outlined photos of {patients} patients"
     return "frozen", ("no expert triplets over outlined photos" if not n else
                       f"outlined photos of {patients} patient(s), too few for {SUPERVISED_CV} patient-disjoint folds")
 

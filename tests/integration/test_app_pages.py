@@ -359,7 +359,7 @@ def test_train_page_starts_the_vision_job_in_the_mode_chosen(ws):
     mode = next(r for r in at.radio if r.label == "Mode")
     assert mode.value == "auto" and list(mode.options) == ["auto", "frozen", "self-supervised", "supervised",
                                                            "fine-tune"]
-    for choice, cv in (("auto", []), ("frozen", []), ("supervised", ["--cv", "2"])):
+    for choice, cv in (("auto", []), ("frozen", []), ("supervised", ["--cv", "2"]), ("fine-tune", ["--cv", "2"])):
         next(r for r in at.radio if r.label == "Mode").set_value(choice).run()
         next(b for b in at.button if b.label == "Start training").click().run()
         assert not at.exception, at.exception

@@ -324,13 +324,13 @@ def without_triplets(ws: Workspace, tmp_path) -> Workspace:
 
 
 def test_the_default_mode_follows_the_evidence(tiny_ws, tmp_path, capsys):
-    """``--mode auto``: the supervised metric heads, scored out of fold, when the workspace has expert
-    triplets; else the frozen centred embedding (a ``vision-baseline`` run, no training)."""
-    assert train_main(["--workspace", str(tiny_ws.root), "--supervise-steps", "5", "--supervise-heads", "1",
-                       "--views", "2", "--cv-repeats", "1"]) == 0
+    """``--mode auto``: the last stage + head fine-tuned on the expert's triplets (the best mode on new patients),
+    scored out of fold, when the workspace has them; else the frozen centred embedding (a ``vision-baseline``
+    run, no training)."""
+    assert train_main(["--workspace", str(tiny_ws.root), "--views", "2", "--cv-repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^mode: supervised \(\d+ expert triplets over outlined photos of \d+ patients\)", out, re.M), out
-    (run,) = tiny_ws.store.runs(kind="vision-triderm")
+    assert re.search(r"^mode: fine-tune \(\d+ expert triplets over outlined photos of \d+ patients\)", out, re.M), out
+    (run,) = tiny_ws.store.runs(kind="vision-finetune")
     assert run["config"]["supervise"] == "triplets" and run["metrics"]["cv"]["protocol"] == "strict"
     assert "strict — all three photos unseen (the run's figure)" in out
     base = run["metrics"]["cv"]["frozen_centred"]
