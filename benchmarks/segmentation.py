@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,7 +58,16 @@ from core.eval.stats import mean_sd_ci, multiple_tests_note, paired_claim
 from core.runtime import torch_threads
 from core.segmentation.interactive import click_outline, wound_components
 from core.segmentation.metrics import dice, photo_scores
-from core.segmentation.model import INPUT_SIZE, TTA_FLIPS, Segmenter, default_path, encoder, load_default, new_net
+from core.segmentation.model import (
+    INPUT_SIZE,
+    TTA_FLIPS,
+    Encoder,
+    Segmenter,
+    default_path,
+    encoder,
+    load_default,
+    new_net,
+)
 from core.segmentation.training import (
     AUGMENTED_VIEWS,
     ENCODER_LR_FACTOR,
@@ -374,9 +384,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with torch_threads(1):
         probs = {i: default.probability(s.image) for i, s in enumerate(medetec)}
     out["clicks"] = click_scores(medetec, probs)
-    out["timing"] = {(t, k): inference_seconds(Segmenter(default.net, enc, default.input_size, tta=k), t)
-                     for t in (1, 2) for k in (2, 4)}
+    out["timing"] = inference_grid(default, enc)
     return out
+
+
+def inference_grid(default: Segmenter, enc: Encoder) -> dict[tuple[int, int], float]:
+    """Seconds of ``default`` on a new photo for 1 and 2 torch threads × 2 and 4 test-time flips (CPU)."""
+    return {(t, k): inference_seconds(Segmenter(default.net, enc, default.input_size, tta=k), t)
+            for t in (1, 2) for k in (2, 4)}
+
+
+def timing(args: argparse.Namespace) -> dict[str, Any]:
+    """``--part timing``: the default's CPU inference grid alone, with the machine's load average before it."""
+    load = os.getloadavg()[0]
+    return {"timing": inference_grid(load_default("cpu"), encoder("cpu")), "load": load}
+
+
+def timing_table(out: dict[str, Any]) -> dict[str, Any]:
+    """The CPU inference table of a run's ``timing`` records."""
+    return {"caption": f"CPU inference, one {TIMING_SIDE}-px photo (Segmenter.probability, median of 5)",
+            "columns": ["torch threads", "test-time flips", "seconds"],
+            "rows": [[t, k, sec] for (t, k), sec in out["timing"].items()]}
+
+
+def timing_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:
+    """The result of ``--part timing``: its table and the load it ran under."""
+    return [timing_table(out)], [], [f"Load average (1 min) just before timing: {out['load']:.2f} on "
+                                     f"{os.cpu_count()} cores; nothing else of this benchmark ran beside it."]
 
 
 def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:
@@ -440,9 +474,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
                        float(np.median([c["seconds"] for c in clicks if c["method"] == key]))]
                       for key, label in (("grabcut", "GrabCut at the click (no model)"),
                                          ("segmenter", "default's component, else GrabCut seeded by it"))]},
-            {"caption": f"CPU inference, one {TIMING_SIDE}-px photo (Segmenter.probability, median of 5)",
-             "columns": ["torch threads", "test-time flips", "seconds"],
-             "rows": [[t, k, sec] for (t, k), sec in out["timing"].items()]},
+            timing_table(out),
         ]
         zero = np.mean([r["dice"] for r in out["default_medetec"]])
         fifteen = np.mean([r["dice"] for r in out["curve"]["15"]])
@@ -474,15 +506,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve-folds", type=int, default=2)
     cli.add_seed(p)
     cli.add_device(p)
-    p.add_argument("--part", choices=("all", "sources", "clinic", "ablation"), default="all",
+    p.add_argument("--part", choices=("all", "sources", "clinic", "ablation", "timing"), default="all",
                    help="all; sources (fuseg-dev folds, Medetec → fuseg-dev, Otsu); clinic (the default on Medetec, "
                         "the learning curve, clicks, timing); ablation (what encoder tuning and the strong views "
-                        "add on the fuseg-dev folds; not part of all)")
+                        "add on the fuseg-dev folds; not part of all); timing (the default's CPU inference alone, "
+                        "for a quiet machine)")
     p.add_argument("--section", default="segmentation")
     p.add_argument("--results", type=Path, default=RESULTS_DIR)
     p.add_argument("--quiet", action="store_true")
     args = cli.parse_args(p, argv)
-    missing = [d for d in (args.fuseg, args.medetec) if not (d / "images").is_dir()]
+    missing = [d for d in (args.fuseg, args.medetec) if not (d / "images").is_dir() and args.part != "timing"]
     if missing:
         p.error(f"{missing[0]}: no images/ folder")
     if args.folds < 2 or args.fold_seeds < 1:
@@ -490,12 +523,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.curve_epochs < 1:
         p.error(f"need --curve-epochs ≥ 1 (got {args.curve_epochs})")
     t0 = time.perf_counter()
-    out = ablation(args) if args.part == "ablation" else run(args)
-    tables, claims, notes = (ablation_report if args.part == "ablation" else report)(args, out)
+    job, make_report = {"ablation": (ablation, ablation_report), "timing": (timing, timing_report)}.get(
+        args.part, (run, report))
+    out = job(args)
+    tables, claims, notes = make_report(args, out)
     print(render_tables(tables))
     print("\n".join(notes))
-    title = ("Wound segmentation: what each recipe step adds" if args.part == "ablation" else
-             "Wound segmentation: default model, cross-source transfer, a clinic's curve")
+    title = {"ablation": "Wound segmentation: what each recipe step adds",
+             "timing": "Wound segmentation: CPU inference of the default"}.get(
+        args.part, "Wound segmentation: default model, cross-source transfer, a clinic's curve")
     path = write_result(args.section, title,
                         command_line("benchmarks.segmentation", argv), [args.seed], tables, claims, notes,
                         synthetic=False, seconds=time.perf_counter() - t0, results_dir=args.results)
