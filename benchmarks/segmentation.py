@@ -5,7 +5,8 @@
                                       [--curve-folds 2] [--seed 0] [--section segmentation]
 
 Every network is the product's recipe (:mod:`core.segmentation`: EfficientNet-Lite0 with its stride-32
-stages fine-tuned + FPN decoder, trained on the 4 flips, 4-flip test-time augmentation). Rows:
+stages fine-tuned + FPN decoder, trained on the 4 flips, scored with the product's test-time flips,
+:data:`~core.segmentation.model.TEST_FLIPS`). Rows:
 
 - **fuseg-dev k-fold by photo** (``--folds``; a file-name series stays in one fold), each fold's
   network trained from ImageNet on the other folds, ``--epochs`` epochs like the default; the same
@@ -60,6 +61,7 @@ from core.segmentation.interactive import click_outline, wound_components
 from core.segmentation.metrics import dice, photo_scores
 from core.segmentation.model import (
     INPUT_SIZE,
+    TEST_FLIPS,
     TTA_FLIPS,
     Encoder,
     Segmenter,
@@ -191,7 +193,7 @@ def grouped_bootstrap(values: list[float], groups: list[str], seed: int = 0) -> 
 
 
 def evaluate(net: torch.nn.Module, cache: FeatureCache, samples: list[Sample], test: list[int],
-             tta: int = len(TTA_FLIPS), device: str = "cpu") -> list[dict]:
+             tta: int = TEST_FLIPS, device: str = "cpu") -> list[dict]:
     """Scores of ``net`` on the ``test`` samples from their cached flip views."""
     with torch_threads(1):
         probs = {i: cached_probability(net, cache, i, samples[i].mask.shape, device, tta=tta) for i in test}
@@ -238,17 +240,17 @@ def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample
     folds = group_folds(fuseg, args.folds, args.seed)
     out["folds"] = [len(f) for f in folds]
     kfold: dict[int, list[dict]] = {1: [], 2: [], 4: []}  # the first seed set, by test-time flips
-    by_seed: list[list[dict]] = [[] for _ in range(args.fold_seeds)]  # 4 flips, by seed set
+    by_seed: list[list[dict]] = [[] for _ in range(args.fold_seeds)]  # the product's flips, by seed set
     runs = [(s, f) for s in range(args.fold_seeds) for f in range(len(folds))]
     for s, f in tqdm(runs, desc="fuseg-dev folds × seeds", unit="network", disable=args.quiet):
         seed, held = fold_seed(args.seed, s, f, args.folds), set(folds[f])
         rest = [i for i in range(len(fuseg)) if i not in held]
         net = train(cache_f, rest, new_net(enc, seed=seed), args.epochs, seed, args.device)
-        for tta in kfold if s == 0 else (4,):
+        for tta in kfold if s == 0 else (TEST_FLIPS,):
             rows = evaluate(net, cache_f, fuseg, folds[f], tta, args.device)
             if s == 0:
                 kfold[tta] += rows
-            if tta == 4:
+            if tta == TEST_FLIPS:
                 by_seed[s] += rows
     out["kfold"], out["kfold_seeds"] = kfold, by_seed
     out["otsu_fuseg"] = score({i: otsu_red(s.image) for i, s in enumerate(fuseg)}, fuseg)
@@ -278,6 +280,8 @@ ABLATION = {f"the recipe ({INPUT_SIZE} px, encoder stages 5–6 tuned, 4 flips)"
             "+ 1 strong random view per photo": Variant(AUGMENTED_VIEWS + 1, ENCODER_LR_FACTOR,
                                                         "a strong random view per photo", in_recipe=False),
             "256-px input": Variant(AUGMENTED_VIEWS, ENCODER_LR_FACTOR, f"{INPUT_SIZE}-px input (not 256)", size=256)}
+#: test-time flips the ablation scores every variant with (all four; fixed when the product's went to 2)
+ABLATION_FLIPS = len(TTA_FLIPS)
 #: the ablation's test sets: key → what is scored
 ABLATION_TARGETS = {"fuseg": "held-out fuseg-dev photos", "medetec": "Medetec photos (another source, zero-shot)"}
 
@@ -307,9 +311,9 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         rest = [i for i in range(len(fuseg)) if i not in held]
         cache = caches[v.views, v.size]
         net = train(cache, rest, new_net(enc, seed=seed), args.epochs, seed, args.device, v.encoder_lr_factor)
-        out["fuseg"][name][s] += evaluate(net, cache, fuseg, folds[f], device=args.device)
+        out["fuseg"][name][s] += evaluate(net, cache, fuseg, folds[f], ABLATION_FLIPS, args.device)
         out["medetec"][name][s] += evaluate(net, medetec_caches[v.size], medetec, list(range(len(medetec))),
-                                            device=args.device)
+                                            ABLATION_FLIPS, args.device)
     return {"ablation": out, "n_fuseg": len(fuseg), "n_medetec": len(medetec), "folds": [len(f) for f in folds]}
 
 
@@ -342,7 +346,7 @@ def ablation_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list
                                            [with_[g] for g in groups], [without[g] for g in groups]))
         tables.append({"caption": f"What each recipe step adds, scored on {what}: the fuseg-dev {args.folds}-fold "
                                   f"networks, {args.fold_seeds} seed sets per variant (the same folds and seeds), "
-                                  f"{args.epochs} epochs, 4 flips",
+                                  f"{args.epochs} epochs, {ABLATION_FLIPS} flips",
                        "columns": ["variant", "scores per seed set", "Dice/photo pooled over seed sets [grouped 95 % CI]",
                                    "median Dice/photo", "mean of the seed sets' means (sd, 95 % t interval)",
                                    "seed sets' means"], "rows": rows})
@@ -422,7 +426,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
     if "kfold" in out:
         main_rows += [
             [f"fuseg-dev {args.folds}-fold by photo (other folds, from ImageNet) → held-out fuseg-dev", n_f,
-             *summary(out["kfold"][4], seed)],
+             *summary(out["kfold"][TEST_FLIPS], seed)],
             [f"Medetec, all {n_m} (from ImageNet) → fuseg-dev", n_f, *summary(out["medetec_to_fuseg"], seed)]]
     if "default_medetec" in out:
         main_rows.append([f"default (fuseg-dev, all {n_f or 195}) → Medetec, zero-shot", n_m,
@@ -439,7 +443,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
          f"1e-3 (cosine), FPN decoder; views: the 4 flips, {AUGMENTED_VIEWS} strong random view(s) per photo "
          f"(the ablation's variant: rotation ±45°, scale ×0.5–2, aspect, colour/hue/gamma jitter, blur); BCE + soft Dice; "
          f"{args.epochs} epochs in-source (the default: {PRETRAIN_EPOCHS}), {args.source_epochs} from Medetec's "
-         f"{n_m} photos; curve fine-tunes {args.curve_epochs} epochs (a workspace run's). 4-flip test-time augmentation.")]
+         f"{n_m} photos; curve fine-tunes {args.curve_epochs} epochs (a workspace run's). {TEST_FLIPS}-flip test-time augmentation.")]
     if "kfold" in out:
         tables.append({"caption": f"Test-time flips on the fuseg-dev {args.folds}-fold predictions (same networks)",
                        "columns": ["flips averaged", "photos", "Dice/photo [grouped 95 % CI]", "median Dice/photo"],
@@ -453,7 +457,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
         seed_rows.append([f"mean of the {len(means)} seed sets' means (sd, 95 % t interval)", n_f, mean_sd_ci(means),
                           None])
         tables.append({"caption": f"Training seeds of the fuseg-dev {args.folds}-fold networks (each fold's network "
-                                  "seeded as listed: decoder's initial weights and batch order; same folds, 4 flips)",
+                                  f"seeded as listed: decoder's initial weights and batch order; same folds, {TEST_FLIPS} flips)",
                        "columns": ["seeds of the fold networks", "photos", "Dice/photo [grouped 95 % CI]",
                                    "median Dice/photo"], "rows": seed_rows})
         notes.append(f"fuseg-dev folds: {', '.join(map(str, out['folds']))} test photos. The first table's k-fold row "

@@ -21,7 +21,7 @@ from annotations.workspace import Workspace
 from core.runtime import numbers_only, pick_device, write_model_folder
 from core.segmentation.model import (
     RUN_KIND,
-    TTA_FLIPS,
+    TEST_FLIPS,
     Segmenter,
     SegmenterError,
     SegNet,
@@ -41,7 +41,7 @@ class SharedSegmenter(nn.Module, PyTorchModelHubMixin, library_name="triderm-stu
     """The trained part of a segmenter run (tuned encoder stages and decoder); the constructor's arguments
     are ``config.json``."""
 
-    def __init__(self, backbone: str, channels: Sequence[int], width: int, input_size: int, tta: int = len(TTA_FLIPS),
+    def __init__(self, backbone: str, channels: Sequence[int], width: int, input_size: int, tta: int = TEST_FLIPS,
                  recipe: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
                  data: dict[str, Any] | None = None, model_format: str = SHARED_FORMAT) -> None:
         super().__init__()

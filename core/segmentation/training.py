@@ -41,6 +41,7 @@ from core.segmentation.model import (
     INPUT_SIZE,
     RUN_KIND,
     THRESHOLD,
+    TEST_FLIPS,
     TTA_FLIPS,
     Encoder,
     Segmenter,
@@ -267,7 +268,7 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
 
 @torch.no_grad()
 def cached_probability(net: SegNet, cache: FeatureCache, sample: int, shape: tuple[int, int],
-                       device: torch.device | str = "cpu", tta: int = len(TTA_FLIPS)) -> np.ndarray:
+                       device: torch.device | str = "cpu", tta: int = TEST_FLIPS) -> np.ndarray:
     """Probability map (H, W) of one sample from its first ``tta`` cached flip views (the test-time augmentation
     of :meth:`Segmenter.probability`)."""
     rows = slice(cache.row(sample, 0), cache.row(sample, tta))
