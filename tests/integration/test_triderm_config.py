@@ -180,6 +180,7 @@ def test_each_modes_help_quotes_the_stored_real_data_figures():
     tuned = "last stage + head of the backbone fine-tuned on the triplets (stage 7 + conv head, augmented views)"
     tuned_claim = "fine-tuning the last stage beats the frozen centred embedding (strict)"
     tuned_lin_claim = "fine-tuning the last stage beats the linear metric (strict)"
+    tuned_sup_claim = "fine-tuning the last stage beats the supervised mode (strict)"
     expected = {
         "frozen": [f"{strict[frozen]:.1f} %"],
         "self-supervised": [f"{strict[ssl]:.1f} %", f"{diff(ssl_claim)} over frozen",
@@ -188,7 +189,8 @@ def test_each_modes_help_quotes_the_stored_real_data_figures():
                        f"p = {claims[sup_claim]['p']:.2g}",
                        f"{strict['linear metric on frozen new tokens']:.1f} % ({diff(lin_claim)})"],
         "fine-tune": [f"{strict[tuned]:.1f} %", f"{diff(tuned_claim)} over frozen", f"p = {claims[tuned_claim]['p']:.2g}",
-                      f"{diff(tuned_lin_claim)} over the linear metric", f"p = {claims[tuned_lin_claim]['p']:.2g}"],
+                      f"{diff(tuned_lin_claim)} over the linear metric", f"p = {claims[tuned_lin_claim]['p']:.2g}",
+                      f"{diff(tuned_sup_claim)} over the supervised mode", f"p = {claims[tuned_sup_claim]['p']:.2g}"],
     }
     for mode, figures in expected.items():
         for figure in figures:
