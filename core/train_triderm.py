@@ -25,6 +25,7 @@ with the expert's triplets in the workspace it fine-tunes the backbone's last st
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import Field, fields, replace
 from pathlib import Path
@@ -44,15 +45,18 @@ METAVARS = {"cv": "K", "cv_repeats": "R"}
 
 def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     """Plain-text table per labelled result: balanced agreement (%), with its 95% interval when the
-    result has ``ci``, micro agreement and macro-F1 (%), Cohen's κ and the triplets scored."""
+    result has ``ci``, micro agreement and macro-F1 (%), Cohen's κ and the triplets scored; "—" where a result
+    has no such figure (a run's strict out-of-fold figure is its balanced agreement only)."""
     width = max(len(label) for label, _ in rows)
 
-    def cell(m: dict[str, Any], key: str) -> str:
-        ci = (m.get("ci") or {}).get(key)
-        return f"{100 * m[key]:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+    def cell(m: dict[str, Any], key: str, with_ci: bool = True, scale: float = 100, digits: int = 1) -> str:
+        if m.get(key) is None or not math.isfinite(m[key]):
+            return "—"
+        ci = (m.get("ci") or {}).get(key) if with_ci else None
+        return f"{scale * m[key]:.{digits}f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
-    cells = [[cell(m, "balanced"), cell(m, "micro"), f"{100 * m['macro_f1']:.1f}", f"{m['kappa']:.3f}", str(m["n"])]
-             for _, m in rows]
+    cells = [[cell(m, "balanced"), cell(m, "micro"), cell(m, "macro_f1", False), cell(m, "kappa", False, 1, 3),
+              str(m["n"])] for _, m in rows]
     heads = ["balanced", "micro", "macro-F1", "kappa", "scored"]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     lines = [f"{'':{width}}  " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]

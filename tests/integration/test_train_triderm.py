@@ -128,6 +128,8 @@ def test_agreement_table_formats_percentages():
     row = {"balanced": 0.716, "micro": 0.702, "macro_f1": 0.701, "kappa": 0.403, "n": 513}
     table = agreement_table([("TriDerm-V", row)])
     assert "71.6" in table and "0.403" in table and "513" in table
+    strict = {"balanced": 0.571, "micro": float("nan"), "macro_f1": float("nan"), "kappa": float("nan"), "n": 331}
+    assert "nan" not in agreement_table([("fine-tuned, strict out of fold", strict)]).lower()
 
 
 def test_same_seed_gives_identical_runs_and_another_seed_differs(tiny_ws):
