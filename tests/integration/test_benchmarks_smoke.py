@@ -163,8 +163,8 @@ def test_segmentation_tiny(tmp_path, tiny_phantom):
 @pytest.mark.slow
 def test_segmentation_ablation_tiny(tmp_path, tiny_phantom):
     """``--part ablation``: each variant trained on the same folds and seeds; the recipe's row is the main
-    section's seed sets, and a claim per variant against it."""
-    from benchmarks.segmentation import ABLATION, main
+    section's networks (its first seed set, scored with the ablation's flips), and a claim per variant against it."""
+    from benchmarks.segmentation import ABLATION, ABLATION_FLIPS, main
     data = tiny_phantom(0, 8, 4, 12, 10)
     common = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--fold-seeds", "2", "--epochs", "1",
               "--quiet", "--results", str(tmp_path)]
@@ -173,9 +173,11 @@ def test_segmentation_ablation_tiny(tmp_path, tiny_phantom):
     record = json.loads((tmp_path / "ablation_smoke.json").read_text(encoding="utf-8"))
     table, other_source = record["tables"]
     assert [r[0] for r in table["rows"]] == [r[0] for r in other_source["rows"]] == list(ABLATION)
-    seeds = next(t for t in json.loads((tmp_path / "sources_smoke.json").read_text(encoding="utf-8"))["tables"]
-                 if t["caption"].startswith("Training seeds"))
-    assert table["rows"][0][5] == ", ".join(f"{r[2]['mean']:.3f}" for r in seeds["rows"][:2])  # the same networks
+    flips = next(t for t in json.loads((tmp_path / "sources_smoke.json").read_text(encoding="utf-8"))["tables"]
+                 if t["caption"].startswith("Test-time flips"))
+    four = next(r for r in flips["rows"] if r[0].startswith(f"{ABLATION_FLIPS} "))
+    # the same networks: the recipe's first seed set is the main section's, scored with the ablation's flips
+    assert table["rows"][0][5].split(", ")[0] == f"{four[2]['mean']:.3f}"
     steps = [v.step for v in ABLATION.values()][1:]
     assert [c["claim"].split(" adds Dice")[0] for c in record["claims"]] == steps * 2
 
