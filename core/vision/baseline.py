@@ -39,8 +39,13 @@ def normalized(emb: np.ndarray, how: str, rows: np.ndarray | None = None) -> tup
     if how == "none":
         return emb, np.zeros(emb.shape[1])
     center = emb[rows if rows is not None else slice(None)].mean(0)
+    return centred_unit(emb, center), center
+
+
+def centred_unit(emb: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """``emb`` (one embedding or a row per photo) minus ``center``, each scaled to unit length."""
     z = emb - center
-    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12), center
+    return z / np.linalg.norm(z, axis=-1, keepdims=True).clip(min=1e-12)
 
 
 def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = None, progress: bool = True,

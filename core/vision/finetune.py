@@ -30,7 +30,7 @@ from core.eval.distances import pairwise_euclidean
 from core.losses import ExpertTripletLoss
 from core.runtime import pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
-from core.vision.baseline import mean_pooled
+from core.vision.baseline import centred_unit, mean_pooled
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
 from core.vision.recipe import OFFLINE_DEFAULT, SUPERVISED_CV
 from core.vision.supervised import cross_validate, patient_of, repeated_folds
@@ -144,8 +144,7 @@ class LastStageTuner:
 
     def transform(self) -> np.ndarray:
         """Every row's embedding (inference view), centred on the training photos' mean, unit length."""
-        z = self._eval_embedding() - self.center_
-        return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-12)
+        return centred_unit(self._eval_embedding(), self.center_)
 
     def save(self, path: Path, backbone: str) -> None:
         """Write the tuned tail, the centre and the configuration to ``path`` (``torch.save``, plain tensors)."""

@@ -32,6 +32,7 @@ from annotations.readers import mask_to_labels
 from annotations.workspace import Workspace
 from core.runtime import load_checkpoint, numbers_only, write_model_folder
 from core.vision.backbones import Backbone, load_backbone, model_folder
+from core.vision.baseline import centred_unit
 from core.vision.features import token_mask, wound_fractions
 from core.vision.finetune import RUN_KIND as FINETUNE_RUN, TAIL_FILE, pooling_weights, tail_of
 from core.vision.pooling import WoundHead
@@ -205,12 +206,6 @@ def model_input(backbone: Backbone, image: Image.Image, labels: np.ndarray | Non
     s = backbone.input_size
     x = torch.from_numpy(np.asarray(image.resize((s, s), Image.Resampling.BILINEAR)).copy()).permute(2, 0, 1)
     return x.float()[None] / 255, labels, [int(v) for v in np.unique(labels) if v > 0]
-
-
-def centred_unit(emb: np.ndarray, center: np.ndarray) -> np.ndarray:
-    """``emb`` minus ``center``, scaled to unit length."""
-    z = emb - center
-    return z / max(float(np.linalg.norm(z)), 1e-12)
 
 
 def photo_files(folder: Path) -> list[tuple[str, Path, Path | None]]:
