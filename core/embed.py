@@ -7,7 +7,7 @@ photo's the mean of its wounds; recorded as a ``vision-baseline`` run.
 With ``--model MODEL`` — a TriDerm-V or fine-tune run id of the workspace, a model folder written by
 ``python -m core.export_model`` or an ``hf-hub:<org>/<repo>`` name (from the local cache when the
 hub is offline) — the workspace's photos with wounds are embedded in that model's space (each the
-mean of its wounds through the head, normalised like the model's study) and recorded as a
+mean of its wounds through the head or the tuned last stage, normalised like the model's study) and recorded as a
 ``vision-model`` run. With ``--images DIR`` as well, photos outside the workspace (``DIR`` or
 ``DIR/images``, masks from ``DIR/masks/<name>.png`` when present, else the whole photo is the
 wound) are placed among the study's photos (the run's own embedding for a run id, else the

@@ -6,13 +6,14 @@ wounds' tokens (from its mask, or the whole photo when it has none) through the 
 embedding is normalised like the study's, so distances to the study's photos are comparable. A
 fine-tune run (:mod:`core.vision.finetune`) saves its tuned last stage + head and the study's centre
 (``runs/<id>/tail.pt``): a new photo goes through the frozen backbone up to stage 6, then the tuned
-tail, its wounds' mean tokens averaged (:class:`TunedModel`). :func:`open_model` opens either.
+tail, its wounds' mean tokens averaged (:class:`TunedModel`).
 
-A run is shared with other centres as a :class:`SharedHead` folder (Hugging Face's
-``save_pretrained`` layout, :class:`~huggingface_hub.PyTorchModelHubMixin`): ``model.safetensors``
-(the head and the centre) and ``config.json`` (format, backbone, layer, normalisation, training
-recipe, metrics and a data summary of counts — no photo, patient or wound id, no description).
-:meth:`TrainedHead.open` loads a run id, such a folder or an ``hf-hub:<org>/<repo>`` name.
+A run is shared with other centres as a model folder (Hugging Face's ``save_pretrained`` layout,
+:class:`~huggingface_hub.PyTorchModelHubMixin`): ``model.safetensors`` (the head — a
+:class:`SharedHead` — or the tuned tail — a :class:`SharedTail` — and the centre) and ``config.json``
+(format, backbone, layer, normalisation, training recipe, metrics and a data summary of counts — no
+photo, patient or wound id, no description). :func:`open_model` opens a run id, such a folder or an
+``hf-hub:<org>/<repo>`` name.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from core.vision.triderm_config import TriDermConfig
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 HEAD_FORMAT = "triderm-v-head/1"
+TAIL_FORMAT = "triderm-v-tail/1"
 #: Counts recorded in a run's configuration that describe its data without naming any of it.
 DATA_COUNTS = ("n_images", "n_wounds", "n_expert_triplets", "synthetic")
 
@@ -65,6 +67,45 @@ class SharedHead(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
         self.register_buffer("center", torch.zeros(int(dim)))
 
 
+class SharedTail(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
+                 tags=["triderm", "wound-embedding", "dermatology", "fine-tuned"]):
+    """A fine-tune run's tuned last stage + head (:data:`~core.vision.finetune.TAIL`) and the study's centre,
+    saved and loaded as a Hugging Face model folder (the backbone's frozen stages come from ``backbone``)."""
+
+    center: torch.Tensor  # a buffer
+
+    def __init__(self, dim: int, recipe: dict[str, Any], backbone: str, metrics: dict[str, Any] | None = None,
+                 data: dict[str, Any] | None = None, model_format: str = TAIL_FORMAT) -> None:
+        super().__init__()
+        if model_format != TAIL_FORMAT:
+            raise ValueError(f"config.json: model_format {model_format!r} is not {TAIL_FORMAT!r}")
+        self.backbone_name = backbone
+        self.tail = tail_of(load_backbone(backbone, device="cpu", pretrained=False, layer="stage6"))
+        self.register_buffer("center", torch.zeros(int(dim)))
+
+
+def _data_summary(ws: Workspace, run: dict[str, Any]) -> dict[str, Any]:
+    """The counts of :data:`DATA_COUNTS` a run recorded, and its workspace's patients."""
+    data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
+    data["n_patients"] = len({i["patient_id"] for i in ws.store.images() if i["patient_id"]})
+    return data
+
+
+def export_tail(ws: Workspace, run_id: int, out: str | Path) -> Path:
+    """Write fine-tune run ``run_id`` as a :class:`SharedTail` folder ``out`` (new or empty); returns it.
+
+    The recipe holds :class:`~core.vision.finetune.FineTuneConfig`'s fields, the metrics their numbers, the
+    data summary the counts of :data:`DATA_COUNTS` and the patients'."""
+    run = ws.store.run(run_id)
+    assert run is not None, run_id
+    blob = _tail_blob(ws, run_id)
+    model = SharedTail(int(blob["center"].numel()), blob["config"], blob["backbone"], numbers_only(run["metrics"]),
+                       _data_summary(ws, run), model_format=TAIL_FORMAT)
+    model.tail.load_state_dict(blob["tail"])
+    model.center.copy_(blob["center"])
+    return write_model_folder(model, out)
+
+
 def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
     """Write TriDerm-V run ``run_id`` as a :class:`SharedHead` folder ``out`` (new or empty); returns it.
 
@@ -75,11 +116,9 @@ def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
     assert run is not None, run_id  # just recorded
     cfg = TriDermConfig.from_record(blob["config"])
     recipe = {k: v for k, v in asdict(cfg).items() if k != "backbone"}
-    data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
-    data["n_patients"] = len({i["patient_id"] for i in ws.store.images() if i["patient_id"]})
     model = SharedHead(int(blob["channels"]), int(blob["center"].numel()), recipe, blob["backbone"],
-                       run["config"].get("layer"), embedding_normalize(cfg), numbers_only(run["metrics"]), data,
-                       model_format=HEAD_FORMAT)
+                       run["config"].get("layer"), embedding_normalize(cfg), numbers_only(run["metrics"]),
+                       _data_summary(ws, run), model_format=HEAD_FORMAT)
     model.head.load_state_dict(blob["head"])
     model.center.copy_(blob["center"])
     return write_model_folder(model, out)
@@ -121,17 +160,8 @@ class TrainedHead:
                    embedding_normalize(cfg))
 
     @classmethod
-    def open(cls, ws: Workspace, ref: str, device: torch.device | str | None = None) -> TrainedHead:
-        """A run id of ``ws``, a :class:`SharedHead` folder or an ``hf-hub:<org>/<repo>`` name."""
-        if ref.isdigit():
-            return cls.load(ws, int(ref), device)
-        folder = model_folder(ref)
-        try:
-            meta = json.loads((folder / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"--model {ref}: no readable config.json ({e})") from None
-        if not isinstance(meta, dict) or meta.get("model_format") != HEAD_FORMAT:
-            raise ValueError(f"--model {ref}: config.json is not a TriDerm-V head (model_format {HEAD_FORMAT})")
+    def from_folder(cls, folder: Path, device: torch.device | str | None = None) -> TrainedHead:
+        """A :class:`SharedHead` folder's head, centre and backbone."""
         shared = SharedHead.from_pretrained(folder, strict=True)
         backbone = load_backbone(shared.backbone_name, device=device, layer=shared.layer)
         return cls(None, backbone, shared.head.to(backbone.device).eval(), shared.center.numpy(), shared.normalize)
@@ -155,7 +185,7 @@ class TrainedHead:
 class TunedModel:
     """A fine-tune run's frozen backbone up to stage 6, its tuned last stage + head and the study's centre."""
 
-    run_id: int
+    run_id: int | None
     backbone: Backbone
     tail: nn.Module
     center: np.ndarray
@@ -164,15 +194,22 @@ class TunedModel:
     @classmethod
     def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TunedModel:
         """Load fine-tune run ``run_id``'s tuned weights and its backbone."""
-        path = ws.run_dir(run_id) / TAIL_FILE
-        if not path.exists():
-            raise ValueError(f"--model {run_id}: the fine-tune run has no saved weights ({path}); it predates "
-                             "weight saving: train it again")
-        blob = load_checkpoint(path)
-        backbone = load_backbone(blob["backbone"], device=device, layer="stage6")
+        blob = _tail_blob(ws, run_id)
+        return cls._with_tail(run_id, blob["backbone"], blob["tail"], blob["center"], device)
+
+    @classmethod
+    def from_folder(cls, folder: Path, device: torch.device | str | None = None) -> TunedModel:
+        """A :class:`SharedTail` folder's tuned tail, centre and backbone."""
+        shared = SharedTail.from_pretrained(folder, strict=True)
+        return cls._with_tail(None, shared.backbone_name, shared.tail.state_dict(), shared.center, device)
+
+    @classmethod
+    def _with_tail(cls, run_id: int | None, name: str, state: dict[str, torch.Tensor], center: torch.Tensor,
+                   device: torch.device | str | None) -> TunedModel:
+        backbone = load_backbone(name, device=device, layer="stage6")
         tail = copy.deepcopy(tail_of(backbone))
-        tail.load_state_dict(blob["tail"])
-        return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy())
+        tail.load_state_dict(state)
+        return cls(run_id, backbone, tail.to(backbone.device).eval(), center.numpy())
 
     def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
         """One photo's embedding as the run embedded its study photos: the tuned tail's tokens averaged
@@ -186,12 +223,32 @@ class TunedModel:
 
 
 def open_model(ws: Workspace, ref: str, device: torch.device | str | None = None) -> TrainedHead | TunedModel:
-    """The model ``--model ref`` names: a fine-tune run of ``ws`` (:class:`TunedModel`), else a TriDerm-V run id,
-    a :class:`SharedHead` folder or an ``hf-hub:`` name (:meth:`TrainedHead.open`)."""
-    run = ws.store.run(int(ref)) if ref.isdigit() else None
-    if run is not None and run["kind"] == FINETUNE_RUN:
-        return TunedModel.load(ws, int(ref), device)
-    return TrainedHead.open(ws, ref, device)
+    """The model ``--model ref`` names: a TriDerm-V or fine-tune run id of ``ws``, or a folder written by
+    :func:`export_head` / :func:`export_tail` (local or an ``hf-hub:<org>/<repo>`` name), told by its format."""
+    if ref.isdigit():
+        run = ws.store.run(int(ref))
+        is_tuned = run is not None and run["kind"] == FINETUNE_RUN
+        return TunedModel.load(ws, int(ref), device) if is_tuned else TrainedHead.load(ws, int(ref), device)
+    folder = model_folder(ref)
+    try:
+        meta = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--model {ref}: no readable config.json ({e})") from None
+    model_format = meta.get("model_format") if isinstance(meta, dict) else None
+    if model_format == HEAD_FORMAT:
+        return TrainedHead.from_folder(folder, device)
+    if model_format == TAIL_FORMAT:
+        return TunedModel.from_folder(folder, device)
+    raise ValueError(f"--model {ref}: config.json is not a TriDerm-V head or fine-tuned tail "
+                     f"(model_format {HEAD_FORMAT} or {TAIL_FORMAT})")
+
+
+def _tail_blob(ws: Workspace, run_id: int) -> dict[str, Any]:
+    path = ws.run_dir(run_id) / TAIL_FILE
+    if not path.exists():
+        raise ValueError(f"--model {run_id}: the fine-tune run has no saved weights ({path}); it predates "
+                         "weight saving: train it again")
+    return load_checkpoint(path)
 
 
 def model_input(backbone: Backbone, image: Image.Image, labels: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray,

@@ -70,6 +70,25 @@ def test_a_model_exported_from_one_workspace_embeds_another_with_the_same_distan
     assert own_ids == ids_a and np.allclose(own, in_a, atol=1e-3)
 
 
+def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_path):
+    """A ``vision-finetune`` run's folder embeds the other centre's photos where the run put them, and
+    holds no id of the source workspace."""
+    from core.vision.finetune import FineTuneConfig, train_finetuned
+
+    a, b, _ = centres
+    run_id = train_finetuned(a, views=2, cv=0, config=FineTuneConfig(steps=5), progress=False)
+    out = tmp_path / "tuned"
+    assert job.main([str(run_id), str(out), "--workspace", str(a.root)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_format"] == "triderm-v-tail/1" and config["recipe"]["steps"] == 5
+    assert config["data"]["n_images"] == 5 and config["metrics"]["loss"] == a.store.run(run_id)["metrics"]["loss"]
+    own_ids, own = _distances(a, run_id)
+    ids_b, in_b = _distances(b, _model_run(b, str(out)))
+    assert own_ids == ids_b and np.allclose(own, in_b, atol=1e-4) and own.max() > 0.1
+    ids = _ids(a)
+    assert not {(p.name, i) for p in out.iterdir() for i in ids if i.encode() in p.read_bytes()}
+
+
 def test_the_exported_folder_holds_no_id_of_the_source_workspace(centres, tmp_path):
     a, _, run_id = centres
     out = tmp_path / "shared"
@@ -111,7 +130,7 @@ def test_a_folder_of_another_kind_is_refused(centres, tmp_path, capsys):
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(SystemExit):
         embed_job.main(["--workspace", str(a.root), "--model", str(tmp_path / "m")])
-    assert "is not a TriDerm-V head" in capsys.readouterr().err
+    assert "is not a TriDerm-V head or fine-tuned tail" in capsys.readouterr().err
 
 
 def _segmenter_workspace(root: Path) -> Workspace:
