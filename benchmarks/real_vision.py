@@ -59,7 +59,7 @@ from core.vision.supervised import (
     LinearMetric,
     cross_validate,
     fused_distances,
-    patient_folds,
+    fold_rows,
     patient_of,
     patient_paired_test,
     protocol_summary,
@@ -110,12 +110,10 @@ class Bench:
         self.triplets = oriented_expert(ws, self.image_ids)
         self.patients = patient_of(ws.store.images())
         self.rows: dict[str, dict[str, Any]] = {}
-        self.row = {i: n for n, i in enumerate(self.image_ids)}
 
     def split(self, seed: int, k: int | None = None) -> list[np.ndarray]:
         """One random patient-disjoint split into ``k`` (``--folds``) folds, as photo rows."""
-        return [np.array([self.row[i] for i in f])
-                for f in patient_folds(self.image_ids, self.patients, k or self.k, seed)]
+        return fold_rows(self.image_ids, self.patients, k or self.k, seed)
 
     def record(self, name: str, fn: Callable[[], list[Fold] | None]) -> list[Fold] | None:
         """Time ``fn`` (its folds, or None without triplets) and keep its scored records."""
@@ -246,9 +244,7 @@ class Methods:
         triplets (tiny data) leaves the frozen candidate only."""
         def fit_fold(train: np.ndarray, test_rows: np.ndarray) -> np.ndarray:
             fit_rows = self.others(test_rows)
-            ids = [self.b.image_ids[r] for r in fit_rows]
-            inner = [np.array([self.b.row[i] for i in f])
-                     for f in patient_folds(ids, self.b.patients, 2, seed + 1)]
+            inner = fold_rows(self.b.image_ids, self.b.patients, 2, seed + 1, among=fit_rows)
             learnable = all(split_triplets(train, rows)[0].any() for rows in inner)  # else: frozen only
             learned = LEARNED if learnable else ()
             candidates = [("frozen", 0.0)] + [(m, w) for m in learned for w in FUSION_WEIGHTS]

@@ -178,9 +178,7 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
         everyone = np.arange(len(image_ids))
         metrics: dict = {}
         if cv and len({patients[i] for i in image_ids}) >= cv:
-            row = {i: n for n, i in enumerate(image_ids)}
-            splits = [[np.array([row[i] for i in fold]) for fold in split]
-                      for split in repeated_folds(image_ids, patients, cv, cv_repeats, config.seed)]
+            splits = repeated_folds(image_ids, patients, cv, cv_repeats, config.seed)
             bar = tqdm(total=cv * cv_repeats, desc="fine-tuning folds", unit="fold", disable=not progress)
 
             def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:

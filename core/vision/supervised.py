@@ -69,12 +69,22 @@ def patient_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, se
     return [sorted(f) for f in folds]
 
 
+def fold_rows(image_ids: Sequence[str], patients: dict[str, str], k: int, seed: int = 0,
+              among: Sequence[int] | None = None) -> list[np.ndarray]:
+    """:func:`patient_folds` of the photos ``image_ids`` (or of its rows ``among`` only), as row indices of
+    ``image_ids``."""
+    row = {i: n for n, i in enumerate(image_ids)}
+    ids = image_ids if among is None else [image_ids[r] for r in among]
+    return [np.array([row[i] for i in fold]) for fold in patient_folds(ids, patients, k, seed)]
+
+
 def repeated_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, repeats: int,
-                   seed: int = 0) -> list[list[list[str]]]:
-    """``repeats`` random patient-disjoint splits into ``k`` folds (seeds ``seed``, ``seed + 1``, …)."""
+                   seed: int = 0) -> list[list[np.ndarray]]:
+    """``repeats`` random patient-disjoint splits into ``k`` folds (seeds ``seed``, ``seed + 1``, …), as row
+    indices of ``image_ids`` (:func:`fold_rows`)."""
     if repeats < 1:
         raise ValueError(f"need at least 1 repeat of the folds, got {repeats}")
-    return [patient_folds(image_ids, patients, k, seed + r) for r in range(repeats)]
+    return [fold_rows(image_ids, patients, k, seed + r) for r in range(repeats)]
 
 
 def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -261,9 +261,7 @@ class TriDermTrainer:
                        budget: int | None = None, progress: bool = True) -> list[Fold]:
         """Every fold of ``repeats`` random patient-disjoint splits into ``k`` folds: (the fold's
         photo rows, the distances of a model fitted without them; see :func:`score_folds`)."""
-        row = {i: n for n, i in enumerate(self.image_ids)}
-        splits = [[np.array([row[i] for i in f]) for f in folds]
-                  for folds in repeated_folds(self.image_ids, patients, k, repeats, self.cfg.seed)]
+        splits = repeated_folds(self.image_ids, patients, k, repeats, self.cfg.seed)
         everyone = np.arange(len(self.image_ids))
         bar = tqdm(total=k * repeats, desc=f"cv {repeats}×{k} folds", unit="fold", disable=not progress, leave=False)
 
