@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         run_id = embed_baseline(ws, backbone, normalize="center-l2")
     elif mode == "fine-tune":
         with user_errors(parser, ValueError):
-            run_id = train_finetuned(ws, cfg.views, cfg.cv or 0, cfg.cv_repeats, FineTuneConfig(seed=cfg.seed))
+            run_id = train_finetuned(ws, cfg.views, cfg.cv or 0, cfg.cv_repeats, FineTuneConfig(seed=cfg.seed),
+                                     frozen=backbone)
     else:
         print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {describe(cfg, backbone.name)}")
         run_id = train(ws, cfg, backbone=backbone)

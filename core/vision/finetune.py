@@ -154,11 +154,13 @@ class LastStageTuner:
 
 
 def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repeats: int = 3,
-                    config: FineTuneConfig = FineTuneConfig(), progress: bool = True) -> int:
+                    config: FineTuneConfig = FineTuneConfig(), progress: bool = True,
+                    frozen: Backbone | None = None) -> int:
     """Fine-tune the last stage + head on the workspace's expert triplets and record a ``vision-finetune`` run;
     returns its id. With ``cv`` (and photos of at least ``cv`` patients) the run's figure comes first: ``cv``
     patient-disjoint folds × ``cv_repeats`` random splits, scored strict (all three photos unseen), with the
-    frozen centred embedding on the same folds (:func:`~core.vision.triderm.versus_frozen`); then the model
+    frozen centred embedding of ``frozen`` (default: the offline default's full network) on the same folds
+    (:func:`~core.vision.triderm.versus_frozen`); then the model
     trained on every triplet embeds every photo (inference view, centred on the study's photos, unit length)."""
     image_ids, keys = workspace_wounds(ws)
     triplets = oriented_expert(ws, image_ids)
@@ -187,10 +189,10 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
 
             folds = cross_validate(splits, triplets, fit_fold)
             bar.close()
-            full = load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
-            frozen = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
-                                           keys))[2]
-            metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen, patients, cv, cv_repeats,
+            full = frozen or load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
+            frozen_emb = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
+                                               keys))[2]
+            metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen_emb, patients, cv, cv_repeats,
                                               config.seed)
         image_emb = tuner.fit(triplets, everyone).transform()
         if not all(math.isfinite(x) for x in tuner.losses):
