@@ -531,12 +531,16 @@ def metric_cell(row: Mapping, metric: str) -> str:
 
 def seeds_cell(c: object, seeds: int) -> object:
     """A benchmark cell ``{"mean", "sd", "ci", "n"}`` as mean [± sd] [95% CI], saying over how many seeds
-    (``seeds`` when the cell does not say); no interval where there is none; other values as they are."""
+    (``seeds`` when the cell does not say); a cell without sd or ``n`` is one estimate from records pooled
+    over the seeds (its table's legend says so) and gets no seed count; no interval where there is none;
+    other values as they are."""
     if not isinstance(c, dict):
         return "–" if c is None else c  # no triplets in the dataset: no agreement to show
-    n = c.get("n", seeds)
     ci = c.get("ci")
     interval = f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci and ci[0] != ci[1] else ""
+    if c.get("sd") is None and "n" not in c:
+        return f"{c['mean']:.1f}{interval}"
+    n = c.get("n", seeds)
     if c.get("sd") is None or n < 2:
         return f"{c['mean']:.1f}{interval} (1 seed)"
     if c["sd"] == 0:

@@ -43,7 +43,7 @@ def real_vision_result(res: dict) -> None:
         st.caption(table["caption"] + (f" — {table['legend']}" if table.get("legend") else ""))
         st.dataframe(pd.DataFrame([[ac.seeds_cell(c, len(res["seeds"])) for c in row] for row in table["rows"]],
                                   columns=table["columns"]),
-                     hide_index=True, width="stretch",
+                     hide_index=True, width="stretch", height="content",  # every row: the headline is last
                      column_config={table["columns"][0]: st.column_config.TextColumn(width="large")})
     for claim in res["claims"]:
         verdict = "holds" if claim["holds"] else "does not hold"

@@ -611,6 +611,8 @@ def test_report_cells_and_rows_are_plain_functions():
     assert ac.seeds_cell({"mean": 61.9, "sd": 0.4, "ci": [60.9, 62.9]}, 3) == "61.9 ± 0.4 [60.9, 62.9] (3 seeds)"
     assert ac.seeds_cell({"mean": 61.9, "sd": 0.0, "ci": [61.9, 61.9]}, 3) == "61.9 (same on all 3 seeds)"
     assert ac.seeds_cell({"mean": 72.5, "sd": None, "n": 1}, 3) == "72.5 (1 seed)"
+    # records pooled over the seeds (real_vision): one estimate with its CI, no seed count
+    assert ac.seeds_cell({"mean": 60.0, "sd": None, "ci": [55.9, 63.6]}, 3) == "60.0 [55.9, 63.6]"
     assert ac.seeds_cell(None, 3) == "–" and ac.seeds_cell(1.5, 3) == 1.5
     (abl,) = ac.ablation_rows([{"factor": "f", "label": "s", "seeds": 2, "balanced_mean": 0.6, "balanced_sd": 0.05,
                                 "micro_mean": None, "paper": 70}])
