@@ -21,10 +21,12 @@ class ExpertTripletLoss(nn.Module):
         self.normalize = normalize
 
     def forward(self, z: Tensor, triplets: Tensor) -> Tensor:
-        """The mean hinge loss of the oriented ``triplets`` on ``z`` (L2-normalised first when set)."""
+        """The mean hinge loss of the oriented ``triplets`` on ``z`` (L2-normalised first when set).
+
+        Rows are gathered with ``index_select``: its gradient sums repeated rows in a fixed order, where
+        ``z[i]``'s (``index_put_`` with accumulation) sums them in thread order on a multi-core CPU, so the
+        same seed gave a different model from run to run."""
         if self.normalize:
             z = F.normalize(z, dim=1)
-        i, j, k = triplets.unbind(1)
-        d_ij = (z[i] - z[j]).pow(2).sum(1)
-        d_ik = (z[i] - z[k]).pow(2).sum(1)
-        return F.relu(self.margin + d_ij - d_ik).mean()
+        z_i, z_j, z_k = (z.index_select(0, rows) for rows in triplets.unbind(1))
+        return F.relu(self.margin + (z_i - z_j).pow(2).sum(1) - (z_i - z_k).pow(2).sum(1)).mean()

@@ -79,6 +79,23 @@ def test_expert_triplet_loss_by_hand():
         ExpertTripletLoss(margin=-0.1)
 
 
+def test_expert_triplet_loss_gradient_is_the_same_on_every_call_on_two_threads():
+    """Photos repeat across a batch of triplets; their gradient sums must not follow the threads' order
+    (with ``z[i]`` indexing 20 calls gave 20 different gradients, so a seeded fine-tune differed run to run)."""
+    from core.losses import ExpertTripletLoss
+    from core.runtime import torch_threads
+
+    gen = torch.Generator().manual_seed(0)
+    z0, t = torch.randn(53, 1280, generator=gen), torch.randint(53, (256, 3), generator=gen)
+    grads = []
+    with torch_threads(2):
+        for _ in range(20):
+            z = z0.clone().requires_grad_(True)
+            ExpertTripletLoss()(z - z.mean(0), t).backward()
+            grads.append(z.grad)
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
+
+
 def test_info_nce_default_temperature_and_validation():
     g = torch.Generator().manual_seed(2)
     z1, z2 = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
