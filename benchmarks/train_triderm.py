@@ -3,9 +3,9 @@
 
 Prints, and writes to ``results/train_triderm.json``:
 - the demo end to end: ``python -m core.train_triderm`` on a fresh empty workspace (imports the
-  SYNTHETIC phantom demo, builds the cache, learns in the default mode — supervised on the demo's
-  expert triplets, scored on patient-disjoint folds first — and evaluates), wall seconds against the
-  60 s target;
+  SYNTHETIC phantom demo, builds the cache, learns in the default mode — ``auto``, which fine-tunes the
+  last stage on the demo's expert triplets, scored on patient-disjoint folds first — and evaluates), wall
+  seconds against the 60 s target;
 and, on one workspace (default: a fresh copy of the phantom demo in a temp folder):
 - cache build alone: K augmented views + the inference view per photo through the frozen
   backbone, written to ``cache/`` (wall and CPU seconds);
