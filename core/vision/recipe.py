@@ -29,9 +29,9 @@ MODES = {
                   "scored on patient-disjoint folds first (--cv). azh-dev strict 66.7 %: +4.1 pp over frozen "
                   "(p = 0.042); a plain linear metric reached 67.8 % (+6.0 pp)",
     "fine-tune": "the backbone's last stage and head fine-tuned on the workspace's expert triplets (ordinal hinge, "
-                 "augmented views), scored on patient-disjoint folds first (--cv). azh-dev strict 73.1 %: +10.8 pp "
-                 "over frozen (p = 8.3e-08), +4.8 pp over the linear metric (p = 0.013), +6.7 pp over the supervised "
-                 "mode (p = 9.8e-05); minutes on a CPU",
+                 "augmented views), scored on patient-disjoint folds first (--cv). azh-dev strict 73.1 %: +10.9 pp "
+                 "over frozen (p = 5.9e-08), +4.8 pp over the linear metric (p = 0.011), +6.7 pp over the supervised "
+                 "mode (p = 7.4e-05); minutes on a CPU",
 }
 #: the training objectives (``--loss``; :data:`core.vision.triderm.LOSSES` maps them to the losses)
 LOSS_NAMES = ("contrastive", "triplet", "vicreg")
