@@ -189,7 +189,7 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
 
             folds = cross_validate(splits, triplets, fit_fold)
             bar.close()
-            full = frozen or load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
+            full = frozen if frozen is not None else load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
             frozen_emb = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
                                                keys))[2]
             metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen_emb, patients, cv, cv_repeats,

@@ -195,21 +195,17 @@ class TunedModel:
     def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> TunedModel:
         """Load fine-tune run ``run_id``'s tuned weights and its backbone."""
         blob = _tail_blob(ws, run_id)
-        return cls._with_tail(run_id, blob["backbone"], blob["tail"], blob["center"], device)
+        backbone = load_backbone(blob["backbone"], device=device, layer="stage6")
+        tail = copy.deepcopy(tail_of(backbone))
+        tail.load_state_dict(blob["tail"])
+        return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy())
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device | str | None = None) -> TunedModel:
         """A :class:`SharedTail` folder's tuned tail, centre and backbone."""
         shared = SharedTail.from_pretrained(folder, strict=True)
-        return cls._with_tail(None, shared.backbone_name, shared.tail.state_dict(), shared.center, device)
-
-    @classmethod
-    def _with_tail(cls, run_id: int | None, name: str, state: dict[str, torch.Tensor], center: torch.Tensor,
-                   device: torch.device | str | None) -> TunedModel:
-        backbone = load_backbone(name, device=device, layer="stage6")
-        tail = copy.deepcopy(tail_of(backbone))
-        tail.load_state_dict(state)
-        return cls(run_id, backbone, tail.to(backbone.device).eval(), center.numpy())
+        backbone = load_backbone(shared.backbone_name, device=device, layer="stage6")
+        return cls(None, backbone, shared.tail.to(backbone.device).eval(), shared.center.numpy())
 
     def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
         """One photo's embedding as the run embedded its study photos: the tuned tail's tokens averaged
