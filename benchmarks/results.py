@@ -37,6 +37,8 @@ RESULTS_MD = REPO / "docs" / "RESULTS.md"
 SECTIONS: dict[str, str] = {
     "vision_ablation": "python -m benchmarks.vision_ablation",
     "real_vision": "python -m benchmarks.real_vision --data ../shared/data/azh-dev --views 4",
+    "real_vision_adapt": ("python -m benchmarks.real_vision_adapt --data ../shared/data/azh-dev"
+                          " --unlabelled ../shared/data/fuseg-dev ../shared/data/medetec"),
     "real_vision_medetec": "python -m benchmarks.real_vision --data ../shared/data/medetec --section real_vision_medetec",
     "train_triderm": "python -m benchmarks.train_triderm",
     "soe": "python -m benchmarks.soe",

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
-from core.losses import ExpertTripletLoss
+from core.losses import ExpertTripletLoss, VICRegLoss
 from core.runtime import pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.baseline import centred_unit, mean_pooled
@@ -52,6 +52,18 @@ class FineTuneConfig:
     lr: float = 3e-4
     margin: float = 0.1
     batch_triplets: int = 256
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """Self-supervised adaptation of the last stage + head (:meth:`LastStageTuner.adapt`): steps, AdamW rate,
+    photos per batch, projector width, seed."""
+
+    steps: int = 150
+    lr: float = 1e-4
+    batch_photos: int = 64
+    projector: int = 512
     seed: int = 0
 
 
@@ -82,9 +94,9 @@ class LastStageTuner:
     """
 
     def __init__(self, backbone: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig(),
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", start: nn.Module | None = None) -> None:
         self.device = torch.device(device)
-        self.start = tail_of(backbone)
+        self.start = start if start is not None else tail_of(backbone)
         self.config = config
         self.eval_x = torch.stack([p.eval_feat.float() for p in photos])
         self.eval_w = torch.stack([pooling_weights(p.eval_frac) for p in photos])
@@ -137,6 +149,43 @@ class LastStageTuner:
             self.losses.append(loss.item())
         self.center_ = self._eval_embedding()[rows].mean(0)
         return self
+
+    def untuned(self, fit_rows: np.ndarray) -> LastStageTuner:
+        """Keep the starting tail as it is (no training) and centre on the photos ``fit_rows``."""
+        self.tail = self.start.to(self.device)
+        self.center_ = self._eval_embedding()[np.asarray(fit_rows)].mean(0)
+        return self
+
+    def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
+        """A copy of the starting tail adapted without labels on every row (VICReg between two cached views of
+        each photo in a batch, through a projector that is then dropped); returns it (the losses in ``losses``)."""
+        gen = torch.Generator().manual_seed(config.seed)
+        torch.manual_seed(config.seed)
+        tail = copy.deepcopy(self.start).to(self.device)
+        tail.eval()  # batch-norm statistics stay ImageNet's; the weights train
+        for p in tail.parameters():
+            p.requires_grad_(True)
+        channels = int(self._embed(self.eval_x[:1], self.eval_w[:1]).shape[1])
+        projector = nn.Sequential(nn.Linear(channels, config.projector), nn.BatchNorm1d(config.projector), nn.ReLU(),
+                                  nn.Linear(config.projector, config.projector)).to(self.device)
+        params = [*tail.parameters(), *projector.parameters()]
+        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=config.steps)
+        loss_fn, n, n_views = VICRegLoss(), len(self.view_x), self.view_x.shape[1]
+        self.losses = []
+        for _ in tqdm(range(config.steps), desc="adapting the last stage", unit="step", disable=not progress):
+            rows = torch.randperm(n, generator=gen)[:config.batch_photos].to(self.device)
+            first = torch.randint(n_views, (len(rows),), generator=gen)
+            second = (first + torch.randint(1, n_views, (len(rows),), generator=gen)) % n_views
+            z1, z2 = (projector(torch.einsum("bchw,bhw->bc", tail(self.view_x[rows, v.to(self.device)]),
+                                             self.view_w[rows, v.to(self.device)])) for v in (first, second))
+            loss = loss_fn(z1, z2)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            self.losses.append(loss.item())
+        return tail.requires_grad_(False)
 
     def _eval_embedding(self) -> np.ndarray:
         with torch.no_grad():

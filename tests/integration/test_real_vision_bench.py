@@ -58,3 +58,29 @@ def test_search_log_counts_its_configurations(tmp_path, monkeypatch):
                    "## Supervised mode\n\n- first, 70.2\n  continued on a second line\n- second\n- third\n")
     monkeypatch.setattr("benchmarks.real_vision.SEARCH_LOG", log)
     assert configurations_tried() == (2, 3)
+
+
+@pytest.mark.slow
+def test_the_adaptation_bench_scores_both_rows_on_photos_it_never_adapted_on(tiny_dataset, tiny_phantom, tmp_path):
+    """``benchmarks.real_vision_adapt --quick``: the adapted and frozen rows, strict and anchor-unseen, and the
+    paired claim; the unlabelled folder's photos (another phantom) are counted in the note."""
+    from benchmarks.real_vision_adapt import ADAPTED
+    from benchmarks.real_vision_adapt import main as adapt_main
+
+    other = tiny_phantom(8, 6, 3, 8, 10)
+    assert adapt_main(["--data", str(tiny_dataset), "--unlabelled", str(other), "--quick", "--results",
+                       str(tmp_path), "--quiet"]) == 0
+    res = json.loads((tmp_path / "real_vision_adapt.json").read_text())
+    assert [row[0] for row in res["tables"][0]["rows"]] == [FROZEN, ADAPTED]
+    assert all(0 <= row[1]["mean"] <= 100 and row[3] > 0 for row in res["tables"][0]["rows"])
+    assert [c["claim"] for c in res["claims"]] == [
+        "adapting the last stage without labels beats the frozen centred embedding (strict)"]
+    assert f"6 unlabelled photos ({other.name} 6)" in res["notes"][0] and "--quick" in res["command"]
+
+
+def test_the_adaptation_bench_refuses_a_folder_without_images(tiny_dataset, tmp_path, capsys):
+    from benchmarks.real_vision_adapt import main as adapt_main
+
+    with pytest.raises(SystemExit):
+        adapt_main(["--data", str(tiny_dataset), "--unlabelled", str(tmp_path), "--quick", "--results", str(tmp_path)])
+    assert f"{tmp_path}: no images/ folder" in capsys.readouterr().err

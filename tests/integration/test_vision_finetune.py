@@ -8,7 +8,7 @@ import torch
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.vision.finetune import RUN_KIND, FineTuneConfig, LastStageTuner, pooling_weights
+from core.vision.finetune import RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, pooling_weights
 from core.vision.supervised import split_triplets
 from core.vision.triderm import oriented_expert
 
@@ -60,6 +60,26 @@ def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
     assert np.array_equal(z, again)  # same seed, same embedding
     with pytest.raises(ValueError, match="fit_rows"):
         tuner.fit(triplets, fit_rows)  # triplets naming held-out photos
+
+
+def test_adapting_without_labels_lowers_vicreg_and_leaves_the_backbone_untouched(tiny):
+    """The self-supervised adaptation (issue 30 §4) trains a copy of the tail on the photos' views alone; the
+    copy starts a second tuner whose untuned embedding is centred on the photos it is given, unit length."""
+    _, image_ids, _, full, photos, _ = tiny
+    tuner = LastStageTuner(full, photos)
+    before = [p.detach().clone() for p in tuner.start.parameters()]
+    config = AdaptConfig(steps=25, lr=1e-3, batch_photos=len(photos), projector=32)
+    adapted = tuner.adapt(config)
+    assert np.mean(tuner.losses[-5:]) < np.mean(tuner.losses[:5])
+    assert all(torch.equal(a, b) for a, b in zip(before, tuner.start.parameters()))  # the backbone is untouched
+    assert not all(torch.equal(a, b) for a, b in zip(before, adapted.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(adapted.parameters(), LastStageTuner(full, photos).adapt(config)
+                                                                        .parameters()))  # same seed, same tail
+    fit_rows = np.arange(len(image_ids) // 2, len(image_ids))
+    z = LastStageTuner(full, photos, start=adapted).untuned(fit_rows).transform()
+    assert np.allclose(np.linalg.norm(z, axis=1), 1.0)
+    frozen = LastStageTuner(full, photos).untuned(fit_rows).transform()
+    assert not np.allclose(z, frozen)
 
 
 def test_the_fine_tune_mode_records_its_strict_figure_first(tiny_phantom, imported, capsys):
