@@ -10,7 +10,8 @@ and takes the ordinal hinge (:class:`~core.losses.ExpertTripletLoss`) on a batch
 triplets. Only triplets and photos of the training fold are used (patient-disjoint in the
 benchmark); the held-out photos are embedded through the inference view. A run saves the tuned
 weights and the study's centre (``runs/<id>/tail.pt``), so new photos can be placed among the study's
-(:class:`~core.vision.inference.TunedModel`).
+(:class:`~core.vision.inference.TunedModel`). :meth:`LastStageTuner.adapt` trains the same tail without labels
+(VICReg between two cached views of each photo), measured by ``benchmarks.real_vision_adapt``.
 """
 from __future__ import annotations
 
