@@ -61,10 +61,11 @@ def run(args: argparse.Namespace, ws: Workspace, tmp: Path) -> dict[str, Any]:
     config = AdaptConfig(steps=5, batch_photos=8) if args.quick else AdaptConfig()
     t0 = time.perf_counter()
     extra, counts = unlabelled_photos(args.unlabelled, tmp, b.progress)
-    adapter = LastStageTuner(stage6, extra)
+    adapter = LastStageTuner(stage6, extra, device=args.device)
     adapted = adapter.adapt(config, b.progress)
     adapt_seconds = time.perf_counter() - t0
-    tuner = LastStageTuner(stage6, stage6_photos(ws, b.image_ids, VIEWS, b.progress), start=adapted)
+    tuner = LastStageTuner(stage6, stage6_photos(ws, b.image_ids, VIEWS, b.progress), device=args.device,
+                           start=adapted)
     frozen = mean_pooled(frozen_bank(ws, "full", b.keys, b.image_ids, 0, b.progress))[2]
     for seed in tqdm(args.seeds, desc="seeds", unit="seed", disable=args.quiet):
         split = [b.split(seed)]
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unlabelled", type=Path, nargs="+", required=True,
                    help="dataset folders whose photos (with their masks) adapt the last stage, no label used")
     cli.add_seeds(p)
+    cli.add_device(p)
     p.add_argument("--quick", action="store_true", help="5 adaptation steps, one seed (a smoke run)")
     p.add_argument("--section", default="real_vision_adapt")
     p.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")

@@ -23,6 +23,8 @@ SMOKE = {
     "train_triderm": "test_benchmarks_smoke.py::test_train_triderm_tiny",
     "orderings": "test_orderings.py::test_quick_run_writes_the_result_file",
     "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
+    "real_vision_adapt": "test_real_vision_bench.py::test_the_adaptation_bench_scores_both_rows_on_photos_it_never_"
+                         "adapted_on",
     "readers": "test_benchmarks_smoke.py::test_readers_tiny",
     "scale": "test_benchmarks_smoke.py::test_scale_tiny",
     "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",

@@ -44,6 +44,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.flip": ({"--device", "--seed", "--batch-size"}, ["--batch", "4"]),  # random inputs: no workspace
     "benchmarks.orderings": ({"--device", "--seeds"}, []),  # builds its own phantoms: no workspace
     "benchmarks.real_vision": ({"--workspace", "--device", "--seeds"}, []),
+    "benchmarks.real_vision_adapt": ({"--device", "--seeds"}, []),  # dataset folders, not a workspace
     "benchmarks.soe": ({"--workspace", "--device", "--seed"}, []),
     "benchmarks.train_triderm": ({"--workspace", "--device", "--seed", "--epochs"}, []),
     "benchmarks.vision_ablation": ({"--workspace", "--device", "--seeds", "--epochs"}, []),
