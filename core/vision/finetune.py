@@ -160,19 +160,22 @@ class LastStageTuner:
     def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
         """A copy of the starting tail adapted without labels on every row (VICReg between two cached views of
         each photo in a batch, through a projector that is then dropped); returns it (the losses in ``losses``)."""
+        loss_fn, n, n_views = VICRegLoss(), len(self.view_x), self.view_x.shape[1]
+        if n < 2 or n_views < 2:
+            raise ValueError(f"adapting needs at least 2 photos with augmented views, got {n} photos × {n_views} views")
         gen = torch.Generator().manual_seed(config.seed)
         torch.manual_seed(config.seed)
         tail = copy.deepcopy(self.start).to(self.device)
         tail.eval()  # batch-norm statistics stay ImageNet's; the weights train
         for p in tail.parameters():
             p.requires_grad_(True)
-        channels = int(self._embed(self.eval_x[:1], self.eval_w[:1]).shape[1])
+        with torch.no_grad():
+            channels = int(tail(self.eval_x[:1]).shape[1])
         projector = nn.Sequential(nn.Linear(channels, config.projector), nn.BatchNorm1d(config.projector), nn.ReLU(),
                                   nn.Linear(config.projector, config.projector)).to(self.device)
         params = [*tail.parameters(), *projector.parameters()]
         opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=config.steps)
-        loss_fn, n, n_views = VICRegLoss(), len(self.view_x), self.view_x.shape[1]
         self.losses = []
         for _ in tqdm(range(config.steps), desc="adapting the last stage", unit="step", disable=not progress):
             rows = torch.randperm(n, generator=gen)[:config.batch_photos].to(self.device)

@@ -80,6 +80,8 @@ def test_adapting_without_labels_lowers_vicreg_and_leaves_the_backbone_untouched
     assert np.allclose(np.linalg.norm(z, axis=1), 1.0)
     frozen = LastStageTuner(full, photos).untuned(fit_rows).transform()
     assert not np.allclose(z, frozen)
+    with pytest.raises(ValueError, match="at least 2 photos with augmented views"):
+        LastStageTuner(full, photos[:1]).adapt(config)
 
 
 def test_the_fine_tune_mode_records_its_strict_figure_first(tiny_phantom, imported, capsys):
