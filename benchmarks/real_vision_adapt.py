@@ -31,7 +31,7 @@ from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled, normalized
-from core.vision.features import workspace_wounds
+from core.vision.features import PhotoFeatures, workspace_wounds
 from core.vision.finetune import AdaptConfig, LastStageTuner
 from core.vision.supervised import cross_validate
 
@@ -40,7 +40,7 @@ ADAPTED = "last stage + head adapted without labels on other wound photos (VICRe
 VIEWS = 4
 
 
-def unlabelled_photos(folders: list[Path], tmp: Path, progress: bool) -> tuple[list, dict[str, int]]:
+def unlabelled_photos(folders: list[Path], tmp: Path, progress: bool) -> tuple[list[PhotoFeatures], dict[str, int]]:
     """Every outlined photo of ``folders`` as stage-6 features, and each folder's count."""
     photos, counts = [], {}
     for n, folder in enumerate(folders):

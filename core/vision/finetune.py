@@ -114,6 +114,12 @@ class LastStageTuner:
         self.losses: list[float] = []
         self.center_ = np.zeros(0)
 
+    def _trainable_copy(self) -> nn.Module:
+        """A copy of the starting tail on the device, weights trainable, batch-norm statistics kept (ImageNet's)."""
+        tail = copy.deepcopy(self.start).to(self.device)
+        tail.eval()
+        return tail.requires_grad_(True)
+
     def _embed(self, x: Tensor, w: Tensor) -> Tensor:
         return torch.einsum("bchw,bhw->bc", self.tail(x), w)
 
@@ -128,10 +134,7 @@ class LastStageTuner:
         t = torch.tensor([[local[int(i)] for i in tr] for tr in triplets])
         gen = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.tail = copy.deepcopy(self.start).to(self.device)
-        self.tail.eval()  # batch-norm statistics stay ImageNet's; the weights train
-        for p in self.tail.parameters():
-            p.requires_grad_(True)
+        self.tail = self._trainable_copy()
         opt = torch.optim.AdamW(self.tail.parameters(), lr=cfg.lr, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps)
         loss_fn = ExpertTripletLoss(cfg.margin, normalize=True)
@@ -165,10 +168,7 @@ class LastStageTuner:
             raise ValueError(f"adapting needs at least 2 photos with augmented views, got {n} photos × {n_views} views")
         gen = torch.Generator().manual_seed(config.seed)
         torch.manual_seed(config.seed)
-        tail = copy.deepcopy(self.start).to(self.device)
-        tail.eval()  # batch-norm statistics stay ImageNet's; the weights train
-        for p in tail.parameters():
-            p.requires_grad_(True)
+        tail = self._trainable_copy()
         with torch.no_grad():
             channels = int(tail(self.eval_x[:1]).shape[1])
         projector = nn.Sequential(nn.Linear(channels, config.projector), nn.BatchNorm1d(config.projector), nn.ReLU(),
