@@ -122,7 +122,7 @@ def refuse_redirect(response: Any) -> None:
 
 
 def _no_redirects() -> dict[str, Any]:
-    """httpx client options for an LLM server: redirects neither followed nor accepted."""
+    """The httpx client options for an LLM server: redirects neither followed nor accepted."""
     return {"follow_redirects": False, "event_hooks": {"response": [refuse_redirect]}}
 
 
