@@ -20,13 +20,13 @@ from safetensors.torch import save_file
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from core import segment
-from core.model_files import ModelFileError
+from core.model_files import ModelFileError, read_config
 from core.runtime import write_model_folder
 from core.segmentation.defaults import THRESHOLD
 from core.segmentation.export import SharedSegmenter, load_shared_segmenter
 from core.segmentation.model import Segmenter, SegmenterError, encoder, new_net
 from core.vision import inference
-from core.vision.inference import HEAD_FORMAT, SharedHead, TrainedHead, shared_model
+from core.vision.inference import HEAD_FORMAT, TAIL_FORMAT, SharedHead, SharedTail, TrainedHead, shared_model
 from core.vision.triderm_config import TriDermConfig
 
 _ORIENTATION = 0x0112
@@ -296,3 +296,39 @@ def test_hostile_shared_segmenter_config_is_one_error(tmp_path, checkpoint, chan
     _edit_config(folder, **change)
     with pytest.raises(SegmenterError, match=re.escape(says)):
         load_shared_segmenter(folder, "cpu")
+
+
+def test_a_fine_tuned_tail_names_only_its_own_backbone(tmp_path):
+    """A tail folder naming another (e.g. a 600 M-parameter) backbone is refused before anything is built."""
+    tail = SharedTail(4, {}, "efficientnet-lite0", model_format=TAIL_FORMAT)
+    folder = write_model_folder(tail, tmp_path / "tail")
+    assert isinstance(shared_model(SharedTail, folder), SharedTail)
+    _edit_config(folder, backbone="timm:vit_huge_patch14_224")
+    with pytest.raises(ModelFileError, match="is not EfficientNet-Lite0"):
+        shared_model(SharedTail, folder)
+
+
+def test_a_hub_snapshot_links_only_into_its_own_repository_cache(tmp_path):
+    """A Hugging Face cache snapshot's files are links into the repository's blobs: followed there, not beyond."""
+    repo = tmp_path / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "abc").write_text('{"model_format": "x"}')
+    snapshot = repo / "snapshots" / "rev"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to("../../blobs/abc")
+    assert read_config(snapshot, root=repo) == {"model_format": "x"}
+    with pytest.raises(ModelFileError, match="resolves outside the model folder"):
+        read_config(snapshot)  # a local folder follows no link
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(ModelFileError, match="resolves outside the model folder"):
+        read_config(snapshot, root=repo)
+
+
+def test_a_link_to_a_file_inside_the_model_folder_is_refused_too(tmp_path):
+    folder = _head_folder(tmp_path / "model")
+    (folder / "model.safetensors").rename(folder / "real.safetensors")
+    (folder / "model.safetensors").symlink_to("real.safetensors")
+    with pytest.raises(ModelFileError, match=r"'model\.safetensors' is a link"):
+        shared_model(SharedHead, folder)
