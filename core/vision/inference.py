@@ -29,7 +29,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from PIL import Image, ImageOps
 from torch import nn
 
-from annotations.readers import mask_to_labels
+from annotations.readers import mask_to_labels, open_image
 from annotations.workspace import Workspace
 from core.model_files import (
     ModelFileError,
@@ -325,5 +325,9 @@ def photo_files(folder: Path) -> list[tuple[str, Path, Path | None]]:
 
 
 def read_labels(path: Path | None) -> np.ndarray | None:
-    """A mask file as a label map (binary masks split into connected wounds, as on import)."""
-    return None if path is None else mask_to_labels(np.asarray(Image.open(path)))
+    """A mask file as a label map (binary masks split into connected wounds, as on import), read as import reads
+    a mask (:func:`~annotations.readers.open_image`: the pixel budget, one DatasetError naming the file)."""
+    if path is None:
+        return None
+    _, mask, _ = open_image(Path(path).read_bytes(), str(path), ".png")
+    return mask_to_labels(np.asarray(mask))

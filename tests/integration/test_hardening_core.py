@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from annotations.dataset import import_dataset
+from annotations.readers import DatasetError
 from annotations.workspace import Workspace
 from core import segment
 from core.model_files import ModelFileError, read_config
@@ -332,3 +333,14 @@ def test_a_link_to_a_file_inside_the_model_folder_is_refused_too(tmp_path):
     (folder / "model.safetensors").symlink_to("real.safetensors")
     with pytest.raises(ModelFileError, match=r"'model\.safetensors' is a link"):
         shared_model(SharedHead, folder)
+
+
+def test_a_new_photos_mask_is_read_with_the_pixel_budget(tmp_path):
+    """``core.embed --images``: a mask beside the new photos is read as import reads one (a bomb is one error)."""
+    bomb = tmp_path / "masks" / "p.png"
+    bomb.parent.mkdir()
+    bomb.write_bytes(_png_header_only(30_000, 30_000))
+    with pytest.raises(DatasetError, match=r"p\.png: 900,000,000 pixels, more than the"):
+        inference.read_labels(bomb)
+    Image.fromarray(_upright() > 100).save(bomb)
+    assert inference.read_labels(bomb).max() == 1
