@@ -113,3 +113,16 @@ def test_a_redirected_server_check_is_refused(kind, status):
         with pytest.raises(OracleRedirect, match=f"{redirector.url}/.* answered HTTP {status}"):
             oracle.answer_question(Question("a", "b", "c", "red wound", "red wound", "blue wound"))
     assert _target_requests(target) == 0 and len(redirector.requests) == 2
+
+
+def test_a_redirecting_host_among_several_is_dead_and_the_others_answer(demo_workspace, capsys, monkeypatch):
+    with OllamaStub() as target, OllamaStub() as good, Redirector(307, target.host) as redirector:
+        monkeypatch.setenv("TRIDERM_OLLAMA_HOSTS", f"{redirector.url},{good.host}")
+        assert llm_triplets.main(["--workspace", str(demo_workspace.root), "--oracle", "ollama", "--ollama-host",
+                                  redirector.url, "--ollama-host", good.host, "--model", "stub-model", "--budget",
+                                  "6", "--seed", "5", "--retries", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "HTTP 307, a redirect to" in summary["hosts"][redirector.url]["dead"]
+    assert summary["hosts"][good.host]["answered"] == len(good.chats) == 6
+    assert _target_requests(target) == 0
+    assert len(demo_workspace.store.llm_answers("ollama", "stub-model", PROMPT_VERSION)) == 6
