@@ -5,7 +5,7 @@ over, the decoder's shape, the input size, the run's metrics (numbers only) and 
 counts (photos trained on and held out) — never a photo, patient or wound id, nor the paths of
 the extra data folders the run read. :func:`load_shared_segmenter` opens such a folder (or an
 ``hf-hub:<org>/<repo>`` name) as a :class:`~core.segmentation.model.Segmenter`, read through
-:mod:`core.model_files` (self-contained, ``width`` and ``input_size`` bounded before the network is built,
+:mod:`core.vision.model_files` (self-contained, ``width`` and ``input_size`` bounded before the network is built,
 tensors checked against it): a damaged or hostile folder is one :class:`SegmenterError`.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from annotations.workspace import Workspace
-from core.model_files import check_sizes, folder_file, load_weights, read_config
+from core.vision.model_files import check_sizes, folder_file, load_weights, read_config
 from core.runtime import numbers_only, pick_device, write_model_folder
 from core.segmentation.model import (
     RUN_KIND,

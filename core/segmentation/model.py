@@ -9,7 +9,7 @@ decoder is Panoptic FPN's semantic branch, narrowed to ``width`` channels: later
 a top-down pathway, one 3×3 convolution per level, the levels summed at stride 4, and a 3×3 + 1×1
 head giving wound logits. A checkpoint (safetensors) holds the tuned stages and the decoder, with the
 identity (architecture + weights fingerprint) of the frozen part it was trained over; loading it over
-another encoder, or a damaged or hostile one (:mod:`core.model_files`: sizes bounded before the network is
+another encoder, or a damaged or hostile one (:mod:`core.vision.model_files`: sizes bounded before the network is
 built, tensor shapes checked before they are read), is a :class:`SegmenterError`. Without a trained run of its
 own, a workspace uses the default segmenter shipped in the package (:func:`default_path`, its model card beside it).
 """
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
-from core.model_files import ModelFileError, load_weights, sized
+from core.vision.model_files import ModelFileError, load_weights, sized
 from core.runtime import pick_device
 from core.segmentation.defaults import RUN_KIND, THRESHOLD  # noqa: F401 (THRESHOLD re-exported)
 from core.vision.backbones import LITE0_TIMM, OFFLINE_DEFAULT, create_timm_model

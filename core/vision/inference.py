@@ -13,8 +13,8 @@ A run is shared with other centres as a model folder (Hugging Face's ``save_pret
 :class:`SharedHead` — or the tuned tail — a :class:`SharedTail` — and the centre) and ``config.json``
 (format, backbone, layer, normalisation, training recipe, metrics and a data summary of counts — no
 photo, patient or wound id, no description). :func:`open_model` opens a run id, such a folder or an
-``hf-hub:<org>/<repo>`` name; a folder is read through :mod:`core.model_files` (self-contained, sizes bounded,
-tensors checked against the model before they are read: one :class:`~core.model_files.ModelFileError` otherwise).
+``hf-hub:<org>/<repo>`` name; a folder is read through :mod:`core.vision.model_files` (self-contained, sizes bounded,
+tensors checked against the model before they are read: one :class:`~core.vision.model_files.ModelFileError` otherwise).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from annotations.readers import mask_to_labels, open_image
 from annotations.workspace import Workspace
-from core.model_files import (
+from core.vision.model_files import (
     ModelFileError,
     backbone_in_folder,
     check_parameters,
@@ -277,7 +277,7 @@ def shared_model(kind: type[SharedHead] | type[SharedTail], folder: Path, root: 
 
 
 def _build(kind: type[SharedHead] | type[SharedTail], config: dict[str, Any], where: str) -> SharedHead | SharedTail:
-    """``kind(**config)``; a missing, unknown or invalid field is a :class:`~core.model_files.ModelFileError`."""
+    """``kind(**config)``; a missing, unknown or invalid field is a :class:`~core.vision.model_files.ModelFileError`."""
     try:
         return kind(**config)
     except (TypeError, ValueError, KeyError) as e:

@@ -1,5 +1,5 @@
 """Fuzzing the model loaders (issue 49): mutated ``config.json`` values, mutated segmenter metadata and random or
-cut safetensors bytes either load or raise one clear error (:class:`~core.model_files.ModelFileError`, or
+cut safetensors bytes either load or raise one clear error (:class:`~core.vision.model_files.ModelFileError`, or
 :class:`~core.segmentation.model.SegmenterError`) — never another exception, never a huge allocation (the sizes
 are bounded before a module is built; the shipped shapes are small).
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from core.model_files import ModelFileError, load_weights
+from core.vision.model_files import ModelFileError, load_weights
 from core.runtime import write_model_folder
 from core.segmentation.model import Segmenter, SegmenterError, encoder, new_net
 from core.vision.inference import HEAD_FORMAT, SharedHead, shared_model

@@ -21,7 +21,7 @@ from annotations.dataset import import_dataset
 from annotations.readers import DatasetError
 from annotations.workspace import Workspace
 from core import segment
-from core.model_files import ModelFileError, read_config
+from core.vision.model_files import ModelFileError, read_config
 from core.runtime import write_model_folder
 from core.segmentation.defaults import THRESHOLD
 from core.segmentation.export import SharedSegmenter, load_shared_segmenter
@@ -137,7 +137,7 @@ def test_a_bad_photo_after_good_ones_leaves_an_empty_output_folder_empty(tmp_pat
     assert list(out.iterdir()) == []
 
 
-# ---- model folders: self-contained, sizes bounded, tensors checked (core.model_files) ----------------------
+# ---- model folders: self-contained, sizes bounded, tensors checked (core.vision.model_files) ----------------------
 
 def _head_folder(path: Path, channels: int = 8) -> Path:
     """A small TriDerm-V head folder (8 channels, 4 dimensions) as ``core.export_model`` writes one."""

@@ -117,7 +117,8 @@ def backbone_in_folder(spec: Any, folder: Path, where: str, root: Path | None = 
         model_name, _, tag = base[len("open_clip:"):].partition(":")
         if model_name.startswith("local-dir") or ":" in tag:
             raise ModelFileError(f"{where}: backbone {spec!r} names a folder outside the model folder")
-        if tag and (any(c in tag for c in "/\\\0") or Path(tag).suffix.lower() in (".pt", ".pth", ".bin", ".safetensors")
+        weights = (".pt", ".pth", ".bin", ".safetensors")
+        if tag and (any(c in tag for c in "/\\\0") or Path(tag).suffix.lower() in weights
                     or _exists(Path(folder) / tag) or _exists(Path(tag))):  # open_clip reads a tag naming a file
             return f"open_clip:{model_name}:{folder_file(folder, tag, root)}{at}"
         return spec
