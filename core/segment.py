@@ -4,8 +4,13 @@ Each photo of ``--images`` (png/jpg/tif) gets ``OUT/masks/<name>.png``: a label 
 1..K one label per wound: each connected component of probability ≥ ``--threshold``, holes filled,
 components below the minimum wound area dropped), the layout the importer reads next to the
 photos' ``images/``, so outlines can be pre-filled before an import and corrected in the editor.
-``OUT/segment.json`` records the model, threshold and counts. Every photo is opened before anything
-is written: no photos, an unreadable photo or a non-empty output folder is one error and writes nothing.
+``OUT/segment.json`` records the model, threshold and counts. Photos are read exactly as import reads them
+(:func:`annotations.readers.load_photo`: EXIF orientation applied, 16-bit scaled to 8-bit, at most
+:data:`~annotations.readers.MAX_PIXELS` pixels), so each mask has the upright photo's size and import takes it.
+They are read one at a time (memory bounded by one photo, whatever the folder's size): no photos, two photos
+of one name, a non-empty output folder, or a photo that cannot be read or is too large (a decompression
+bomb) is one error naming the file, and leaves nothing behind (masks are written to ``OUT/.masks-partial``
+and moved to ``OUT/masks`` once every photo is done).
 
     python -m core.segment --images DIR --out DIR [--model default|RUN|PATH] [--threshold 0.5]
                            [--workspace W] [--device auto|cpu|cuda]
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +31,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from annotations.readers import IMAGE_SUFFIXES
+from annotations.readers import IMAGE_SUFFIXES, load_photo
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
 from core import cli
 from core.runtime import user_errors
@@ -52,25 +58,30 @@ def resolve_model(spec: str, workspace: str | None, device: str) -> tuple[Segmen
     return Segmenter.load(path, device=device), path
 
 
-def read_photos(folder: Path) -> list[tuple[str, Image.Image]]:
-    """Every photo of ``folder`` (name stem, RGB image), sorted; none or an unreadable one is a ValueError."""
+def photo_paths(folder: Path) -> list[Path]:
+    """The photo files of ``folder`` (png/jpg/tif), sorted; none, or two of one name, is a ValueError.
+    Nothing is decoded here: :func:`~annotations.readers.load_photo` reads each when it is segmented."""
     if not folder.is_dir():
         raise ValueError(f"{folder}: not a folder of photos")
     paths = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
         raise ValueError(f"{folder}: no photos ({', '.join(IMAGE_SUFFIXES)})")
-    photos = []
-    for path in paths:
-        try:
-            with Image.open(path) as im:
-                photos.append((path.stem, im.convert("RGB")))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: unreadable photo ({e})") from None
-    stems = [s for s, _ in photos]
+    stems = [p.stem for p in paths]
     twice = sorted({s for s in stems if stems.count(s) > 1})
     if twice:
         raise ValueError(f"{folder}: two photos share the name {twice[0]!r} (one mask per name)")
-    return photos
+    return paths
+
+
+def segment_photos(segmenter: Segmenter, paths: list[Path], masks: Path, threshold: float) -> int:
+    """Segment the photos one at a time (each read as import reads it) into ``masks/<name>.png``; the
+    number of wounds. A photo that cannot be read is a DatasetError naming it."""
+    wounds = 0
+    for path in tqdm(paths, desc="segmenting", unit="photo"):
+        labels = label_map(segmenter.probability(load_photo(path)), threshold)
+        wounds += int(labels.max())
+        Image.fromarray(labels).save(masks / f"{path.stem}.png")
+    return wounds
 
 
 def label_map(prob: np.ndarray, threshold: float, min_area: int = DEFAULT_MIN_WOUND_AREA) -> np.ndarray:
@@ -100,17 +111,23 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--threshold must lie strictly between 0 and 1 (got {args.threshold})")
         if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
             raise ValueError(f"{args.out}: the output folder is not empty (give a new or empty folder)")
-        photos = read_photos(args.images)
+        photos = photo_paths(args.images)
         segmenter, path = resolve_model(args.model, args.workspace, args.device)
     from core.segmentation.model import default_path
 
+    made = not args.out.exists()
+    partial = args.out / ".masks-partial"
+    partial.mkdir(parents=True)
+    try:
+        with user_errors(parser, ValueError):  # an unreadable or too large photo (DatasetError)
+            wounds = segment_photos(segmenter, photos, partial, args.threshold)
+        partial.rename(args.out / "masks")
+    finally:
+        if partial.exists():  # a photo failed (or the run was interrupted): leave nothing behind
+            shutil.rmtree(partial)
+            if made:
+                args.out.rmdir()
     masks = args.out / "masks"
-    masks.mkdir(parents=True, exist_ok=True)
-    wounds = 0
-    for stem, image in tqdm(photos, desc="segmenting", unit="photo"):
-        labels = label_map(segmenter.probability(image), args.threshold)
-        wounds += int(labels.max())
-        Image.fromarray(labels).save(masks / f"{stem}.png")
     record = {"model": segmenter.source, "checkpoint": str(path) if path else "default",
               "sha256": hashlib.sha256((path or default_path()).read_bytes()).hexdigest(),
               "threshold": args.threshold, "photos": len(photos), "wounds": wounds, "images": str(args.images)}

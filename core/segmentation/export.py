@@ -4,11 +4,12 @@
 over, the decoder's shape, the input size, the run's metrics (numbers only) and a data summary of
 counts (photos trained on and held out) — never a photo, patient or wound id, nor the paths of
 the extra data folders the run read. :func:`load_shared_segmenter` opens such a folder (or an
-``hf-hub:<org>/<repo>`` name) as a :class:`~core.segmentation.model.Segmenter`.
+``hf-hub:<org>/<repo>`` name) as a :class:`~core.segmentation.model.Segmenter`, read through
+:mod:`core.vision.model_files` (self-contained, ``width`` and ``input_size`` bounded before the network is built,
+tensors checked against it): a damaged or hostile folder is one :class:`SegmenterError`.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from annotations.workspace import Workspace
+from core.vision.model_files import check_sizes, folder_file, load_weights, read_config
 from core.runtime import numbers_only, pick_device, write_model_folder
 from core.segmentation.model import (
     RUN_KIND,
@@ -74,14 +76,22 @@ def load_shared_segmenter(ref: str | Path, device: torch.device | str | None = N
     one trained over another encoder is a :class:`SegmenterError`."""
     try:
         folder = model_folder(ref)
-        meta = json.loads((folder / "config.json").read_text())
-    except (ValueError, OSError) as e:
-        raise SegmenterError(str(e) if isinstance(e, ValueError) else f"{ref}: no readable config.json ({e})") from None
-    if not isinstance(meta, dict) or meta.get("model_format") != SHARED_FORMAT:
-        raise SegmenterError(f"{ref}: config.json is not a shared TriDerm segmenter (model_format {SHARED_FORMAT})")
-    try:
-        shared = SharedSegmenter.from_pretrained(folder, strict=True)
-    except SegmenterError as e:
-        raise SegmenterError(f"{ref}: {e}") from None
+        root = folder.parents[1] if str(ref).startswith("hf-hub:") else None  # a cache snapshot's links: its blobs
+        meta = read_config(folder, root)
+        if meta.get("model_format") != SHARED_FORMAT:
+            raise SegmenterError(f"{ref}: config.json is not a shared TriDerm segmenter (model_format "
+                                 f"{SHARED_FORMAT})")
+        check_sizes(meta, f"{folder / 'config.json'}", ("width", "input_size"))
+        if meta.get("tta", TEST_FLIPS) not in (1, 2, 4):
+            raise SegmenterError(f"{folder / 'config.json'}: tta {meta.get('tta')!r} must be 1, 2 or 4")
+        try:
+            shared = SharedSegmenter(**meta)
+        except (TypeError, ValueError) as e:
+            raise SegmenterError(f"{folder / 'config.json'}: {e}") from None
+        load_weights(shared, folder_file(folder, "model.safetensors", root))
+    except SegmenterError:
+        raise
+    except ValueError as e:  # a ModelFileError, or model_folder's
+        raise SegmenterError(str(e)) from None
     enc = encoder(str(torch.device(device) if device is not None else pick_device()))
     return Segmenter(shared.net, enc, shared.input_size, source=str(ref), tta=shared.tta)

@@ -9,8 +9,9 @@ decoder is Panoptic FPN's semantic branch, narrowed to ``width`` channels: later
 a top-down pathway, one 3×3 convolution per level, the levels summed at stride 4, and a 3×3 + 1×1
 head giving wound logits. A checkpoint (safetensors) holds the tuned stages and the decoder, with the
 identity (architecture + weights fingerprint) of the frozen part it was trained over; loading it over
-another encoder is a :class:`SegmenterError`. Without a trained run of its own, a workspace uses the
-default segmenter shipped in the package (:func:`default_path`, its model card beside it).
+another encoder, or a damaged or hostile one (:mod:`core.vision.model_files`: sizes bounded before the network is
+built, tensor shapes checked before they are read), is a :class:`SegmenterError`. Without a trained run of its
+own, a workspace uses the default segmenter shipped in the package (:func:`default_path`, its model card beside it).
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
+from core.vision.model_files import ModelFileError, load_weights, sized
 from core.runtime import pick_device
 from core.segmentation.defaults import RUN_KIND, THRESHOLD  # noqa: F401 (THRESHOLD re-exported)
 from core.vision.backbones import LITE0_TIMM, OFFLINE_DEFAULT, create_timm_model
@@ -276,7 +278,6 @@ class Segmenter:
         try:
             with safe_open(str(path), framework="pt") as fh:
                 meta = fh.metadata() or {}
-            tensors = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as e:
             raise SegmenterError(f"{path}: not a TriDerm segmenter checkpoint (cannot be read as safetensors: "
                                  f"{e})") from None
@@ -284,16 +285,23 @@ class Segmenter:
             raise SegmenterError(f"{path}: not a TriDerm segmenter checkpoint (format {meta.get('format')!r}, "
                                  f"expected {FORMAT})")
         enc = encoder(str(torch.device(device) if device is not None else pick_device()))
-        if meta.get("backbone") != enc.identity or json.loads(meta.get("channels", "[]")) != enc.channels:
+        try:
+            channels = json.loads(meta.get("channels", "[]"))
+        except ValueError:
+            channels = None
+        if meta.get("backbone") != enc.identity or channels != enc.channels:
             raise SegmenterError(f"{path}: trained over backbone {meta.get('backbone')!r}, but the segmenter encoder "
                                  f"here is {enc.identity!r}; retrain it (python -m core.train_segmenter)")
-        net = SegNet(enc.imagenet_stages(), enc.channels, int(meta["width"]))
-        try:
-            net.load_state_dict(tensors)
-        except RuntimeError as e:
-            raise SegmenterError(f"{path}: tensors do not fit the segmenter ({str(e).splitlines()[0]})") from None
-        return cls(net, enc, int(meta["input_size"]), run_id=run_id, source=source or str(path),
-                   tta=int(meta.get("tta", len(TTA_FLIPS))))
+        tta = meta.get("tta", str(len(TTA_FLIPS)))
+        if tta not in ("1", "2", "4"):
+            raise SegmenterError(f"{path}: metadata tta {tta!r} must be 1, 2 or 4")
+        try:  # the sizes checked before the network is built, its tensors' shapes before they are read
+            width, size = (sized(meta.get(k), k, f"{path} (metadata)") for k in ("width", "input_size"))
+            net = SegNet(enc.imagenet_stages(), enc.channels, width)
+            load_weights(net, path)
+        except ModelFileError as e:
+            raise SegmenterError(str(e)) from None
+        return cls(net, enc, size, run_id=run_id, source=source or str(path), tta=int(tta))
 
 
 def load_default(device: torch.device | str | None = None) -> Segmenter:

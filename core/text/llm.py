@@ -12,7 +12,8 @@ One interface, four backends (and :class:`MultiHostOracle`, which spreads one ov
   (a programming error is never retried), and a check of ``/api/tags`` first so an unreachable
   server or a missing model fails in seconds with a clear message. Only hosts of the
   administrator's allow-list are ever called (:func:`ollama_hosts`: the workspace setting
-  ``ollama_hosts``, default this machine; ``$TRIDERM_OLLAMA_HOSTS`` overrides it for the CLI).
+  ``ollama_hosts``, default this machine; ``$TRIDERM_OLLAMA_HOSTS`` overrides it for the CLI), and no
+  redirect is ever followed: a 3xx answer is :class:`OracleRedirect`, naming the URL and its target.
 - :class:`OpenAIOracle` — any OpenAI-compatible chat server (vLLM, llama.cpp server, TGI) at
   ``--base-url http://host:port/v1``: ``POST /chat/completions`` with a JSON-schema
   ``response_format``, the same timeouts, retries and allow-list as Ollama, and ``GET /models``
@@ -105,6 +106,24 @@ class OracleUnavailable(RuntimeError):
 
 class OracleAnswerError(RuntimeError):
     """One question failed after all retries (bad response, timeouts, server errors)."""
+
+
+class OracleRedirect(OracleUnavailable):
+    """The server answered with a redirect: never followed (its target may be off the allow-list)."""
+
+
+def refuse_redirect(response: Any) -> None:
+    """An httpx response hook: a redirect (3xx with a ``Location``) is :class:`OracleRedirect` naming the
+    requested URL and the target, before any client could follow it."""
+    if response.is_redirect:
+        raise OracleRedirect(f"{response.request.url} answered HTTP {response.status_code}, a redirect to "
+                             f"{response.headers.get('location')!r}; redirects are never followed (the target "
+                             "may not be on the allow-list): give the server's own URL")
+
+
+def _no_redirects() -> dict[str, Any]:
+    """The httpx client options for an LLM server: redirects neither followed nor accepted."""
+    return {"follow_redirects": False, "event_hooks": {"response": [refuse_redirect]}}
 
 
 class _Retry(Exception):
@@ -303,15 +322,18 @@ class OllamaOracle(Oracle):
         if client is None:
             import httpx
 
-            client = self._ollama.Client(host=self.host, timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout))
+            client = self._ollama.Client(host=self.host, timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                                         **_no_redirects())
             self._local.client = client
         return client
 
     def check(self) -> None:
         """GET /api/tags within ``connect_timeout`` s; the model must be listed."""
-        client = self._ollama.Client(host=self.host, timeout=self.connect_timeout)
+        client = self._ollama.Client(host=self.host, timeout=self.connect_timeout, **_no_redirects())
         try:
             listed = client.list()
+        except OracleRedirect:
+            raise
         except Exception as exc:  # connection refused, DNS, timeout, HTTP error, bad JSON
             raise OracleUnavailable(
                 f"cannot reach an Ollama server at {self.host} ({type(exc).__name__}: {exc}). "
@@ -382,16 +404,20 @@ class OpenAIOracle(Oracle):
         client = getattr(self._local, "client", None)
         if client is None:
             client = self._httpx.Client(base_url=self.host, headers=self._headers,
-                                        timeout=self._httpx.Timeout(self.timeout, connect=self.connect_timeout))
+                                        timeout=self._httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                                        **_no_redirects())
             self._local.client = client
         return client
 
     def check(self) -> None:
         """GET /models within ``connect_timeout`` s; the model must be served."""
         try:
-            resp = self._httpx.get(f"{self.host}/models", headers=self._headers, timeout=self.connect_timeout)
+            with self._httpx.Client(headers=self._headers, timeout=self.connect_timeout, **_no_redirects()) as client:
+                resp = client.get(f"{self.host}/models")
             resp.raise_for_status()
             names = {m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)}
+        except OracleRedirect:
+            raise
         except Exception as exc:  # connection refused, DNS, timeout, HTTP error, bad JSON
             raise OracleUnavailable(f"cannot reach an OpenAI-compatible server at {self.host} "
                                     f"({type(exc).__name__}: {exc}); start it or pass another --base-url") from exc

@@ -13,12 +13,12 @@ A run is shared with other centres as a model folder (Hugging Face's ``save_pret
 :class:`SharedHead` — or the tuned tail — a :class:`SharedTail` — and the centre) and ``config.json``
 (format, backbone, layer, normalisation, training recipe, metrics and a data summary of counts — no
 photo, patient or wound id, no description). :func:`open_model` opens a run id, such a folder or an
-``hf-hub:<org>/<repo>`` name.
+``hf-hub:<org>/<repo>`` name; a folder is read through :mod:`core.vision.model_files` (self-contained, sizes bounded,
+tensors checked against the model before they are read: one :class:`~core.vision.model_files.ModelFileError` otherwise).
 """
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,19 @@ from huggingface_hub import PyTorchModelHubMixin
 from PIL import Image, ImageOps
 from torch import nn
 
-from annotations.readers import mask_to_labels
+from annotations.readers import mask_to_labels, open_image
 from annotations.workspace import Workspace
+from core.vision.model_files import (
+    ModelFileError,
+    backbone_in_folder,
+    check_parameters,
+    check_sizes,
+    folder_file,
+    load_weights,
+    read_config,
+)
 from core.runtime import load_checkpoint, numbers_only, write_model_folder
-from core.vision.backbones import Backbone, load_backbone, model_folder
+from core.vision.backbones import LITE0_TIMM, Backbone, canonical_name, load_backbone, model_folder, split_layer
 from core.vision.baseline import centred_unit
 from core.vision.features import token_mask, wound_fractions
 from core.vision.finetune import RUN_KIND as FINETUNE_RUN, TAIL_FILE, pooling_weights, tail_of
@@ -79,6 +88,9 @@ class SharedTail(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
         super().__init__()
         if model_format != TAIL_FORMAT:
             raise ValueError(f"config.json: model_format {model_format!r} is not {TAIL_FORMAT!r}")
+        if canonical_name(split_layer(backbone)[0]).partition(".")[0] != LITE0_TIMM:
+            raise ValueError(f"config.json: backbone {backbone!r} is not EfficientNet-Lite0, the only backbone a "
+                             "fine-tuned tail is made for")
         self.backbone_name = backbone
         self.tail = tail_of(load_backbone(backbone, device="cpu", pretrained=False, layer="stage6"))
         self.register_buffer("center", torch.zeros(int(dim)))
@@ -160,9 +172,11 @@ class TrainedHead:
                    embedding_normalize(cfg))
 
     @classmethod
-    def from_folder(cls, folder: Path, device: torch.device | str | None = None) -> TrainedHead:
-        """A :class:`SharedHead` folder's head, centre and backbone."""
-        shared = SharedHead.from_pretrained(folder, strict=True)
+    def from_folder(cls, folder: Path, device: torch.device | str | None = None,
+                    root: Path | None = None) -> TrainedHead:
+        """A :class:`SharedHead` folder's head, centre and backbone (``root``: see :func:`shared_model`)."""
+        shared = shared_model(SharedHead, folder, root)
+        assert isinstance(shared, SharedHead)
         backbone = load_backbone(shared.backbone_name, device=device, layer=shared.layer)
         return cls(None, backbone, shared.head.to(backbone.device).eval(), shared.center.numpy(), shared.normalize)
 
@@ -201,9 +215,11 @@ class TunedModel:
         return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy())
 
     @classmethod
-    def from_folder(cls, folder: Path, device: torch.device | str | None = None) -> TunedModel:
-        """A :class:`SharedTail` folder's tuned tail, centre and backbone."""
-        shared = SharedTail.from_pretrained(folder, strict=True)
+    def from_folder(cls, folder: Path, device: torch.device | str | None = None,
+                    root: Path | None = None) -> TunedModel:
+        """A :class:`SharedTail` folder's tuned tail, centre and backbone (``root``: see :func:`shared_model`)."""
+        shared = shared_model(SharedTail, folder, root)
+        assert isinstance(shared, SharedTail)
         backbone = load_backbone(shared.backbone_name, device=device, layer="stage6")
         return cls(None, backbone, shared.tail.to(backbone.device).eval(), shared.center.numpy())
 
@@ -226,17 +242,46 @@ def open_model(ws: Workspace, ref: str, device: torch.device | str | None = None
         is_tuned = run is not None and run["kind"] == FINETUNE_RUN
         return TunedModel.load(ws, int(ref), device) if is_tuned else TrainedHead.load(ws, int(ref), device)
     folder = model_folder(ref)
-    try:
-        meta = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--model {ref}: no readable config.json ({e})") from None
-    model_format = meta.get("model_format") if isinstance(meta, dict) else None
+    root = folder.parents[1] if ref.startswith("hf-hub:") else None  # a cache snapshot's links: its repo's blobs
+    meta = read_config(folder, root)
+    model_format = meta.get("model_format")
     if model_format == HEAD_FORMAT:
-        return TrainedHead.from_folder(folder, device)
+        return TrainedHead.from_folder(folder, device, root)
     if model_format == TAIL_FORMAT:
-        return TunedModel.from_folder(folder, device)
+        return TunedModel.from_folder(folder, device, root)
     raise ValueError(f"--model {ref}: config.json is not a TriDerm-V head or fine-tuned tail "
                      f"(model_format {HEAD_FORMAT} or {TAIL_FORMAT})")
+
+
+def shared_model(kind: type[SharedHead] | type[SharedTail], folder: Path, root: Path | None = None
+                 ) -> SharedHead | SharedTail:
+    """A model folder's :class:`SharedHead` or :class:`SharedTail`: its ``config.json`` checked (sizes bounded,
+    the backbone's file inside the folder) before the module is built, then ``model.safetensors`` checked and
+    loaded. ``root`` is where a Hugging Face snapshot's links may point (else no link is followed)."""
+    config = read_config(folder, root)
+    where = f"{folder / 'config.json'}"
+    check_sizes(config, where, ("channels", "dim"))
+    recipe = config.get("recipe")
+    if kind is SharedHead:
+        if not isinstance(recipe, dict):
+            raise ModelFileError(f"{where}: recipe {recipe!r} is not an object of training options")
+        check_sizes(recipe, f"{where} (recipe)", ("dim", "hidden", "supervise_dim", "supervise_heads"))
+    if "backbone" in config:
+        config["backbone"] = backbone_in_folder(config["backbone"], folder, where, root)
+    if kind is SharedHead:  # the head's sizes multiply: counted on the meta device (nothing allocated) first
+        with torch.device("meta"):
+            check_parameters(_build(kind, config, where), where)
+    model = _build(kind, config, where)
+    load_weights(model, folder_file(folder, "model.safetensors", root))
+    return model.eval()
+
+
+def _build(kind: type[SharedHead] | type[SharedTail], config: dict[str, Any], where: str) -> SharedHead | SharedTail:
+    """``kind(**config)``; a missing, unknown or invalid field is a :class:`~core.vision.model_files.ModelFileError`."""
+    try:
+        return kind(**config)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ModelFileError(f"{where}: {e}") from None
 
 
 def _tail_blob(ws: Workspace, run_id: int) -> dict[str, Any]:
@@ -280,5 +325,9 @@ def photo_files(folder: Path) -> list[tuple[str, Path, Path | None]]:
 
 
 def read_labels(path: Path | None) -> np.ndarray | None:
-    """A mask file as a label map (binary masks split into connected wounds, as on import)."""
-    return None if path is None else mask_to_labels(np.asarray(Image.open(path)))
+    """A mask file as a label map (binary masks split into connected wounds, as on import), read as import reads
+    a mask (:func:`~annotations.readers.open_image`: the pixel budget, one DatasetError naming the file)."""
+    if path is None:
+        return None
+    _, mask, _ = open_image(Path(path).read_bytes(), str(path), ".png")
+    return mask_to_labels(np.asarray(mask))

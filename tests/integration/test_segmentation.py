@@ -440,7 +440,7 @@ def test_segment_with_the_default_on_real_looking_photos(tmp_path):
     assert json.loads((tmp_path / "out" / "segment.json").read_text())["model"] == "default"
 
 
-@pytest.mark.parametrize("case, says", [("empty", "no photos"), ("unreadable", "bad.png: unreadable photo"),
+@pytest.mark.parametrize("case, says", [("empty", "no photos"), ("unreadable", "bad.png: cannot be read as a PNG image"),
                                         ("full", "the output folder is not empty"),
                                         ("threshold", "--threshold must lie strictly between 0 and 1"),
                                         ("run", "no finished segmenter run 7")])
