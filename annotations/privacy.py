@@ -16,6 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from annotations.csvsafe import neutralise, restore
 from annotations.fileio import write_text
 from annotations.journal import Swap
 from annotations.readers import DatasetError, valid_id
@@ -45,7 +46,8 @@ class StudyIds:
         except (OSError, UnicodeDecodeError, csv.Error) as err:
             raise DatasetError(f"{self.path}: cannot read the study-id mapping ({err})") from None
         for line, row in enumerate(rows, start=2):
-            original, study = (row.get(MAPPING_COLUMNS[0]) or "").strip(), (row.get(MAPPING_COLUMNS[1]) or "").strip()
+            original = restore((row.get(MAPPING_COLUMNS[0]) or "").strip())
+            study = (row.get(MAPPING_COLUMNS[1]) or "").strip()
             if not original or not valid_id(study):
                 raise DatasetError(f"{self.path}: line {line}: needs columns {', '.join(MAPPING_COLUMNS)} "
                                    "with a valid study id")
@@ -80,7 +82,7 @@ class StudyIds:
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(MAPPING_COLUMNS)
         rows = sorted(self.ids.items(), key=lambda kv: kv[1])
-        writer.writerows(rows)
+        writer.writerows([[neutralise(original), study] for original, study in rows])
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, buf.getvalue())
 

@@ -2,7 +2,6 @@
 track side by side, and the tidy CSV for statistics (annotations.followup)."""
 from __future__ import annotations
 
-import csv
 import io
 from datetime import date
 
@@ -203,10 +202,7 @@ def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
 def export_button(rows: list[dict]) -> None:
     """The tidy follow-up CSV of every wound on a track."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(followup.COLUMNS))
-    writer.writeheader()
-    for r in [r for r in rows if r["track"] is not None]:
-        writer.writerow({k: "" if r.get(k) is None else r[k] for k in followup.COLUMNS})
+    followup.write_csv(buf, [r for r in rows if r["track"] is not None], followup.COLUMNS)
     st.download_button("Download the follow-up CSV", buf.getvalue(), file_name="followup.csv", mime="text/csv",
                        key="fu_download")
 
