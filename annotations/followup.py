@@ -27,7 +27,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -57,7 +57,7 @@ EARLIEST_VISIT = date(1900, 1, 1)
 # -- checked values --------------------------------------------------------------------------------
 def parse_visit_date(value: Any, where: str, today: date | None = None) -> date:
     """An ISO 8601 date or date-time → its date; unparseable, before :data:`EARLIEST_VISIT` or later than
-    ``today`` (UTC) plus one day (a clinic ahead of UTC) raises."""
+    ``today`` (UTC) raises."""
     text = str(value).strip()
     try:
         parsed = datetime.fromisoformat(text)
@@ -65,7 +65,7 @@ def parse_visit_date(value: Any, where: str, today: date | None = None) -> date:
         raise DatasetError(f"{where}: visit_date {text!r} is not an ISO 8601 date (YYYY-MM-DD)") from None
     day = parsed.date()
     today = today or datetime.now(timezone.utc).date()
-    if day > today + timedelta(days=1):
+    if day > today:
         raise DatasetError(f"{where}: visit_date {text!r} is in the future (today is {today.isoformat()})")
     if day < EARLIEST_VISIT:
         raise DatasetError(f"{where}: visit_date {text!r} is before {EARLIEST_VISIT.isoformat()}; "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -180,3 +182,67 @@ def test_the_dataset_export_neutralises_formulas_and_imports_back_losslessly(tmp
     again = Workspace(tmp_path / "ws2")
     import_dataset(again, tmp_path / "out")
     assert {w["image_id"]: (w["description"], w["metadata"]) for w in again.store.wounds()} == before
+
+
+# -- restore under a running app or job -------------------------------------------------------------
+HOLD = "import sys; from annotations.workspace import Workspace; Workspace(sys.argv[1]); print('ready', flush=True); " \
+       "sys.stdin.read()"
+
+
+def test_restore_refuses_while_another_process_holds_the_workspace_force_included(tmp_path):
+    from test_bad_inputs import small_dataset
+
+    from annotations.backup import BackupError, backup, restore
+
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, small_dataset(tmp_path / "ds"))
+    backup(ws, tmp_path / "bk")
+    ws.store.close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "ws")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        for force in (False, True):
+            with pytest.raises(BackupError, match=rf"in use by pid {holder.pid} on .*restore never replaces"):
+                restore(tmp_path / "bk", tmp_path / "ws", force=force)
+    finally:
+        holder.kill()  # killed: its holder file stays behind, stale
+        holder.wait()
+    assert restore(tmp_path / "bk", tmp_path / "ws", force=True)["images"] == 3
+
+
+# -- erase-patient during a backup --------------------------------------------------------------------
+def test_erase_patient_names_a_backup_that_started_before_it_and_ends_after(tmp_path, monkeypatch):
+    import threading
+
+    from test_bad_inputs import small_dataset
+
+    from annotations import backup as backups
+    from annotations.privacy import erase_patient
+
+    Workspace(tmp_path / "ws").store.close()
+    import_dataset(Workspace(tmp_path / "ws"), small_dataset(tmp_path / "ds"))
+    copying, resume = threading.Event(), threading.Event()
+    copy_folder = backups._copy_folder
+
+    def slow_copy(src, dst):
+        if src.name == "runs":  # the store, masks and photos are copied: the backup holds the patient
+            copying.set()
+            resume.wait(30)
+        copy_folder(src, dst)
+
+    monkeypatch.setattr(backups, "_copy_folder", slow_copy)
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(backups.backup(Workspace(tmp_path / "ws"), tmp_path / "bk")))
+    worker.start()
+    try:
+        assert copying.wait(30)
+        out = erase_patient(Workspace(tmp_path / "ws"), "p1")
+    finally:
+        resume.set()
+        worker.join(30)
+    bk = str((tmp_path / "bk").resolve())
+    assert done["out"] == bk and out["backups"] == out["backups_in_progress"] == [bk]
+    assert f"still in progress and will hold the patient: {bk}" in out["note"]
+    again = Workspace(tmp_path / "ws")
+    assert again.store.get_meta("backups") == [bk] and backups.backups_in_progress(again) == []
