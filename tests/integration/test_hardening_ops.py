@@ -246,3 +246,81 @@ def test_erase_patient_names_a_backup_that_started_before_it_and_ends_after(tmp_
     assert f"still in progress and will hold the patient: {bk}" in out["note"]
     again = Workspace(tmp_path / "ws")
     assert again.store.get_meta("backups") == [bk] and backups.backups_in_progress(again) == []
+
+
+# -- account names and passwords ----------------------------------------------------------------------
+PW = "correct horse battery"
+
+
+@pytest.fixture
+def store(tmp_path):
+    from annotations.store import Store
+
+    return Store(tmp_path / "triderm.sqlite")
+
+
+@pytest.mark.parametrize(("first", "second"), [("éva", "ÉVA"), ("eva", "ＥＶＡ"), ("Straße", "STRASSE"),
+                                               ("e\u0301va", "éva")])
+def test_account_names_are_one_account_in_every_script_and_form(store, first, second):
+    from annotations import accounts
+
+    accounts.add_account(store, first, "annotator", PW, "test")
+    with pytest.raises(accounts.AuthError, match="already exists"):
+        accounts.add_account(store, second, "viewer", PW, "test")
+    assert accounts.authenticate(store, second, PW).role == "annotator"
+
+
+@pytest.mark.parametrize(("name", "look_alike"), [("Boss", "Вoss"), ("boss", "ВОSS"), ("ocean", "осеаn"),
+                                                  ("paco", "расо"), ("Kay", "Κay")])
+def test_a_look_alike_of_an_existing_name_is_refused(store, name, look_alike):
+    from annotations import accounts
+
+    accounts.add_account(store, name, "admin", PW, "test")
+    with pytest.raises(accounts.AuthError, match=rf"looks like the account '{name}'|mixes"):
+        accounts.add_account(store, look_alike, "viewer", PW, "test")
+    assert [a["name"] for a in accounts.list_accounts(store)] == [name]
+
+
+@pytest.mark.parametrize("name", ["Вoss", "Pαul", "Иван Petrov"])
+def test_a_name_mixing_latin_greek_and_cyrillic_is_refused(store, name):
+    from annotations import accounts
+
+    with pytest.raises(accounts.AuthError, match="mixes .* letters; use one alphabet"):
+        accounts.add_account(store, name, "viewer", PW, "test")
+
+
+def test_names_of_one_alphabet_stay_apart_unless_they_look_alike(store):
+    from annotations import accounts
+
+    for name in ("Иван", "Ivan", "Ελένη", "eva"):
+        accounts.add_account(store, name, "viewer", PW, "test")
+    assert {a["name"] for a in accounts.list_accounts(store)} == {"Иван", "Ivan", "Ελένη", "eva"}
+
+
+def test_a_password_is_the_same_composed_or_decomposed(store):
+    from annotations import accounts
+
+    accounts.add_account(store, "Dr A", "annotator", "caf\u00e9 au lait noir", "test")
+    assert accounts.authenticate(store, "Dr A", "cafe\u0301 au lait noir").name == "Dr A"
+    assert accounts.authenticate(store, "Dr A", "caf\u00e9 au lait noir").name == "Dr A"
+
+
+def test_an_earlier_hash_of_a_decomposed_password_still_verifies_and_is_renewed(store):
+    from argon2 import PasswordHasher
+
+    from annotations import accounts
+
+    accounts.add_account(store, "Dr A", "annotator", PW, "test")
+    typed = "cafe\u0301 au lait noir"
+    store.db.execute("UPDATE accounts SET password_hash = ? WHERE name = 'Dr A'", [PasswordHasher().hash(typed)])
+    assert accounts.authenticate(store, "Dr A", typed).name == "Dr A"
+    assert accounts.authenticate(store, "Dr A", "caf\u00e9 au lait noir").name == "Dr A"  # renewed as NFKC
+
+
+@pytest.mark.parametrize("password", [" " * 10, " " * 12 + "abc", "\u3000" * 10 + "x"])
+def test_a_password_of_spaces_is_refused(store, password):
+    from annotations import accounts
+
+    with pytest.raises(accounts.AuthError, match="not spaces"):
+        accounts.add_account(store, "Dr A", "annotator", password, "test")
+    assert accounts.list_accounts(store) == []
