@@ -285,7 +285,7 @@ def test_a_look_alike_of_an_existing_name_is_refused(store, name, look_alike):
 def test_a_name_mixing_latin_greek_and_cyrillic_is_refused(store, name):
     from annotations import accounts
 
-    with pytest.raises(accounts.AuthError, match="mixes .* letters; use one alphabet"):
+    with pytest.raises(accounts.AuthError, match=r"mixes .* letters; use one alphabet"):
         accounts.add_account(store, name, "viewer", PW, "test")
 
 
@@ -324,3 +324,15 @@ def test_a_password_of_spaces_is_refused(store, password):
     with pytest.raises(accounts.AuthError, match="not spaces"):
         accounts.add_account(store, "Dr A", "annotator", password, "test")
     assert accounts.list_accounts(store) == []
+
+
+def test_the_agreement_report_csv_neutralises_a_run_named_as_a_formula(tmp_path):
+    from core.eval.metrics import METRICS
+    from core.eval.report import write_report
+
+    row = {"modality": "vision", "run_id": 3, "kind": "embed", "label": "#3 embed (=HYPERLINK(\"x\"))",
+           "protocol": "-all", "n_images": 4, "n": 10, "n_anchors": 4, "n_skipped": 0, "n_missing": 0,
+           "per_anchor": [], **{m: -0.25 for m in METRICS}, "ci": {m: (-0.5, 0.1) for m in METRICS}}
+    paths = write_report(Workspace(tmp_path / "ws"), [row], 10, 100)
+    (cells,) = read(Path(paths["csv"]))
+    assert (cells["label"], cells["protocol"], cells["kappa"]) == ("#3 embed (=HYPERLINK(\"x\"))", "'-all", "-0.25")
