@@ -2,7 +2,7 @@
 
 Every process that opens a :class:`annotations.workspace.Workspace` (each app server, every job, every
 command) registers itself in ``<workspace>/.holders/<host>-<pid>.json`` (pid, its create time, host,
-command) and a daemon thread touches the file every :data:`annotations.jobs.HEARTBEAT_S` seconds; the
+program, never its arguments) and a daemon thread touches the file every :data:`annotations.jobs.HEARTBEAT_S` seconds; the
 file goes when the process exits. A holder is *live* while its process runs (on this host: the same pid
 and create time, :func:`annotations.jobs.process_alive`) and its heartbeat is younger than
 :data:`annotations.jobs.STALE_S`; from another host, while its heartbeat is that young. A killed
@@ -42,14 +42,23 @@ def register(root: str | Path) -> Path:
         if path in _held:
             return path
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        write_json(path, {"pid": pid, "create_time": created, "host": jobs.hostname(),
-                          "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else "",
+        write_json(path, {"pid": pid, "create_time": created, "host": jobs.hostname(), "command": _program(),
                           "started": time.time()})
         _held.add(path)
         if not _heartbeat:
             _heartbeat.append(jobs.Heartbeat(_beat))
             atexit.register(_release)
     return path
+
+
+def _program() -> str:
+    """The program, without its arguments (they may name a patient): ``python -m core.x`` or the script."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if "-m" in argv[:-1]:
+        return f"python -m {argv[argv.index('-m') + 1]}"
+    if not sys.argv or sys.argv[0] in ("", "-c"):
+        return "python -c" if sys.argv and sys.argv[0] == "-c" else "python"
+    return Path(sys.argv[0]).name
 
 
 def _beat() -> bool:

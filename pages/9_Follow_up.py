@@ -178,7 +178,11 @@ def healing_curves(linked: list[dict]) -> list[dict]:
     chosen = st.multiselect("Patients", patients, default=patients[: min(5, len(patients))], key="fu_patients")
     shown = [r for r in linked if str(r["patient"]) in chosen]
     unit = "area_cm2" if all(r["area_cm2"] is not None for r in shown) else "area_px"
-    if unit == "area_px":
+    flagged = [r for r in shown if r.get("flag")]
+    if flagged:
+        st.warning(f"{len(flagged)} calibrated size(s) withheld as implausible, e.g. {flagged[0]['image_id']}: "
+                   f"{flagged[0]['flag']}; areas in pixels.")
+    elif unit == "area_px":
         st.warning("Some photos have neither the calibration marker nor a ruler: areas in pixels, no cm².")
     st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stretch", key="fu_curves")
     st.dataframe(pd.DataFrame(followup.healing(shown)), hide_index=True, width="stretch")
@@ -192,7 +196,8 @@ def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
     views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
     for col, r, (picture, _) in zip(st.columns(max(len(visits), 1)), visits, views):
         size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
+        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else "")
+                  + (f" · {r['flag']}" if r.get("flag") else ""))
     if views:
         registered = sum("(ECC)" in how for _, how in views[1:])
         st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the "

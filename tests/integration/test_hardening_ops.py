@@ -198,13 +198,15 @@ def test_restore_refuses_while_another_process_holds_the_workspace_force_include
     import_dataset(ws, small_dataset(tmp_path / "ds"))
     backup(ws, tmp_path / "bk")
     ws.store.close()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "ws")], stdin=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "ws"), "PATIENTX9"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
     try:
         assert holder.stdout.readline().strip() == "ready"
         for force in (False, True):
-            with pytest.raises(BackupError, match=rf"in use by pid {holder.pid} on .*restore never replaces"):
+            with pytest.raises(BackupError, match=rf"in use by pid {holder.pid} on .* \(python -c\); stop the app"):
                 restore(tmp_path / "bk", tmp_path / "ws", force=force)
+        (record,) = (tmp_path / "ws" / ".holders").glob(f"*-{holder.pid}.json")
+        assert "PATIENTX9" not in record.read_text()  # a holder's arguments may name a patient: never kept
     finally:
         holder.kill()  # killed: its holder file stays behind, stale
         holder.wait()
@@ -336,3 +338,15 @@ def test_the_agreement_report_csv_neutralises_a_run_named_as_a_formula(tmp_path)
     paths = write_report(Workspace(tmp_path / "ws"), [row], 10, 100)
     (cells,) = read(Path(paths["csv"]))
     assert (cells["label"], cells["protocol"], cells["kappa"]) == ("#3 embed (=HYPERLINK(\"x\"))", "'-all", "-0.25")
+
+
+def test_the_study_id_mapping_neutralises_formula_names_and_reads_them_back(tmp_path):
+    from annotations.privacy import StudyIds
+
+    ws = Workspace(tmp_path / "ws")
+    ids = StudyIds(ws, tmp_path / "ids.csv")
+    for name in ("=cmd|' /C calc'!A0.png", "-x.png", "plain.png"):
+        ids.study_id(name)
+    ids.save()
+    assert [r["original"] for r in read(tmp_path / "ids.csv")] == ["'=cmd|' /C calc'!A0.png", "'-x.png", "plain.png"]
+    assert StudyIds(ws, tmp_path / "ids.csv").ids == ids.ids
