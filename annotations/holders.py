@@ -1,9 +1,10 @@
 """Who holds a workspace: one heartbeat file per process that has it open.
 
 Every process that opens a :class:`annotations.workspace.Workspace` (each app server, every job, every
-command) registers itself in ``<workspace>/.holders/<host>-<pid>.json`` (pid, its create time, host,
-program, never its arguments) and a daemon thread touches the file every :data:`annotations.jobs.HEARTBEAT_S` seconds; the
-file goes when the process exits. A holder is *live* while its process runs (on this host: the same pid
+command) registers itself in ``<workspace>/cache/holders/<host>-<pid>.json`` (pid, its create time, host,
+program, never its arguments) and a daemon thread touches the file every
+:data:`annotations.jobs.HEARTBEAT_S` seconds (writing it again if it was deleted); the file goes
+when the process exits. A holder is *live* while its process runs (on this host: the same pid
 and create time, :func:`annotations.jobs.process_alive`) and its heartbeat is younger than
 :data:`annotations.jobs.STALE_S`; from another host, while its heartbeat is that young. A killed
 process's file is stale: ignored, and removed when seen. ``restore`` refuses to replace a workspace
@@ -24,9 +25,9 @@ from typing import Any
 from annotations import jobs
 from annotations.fileio import read_json, write_json
 
-FOLDER = ".holders"
+FOLDER = Path("cache", "holders")
 _lock = threading.Lock()
-_held: set[Path] = set()
+_held: dict[Path, dict[str, Any]] = {}
 _heartbeat: list[jobs.Heartbeat] = []
 
 
@@ -41,10 +42,10 @@ def register(root: str | Path) -> Path:
     with _lock:
         if path in _held:
             return path
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        write_json(path, {"pid": pid, "create_time": created, "host": jobs.hostname(), "command": _program(),
-                          "started": time.time()})
-        _held.add(path)
+        record = {"pid": pid, "create_time": created, "host": jobs.hostname(), "command": _program(),
+                  "started": time.time()}
+        _write(path, record)
+        _held[path] = record
         if not _heartbeat:
             _heartbeat.append(jobs.Heartbeat(_beat))
             atexit.register(_release)
@@ -61,12 +62,22 @@ def _program() -> str:
     return Path(sys.argv[0]).name
 
 
+def _write(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_json(path, record)
+
+
 def _beat() -> bool:
-    """Touch every file this process holds."""
+    """Touch every file this process holds (one deleted meanwhile is written again)."""
     with _lock:
-        for path in _held:
-            with contextlib.suppress(OSError):
+        for path, record in _held.items():
+            try:
                 os.utime(path)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):
+                    _write(path, record)
+            except OSError:
+                continue
     return True
 
 

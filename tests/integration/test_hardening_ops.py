@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -192,7 +193,9 @@ HOLD = "import sys; from annotations.workspace import Workspace; Workspace(sys.a
 def test_restore_refuses_while_another_process_holds_the_workspace_force_included(tmp_path):
     from test_bad_inputs import small_dataset
 
+    from annotations import holders
     from annotations.backup import BackupError, backup, restore
+    from annotations.jobs import STALE_S
 
     ws = Workspace(tmp_path / "ws")
     import_dataset(ws, small_dataset(tmp_path / "ds"))
@@ -205,8 +208,9 @@ def test_restore_refuses_while_another_process_holds_the_workspace_force_include
         for force in (False, True):
             with pytest.raises(BackupError, match=rf"in use by pid {holder.pid} on .* \(python -c\); stop the app"):
                 restore(tmp_path / "bk", tmp_path / "ws", force=force)
-        (record,) = (tmp_path / "ws" / ".holders").glob(f"*-{holder.pid}.json")
+        (record,) = (tmp_path / "ws" / "cache" / "holders").glob(f"*-{holder.pid}.json")
         assert "PATIENTX9" not in record.read_text()  # a holder's arguments may name a patient: never kept
+        assert holders.live(tmp_path / "ws", now=time.time() + STALE_S + 1) == []  # silent too long: not live
     finally:
         holder.kill()  # killed: its holder file stays behind, stale
         holder.wait()
