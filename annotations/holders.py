@@ -1,11 +1,16 @@
-"""Who holds a workspace: one heartbeat file per process that has it open.
+"""Who holds a workspace: the app's server processes and the jobs working in it.
 
-Every process that opens a :class:`annotations.workspace.Workspace` (each app server, every job, every
-command) registers itself in ``<workspace>/cache/holders/<host>-<pid>.json`` (pid, its create time, host,
-program, never its arguments) and a daemon thread touches the file every
-:data:`annotations.jobs.HEARTBEAT_S` seconds (writing it again if it was deleted); the file goes
-when the process exits. A holder is *live* while its process runs (on this host: the same pid
-and create time, :func:`annotations.jobs.process_alive`) and its heartbeat is younger than
+- **The app**: each app server process registers itself (:func:`register`, once per process and
+  workspace) in ``<workspace>/cache/holders/<host>-<pid>.json`` (pid, its create time, host, the
+  program without its arguments); a daemon thread touches the file every
+  :data:`annotations.jobs.HEARTBEAT_S` seconds (writing it again if it was deleted) and the file goes
+  when the process exits.
+- **Jobs**: a job's run record in the store (``running``, with pid, create time, host and heartbeat:
+  :meth:`annotations.store.Store.start_run`) and the launch record of a job the app started
+  (``runs/jobs/<name>.json``).
+
+A holder is *live* while its process runs (on this host: the same pid and create time,
+:func:`annotations.jobs.process_alive`) and, for a registered one, its heartbeat is younger than
 :data:`annotations.jobs.STALE_S`; from another host, while its heartbeat is that young. A killed
 process's file is stale: ignored, and removed when seen. ``restore`` refuses to replace a workspace
 that any other live process holds (:func:`live`).
@@ -16,6 +21,7 @@ import atexit
 import contextlib
 import os
 import re
+import sqlite3
 import sys
 import threading
 import time
@@ -24,6 +30,7 @@ from typing import Any
 
 from annotations import jobs
 from annotations.fileio import read_json, write_json
+from annotations.workspace import DB_NAME
 
 FOLDER = Path("cache", "holders")
 _lock = threading.Lock()
@@ -90,15 +97,14 @@ def _release() -> None:
 
 
 def live(root: str | Path, now: float | None = None) -> list[dict[str, Any]]:
-    """The live holders of the workspace ``root`` other than this process (their records, with
-    ``heartbeat_age_s``); stale files of ended processes on this host are removed."""
-    folder = Path(root) / FOLDER
-    if not folder.is_dir():
-        return []
+    """The live holders of the workspace ``root`` other than this process: registered app processes
+    (with ``heartbeat_age_s``), running jobs' run records and running launched jobs; stale files of
+    ended processes on this host are removed."""
+    root = Path(root)
     now = time.time() if now is None else now
     me, host = os.getpid(), jobs.hostname()
     out = []
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted((root / FOLDER).glob("*.json")):
         try:
             record = read_json(path)
             age = now - path.stat().st_mtime
@@ -115,7 +121,37 @@ def live(root: str | Path, now: float | None = None) -> list[dict[str, Any]]:
             continue
         if age <= jobs.STALE_S:
             out.append({**record, "heartbeat_age_s": round(age, 1)})
+    seen = {(r.get("host"), r.get("pid")) for r in out}
+    for run in _running_runs(root):
+        if run.get("pid") != me and jobs.run_gone(run, now) is None and (run.get("host"), run.get("pid")) not in seen:
+            seen.add((run.get("host"), run.get("pid")))
+            out.append({"pid": run.get("pid"), "host": run.get("host"), "command": f"run #{run['id']} {run['kind']}"})
+    for path in sorted((root / "runs" / "jobs").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            job = read_json(path)
+            if (isinstance(job, dict) and job.get("host") == host and job.get("pid") != me
+                    and (host, job.get("pid")) not in seen and jobs.process_alive(job.get("pid"), job.get("create_time"))):
+                seen.add((host, job.get("pid")))
+                out.append({"pid": job["pid"], "host": host, "command": f"job {path.stem} (core.{job.get('module')})"})
     return out
+
+
+def _running_runs(root: Path) -> list[dict[str, Any]]:
+    """The store's ``running`` run records, read only (none when there is no store yet)."""
+    path = root / DB_NAME
+    if not path.is_file():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return []
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM runs WHERE status = 'running'")]
+    except sqlite3.Error:
+        return []  # not a store (restore checks the backup, not this)
+    finally:
+        conn.close()
 
 
 def describe(holder: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import Any, overload
 import numpy as np
 from PIL import Image
 
-from annotations import holders, journal
+from annotations import journal
 from annotations.fileio import atomic_write
 from annotations.store import Store
 
@@ -80,8 +80,7 @@ class Workspace:
     """Folder layout ``triderm.sqlite``, ``images/``, ``masks/``, ``cache/``, ``runs/``.
 
     Opening it finishes or undoes the file swap of an import, erase-patient or restore that was
-    killed midway, and removes its staged files (:mod:`annotations.journal`), and registers this
-    process as one of its holders (:mod:`annotations.holders`)."""
+    killed midway, and removes its staged files (:mod:`annotations.journal`)."""
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = resolve_workspace(root).resolve()
@@ -89,7 +88,6 @@ class Workspace:
         for folder in (self.root, *(self.root / sub for sub in ("images", "masks", "cache", "runs"))):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # private when made (0700; the store 0600)
         self.store = Store(self.root / DB_NAME)
-        holders.register(self.root)  # restore refuses while another process holds it
         if journal.pending(self.root):
             self.recover()
 

@@ -186,11 +186,15 @@ def test_the_dataset_export_neutralises_formulas_and_imports_back_losslessly(tmp
 
 
 # -- restore under a running app or job -------------------------------------------------------------
-HOLD = "import sys; from annotations.workspace import Workspace; Workspace(sys.argv[1]); print('ready', flush=True); " \
-       "sys.stdin.read()"
+#: What the app does with its workspace (app_common.workspace), and what a job does (a run record).
+APP = ("import sys; from annotations import holders; from annotations.workspace import Workspace; "
+       "holders.register(Workspace(sys.argv[1]).root); print('ready', flush=True); sys.stdin.read()")
+JOB = ("import sys; from annotations.workspace import Workspace; Workspace(sys.argv[1]).store.start_run('train', {}); "
+       "print('ready', flush=True); sys.stdin.read()")
 
 
-def test_restore_refuses_while_another_process_holds_the_workspace_force_included(tmp_path):
+@pytest.mark.parametrize(("program", "named"), [(APP, r"\(python -c\)"), (JOB, r"\(run #\d+ train\)")])
+def test_restore_refuses_while_the_app_or_a_job_holds_the_workspace_force_included(tmp_path, program, named):
     from test_bad_inputs import small_dataset
 
     from annotations import holders
@@ -201,18 +205,20 @@ def test_restore_refuses_while_another_process_holds_the_workspace_force_include
     import_dataset(ws, small_dataset(tmp_path / "ds"))
     backup(ws, tmp_path / "bk")
     ws.store.close()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "ws"), "PATIENTX9"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    holder = subprocess.Popen([sys.executable, "-c", program, str(tmp_path / "ws"), "PATIENTX9"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
     try:
         assert holder.stdout.readline().strip() == "ready"
         for force in (False, True):
-            with pytest.raises(BackupError, match=rf"in use by pid {holder.pid} on .* \(python -c\); stop the app"):
+            with pytest.raises(BackupError, match=rf"in use by pid {holder.pid} on .* {named}; stop the app"):
                 restore(tmp_path / "bk", tmp_path / "ws", force=force)
-        (record,) = (tmp_path / "ws" / "cache" / "holders").glob(f"*-{holder.pid}.json")
-        assert "PATIENTX9" not in record.read_text()  # a holder's arguments may name a patient: never kept
-        assert holders.live(tmp_path / "ws", now=time.time() + STALE_S + 1) == []  # silent too long: not live
+        if program == APP:
+            (record,) = (tmp_path / "ws" / "cache" / "holders").glob(f"*-{holder.pid}.json")
+            assert "PATIENTX9" not in record.read_text()  # a holder's arguments may name a patient: never kept
+            assert holders.live(tmp_path / "ws", now=time.time() + STALE_S + 1) == []  # silent too long
     finally:
-        holder.kill()  # killed: its holder file stays behind, stale
+        holder.kill()  # killed: its holder file or running run record stays behind, stale
         holder.wait()
     assert restore(tmp_path / "bk", tmp_path / "ws", force=True)["images"] == 3
 
