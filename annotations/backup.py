@@ -70,6 +70,7 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
     entry = {"out": str(out), "staging": str(staging), "pid": pid, "create_time": created, "host": jobs.hostname(),
              "started": now()}
     _in_progress(ws, add=entry)  # registered before the first byte is copied: erase-patient sees it
+    finished = False
     try:
         with ws.store.transaction():  # writers wait: the store and the masks are one moment
             # A second connection reads the committed state (WAL readers pass the held write lock).
@@ -103,16 +104,16 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
         if out.exists():
             out.rmdir()
         replace(staging, out)
+        finished = True
     except OSError as err:
         clear = clear_error(err, out, "no backup was written")
         if clear is None:
             raise
         raise clear from None
-    except BaseException:
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        _in_progress(ws, remove=entry)
-        raise
-    shutil.rmtree(staging, ignore_errors=True)
+        if not finished:
+            _in_progress(ws, remove=entry)  # a failed backup holds nothing
     with ws.store.transaction():  # erase-patient lists the backups it cannot reach
         ws.store.set_meta("backups", sorted({*ws.store.get_meta("backups", []), str(out)}))
         _in_progress(ws, remove=entry)

@@ -360,3 +360,23 @@ def test_the_study_id_mapping_neutralises_formula_names_and_reads_them_back(tmp_
     ids.save()
     assert [r["original"] for r in read(tmp_path / "ids.csv")] == ["'=cmd|' /C calc'!A0.png", "'-x.png", "plain.png"]
     assert StudyIds(ws, tmp_path / "ids.csv").ids == ids.ids
+
+
+def test_a_failed_backup_is_no_longer_in_progress(tmp_path, monkeypatch):
+    import errno
+
+    from test_bad_inputs import small_dataset
+
+    from annotations import backup as backups
+
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, small_dataset(tmp_path / "ds"))
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(backups, "_copy_folder", full_disk)
+    with pytest.raises(DatasetError, match="the disk is full"):
+        backups.backup(ws, tmp_path / "bk")
+    assert ws.store.get_meta(backups.IN_PROGRESS) == [] and ws.store.get_meta("backups") is None
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".bk.")] == []  # no staging left
