@@ -23,7 +23,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from annotations import accounts, session
+from annotations import accounts, holders, session
 from annotations.accounts import Account, AuthError
 from annotations.workspace import Workspace
 from triderm import install_hint
@@ -92,6 +92,7 @@ def workspace() -> Workspace:
     ws = st.session_state.get("_ws")
     if ws is None or ws.root != root:
         ws = Workspace(root)
+        holders.register(ws.root)  # restore refuses while this app holds the workspace
         st.session_state["_ws"] = ws
     return ws
 

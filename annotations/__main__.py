@@ -109,7 +109,8 @@ def _backup(args: argparse.Namespace) -> dict[str, Any]:
 
 def _restore_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="IN", help="backup folder (from `backup`)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty workspace (stop the app and jobs first)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a non-empty workspace (refused while the app or a job holds it)")
 
 
 def _restore(args: argparse.Namespace) -> dict[str, Any]:

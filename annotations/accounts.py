@@ -1,8 +1,14 @@
 """Personal accounts, roles, sign-in throttling and signed session tokens (no Streamlit here).
 
 * Passwords are stored as salted Argon2id hashes (``argon2-cffi``); nothing here does crypto by hand.
-* Names are unique case-insensitively (``"Dr A"`` and ``"dr a"`` are one account); the stored
-  spelling is the one shown and the one judgments are stored under (``expert:<name>``).
+* Names are NFKC-normalised and unique case-insensitively in every script (``"Dr A"`` and ``"dr a"``,
+  ``"éva"`` and ``"ÉVA"``, full-width ``"Ｅｖａ"`` and ``"eva"`` are one account: :func:`name_key`); the
+  stored spelling is the one shown and the one judgments are stored under (``expert:<name>``). A name
+  that only looks like an existing one (Greek or Cyrillic look-alike letters: :func:`skeleton`) and a
+  name mixing Latin, Greek and Cyrillic letters are refused.
+* Passwords are NFKC-normalised (a composed and a decomposed ``é`` are one password; ASCII is
+  unchanged, so every earlier hash still verifies) and need :data:`MIN_PASSWORD` characters, at least
+  :data:`MIN_PASSWORD_VISIBLE` of them not spaces.
 * After :data:`MAX_FAILED` wrong passwords in a row an account is locked for :data:`LOCK_MINUTES`
   minutes; the count and the lock are stored, so a reload or another browser does not reset them.
   Each attempt is counted (one ``BEGIN IMMEDIATE`` update) *before* its password is checked, so at
@@ -26,6 +32,7 @@ import os
 import re
 import secrets
 import tempfile
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -51,6 +58,8 @@ LOCK_MINUTES = 15
 SESSION_MAX_AGE_S = 12 * 3600
 COOKIE_NAME = "triderm_session"
 MIN_PASSWORD = 10
+#: Of those, the fewest that are not white space (ten spaces are no password).
+MIN_PASSWORD_VISIBLE = 8
 NAME_RE = re.compile(r"[\w][\w .'-]{0,47}")
 #: Shortest signing key accepted (``secrets.token_urlsafe(48)`` makes 64 characters).
 MIN_KEY_CHARS = 32
@@ -89,25 +98,75 @@ class Account:
         return permission in PERMISSIONS[self.role]
 
 
+#: Greek and Cyrillic letters that look like Latin ones (lower case: :func:`skeleton` case-folds
+#: first), after Unicode's confusables list (UTS #39); full-width and other compatibility forms are
+#: folded by NFKC before.
+CONFUSABLES = str.maketrans({
+    "а": "a", "в": "b", "ԁ": "d", "е": "e", "һ": "h", "і": "i", "ј": "j", "к": "k", "ӏ": "l",
+    "м": "m", "н": "h", "о": "o", "р": "p", "с": "c", "ԛ": "q", "г": "r", "ѕ": "s", "т": "t", "ц": "u", "у": "y", "ԝ": "w",
+    "х": "x", "ү": "y", "ь": "b",
+    "α": "a", "β": "b", "ε": "e", "ζ": "z", "η": "n", "ι": "i", "κ": "k", "μ": "u", "ν": "v", "ο": "o", "ρ": "p",
+    "σ": "o", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "γ": "y",
+})
+#: Scripts a name may not mix (their letters are the look-alikes).
+_MIXABLE = ("LATIN", "GREEK", "CYRILLIC")
+
+
+def name_key(name: str) -> str:
+    """What makes two account names the same: NFKC, white space collapsed, case-folded (every script)."""
+    return unicodedata.normalize("NFKC", " ".join(unicodedata.normalize("NFKC", name or "").split())).casefold()
+
+
+def skeleton(name: str) -> str:
+    """What a name looks like: :func:`name_key` with Greek and Cyrillic look-alikes as Latin letters."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", name_key(name)).translate(CONFUSABLES))
+
+
+def _scripts(name: str) -> set[str]:
+    return {unicodedata.name(c, "").split(" ")[0] for c in name if c.isalpha()} & set(_MIXABLE)
+
+
 def clean_name(name: str) -> str:
-    """A trimmed account name: letters, digits, space, ``.'-_``, at most 48 characters."""
-    name = " ".join((name or "").split())
+    """A trimmed, NFKC-normalised account name: letters, digits, space, ``.'-_``, at most 48 characters,
+    of one script among Latin, Greek and Cyrillic."""
+    name = " ".join(unicodedata.normalize("NFKC", name or "").split())
     if not name:
         raise AuthError("Enter an account name.")
     if not NAME_RE.fullmatch(name):
         raise AuthError("Names may use letters, digits, spaces and . ' - _ (at most 48 characters).")
+    scripts = _scripts(name)
+    if len(scripts) > 1:
+        raise AuthError(f"The name {name!r} mixes {' and '.join(s.title() for s in sorted(scripts))} letters; "
+                        "use one alphabet.")
     return name
 
 
+def normal_password(password: str) -> str:
+    """The password as it is hashed: NFKC (ASCII unchanged)."""
+    return unicodedata.normalize("NFKC", password or "")
+
+
 def check_password_strength(password: str) -> None:
-    """Raise AuthError when ``password`` is shorter than ``MIN_PASSWORD`` characters."""
-    if len(password or "") < MIN_PASSWORD:
-        raise AuthError(f"A password needs at least {MIN_PASSWORD} characters.")
+    """Raise AuthError when ``password`` (NFKC) has fewer than ``MIN_PASSWORD`` characters or fewer than
+    ``MIN_PASSWORD_VISIBLE`` that are not white space."""
+    password = normal_password(password)
+    if len(password) < MIN_PASSWORD or sum(not c.isspace() for c in password) < MIN_PASSWORD_VISIBLE:
+        raise AuthError(f"A password needs at least {MIN_PASSWORD} characters, {MIN_PASSWORD_VISIBLE} of them "
+                        "not spaces.")
 
 
 def _row(store: Store, name: str) -> dict | None:
-    rows = list(store.db.query("SELECT * FROM accounts WHERE name = ? COLLATE NOCASE", [name.strip()]))
+    """The account row whose name is ``name`` by :func:`name_key` (any case, any Unicode form)."""
+    key = name_key(name)
+    rows = [r for r in store.db.query("SELECT * FROM accounts ORDER BY name") if name_key(r["name"]) == key]
     return rows[0] if rows else None
+
+
+def _look_alike(store: Store, name: str) -> str | None:
+    """An existing account name that ``name`` looks like (the same :func:`skeleton`), or None."""
+    shape = skeleton(name)
+    return next((r["name"] for r in store.db.query("SELECT name FROM accounts ORDER BY name")
+                 if skeleton(r["name"]) == shape), None)
 
 
 def _account(row: dict) -> Account:
@@ -159,11 +218,16 @@ def add_account(store: Store, name: str, role: str, password: str | None, actor:
     with store.transaction():
         if _row(store, name) is not None:
             raise AuthError(f"An account named {name!r} already exists (names ignore case).")
+        similar = _look_alike(store, name)
+        if similar is not None:
+            raise AuthError(f"The name {name!r} looks like the account {similar!r} (letters of another alphabet "
+                            "that look the same); choose another name.")
         if email and by_email(store, email) is not None:
             raise AuthError(f"Another account already uses the e-mail {email!r}.")
         store.db.execute(
             "INSERT INTO accounts (name, password_hash, role, email, created) VALUES (?, ?, ?, ?, ?)",
-            [name, _HASHER.hash(password) if password is not None else None, role, email or None, now()])
+            [name, _HASHER.hash(normal_password(password)) if password is not None else None, role, email or None,
+             now()])
         store.record_revision("accounts", name, "role", "insert", None, role, actor)
     store.add_annotator(name)
     return Account(name, role, email or None)
@@ -188,7 +252,8 @@ def set_password(store: Store, name: str, password: str, actor: str) -> None:
     with store.transaction():
         row = _existing(store, name)
         store.db.execute("UPDATE accounts SET password_hash = ?, failed = 0, locked_until = NULL, "
-                         "session_epoch = session_epoch + 1 WHERE name = ?", [_HASHER.hash(password), row["name"]])
+                         "session_epoch = session_epoch + 1 WHERE name = ?", [_HASHER.hash(normal_password(password)),
+                                                                      row["name"]])
         store.record_revision("accounts", row["name"], "password", "update", None, None, actor)
 
 
@@ -202,8 +267,9 @@ def unlock(store: Store, name: str, actor: str) -> None:
 
 def revoke_sessions(store: Store, name: str) -> None:
     """Sign ``name`` out on the server: every session token issued so far stops being valid."""
-    store.db.execute("UPDATE accounts SET session_epoch = session_epoch + 1 WHERE name = ? COLLATE NOCASE",
-                     [name])
+    row = _row(store, name)
+    if row is not None:
+        store.db.execute("UPDATE accounts SET session_epoch = session_epoch + 1 WHERE name = ?", [row["name"]])
 
 
 def set_disabled(store: Store, name: str, disabled: bool, actor: str) -> None:
@@ -260,16 +326,27 @@ def authenticate(store: Store, name: str, password: str, at: datetime | None = N
                              [failed, until, row["name"]])
         else:
             row = None
-    try:
-        _HASHER.verify(row["password_hash"] if row else _dummy_hash(), password or "")
-    except (VerificationError, InvalidHashError):
-        raise AuthError(REFUSED) from None
-    if row is None:  # the dummy hash's password
+    normal = normal_password(password)
+    matched = _verify(row["password_hash"] if row else _dummy_hash(), normal, password or "")
+    if matched is None or row is None:  # row None: the dummy hash's password
         raise AuthError(REFUSED)
-    rehash = _HASHER.hash(password) if _HASHER.check_needs_rehash(row["password_hash"]) else row["password_hash"]
+    rehash = (_HASHER.hash(normal) if matched != normal or _HASHER.check_needs_rehash(row["password_hash"])
+              else row["password_hash"])
     store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL, password_hash = ? WHERE name = ? "
                      "AND password_hash = ?", [rehash, row["name"], row["password_hash"]])
     return _account(row)
+
+
+def _verify(password_hash: str, normal: str, raw: str) -> str | None:
+    """Which of ``normal`` (the NFKC password) and ``raw`` as typed (a hash made before passwords were
+    normalised) matches ``password_hash``, or None."""
+    for candidate in dict.fromkeys([normal, raw]):
+        try:
+            if _HASHER.verify(password_hash, candidate):
+                return candidate
+        except (VerificationError, InvalidHashError):
+            continue
+    return None
 
 
 # -- session tokens -------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 ``backup`` copies the store with SQLite's online backup API while holding the write lock (so the
 label masks copied in the same moment match it), then the photos, truth and run folders (never
-following a link), and writes ``manifest.json`` with the sha256 of every file. ``restore`` checks
+following a link), and writes ``manifest.json`` with the sha256 of every file. A backup is registered
+in the store when it starts (``backups_in_progress``) and listed in ``backups`` when it ends, so
+erase-patient names every backup that holds or may come to hold the patient. ``restore`` checks
 the manifest, every file, the database's integrity and schema (only TriDerm's own tables and
 indexes: no trigger or view) before touching anything, refuses a corrupted, altered or
 incomplete backup with the name of the first bad file, and swaps the workspace in through a
@@ -20,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from annotations import holders, jobs
 from annotations.dataset import clear_error
 from annotations.fileio import LinkError, copy_file, copy_tree, replace, write_json
 from annotations.journal import Swap
@@ -63,6 +66,11 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
         raise BackupError(f"{out}: not empty; back up into a new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    pid, created = jobs.process_identity()
+    entry = {"out": str(out), "staging": str(staging), "pid": pid, "create_time": created, "host": jobs.hostname(),
+             "started": now()}
+    _in_progress(ws, add=entry)  # registered before the first byte is copied: erase-patient sees it
+    finished = False
     try:
         with ws.store.transaction():  # writers wait: the store and the masks are one moment
             # A second connection reads the committed state (WAL readers pass the held write lock).
@@ -70,6 +78,8 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
             dest = sqlite3.connect(staging / DB_NAME)
             try:
                 source.backup(dest)
+                with dest:  # the copy is not running any backup
+                    dest.execute("DELETE FROM meta WHERE key = ?", [IN_PROGRESS])
                 dest.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
             finally:
                 dest.close()
@@ -94,6 +104,7 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
         if out.exists():
             out.rmdir()
         replace(staging, out)
+        finished = True
     except OSError as err:
         clear = clear_error(err, out, "no backup was written")
         if clear is None:
@@ -101,10 +112,31 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
         raise clear from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if not finished:
+            _in_progress(ws, remove=entry)  # a failed backup holds nothing
     with ws.store.transaction():  # erase-patient lists the backups it cannot reach
         ws.store.set_meta("backups", sorted({*ws.store.get_meta("backups", []), str(out)}))
+        _in_progress(ws, remove=entry)
     return {"out": str(out), "files": len(files), "bytes": sum(f["size"] for f in files.values()),
             "images": len(photos)}
+
+
+#: Store meta key of the backups started and not yet finished (one entry per backup, with its process).
+IN_PROGRESS = "backups_in_progress"
+
+
+def _in_progress(ws: Workspace, add: dict[str, Any] | None = None, remove: dict[str, Any] | None = None) -> None:
+    with ws.store.transaction():
+        entries = [e for e in ws.store.get_meta(IN_PROGRESS, []) if e != remove]
+        ws.store.set_meta(IN_PROGRESS, entries + ([add] if add else []))
+
+
+def backups_in_progress(ws: Workspace) -> list[dict[str, Any]]:
+    """The backups started and not finished that may hold data: their process runs (this host: pid and
+    create time; another host: always counted) or their staging folder is still there."""
+    return [e for e in ws.store.get_meta(IN_PROGRESS, [])
+            if (e.get("host") != jobs.hostname() or jobs.process_alive(e.get("pid"), e.get("create_time"))
+                or (e.get("staging") and Path(e["staging"]).is_dir()))]
 
 
 def _manifest(src: Path) -> dict[str, dict[str, Any]]:
@@ -206,7 +238,8 @@ def verify(src: str | Path) -> dict[str, Any]:
 
 def restore(src: str | Path, target: str | Path, force: bool = False) -> dict[str, Any]:
     """Verify the backup ``src``, then make ``target`` a copy of it. ``target`` must be empty
-    unless ``force`` (then its store and data folders are replaced; stop the app and jobs first).
+    unless ``force`` (then its store and data folders are replaced). Any other live process holding
+    ``target`` (the app, a job: :mod:`annotations.holders`) is refused, naming it, ``force`` or not.
 
     Each file is copied without following links into a side folder inside ``target`` and checked
     there (checksum, database, schema): what is swapped in is exactly what was checked. The swap is
@@ -214,6 +247,10 @@ def restore(src: str | Path, target: str | Path, force: bool = False) -> dict[st
     opens, and a restore killed midway is undone when the workspace is next opened."""
     src, target = Path(src).resolve(), Path(target).resolve()
     manifest = verify(src)
+    held = holders.live(target)
+    if held:
+        raise BackupError(f"{target}: in use by {'; '.join(map(holders.describe, held))}; stop the app and jobs "
+                          "first (restore never replaces a workspace in use, --force included)")
     files = manifest["files"]
     if not _empty_or_missing(target) and not force:
         raise BackupError(f"{target}: not empty; restore into a new folder or give --force to replace it")

@@ -45,6 +45,7 @@ import numpy as np
 from PIL import Image
 
 from annotations import followup
+from annotations.csvsafe import safe_row
 from annotations.fileio import LinkError, atomic_write, copy_file, copy_tree
 from annotations.journal import Swap
 from annotations.privacy import StudyIds
@@ -1021,7 +1022,7 @@ def _write_csv(path: Path, fixed: list[str], rows: list[dict[str, Any]] | Iterat
                    ) as fh:
         writer = csv.DictWriter(fh, fieldnames=fixed + extra)
         writer.writeheader()
-        writer.writerows(rows)  # None is written as an empty cell
+        writer.writerows(map(safe_row, rows))  # None is written as an empty cell; formulas neutralised
 
 
 #: What ``export`` writes into a dataset folder; ``--force`` replaces exactly these.

@@ -18,8 +18,10 @@ proposals for the wounds of a new visit.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -27,12 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from annotations.fileio import atomic_write
-from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
+from annotations import csvsafe
+from annotations.measure import (Calibration, MarkerSpec, MeasureError, Measurement, Ruler, find_marker, measure,
+                                  ruler_calibration)
 from annotations.readers import DatasetError, parse_bool
 from annotations.store import SYSTEM_ACTOR, Store, key_json, wound_key
 
@@ -42,13 +46,18 @@ if TYPE_CHECKING:
 
 VISIT_DATE, RULER, TRACK, SITE, CLOSED = "visit_date", "ruler", "track_id", "site", "closed"
 #: The tidy export's columns, in order (``export --format followup``).
+#: ``flag`` says why a calibrated size was withheld (``area_cm2``, ``length_cm``, ``width_cm`` empty; see
+#: :func:`annotations.measure.measure`).
 COLUMNS = ("patient", "track", "visit_date", "area_cm2", "length_cm", "width_cm", "closed", "measured_by", "method",
-           "uncertainty", "pct_change", "area_px", "site", "image_id", "wound_index", "notes")
+           "uncertainty", "flag", "pct_change", "area_px", "site", "image_id", "wound_index", "notes")
+#: The earliest visit date accepted (a date before it is a typing or a default-value slip).
+EARLIEST_VISIT = date(1900, 1, 1)
 
 
 # -- checked values --------------------------------------------------------------------------------
 def parse_visit_date(value: Any, where: str, today: date | None = None) -> date:
-    """An ISO 8601 date or date-time → its date; unparseable or later than ``today`` (UTC) raises."""
+    """An ISO 8601 date or date-time → its date; unparseable, before :data:`EARLIEST_VISIT` or later than
+    ``today`` (UTC) raises."""
     text = str(value).strip()
     try:
         parsed = datetime.fromisoformat(text)
@@ -58,6 +67,9 @@ def parse_visit_date(value: Any, where: str, today: date | None = None) -> date:
     today = today or datetime.now(timezone.utc).date()
     if day > today:
         raise DatasetError(f"{where}: visit_date {text!r} is in the future (today is {today.isoformat()})")
+    if day < EARLIEST_VISIT:
+        raise DatasetError(f"{where}: visit_date {text!r} is before {EARLIEST_VISIT.isoformat()}; "
+                           "not a plausible visit")
     return day
 
 
@@ -73,14 +85,22 @@ def is_closed(metadata: dict[str, Any], where: str = "closed") -> bool:
 
 
 def marker_spec(value: Any, where: str = "dataset.json: marker") -> MarkerSpec:
-    """``{"dictionary", "id", "side_cm"}`` → :class:`MarkerSpec` (one clear error otherwise)."""
+    """``{"dictionary", "id", "side_cm"}`` → :class:`MarkerSpec`: a dictionary of
+    :data:`~annotations.measure.ARUCO_DICTIONARIES`, a whole id (``3`` or ``"3"``, never ``3.5``) and
+    a side in :data:`~annotations.measure.MARKER_SIDE_CM` (one clear error naming the field otherwise)."""
     if not isinstance(value, dict) or not {"id", "side_cm"} <= set(value):
         raise DatasetError(f"{where}: must be {{\"dictionary\": \"DICT_4X4_50\", \"id\": 7, \"side_cm\": 4}}, "
                            f"got {value!r}")
+    marker_id, side = value["id"], value["side_cm"]
+    if isinstance(marker_id, str) and marker_id.strip().isascii() and marker_id.strip().isdigit():
+        marker_id = int(marker_id.strip())
+    if isinstance(side, str):
+        with contextlib.suppress(ValueError):  # "4" reads as 4; other text is refused below
+            side = float(side)
     try:
-        return MarkerSpec(str(value.get("dictionary", "DICT_4X4_50")), int(value["id"]), float(value["side_cm"]))
-    except (TypeError, ValueError) as err:
-        raise DatasetError(f"{where}: {err}") from None
+        return MarkerSpec(value.get("dictionary", "DICT_4X4_50"), marker_id, side)
+    except MeasureError as err:
+        raise MeasureError(f"{where}: {err}") from None
 
 
 def check_plan(plan: DatasetPlan) -> None:
@@ -93,7 +113,8 @@ def check_plan(plan: DatasetPlan) -> None:
         if VISIT_DATE in img.metadata:
             parse_visit_date(img.metadata[VISIT_DATE], where)
         if RULER in img.metadata:
-            Ruler.parse(img.metadata[RULER], f"{where}: ruler")
+            size = (img.width, img.height)
+            ruler_calibration(Ruler.parse(img.metadata[RULER], f"{where}: ruler", size), f"{where}: ruler", size)
     wounds = [(iid, idx, w["metadata"], plan.where.get(("wounds", key_json(wound_key(iid, idx)), "metadata"),
                                                          f"masks/{iid}.png"))
               for (iid, idx), w in plan.wounds.items()]
@@ -217,7 +238,8 @@ def calibrate(image: np.ndarray, metadata: dict[str, Any], marker: MarkerSpec | 
         if found is not None:
             return found
     if metadata.get(RULER) not in (None, ""):
-        return ruler_calibration(Ruler.parse(metadata[RULER], f"{where}: ruler"), where)
+        size = (image.shape[1], image.shape[0])
+        return ruler_calibration(Ruler.parse(metadata[RULER], f"{where}: ruler", size), f"{where}: ruler", size)
     return None
 
 
@@ -229,7 +251,7 @@ def workspace_marker(ws: Workspace) -> MarkerSpec | None:
 
 #: The measurement cache (``cache/`` of the workspace): per photo, keyed by what its sizes depend on.
 MEASURE_CACHE = "followup_measures.json"
-MEASURE_VERSION = 1  # bump when :func:`annotations.measure.measure` changes what it returns
+MEASURE_VERSION = 2  # bump when :func:`annotations.measure.measure` changes what it returns
 
 
 def _photo_key(ws: Workspace, img: dict[str, Any], marker: MarkerSpec | None, known: list[int]) -> str:
@@ -310,7 +332,7 @@ def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None
                 "area_cm2": _round(area), "length_cm": _round(m.length_cm), "width_cm": _round(m.width_cm),
                 "closed": closed or m.area_px == 0,
                 "measured_by": authors.get(key_json(wound_key(image_id, w["wound_index"])), SYSTEM_ACTOR),
-                "method": m.method, "uncertainty": _round(m.uncertainty, 4), "pct_change": None,
+                "method": m.method, "uncertainty": _round(m.uncertainty, 4), "flag": m.flag or "", "pct_change": None,
                 "area_px": 0 if closed else m.area_px, "site": w["metadata"].get(SITE, ""), "image_id": image_id,
                 "wound_index": w["wound_index"], "notes": "; ".join(m.reasons),
                 "xy": _position(m, shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
@@ -343,7 +365,11 @@ def _outliners(store: Store) -> dict[str, str]:
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(float(value), digits)
+    """``value`` to ``digits`` decimals, or to ``digits`` significant digits where that would give 0."""
+    if value is None:
+        return None
+    rounded = round(float(value), digits)
+    return rounded if rounded or not value else float(f"{value:.{digits}g}")
 
 
 def _by_track(rows: list[dict[str, Any]]) -> dict[tuple[Any, str], list[dict[str, Any]]]:
@@ -354,23 +380,32 @@ def _by_track(rows: list[dict[str, Any]]) -> dict[tuple[Any, str], list[dict[str
 
 
 def healing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per track: baseline and last area, % change from baseline, closure and days to closure
-    (from the first visit to the first visit marked closed or with no open area)."""
+    """Per track: baseline and last area, % change from baseline, closure and days to closure.
+
+    The status follows the latest visit: a track is closed when its last dated visit is marked
+    closed (or has no open area); its closure is the first visit of that final closed run (a wound
+    closed, then reopened, then closed again, closed at the second closure), and ``reopened`` counts
+    the times it opened again after a closed visit."""
     out = []
     for (patient, track), group in _by_track(rows).items():
-        dated = [r for r in group if r["visit_date"]]
+        dated = sorted((r for r in group if r["visit_date"]), key=lambda r: r["visit_date"])
         if not dated:
             continue
         unit = "area_cm2" if all(r["area_cm2"] is not None for r in dated) else "area_px"
         first, last = dated[0], dated[-1]
-        closure = next((r for r in dated if r["closed"]), None)
+        reopened = sum(1 for a, b in itertools.pairwise(dated) if a["closed"] and not b["closed"])
+        closure = None
+        for r in reversed(dated):
+            if not r["closed"]:
+                break
+            closure = r
         days = None if closure is None else (date.fromisoformat(closure["visit_date"])
                                              - date.fromisoformat(first["visit_date"])).days
         out.append({"patient": patient, "track": track, "site": first["site"], "unit": unit,
                     "visits": len(dated), "baseline_date": first["visit_date"], "baseline_area": first[unit],
                     "last_date": last["visit_date"], "last_area": last[unit], "pct_change": last["pct_change"],
                     "closed": closure is not None, "closure_date": None if closure is None else closure["visit_date"],
-                    "days_to_closure": days})
+                    "days_to_closure": days, "reopened": reopened})
     return out
 
 
@@ -383,6 +418,16 @@ def patient_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"patient": p, "visit_date": d,
              "open_area_cm2": None if any(a is None for a in areas) else _round(sum(a for a in areas if a is not None))}
             for (p, d), areas in sorted(totals.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
+
+
+def write_csv(fh: IO[str], table: Iterable[Mapping[str, Any]], columns: Iterable[str]) -> None:
+    """``table``'s ``columns`` as CSV to ``fh`` (None as an empty cell; text that a spreadsheet would run
+    as a formula neutralised, :mod:`annotations.csvsafe`)."""
+    columns = list(columns)
+    writer = csv.DictWriter(fh, fieldnames=columns)
+    writer.writeheader()
+    for r in table:
+        writer.writerow(csvsafe.safe_row({k: "" if r.get(k) is None else r[k] for k in columns}))
 
 
 def export_followup(ws: Workspace, out: str | Path, force: bool = False) -> dict[str, Any]:
@@ -401,10 +446,7 @@ def export_followup(ws: Workspace, out: str | Path, force: bool = False) -> dict
                                  ("healing.csv", heal, list(heal[0]) if heal else ["patient", "track"]),
                                  ("patients.csv", totals, ["patient", "visit_date", "open_area_cm2"])):
         with (out / name).open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(columns))
-            writer.writeheader()
-            for r in table:
-                writer.writerow({k: "" if r.get(k) is None else r[k] for k in columns})
+            write_csv(fh, table, columns)
     return {"rows": len(rows), "tracks": len(heal), "closed": sum(h["closed"] for h in heal), "out": str(out)}
 
 
@@ -478,8 +520,7 @@ def propose_links(new: list[Sighting], history: list[Sighting], k: int = 3
     for s in sorted(history, key=lambda s: s.visit_date):
         if s.track is not None:
             last[s.track] = s
-    closed = {s.track for s in history if s.track is not None and s.closed}
-    candidates = [s for t, s in last.items() if t not in closed]
+    candidates = [s for s in last.values() if not s.closed]  # a track is closed while its latest visit is
     out: dict[tuple[str, int], list[tuple[str | None, float]]] = {}
     groups: dict[Any, list[Sighting]] = defaultdict(list)
     for s in new:

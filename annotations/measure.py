@@ -39,19 +39,43 @@ class MeasureError(DatasetError):
     """Bad calibration input (a marker that is not the configured one, a ruler of length 0)."""
 
 
+#: Physically plausible ranges; a value outside is refused (input) or flagged (a measurement).
+#: A printed marker's side and a ruler segment's length, in cm (a close-up's field is tens of cm).
+MARKER_SIDE_CM = (0.5, 20.0)
+RULER_CM = (0.5, 50.0)
+#: The scale a calibration may give at the wound, in cm per pixel (10 µm to 1 cm a pixel).
+SCALE_CM_PER_PX = (1e-3, 1.0)
+#: The largest plausible single wound, in cm² (beyond the largest burns and ulcers photographed).
+MAX_WOUND_CM2 = 2000.0
+#: The ArUco dictionaries OpenCV predefines (``cv2.aruco.DICT_*``): the only names a marker may give.
+ARUCO_DICTIONARIES = tuple(sorted(n for n in dir(cv2.aruco)
+                                  if n.startswith("DICT_") and isinstance(getattr(cv2.aruco, n), int)))
+
+
+def in_range(value: float, bounds: tuple[float, float]) -> bool:
+    """Whether ``value`` is a finite number within ``bounds`` (inclusive)."""
+    return math.isfinite(value) and bounds[0] <= value <= bounds[1]
+
+
 @dataclass(frozen=True)
 class MarkerSpec:
-    """The configured printed marker: ArUco dictionary name, id and black-square side in cm."""
+    """The configured printed marker: ArUco dictionary name (one of :data:`ARUCO_DICTIONARIES`), a
+    whole id of it and the black square's side in cm (within :data:`MARKER_SIDE_CM`)."""
 
     dictionary: str = "DICT_4X4_50"
     marker_id: int = 7
     side_cm: float = 4.0
 
     def __post_init__(self) -> None:
-        if not hasattr(cv2.aruco, self.dictionary):
-            raise MeasureError(f"marker dictionary {self.dictionary!r} is not an OpenCV ArUco dictionary")
-        if not self.side_cm > 0:
-            raise MeasureError(f"marker side_cm must be > 0, got {self.side_cm!r}")
+        if self.dictionary not in ARUCO_DICTIONARIES:
+            raise MeasureError(f"dictionary {self.dictionary!r} is not an OpenCV ArUco dictionary "
+                               f"(one of {', '.join(ARUCO_DICTIONARIES[:3])}, …)")
+        if isinstance(self.marker_id, bool) or not isinstance(self.marker_id, int) or self.marker_id < 0:
+            raise MeasureError(f"id must be a whole number ≥ 0, got {self.marker_id!r}")
+        if isinstance(self.side_cm, bool) or not isinstance(self.side_cm, (int, float)) \
+                or not in_range(float(self.side_cm), MARKER_SIDE_CM):
+            raise MeasureError(f"side_cm must be a number of {MARKER_SIDE_CM[0]:g} to {MARKER_SIDE_CM[1]:g} cm, "
+                               f"got {self.side_cm!r}")
 
     def detector(self, refine: bool = False) -> cv2.aruco.ArucoDetector:
         """OpenCV's detector; ``refine`` fits the corners AprilTag's way (unbiased where SUBPIX reads
@@ -79,8 +103,8 @@ class Ruler:
     length_cm: float
 
     @classmethod
-    def parse(cls, text: str, where: str) -> Ruler:
-        """``"x1 y1 x2 y2 length_cm"`` (the ``ruler`` column of images.csv)."""
+    def parse(cls, text: str, where: str, size: tuple[int, int] | None = None) -> Ruler:
+        """``"x1 y1 x2 y2 length_cm"`` (the ``ruler`` column of images.csv), checked (:meth:`check`)."""
         parts = str(text).replace(",", " ").split()
         try:
             values = [float(p) for p in parts]
@@ -89,7 +113,7 @@ class Ruler:
         if len(values) != 5 or not all(math.isfinite(v) for v in values):
             raise MeasureError(f"{where}: ruler must be 'x1 y1 x2 y2 length_cm', got {text!r}")
         ruler = cls(*values)
-        ruler.check(where)
+        ruler.check(where, size)
         return ruler
 
     @property
@@ -97,13 +121,22 @@ class Ruler:
         """The segment's length in pixels."""
         return math.hypot(self.x2 - self.x1, self.y2 - self.y1)
 
-    def check(self, where: str) -> None:
-        """Raise MeasureError, naming ``where``, for a non-positive length or a zero-length segment."""
+    def check(self, where: str, size: tuple[int, int] | None = None) -> None:
+        """Raise MeasureError, naming ``where``, for a length outside :data:`RULER_CM`, a zero-length
+        segment, or (given the photo's ``size``, width × height) an end outside the photo."""
         if not self.length_cm > 0:
             raise MeasureError(f"{where}: ruler length must be > 0 cm, got {self.length_cm!r}")
+        if not in_range(self.length_cm, RULER_CM):
+            raise MeasureError(f"{where}: ruler length must be {RULER_CM[0]:g} to {RULER_CM[1]:g} cm, "
+                               f"got {self.length_cm!r}")
         if self.length_px < 1:
             raise MeasureError(f"{where}: ruler segment has length 0 px (both ends at "
                                f"({self.x1:g}, {self.y1:g}))")
+        if size is not None:
+            for x, y in ((self.x1, self.y1), (self.x2, self.y2)):
+                if not (0 <= x <= size[0] and 0 <= y <= size[1]):
+                    raise MeasureError(f"{where}: ruler end ({x:g}, {y:g}) is outside the photo "
+                                       f"({size[0]} × {size[1]} px)")
 
     def text(self) -> str:
         """The ruler as text: ``x1 y1 x2 y2 length_cm``."""
@@ -140,6 +173,8 @@ class Measurement:
     reasons: list[str] = field(default_factory=list)
     #: the wound's centroid: cm on the calibration's plane, else pixels
     centre: tuple[float, float] | None = None
+    #: why the calibrated size is implausible and not given (see :func:`measure`), else None
+    flag: str | None = None
 
 
 def find_marker(image: np.ndarray, spec: MarkerSpec, where: str) -> Calibration | None:
@@ -181,15 +216,22 @@ def _tilt(sides: np.ndarray) -> float:
     return float(math.degrees(math.acos(min(1.0, min(a, b) / max(a, b)))))
 
 
-def ruler_calibration(ruler: Ruler, where: str) -> Calibration:
-    """One scale (cm per pixel) from a drawn ruler; raises :class:`MeasureError` on a zero length."""
-    ruler.check(where)
+def ruler_calibration(ruler: Ruler, where: str, size: tuple[int, int] | None = None) -> Calibration:
+    """One scale (cm per pixel) from a drawn ruler; raises :class:`MeasureError` on a ruler that fails
+    :meth:`Ruler.check` (``size``: the photo's width × height) or a scale outside :data:`SCALE_CM_PER_PX`."""
+    ruler.check(where, size)
     k = ruler.length_cm / ruler.length_px
+    if not in_range(k, SCALE_CM_PER_PX):
+        raise MeasureError(f"{where}: ruler gives {k:.3g} cm per pixel ({ruler.length_cm:g} cm over "
+                           f"{ruler.length_px:.0f} px), outside {SCALE_CM_PER_PX[0]:g} to {SCALE_CM_PER_PX[1]:g}")
     return Calibration("ruler", np.diag([k, k, 1.0]), side_px=ruler.length_px)
 
 
 def measure(mask: np.ndarray, calibration: Calibration | None) -> Measurement:
-    """Area, clinical length (longest extent) and perpendicular width of the wound ``mask`` (bool)."""
+    """Area, clinical length (longest extent) and perpendicular width of the wound ``mask`` (bool).
+
+    An implausible result (a scale at the wound outside :data:`SCALE_CM_PER_PX`, an area over
+    :data:`MAX_WOUND_CM2`, or not finite) keeps no cm value: its ``flag`` says why."""
     mask = np.asarray(mask, bool)
     area_px = int(mask.sum())
     ys, xs = np.nonzero(mask)
@@ -204,9 +246,25 @@ def measure(mask: np.ndarray, calibration: Calibration | None) -> Measurement:
     hull = cv2.convexHull(np.concatenate(contours).reshape(-1, 2)).reshape(-1, 2).astype(np.float64)
     corners = (hull[:, None, :] + np.array([[-.5, -.5], [.5, -.5], [.5, .5], [-.5, .5]])).reshape(-1, 2)
     length, width = _length_width(calibration.to_plane(corners))  # on the pixels' outer edges
+    flag = _implausible(area, area_px, length, width)
+    if flag is not None:
+        return Measurement(area_px, calibration.method, flag=flag)
     m = Measurement(area_px, calibration.method, area_cm2=area, length_cm=length, width_cm=width, centre=centre)
     _uncertainty(m, calibration, xs, ys)
     return m
+
+
+def _implausible(area: float, area_px: int, length: float, width: float) -> str | None:
+    """Why a calibrated size cannot be right, or None."""
+    if not all(math.isfinite(v) for v in (area, length, width)):
+        return "calibration gives no finite size"
+    scale = math.sqrt(area / area_px)
+    if not in_range(scale, SCALE_CM_PER_PX):
+        return (f"calibration gives {scale:.3g} cm per pixel at the wound, outside {SCALE_CM_PER_PX[0]:g} to "
+                f"{SCALE_CM_PER_PX[1]:g}")
+    if area > MAX_WOUND_CM2:
+        return f"area {area:.4g} cm² is over the plausible {MAX_WOUND_CM2:g} cm²"
+    return None
 
 
 def _pixel_areas(h: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:

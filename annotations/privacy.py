@@ -16,6 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from annotations.csvsafe import neutralise, restore
 from annotations.fileio import write_text
 from annotations.journal import Swap
 from annotations.readers import DatasetError, valid_id
@@ -45,7 +46,8 @@ class StudyIds:
         except (OSError, UnicodeDecodeError, csv.Error) as err:
             raise DatasetError(f"{self.path}: cannot read the study-id mapping ({err})") from None
         for line, row in enumerate(rows, start=2):
-            original, study = (row.get(MAPPING_COLUMNS[0]) or "").strip(), (row.get(MAPPING_COLUMNS[1]) or "").strip()
+            original = restore((row.get(MAPPING_COLUMNS[0]) or "").strip())
+            study = (row.get(MAPPING_COLUMNS[1]) or "").strip()
             if not original or not valid_id(study):
                 raise DatasetError(f"{self.path}: line {line}: needs columns {', '.join(MAPPING_COLUMNS)} "
                                    "with a valid study id")
@@ -80,7 +82,7 @@ class StudyIds:
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(MAPPING_COLUMNS)
         rows = sorted(self.ids.items(), key=lambda kv: kv[1])
-        writer.writerows(rows)
+        writer.writerows([[neutralise(original), study] for original, study in rows])
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, buf.getvalue())
 
@@ -112,7 +114,8 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     imports go, and any file under ``cache/`` or ``runs/`` that still names them is deleted (any
     other such file is named in ``files_still_naming``). The database is
     checkpointed and vacuumed so no freed page keeps them. Returns what was removed (counts, photo
-    ids, the files deleted) and the backups it cannot reach (``backups``: they still hold the patient).
+    ids, the files deleted) and the backups it cannot reach (``backups``: they still hold the patient),
+    those still being written among them (``backups_in_progress``, also named in ``note``).
 
     The photos leave through a journalled swap (:mod:`annotations.journal`): a process killed
     midway leaves either the patient whole or erased, never half."""
@@ -175,7 +178,16 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     runs = sorted(p.name for p in ws.runs_dir.iterdir() if p.is_dir())
     removed["note"] = (f"{len(runs)} run folder(s) under runs/ may hold embeddings computed from these photos; "
                        "delete or recompute those runs") if runs else ""
-    removed["backups"] = [b for b in store.get_meta("backups", []) if Path(b).exists()]
+    from annotations.backup import backups_in_progress  # here: backup imports dataset, which imports this module
+
+    running = backups_in_progress(ws)
+    removed["backups_in_progress"] = sorted(e["out"] for e in running)
+    removed["backups"] = sorted({*(b for b in store.get_meta("backups", []) if Path(b).exists()),
+                                 *removed["backups_in_progress"]})
+    if running:
+        removed["note"] = " ".join(filter(None, [removed["note"], (
+            f"{len(running)} backup(s) started before this erase are still in progress and will hold the "
+            f"patient: {', '.join(removed['backups_in_progress'])}; delete them once they finish")]))
     # Free the deleted pages so the patient's data does not linger in the database file.
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.execute("VACUUM")

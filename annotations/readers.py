@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
+from annotations import csvsafe
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # always fullmatch: "$" allows a final "\n"
 MASK_FORMATS = ("auto", "label", "binary")
@@ -292,7 +294,7 @@ def iter_csv(folder: DatasetFolder, path: Path, required: tuple[str, ...],
 def _typed_rows(name: str, text: str, required: tuple[str, ...], header: list[str],
                 types: dict[str, str]) -> Iterator[tuple[int, CsvRow]]:
     for line, cells in _records(name, text, required, []):
-        row = CsvRow(zip(header, (c.strip() for c in cells)))
+        row = CsvRow(zip(header, (csvsafe.restore(c.strip()) for c in cells)))  # as export neutralised it
         row.typed = {col: _typed(value, types[col], f"{name}: line {line}: {col}")
                      for col, value in row.items() if value != ""}
         yield line, row

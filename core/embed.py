@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import numpy as np
 
+from annotations.csvsafe import neutralise
 from annotations.readers import load_photo
 from core import cli
 from core.eval.distances import pairwise_euclidean
@@ -90,8 +91,8 @@ def place_new_photos(ws: Workspace, model: TrainedHead | TunedModel, args: argpa
     if args.out is not None:
         with open(args.out, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["photo", *study["image_ids"]])
-            w.writerows([name, *(f"{d:.6f}" for d in row)] for name, row in zip(names, D))
+            w.writerow(map(neutralise, ["photo", *study["image_ids"]]))
+            w.writerows([neutralise(name), *(f"{d:.6f}" for d in row)] for name, row in zip(names, D))
         lines.append(f"distances → {args.out}")
     return lines
 

@@ -17,6 +17,7 @@ import plotly.io as pio
 import streamlit as st
 
 import app_common as ac
+from annotations.csvsafe import neutralise
 from annotations.fileio import read_json
 
 ws = ac.page("Report", need="view", banner=False)  # the banner heads the workspace's sections below
@@ -128,7 +129,8 @@ def ablation_section() -> None:
         st.download_button("Download ablation.md", md.read_bytes(), file_name="ablation.md", mime="text/markdown")
     table = pd.DataFrame(abl.get("rows", []))
     if not table.empty:
-        st.download_button("Download ablation.csv", table.drop(columns=["config"], errors="ignore").to_csv(index=False),
+        st.download_button("Download ablation.csv", table.drop(columns=["config"], errors="ignore").map(neutralise)
+                           .to_csv(index=False),
                            file_name="ablation.csv", mime="text/csv")
 
 

@@ -2,7 +2,6 @@
 track side by side, and the tidy CSV for statistics (annotations.followup)."""
 from __future__ import annotations
 
-import csv
 import io
 from datetime import date
 
@@ -179,7 +178,11 @@ def healing_curves(linked: list[dict]) -> list[dict]:
     chosen = st.multiselect("Patients", patients, default=patients[: min(5, len(patients))], key="fu_patients")
     shown = [r for r in linked if str(r["patient"]) in chosen]
     unit = "area_cm2" if all(r["area_cm2"] is not None for r in shown) else "area_px"
-    if unit == "area_px":
+    flagged = [r for r in shown if r.get("flag")]
+    if flagged:
+        st.warning(f"{len(flagged)} calibrated size(s) withheld as implausible, e.g. {flagged[0]['image_id']}: "
+                   f"{flagged[0]['flag']}; areas in pixels.")
+    elif unit == "area_px":
         st.warning("Some photos have neither the calibration marker nor a ruler: areas in pixels, no cm².")
     st.plotly_chart(area_figure(shown, unit) if shown else go.Figure(), width="stretch", key="fu_curves")
     st.dataframe(pd.DataFrame(followup.healing(shown)), hide_index=True, width="stretch")
@@ -193,7 +196,8 @@ def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
     views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
     for col, r, (picture, _) in zip(st.columns(max(len(visits), 1)), visits, views):
         size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
+        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else "")
+                  + (f" · {r['flag']}" if r.get("flag") else ""))
     if views:
         registered = sum("(ECC)" in how for _, how in views[1:])
         st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the "
@@ -203,10 +207,7 @@ def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
 def export_button(rows: list[dict]) -> None:
     """The tidy follow-up CSV of every wound on a track."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(followup.COLUMNS))
-    writer.writeheader()
-    for r in [r for r in rows if r["track"] is not None]:
-        writer.writerow({k: "" if r.get(k) is None else r[k] for k in followup.COLUMNS})
+    followup.write_csv(buf, [r for r in rows if r["track"] is not None], followup.COLUMNS)
     st.download_button("Download the follow-up CSV", buf.getvalue(), file_name="followup.csv", mime="text/csv",
                        key="fu_download")
 

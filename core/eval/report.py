@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from annotations.csvsafe import neutralise
 from annotations.fileio import atomic_write, write_json, write_text
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
@@ -242,9 +243,9 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
         writer.writerow(["modality", "run_id", "kind", "label", "protocol", "n_images", "n", "n_anchors",
                          "n_skipped", "n_missing"] + [f"{m}{s}" for m in METRICS for s in ("", "_lo", "_hi")])
         for r in rows:
-            writer.writerow([r["modality"], r["run_id"], r["kind"], r["label"], r["protocol"], r["n_images"], r["n"],
-                             r["n_anchors"], r["n_skipped"], r["n_missing"]]
-                            + [v for m in METRICS for v in (r[m], *r["ci"][m])])
+            writer.writerow(map(neutralise, [r["modality"], r["run_id"], r["kind"], r["label"], r["protocol"],
+                                             r["n_images"], r["n"], r["n_anchors"], r["n_skipped"], r["n_missing"]]
+                                + [v for m in METRICS for v in (r[m], *r["ci"][m])]))
     report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),
               "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows}
     write_json(paths["json"], json_safe(report), indent=1)

@@ -20,6 +20,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
+from annotations.csvsafe import neutralise
 from annotations.fileio import atomic_write, read_json, write_json, write_text
 from core.concepts.scores import ConceptScorer
 from core.concepts.training import (
@@ -182,9 +183,9 @@ def write_outputs(out: Path, summary: dict, skipped: dict[str, str], settings: d
         w = csv.writer(f)
         w.writerow(["variant", *[f"{m}_{s}" for m in METRICS for s in ("mean", "sd")], "skipped"])
         for v, ms in summary.items():
-            w.writerow([v, *[x for m in METRICS for x in ms[m]], ""])
+            w.writerow([neutralise(v), *[x for m in METRICS for x in ms[m]], ""])
         for v, why in skipped.items():
-            w.writerow([v, *[""] * (2 * len(METRICS)), why])
+            w.writerow([neutralise(v), *[""] * (2 * len(METRICS)), neutralise(why)])
     write_json(out / "results.json", {"settings": settings, "synthetic": synthetic, "summary": summary,
                                       "paired_vs_baseline": paired or {}, "skipped": skipped}, indent=1)
     shown = ("i2t_R@5", "t2i_R@5", "concept_auroc", "linear_probe_acc", "triplet_agreement")
