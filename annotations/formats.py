@@ -59,15 +59,27 @@ def coco_polygons(geometry: Polygon | MultiPolygon) -> list[list[float]]:
     return [[float(c) for xy in p.exterior.coords[:-1] for c in xy] for p in polygons(geometry)]
 
 
+#: Pixels tested at once by :func:`rasterize` (its working memory is about 40 bytes a pixel of this).
+RASTER_CHUNK = 1 << 20
+
+
 def rasterize(geometry: Polygon | MultiPolygon, shape: tuple[int, int]) -> np.ndarray:
-    """Bool mask of the pixels whose centre lies inside ``geometry``."""
+    """Bool mask of the pixels whose centre lies inside ``geometry`` (tested in strips of rows, so the
+    memory beyond the mask is bounded whatever the photo's size)."""
     out = np.zeros(shape, bool)
     if geometry.is_empty:
         return out
     x0, y0, x1, y1 = (int(np.floor(v)) for v in geometry.bounds)
     x0, y0, x1, y1 = max(0, x0), max(0, y0), min(shape[1], x1 + 1), min(shape[0], y1 + 1)
-    yy, xx = np.mgrid[y0:y1, x0:x1]
-    out[y0:y1, x0:x1] = shapely.contains_xy(geometry, xx + 0.5, yy + 0.5)
+    if x1 <= x0 or y1 <= y0:
+        return out
+    shapely.prepare(geometry)
+    xs = np.arange(x0, x1) + 0.5
+    step = max(1, RASTER_CHUNK // (x1 - x0))
+    for top in range(y0, y1, step):
+        bottom = min(y1, top + step)
+        yy = np.repeat(np.arange(top, bottom) + 0.5, x1 - x0)
+        out[top:bottom, x0:x1] = shapely.contains_xy(geometry, np.tile(xs, bottom - top), yy).reshape(-1, x1 - x0)
     return out
 
 
