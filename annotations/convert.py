@@ -62,6 +62,8 @@ SOURCES = ("coco", "geojson", "labelstudio", "cvat")
 #: cost grows with the number of crossings, up to the square of the vertex count); a larger crossing
 #: outline is refused. Outlines that do not cross themselves may have any number of vertices.
 MAX_REPAIR_VERTICES = 200
+#: Largest coordinate of an outline, in pixels (far beyond any photo; larger ones overflow GEOS).
+MAX_COORDINATE = 1e9
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _LS_PREFIX = re.compile(r"^[0-9a-f]{8}-")
 
@@ -134,6 +136,9 @@ def _size(obj: dict, wkey: str, hkey: str, where: str) -> tuple[int, int]:
 def _outline(geometry: Any, where: str) -> Polygon | MultiPolygon:
     """The polygonal part of ``geometry``, repaired (shapely ``make_valid``) when it crosses itself;
     an outline enclosing no area (two points, points on one line) is an error."""
+    coords = shapely.get_coordinates(geometry)
+    if coords.size and not np.abs(coords).max() <= MAX_COORDINATE:  # also catches NaN
+        raise DatasetError(f"{where}: a coordinate is beyond ±{MAX_COORDINATE:g} pixels (or not a number)")
     if not geometry.is_valid:
         rings = sum(1 + shapely.get_num_interior_rings(part) for part in shapely.get_parts(geometry))
         vertices = int(shapely.get_num_coordinates(geometry)) - rings  # a ring repeats its first vertex last
