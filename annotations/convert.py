@@ -55,7 +55,14 @@ from shapely.geometry import MultiPolygon, Polygon, shape
 from annotations.dataset import copy_photo
 from annotations.fileio import staged_folder, write_text
 from annotations.formats import rasterize
-from annotations.readers import _PIL_FORMATS, IMAGE_SUFFIXES, MAX_PIXELS, DatasetError, valid_id
+from annotations.readers import (
+    _PIL_FORMATS,
+    IMAGE_SUFFIXES,
+    MAX_PIXELS,
+    MAX_WOUNDS_PER_MASK,
+    DatasetError,
+    valid_id,
+)
 
 SOURCES = ("coco", "geojson", "labelstudio", "cvat")
 #: Most vertices of an outline that crosses itself and is repaired (shapely ``make_valid``, whose
@@ -546,6 +553,10 @@ def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, li
     use_given = bool(given) and len(indices) == len(given)
     if use_given and len(set(indices)) != len(indices):
         raise DatasetError(f"{photo.where}: wound index {max(indices, key=indices.count)} is given twice")
+    most = max(indices) if use_given else len(given)
+    if most > MAX_WOUNDS_PER_MASK:
+        raise DatasetError(f"{photo.where}: wound index {most:,} is larger than {MAX_WOUNDS_PER_MASK:,}, the most a "
+                           "label map (16-bit PNG) can store")
     labels = np.zeros(shape_hw, np.uint16 if len(given) > 255 or (use_given and max(indices) > 255) else np.uint8)
     out: list[tuple[int, _Wound]] = []
     empty, n = 0, 0

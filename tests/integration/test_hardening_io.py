@@ -266,3 +266,11 @@ def test_convert_does_not_follow_a_linked_folder_inside_the_images_folder(tmp_pa
     (tmp_path / "src" / "p1.png").unlink()
     _refused(tmp_path, "coco", tmp_path / "src", r"images\[0\]: .*images/sub is a symbolic link; links are never "
              "followed", images=tmp_path / "images")
+
+
+@pytest.mark.parametrize("index", [65_536, 2 ** 31])
+def test_a_wound_index_a_label_map_cannot_hold_is_one_error(tmp_path, index):
+    """Found by test_fuzz_convert: an index over 65,535 overflowed the 16-bit label map (OverflowError)."""
+    _geojson(tmp_path, _FEATURE.replace("X", "10").replace('"properties": {}', f'"properties": {{"wound_index": {index}}}'))
+    _refused(tmp_path, "geojson", tmp_path / "src", rf"p1\.geojson: features\[0\]: wound index {index:,} is larger "
+             r"than 65,535, the most a label map")
