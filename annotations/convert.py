@@ -54,7 +54,7 @@ from shapely.geometry import MultiPolygon, Polygon, shape
 
 from annotations.dataset import copy_photo
 from annotations.fileio import staged_folder, write_text
-from annotations.formats import rasterize
+from annotations.formats import rasterize_window
 from annotations.readers import (
     _PIL_FORMATS,
     IMAGE_SUFFIXES,
@@ -77,12 +77,13 @@ _LS_PREFIX = re.compile(r"^[0-9a-f]{8}-")
 
 @dataclass
 class _Wound:
-    """One outline as read: a geometry (pixel coordinates) or a checked RLE that ``decode`` turns
-    into a bool mask of the photo's declared size (called only once that size is the photo's)."""
+    """One outline as read: a geometry (pixel coordinates) or a checked RLE that ``decode`` turns into
+    a bool mask and its top row and left column in the photo of the declared size (called only once
+    that size is the photo's)."""
 
     where: str
     geometry: Polygon | MultiPolygon | None = None
-    decode: Callable[[], np.ndarray] | None = None
+    decode: Callable[[], tuple[np.ndarray, int, int]] | None = None
     label: str = ""
     description: str = ""
     index: int | None = None
@@ -213,12 +214,21 @@ def coco_counts(text: str, where: str) -> list[int]:
     return counts
 
 
-def _runs(counts: list[int], shape_hw: tuple[int, int], column_major: bool) -> np.ndarray:
-    """The bool mask of checked run lengths (off, on, off, …) filling ``shape_hw`` row by row or,
-    as COCO stores it, column by column: the one decoder of every RLE here (COCO, CVAT)."""
-    flat = np.repeat(np.arange(len(counts)) % 2 == 1, np.asarray(counts, np.int64))
+def _runs(counts: list[int], shape_hw: tuple[int, int], column_major: bool) -> tuple[np.ndarray, int, int]:
+    """Checked run lengths (off, on, off, …) filling ``shape_hw`` row by row or, as COCO stores it,
+    column by column: the one decoder of every RLE here (COCO, CVAT). Only the rows (columns) from
+    the first to the last one covered are decoded: the mask of that band, its top row and left column."""
     h, w = shape_hw
-    return flat.reshape(w, h).T if column_major else flat.reshape(h, w)
+    line = h if column_major else w  # pixels per column (row)
+    runs = np.asarray(counts, np.int64)
+    ends = np.cumsum(runs)  # ≤ the area: the counts are checked
+    on = (np.arange(len(runs)) % 2 == 1) & (runs > 0)
+    if not on.any():
+        return np.zeros((0, 0), bool), 0, 0
+    first, last = int((ends - runs)[on].min()) // line, int(ends[on].max() - 1) // line + 1
+    clipped = np.diff(np.clip(np.concatenate([[0], ends]), first * line, last * line))
+    band = np.repeat(np.arange(len(runs)) % 2 == 1, clipped).reshape(last - first, line)
+    return (band.T, 0, first) if column_major else (band, first, 0)
 
 
 # --- COCO --------------------------------------------------------------------------------------
@@ -410,13 +420,13 @@ def read_labelstudio(path: Path) -> list[_Photo]:
     return photos
 
 
-def _brush_mask(rle: list, w: int, h: int, where: str) -> np.ndarray:
-    """The w×h mask (alpha ≥ 128) of a Label Studio brush RLE of w×h RGBA words."""
+def _brush_mask(rle: list, w: int, h: int, where: str) -> tuple[np.ndarray, int, int]:
+    """The w×h mask (alpha ≥ 128) of a Label Studio brush RLE of w×h RGBA words (and its offset, 0, 0)."""
     try:
         flat = decode_brush_rle(rle, w * h * 4)
     except ValueError as err:
         raise DatasetError(f"{where}: not a Label Studio brush RLE of {w}×{h}×4 (RGBA) values ({err})") from None
-    return flat.reshape(h, w, 4)[:, :, 3] >= 128
+    return flat.reshape(h, w, 4)[:, :, 3] >= 128, 0, 0
 
 
 # --- CVAT --------------------------------------------------------------------------------------
@@ -477,7 +487,7 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
                 if not (bw >= 1 and bh >= 1 and left >= 0 and top >= 0 and left + bw <= w and top + bh <= h):
                     raise DatasetError(f"{shere}: the box {bw}×{bh} at ({left}, {top}) is not inside the {w}×{h} photo")
                 counts = _cvat_counts(el, bw * bh, shere, f"its {bw}×{bh} box")
-                wound.decode = lambda c=counts, box=(left, top, bw, bh), hw=(h, w): _boxed(c, box, hw)
+                wound.decode = lambda c=counts, box=(left, top, bw, bh): _boxed(c, box)
             else:
                 skipped += el.tag in ("box", "polyline", "points", "ellipse", "cuboid", "skeleton")
                 continue
@@ -486,11 +496,10 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
     return photos, skipped
 
 
-def _boxed(counts: list[int], box: tuple[int, int, int, int], shape_hw: tuple[int, int]) -> np.ndarray:
+def _boxed(counts: list[int], box: tuple[int, int, int, int]) -> tuple[np.ndarray, int, int]:
     left, top, bw, bh = box
-    mask = np.zeros(shape_hw, bool)
-    mask[top:top + bh, left:left + bw] = _runs(counts, (bh, bw), column_major=False)
-    return mask
+    band, row, _ = _runs(counts, (bh, bw), column_major=False)
+    return band, top + row, left
 
 
 # --- writing the dataset folder ----------------------------------------------------------------
@@ -560,26 +569,27 @@ def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, li
     labels = np.zeros(shape_hw, np.uint16 if len(given) > 255 or (use_given and max(indices) > 255) else np.uint8)
     out: list[tuple[int, _Wound]] = []
     empty, n = 0, 0
-    for k, wound in enumerate(photo.wounds):  # one wound's mask at a time: memory stays a few label maps
+    for k, wound in enumerate(photo.wounds):  # one wound at a time, within its bounding box (or band)
         if wound.decode is not None:
-            mask = wound.decode()
+            mask, top, left = wound.decode()
         else:
             assert wound.geometry is not None  # every outline is a geometry or an RLE
             x0, y0, x1, y1 = wound.geometry.bounds
             if x0 >= shape_hw[1] or y0 >= shape_hw[0] or x1 <= 0 or y1 <= 0:
                 raise DatasetError(f"{wound.where}: the outline ({x0:g}, {y0:g})–({x1:g}, {y1:g}) lies wholly "
                                    f"outside the {shape_hw[1]}×{shape_hw[0]} photo {photo.name!r}")
-            mask = rasterize(wound.geometry, shape_hw)
+            mask, top, left = rasterize_window(wound.geometry, shape_hw)
         if not mask.any():
             empty += 1
             continue
         n += 1
         index = indices[k] if use_given else n
-        clash = labels[mask]
+        view = labels[top:top + mask.shape[0], left:left + mask.shape[1]]
+        clash = view[mask]
         if clash.any():
             raise DatasetError(f"{wound.where}: overlaps wound {int(clash[clash > 0][0])} of {photo.name!r} by "
                                f"{int((clash > 0).sum())} px (a label map holds one wound per pixel)")
-        labels[mask] = index
+        view[mask] = index
         out.append((index, wound))
     return labels, out, empty
 

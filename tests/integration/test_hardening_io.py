@@ -274,3 +274,41 @@ def test_a_wound_index_a_label_map_cannot_hold_is_one_error(tmp_path, index):
     _geojson(tmp_path, _FEATURE.replace("X", "10").replace('"properties": {}', f'"properties": {{"wound_index": {index}}}'))
     _refused(tmp_path, "geojson", tmp_path / "src", rf"p1\.geojson: features\[0\]: wound index {index:,} is larger "
              r"than 65,535, the most a label map")
+
+
+# ---- bounded work: each outline within its bounding box (polygons) or band of columns/rows (RLE) --
+
+def test_each_outline_is_decoded_within_its_box_or_band_not_the_whole_photo(tmp_path, monkeypatch):
+    """Every outline used to be decoded to a mask of the whole photo (N outlines: N photos of work)."""
+    decoded: list[tuple[int, int]] = []
+    for name in ("_runs", "rasterize_window"):
+        real = getattr(convert_module, name)
+        monkeypatch.setattr(convert_module, name, lambda *a, _real=real, **k: decoded.append(
+            (out := _real(*a, **k))[0].shape) or out)
+    _coco(tmp_path, extra={"size": [20, 40], "counts": [20 * 30, 20 * 2, 20 * 8]})  # a square, then columns 30–31
+    assert convert("coco", tmp_path / "src", tmp_path / "ds")["wounds"] == 2
+    assert decoded == [(11, 11), (20, 2)]  # not (20, 40) twice
+    labels = np.array(Image.open(tmp_path / "ds" / "masks" / "p1.png"))
+    assert (labels[:10, :10] == 1).all() and (labels == 1).sum() == 100
+    assert (labels[:, 30:32] == 2).all() and (labels == 2).sum() == 40
+
+
+def _flat_runs(flat: np.ndarray) -> list[int]:
+    """Run lengths (off, on, off, …) of a flat bool array."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], flat.astype(np.int8), [0]])))
+    bounds = np.concatenate([[0], edges, [flat.size]])
+    return [int(c) for c in np.diff(bounds)] if flat.size else [0]
+
+
+@pytest.mark.parametrize("column_major", [True, False])
+def test_the_band_decoder_gives_the_whole_mask_back(column_major):
+    rng = np.random.default_rng(1)
+    for shape in [(1, 1), (5, 7), (20, 40), (9, 1)]:
+        for density in (0.0, 0.02, 0.5, 1.0):
+            mask = rng.random(shape) < density
+            counts = _flat_runs(mask.ravel(order="F" if column_major else "C"))
+            band, top, left = convert_module._runs(counts, shape, column_major)
+            back = np.zeros(shape, bool)
+            back[top:top + band.shape[0], left:left + band.shape[1]] = band
+            assert (back == mask).all(), (shape, density)
+            assert band.size <= mask.size
