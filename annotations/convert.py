@@ -42,7 +42,7 @@ import re
 import stat
 import warnings
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,14 +320,15 @@ def read_geojson(files: list[Path]) -> list[_Photo]:
 
 # --- Label Studio ------------------------------------------------------------------------------
 
-def decode_brush_rle(rle: list[int], expected: int | None = None) -> np.ndarray:
-    """Label Studio's brush RLE (the rle-pack format of thi.ng/umbrella) → its flat array of words.
+def _brush_chunks(rle: list[int], expected: int | None) -> Iterator[tuple[int, int, int | list[int]]]:
+    """The chunks of Label Studio's brush RLE (the rle-pack format of thi.ng/umbrella): (first word,
+    end word, the repeated word or the literal words), after its count is checked (against
+    ``expected`` when given). A malformed stream is a ValueError.
 
     The stream: 32 bits count, 5 bits word size − 1, four 4-bit run-length sizes − 1, then chunks
     of one bit (1: a repeated word, 0: literal words), 2 bits choosing the run-length size and the
     run length − 1. (Written here because the reference decoder ships inside the label-studio-sdk
-    package, whose pinned dependencies this project does not need.) The count is checked (against
-    ``expected`` when given) before the words are allocated; a malformed stream is a ValueError."""
+    package, whose pinned dependencies this project does not need.)"""
     if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in rle):
         raise ValueError("the RLE must be a list of bytes (whole numbers 0 to 255)")
     data = bytes(rle) + bytes(4)  # padding: a read of up to 32 bits never runs past the end
@@ -349,17 +350,50 @@ def decode_brush_rle(rle: list[int], expected: int | None = None) -> np.ndarray:
         raise ValueError(f"{num:,} values, expected {expected:,}")
     if num > 4 * MAX_PIXELS:
         raise ValueError(f"{num} values is more than a photo holds")
-    out = np.zeros(num, np.uint8 if word <= 8 else np.uint16 if word <= 16 else np.uint32)
+    yield 0, num, word  # the count and the word size first
     i = 0
     while i < num:
         repeated = read(1)
         j = min(num, i + 1 + read(sizes[read(2)]))
-        if repeated:
-            out[i:j] = read(word)
-        else:
-            out[i:j] = [read(word) for _ in range(i, j)]
+        yield i, j, read(word) if repeated else [read(word) for _ in range(i, j)]
         i = j
+
+
+def decode_brush_rle(rle: list[int], expected: int | None = None) -> np.ndarray:
+    """Label Studio's brush RLE → its flat array of words (see :func:`_brush_chunks`); the count is
+    checked before the words are allocated."""
+    chunks = _brush_chunks(rle, expected)
+    _, num, word = next(chunks)
+    assert isinstance(word, int)  # the first chunk is the header: count, word size
+    out = np.zeros(num, np.uint8 if word <= 8 else np.uint16 if word <= 16 else np.uint32)
+    for i, j, values in chunks:
+        out[i:j] = values
     return out
+
+
+def _brush_counts(rle: list[int], w: int, h: int) -> list[int]:
+    """Run lengths (off, on, …, row by row) of the pixels of a brush RLE of w×h RGBA words whose alpha
+    (every fourth word) is ≥ 128, read chunk by chunk without expanding the words."""
+    chunks = _brush_chunks(rle, w * h * 4)
+    next(chunks)
+    spans: list[list[int]] = []  # [first pixel, end pixel] of the pixels on, in order
+    for i, j, values in chunks:
+        if isinstance(values, int):  # alpha words are 4p + 3: pixels ⌈(i − 3) / 4⌉ up to ⌈(j − 3) / 4⌉
+            found = [(-(-(i - 3) // 4), -(-(j - 3) // 4))] if values >= 128 else []
+        else:
+            found = [(k // 4, k // 4 + 1) for k, v in enumerate(values, start=i) if k % 4 == 3 and v >= 128]
+        for a, b in found:
+            if a >= b:
+                continue
+            if spans and spans[-1][1] == a:
+                spans[-1][1] = b
+            else:
+                spans.append([a, b])
+    counts, at = [], 0
+    for a, b in spans:
+        counts += [a - at, b - a]
+        at = b
+    return [*counts, w * h - at]
 
 
 def _ls_annotation(task: dict, here: str) -> tuple[dict | None, str]:
@@ -421,12 +455,12 @@ def read_labelstudio(path: Path) -> list[_Photo]:
 
 
 def _brush_mask(rle: list, w: int, h: int, where: str) -> tuple[np.ndarray, int, int]:
-    """The w×h mask (alpha ≥ 128) of a Label Studio brush RLE of w×h RGBA words (and its offset, 0, 0)."""
+    """The mask (alpha ≥ 128) of a Label Studio brush RLE of w×h RGBA words, within its band of rows."""
     try:
-        flat = decode_brush_rle(rle, w * h * 4)
+        counts = _brush_counts(rle, w, h)
     except ValueError as err:
         raise DatasetError(f"{where}: not a Label Studio brush RLE of {w}×{h}×4 (RGBA) values ({err})") from None
-    return flat.reshape(h, w, 4)[:, :, 3] >= 128, 0, 0
+    return _runs(counts, (h, w), column_major=False)
 
 
 # --- CVAT --------------------------------------------------------------------------------------

@@ -312,3 +312,18 @@ def test_the_band_decoder_gives_the_whole_mask_back(column_major):
             back[top:top + band.shape[0], left:left + band.shape[1]] = band
             assert (back == mask).all(), (shape, density)
             assert band.size <= mask.size
+
+
+def test_a_brush_is_read_chunk_by_chunk_into_its_band_as_the_full_decode_reads_it():
+    """A brush used to be expanded to all w×h×4 words (4 bytes a pixel) however few it paints; now
+    its runs of alpha ≥ 128 are read from the chunks, repeated runs crossing pixels included."""
+    rng = np.random.default_rng(2)
+    for w, h in [(1, 1), (7, 5), (40, 20)]:
+        for _ in range(20):
+            lengths = rng.integers(1, 40, size=4 * w * h)
+            words = np.repeat(rng.choice([0, 7, 127, 128, 255], size=lengths.size), lengths)[:4 * w * h]
+            words = np.pad(words, (0, 4 * w * h - words.size)).astype(np.uint32)
+            band, top, left = convert_module._brush_mask(_brush_rle(words), w, h, "x")
+            back = np.zeros((h, w), bool)
+            back[top:top + band.shape[0], left:left + band.shape[1]] = band
+            assert (back == (words.reshape(h, w, 4)[:, :, 3] >= 128)).all()
