@@ -31,6 +31,21 @@ more than one label) and ``dataset.json``. Everything is read and checked before
 bad input raises one :class:`~annotations.readers.DatasetError` naming the file and the field, and
 ``out`` is left as it was. Two outlines covering the same pixel are refused (a label map holds one
 wound per pixel).
+
+Crafted files are refused the same way, before anything large is allocated: RLE counts (COCO lists
+and compressed strings, CVAT ``rle``) must be whole numbers ≥ 0 summing exactly to the photo (COCO)
+or the box (CVAT), a Label Studio brush must hold exactly width × height × 4 values, declared sizes
+must be the photo's, and the photo's header is read within the import's pixel budget
+(:data:`~annotations.readers.MAX_PIXELS`). JSON ``NaN``/``Infinity``, numbers that overflow a float
+and nesting deeper than Python's recursion limit are errors; so are an outline enclosing no area (two
+points, points on one line), one lying wholly outside its photo, a coordinate beyond ±1e9 pixels,
+a wound index over 65,535, a COCO ``category_id`` missing from ``categories`` and a photo reached
+through a symbolic link below the images folder. An outline that crosses itself is repaired (shapely
+``make_valid``, "structure" method: the area its rings enclose) only up to
+:data:`MAX_REPAIR_VERTICES` vertices (the repair's cost grows with the crossings, up to the square
+of the vertices); a longer crossing outline is refused. Each outline is decoded within its bounding
+box (polygons) or its band of columns or rows (RLE, the brush's read chunk by chunk), one at a
+time, so memory and work stay about one label map of the photo plus each outline's box.
 """
 from __future__ import annotations
 
