@@ -73,6 +73,7 @@ from annotations.formats import rasterize_window
 from annotations.readers import (
     _PIL_FORMATS,
     IMAGE_SUFFIXES,
+    MAX_FILE_BYTES,
     MAX_PIXELS,
     MAX_WOUNDS_PER_MASK,
     DatasetError,
@@ -124,8 +125,19 @@ def _finite(text: str) -> float:
     return value
 
 
+def _check_size(path: Path) -> None:
+    """Refuse an annotation file larger than the largest file import reads (before reading it)."""
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot be read ({err.strerror})") from None
+    if size > MAX_FILE_BYTES:
+        raise DatasetError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} allowed")
+
+
 def _load_json(path: Path) -> Any:
     """A JSON file; NaN, Infinity, numbers that overflow a float and nesting too deep for Python are errors."""
+    _check_size(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
@@ -503,6 +515,7 @@ def _cvat_counts(el: ET.Element, area: int, where: str, what: str) -> list[int]:
 
 def read_cvat(path: Path) -> tuple[list[_Photo], int]:
     """The photos and outlines of a CVAT XML 1.1 file; also how many non-outline shapes were skipped."""
+    _check_size(path)
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as err:
@@ -568,13 +581,13 @@ def _find_photo(images: list[Path], name: str, where: str) -> Path:
 
 
 def _no_link_below(folder: Path, rel: Path, where: str) -> None:
-    """Refuse a photo reached through a symbolic link below ``folder`` (links are never followed, as in
-    :class:`~annotations.readers.DatasetFolder`; the photo itself is opened without following one)."""
-    for k in range(1, len(rel.parts)):
+    """Refuse a photo that is, or is reached through, a symbolic link below ``folder`` (links are never
+    followed, as in :class:`~annotations.readers.DatasetFolder`), before its header is read."""
+    for k in range(1, len(rel.parts) + 1):
         sub = folder.joinpath(*rel.parts[:k])
         if stat.S_ISLNK(os.lstat(sub).st_mode):
-            raise DatasetError(f"{where}: {sub} is a symbolic link; links are never followed (replace it "
-                               "with a copy of the folder)")
+            raise DatasetError(f"{where}: {sub}: is a symbolic link; links are never followed (replace it "
+                               f"with a copy of the {'file' if k == len(rel.parts) else 'folder'})")
 
 
 def _photo_size(path: Path, where: str) -> tuple[int, int]:

@@ -264,8 +264,26 @@ def test_convert_does_not_follow_a_linked_folder_inside_the_images_folder(tmp_pa
     (tmp_path / "images" / "sub").symlink_to(tmp_path / "outside")
     _coco(tmp_path, images=[{"id": 1, "file_name": "sub/p1.png", "width": 40, "height": 20}])
     (tmp_path / "src" / "p1.png").unlink()
-    _refused(tmp_path, "coco", tmp_path / "src", r"images\[0\]: .*images/sub is a symbolic link; links are never "
+    _refused(tmp_path, "coco", tmp_path / "src", r"images\[0\]: .*images/sub: is a symbolic link; links are never "
              "followed", images=tmp_path / "images")
+
+
+def test_a_linked_photo_is_refused_before_its_header_is_read(tmp_path):
+    """The photo's size used to be read through the link (a file outside), then the copy refused it."""
+    _coco(tmp_path)
+    Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(tmp_path / "outside.png")
+    (tmp_path / "src" / "p1.png").unlink()
+    (tmp_path / "src" / "p1.png").symlink_to(tmp_path / "outside.png")
+    _refused(tmp_path, "coco", tmp_path / "src", r"images\[0\]: .*src/p1\.png: is a symbolic link; links are never "
+             r"followed \(replace it with a copy of the file\)")
+
+
+def test_an_annotation_file_over_the_file_budget_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(convert_module, "MAX_FILE_BYTES", 100)
+    _coco(tmp_path)
+    _refused(tmp_path, "coco", tmp_path / "src", r"annotations\.json: [0-9]+ bytes, more than the 100 allowed")
+    _cvat(tmp_path, _mask("4, 4" + ", 0" * 40))
+    _refused(tmp_path, "cvat", tmp_path / "src" / "a.xml", r"a\.xml: [0-9]+ bytes, more than the 100 allowed")
 
 
 @pytest.mark.parametrize("index", [65_536, 2 ** 31])
