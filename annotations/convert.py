@@ -328,12 +328,11 @@ def read_geojson(files: list[Path]) -> list[_Photo]:
                 raise DatasetError(f"{here}.geometry: type {geom.get('type')!r} is not an outline "
                                    "(Polygon or MultiPolygon)")
             try:
-                g = _outline(shape(geom), f"{here}.geometry")
+                g = shape(geom)
             except (ValueError, TypeError, AttributeError, IndexError, KeyError,
                     shapely.errors.ShapelyError) as err:
-                if isinstance(err, DatasetError):
-                    raise
                 raise DatasetError(f"{here}.geometry: not a valid GeoJSON geometry ({err})") from None
+            g = _outline(g, f"{here}.geometry")
             image_id = props.get("image_id") if isinstance(props.get("image_id"), str) else None
             key = image_id or path.stem
             photo = photos.setdefault(key, _Photo(here, key, None, image_id))
