@@ -4,6 +4,7 @@ written."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -137,8 +138,9 @@ except DatasetError as err:
 
 
 def _convert_in_1_gib(fmt: str, src, out) -> str:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # no per-thread buffers in 1 GiB
     done = subprocess.run([sys.executable, "-c", _LIMITED, fmt, str(src), str(out)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
