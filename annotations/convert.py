@@ -31,14 +31,33 @@ more than one label) and ``dataset.json``. Everything is read and checked before
 bad input raises one :class:`~annotations.readers.DatasetError` naming the file and the field, and
 ``out`` is left as it was. Two outlines covering the same pixel are refused (a label map holds one
 wound per pixel).
+
+Crafted files are refused the same way, before anything large is allocated: RLE counts (COCO lists
+and compressed strings, CVAT ``rle``) must be whole numbers ≥ 0 summing exactly to the photo (COCO)
+or the box (CVAT), a Label Studio brush must hold exactly width × height × 4 values, declared sizes
+must be the photo's, and the photo's header is read within the import's pixel budget
+(:data:`~annotations.readers.MAX_PIXELS`). JSON ``NaN``/``Infinity``, numbers that overflow a float
+and nesting deeper than Python's recursion limit are errors; so are an outline enclosing no area (two
+points, points on one line), one lying wholly outside its photo, a coordinate beyond ±1e9 pixels,
+a wound index over 65,535, a COCO ``category_id`` missing from ``categories`` and a photo reached
+through a symbolic link below the images folder. An outline that crosses itself is repaired (shapely
+``make_valid``, "structure" method: the area its rings enclose) only up to
+:data:`MAX_REPAIR_VERTICES` vertices (the repair's cost grows with the crossings, up to the square
+of the vertices); a longer crossing outline is refused. Each outline is decoded within its bounding
+box (polygons) or its band of columns or rows (RLE, the brush's read chunk by chunk), one at a
+time, so memory and work stay about one label map of the photo plus each outline's box.
 """
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
 import re
+import stat
+import warnings
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,25 +66,40 @@ import numpy as np
 import shapely
 from PIL import Image, UnidentifiedImageError
 from shapely.geometry import MultiPolygon, Polygon, shape
-from shapely.validation import make_valid
 
 from annotations.dataset import copy_photo
 from annotations.fileio import staged_folder, write_text
-from annotations.formats import rasterize
-from annotations.readers import IMAGE_SUFFIXES, MAX_PIXELS, DatasetError, valid_id
+from annotations.formats import rasterize_window
+from annotations.readers import (
+    _PIL_FORMATS,
+    IMAGE_SUFFIXES,
+    MAX_FILE_BYTES,
+    MAX_PIXELS,
+    MAX_WOUNDS_PER_MASK,
+    DatasetError,
+    valid_id,
+)
 
 SOURCES = ("coco", "geojson", "labelstudio", "cvat")
+#: Most vertices of an outline that crosses itself and is repaired (shapely ``make_valid``, whose
+#: cost grows with the number of crossings, up to the square of the vertex count); a larger crossing
+#: outline is refused. Outlines that do not cross themselves may have any number of vertices.
+MAX_REPAIR_VERTICES = 200
+#: Largest coordinate of an outline, in pixels (far beyond any photo; larger ones overflow GEOS).
+MAX_COORDINATE = 1e9
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _LS_PREFIX = re.compile(r"^[0-9a-f]{8}-")
 
 
 @dataclass
 class _Wound:
-    """One outline as read: a geometry (pixel coordinates) or a bool mask of the photo's size."""
+    """One outline as read: a geometry (pixel coordinates) or a checked RLE that ``decode`` turns into
+    a bool mask and its top row and left column in the photo of the declared size (called only once
+    that size is the photo's)."""
 
     where: str
     geometry: Polygon | MultiPolygon | None = None
-    mask: np.ndarray | None = None
+    decode: Callable[[], tuple[np.ndarray, int, int]] | None = None
     label: str = ""
     description: str = ""
     index: int | None = None
@@ -80,10 +114,35 @@ class _Photo:
     wounds: list[_Wound] = field(default_factory=list)
 
 
-def _load_json(path: Path) -> Any:
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
+def _check_size(path: Path) -> None:
+    """Refuse an annotation file larger than the largest file import reads (before reading it)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        size = path.stat().st_size
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot be read ({err.strerror})") from None
+    if size > MAX_FILE_BYTES:
+        raise DatasetError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} allowed")
+
+
+def _load_json(path: Path) -> Any:
+    """A JSON file; NaN, Infinity, numbers that overflow a float and nesting too deep for Python are errors."""
+    _check_size(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise DatasetError(f"{path}: not a readable JSON file (nested too deeply)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # json.JSONDecodeError is a ValueError
         raise DatasetError(f"{path}: not a readable JSON file ({err})") from None
 
 
@@ -99,32 +158,116 @@ def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _size(obj: dict, wkey: str, hkey: str, where: str) -> tuple[int, int]:
-    w, h = _need(obj, wkey, int, where), _need(obj, hkey, int, where)
+def _photo_dims(w: int, h: int, where: str) -> tuple[int, int]:
     if not (w > 0 and h > 0 and w * h <= MAX_PIXELS):
-        raise DatasetError(f"{where}: size {w}×{h} is not a photo size")
+        raise DatasetError(f"{where}: size {w}×{h} is not a photo size (1 to {MAX_PIXELS:,} pixels)")
     return w, h
 
 
-def _polygon(coords: list, where: str) -> Polygon:
+def _size(obj: dict, wkey: str, hkey: str, where: str) -> tuple[int, int]:
+    return _photo_dims(_need(obj, wkey, int, where), _need(obj, hkey, int, where), where)
+
+
+def _outline(geometry: Any, where: str) -> Polygon | MultiPolygon:
+    """The polygonal part of ``geometry``, repaired (shapely ``make_valid``) when it crosses itself;
+    an outline enclosing no area (two points, points on one line) is an error."""
+    coords = shapely.get_coordinates(geometry)
+    if coords.size and not np.abs(coords).max() <= MAX_COORDINATE:  # also catches NaN
+        raise DatasetError(f"{where}: a coordinate is beyond ±{MAX_COORDINATE:g} pixels (or not a number)")
+    if not geometry.is_valid:
+        rings = sum(1 + shapely.get_num_interior_rings(part) for part in shapely.get_parts(geometry))
+        vertices = int(shapely.get_num_coordinates(geometry)) - rings  # a ring repeats its first vertex last
+        if vertices > MAX_REPAIR_VERTICES:
+            raise DatasetError(f"{where}: the outline crosses itself and has {vertices:,} vertices; outlines "
+                               f"of more than {MAX_REPAIR_VERTICES} vertices are not repaired (fix it in the "
+                               "tool that drew it)")
+        geometry = shapely.make_valid(geometry, method="structure", keep_collapsed=False)
+    parts = [g for g in shapely.get_parts(geometry) if isinstance(g, (Polygon, MultiPolygon))]
+    area = shapely.union_all(parts) if parts else Polygon()
+    if area.is_empty or area.area <= 0:
+        raise DatasetError(f"{where}: the outline encloses no area (fewer than three points off one line)")
+    return area
+
+
+def _polygon(coords: list, where: str) -> Polygon | MultiPolygon:
     """A polygon from a flat [x1, y1, x2, y2, …] list, repaired when it crosses itself."""
     if (not isinstance(coords, list) or len(coords) < 6 or len(coords) % 2
             or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in coords)):
         raise DatasetError(f"{where}: a polygon needs at least three x, y pairs of finite numbers")
-    poly = Polygon(np.asarray(coords, float).reshape(-1, 2))
-    return poly if poly.is_valid else make_valid(poly)
+    return _outline(Polygon(np.asarray(coords, float).reshape(-1, 2)), where)
+
+
+# --- run-length encodings ----------------------------------------------------------------------
+
+def _checked_counts(counts: list, area: int, where: str, what: str) -> list[int]:
+    """``counts`` when they are whole numbers ≥ 0 summing exactly to ``area`` (checked in Python
+    integers, one by one, before anything is allocated); else one DatasetError."""
+    total = 0
+    for k, c in enumerate(counts):
+        if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+            raise DatasetError(f"{where}: count {k + 1} ({c!r:.40}) is not a whole number ≥ 0")
+        total += c
+        if total > area:
+            raise DatasetError(f"{where} covers more than the {area:,} pixels of {what}")
+    if total != area:
+        raise DatasetError(f"{where} covers {total:,} pixels, not the {area:,} of {what}")
+    return counts
+
+
+def coco_counts(text: str, where: str) -> list[int]:
+    """The run lengths of a COCO compressed RLE string (pycocotools' ``rleFrString``: 5 bits a
+    character from ``'0'``, a continuation bit, sign-extended, counts after the second stored as the
+    difference to the one two before). A malformed string is one DatasetError."""
+    counts: list[int] = []
+    pos = 0
+    while pos < len(text):
+        value, shift, more = 0, 0, True
+        while more:
+            if pos == len(text):
+                raise DatasetError(f"{where}: counts string ends inside a number")
+            c = ord(text[pos]) - 48
+            if not 0 <= c < 64:
+                raise DatasetError(f"{where}: counts string holds {text[pos]!r} (position {pos + 1}), not a "
+                                   "COCO RLE character")
+            if shift > 60:
+                raise DatasetError(f"{where}: counts string holds a number too long to be a count")
+            value |= (c & 0x1F) << shift
+            more = bool(c & 0x20)
+            pos += 1
+            shift += 5
+            if not more and c & 0x10:
+                value -= 1 << shift
+        counts.append(value + counts[-2] if len(counts) > 2 else value)
+    return counts
+
+
+def _runs(counts: list[int], shape_hw: tuple[int, int], column_major: bool) -> tuple[np.ndarray, int, int]:
+    """Checked run lengths (off, on, off, …) filling ``shape_hw`` row by row or, as COCO stores it,
+    column by column: the one decoder of every RLE here (COCO, CVAT). Only the rows (columns) from
+    the first to the last one covered are decoded: the mask of that band, its top row and left column."""
+    h, w = shape_hw
+    line = h if column_major else w  # pixels per column (row)
+    runs = np.asarray(counts, np.int64)
+    ends = np.cumsum(runs)  # ≤ the area: the counts are checked
+    on = (np.arange(len(runs)) % 2 == 1) & (runs > 0)
+    if not on.any():
+        return np.zeros((0, 0), bool), 0, 0
+    first, last = int((ends - runs)[on].min()) // line, int(ends[on].max() - 1) // line + 1
+    clipped = np.diff(np.clip(np.concatenate([[0], ends]), first * line, last * line))
+    band = np.repeat(np.arange(len(runs)) % 2 == 1, clipped).reshape(last - first, line)
+    return (band.T, 0, first) if column_major else (band, first, 0)
 
 
 # --- COCO --------------------------------------------------------------------------------------
 
 def read_coco(path: Path) -> list[_Photo]:
     """The photos and outlines of a COCO file."""
-    from pycocotools import mask as mask_utils
-
     doc = _load_json(path)
     name = path.name
     images = _need(doc, "images", list, name)
-    categories = {c.get("id"): str(c.get("name", "")) for c in doc.get("categories", []) if isinstance(c, dict)}
+    listed = doc.get("categories", [])
+    categories = {c.get("id"): str(c.get("name", "")) for c in listed if isinstance(c, dict)
+                  if isinstance(c.get("id"), (int, str))} if isinstance(listed, list) else {}
     photos: dict[Any, _Photo] = {}
     for n, img in enumerate(images):
         here = f"{name}: images[{n}]"
@@ -142,7 +285,10 @@ def read_coco(path: Path) -> list[_Photo]:
         assert photo.size is not None  # a COCO image declares its width and height
         w, h = photo.size
         seg = _need(ann, "segmentation", (list, dict), here)
-        wound = _Wound(f"{here}.segmentation", label=categories.get(ann.get("category_id"), ""),
+        category = _need(ann, "category_id", (int, str), here)
+        if category not in categories:
+            raise DatasetError(f"{here}: category_id {category!r} is not in categories")
+        wound = _Wound(f"{here}.segmentation", label=categories[category],
                        description=str(ann.get("description", "")),
                        index=_whole(ann.get("triderm_wound_index")))
         if isinstance(seg, list):
@@ -150,14 +296,15 @@ def read_coco(path: Path) -> list[_Photo]:
             wound.geometry = shapely.union_all(polys)
         else:
             if seg.get("size") != [h, w]:
-                raise DatasetError(f"{here}.segmentation: size {seg.get('size')!r} is not the photo's [{h}, {w}]")
+                raise DatasetError(f"{here}.segmentation: size {seg.get('size')!r:.60} is not the photo's [{h}, {w}]")
             counts = seg.get("counts")
-            try:
-                rle = (mask_utils.frPyObjects(seg, h, w) if isinstance(counts, list)
-                       else {"size": [h, w], "counts": counts.encode("ascii")})
-                wound.mask = mask_utils.decode(rle).astype(bool)
-            except (AttributeError, TypeError, ValueError, UnicodeEncodeError) as err:
-                raise DatasetError(f"{here}.segmentation: counts is not a COCO RLE ({err})") from None
+            if not isinstance(counts, (list, str)):
+                raise DatasetError(f"{here}.segmentation: counts is not a COCO RLE (a list of run lengths "
+                                   f"or a compressed string), got {type(counts).__name__}")
+            checked = _checked_counts(counts if isinstance(counts, list)
+                                      else coco_counts(counts, f"{here}.segmentation.counts"),
+                                      w * h, f"{here}.segmentation.counts", f"the {w}×{h} photo")
+            wound.decode = lambda c=checked, hw=(h, w): _runs(c, hw, column_major=True)
         photo.wounds.append(wound)
     return list(photos.values())
 
@@ -182,13 +329,15 @@ def read_geojson(files: list[Path]) -> list[_Photo]:
                                    "(Polygon or MultiPolygon)")
             try:
                 g = shape(geom)
-            except (ValueError, TypeError, AttributeError, IndexError) as err:
+            except (ValueError, TypeError, AttributeError, IndexError, KeyError,
+                    shapely.errors.ShapelyError) as err:
                 raise DatasetError(f"{here}.geometry: not a valid GeoJSON geometry ({err})") from None
+            g = _outline(g, f"{here}.geometry")
             image_id = props.get("image_id") if isinstance(props.get("image_id"), str) else None
             key = image_id or path.stem
             photo = photos.setdefault(key, _Photo(here, key, None, image_id))
             cls = props.get("classification")
-            photo.wounds.append(_Wound(f"{here}.geometry", geometry=g if g.is_valid else make_valid(g),
+            photo.wounds.append(_Wound(f"{here}.geometry", geometry=g,
                                        label=str(cls.get("name", "")) if isinstance(cls, dict) else "",
                                        description=str(props.get("description", "")),
                                        index=_whole(props.get("wound_index"))))
@@ -197,45 +346,87 @@ def read_geojson(files: list[Path]) -> list[_Photo]:
 
 # --- Label Studio ------------------------------------------------------------------------------
 
-def decode_brush_rle(rle: list[int]) -> np.ndarray:
-    """Label Studio's brush RLE (the rle-pack format of thi.ng/umbrella) → its flat array of words.
+def _brush_chunks(rle: list[int], expected: int | None) -> Iterator[tuple[int, int, int | list[int]]]:
+    """The chunks of Label Studio's brush RLE (the rle-pack format of thi.ng/umbrella): (first word,
+    end word, the repeated word or the literal words), after its count is checked (against
+    ``expected`` when given). A malformed stream is a ValueError.
 
     The stream: 32 bits count, 5 bits word size − 1, four 4-bit run-length sizes − 1, then chunks
     of one bit (1: a repeated word, 0: literal words), 2 bits choosing the run-length size and the
     run length − 1. (Written here because the reference decoder ships inside the label-studio-sdk
     package, whose pinned dependencies this project does not need.)"""
-    bits = np.unpackbits(np.asarray(rle, np.uint8))
+    if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in rle):
+        raise ValueError("the RLE must be a list of bytes (whole numbers 0 to 255)")
+    data = bytes(rle) + bytes(4)  # padding: a read of up to 32 bits never runs past the end
+    total = 8 * len(rle)
     pos = 0
 
     def read(n: int) -> int:
         nonlocal pos
-        if pos + n > len(bits):
+        if pos + n > total:
             raise ValueError("the RLE ends early")
-        v = int("".join(map(str, bits[pos:pos + n])) or "0", 2)
+        first = pos >> 3
+        v = (int.from_bytes(data[first:first + 5], "big") >> (40 - (pos & 7) - n)) & ((1 << n) - 1)
         pos += n
         return v
 
     num, word = read(32), read(5) + 1
     sizes = [read(4) + 1 for _ in range(4)]
+    if expected is not None and num != expected:
+        raise ValueError(f"{num:,} values, expected {expected:,}")
     if num > 4 * MAX_PIXELS:
         raise ValueError(f"{num} values is more than a photo holds")
-    out = np.zeros(num, np.uint32)
+    yield 0, num, word  # the count and the word size first
     i = 0
     while i < num:
         repeated = read(1)
         j = min(num, i + 1 + read(sizes[read(2)]))
-        if repeated:
-            out[i:j] = read(word)
-            i = j
-        else:
-            for k in range(i, j):
-                out[k] = read(word)
-            i = j
+        yield i, j, read(word) if repeated else [read(word) for _ in range(i, j)]
+        i = j
+
+
+def decode_brush_rle(rle: list[int], expected: int | None = None) -> np.ndarray:
+    """Label Studio's brush RLE → its flat array of words (see :func:`_brush_chunks`); the count is
+    checked before the words are allocated."""
+    chunks = _brush_chunks(rle, expected)
+    _, num, word = next(chunks)
+    assert isinstance(word, int)  # the first chunk is the header: count, word size
+    out = np.zeros(num, np.uint8 if word <= 8 else np.uint16 if word <= 16 else np.uint32)
+    for i, j, values in chunks:
+        out[i:j] = values
     return out
 
 
+def _brush_counts(rle: list[int], w: int, h: int) -> list[int]:
+    """Run lengths (off, on, …, row by row) of the pixels of a brush RLE of w×h RGBA words whose alpha
+    (every fourth word) is ≥ 128, read chunk by chunk without expanding the words."""
+    chunks = _brush_chunks(rle, w * h * 4)
+    next(chunks)
+    spans: list[list[int]] = []  # [first pixel, end pixel] of the pixels on, in order
+    for i, j, values in chunks:
+        if isinstance(values, int):  # alpha words are 4p + 3: pixels ⌈(i − 3) / 4⌉ up to ⌈(j − 3) / 4⌉
+            found = [(-(-(i - 3) // 4), -(-(j - 3) // 4))] if values >= 128 else []
+        else:
+            found = [(k // 4, k // 4 + 1) for k, v in enumerate(values, start=i) if k % 4 == 3 and v >= 128]
+        for a, b in found:
+            if a >= b:
+                continue
+            if spans and spans[-1][1] == a:
+                spans[-1][1] = b
+            else:
+                spans.append([a, b])
+    counts, at = [], 0
+    for a, b in spans:
+        counts += [a - at, b - a]
+        at = b
+    return [*counts, w * h - at]
+
+
 def _ls_annotation(task: dict, here: str) -> tuple[dict | None, str]:
-    anns = [a for a in task.get("annotations") or [] if isinstance(a, dict) and not a.get("was_cancelled")]
+    listed = task.get("annotations") or []
+    if not isinstance(listed, list):
+        raise DatasetError(f"{here}.annotations: must be a list, got {type(listed).__name__}")
+    anns = [a for a in listed if isinstance(a, dict) and not a.get("was_cancelled")]
     if not anns:
         return None, here
     chosen = next((a for a in anns if a.get("ground_truth")), anns[-1])
@@ -257,7 +448,10 @@ def read_labelstudio(path: Path) -> list[_Photo]:
         photo = _Photo(f"{here}.data", url.split("?")[0].rsplit("/", 1)[-1])
         photos.append(photo)
         ann, where = _ls_annotation(task, here)
-        for k, res in enumerate(ann.get("result") or [] if ann else []):
+        results = ann.get("result") or [] if ann else []
+        if not isinstance(results, list):
+            raise DatasetError(f"{where}.result: must be a list of results, got {type(results).__name__}")
+        for k, res in enumerate(results):
             rhere = f"{where}.result[{k}]"
             kind = res.get("type") if isinstance(res, dict) else None
             if kind not in ("polygonlabels", "brushlabels"):
@@ -268,7 +462,7 @@ def read_labelstudio(path: Path) -> list[_Photo]:
             photo.size = size
             value = _need(res, "value", dict, rhere)
             labels = value.get(kind) or []
-            wound = _Wound(f"{rhere}.value", label=str(labels[0]) if labels else "")
+            wound = _Wound(f"{rhere}.value", label=str(labels[0]) if isinstance(labels, list) and labels else "")
             w, h = size
             if kind == "polygonlabels":
                 pts = _need(value, "points", list, rhere + ".value")
@@ -280,28 +474,47 @@ def read_labelstudio(path: Path) -> list[_Photo]:
             else:
                 if value.get("format") != "rle":
                     raise DatasetError(f"{rhere}.value: format {value.get('format')!r} is not 'rle'")
-                try:
-                    flat = decode_brush_rle(_need(value, "rle", list, rhere + ".value"))
-                except (ValueError, TypeError, OverflowError) as err:
-                    raise DatasetError(f"{rhere}.value.rle: not a Label Studio brush RLE ({err})") from None
-                if flat.size != w * h * 4:
-                    raise DatasetError(f"{rhere}.value.rle: {flat.size} values, expected {w}×{h}×4 (RGBA)")
-                wound.mask = flat.reshape(h, w, 4)[:, :, 3] >= 128
+                wound.decode = lambda rle=_need(value, "rle", list, rhere + ".value"), w=w, h=h, at=rhere: \
+                    _brush_mask(rle, w, h, f"{at}.value.rle")
             photo.wounds.append(wound)
     return photos
 
 
+def _brush_mask(rle: list, w: int, h: int, where: str) -> tuple[np.ndarray, int, int]:
+    """The mask (alpha ≥ 128) of a Label Studio brush RLE of w×h RGBA words, within its band of rows."""
+    try:
+        counts = _brush_counts(rle, w, h)
+    except ValueError as err:
+        raise DatasetError(f"{where}: not a Label Studio brush RLE of {w}×{h}×4 (RGBA) values ({err})") from None
+    return _runs(counts, (h, w), column_major=False)
+
+
 # --- CVAT --------------------------------------------------------------------------------------
 
+_CVAT_NUMBER = re.compile(r"\s*-?[0-9]{1,12}(\.[0-9]{0,12})?\s*")
+_CVAT_COUNT = re.compile(r"\s*[0-9]{1,12}\s*")
+
+
 def _cvat_int(el: ET.Element, key: str, where: str) -> int:
-    try:
-        return int(float(el.attrib[key]))
-    except (KeyError, ValueError):
-        raise DatasetError(f"{where}: attribute {key!r} is missing or not a number") from None
+    """A whole pixel coordinate or size (CVAT writes them as whole numbers, sometimes with '.0')."""
+    text = el.attrib.get(key)
+    if text is None or not _CVAT_NUMBER.fullmatch(text) or float(text) != int(float(text)):
+        raise DatasetError(f"{where}: attribute {key!r} is missing or not a whole number ({text!r:.40})")
+    return int(float(text))
+
+
+def _cvat_counts(el: ET.Element, area: int, where: str, what: str) -> list[int]:
+    cells = el.attrib.get("rle", "").split(",")
+    for k, cell in enumerate(cells):
+        if not _CVAT_COUNT.fullmatch(cell):
+            raise DatasetError(f"{where}: attribute 'rle' count {k + 1} ({cell.strip()!r:.40}) is not a count (a "
+                               "whole number ≥ 0 of at most 12 digits; expected comma-separated counts)")
+    return _checked_counts([int(c) for c in cells], area, f"{where}: rle", what)
 
 
 def read_cvat(path: Path) -> tuple[list[_Photo], int]:
     """The photos and outlines of a CVAT XML 1.1 file; also how many non-outline shapes were skipped."""
+    _check_size(path)
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as err:
@@ -317,7 +530,7 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
         here = f"{name}: <image> {n + 1}"
         if "name" not in img.attrib:
             raise DatasetError(f"{here}: attribute 'name' is missing")
-        w, h = _cvat_int(img, "width", here), _cvat_int(img, "height", here)
+        w, h = _photo_dims(_cvat_int(img, "width", here), _cvat_int(img, "height", here), here)
         photo = _Photo(here, img.attrib["name"], (w, h))
         for k, el in enumerate(img):
             shere = f"{here} <{el.tag}> {k + 1}"
@@ -332,23 +545,22 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
             elif el.tag == "mask":
                 left, top = _cvat_int(el, "left", shere), _cvat_int(el, "top", shere)
                 bw, bh = _cvat_int(el, "width", shere), _cvat_int(el, "height", shere)
-                try:
-                    counts = np.array([int(c) for c in el.attrib["rle"].split(",")], np.int64)
-                except (KeyError, ValueError):
-                    raise DatasetError(f"{shere}: attribute 'rle' is missing or not comma-separated counts") from None
-                inside = left >= 0 and top >= 0 and left + bw <= w and top + bh <= h
-                if (counts < 0).any() or counts.sum() != bw * bh or not inside:
-                    raise DatasetError(f"{shere}: rle covers {counts.sum()} pixels, its box {bw}×{bh} at "
-                                       f"({left}, {top}) inside a {w}×{h} photo")
-                box = np.repeat(np.arange(len(counts)) % 2 == 1, counts).reshape(bh, bw)
-                wound.mask = np.zeros((h, w), bool)
-                wound.mask[top:top + bh, left:left + bw] = box
+                if not (bw >= 1 and bh >= 1 and left >= 0 and top >= 0 and left + bw <= w and top + bh <= h):
+                    raise DatasetError(f"{shere}: the box {bw}×{bh} at ({left}, {top}) is not inside the {w}×{h} photo")
+                counts = _cvat_counts(el, bw * bh, shere, f"its {bw}×{bh} box")
+                wound.decode = lambda c=counts, box=(left, top, bw, bh): _boxed(c, box)
             else:
                 skipped += el.tag in ("box", "polyline", "points", "ellipse", "cuboid", "skeleton")
                 continue
             photo.wounds.append(wound)
         photos.append(photo)
     return photos, skipped
+
+
+def _boxed(counts: list[int], box: tuple[int, int, int, int]) -> tuple[np.ndarray, int, int]:
+    left, top, bw, bh = box
+    band, row, _ = _runs(counts, (bh, bw), column_major=False)
+    return band, top + row, left
 
 
 # --- writing the dataset folder ----------------------------------------------------------------
@@ -362,17 +574,38 @@ def _find_photo(images: list[Path], name: str, where: str) -> Path:
     for folder in images:
         for t in tries:
             if (folder / t).is_file():
+                _no_link_below(folder, t, where)
                 return folder / t
     raise DatasetError(f"{where}: photo {name!r} not found in {' or '.join(map(str, images))}")
 
 
+def _no_link_below(folder: Path, rel: Path, where: str) -> None:
+    """Refuse a photo that is, or is reached through, a symbolic link below ``folder`` (links are never
+    followed, as in :class:`~annotations.readers.DatasetFolder`), before its header is read."""
+    for k in range(1, len(rel.parts) + 1):
+        sub = folder.joinpath(*rel.parts[:k])
+        if stat.S_ISLNK(os.lstat(sub).st_mode):
+            raise DatasetError(f"{where}: {sub}: is a symbolic link; links are never followed (replace it "
+                               f"with a copy of the {'file' if k == len(rel.parts) else 'folder'})")
+
+
 def _photo_size(path: Path, where: str) -> tuple[int, int]:
-    """The photo's upright size (as the import stores it)."""
+    """The photo's upright size (as the import stores it), read from its header within the import's
+    pixel budget (:data:`~annotations.readers.MAX_PIXELS`)."""
     try:
-        with Image.open(path) as im:
-            w, h = im.size
-            return (h, w) if im.getexif().get(0x0112, 1) in (5, 6, 7, 8) else (w, h)  # turned a quarter
-    except (OSError, UnidentifiedImageError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path, formats=_PIL_FORMATS[path.suffix.lower()]) as im:
+                w, h = im.size
+                if w * h > MAX_PIXELS:
+                    raise DatasetError(f"{where}: {path.name} is {w}×{h} = {w * h:,} pixels, more than the "
+                                       f"{MAX_PIXELS:,} allowed")
+                return (h, w) if im.getexif().get(0x0112, 1) in (5, 6, 7, 8) else (w, h)  # turned a quarter
+    except DatasetError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise DatasetError(f"{where}: {path.name} has more than the {MAX_PIXELS:,} pixels allowed ({err})") from None
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
         raise DatasetError(f"{where}: {path.name} is not a readable photo ({err})") from None
 
 
@@ -390,21 +623,34 @@ def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, li
     use_given = bool(given) and len(indices) == len(given)
     if use_given and len(set(indices)) != len(indices):
         raise DatasetError(f"{photo.where}: wound index {max(indices, key=indices.count)} is given twice")
+    most = max(indices) if use_given else len(given)
+    if most > MAX_WOUNDS_PER_MASK:
+        raise DatasetError(f"{photo.where}: wound index {most:,} is larger than {MAX_WOUNDS_PER_MASK:,}, the most a "
+                           "label map (16-bit PNG) can store")
     labels = np.zeros(shape_hw, np.uint16 if len(given) > 255 or (use_given and max(indices) > 255) else np.uint8)
     out: list[tuple[int, _Wound]] = []
     empty, n = 0, 0
-    for k, wound in enumerate(photo.wounds):
-        mask = wound.mask if wound.mask is not None else rasterize(wound.geometry, shape_hw)
+    for k, wound in enumerate(photo.wounds):  # one wound at a time, within its bounding box (or band)
+        if wound.decode is not None:
+            mask, top, left = wound.decode()
+        else:
+            assert wound.geometry is not None  # every outline is a geometry or an RLE
+            x0, y0, x1, y1 = wound.geometry.bounds
+            if x0 >= shape_hw[1] or y0 >= shape_hw[0] or x1 <= 0 or y1 <= 0:
+                raise DatasetError(f"{wound.where}: the outline ({x0:g}, {y0:g})–({x1:g}, {y1:g}) lies wholly "
+                                   f"outside the {shape_hw[1]}×{shape_hw[0]} photo {photo.name!r}")
+            mask, top, left = rasterize_window(wound.geometry, shape_hw)
         if not mask.any():
             empty += 1
             continue
         n += 1
         index = indices[k] if use_given else n
-        clash = labels[mask]
+        view = labels[top:top + mask.shape[0], left:left + mask.shape[1]]
+        clash = view[mask]
         if clash.any():
             raise DatasetError(f"{wound.where}: overlaps wound {int(clash[clash > 0][0])} of {photo.name!r} by "
                                f"{int((clash > 0).sum())} px (a label map holds one wound per pixel)")
-        labels[mask] = index
+        view[mask] = index
         out.append((index, wound))
     return labels, out, empty
 

@@ -59,16 +59,37 @@ def coco_polygons(geometry: Polygon | MultiPolygon) -> list[list[float]]:
     return [[float(c) for xy in p.exterior.coords[:-1] for c in xy] for p in polygons(geometry)]
 
 
+#: Pixels tested at once by :func:`rasterize` (its working memory is about 40 bytes a pixel of this).
+RASTER_CHUNK = 1 << 20
+
+
 def rasterize(geometry: Polygon | MultiPolygon, shape: tuple[int, int]) -> np.ndarray:
     """Bool mask of the pixels whose centre lies inside ``geometry``."""
     out = np.zeros(shape, bool)
+    window, top, left = rasterize_window(geometry, shape)
+    out[top:top + window.shape[0], left:left + window.shape[1]] = window
+    return out
+
+
+def rasterize_window(geometry: Polygon | MultiPolygon, shape: tuple[int, int]) -> tuple[np.ndarray, int, int]:
+    """:func:`rasterize` within the geometry's bounding box (clipped to ``shape``): the box's mask and
+    its top row and left column. Tested in strips of rows, so the work and the memory are those of
+    the box, whatever the photo's size."""
     if geometry.is_empty:
-        return out
+        return np.zeros((0, 0), bool), 0, 0
     x0, y0, x1, y1 = (int(np.floor(v)) for v in geometry.bounds)
     x0, y0, x1, y1 = max(0, x0), max(0, y0), min(shape[1], x1 + 1), min(shape[0], y1 + 1)
-    yy, xx = np.mgrid[y0:y1, x0:x1]
-    out[y0:y1, x0:x1] = shapely.contains_xy(geometry, xx + 0.5, yy + 0.5)
-    return out
+    if x1 <= x0 or y1 <= y0:
+        return np.zeros((0, 0), bool), 0, 0
+    out = np.zeros((y1 - y0, x1 - x0), bool)
+    shapely.prepare(geometry)
+    xs = np.arange(x0, x1) + 0.5
+    step = max(1, RASTER_CHUNK // (x1 - x0))
+    for top in range(y0, y1, step):
+        bottom = min(y1, top + step)
+        yy = np.repeat(np.arange(top, bottom) + 0.5, x1 - x0)
+        out[top - y0:bottom - y0] = shapely.contains_xy(geometry, np.tile(xs, bottom - top), yy).reshape(-1, x1 - x0)
+    return out, y0, x0
 
 
 def rle_encode(mask: np.ndarray) -> dict[str, Any]:
