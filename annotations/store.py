@@ -739,8 +739,11 @@ class Store:
             conflicts = {name: (now_.get(name), (yours or {}).get(name)) for name, value in loaded.items()
                          if current is None or _canonical(now_.get(name)) != _canonical(value)}
             if conflicts:
-                last = self.db.execute("SELECT actor, created FROM revisions WHERE entity = ? AND key = ? "
-                                       "ORDER BY id DESC LIMIT 1", [entity, key_json(key)]).fetchone()
+                recorded = sorted({name.split(".")[0] for name in conflicts} | {"row"})  # metadata.x: metadata
+                last = self.db.execute(
+                    f"SELECT actor, created FROM revisions WHERE entity = ? AND key = ? AND field IN "
+                    f"({', '.join('?' * len(recorded))}) ORDER BY id DESC LIMIT 1",
+                    [entity, key_json(key), *recorded]).fetchone()
                 raise StaleEdit(entity, key, conflicts, gone=current is None, by=last[0] if last else None,
                                 at=last[1] if last else None)
             yield
@@ -947,7 +950,7 @@ class Store:
 
 class StaleEdit(ValueError):
     """An edit made from a stale copy: a field it changes was changed by someone else (``by``, at ``at``:
-    the row's last revision) since the editor loaded it, or the row is ``gone``. ``conflicts``: field →
+    the last revision of those fields or of the row) since the editor loaded it, or the row is ``gone``. ``conflicts``: field →
     (their value now, your value)."""
 
     def __init__(self, entity: str, key: Any, conflicts: dict[str, tuple[Any, Any]], *, gone: bool = False,

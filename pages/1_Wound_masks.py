@@ -14,6 +14,7 @@ import streamlit as st
 import app_common as ac
 from annotations import readings, session
 from annotations.readers import typed_value
+from annotations.store import StaleEdit, wound_key
 from components.outline_editor import image_uri, outline_editor
 
 ws = ac.page("Wound masks", need="annotate", compact=True)  # photo and tools in view at 1366×768
@@ -356,15 +357,77 @@ def field_names(meta: dict) -> list[str]:
     return list(FIELDS) + [k for k in meta if k not in FIELDS and k not in HIDDEN_FIELDS]
 
 
-def save_text(image_id: str, index: int, names: list[str]) -> None:
-    """Store the edited description and metadata fields ``names`` of wound ``index`` (an empty field is removed)."""
-    base = f"{image_id}_{index}"
-    old = next(w for w in ws.store.wounds(image_id) if w["wound_index"] == index)
-    meta = dict(old["metadata"] or {})
+def loaded_copy(base: str, w: dict, names: list[str]) -> dict:
+    """The wound's fields as this page loaded them into its widgets: a field's value is taken when its widget
+    is created (a widget keeps what was typed into it across reruns; its loaded value stays with it)."""
+    copy = state.setdefault(f"loaded_{base}", {})
+    if f"desc_{base}" not in state:
+        copy["description"] = w["description"]
     for name in names:
-        text = str(state.get(f"meta_{name}_{base}", "")).strip()
-        meta[name] = typed_value(text, meta.get(name))  # the import's type rules; empty removes the field
-    session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta, actor=ac.actor())
+        if f"meta_{name}_{base}" not in state:
+            copy[f"metadata.{name}"] = (w["metadata"] or {}).get(name)
+    return copy
+
+
+def typed_fields(base: str, names: list[str], loaded: dict) -> dict:
+    """The wound's fields as typed into its widgets (metadata typed by the import's rules; empty is None)."""
+    yours = {"description": str(state.get(f"desc_{base}", "")).strip()}
+    for name in names:
+        yours[f"metadata.{name}"] = typed_value(str(state.get(f"meta_{name}_{base}", "")),
+                                                loaded.get(f"metadata.{name}"))
+    return yours
+
+
+def save_text(image_id: str, index: int, names: list[str]) -> None:
+    """Store only the description and metadata fields changed since the page loaded them, provided nobody
+    changed those since (:meth:`annotations.store.Store.edit`); a refusal is kept for the page to show."""
+    base = f"{image_id}_{index}"
+    loaded = state[f"loaded_{base}"]
+    changes = {k: v for k, v in typed_fields(base, names, loaded).items() if v != loaded.get(k)}
+    if not changes:
+        return
+    try:
+        ws.store.edit("wounds", wound_key(image_id, index), loaded, changes, actor=ac.actor())
+    except StaleEdit as err:
+        state[f"stale_{base}"] = err
+        return
+    loaded.update(changes)
+    state.pop(f"stale_{base}", None)
+
+
+def widget_key(base: str, field: str) -> str:
+    """The key of the widget editing ``field`` (``description`` or ``metadata.<name>``) of wound ``base``."""
+    return f"desc_{base}" if field == "description" else f"meta_{field.removeprefix('metadata.')}_{base}"
+
+
+def resolve(image_id: str, index: int, names: list[str], mine: bool) -> None:
+    """After a refused save: take their values into the fields (``mine`` False), or save yours over theirs."""
+    base = f"{image_id}_{index}"
+    err: StaleEdit = state.pop(f"stale_{base}")
+    loaded = state[f"loaded_{base}"]
+    for field, (theirs, _) in err.conflicts.items():
+        loaded[field] = theirs
+        if not mine:
+            state[widget_key(base, field)] = "" if theirs is None else str(theirs)
+    if mine:
+        save_text(image_id, index, names)
+
+
+def stale_notice(base: str, err: StaleEdit, args: tuple) -> None:
+    """A refused save: who changed the wound, their value and yours per field (as plain text), and the two ways on."""
+    who = f"{err.by} ({err.at[:16].replace('T', ' ')} UTC)" if err.by and err.at else "someone else"
+    st.error(f"Not saved: {who} {'deleted' if err.gone else 'changed'} this since you opened it. Your text is "
+             "still in the fields; nothing was overwritten.", icon=":material/sync_problem:")
+    for field, (theirs, yours) in err.conflicts.items():
+        name = field.removeprefix("metadata.")
+        st.caption(ac.escape_md(FIELDS.get(name, name.replace("_", " ").capitalize())))
+        st.text(f"Theirs: {'' if theirs is None else theirs}")
+        st.text(f"Yours: {'' if yours is None else yours}")
+    c1, c2 = st.columns(2)
+    c1.button("Use theirs", key=f"theirs_{base}", on_click=resolve, args=(*args, False),
+              help="Put their values in the fields; nothing is saved")
+    c2.button("Save mine", key=f"mine_{base}", on_click=resolve, args=(*args, True), disabled=err.gone,
+              help="Save your values over theirs (recorded in the history)")
 
 
 def remove(image_id: str, index: int) -> None:
@@ -384,8 +447,11 @@ def wound_list(list_col) -> None:
             i, base = w["wound_index"], f"{pick}_{w['wound_index']}"
             meta = w["metadata"] or {}
             names = field_names(meta)
+            loaded_copy(base, w, names)
             with st.container(border=True):
                 st.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
+                if f"stale_{base}" in state:
+                    stale_notice(base, state[f"stale_{base}"], (pick, i, names))
                 st.text_area("Description", value=w["description"], key=f"desc_{base}", on_change=save_text,
                              args=(pick, i, names), placeholder="granulation, fibrin, border, erythema, crusts…",
                              height=90)

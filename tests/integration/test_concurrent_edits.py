@@ -97,3 +97,12 @@ def test_edit_refuses_fields_it_cannot_check_or_write(store):
         store.edit("wounds", KEY, {}, {"description": "x"}, actor="a")
     with pytest.raises(ValueError, match="not wounds"):
         store.edit("wounds", KEY, loaded, {"outline": {"area": 1, "bbox": [0, 0, 1, 1]}}, actor="a")
+
+
+def test_the_refusal_names_who_changed_that_field(store):
+    loaded = store.fields("wounds", KEY)
+    store.edit("wounds", KEY, loaded, {"description": "by the annotator"}, actor="annotator")
+    store.edit("wounds", KEY, store.fields("wounds", KEY), {"metadata.size_cm": 1.0}, actor="admin")
+    with pytest.raises(StaleEdit) as caught:
+        store.edit("wounds", KEY, loaded, {"description": "stale"}, actor="other")
+    assert caught.value.by == "annotator"  # the description's last writer, not the row's

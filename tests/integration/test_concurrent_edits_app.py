@@ -1,0 +1,62 @@
+"""Two sessions edit the same wound on the Wound masks page (AppTest, no browser): a save writes only the
+fields it changed, and a save from a stale copy is refused with both values, changing nothing."""
+from __future__ import annotations
+
+import pytest
+from tests.integration.test_app_pages import app
+
+from annotations.workspace import Workspace
+
+
+@pytest.fixture
+def ws(demo_workspace, monkeypatch, tmp_path) -> Workspace:
+    monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
+    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))
+    return demo_workspace
+
+
+def test_a_stale_page_saves_only_its_changed_field_and_refuses_a_stale_one(ws):
+    annotator = app("masks", annotator="Ann", role="annotator")
+    admin = app("masks", annotator="Ada", role="admin")  # both pages load the same wound
+    photo = ws.store.images()[0]["image_id"]
+    index = ws.store.wounds(photo)[0]["wound_index"]
+    base = f"{photo}_{index}"
+    before = ws.store.wound(photo, index)
+
+    annotator.text_area(key=f"desc_{base}").input("Annotator: fibrin at 6 o'clock").run()
+    admin.text_input(key=f"meta_size_cm_{base}").input("4.5").run()  # the admin's page still shows the old text
+    wound = Workspace(ws.root).store.wound(photo, index)
+    assert wound["description"] == "Annotator: fibrin at 6 o'clock"  # not reverted by the admin's save
+    assert wound["metadata"]["size_cm"] == 4.5
+    size_revisions = [r for r in ws.store.revisions("wounds") if r["actor"] == "Ada"]
+    assert [r["field"] for r in size_revisions] == ["metadata"]  # history: the admin changed the size only
+    assert not admin.error
+
+    revisions = ws.store.revisions()
+    admin.text_area(key=f"desc_{base}").input("Admin: clean granulation").run()
+    assert Workspace(ws.root).store.wound(photo, index)["description"] == "Annotator: fibrin at 6 o'clock"
+    assert ws.store.revisions() == revisions  # nothing recorded
+    assert [e.value for e in admin.error if "Not saved: Ann" in e.value]
+    shown = [t.value for t in admin.text]
+    assert "Theirs: Annotator: fibrin at 6 o'clock" in shown and "Yours: Admin: clean granulation" in shown
+    assert admin.text_area(key=f"desc_{base}").value == "Admin: clean granulation"  # the input is kept
+
+    admin.button(key=f"mine_{base}").click().run()  # the admin saves over it, knowingly
+    assert Workspace(ws.root).store.wound(photo, index)["description"] == "Admin: clean granulation"
+    assert not [e for e in admin.error if "Not saved" in e.value]
+    assert before["description"] != "Admin: clean granulation"
+
+
+def test_use_theirs_puts_their_text_in_the_field_and_saves_nothing(ws):
+    annotator = app("masks", annotator="Ann", role="annotator")
+    admin = app("masks", annotator="Ada", role="admin")
+    photo = ws.store.images()[0]["image_id"]
+    base = f"{photo}_{ws.store.wounds(photo)[0]['wound_index']}"
+    annotator.text_area(key=f"desc_{base}").input("theirs").run()
+    admin.text_area(key=f"desc_{base}").input("mine").run()
+    revisions = ws.store.revisions()
+    admin.button(key=f"theirs_{base}").click().run()
+    assert admin.text_area(key=f"desc_{base}").value == "theirs"
+    assert ws.store.revisions() == revisions
+    admin.text_area(key=f"desc_{base}").input("theirs, then mine").run()  # now edited from their text: saved
+    assert Workspace(ws.root).store.wound(*base.rsplit("_", 1))["description"] == "theirs, then mine"
