@@ -8,6 +8,10 @@ reading is outlined blind into the annotator's own layer (annotations.readings),
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+
 import numpy as np
 import streamlit as st
 
@@ -155,6 +159,8 @@ clicks: list[dict] = state.setdefault(f"mask_clicks_{pick}", [])
 pending: session.OutlinePlan | None = state.get("mask_pending")
 if pending is not None and pending.image_id != pick:
     pending = state["mask_pending"] = None
+#: the outlines the editor last drew ({index: {area, bbox}}): what an outline saved from it was drawn over
+drawn: dict[int, dict] = state.get(f"mask_drawn_{pick}", {})
 
 
 def user_error(err: Exception) -> None:
@@ -162,10 +168,24 @@ def user_error(err: Exception) -> None:
     state["mask_error"] = str(err)
 
 
-def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None) -> None:
-    """Store a planned outline (overlaps decided in ``keeps``); errors become the page's message."""
+def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None, expected: dict | None = None) -> None:
+    """Store a planned outline (overlaps decided in ``keeps``) provided each wound it changes still has the
+    outline the editor drew (``expected``: index → {area, bbox}); a refusal or an error becomes the page's
+    message, and the editor redraws the outlines as stored."""
     try:
-        index = session.apply_outline(ws, plan, keeps, actor=ac.actor())
+        with contextlib.ExitStack() as guard:
+            for j, outline in (expected or {}).items():
+                guard.enter_context(ws.store.expecting("wounds", wound_key(plan.image_id, j), {"outline": outline}))
+            index = session.apply_outline(ws, plan, keeps, actor=ac.actor())
+    except StaleEdit as err:
+        who = err.by or "someone else"
+        theirs = (next(iter(err.conflicts.values()))[0] or {}).get("area")
+        user_error(f"Not saved: {who} {'deleted' if err.gone else 'changed'} wound {err.key['wound_index']} "
+                   f"since your editor drew it{'' if theirs is None else f' (now {theirs:,} px)'}. The stored "
+                   "outlines are shown again: check them, then redraw.")
+        state["mask_pending"] = None
+        bump(plan.image_id)
+        return
     except ValueError as err:
         user_error(err)
         return
@@ -185,11 +205,13 @@ def submit(region: np.ndarray, wound_index: int | None, origin: str, after=None)
     except ValueError as err:
         user_error(err)
         return
+    expected = {j: drawn.get(j) for j in {wound_index, *plan.overlaps} if j is not None}
     if plan.overlaps:
         state["mask_pending"] = plan
         state["mask_pending_after"] = after
+        state["mask_pending_expected"] = expected
     else:
-        write(plan, {}, after)
+        write(plan, {}, after, expected)
 
 
 def handle(action: dict) -> None:
@@ -316,7 +338,10 @@ def editor():
         shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
                     "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
         overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
-        version = f"{state.get(f'mask_ver_{pick}', 0)}:{sum(w['area'] for w in wounds)}:{len(wounds)}"
+        geometry = {w["wound_index"]: {"area": int(w["area"]), "bbox": [int(v) for v in w["bbox"]]} for w in wounds}
+        state[f"mask_drawn_{pick}"] = geometry  # redrawn below whenever it changes: the version names it
+        digest = hashlib.sha1(json.dumps(sorted(geometry.items())).encode()).hexdigest()[:12]
+        version = f"{state.get(f'mask_ver_{pick}', 0)}:{digest}"
         action = outline_editor(
             image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
             shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
@@ -340,7 +365,7 @@ def editor():
                         keeps[j] = choice == mine
                 c1, c2 = st.columns(2)
                 if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
-                    write(pending, keeps, state.pop("mask_pending_after", None))
+                    write(pending, keeps, state.pop("mask_pending_after", None), state.pop("mask_pending_expected", {}))
                     st.rerun()
                 if c2.button("Cancel (keep editing)"):
                     state["mask_pending"] = None

@@ -60,3 +60,36 @@ def test_use_theirs_puts_their_text_in_the_field_and_saves_nothing(ws):
     assert ws.store.revisions() == revisions
     admin.text_area(key=f"desc_{base}").input("theirs, then mine").run()  # now edited from their text: saved
     assert Workspace(ws.root).store.wound(*base.rsplit("_", 1))["description"] == "theirs, then mine"
+
+
+def test_an_outline_saved_over_one_changed_since_the_editor_drew_it_is_refused(ws, monkeypatch):
+    """The outline editor's actions are fed to the page (the component itself is driven in tests/browser)."""
+    import components.outline_editor as editor
+
+    actions: list[dict] = []
+    monkeypatch.setattr(editor, "outline_editor", lambda **kwargs: actions.pop(0) if actions else None)
+    annotator = app("masks", annotator="Ann", role="annotator")
+    admin = app("masks", annotator="Ada", role="admin")  # both editors draw the stored outlines
+    photo = ws.store.images()[0]["image_id"]
+    wound = ws.store.wounds(photo)[0]
+    x0, y0, x1, y1 = wound["bbox"]
+
+    def square(inset: float, nonce: str) -> dict:
+        a, b = x0 + (x1 - x0) * inset, y0 + (y1 - y0) * inset
+        c, d = x1 - (x1 - x0) * inset, y1 - (y1 - y0) * inset
+        return {"type": "save", "index": wound["wound_index"], "nonce": nonce,
+                "polys": [[[a, b], [c, b], [c, d], [a, d]]]}
+
+    actions.append(square(0.3, "ann-1"))
+    annotator.run()
+    theirs = Workspace(ws.root).store.wound(photo, wound["wound_index"])
+    assert theirs["area"] != wound["area"] and not annotator.error
+    revisions = ws.store.revisions()
+    actions.append(square(0.2, "ada-1"))  # drawn over the outline as the admin's editor last showed it
+    admin.run()
+    assert any(f"Not saved: Ann changed wound {wound['wound_index']}" in e.value for e in admin.error)
+    assert Workspace(ws.root).store.wound(photo, wound["wound_index"]) == theirs
+    assert ws.store.revisions() == revisions
+    actions.append(square(0.2, "ada-2"))  # the editor has redrawn the stored outline: now saved
+    admin.run()
+    assert Workspace(ws.root).store.wound(photo, wound["wound_index"])["area"] != theirs["area"]
