@@ -730,14 +730,16 @@ class Store:
     def expecting(self, entity: str, key: Any, loaded: Mapping[str, Any],
                   yours: Mapping[str, Any] | None = None) -> Iterator[None]:
         """One write transaction (compare-and-set) that first checks every field of ``loaded`` (field →
-        value as the editor loaded it, see :meth:`fields`) still holds that value; the body's writes
-        join it. Raises :class:`StaleEdit` (their value and ``yours`` per changed field), and nothing is
+        value as the editor loaded it, see :meth:`fields`) still holds that value, or already ``yours``
+        (the same edit made twice); the body's writes join it. Raises :class:`StaleEdit` (their value and ``yours`` per changed field), and nothing is
         written, when one changed since or the row is gone."""
         with self.transaction():
             current = self.fields(entity, key)
             now_ = current or {}
-            conflicts = {name: (now_.get(name), (yours or {}).get(name)) for name, value in loaded.items()
-                         if current is None or _canonical(now_.get(name)) != _canonical(value)}
+            mine = yours or {}
+            conflicts = {name: (now_.get(name), mine.get(name)) for name, value in loaded.items()
+                         if current is None or _canonical(now_.get(name)) not in {
+                             _canonical(value), *([_canonical(mine[name])] if name in mine else [])}}
             if conflicts:
                 recorded = sorted({name.split(".")[0] for name in conflicts} | {"row"})  # metadata.x: metadata
                 last = self.db.execute(

@@ -15,6 +15,7 @@ import app_common as ac
 from annotations import followup
 from annotations.align import track_views
 from annotations.readers import DatasetError
+from annotations.store import StaleEdit, wound_key
 
 #: Keyboard, as on the Triplets page: accept the first proposal, start a new track.
 KEYS = {"accept": "a", "new": "n"}
@@ -106,10 +107,19 @@ def wound_embeddings(root: str, run_id: int) -> dict[tuple[str, int], np.ndarray
 
 
 def link(r: dict, track: str | None) -> None:
-    """Put the wound on ``track`` (None: a new track of its patient)."""
+    """Put the wound on ``track`` (None: a new track of its patient), provided it is still on the track this
+    page showed (none); a refusal is kept for the page to show."""
     target = track or followup.next_track_id(store, r["patient"])
-    followup.set_track(store, r["image_id"], r["wound_index"], target, actor=ac.actor())
-    st.toast(f"Wound {r['wound_index']} of {r['image_id']} → {target}")
+    try:
+        with store.expecting("wounds", wound_key(r["image_id"], r["wound_index"]), {"metadata.track_id": r["track"]},
+                             {"metadata.track_id": target}):
+            followup.set_track(store, r["image_id"], r["wound_index"], target, actor=ac.actor())
+    except StaleEdit as err:
+        theirs = err.conflicts["metadata.track_id"][0]
+        st.session_state["fu_stale"] = (f"Not linked: {err.by or 'someone else'} put wound {r['wound_index']} of "
+                                        f"{r['image_id']} on track {theirs} since this page showed it (yours: {target}).")
+        return
+    st.toast(ac.escape_md(f"Wound {r['wound_index']} of {r['image_id']} → {target}"))
 
 
 def import_visit_form() -> None:
@@ -132,12 +142,25 @@ def visit_date_form() -> None:
     with st.expander("Visit date of a photo"):
         undated = [i["image_id"] for i in store.images() if followup.VISIT_DATE not in i["metadata"]]
         photo = st.selectbox("Photo", undated or [i["image_id"] for i in store.images()], key="fu_photo")
+        current = (store.image(photo) or {}).get("metadata", {}).get(followup.VISIT_DATE) if photo else None
+        st.caption(f"Visit date now: {ac.escape_md(str(current)) if current else 'none'}")
+        shown = st.session_state.get("fu_date_shown")  # (photo, visit date) as the previous run showed them
         day = st.date_input("Visit date", value=date.today(), max_value=date.today(), key="fu_day")
         if st.button("Set the visit date", key="fu_set_date", disabled=not (can_edit and photo)):
+            loaded = shown[1] if shown and shown[0] == photo else current
             try:
-                followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
+                with store.expecting("images", photo, {"metadata.visit_date": loaded},
+                                     {"metadata.visit_date": day.isoformat()}):
+                    followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
+            except StaleEdit as err:
+                st.error(ac.escape_md(f"Not saved: {err.by or 'someone else'} set the visit date of {photo} to "
+                                      f"{err.conflicts['metadata.visit_date'][0] or 'none'} since this page showed "
+                                      f"it (yours: {day.isoformat()})."))
             except DatasetError as err:
-                st.error(str(err))
+                st.error(ac.escape_md(str(err)))
+            else:
+                current = day.isoformat()
+        st.session_state["fu_date_shown"] = (photo, current)
 
 
 def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
@@ -147,6 +170,8 @@ def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
                        format_func=lambda k: "none (site, position, size)" if k is None else cues[k],
                        key="fu_cue") if cues else None
     pending = followup.pending_links(rows, wound_embeddings(str(ws.root), cue) if cue is not None else None)
+    if "fu_stale" in st.session_state:
+        st.error(ac.escape_md(st.session_state.pop("fu_stale")))
     st.subheader(f"Links to confirm · {len(pending)}")
     if not pending:
         st.caption("Every wound of a dated photo is on a track.")

@@ -106,3 +106,10 @@ def test_the_refusal_names_who_changed_that_field(store):
     with pytest.raises(StaleEdit) as caught:
         store.edit("wounds", KEY, loaded, {"description": "stale"}, actor="other")
     assert caught.value.by == "annotator"  # the description's last writer, not the row's
+
+
+def test_the_same_edit_made_in_two_sessions_is_no_conflict(store):
+    a, b = store.fields("wounds", KEY), store.fields("wounds", KEY)
+    store.edit("wounds", KEY, a, {"description": "same words"}, actor="annotator")
+    assert store.edit("wounds", KEY, b, {"description": "same words"}, actor="admin") == {}
+    assert [r["actor"] for r in store.revisions("wounds", KEY) if r["action"] == "update"] == ["annotator"]

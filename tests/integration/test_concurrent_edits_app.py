@@ -93,3 +93,57 @@ def test_an_outline_saved_over_one_changed_since_the_editor_drew_it_is_refused(w
     actions.append(square(0.2, "ada-2"))  # the editor has redrawn the stored outline: now saved
     admin.run()
     assert Workspace(ws.root).store.wound(photo, wound["wound_index"])["area"] != theirs["area"]
+
+
+def test_follow_up_link_and_visit_date_from_a_stale_page_are_refused(tmp_path, monkeypatch):
+    from tests.integration.test_followup_page import page, split_visits
+
+    from annotations import accounts
+    from annotations.dataset import import_dataset
+    from core.phantoms.visits import build_visits
+
+    build_visits(tmp_path / "visits", visits=3, patients=2, seed=5)
+    before, after = split_visits(tmp_path / "visits", tmp_path, "_v03")
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, before)
+    import_dataset(ws, after)  # the third visit's wounds wait for their links
+    monkeypatch.setenv("TRIDERM_WORKSPACE", str(ws.root))
+    accounts.add_account(ws.store, "Tess", "admin", "correct horse battery", "test")
+    first, second = page(ws), page(ws)  # two browsers show the same pending link
+    pending = int(first.subheader[0].value.split("·")[1])
+    first.button(key="fu_accept").click().run()
+    linked = {(w["image_id"], w["wound_index"]): w["metadata"].get("track_id") for w in ws.store.wounds()}
+    revisions = ws.store.revisions()
+    second.button(key="fu_new").click().run()  # a new track for the wound the first browser just linked
+    assert any(e.value.startswith("Not linked: Tess put wound") for e in second.error)
+    assert {(w["image_id"], w["wound_index"]): w["metadata"].get("track_id") for w in ws.store.wounds()} == linked
+    assert ws.store.revisions() == revisions
+    assert int(second.subheader[0].value.split("·")[1]) == pending - 1
+
+    photo = first.selectbox(key="fu_photo").value
+    second.selectbox(key="fu_photo").set_value(photo).run()
+    second.date_input(key="fu_day").set_value("2025-03-04").run()  # the second browser's page is ready first
+    first.date_input(key="fu_day").set_value("2025-01-02").run()
+    first.button(key="fu_set_date").click().run()
+    assert ws.store.image(photo)["metadata"]["visit_date"] == "2025-01-02"
+    second.button(key="fu_set_date").click().run()
+    assert any("2025\\-01\\-02" in e.value and "2025\\-03\\-04" in e.value for e in second.error)
+    assert ws.store.image(photo)["metadata"]["visit_date"] == "2025-01-02"
+    second.button(key="fu_set_date").click().run()  # the page now shows the first browser's date: saved
+    assert ws.store.image(photo)["metadata"]["visit_date"] == "2025-03-04"
+
+
+def test_an_account_change_from_a_stale_page_is_refused(ws):
+    from annotations import accounts
+
+    accounts.add_account(ws.store, "Ann", "annotator", "correct horse battery", "test")
+    first, second = app("accounts", annotator="Ada"), app("accounts", annotator="Bo")
+    for at in (first, second):
+        at.selectbox(key="acct_who").set_value("Ann").run()
+    second.selectbox(key="acct_role").set_value("researcher").run()  # the second admin's choice, made first
+    first.selectbox(key="acct_role").set_value("viewer").run()
+    next(b for b in first.button if b.label == "Change role").click().run()
+    assert accounts.get(ws.store, "Ann").role == "viewer"
+    next(b for b in second.button if b.label == "Change role").click().run()
+    assert accounts.get(ws.store, "Ann").role == "viewer"
+    assert any("viewer" in e.value and "researcher" in e.value and "Ada" in e.value for e in second.error)
