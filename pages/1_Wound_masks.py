@@ -92,13 +92,13 @@ def second_reading(image_id: str) -> None:
             read_action(image_id, me, layer.shape, action)
             st.rerun()
         if state.get("mask_error"):
-            st.error(state.pop("mask_error"))
+            st.error(ac.escape_md(state.pop("mask_error")))
         if state.get("mask_flash"):
-            st.success(state.pop("mask_flash"))
+            st.success(ac.escape_md(state.pop("mask_flash")))
         st.caption(f"{image['width']}×{image['height']} px · minimum wound area {ws.min_wound_area} px · "
                    "overlapping wounds of one reading are refused, never clipped.")
     with list_col:
-        st.subheader(f"Your reading of {image_id}")
+        st.subheader(f"Your reading of {ac.escape_md(image_id)}")
         found = [int(i) for i in np.unique(layer) if i > 0]
         if not found:
             st.info("You have not outlined a wound on this photo yet.")
@@ -329,9 +329,9 @@ def editor():
             st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
         # messages right under the tools that caused them, above the photo (in view at 1366×768)
         if state.get("mask_error"):
-            st.error(state.pop("mask_error"))
+            st.error(ac.escape_md(state.pop("mask_error")))
         if state.get("mask_flash"):
-            st.success(state.pop("mask_flash"))
+            st.success(ac.escape_md(state.pop("mask_flash")))
 
         shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
                   for i, polys in session.label_polygons(labels).items()]
@@ -370,7 +370,7 @@ def editor():
                 if c2.button("Cancel (keep editing)"):
                     state["mask_pending"] = None
                     st.rerun()
-        st.caption(f"{image['width']}×{image['height']} px · patient {image.get('patient_id') or '—'} · "
+        st.caption(f"{image['width']}×{image['height']} px · patient {ac.escape_md(image.get('patient_id')) or '—'} · "
                    f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
                    "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
     return list_col
@@ -465,7 +465,7 @@ def remove(image_id: str, index: int) -> None:
 def wound_list(list_col) -> None:
     """Each wound of the photo: its description and metadata fields (saved on leaving a field), delete."""
     with list_col:
-        st.subheader(f"Wounds of {pick}")
+        st.subheader(f"Wounds of {ac.escape_md(pick)}")
         if not wounds:
             st.info("No wound outlined on this photo yet. Draw one, click inside one, or ask for suggestions.")
         for w in wounds:

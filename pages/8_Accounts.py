@@ -122,7 +122,7 @@ def main() -> None:
     """The accounts table above four tabs of changes, each recorded in the audit trail."""
     done = st.session_state.pop("_accounts_done", None)
     if done:
-        st.success(done)
+        st.success(ac.escape_md(done))
     rows = accounts.list_accounts(store)
     accounts_table(rows)
     tabs = st.tabs(["New account", "Change an account", "Earlier annotator names", "Ollama hosts"])

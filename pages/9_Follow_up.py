@@ -3,6 +3,7 @@ track side by side, and the tidy CSV for statistics (annotations.followup)."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 from datetime import date
 
@@ -43,7 +44,7 @@ def area_figure(linked: list[dict], unit: str) -> go.Figure:
     are plain dicts: plotly validates them once, where ``add_trace`` per track took ~0.6 s for 66."""
     frame = pd.DataFrame(linked)
     traces = [{"type": "scattergl", "x": list(group["visit_date"]), "y": list(group[unit]), "mode": "lines+markers",
-               "name": f"{patient} · {track}", "hovertemplate": "%{x|%Y-%m-%d}: %{y:.2f}"}
+               "name": html.escape(f"{patient} · {track}"), "hovertemplate": "%{x|%Y-%m-%d}: %{y:.2f}"}
               for (patient, track), group in frame.groupby(["patient", "track"], sort=True)]
     fig = go.Figure(data=traces)
     fig.update_layout(height=420, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_title="visit", xaxis_type="date",
@@ -132,7 +133,7 @@ def import_visit_form() -> None:
             try:
                 summary = followup.import_visit(ws, folder, visit_day, actor=ac.actor())
             except DatasetError as err:
-                st.error(str(err))
+                st.error(ac.escape_md(str(err)))
             else:
                 st.success(f"Imported {summary['images']} photo(s), {summary['wounds']} wound(s).")
 
@@ -182,11 +183,11 @@ def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
     best = r["proposals"][0][0]
     left, right = st.columns([1, 2])
     left.image(crop(str(ws.root), r["image_id"], r["wound_index"], now),
-               caption=f"{r['image_id']} · wound {r['wound_index']} · {r['visit_date']} · {r['site'] or 'no site'}")
+               caption=ac.escape_md(f"{r['image_id']} · wound {r['wound_index']} · {r['visit_date']} · {r['site'] or 'no site'}"))
     with right:
-        st.markdown(f"Proposed: **{best or 'a new track'}**" + (f" (cost {r['proposals'][0][1]:.1f})" if best else ""))
+        st.markdown(f"Proposed: **{ac.escape_md(best) or 'a new track'}**" + (f" (cost {r['proposals'][0][1]:.1f})" if best else ""))
         c1, c2 = st.columns(2)
-        c1.button(f"Accept · {best or 'new track'}", key="fu_accept", type="primary", shortcut=KEYS["accept"],
+        c1.button(f"Accept · {ac.escape_md(best) or 'new track'}", key="fu_accept", type="primary", shortcut=KEYS["accept"],
                   on_click=link, args=(r, best))
         c2.button("New track", key="fu_new", shortcut=KEYS["new"], on_click=link, args=(r, None))
         others = [t for t, _ in r["proposals"][1:] if t is not None]
@@ -218,7 +219,7 @@ def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
     views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
     for col, r, (picture, _) in zip(st.columns(max(len(visits), 1)), visits, views):
         size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else ""))
+        col.image(picture, caption=f"{ac.escape_md(str(r['visit_date']))} · {size}" + (" · closed" if r["closed"] else ""))
     if views:
         registered = sum("(ECC)" in how for _, how in views[1:])
         st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the "
@@ -245,7 +246,7 @@ def main() -> None:
     try:
         rows = rows_of(str(ws.root), now)
     except DatasetError as err:
-        st.error(str(err))
+        st.error(ac.escape_md(str(err)))
         return
     confirm_links(rows, now)
     linked = [r for r in rows if r["track"] is not None and r["visit_date"]]

@@ -127,7 +127,7 @@ def test_follow_up_link_and_visit_date_from_a_stale_page_are_refused(tmp_path, m
     first.button(key="fu_set_date").click().run()
     assert ws.store.image(photo)["metadata"]["visit_date"] == "2025-01-02"
     second.button(key="fu_set_date").click().run()
-    assert any("2025\\-01\\-02" in e.value and "2025\\-03\\-04" in e.value for e in second.error)
+    assert any("2025-01-02" in e.value and "2025-03-04" in e.value for e in second.error)
     assert ws.store.image(photo)["metadata"]["visit_date"] == "2025-01-02"
     second.button(key="fu_set_date").click().run()  # the page now shows the first browser's date: saved
     assert ws.store.image(photo)["metadata"]["visit_date"] == "2025-03-04"
