@@ -7,6 +7,7 @@ function per section (:func:`main` calls them in order)."""
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 
@@ -151,7 +152,7 @@ def track_path(fig, side_col, m: MapInput, xy: np.ndarray, stale: str | None) ->
         visits = followup.track_visits(ws.store, path_of)
         path = track_rows(m, visits)
         date_of = {image_id: day for image_id, _, day in visits}  # one wound of a track per photo
-        add_track_path(fig, xy, path, path_of, [date_of[m.images[r]] for r in path])
+        add_track_path(fig, xy, path, html.escape(path_of), [html.escape(date_of[m.images[r]]) for r in path])
         if len(path) < len(visits):
             side_col.caption(f"Track {ac.escape_md(path_of)}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
 
@@ -193,7 +194,9 @@ def draw_map(columns: list, run_ids: tuple[int, ...], method: str, run: dict, st
     grouped, colours = ac.category_colours([colour_value(images.get(i, {}), patients, colour_by,
                                                          None if cluster_of is None else int(cluster_of[n]))
                                             for n, i in enumerate(m.images)])
-    fig = scatter_figure(xy, m.points, grouped, colours, colour_by)
+    # plotly reads <a>, <b>, <br>… in trace names and point texts: text from data goes in HTML-escaped
+    fig = scatter_figure(xy, [html.escape(str(p)) for p in m.points], [html.escape(str(g)) for g in grouped],
+                         {html.escape(str(g)): c for g, c in colours.items()}, colour_by)
     if show_thumbs:
         add_thumbnails(fig, xy, m.images)
     track_path(fig, side_col, m, xy, stale)

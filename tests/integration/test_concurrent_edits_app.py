@@ -147,3 +147,4 @@ def test_an_account_change_from_a_stale_page_is_refused(ws):
     next(b for b in second.button if b.label == "Change role").click().run()
     assert accounts.get(ws.store, "Ann").role == "viewer"
     assert any("viewer" in e.value and "researcher" in e.value and "Ada" in e.value for e in second.error)
+
