@@ -456,8 +456,19 @@ def stale_notice(base: str, err: StaleEdit, args: tuple) -> None:
 
 
 def remove(image_id: str, index: int) -> None:
-    """Delete wound ``index`` of the photo, redraw its outlines and say so."""
-    session.delete_wound(ws, image_id, index, actor=ac.actor())
+    """Delete wound ``index`` of the photo, provided it is still as this page loaded it (its fields and the
+    outline the editor drew); redraw its outlines and say so, or why nothing was deleted."""
+    expected = {**state.get(f"loaded_{image_id}_{index}", {}),
+                "outline": state.get(f"mask_drawn_{image_id}", {}).get(index)}
+    try:
+        with ws.store.expecting("wounds", wound_key(image_id, index), expected):
+            session.delete_wound(ws, image_id, index, actor=ac.actor())
+    except StaleEdit as err:
+        user_error(f"Not deleted: {err.by or 'someone else'} {'deleted' if err.gone else 'changed'} wound {index} "
+                   f"since this page showed it ({', '.join(err.conflicts)}). Check it, then delete it again.")
+        state.pop(f"loaded_{image_id}_{index}", None)
+        bump(image_id)
+        return
     bump(image_id)
     state["mask_flash"] = f"Deleted wound {index} of {image_id}."
 

@@ -156,13 +156,18 @@ def second_reading_tab(excluded_names: dict[str, dict]) -> None:
                "closes a photo's reading: its readings are kept and still count.")
     photo_ids = [im["image_id"] for im in store.images()]
     now_marked = readings.marked(ws)
+    if "reading_photos" not in st.session_state:  # the form is (re)created: it shows the stored marks
+        st.session_state["reading_shown"] = now_marked
+    shown = st.session_state["reading_shown"]  # the marks the form showed: what a save changes
     with st.form("reading_form", border=False):
         chosen = st.multiselect("Photos for second reading", photo_ids, default=now_marked, key="reading_photos")
         if st.form_submit_button("Save marks", type="primary", key="reading_save"):
-            for image_id in sorted(set(chosen) - set(now_marked)):
+            # only the marks changed in this form: another admin's marks made meanwhile stay
+            for image_id in sorted(set(chosen) - set(shown) - set(now_marked)):
                 readings.mark(ws, image_id, actor)
-            for image_id in sorted(set(now_marked) - set(chosen)):
+            for image_id in sorted((set(shown) - set(chosen)) & set(now_marked)):
                 readings.unmark(ws, image_id, actor)
+            st.session_state.pop("reading_photos", None)  # the form shows the stored marks again
             st.rerun()
     done = readings.readings(ws)
     left_out = {n.casefold() for n in excluded_names}

@@ -148,3 +148,33 @@ def test_an_account_change_from_a_stale_page_is_refused(ws):
     assert accounts.get(ws.store, "Ann").role == "viewer"
     assert any("viewer" in e.value and "researcher" in e.value and "Ada" in e.value for e in second.error)
 
+
+
+def test_a_wound_changed_since_the_page_showed_it_is_not_deleted(ws):
+    annotator = app("masks", annotator="Ann", role="annotator")
+    admin = app("masks", annotator="Ada", role="admin")
+    photo = ws.store.images()[0]["image_id"]
+    index = ws.store.wounds(photo)[0]["wound_index"]
+    annotator.text_area(key=f"desc_{photo}_{index}").input("a new finding").run()
+    admin.button(key=f"del_{photo}_{index}").click().run()  # the admin's page shows the old description
+    assert Workspace(ws.root).store.wound(photo, index)["description"] == "a new finding"
+    assert any(e.value.startswith("Not deleted: Ann changed wound") for e in admin.error)
+    admin.button(key=f"del_{photo}_{index}").click().run()  # shown again as stored: now deleted
+    assert Workspace(ws.root).store.wound(photo, index) is None
+
+
+def test_saving_second_reading_marks_keeps_another_admins_marks(tmp_path, monkeypatch):
+    from tests.integration.test_readings import review_page
+    from tests.integration.test_readings import ws as photos
+
+    from annotations import readings
+
+    ws = photos.__wrapped__(tmp_path)
+    first, second = review_page(ws, monkeypatch, "Ada", "admin"), review_page(ws, monkeypatch, "Bo", "admin")
+    first.multiselect(key="reading_photos").set_value(["p1"])
+    first.button(key="reading_save").click().run()
+    assert readings.marked(ws) == ["p1"]
+    second.multiselect(key="reading_photos").set_value(["p2"])  # the form showed no mark: p1 is not its change
+    second.button(key="reading_save").click().run()
+    assert readings.marked(ws) == ["p1", "p2"]
+    assert second.multiselect(key="reading_photos").value == ["p1", "p2"]  # the stored marks shown again
