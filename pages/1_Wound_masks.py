@@ -466,7 +466,9 @@ def remove(image_id: str, index: int) -> None:
     except StaleEdit as err:
         user_error(f"Not deleted: {err.by or 'someone else'} {'deleted' if err.gone else 'changed'} wound {index} "
                    f"since this page showed it ({', '.join(err.conflicts)}). Check it, then delete it again.")
-        state.pop(f"loaded_{image_id}_{index}", None)
+        base = f"{image_id}_{index}"
+        for key in [k for k in state if k == f"desc_{base}" or (k.startswith("meta_") and k.endswith(f"_{base}"))]:
+            del state[key]  # its fields load the stored values again
         bump(image_id)
         return
     bump(image_id)
