@@ -731,8 +731,9 @@ class Store:
                   yours: Mapping[str, Any] | None = None) -> Iterator[None]:
         """One write transaction (compare-and-set) that first checks every field of ``loaded`` (field →
         value as the editor loaded it, see :meth:`fields`) still holds that value, or already ``yours``
-        (the same edit made twice); the body's writes join it. Raises :class:`StaleEdit` (their value and ``yours`` per changed field), and nothing is
-        written, when one changed since or the row is gone."""
+        (the same edit made twice); the body's writes join it. Raises :class:`StaleEdit` (their value
+        and ``yours`` per changed field), and nothing is written, when one changed since or the row is
+        gone."""
         with self.transaction():
             current = self.fields(entity, key)
             now_ = current or {}
@@ -754,10 +755,10 @@ class Store:
              actor: str) -> dict[str, Any]:
         """Save only ``changes`` (field → new value; a ``metadata.<name>`` of None or "" removes it) of a
         wound, photo or patient, provided each changed field still holds its ``loaded`` value (a metadata
-        field missing from ``loaded`` was absent) (one
-        transaction, :meth:`expecting`); returns the fields written (a field already at its new value is
-        not rewritten), each recorded as a revision under ``actor``. Raises :class:`StaleEdit` otherwise,
-        ValueError for a field without its loaded value or one this method does not write."""
+        field missing from ``loaded`` was absent), in one transaction (:meth:`expecting`). Returns the
+        fields written (a field already at its new value is not rewritten), each recorded as a revision
+        under ``actor``. Raises :class:`StaleEdit` otherwise, ValueError for a field without its loaded
+        value or one this method does not write."""
         missing = sorted(n for n in changes if n not in loaded and not n.startswith("metadata."))
         if missing:  # a metadata field the row did not have loads as None
             raise ValueError(f"no loaded value for {', '.join(missing)}: cannot check the edit")
@@ -952,8 +953,8 @@ class Store:
 
 class StaleEdit(ValueError):
     """An edit made from a stale copy: a field it changes was changed by someone else (``by``, at ``at``:
-    the last revision of those fields or of the row) since the editor loaded it, or the row is ``gone``. ``conflicts``: field →
-    (their value now, your value)."""
+    the last revision of those fields or of the row) since the editor loaded it, or the row is ``gone``.
+    ``conflicts``: field → (their value now, your value)."""
 
     def __init__(self, entity: str, key: Any, conflicts: dict[str, tuple[Any, Any]], *, gone: bool = False,
                  by: str | None = None, at: str | None = None) -> None:
