@@ -159,8 +159,6 @@ clicks: list[dict] = state.setdefault(f"mask_clicks_{pick}", [])
 pending: session.OutlinePlan | None = state.get("mask_pending")
 if pending is not None and pending.image_id != pick:
     pending = state["mask_pending"] = None
-#: the outlines the editor last drew ({index: {area, bbox}}): what an outline saved from it was drawn over
-drawn: dict[int, dict] = state.get(f"mask_drawn_{pick}", {})
 
 
 def user_error(err: Exception) -> None:
@@ -205,6 +203,7 @@ def submit(region: np.ndarray, wound_index: int | None, origin: str, after=None)
     except ValueError as err:
         user_error(err)
         return
+    drawn = state.get(f"mask_drawn_{pick}", {})  # the outlines the editor showed: what this one was drawn over
     expected = {j: drawn.get(j) for j in {wound_index, *plan.overlaps} if j is not None}
     if plan.overlaps:
         state["mask_pending"] = plan
@@ -339,7 +338,6 @@ def editor():
                     "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
         overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
         geometry = {w["wound_index"]: {"area": int(w["area"]), "bbox": [int(v) for v in w["bbox"]]} for w in wounds}
-        state[f"mask_drawn_{pick}"] = geometry  # redrawn below whenever it changes: the version names it
         digest = hashlib.sha1(json.dumps(sorted(geometry.items())).encode()).hexdigest()[:12]
         version = f"{state.get(f'mask_ver_{pick}', 0)}:{digest}"
         action = outline_editor(
@@ -349,6 +347,7 @@ def editor():
             state["mask_nonce"] = action["nonce"]
             handle(action)
             st.rerun()
+        state[f"mask_drawn_{pick}"] = geometry  # what the editor shows: it redraws whenever the version changes
 
         if pending is not None:
             with st.container(border=True):
