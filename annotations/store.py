@@ -706,7 +706,9 @@ class Store:
         ``entity`` and ``key`` as in the revisions: ``wounds`` (:func:`wound_key`) gives ``description``,
         ``outline`` ({area, bbox}) and ``metadata.<name>``; ``images`` (photo id) ``patient_id`` and
         ``metadata.<name>``; ``patients`` (patient id) ``metadata.<name>``; ``accounts`` (name) ``role``,
-        ``email`` and ``disabled``. A field not listed is None."""
+        ``email`` and ``disabled``; ``meta`` (a workspace setting's key) ``value``. A field not listed is None."""
+        if entity == "meta":
+            return {"value": self.get_meta(key)}
         if entity == "accounts":
             rows = list(self.db.query("SELECT role, email, disabled FROM accounts WHERE name = ?", [key]))
             return {**rows[0], "disabled": bool(rows[0]["disabled"])} if rows else None

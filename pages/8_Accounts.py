@@ -104,7 +104,10 @@ def hosts_tab() -> None:
     with st.form("ollama_hosts"):
         st.caption("The only Ollama servers LLM runs may call (one per line: host, host:port or http(s)://host:port). "
                    "Researchers pick from this list; nobody types an address per run.")
-        current = store.get_meta("ollama_hosts", list(DEFAULT_OLLAMA_HOSTS))
+        stored = store.get_meta("ollama_hosts")
+        if "ollama_hosts_text" not in st.session_state:  # the field is (re)created: it shows the stored list
+            st.session_state["ollama_hosts_shown"] = stored
+        current = stored if stored is not None else list(DEFAULT_OLLAMA_HOSTS)
         text = st.text_area("Allowed hosts", "\n".join(current), key="ollama_hosts_text")
         if st.form_submit_button("Save hosts"):
             hosts = [h.strip() for h in text.splitlines() if h.strip()]
@@ -113,7 +116,11 @@ def hosts_tab() -> None:
                 """Check every host and store the allow-list (nothing stored when one is malformed)."""
                 for h in hosts:
                     allowed_ollama_host(h, [h])  # one clear error for a malformed entry; nothing saved
-                store.set_meta("ollama_hosts", hosts)
+                # only over the list this form showed: another admin's list saved meanwhile is refused, not lost
+                with store.expecting("meta", "ollama_hosts", {"value": st.session_state.get("ollama_hosts_shown")},
+                                     {"value": hosts}):
+                    store.set_meta("ollama_hosts", hosts)
+                st.session_state["ollama_hosts_shown"] = hosts
 
             attempt(save, f"{len(hosts)} Ollama host(s) allowed.")
 

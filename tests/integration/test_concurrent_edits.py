@@ -113,3 +113,11 @@ def test_the_same_edit_made_in_two_sessions_is_no_conflict(store):
     store.edit("wounds", KEY, a, {"description": "same words"}, actor="annotator")
     assert store.edit("wounds", KEY, b, {"description": "same words"}, actor="admin") == {}
     assert [r["actor"] for r in store.revisions("wounds", KEY) if r["action"] == "update"] == ["annotator"]
+
+
+def test_a_workspace_setting_is_checked_like_a_field(store):
+    assert store.fields("meta", "ollama_hosts") == {"value": None}
+    store.set_meta("ollama_hosts", ["a"])
+    with pytest.raises(StaleEdit), store.expecting("meta", "ollama_hosts", {"value": None}, {"value": ["b"]}):
+        store.set_meta("ollama_hosts", ["b"])
+    assert store.get_meta("ollama_hosts") == ["a"]

@@ -179,3 +179,14 @@ def test_saving_second_reading_marks_keeps_another_admins_marks(tmp_path, monkey
     second.button(key="reading_save").click().run()
     assert readings.marked(ws) == ["p1", "p2"]
     assert second.multiselect(key="reading_photos").value == ["p1", "p2"]  # the stored marks shown again
+
+
+def test_an_ollama_allow_list_saved_from_a_stale_form_is_refused(ws):
+    first, second = app("accounts", annotator="Ada"), app("accounts", annotator="Bo")
+    next(t for t in first.text_area if t.label == "Allowed hosts").input("gpu-a:11434")
+    next(b for b in first.button if b.label == "Save hosts").click().run()
+    assert ws.store.get_meta("ollama_hosts") == ["gpu-a:11434"]
+    next(t for t in second.text_area if t.label == "Allowed hosts").input("gpu-b:11434")
+    next(b for b in second.button if b.label == "Save hosts").click().run()
+    assert ws.store.get_meta("ollama_hosts") == ["gpu-a:11434"]
+    assert any("gpu-a" in e.value and "gpu-b" in e.value for e in second.error)
