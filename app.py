@@ -28,7 +28,7 @@ def sign_in_form() -> None:
     store = ac.workspace().store
     notice = st.session_state.pop("_auth_notice", None)
     if notice:
-        st.warning(notice)
+        st.warning(ac.escape_md(notice))
     if not accounts.has_accounts(store):
         st.info("No account exists in this workspace yet. Create the first admin on the server:\n\n"
                 "`python -m annotations users add --role admin NAME`")
@@ -45,7 +45,7 @@ def sign_in_form() -> None:
             try:
                 found = accounts.authenticate(store, name, password)
             except AuthError as err:
-                st.error(str(err))
+                st.error(ac.escape_md(str(err)))
                 return
             ac.sign_in(found)
             st.rerun()
@@ -54,7 +54,7 @@ def sign_in_form() -> None:
 def overview_section(ws) -> None:
     """The workspace overview: counts, progress toward the targets, annotators and the latest runs."""
     info = session.overview(ws)
-    st.subheader(f"Workspace · {ws.dataset_name}")
+    st.subheader(f"Workspace · {ac.escape_md(ws.dataset_name)}")
     if info["images"] == 0:
         st.info("This workspace is empty. Import a dataset folder or build the synthetic demo below.")
         return
@@ -104,7 +104,7 @@ def data_section(ws) -> None:
                 try:
                     summary = followup.import_visit(ws, Path(folder).expanduser(), visit)
                 except DatasetError as err:
-                    st.error(f"Nothing imported: {err}")
+                    st.error(f"Nothing imported: {ac.escape_md(str(err))}")
                 else:
                     st.success(f"Imported {summary['images']} photos, {summary['wounds']} wounds, "
                                f"{summary['new_triplets']} new triplets"
@@ -113,7 +113,7 @@ def data_section(ws) -> None:
             st.markdown("**Build the synthetic demo** (phantom wounds, labelled SYNTHETIC everywhere)")
             refusal = demo_refusal(ws)
             if refusal:
-                st.caption(refusal)
+                st.caption(ac.escape_md(refusal))
             photos = st.number_input("Photos", min_value=6, max_value=200, value=53)
             if st.button("Build demo", disabled=refusal is not None):
                 from core.phantoms import build
@@ -127,7 +127,7 @@ def data_section(ws) -> None:
                     try:
                         summary = import_dataset(ws, out)
                     except DatasetError as err:
-                        st.error(f"Nothing imported: {err}")
+                        st.error(f"Nothing imported: {ac.escape_md(str(err))}")
                         return
                 st.session_state["_demo_built"] = (f"Demo imported: {summary['images']} synthetic photos, "
                                                    f"{summary['wounds']} wounds, {summary['new_triplets']} triplets.")
@@ -167,7 +167,7 @@ def gate() -> None:
 
 def main() -> None:
     """The app's entry point: the sign-in gate, or the navigation over the pages the account may open."""
-    st.set_page_config(page_title="TriDerm Studio", page_icon=":material/healing:", layout="wide")
+    st.set_page_config(page_title="TriDerm Studio", page_icon=ac.page_icon(), layout="wide")
     ac.session_key()  # an unusable signing key stops the app here, with the reason
     if ac.account() is None:  # every page's address shows the sign-in (no page runs); signing in reruns that
         # address, which then holds the page itself: a deep link lands on the page asked for after sign-in

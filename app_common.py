@@ -9,11 +9,13 @@ visitor who is not signed in or whose role lacks ``PERMISSION``.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import importlib.abc
 import io
 import json
 import math
+import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import streamlit as st
-from PIL import Image, ImageOps
+from PIL import Image, ImageDraw, ImageOps
 
 from annotations import accounts, holders, session
 from annotations.accounts import Account, AuthError
@@ -116,7 +118,7 @@ def session_key() -> str:
     try:
         return accounts.secret_key(workspace().root)
     except accounts.SessionKeyError as err:
-        st.error(f"TriDerm Studio cannot start: {err}")
+        st.error(f"TriDerm Studio cannot start: {escape_md(str(err))}")
         st.stop()
 
 
@@ -232,12 +234,24 @@ def allowed(permission: str | None) -> bool:
     return found is not None and (permission is None or found.can(permission))
 
 
+@functools.lru_cache(maxsize=1)
+def page_icon() -> Image.Image:
+    """The browser tab's icon, drawn here and served by the app itself (a ``:material/…:`` icon is fetched
+    from Google's font server, which a clinical network may block and which learns who uses the app)."""
+    icon = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(icon)
+    draw.rounded_rectangle((2, 2, 61, 61), radius=14, fill=(0, 121, 107))
+    draw.rectangle((26, 12, 37, 51), fill=(255, 255, 255))
+    draw.rectangle((12, 26, 51, 37), fill=(255, 255, 255))
+    return icon
+
+
 def page(title: str, need: str | None = None, compact: bool = False, banner: bool = True) -> Workspace:
     """Start a page: config, sign-in and role gate (stops the script when either fails), sidebar,
     synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
     ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width.
     ``banner=False``: the page labels its sections' data itself (a page that also shows real data)."""
-    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide",
+    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=page_icon(), layout="wide",
                        initial_sidebar_state="collapsed" if compact else "auto")
     if compact:
         st.html("<style>[data-testid='stMainBlockContainer'] {padding: 3.75rem 1rem 1rem 1rem;} "
@@ -247,7 +261,7 @@ def page(title: str, need: str | None = None, compact: bool = False, banner: boo
     if found is None or "_home_page" not in st.session_state:  # not reached through app.py's router
         route_through_app()
     if found is None:
-        st.error(st.session_state.get("_auth_notice") or "Sign in on the Home page to use TriDerm Studio.")
+        st.error(escape_md(st.session_state.get("_auth_notice")) or "Sign in on the Home page to use TriDerm Studio.")
         st.stop()
     ws = workspace()
     sidebar(ws)
@@ -289,7 +303,7 @@ def sidebar(ws: Workspace) -> None:
             if st.button("Sign out", key="_signout"):
                 sign_out()
                 st.rerun()
-        st.caption(f"Workspace: `{ws.root}`")
+        st.caption(f"Workspace: {escape_md(str(ws.root))}")
 
 
 def synthetic_banner(ws: Workspace) -> None:
@@ -300,17 +314,30 @@ def synthetic_banner(ws: Workspace) -> None:
             "Every number and picture here is synthetic, not clinical.", icon=":material/science:")
 
 
+#: Characters that start Markdown or HTML anywhere in a line (emphasis, code, links, images, HTML, tables,
+#: strikethrough, math, entities, e-mail autolinks), escaped wherever they occur.
+_MD_SPECIAL = frozenset("\\`*_{}[]<>#|~$&@")
+#: Markdown that only starts at certain places: a list, quote or rule marker at a line's start, a ``www.`` or
+#: ``scheme:`` autolink, a ``:shortcode:``, ``:material/icon:`` or ``:colour[text]`` directive.
+_MD_PLACED = re.compile(r"(?m)^(\s*)([-+=]|\d+(?=[.)]))|(?i:\b(www)\.)|:(?=[\w\[/])")
+
+
 def escape_md(text: str | None) -> str:
-    """User text safe inside Markdown (no HTML, no formatting injection)."""
+    """Text from data (names, ids, descriptions, file contents, error messages) shown as itself wherever
+    Streamlit renders Markdown (messages, captions, headings, labels): no formatting, link, image, HTML,
+    emoji or colour comes from it. Empty for None."""
     if not text:
         return ""
-    out = []
-    for ch in str(text):
-        if ch in "\\`*_{}[]()#+-.!|<>~$":
-            out.append("\\" + ch)
-        else:
-            out.append(ch)
-    return "".join(out)
+    out = "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in str(text))
+
+    def placed(m: re.Match) -> str:
+        if m.group(2) is not None:  # a line-start marker: "- ", "+ ", "=", "1." → escaped
+            return f"{m.group(1)}{m.group(2)}\\" if m.group(2)[0].isdigit() else f"{m.group(1)}\\{m.group(2)}"
+        if m.group(3) is not None:
+            return f"{m.group(3)}\\."
+        return "\\:\u2060"  # a word joiner after the colon: no shortcode or directive starts here
+
+    return _MD_PLACED.sub(placed, out)
 
 
 def _digest(ws: Workspace, image_id: str) -> str:
@@ -480,7 +507,7 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         try:
             jobs.start_job(ws, name, module, args)
         except ValueError as err:
-            st.error(str(err))
+            st.error(escape_md(str(err)))
         st.rerun()
     if alive:
         if c2.button("Stop", key=f"stop_{name}"):
@@ -495,10 +522,10 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         state = "running" if alive else (run["status"] if run else "exited")
         if not alive and run is not None and run["status"] == "running":
             state = "exited without finishing (resume to continue)"
-        c3.markdown(f"{status_badge(state)} · pid {record['pid']} · `{' '.join(record['cmd'][2:])}`")
+        c3.markdown(f"{escape_md(status_badge(state))} · pid {record['pid']} · {escape_md(' '.join(record['cmd'][2:]))}")
         if run is not None:
             st.progress(min(1.0, float(run["progress"] or 0)),
-                        text=f"run {run['id']} ({run['kind']}): {run['message'] or run['status']}")
+                        text=f"run {run['id']} ({escape_md(run['kind'])}): {escape_md(run['message'] or run['status'])}")
         log = jobs.tail_log(ws, name, 12)
         if log:
             st.code(log, language=None)

@@ -8,12 +8,17 @@ reading is outlined blind into the annotator's own layer (annotations.readings),
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+
 import numpy as np
 import streamlit as st
 
 import app_common as ac
 from annotations import readings, session
 from annotations.readers import typed_value
+from annotations.store import StaleEdit, wound_key
 from components.outline_editor import image_uri, outline_editor
 
 ws = ac.page("Wound masks", need="annotate", compact=True)  # photo and tools in view at 1366×768
@@ -87,13 +92,13 @@ def second_reading(image_id: str) -> None:
             read_action(image_id, me, layer.shape, action)
             st.rerun()
         if state.get("mask_error"):
-            st.error(state.pop("mask_error"))
+            st.error(ac.escape_md(state.pop("mask_error")))
         if state.get("mask_flash"):
-            st.success(state.pop("mask_flash"))
+            st.success(ac.escape_md(state.pop("mask_flash")))
         st.caption(f"{image['width']}×{image['height']} px · minimum wound area {ws.min_wound_area} px · "
                    "overlapping wounds of one reading are refused, never clipped.")
     with list_col:
-        st.subheader(f"Your reading of {image_id}")
+        st.subheader(f"Your reading of {ac.escape_md(image_id)}")
         found = [int(i) for i in np.unique(layer) if i > 0]
         if not found:
             st.info("You have not outlined a wound on this photo yet.")
@@ -161,10 +166,24 @@ def user_error(err: Exception) -> None:
     state["mask_error"] = str(err)
 
 
-def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None) -> None:
-    """Store a planned outline (overlaps decided in ``keeps``); errors become the page's message."""
+def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None, expected: dict | None = None) -> None:
+    """Store a planned outline (overlaps decided in ``keeps``) provided each wound it changes still has the
+    outline the editor drew (``expected``: index → {area, bbox}); a refusal or an error becomes the page's
+    message, and the editor redraws the outlines as stored."""
     try:
-        index = session.apply_outline(ws, plan, keeps, actor=ac.actor())
+        with contextlib.ExitStack() as guard:
+            for j, outline in (expected or {}).items():
+                guard.enter_context(ws.store.expecting("wounds", wound_key(plan.image_id, j), {"outline": outline}))
+            index = session.apply_outline(ws, plan, keeps, actor=ac.actor())
+    except StaleEdit as err:
+        who = err.by or "someone else"
+        theirs = (next(iter(err.conflicts.values()))[0] or {}).get("area")
+        user_error(f"Not saved: {who} {'deleted' if err.gone else 'changed'} wound {err.key['wound_index']} "
+                   f"since your editor drew it{'' if theirs is None else f' (now {theirs:,} px)'}. The stored "
+                   "outlines are shown again: check them, then redraw.")
+        state["mask_pending"] = None
+        bump(plan.image_id)
+        return
     except ValueError as err:
         user_error(err)
         return
@@ -184,11 +203,14 @@ def submit(region: np.ndarray, wound_index: int | None, origin: str, after=None)
     except ValueError as err:
         user_error(err)
         return
+    drawn = state.get(f"mask_drawn_{pick}", {})  # the outlines the editor showed: what this one was drawn over
+    expected = {j: drawn.get(j) for j in {wound_index, *plan.overlaps} if j is not None}
     if plan.overlaps:
         state["mask_pending"] = plan
         state["mask_pending_after"] = after
+        state["mask_pending_expected"] = expected
     else:
-        write(plan, {}, after)
+        write(plan, {}, after, expected)
 
 
 def handle(action: dict) -> None:
@@ -306,16 +328,18 @@ def editor():
             st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
         # messages right under the tools that caused them, above the photo (in view at 1366×768)
         if state.get("mask_error"):
-            st.error(state.pop("mask_error"))
+            st.error(ac.escape_md(state.pop("mask_error")))
         if state.get("mask_flash"):
-            st.success(state.pop("mask_flash"))
+            st.success(ac.escape_md(state.pop("mask_flash")))
 
         shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
                   for i, polys in session.label_polygons(labels).items()]
         shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
                     "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
         overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
-        version = f"{state.get(f'mask_ver_{pick}', 0)}:{sum(w['area'] for w in wounds)}:{len(wounds)}"
+        geometry = {w["wound_index"]: {"area": int(w["area"]), "bbox": [int(v) for v in w["bbox"]]} for w in wounds}
+        digest = hashlib.sha1(json.dumps(sorted(geometry.items())).encode()).hexdigest()[:12]
+        version = f"{state.get(f'mask_ver_{pick}', 0)}:{digest}"
         action = outline_editor(
             image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
             shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
@@ -323,6 +347,7 @@ def editor():
             state["mask_nonce"] = action["nonce"]
             handle(action)
             st.rerun()
+        state[f"mask_drawn_{pick}"] = geometry  # what the editor shows: it redraws whenever the version changes
 
         if pending is not None:
             with st.container(border=True):
@@ -339,12 +364,12 @@ def editor():
                         keeps[j] = choice == mine
                 c1, c2 = st.columns(2)
                 if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
-                    write(pending, keeps, state.pop("mask_pending_after", None))
+                    write(pending, keeps, state.pop("mask_pending_after", None), state.pop("mask_pending_expected", {}))
                     st.rerun()
                 if c2.button("Cancel (keep editing)"):
                     state["mask_pending"] = None
                     st.rerun()
-        st.caption(f"{image['width']}×{image['height']} px · patient {image.get('patient_id') or '—'} · "
+        st.caption(f"{image['width']}×{image['height']} px · patient {ac.escape_md(image.get('patient_id')) or '—'} · "
                    f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
                    "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
     return list_col
@@ -356,20 +381,95 @@ def field_names(meta: dict) -> list[str]:
     return list(FIELDS) + [k for k in meta if k not in FIELDS and k not in HIDDEN_FIELDS]
 
 
-def save_text(image_id: str, index: int, names: list[str]) -> None:
-    """Store the edited description and metadata fields ``names`` of wound ``index`` (an empty field is removed)."""
-    base = f"{image_id}_{index}"
-    old = next(w for w in ws.store.wounds(image_id) if w["wound_index"] == index)
-    meta = dict(old["metadata"] or {})
+def loaded_copy(base: str, w: dict, names: list[str]) -> dict:
+    """The wound's fields as this page loaded them into its widgets: a field's value is taken when its widget
+    is created (a widget keeps what was typed into it across reruns; its loaded value stays with it)."""
+    copy = state.setdefault(f"loaded_{base}", {})
+    if f"desc_{base}" not in state:
+        copy["description"] = w["description"]
     for name in names:
-        text = str(state.get(f"meta_{name}_{base}", "")).strip()
-        meta[name] = typed_value(text, meta.get(name))  # the import's type rules; empty removes the field
-    session.update_wound_text(ws, image_id, index, state.get(f"desc_{base}", ""), meta, actor=ac.actor())
+        if f"meta_{name}_{base}" not in state:
+            copy[f"metadata.{name}"] = (w["metadata"] or {}).get(name)
+    return copy
+
+
+def typed_fields(base: str, names: list[str], loaded: dict) -> dict:
+    """The wound's fields as typed into its widgets (metadata typed by the import's rules; empty is None)."""
+    yours = {"description": str(state.get(f"desc_{base}", "")).strip()}
+    for name in names:
+        yours[f"metadata.{name}"] = typed_value(str(state.get(f"meta_{name}_{base}", "")),
+                                                loaded.get(f"metadata.{name}"))
+    return yours
+
+
+def save_text(image_id: str, index: int, names: list[str]) -> None:
+    """Store only the description and metadata fields changed since the page loaded them, provided nobody
+    changed those since (:meth:`annotations.store.Store.edit`); a refusal is kept for the page to show."""
+    base = f"{image_id}_{index}"
+    loaded = state[f"loaded_{base}"]
+    changes = {k: v for k, v in typed_fields(base, names, loaded).items() if v != loaded.get(k)}
+    if not changes:
+        return
+    try:
+        ws.store.edit("wounds", wound_key(image_id, index), loaded, changes, actor=ac.actor())
+    except StaleEdit as err:
+        state[f"stale_{base}"] = err
+        return
+    loaded.update(changes)
+    state.pop(f"stale_{base}", None)
+
+
+def widget_key(base: str, field: str) -> str:
+    """The key of the widget editing ``field`` (``description`` or ``metadata.<name>``) of wound ``base``."""
+    return f"desc_{base}" if field == "description" else f"meta_{field.removeprefix('metadata.')}_{base}"
+
+
+def resolve(image_id: str, index: int, names: list[str], mine: bool) -> None:
+    """After a refused save: take their values into the fields (``mine`` False), or save yours over theirs."""
+    base = f"{image_id}_{index}"
+    err: StaleEdit = state.pop(f"stale_{base}")
+    loaded = state[f"loaded_{base}"]
+    for field, (theirs, _) in err.conflicts.items():
+        loaded[field] = theirs
+        if not mine:
+            state[widget_key(base, field)] = "" if theirs is None else str(theirs)
+    if mine:
+        save_text(image_id, index, names)
+
+
+def stale_notice(base: str, err: StaleEdit, args: tuple) -> None:
+    """A refused save: who changed the wound, their value and yours per field (as plain text), and the two ways on."""
+    who = f"{err.by} ({err.at[:16].replace('T', ' ')} UTC)" if err.by and err.at else "someone else"
+    st.error(f"Not saved: {who} {'deleted' if err.gone else 'changed'} this since you opened it. Your text is "
+             "still in the fields; nothing was overwritten.", icon=":material/sync_problem:")
+    for field, (theirs, yours) in err.conflicts.items():
+        name = field.removeprefix("metadata.")
+        st.caption(ac.escape_md(FIELDS.get(name, name.replace("_", " ").capitalize())))
+        st.text(f"Theirs: {'' if theirs is None else theirs}")
+        st.text(f"Yours: {'' if yours is None else yours}")
+    c1, c2 = st.columns(2)
+    c1.button("Use theirs", key=f"theirs_{base}", on_click=resolve, args=(*args, False),
+              help="Put their values in the fields; nothing is saved")
+    c2.button("Save mine", key=f"mine_{base}", on_click=resolve, args=(*args, True), disabled=err.gone,
+              help="Save your values over theirs (recorded in the history)")
 
 
 def remove(image_id: str, index: int) -> None:
-    """Delete wound ``index`` of the photo, redraw its outlines and say so."""
-    session.delete_wound(ws, image_id, index, actor=ac.actor())
+    """Delete wound ``index`` of the photo, provided it is still as this page loaded it (its fields and the
+    outline the editor drew); redraw its outlines and say so, or why nothing was deleted."""
+    expected = {**state.get(f"loaded_{image_id}_{index}", {}),
+                "outline": state.get(f"mask_drawn_{image_id}", {}).get(index)}
+    try:
+        with ws.store.expecting("wounds", wound_key(image_id, index), expected):
+            session.delete_wound(ws, image_id, index, actor=ac.actor())
+    except StaleEdit as err:
+        user_error(f"Not deleted: {err.by or 'someone else'} {'deleted' if err.gone else 'changed'} wound {index} "
+                   f"since this page showed it ({', '.join(err.conflicts)}). Check it, then delete it again.")
+        base = f"{image_id}_{index}"
+        for key in [k for k in state if k == f"desc_{base}" or (k.startswith("meta_") and k.endswith(f"_{base}"))]:
+            del state[key]  # its fields load the stored values again
+        bump(image_id)
+        return
     bump(image_id)
     state["mask_flash"] = f"Deleted wound {index} of {image_id}."
 
@@ -377,15 +477,18 @@ def remove(image_id: str, index: int) -> None:
 def wound_list(list_col) -> None:
     """Each wound of the photo: its description and metadata fields (saved on leaving a field), delete."""
     with list_col:
-        st.subheader(f"Wounds of {pick}")
+        st.subheader(f"Wounds of {ac.escape_md(pick)}")
         if not wounds:
             st.info("No wound outlined on this photo yet. Draw one, click inside one, or ask for suggestions.")
         for w in wounds:
             i, base = w["wound_index"], f"{pick}_{w['wound_index']}"
             meta = w["metadata"] or {}
             names = field_names(meta)
+            loaded_copy(base, w, names)
             with st.container(border=True):
                 st.markdown(f"**Wound {i}** · {w['area']:,} px · box {w['bbox']}")
+                if f"stale_{base}" in state:
+                    stale_notice(base, state[f"stale_{base}"], (pick, i, names))
                 st.text_area("Description", value=w["description"], key=f"desc_{base}", on_change=save_text,
                              args=(pick, i, names), placeholder="granulation, fibrin, border, erythema, crusts…",
                              height=90)

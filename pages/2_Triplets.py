@@ -81,7 +81,7 @@ def scheduler() -> TripletScheduler:
                         if active else "active needs a finished embedding run (Train page)")
         st.toggle("Show wound descriptions", value=False, key="show_descriptions")
         if active is not None and mode == "active":
-            st.caption(f"Active mode uses run {active[2]['id']} ({active[2]['kind']}).")
+            st.caption(f"Active mode uses run {active[2]['id']} ({ac.escape_md(active[2]['kind'])}).")
     settings = (name, repeat_share, int(repeat_gap), shared_share, mode, active[2]["id"] if active else None)
     if state.get("_sched_settings") != settings:
         state["_sched"] = TripletScheduler(
@@ -150,7 +150,7 @@ def view(image_id: str) -> tuple[bytes, int]:
 def zoom(image_id: str, role: str) -> None:
     """A dialog with the whole photo and its wounds' descriptions."""
     st.image(ac.wound_view(ws, image_id, *ZOOM, crop=False, outline=state["outlines"])[0],
-             caption=f"{role} · {image_id} · whole photo")
+             caption=f"{role} · {ac.escape_md(image_id)} · whole photo")
     descriptions(image_id)
 
 
@@ -215,7 +215,7 @@ def answer_loop() -> None:
                     st.button(label, on_click=answer, args=(choice, token), type="primary", width="stretch",
                               key=f"btn_{role.lower()}", shortcut=KEYS[choice])
                 st.caption(which_wounds(wounds))
-                if st.button(f"Zoom {role.lower()} · {image_id}", key=f"btn_{zoom_key}", shortcut=KEYS[zoom_key],
+                if st.button(f"Zoom {role.lower()} · {ac.escape_md(image_id)}", key=f"btn_{zoom_key}", shortcut=KEYS[zoom_key],
                              type="tertiary", icon=":material/zoom_in:"):
                     zoom(image_id, role)
                 if state.get("show_descriptions"):

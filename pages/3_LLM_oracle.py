@@ -68,7 +68,7 @@ def start_run(args: list[str], budget: str, oracle: str, allowed: list[str]) -> 
             raise ValueError("no Ollama host is allowed on this installation; ask an administrator to add one")
         jobs.start_job(ws, JOB, "llm_triplets", args)
     except ValueError as err:
-        st.error(str(err))
+        st.error(ac.escape_md(str(err)))
     else:
         st.session_state["llm_started"] = " ".join(args)
         st.rerun()  # the form disables and the status refreshes itself while the job runs
@@ -105,7 +105,7 @@ def main() -> None:
     if ws.store.counts()["described_wounds"] == 0:
         st.info("No wound has a description yet. Write descriptions on the Wound masks page (or import them) first.")
     if started := st.session_state.pop("llm_started", None):
-        st.success(f"Started `python -m core.llm_triplets {started}`")
+        st.success(f"Started python -m core.llm_triplets {ac.escape_md(started)}")
     allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
     record = jobs.job(ws, JOB)
     running = bool(record and record["alive"])

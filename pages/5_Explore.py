@@ -7,6 +7,7 @@ function per section (:func:`main` calls them in order)."""
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 
@@ -47,7 +48,7 @@ try:
     from core.eval.report import embedding_runs
     from core.runtime import load_embeddings
 except ImportError as err:  # the ML part of the product is not installed
-    st.info(f"The explorer needs the `core` models, which are not available here yet ({err}).", icon="🚧")
+    st.info(f"The explorer needs the `core` models, which are not available here yet ({ac.escape_md(str(err))}).", icon="🚧")
     st.stop()
 
 THUMBNAILS_MAX = 200  # photos drawn on the map itself; above, a photo shows on hover text / click only
@@ -142,7 +143,7 @@ def track_path(fig, side_col, m: MapInput, xy: np.ndarray, stale: str | None) ->
     """The stale-run warning and the track picker beside the map; the picked track drawn on it."""
     with side_col:
         if stale:
-            st.warning(stale, icon=":material/update:")
+            st.warning(ac.escape_md(stale), icon=":material/update:")
         track_ids = [t["track_id"] for t in followup.tracks(ws.store)]
         path_of = st.selectbox("Track path (a wound across visits)", track_ids, index=None, key="explore_track",
                                placeholder="no track" if track_ids else "no wound track yet (Follow-up page)",
@@ -151,9 +152,9 @@ def track_path(fig, side_col, m: MapInput, xy: np.ndarray, stale: str | None) ->
         visits = followup.track_visits(ws.store, path_of)
         path = track_rows(m, visits)
         date_of = {image_id: day for image_id, _, day in visits}  # one wound of a track per photo
-        add_track_path(fig, xy, path, path_of, [date_of[m.images[r]] for r in path])
+        add_track_path(fig, xy, path, html.escape(path_of), [html.escape(date_of[m.images[r]]) for r in path])
         if len(path) < len(visits):
-            side_col.caption(f"Track {path_of}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
+            side_col.caption(f"Track {ac.escape_md(path_of)}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
 
 
 def clicked_photo(event, m: MapInput, ids) -> None:
@@ -180,7 +181,7 @@ def draw_map(columns: list, run_ids: tuple[int, ...], method: str, run: dict, st
         m = map_data(str(ws.root), run_ids, level, method, stamp)
         photos = photo_retrieval(str(ws.root), run_ids, method, stamp)
     except (ValueError, KeyError) as err:  # e.g. fused runs that cover different photos
-        st.error(f"Cannot build distances for these runs: {err}")
+        st.error(f"Cannot build distances for these runs: {ac.escape_md(str(err))}")
         st.stop()
     images = {im["image_id"]: im for im in ws.store.images()}
     patients = {p["patient_id"]: p["metadata"] or {} for p in ws.store.patients()}
@@ -193,7 +194,9 @@ def draw_map(columns: list, run_ids: tuple[int, ...], method: str, run: dict, st
     grouped, colours = ac.category_colours([colour_value(images.get(i, {}), patients, colour_by,
                                                          None if cluster_of is None else int(cluster_of[n]))
                                             for n, i in enumerate(m.images)])
-    fig = scatter_figure(xy, m.points, grouped, colours, colour_by)
+    # plotly reads <a>, <b>, <br>… in trace names and point texts: text from data goes in HTML-escaped
+    fig = scatter_figure(xy, [html.escape(str(p)) for p in m.points], [html.escape(str(g)) for g in grouped],
+                         {html.escape(str(g)): c for g, c in colours.items()}, colour_by)
     if show_thumbs:
         add_thumbnails(fig, xy, m.images)
     track_path(fig, side_col, m, xy, stale)
@@ -214,7 +217,7 @@ def draw_map(columns: list, run_ids: tuple[int, ...], method: str, run: dict, st
     clicked_photo(event, m, photos.ids)
     with side_col:
         query = st.selectbox("Photo", list(photos.ids), key="explore_photo")
-        st.image(ac.photo(ws, query, 480), caption=f"{query} · patient {images.get(query, {}).get('patient_id') or '—'}",
+        st.image(ac.photo(ws, query, 480), caption=f"{ac.escape_md(query)} · patient {ac.escape_md(images.get(query, {}).get('patient_id')) or '—'}",
                  width="stretch")
         for w in ws.store.wounds(query):
             if w["description"]:
@@ -233,7 +236,7 @@ def show_retrieval(photos, query: str, fused: bool) -> None:
         st.markdown(f"**{title}**")
         cols = st.columns(len(result[key]))
         for col, (image_id, dist) in zip(cols, result[key]):
-            col.image(ac.letterboxed(ws, image_id, 320, 240), caption=f"{image_id} · d = {dist:.2f}",
+            col.image(ac.letterboxed(ws, image_id, 320, 240), caption=f"{ac.escape_md(image_id)} · d = {dist:.2f}",
                       width="stretch")
 
 
@@ -272,7 +275,7 @@ def show_attention(run_id: int, query: str, stamp: tuple) -> None:
                    "high), from the run's attention pooling head.")
         cols = st.columns(2)
         for n, (index, picture) in enumerate(maps):
-            cols[n % len(cols)].image(picture, caption=f"{query} · wound {index}", width="stretch")
+            cols[n % len(cols)].image(picture, caption=f"{ac.escape_md(query)} · wound {index}", width="stretch")
     else:
         st.caption("This run stored no attention weights (mean pooling or a frozen baseline).")
 
@@ -313,7 +316,7 @@ def show_wound_concepts(cdata: dict, run_id: int, query: str, w: dict, row: int,
                                   cdata["crop_boxes"][row])
         overlay.thumbnail((360, 360))
         h_col.image(overlay, width="stretch",
-                    caption=f"{query} · wound {int(w['wound_index'])} · {labels.get(pick, pick)}"
+                    caption=f"{ac.escape_md(query)} · wound {int(w['wound_index'])} · {ac.escape_md(labels.get(pick, pick))}"
                             + (" · SYNTHETIC" if ws.is_synthetic else ""))
 
 

@@ -92,7 +92,7 @@ def readings_per_photo(photos: list[dict]) -> None:
     layers = [("stored outline", ws.load_mask(shown["image_id"]))]
     layers += [(name, readings.load_layer(ws, shown["image_id"], name)) for name in shown["readers"]]
     for col, (name, labels) in zip(st.columns(len(layers)), layers):
-        col.image(ac.outline_overlay(photo, labels), caption=name, width="stretch")
+        col.image(ac.outline_overlay(photo, labels), caption=ac.escape_md(name), width="stretch")
 
 
 def agreement_tab(kept: list[dict], excluded_names: dict[str, dict]) -> None:
@@ -115,12 +115,12 @@ def divided_triplet(d: dict, excluded_names: dict[str, dict], excluded_ids: dict
     """One triplet answered differently: its three photos and each annotator's answer, with (un)exclude buttons."""
     cols = st.columns(3)
     for col, image_id, role in zip(cols, (d["refs"][0], d["anchor"], d["refs"][1]), ("A", "Query", "B")):
-        col.image(ac.outlined(ws, image_id, 480, 360), caption=f"{role} · {image_id}", width="stretch")
+        col.image(ac.outlined(ws, image_id, 480, 360), caption=f"{role} · {ac.escape_md(image_id)}", width="stretch")
     for name, (row_id, chosen) in sorted(d["answers"].items()):
         c1, c2 = st.columns([4, 1], vertical_alignment="center")
         side = "A" if chosen == d["refs"][0] else "B"
         mark = " · **excluded**" if row_id in excluded_ids or name in excluded_names else ""
-        c1.markdown(f"{ac.escape_md(name)} chose **{side}** ({chosen}) — judgment {row_id}{mark}")
+        c1.markdown(f"{ac.escape_md(name)} chose **{side}** ({ac.escape_md(chosen)}) — judgment {row_id}{mark}")
         if row_id in excluded_ids:
             if c2.button("Include", key=f"inc_{row_id}"):
                 accounts.include(store, "triplet", row_id, actor)
@@ -156,13 +156,18 @@ def second_reading_tab(excluded_names: dict[str, dict]) -> None:
                "closes a photo's reading: its readings are kept and still count.")
     photo_ids = [im["image_id"] for im in store.images()]
     now_marked = readings.marked(ws)
+    if "reading_photos" not in st.session_state:  # the form is (re)created: it shows the stored marks
+        st.session_state["reading_shown"] = now_marked
+    shown = st.session_state["reading_shown"]  # the marks the form showed: what a save changes
     with st.form("reading_form", border=False):
         chosen = st.multiselect("Photos for second reading", photo_ids, default=now_marked, key="reading_photos")
         if st.form_submit_button("Save marks", type="primary", key="reading_save"):
-            for image_id in sorted(set(chosen) - set(now_marked)):
+            # only the marks changed in this form: another admin's marks made meanwhile stay
+            for image_id in sorted(set(chosen) - set(shown) - set(now_marked)):
                 readings.mark(ws, image_id, actor)
-            for image_id in sorted(set(now_marked) - set(chosen)):
+            for image_id in sorted((set(shown) - set(chosen)) & set(now_marked)):
                 readings.unmark(ws, image_id, actor)
+            st.session_state.pop("reading_photos", None)  # the form shows the stored marks again
             st.rerun()
     done = readings.readings(ws)
     left_out = {n.casefold() for n in excluded_names}

@@ -21,10 +21,17 @@ def attempt(action, success: str) -> None:
     try:
         action()
     except (AuthError, ValueError) as err:  # a refused change, or a malformed host
-        st.error(str(err))
+        st.error(ac.escape_md(str(err)))
     else:
         st.session_state["_accounts_done"] = success
         st.rerun()
+
+
+def unchanged(who: str, field: str, loaded: object, yours: object, change) -> None:
+    """Run ``change`` provided the account's ``field`` still holds the ``loaded`` value (one transaction); a
+    :class:`~annotations.store.StaleEdit` (a ValueError, shown by :func:`attempt`) otherwise."""
+    with store.expecting("accounts", who, {field: loaded}, {field: yours}):
+        change()
 
 
 def accounts_table(rows: list[dict]) -> None:
@@ -56,15 +63,21 @@ def edit_account_tab(rows: list[dict]) -> None:
     if not who:
         return
     row = next(r for r in rows if r["name"] == who)
+    shown = st.session_state.get("acct_shown")  # the account as the previous run showed it: what a click changes
+    loaded = shown if shown and shown["name"] == who else {"name": who, "role": row["role"],
+                                                           "disabled": bool(row["disabled"])}
+    st.session_state["acct_shown"] = {"name": who, "role": row["role"], "disabled": bool(row["disabled"])}
     c1, c2, c3 = st.columns(3, vertical_alignment="bottom")
-    role = c1.selectbox("Role", ROLES, index=ROLES.index(row["role"]), key="acct_role")
-    if c1.button("Change role", disabled=role == row["role"]):
-        attempt(lambda: accounts.set_role(store, who, role, actor), f"{who} is now {role}.")
+    role = c1.selectbox("Role", ROLES, index=ROLES.index(loaded["role"]), key="acct_role")
+    if c1.button("Change role", disabled=role == loaded["role"]):
+        attempt(lambda: unchanged(who, "role", loaded["role"], role, lambda: accounts.set_role(store, who, role, actor)),
+                f"{who} is now {role}.")
     if c2.button("Unlock", disabled=not (row["locked_until"] or row["failed"])):
         attempt(lambda: accounts.unlock(store, who, actor), f"{who} unlocked.")
-    if c3.button("Enable" if row["disabled"] else "Disable"):
-        attempt(lambda: accounts.set_disabled(store, who, not row["disabled"], actor),
-                f"{who} {'enabled' if row['disabled'] else 'disabled'}.")
+    if c3.button("Enable" if loaded["disabled"] else "Disable"):
+        attempt(lambda: unchanged(who, "disabled", loaded["disabled"], not loaded["disabled"],
+                                  lambda: accounts.set_disabled(store, who, not loaded["disabled"], actor)),
+                f"{who} {'enabled' if loaded['disabled'] else 'disabled'}.")
     with st.form("reset_password", clear_on_submit=True):
         new = st.text_input("New password (signs the account out in every browser)", type="password")
         if st.form_submit_button("Set password"):
@@ -91,7 +104,10 @@ def hosts_tab() -> None:
     with st.form("ollama_hosts"):
         st.caption("The only Ollama servers LLM runs may call (one per line: host, host:port or http(s)://host:port). "
                    "Researchers pick from this list; nobody types an address per run.")
-        current = store.get_meta("ollama_hosts", list(DEFAULT_OLLAMA_HOSTS))
+        stored = store.get_meta("ollama_hosts")
+        if "ollama_hosts_text" not in st.session_state:  # the field is (re)created: it shows the stored list
+            st.session_state["ollama_hosts_shown"] = stored
+        current = stored if stored is not None else list(DEFAULT_OLLAMA_HOSTS)
         text = st.text_area("Allowed hosts", "\n".join(current), key="ollama_hosts_text")
         if st.form_submit_button("Save hosts"):
             hosts = [h.strip() for h in text.splitlines() if h.strip()]
@@ -100,7 +116,11 @@ def hosts_tab() -> None:
                 """Check every host and store the allow-list (nothing stored when one is malformed)."""
                 for h in hosts:
                     allowed_ollama_host(h, [h])  # one clear error for a malformed entry; nothing saved
-                store.set_meta("ollama_hosts", hosts)
+                # only over the list this form showed: another admin's list saved meanwhile is refused, not lost
+                with store.expecting("meta", "ollama_hosts", {"value": st.session_state.get("ollama_hosts_shown")},
+                                     {"value": hosts}):
+                    store.set_meta("ollama_hosts", hosts)
+                st.session_state["ollama_hosts_shown"] = hosts
 
             attempt(save, f"{len(hosts)} Ollama host(s) allowed.")
 
@@ -109,7 +129,7 @@ def main() -> None:
     """The accounts table above four tabs of changes, each recorded in the audit trail."""
     done = st.session_state.pop("_accounts_done", None)
     if done:
-        st.success(done)
+        st.success(ac.escape_md(done))
     rows = accounts.list_accounts(store)
     accounts_table(rows)
     tabs = st.tabs(["New account", "Change an account", "Earlier annotator names", "Ollama hosts"])

@@ -2,6 +2,7 @@
 track side by side, and the tidy CSV for statistics (annotations.followup)."""
 from __future__ import annotations
 
+import html
 import io
 from datetime import date
 
@@ -14,6 +15,7 @@ import app_common as ac
 from annotations import followup
 from annotations.align import track_views
 from annotations.readers import DatasetError
+from annotations.store import StaleEdit, wound_key
 
 #: Keyboard, as on the Triplets page: accept the first proposal, start a new track.
 KEYS = {"accept": "a", "new": "n"}
@@ -41,7 +43,7 @@ def area_figure(linked: list[dict], unit: str) -> go.Figure:
     are plain dicts: plotly validates them once, where ``add_trace`` per track took ~0.6 s for 66."""
     frame = pd.DataFrame(linked)
     traces = [{"type": "scattergl", "x": list(group["visit_date"]), "y": list(group[unit]), "mode": "lines+markers",
-               "name": f"{patient} · {track}", "hovertemplate": "%{x|%Y-%m-%d}: %{y:.2f}"}
+               "name": html.escape(f"{patient} · {track}"), "hovertemplate": "%{x|%Y-%m-%d}: %{y:.2f}"}
               for (patient, track), group in frame.groupby(["patient", "track"], sort=True)]
     fig = go.Figure(data=traces)
     fig.update_layout(height=420, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_title="visit", xaxis_type="date",
@@ -105,10 +107,19 @@ def wound_embeddings(root: str, run_id: int) -> dict[tuple[str, int], np.ndarray
 
 
 def link(r: dict, track: str | None) -> None:
-    """Put the wound on ``track`` (None: a new track of its patient)."""
+    """Put the wound on ``track`` (None: a new track of its patient), provided it is still on the track this
+    page showed (none); a refusal is kept for the page to show."""
     target = track or followup.next_track_id(store, r["patient"])
-    followup.set_track(store, r["image_id"], r["wound_index"], target, actor=ac.actor())
-    st.toast(f"Wound {r['wound_index']} of {r['image_id']} → {target}")
+    try:
+        with store.expecting("wounds", wound_key(r["image_id"], r["wound_index"]), {"metadata.track_id": r["track"]},
+                             {"metadata.track_id": target}):
+            followup.set_track(store, r["image_id"], r["wound_index"], target, actor=ac.actor())
+    except StaleEdit as err:
+        theirs = err.conflicts["metadata.track_id"][0]
+        st.session_state["fu_stale"] = (f"Not linked: {err.by or 'someone else'} put wound {r['wound_index']} of "
+                                        f"{r['image_id']} on track {theirs} since this page showed it (yours: {target}).")
+        return
+    st.toast(ac.escape_md(f"Wound {r['wound_index']} of {r['image_id']} → {target}"))
 
 
 def import_visit_form() -> None:
@@ -121,7 +132,7 @@ def import_visit_form() -> None:
             try:
                 summary = followup.import_visit(ws, folder, visit_day, actor=ac.actor())
             except DatasetError as err:
-                st.error(str(err))
+                st.error(ac.escape_md(str(err)))
             else:
                 st.success(f"Imported {summary['images']} photo(s), {summary['wounds']} wound(s).")
 
@@ -131,12 +142,25 @@ def visit_date_form() -> None:
     with st.expander("Visit date of a photo"):
         undated = [i["image_id"] for i in store.images() if followup.VISIT_DATE not in i["metadata"]]
         photo = st.selectbox("Photo", undated or [i["image_id"] for i in store.images()], key="fu_photo")
+        current = (store.image(photo) or {}).get("metadata", {}).get(followup.VISIT_DATE) if photo else None
+        st.caption(f"Visit date now: {ac.escape_md(str(current)) if current else 'none'}")
+        shown = st.session_state.get("fu_date_shown")  # (photo, visit date) as the previous run showed them
         day = st.date_input("Visit date", value=date.today(), max_value=date.today(), key="fu_day")
         if st.button("Set the visit date", key="fu_set_date", disabled=not (can_edit and photo)):
+            loaded = shown[1] if shown and shown[0] == photo else current
             try:
-                followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
+                with store.expecting("images", photo, {"metadata.visit_date": loaded},
+                                     {"metadata.visit_date": day.isoformat()}):
+                    followup.set_visit_date(store, photo, day.isoformat(), actor=ac.actor())
+            except StaleEdit as err:
+                st.error(ac.escape_md(f"Not saved: {err.by or 'someone else'} set the visit date of {photo} to "
+                                      f"{err.conflicts['metadata.visit_date'][0] or 'none'} since this page showed "
+                                      f"it (yours: {day.isoformat()})."))
             except DatasetError as err:
-                st.error(str(err))
+                st.error(ac.escape_md(str(err)))
+            else:
+                current = day.isoformat()
+        st.session_state["fu_date_shown"] = (photo, current)
 
 
 def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
@@ -146,6 +170,8 @@ def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
                        format_func=lambda k: "none (site, position, size)" if k is None else cues[k],
                        key="fu_cue") if cues else None
     pending = followup.pending_links(rows, wound_embeddings(str(ws.root), cue) if cue is not None else None)
+    if "fu_stale" in st.session_state:
+        st.error(ac.escape_md(st.session_state.pop("fu_stale")))
     st.subheader(f"Links to confirm · {len(pending)}")
     if not pending:
         st.caption("Every wound of a dated photo is on a track.")
@@ -156,11 +182,11 @@ def confirm_links(rows: list[dict], now: tuple[int, int]) -> None:
     best = r["proposals"][0][0]
     left, right = st.columns([1, 2])
     left.image(crop(str(ws.root), r["image_id"], r["wound_index"], now),
-               caption=f"{r['image_id']} · wound {r['wound_index']} · {r['visit_date']} · {r['site'] or 'no site'}")
+               caption=ac.escape_md(f"{r['image_id']} · wound {r['wound_index']} · {r['visit_date']} · {r['site'] or 'no site'}"))
     with right:
-        st.markdown(f"Proposed: **{best or 'a new track'}**" + (f" (cost {r['proposals'][0][1]:.1f})" if best else ""))
+        st.markdown(f"Proposed: **{ac.escape_md(best) or 'a new track'}**" + (f" (cost {r['proposals'][0][1]:.1f})" if best else ""))
         c1, c2 = st.columns(2)
-        c1.button(f"Accept · {best or 'new track'}", key="fu_accept", type="primary", shortcut=KEYS["accept"],
+        c1.button(f"Accept · {ac.escape_md(best) or 'new track'}", key="fu_accept", type="primary", shortcut=KEYS["accept"],
                   on_click=link, args=(r, best))
         c2.button("New track", key="fu_new", shortcut=KEYS["new"], on_click=link, args=(r, None))
         others = [t for t, _ in r["proposals"][1:] if t is not None]
@@ -196,8 +222,8 @@ def track_photos(shown: list[dict], now: tuple[int, int]) -> None:
     views = aligned(str(ws.root), tuple((r["image_id"], r["wound_index"]) for r in visits), now)
     for col, r, (picture, _) in zip(st.columns(max(len(visits), 1)), visits, views):
         size = f"{r['area_cm2']:.2f} cm²" if r["area_cm2"] is not None else f"{r['area_px']} px"
-        col.image(picture, caption=f"{r['visit_date']} · {size}" + (" · closed" if r["closed"] else "")
-                  + (f" · {r['flag']}" if r.get("flag") else ""))
+        col.image(picture, caption=f"{ac.escape_md(str(r['visit_date']))} · {size}" + (" · closed" if r["closed"] else "")
+                  + (f" · {ac.escape_md(str(r['flag']))}" if r.get("flag") else ""))
     if views:
         registered = sum("(ECC)" in how for _, how in views[1:])
         st.caption(f"Aligned: {views[0][1]}; {registered} of the {len(views) - 1} later views registered on the "
@@ -221,7 +247,7 @@ def main() -> None:
     try:
         rows = rows_of(str(ws.root), now)
     except DatasetError as err:
-        st.error(str(err))
+        st.error(ac.escape_md(str(err)))
         return
     confirm_links(rows, now)
     linked = [r for r in rows if r["track"] is not None and r["visit_date"]]
