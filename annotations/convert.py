@@ -6,19 +6,28 @@
   ``segmentation`` as polygons (pixel-corner coordinates, COCO's convention), compressed RLE or
   uncompressed RLE (pycocotools). The TriDerm keys our export writes (``triderm_image_id``,
   ``triderm_wound_index``, ``description``) are read back, so our export converts back losslessly.
+  An ``iscrowd: 1`` region is an ignore region, not a wound: it is checked, then left out (its pixels
+  are skin unless a wound covers them; counted as ``crowd_regions_ignored``).
 - **geojson**: a ``.geojson`` file or a folder of them (our export: ``<image_id>.geojson``; QuPath's
   "Export objects as GeoJSON"): Polygon/MultiPolygon features, holes kept; the photo is the
-  feature's ``image_id`` property or else the file's name.
+  feature's ``image_id`` property or else the file's name. A bare Polygon/MultiPolygon geometry (as
+  QuPath writes one object) or a bare Feature is read as a collection of one feature.
 - **labelstudio**: a Label Studio JSON export (a list of tasks): ``polygonlabels`` results (points
   in percent of ``original_width``/``original_height``) and ``brushlabels`` results (Label Studio's
   own bit-packed RLE, decoded by :func:`decode_brush_rle`). Of several annotations of one task the
-  one marked ``ground_truth`` is read, else the last one not cancelled.
+  one marked ``ground_truth`` is read, else the last one not cancelled. The photo is the task's
+  ``data.image``: of a local-files URL (``/data/local-files/?d=folder/x.jpg``, what Label Studio's
+  COCO importer writes) the URL-decoded ``d`` parameter (its path, else its file name, under the
+  photos folder); of an upload (``/data/upload/3/1a2b3c4d-x.jpg``), ``s3://``, ``gs://`` or
+  ``http(s)://`` URL the URL-decoded last segment.
 - **cvat**: a CVAT XML 1.1 file ("CVAT for images"): ``<polygon>`` and ``<mask>`` (RLE inside
   its ``left``/``top``/``width``/``height`` box) shapes; boxes, polylines and points are not
-  outlines and are counted as ``skipped``; video tracks are refused.
+  outlines and are counted as ``skipped``; video tracks are refused. Each shape's ``z_order`` is read.
 
-Polygons are rasterised the way :mod:`annotations.formats` defines (a pixel is inside when its
-centre is). The photos are looked up in ``images`` (default: the annotation file's folder, then
+Polygons are rasterised by the one rule of :func:`annotations.formats.rasterize_rings`: a pixel is
+inside when its centre is, a centre exactly on an edge when the inside lies to its right (or, on a
+horizontal edge, below it), so outlines sharing an edge tile without gap or overlap and a polygon
+keeps its area. The photos are looked up in ``images`` (default: the annotation file's folder, then
 its ``images/`` subfolder) by the file name the annotation gives (Label Studio's upload prefix
 ``1a2b3c4d-`` is dropped when the plain name is what exists; a name without a photo suffix, as
 GeoJSON gives, matches any). Image ids are the photos' names
@@ -29,8 +38,13 @@ The folder written: ``images/`` (the photos, byte for byte), ``masks/`` (label m
 pixel), ``wounds.csv`` (``image_id, wound_index, description`` and ``label`` when the file uses
 more than one label) and ``dataset.json``. Everything is read and checked before ``out`` appears:
 bad input raises one :class:`~annotations.readers.DatasetError` naming the file and the field, and
-``out`` is left as it was. Two outlines covering the same pixel are refused (a label map holds one
-wound per pixel).
+``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
+to one of them by the ``overlap`` rule (:data:`OVERLAP_RULES`): ``z-order`` (the default for CVAT:
+the higher ``z_order``, then the later outline), ``later-wins`` (the default for the others: the
+outline later in the file) or ``refuse`` (one error naming both). Wounds then left with fewer pixels
+than ``min_area`` (default the workspace's :data:`~annotations.workspace.DEFAULT_MIN_WOUND_AREA`,
+which import applies) are dropped, one report line each in ``small_wounds_dropped``, so the folder
+always imports.
 
 Crafted files are refused the same way, before anything large is allocated: RLE counts (COCO lists
 and compressed strings, CVAT ``rle``) must be whole numbers ≥ 0 summing exactly to the photo (COCO)
