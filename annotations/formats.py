@@ -110,15 +110,22 @@ def rasterize_rings(rings: list[np.ndarray], shape: tuple[int, int]) -> tuple[np
         return np.zeros((0, 0), bool), 0, 0
     width = right - left
     out = np.zeros((bottom - top, width), bool)
-    step = max(1, RASTER_CHUNK // max(width, len(first)))
+    height = bottom - top
+    # bands of rows holding about RASTER_CHUNK crossings and pixels each (a row's crossings: the edges over it)
+    starts = np.bincount(np.clip(first - top, 0, height), minlength=height + 1)
+    ends = np.bincount(np.clip(end - top, 0, height), minlength=height + 1)
+    load = np.cumsum(np.cumsum(starts - ends)[:height] + width)
+    cuts = np.searchsorted(load, np.arange(RASTER_CHUNK, int(load[-1]), RASTER_CHUNK), side="right")
+    bounds = np.unique(np.concatenate([[0], cuts, [height]])) + top
     slope = (x1 - x0) / (y1 - y0)
-    for band in range(top, bottom, step):
-        band_end = min(bottom, band + step)
-        a, b = np.maximum(first, band), np.minimum(end, band_end)
-        span = np.maximum(b - a, 0)
+    for band, band_end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        near = (first < band_end) & (end > band)
+        a, b = np.maximum(first[near], band), np.minimum(end[near], band_end)
+        span = b - a
         k = np.repeat(np.arange(len(span)), span)
         rows = a[k] + np.arange(len(k)) - np.repeat(np.cumsum(span) - span, span)
-        xs = x0[k] + (rows + 0.5 - y0[k]) * slope[k]
+        ex0, ey0, eslope = x0[near][k], y0[near][k], slope[near][k]
+        xs = ex0 + (rows + 0.5 - ey0) * eslope
         order = np.lexsort((xs, rows))
         rows, xs = rows[order], xs[order]
         # crossings pair up within each row (closed rings); centres c + 0.5 in [a, b)
