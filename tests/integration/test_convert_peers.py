@@ -240,3 +240,16 @@ def test_outlines_sharing_an_edge_tile_without_gap_or_overlap(tmp_path):
     labels = _labels(tmp_path / "ds", "p1")
     assert summary["wounds"] == 2 and (labels[:20, :20] > 0).all() and (labels > 0).sum() == 400
     assert abs(int((labels == 1).sum()) - int((labels == 2).sum())) <= 20
+
+
+def test_the_outline_editor_and_convert_share_the_rule_and_bands_change_nothing(monkeypatch):
+    """session.rasterise_outlines (the editor) gives formats.rasterize's pixels; rows taken in small bands
+    (RASTER_CHUNK) give the same mask as in one."""
+    from annotations import formats, session
+
+    diamond = [(60.0, 0.0), (120.0, 60.0), (60.0, 120.0), (0.0, 60.0)]
+    assert (session.rasterise_outlines([diamond], (130, 130)) == rasterize(Polygon(diamond), (130, 130))).all()
+    qupath = shape(json.loads(QUPATH.read_text()))
+    whole = rasterize(qupath, (400, 300))
+    monkeypatch.setattr(formats, "RASTER_CHUNK", 37)
+    assert (rasterize(qupath, (400, 300)) == whole).all() and whole.sum() > 10_000
