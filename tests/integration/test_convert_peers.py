@@ -13,6 +13,7 @@ import shapely
 from PIL import Image
 from shapely.geometry import MultiPolygon, Polygon, box, shape
 
+from annotations.__main__ import main as annotations_main
 from annotations.convert import convert
 from annotations.dataset import import_dataset
 from annotations.formats import polygons, rasterize
@@ -139,9 +140,11 @@ def _coco(tmp_path: Path, annotations: list[dict]) -> Path:
     return tmp_path / "src"
 
 
-def test_coco_overlap_later_wins_by_default(tmp_path):
+def test_coco_overlap_later_wins_by_default(tmp_path, capsys):
     src = _coco(tmp_path, [{"segmentation": [[0, 0, 20, 0, 20, 20, 0, 20]]},
                            {"segmentation": [[10, 10, 30, 10, 30, 30, 10, 30]]}])
+    assert annotations_main(["convert", "--from", "coco", str(src), str(tmp_path / "ds"), "--overlap", "refuse"]) == 2
+    assert "annotations[1].segmentation: overlaps" in capsys.readouterr().err and not (tmp_path / "ds").exists()
     summary = convert("coco", src, tmp_path / "ds")
     labels = _labels(tmp_path / "ds", "p1")
     assert (summary["wounds"], summary["overlap"], summary["overlapping_px"]) == (2, "later-wins", 100)
