@@ -724,7 +724,7 @@ def _label_map(photo: _Photo, shape_hw: tuple[int, int], overlap: str, min_area:
         if not drawn[k + 1]:
             continue
         if areas[k + 1] < max(min_area, 1):
-            note = f" ({drawn[k + 1] - areas[k + 1]} px under later outlines)" if areas[k + 1] < drawn[k + 1] else ""
+            note = f" ({drawn[k + 1] - areas[k + 1]} px covered by outlines drawn over it)" if areas[k + 1] < drawn[k + 1] else ""
             out.dropped.append(f"{wound.where}: {areas[k + 1]} px{note}, under the minimum wound area of {min_area} px;"
                                " dropped")
             continue

@@ -184,7 +184,7 @@ def test_a_wound_covered_by_later_ones_below_the_minimum_is_dropped_with_the_rea
                            {"segmentation": [[2, 0, 30, 0, 30, 30, 0, 30, 0, 2, 2, 2]]}])
     summary = convert("coco", src, tmp_path / "ds")
     assert summary["wounds"] == 1 and summary["small_wounds_dropped"] == [
-        "annotations.json: annotations[0].segmentation: 4 px (140 px under later outlines), under the minimum "
+        "annotations.json: annotations[0].segmentation: 4 px (140 px covered by outlines drawn over it), under the minimum "
         f"wound area of {DEFAULT_MIN_WOUND_AREA} px; dropped"]
 
 
