@@ -17,13 +17,13 @@ from typing import Any
 
 from annotations import accounts
 from annotations.backup import backup, restore
-from annotations.convert import SOURCES, convert
+from annotations.convert import OVERLAP_RULES, SOURCES, convert
 from annotations.dataset import EXPORT_FORMATS, PREFER, clear_error, import_dataset
 from annotations.formats import FORMATS, export_outlines
 from annotations.history import history_lines, restore_revision
 from annotations.privacy import erase_patient
 from annotations.readers import DatasetError
-from annotations.workspace import Workspace, resolve_workspace
+from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace, resolve_workspace
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:
@@ -125,10 +125,17 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
                    help="folder of the photos (default: IN's folder, then its images/ subfolder)")
     p.add_argument("--name", default=None, help="dataset name (default: IN's folder name)")
     p.add_argument("--synthetic", action="store_true", help="mark the dataset SYNTHETIC (phantom data)")
+    p.add_argument("--overlap", choices=OVERLAP_RULES, default=None,
+                   help="who gets a pixel two outlines cover: z-order (CVAT's z_order, then the later outline; the "
+                        "default for cvat), later-wins (the default otherwise) or refuse")
+    p.add_argument("--min-area", type=int, default=DEFAULT_MIN_WOUND_AREA,
+                   help="drop wounds under this many pixels, as import does (default: the workspace default, "
+                        f"{DEFAULT_MIN_WOUND_AREA}; use your workspace's min_wound_area if you changed it)")
 
 
 def _convert(args: argparse.Namespace) -> dict[str, Any]:
-    result = convert(args.source, args.src, args.out, images=args.images, name=args.name, synthetic=args.synthetic)
+    result = convert(args.source, args.src, args.out, images=args.images, name=args.name, synthetic=args.synthetic,
+                     overlap=args.overlap, min_area=args.min_area)
     return {**result, "next": f"python -m annotations import {args.out}"}
 
 

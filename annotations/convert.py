@@ -6,19 +6,28 @@
   ``segmentation`` as polygons (pixel-corner coordinates, COCO's convention), compressed RLE or
   uncompressed RLE (pycocotools). The TriDerm keys our export writes (``triderm_image_id``,
   ``triderm_wound_index``, ``description``) are read back, so our export converts back losslessly.
+  An ``iscrowd: 1`` region is an ignore region, not a wound: it is checked, then left out (its pixels
+  are skin unless a wound covers them; counted as ``crowd_regions_ignored``).
 - **geojson**: a ``.geojson`` file or a folder of them (our export: ``<image_id>.geojson``; QuPath's
   "Export objects as GeoJSON"): Polygon/MultiPolygon features, holes kept; the photo is the
-  feature's ``image_id`` property or else the file's name.
+  feature's ``image_id`` property or else the file's name. A bare Polygon/MultiPolygon geometry (as
+  QuPath writes one object) or a bare Feature is read as a collection of one feature.
 - **labelstudio**: a Label Studio JSON export (a list of tasks): ``polygonlabels`` results (points
   in percent of ``original_width``/``original_height``) and ``brushlabels`` results (Label Studio's
   own bit-packed RLE, decoded by :func:`decode_brush_rle`). Of several annotations of one task the
-  one marked ``ground_truth`` is read, else the last one not cancelled.
+  one marked ``ground_truth`` is read, else the last one not cancelled. The photo is the task's
+  ``data.image``: of a local-files URL (``/data/local-files/?d=folder/x.jpg``, what Label Studio's
+  COCO importer writes) the URL-decoded ``d`` parameter (its path, else its file name, under the
+  photos folder); of an upload (``/data/upload/3/1a2b3c4d-x.jpg``), ``s3://``, ``gs://`` or
+  ``http(s)://`` URL the URL-decoded last segment.
 - **cvat**: a CVAT XML 1.1 file ("CVAT for images"): ``<polygon>`` and ``<mask>`` (RLE inside
   its ``left``/``top``/``width``/``height`` box) shapes; boxes, polylines and points are not
-  outlines and are counted as ``skipped``; video tracks are refused.
+  outlines and are counted as ``skipped``; video tracks are refused. Each shape's ``z_order`` is read.
 
-Polygons are rasterised the way :mod:`annotations.formats` defines (a pixel is inside when its
-centre is). The photos are looked up in ``images`` (default: the annotation file's folder, then
+Polygons are rasterised by the one rule of :func:`annotations.formats.rasterize_rings`: a pixel is
+inside when its centre is, a centre exactly on an edge when the inside lies to its right (or, on a
+horizontal edge, below it), so outlines sharing an edge tile without gap or overlap and a polygon
+keeps its area. The photos are looked up in ``images`` (default: the annotation file's folder, then
 its ``images/`` subfolder) by the file name the annotation gives (Label Studio's upload prefix
 ``1a2b3c4d-`` is dropped when the plain name is what exists; a name without a photo suffix, as
 GeoJSON gives, matches any). Image ids are the photos' names
@@ -29,8 +38,13 @@ The folder written: ``images/`` (the photos, byte for byte), ``masks/`` (label m
 pixel), ``wounds.csv`` (``image_id, wound_index, description`` and ``label`` when the file uses
 more than one label) and ``dataset.json``. Everything is read and checked before ``out`` appears:
 bad input raises one :class:`~annotations.readers.DatasetError` naming the file and the field, and
-``out`` is left as it was. Two outlines covering the same pixel are refused (a label map holds one
-wound per pixel).
+``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
+to one of them by the ``overlap`` rule (:data:`OVERLAP_RULES`): ``z-order`` (the default for CVAT:
+the higher ``z_order``, then the later outline), ``later-wins`` (the default for the others: the
+outline later in the file) or ``refuse`` (one error naming both). Wounds then left with fewer pixels
+than ``min_area`` (default the workspace's :data:`~annotations.workspace.DEFAULT_MIN_WOUND_AREA`,
+which import applies) are dropped, one report line each in ``small_wounds_dropped``, so the folder
+always imports.
 
 Crafted files are refused the same way, before anything large is allocated: RLE counts (COCO lists
 and compressed strings, CVAT ``rle``) must be whole numbers ≥ 0 summing exactly to the photo (COCO)
@@ -61,6 +75,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 import shapely
@@ -70,6 +85,7 @@ from shapely.geometry import MultiPolygon, Polygon, shape
 from annotations.dataset import copy_photo
 from annotations.fileio import staged_folder, write_text
 from annotations.formats import rasterize_window
+from annotations.workspace import DEFAULT_MIN_WOUND_AREA
 from annotations.readers import (
     _PIL_FORMATS,
     IMAGE_SUFFIXES,
@@ -81,6 +97,10 @@ from annotations.readers import (
 )
 
 SOURCES = ("coco", "geojson", "labelstudio", "cvat")
+#: How a pixel two outlines cover is resolved: ``z-order`` (the higher CVAT ``z_order`` wins, then the
+#: later outline; formats without one: as ``later-wins``), ``later-wins`` (the outline later in the
+#: file), ``refuse`` (an error naming both).
+OVERLAP_RULES = ("z-order", "later-wins", "refuse")
 #: Most vertices of an outline that crosses itself and is repaired (shapely ``make_valid``, whose
 #: cost grows with the number of crossings, up to the square of the vertex count); a larger crossing
 #: outline is refused. Outlines that do not cross themselves may have any number of vertices.
@@ -103,6 +123,8 @@ class _Wound:
     label: str = ""
     description: str = ""
     index: int | None = None
+    z: int = 0  # CVAT's z_order: drawn above the outlines of a lower one
+    crowd: bool = False  # COCO iscrowd: an ignore region, never a wound
 
 
 @dataclass
@@ -290,7 +312,7 @@ def read_coco(path: Path) -> list[_Photo]:
             raise DatasetError(f"{here}: category_id {category!r} is not in categories")
         wound = _Wound(f"{here}.segmentation", label=categories[category],
                        description=str(ann.get("description", "")),
-                       index=_whole(ann.get("triderm_wound_index")))
+                       index=_whole(ann.get("triderm_wound_index")), crowd=_whole(ann.get("iscrowd")) == 1)
         if isinstance(seg, list):
             polys = [_polygon(p, f"{here}.segmentation[{k}]") for k, p in enumerate(seg)]
             wound.geometry = shapely.union_all(polys)
@@ -316,9 +338,15 @@ def read_geojson(files: list[Path]) -> list[_Photo]:
     photos: dict[str, _Photo] = {}
     for path in files:
         doc = _load_json(path)
+        kind = doc.get("type") if isinstance(doc, dict) else None
+        if kind in ("Polygon", "MultiPolygon"):  # a bare geometry (QuPath writes them): one feature
+            doc = [{"type": "Feature", "geometry": doc, "properties": {}}]
+        elif kind == "Feature":  # a bare feature: a collection of one
+            doc = [doc]
         features = doc.get("features") if isinstance(doc, dict) else doc
         if not isinstance(features, list):
-            raise DatasetError(f"{path.name}: missing field 'features' (expected a FeatureCollection)")
+            raise DatasetError(f"{path.name}: missing field 'features' (expected a FeatureCollection, a Feature "
+                               "or a Polygon/MultiPolygon geometry)")
         for n, feat in enumerate(features):
             here = f"{path.name}: features[{n}]"
             props = feat.get("properties") if isinstance(feat, dict) else None
@@ -433,6 +461,19 @@ def _ls_annotation(task: dict, here: str) -> tuple[dict | None, str]:
     return chosen, f"{here}.annotations[{task['annotations'].index(chosen)}]"
 
 
+def _ls_photo_name(url: str, where: str) -> str:
+    """The photo's file name in a Label Studio image reference: the ``d`` query parameter of a
+    local-files URL (``/data/local-files/?d=folder/x.jpg``, URL-decoded: its path below the photos
+    folder), else the URL's last path segment (``/data/upload/3/1a2b3c4d-x.jpg``, ``s3://``,
+    ``gs://``, ``http(s)://``, URL-decoded)."""
+    parts = urlsplit(url)
+    local = parse_qs(parts.query).get("d")
+    name = local[0] if local else unquote(parts.path).rsplit("/", 1)[-1]
+    if not name.strip("/"):
+        raise DatasetError(f"{where}: no file name in the image reference {url!r:.120}")
+    return name
+
+
 def read_labelstudio(path: Path) -> list[_Photo]:
     """The photos and outlines of a Label Studio JSON export."""
     tasks = _load_json(path)
@@ -442,10 +483,11 @@ def read_labelstudio(path: Path) -> list[_Photo]:
     for n, task in enumerate(tasks):
         here = f"{path.name}: [{n}]"
         data = _need(task, "data", dict, here)
-        url = next((v for v in data.values() if isinstance(v, str)), None)
+        url = data.get("image") if isinstance(data.get("image"), str) else \
+            next((v for v in data.values() if isinstance(v, str)), None)
         if url is None:
             raise DatasetError(f"{here}.data: no image reference")
-        photo = _Photo(f"{here}.data", url.split("?")[0].rsplit("/", 1)[-1])
+        photo = _Photo(f"{here}.data", _ls_photo_name(url, f"{here}.data"))
         photos.append(photo)
         ann, where = _ls_annotation(task, here)
         results = ann.get("result") or [] if ann else []
@@ -535,7 +577,9 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
         for k, el in enumerate(img):
             shere = f"{here} <{el.tag}> {k + 1}"
             attrs = {a.get("name"): (a.text or "") for a in el.iter("attribute")}
-            wound = _Wound(shere, label=el.get("label", ""), description=attrs.get("description", ""))
+            wound = _Wound(shere, label=el.get("label", ""), description=attrs.get("description", ""),
+                           z=_cvat_int(el, "z_order", shere) if "z_order" in el.attrib and el.tag in ("polygon", "mask")
+                           else 0)
             if el.tag == "polygon":
                 try:
                     coords = [float(c) for pt in el.attrib["points"].split(";") for c in pt.split(",")]
@@ -616,9 +660,37 @@ def _image_id(photo: _Photo, path: Path) -> str:
     return image_id
 
 
-def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, list[tuple[int, _Wound]], int]:
-    """The photo's label map, its (index, wound) pairs and how many outlines covered no pixel centre."""
-    given = [w.index for w in photo.wounds]
+@dataclass
+class _Painted:
+    """A photo's label map and what painting its outlines gave."""
+
+    labels: np.ndarray
+    wounds: list[tuple[int, _Wound]]  # (index, wound), the wounds kept
+    empty: int = 0  # outlines covering no pixel centre
+    crowd: int = 0  # COCO iscrowd regions left out
+    overlap_px: int = 0  # pixels an outline took from another (by the overlap rule)
+    dropped: list[str] = field(default_factory=list)  # report lines: wounds under the minimum area
+
+
+def _decoded(wound: _Wound, photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, int, int]:
+    """The wound's mask within its box (polygons rasterised by :func:`~annotations.formats.rasterize_rings`)."""
+    if wound.decode is not None:
+        return wound.decode()
+    assert wound.geometry is not None  # every outline is a geometry or an RLE
+    x0, y0, x1, y1 = wound.geometry.bounds
+    if x0 >= shape_hw[1] or y0 >= shape_hw[0] or x1 <= 0 or y1 <= 0:
+        raise DatasetError(f"{wound.where}: the outline ({x0:g}, {y0:g})–({x1:g}, {y1:g}) lies wholly "
+                           f"outside the {shape_hw[1]}×{shape_hw[0]} photo {photo.name!r}")
+    return rasterize_window(wound.geometry, shape_hw)
+
+
+def _label_map(photo: _Photo, shape_hw: tuple[int, int], overlap: str, min_area: int) -> _Painted:
+    """The photo's label map. Outlines are painted one at a time (in file order, or by rising z-order
+    for ``z-order``): a pixel two outlines cover goes to the one painted later (``refuse``: an error).
+    COCO crowd regions are not painted. Wounds then left with fewer than ``min_area`` pixels are
+    dropped (a report line each); the rest are numbered in file order unless the file gives indices."""
+    wounds = [w for w in photo.wounds if not w.crowd]
+    given = [w.index for w in wounds]
     indices = [i for i in given if isinstance(i, int) and i >= 1]
     use_given = bool(given) and len(indices) == len(given)
     if use_given and len(set(indices)) != len(indices):
@@ -627,43 +699,52 @@ def _label_map(photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, li
     if most > MAX_WOUNDS_PER_MASK:
         raise DatasetError(f"{photo.where}: wound index {most:,} is larger than {MAX_WOUNDS_PER_MASK:,}, the most a "
                            "label map (16-bit PNG) can store")
-    labels = np.zeros(shape_hw, np.uint16 if len(given) > 255 or (use_given and max(indices) > 255) else np.uint8)
-    out: list[tuple[int, _Wound]] = []
-    empty, n = 0, 0
-    for k, wound in enumerate(photo.wounds):  # one wound at a time, within its bounding box (or band)
-        if wound.decode is not None:
-            mask, top, left = wound.decode()
-        else:
-            assert wound.geometry is not None  # every outline is a geometry or an RLE
-            x0, y0, x1, y1 = wound.geometry.bounds
-            if x0 >= shape_hw[1] or y0 >= shape_hw[0] or x1 <= 0 or y1 <= 0:
-                raise DatasetError(f"{wound.where}: the outline ({x0:g}, {y0:g})–({x1:g}, {y1:g}) lies wholly "
-                                   f"outside the {shape_hw[1]}×{shape_hw[0]} photo {photo.name!r}")
-            mask, top, left = rasterize_window(wound.geometry, shape_hw)
+    labels = np.zeros(shape_hw, np.uint8 if most <= 255 else np.uint16)
+    order = sorted(range(len(wounds)), key=lambda k: wounds[k].z) if overlap == "z-order" else range(len(wounds))
+    out = _Painted(labels, [], crowd=len(photo.wounds) - len(wounds))
+    drawn = np.zeros(len(wounds) + 1, np.int64)  # pixels each wound painted (by its position + 1)
+    for k in order:  # one wound at a time, within its bounding box (or band); painted as position + 1
+        mask, top, left = _decoded(wounds[k], photo, shape_hw)
         if not mask.any():
-            empty += 1
+            out.empty += 1
             continue
-        n += 1
-        index = indices[k] if use_given else n
         view = labels[top:top + mask.shape[0], left:left + mask.shape[1]]
         clash = view[mask]
-        if clash.any():
-            raise DatasetError(f"{wound.where}: overlaps wound {int(clash[clash > 0][0])} of {photo.name!r} by "
-                               f"{int((clash > 0).sum())} px (a label map holds one wound per pixel)")
-        view[mask] = index
-        out.append((index, wound))
-    return labels, out, empty
+        taken = clash[clash > 0]
+        if taken.size and overlap == "refuse":
+            first = int(taken[0]) - 1
+            raise DatasetError(f"{wounds[k].where}: overlaps {wounds[first].where} by {taken.size} px (a label map "
+                               "holds one wound per pixel; choose --overlap z-order or later-wins to let one win)")
+        out.overlap_px += int(taken.size)
+        view[mask] = k + 1
+        drawn[k + 1] = int(mask.sum())
+    areas = np.bincount(labels.ravel(), minlength=len(wounds) + 1)
+    lut = np.zeros(len(wounds) + 1, labels.dtype)
+    for k, wound in enumerate(wounds):
+        if not drawn[k + 1]:
+            continue
+        if areas[k + 1] < max(min_area, 1):
+            note = f" ({drawn[k + 1] - areas[k + 1]} px covered by outlines drawn over it)" if areas[k + 1] < drawn[k + 1] else ""
+            out.dropped.append(f"{wound.where}: {areas[k + 1]} px{note}, under the minimum wound area of {min_area} px;"
+                               " dropped")
+            continue
+        index = indices[k] if use_given else len(out.wounds) + 1
+        lut[k + 1] = index
+        out.wounds.append((index, wound))
+    out.labels = lut[labels]
+    return out
 
 
 def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synthetic: bool,
-           skipped: int = 0) -> dict[str, Any]:
+           overlap: str, min_area: int, skipped: int = 0) -> dict[str, Any]:
     out = Path(out)
     with staged_folder(out, DatasetError) as stage:
         (stage / "images").mkdir()
         (stage / "masks").mkdir()
         rows: list[dict[str, Any]] = []
         seen: dict[str, str] = {}
-        empty = 0
+        empty = crowd = overlap_px = 0
+        dropped: list[str] = []
         for photo in photos:
             path = _find_photo(images, photo.name, photo.where)
             if path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -676,13 +757,14 @@ def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synth
             if photo.size not in (None, size):
                 raise DatasetError(f"{photo.where}: size {photo.size[0]}×{photo.size[1]} is not the photo's "
                                    f"upright {size[0]}×{size[1]} ({path})")
-            labels, wounds, n_empty = _label_map(photo, (size[1], size[0]))
-            empty += n_empty
+            painted = _label_map(photo, (size[1], size[0]), overlap, min_area)
+            empty, crowd, overlap_px = empty + painted.empty, crowd + painted.crowd, overlap_px + painted.overlap_px
+            dropped += painted.dropped
             copy_photo(path, stage / "images" / f"{image_id}{path.suffix.lower()}")
-            if wounds:
-                Image.fromarray(labels).save(stage / "masks" / f"{image_id}.png")
+            if painted.wounds:
+                Image.fromarray(painted.labels).save(stage / "masks" / f"{image_id}.png")
             rows += [{"image_id": image_id, "wound_index": i, "description": w.description, "label": w.label}
-                     for i, w in sorted(wounds, key=lambda iw: iw[0])]
+                     for i, w in sorted(painted.wounds, key=lambda iw: iw[0])]
         labelled = len({r["label"] for r in rows}) > 1
         with (stage / "wounds.csv").open("w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, ["image_id", "wound_index", "description", *(["label"] if labelled else [])],
@@ -692,7 +774,8 @@ def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synth
         write_text(stage / "dataset.json", json.dumps({"name": name, "synthetic": synthetic,
                                                        "mask_format": "label"}, indent=2) + "\n")
     return {"images": len(seen), "wounds": len(rows), "empty_outlines_dropped": empty,
-            "other_shapes_skipped": skipped, "out": str(out)}
+            "other_shapes_skipped": skipped, "crowd_regions_ignored": crowd, "overlap": overlap,
+            "overlapping_px": overlap_px, "small_wounds_dropped": dropped, "out": str(out)}
 
 
 def _files(src: Path, suffix: str) -> list[Path]:
@@ -716,8 +799,17 @@ def _one(src: Path, preferred: str, suffix: str) -> Path:
 
 
 def convert(fmt: str, src: str | Path, out: str | Path, images: str | Path | None = None,
-            name: str | None = None, synthetic: bool = False) -> dict[str, Any]:
-    """Convert ``src`` (format ``fmt``, one of :data:`SOURCES`) into the dataset folder ``out``."""
+            name: str | None = None, synthetic: bool = False, overlap: str | None = None,
+            min_area: int = DEFAULT_MIN_WOUND_AREA) -> dict[str, Any]:
+    """Convert ``src`` (format ``fmt``, one of :data:`SOURCES`) into the dataset folder ``out``.
+    ``overlap`` (one of :data:`OVERLAP_RULES`; default ``z-order`` for CVAT, else ``later-wins``) says
+    which outline a pixel covered twice goes to; wounds left under ``min_area`` pixels are dropped
+    (the workspace's minimum wound area, which import applies)."""
+    overlap = overlap or ("z-order" if fmt == "cvat" else "later-wins")
+    if overlap not in OVERLAP_RULES:
+        raise DatasetError(f"unknown overlap rule {overlap!r}; choose one of {', '.join(OVERLAP_RULES)}")
+    if not (isinstance(min_area, int) and min_area >= 0):
+        raise DatasetError(f"the minimum wound area must be a whole number of pixels ≥ 0, got {min_area!r}")
     src = Path(src)
     skipped = 0
     if fmt == "coco":
@@ -737,5 +829,6 @@ def convert(fmt: str, src: str | Path, out: str | Path, images: str | Path | Non
         raise DatasetError(f"unknown source format {fmt!r}; choose one of {', '.join(SOURCES)}")
     base = files[0].parent
     folders = [Path(images)] if images is not None else [base, base / "images"]
-    summary = _write(photos, folders, Path(out), name or base.name or "converted", synthetic, skipped)
+    summary = _write(photos, folders, Path(out), name or base.name or "converted", synthetic, overlap, min_area,
+                     skipped)
     return {"from": fmt, **summary}

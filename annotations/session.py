@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from annotations.formats import rasterize_rings
 from annotations.workspace import ENV_VAR, Workspace, outline_of, resolve_workspace
 
 #: Where a wound's outline came from (wound metadata key ``origin``).
@@ -136,26 +137,12 @@ def outline_problem(outline: Sequence[Point]) -> str | None:
 
 
 def fill_outline(outline: Sequence[Point], shape: tuple[int, int]) -> np.ndarray:
-    """Boolean H×W mask of the pixels whose centre lies inside the closed outline (even–odd rule;
-    image coordinates, see :func:`mask_polygons`), so a vertex a fraction of a pixel off changes nothing."""
-    h, w = shape
+    """Boolean H×W mask of the closed outline (image coordinates, see :func:`mask_polygons`) by the one
+    rasterisation rule, :func:`annotations.formats.rasterize_rings` (pixel centre inside, even–odd; a
+    centre on an edge by the top-left rule), so a vertex a fraction of a pixel off changes nothing."""
     mask = np.zeros(shape, dtype=bool)
-    pts = np.asarray(outline, dtype=float)
-    x0, y0 = pts[:, 0], pts[:, 1]
-    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
-    rows = np.arange(max(0, int(np.floor(y0.min()))), min(h, int(np.ceil(y0.max()))))
-    if len(rows) == 0:
-        return mask
-    yc = rows[:, None] + 0.5
-    crosses = (y0 <= yc) != (y1 <= yc)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        xs = np.where(crosses, x0 + (yc - y0) * (x1 - x0) / (y1 - y0), np.inf)
-    xs.sort(axis=1)
-    for r, row in zip(rows, xs):
-        cuts = row[np.isfinite(row)]
-        for a, b in zip(cuts[0::2], cuts[1::2]):  # centres c + 0.5 in [a, b)
-            c0, c1 = max(0, int(np.ceil(a - 0.5))), min(w, int(np.ceil(b - 0.5)))
-            mask[r, c0:c1] = True
+    window, top, left = rasterize_rings([np.asarray(outline, dtype=float)], shape)
+    mask[top:top + window.shape[0], left:left + window.shape[1]] = window
     return mask
 
 

@@ -59,7 +59,7 @@ def test_our_export_converts_imports_and_exports_back_equal(tmp_path, capsys, fm
     before = _export(first, tmp_path / "out1", fmt)
     capsys.readouterr()
     assert annotations_main(["convert", "--from", source, str(tmp_path / "out1"), str(tmp_path / "ds2"),
-                             "--images", str(first.images_dir), "--name", "centre-a"]) == 0
+                             "--images", str(first.images_dir), "--name", "centre-a", "--min-area", "1"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["images"] == (2 if source == "coco" else 1) and summary["wounds"] == 3
     second = _workspace(tmp_path / "ws2", dataset=tmp_path / "ds2")
@@ -145,7 +145,7 @@ def test_cvat_polygons_and_masks(tmp_path):
   <image id="1" name="p2.png" width="40" height="20"/>
 </annotations>"""
     (tmp_path / "src" / "annotations.xml").write_text(xml)
-    summary = convert("cvat", tmp_path / "src" / "annotations.xml", tmp_path / "ds")
+    summary = convert("cvat", tmp_path / "src" / "annotations.xml", tmp_path / "ds", min_area=1)
     assert (summary["images"], summary["wounds"], summary["other_shapes_skipped"]) == (2, 2, 1)
     labels = np.array(Image.open(tmp_path / "ds" / "masks" / "p1.png"))
     assert (labels[:5, :10] == 1).all() and (labels == 1).sum() == 50
@@ -175,12 +175,13 @@ def _coco(tmp_path, **change) -> None:
     ({"image_id": 9}, r"annotations\[0\]: image_id 9 is not in images"),
     ({"images": [{"id": 1, "file_name": "nope.png", "width": 40, "height": 20}]}, r"images\[0\]: photo 'nope.png'"),
     ({"images": [{"id": 1, "file_name": "p1.png", "width": 20, "height": 40}]}, r"images\[0\]: size 20×40"),
-    ({"extra": [[5, 5, 15, 5, 15, 15, 5, 15]]}, r"annotations\[1\]\.segmentation: overlaps wound 1 .* by 25 px"),
+    ({"extra": [[5, 5, 15, 5, 15, 15, 5, 15]]},
+     r"annotations\[1\]\.segmentation: overlaps annotations\.json: annotations\[0\]\.segmentation by 25 px"),
 ])
 def test_bad_coco_is_one_error_naming_file_and_field_and_writes_nothing(tmp_path, change, message):
     _coco(tmp_path, **change)
     with pytest.raises(DatasetError, match=r"annotations\.json: " + message):
-        convert("coco", tmp_path / "src", tmp_path / "ds")
+        convert("coco", tmp_path / "src", tmp_path / "ds", overlap="refuse")
     assert not (tmp_path / "ds").exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
 
 

@@ -307,7 +307,7 @@ def test_each_outline_is_decoded_within_its_box_or_band_not_the_whole_photo(tmp_
             (out := _real(*a, **k))[0].shape) or out)
     _coco(tmp_path, extra={"size": [20, 40], "counts": [20 * 30, 20 * 2, 20 * 8]})  # a square, then columns 30–31
     assert convert("coco", tmp_path / "src", tmp_path / "ds")["wounds"] == 2
-    assert decoded == [(11, 11), (20, 2)]  # not (20, 40) twice
+    assert decoded == [(10, 10), (20, 2)]  # not (20, 40) twice
     labels = np.array(Image.open(tmp_path / "ds" / "masks" / "p1.png"))
     assert (labels[:10, :10] == 1).all() and (labels == 1).sum() == 100
     assert (labels[:, 30:32] == 2).all() and (labels == 2).sum() == 40
