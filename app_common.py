@@ -237,7 +237,7 @@ def page(title: str, need: str | None = None, compact: bool = False, banner: boo
     synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
     ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width.
     ``banner=False``: the page labels its sections' data itself (a page that also shows real data)."""
-    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=":material/healing:", layout="wide",
+    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon="🩹", layout="wide",
                        initial_sidebar_state="collapsed" if compact else "auto")
     if compact:
         st.html("<style>[data-testid='stMainBlockContainer'] {padding: 3.75rem 1rem 1rem 1rem;} "
