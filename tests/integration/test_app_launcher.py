@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 import psutil
@@ -26,15 +26,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextmanager
-def launcher(tmp_path: Path, *options: str, host: str = "127.0.0.1") -> Iterator[tuple[subprocess.Popen, int]]:
-    """``python -m triderm app`` on a free port of ``host``, healthy; every process of its tree ends at exit."""
+def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", cwd: Path | None = None
+            ) -> Iterator[tuple[subprocess.Popen, int]]:
+    """``python ARGS…`` (a server) on a free port of ``host``, healthy; every process of its tree ends at exit."""
     port = free_port(host)
-    log = tmp_path / "triderm-app.log"
+    log = tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "triderm", "app", "--workspace", str(tmp_path / "ws"), "--server.port", str(port),
-             "--server.headless", "true", *options],
-            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, *args, "--server.port", str(port), "--server.headless", "true"],
+                                cwd=cwd or tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "TRIDERM_WORKSPACE": str(tmp_path / "ws")})
     tree = [psutil.Process(proc.pid)]
     try:
         deadline = time.monotonic() + 180  # a generous bound on a loaded machine, not a timing requirement
@@ -64,14 +64,26 @@ def listening(proc: subprocess.Popen, port: int) -> set[str]:
             if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
 
 
+def triderm_app(tmp_path: Path, *options: str, host: str = "127.0.0.1"
+                ) -> AbstractContextManager[tuple[subprocess.Popen, int]]:
+    """``triderm app`` (as ``python -m triderm app``) on a free port of ``host``, healthy (see :func:`serving`)."""
+    return serving(tmp_path, "-m", "triderm", "app", "--workspace", str(tmp_path / "ws"), *options, host=host)
+
+
 def test_triderm_app_listens_on_the_loopback_only(tmp_path):
-    with launcher(tmp_path) as (proc, port):
+    with triderm_app(tmp_path) as (proc, port):
+        assert listening(proc, port) == {"127.0.0.1"}
+
+
+def test_streamlit_run_in_the_checkout_listens_on_the_loopback_only(tmp_path):
+    """``make app`` (``streamlit run app.py``) reads the checkout's .streamlit/config.toml."""
+    with serving(tmp_path, "-m", "streamlit", "run", "app.py", cwd=REPO) as (proc, port):
         assert listening(proc, port) == {"127.0.0.1"}
 
 
 def test_an_admin_chooses_the_address(tmp_path):
     """``--server.address`` overrides the shipped loopback (here another loopback address, never a public one)."""
-    with launcher(tmp_path, "--server.address", "127.0.0.2", host="127.0.0.2") as (proc, port):
+    with triderm_app(tmp_path, "--server.address", "127.0.0.2", host="127.0.0.2") as (proc, port):
         assert listening(proc, port) == {"127.0.0.2"}
 
 
@@ -80,7 +92,7 @@ def test_an_admin_chooses_the_address(tmp_path):
 def test_no_server_outlives_the_launcher(tmp_path, sig):
     """A service manager's SIGTERM, Ctrl-C, a closed terminal's SIGHUP or SIGKILL to ``triderm app`` ends the
     server: no process of its tree remains and the port refuses connections."""
-    with launcher(tmp_path) as (proc, port):
+    with triderm_app(tmp_path) as (proc, port):
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         os.kill(proc.pid, sig)
         proc.wait(timeout=60)
