@@ -167,7 +167,7 @@ def gate() -> None:
 
 def main() -> None:
     """The app's entry point: the sign-in gate, or the navigation over the pages the account may open."""
-    st.set_page_config(page_title="TriDerm Studio", page_icon=ac.page_icon(), layout="wide")
+    st.set_page_config(page_title="TriDerm Studio", page_icon="🩹", layout="wide")
     ac.session_key()  # an unusable signing key stops the app here, with the reason
     if ac.account() is None:  # every page's address shows the sign-in (no page runs); signing in reruns that
         # address, which then holds the page itself: a deep link lands on the page asked for after sign-in

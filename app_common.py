@@ -9,7 +9,6 @@ visitor who is not signed in or whose role lacks ``PERMISSION``.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import importlib.abc
 import io
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import streamlit as st
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageOps
 
 from annotations import accounts, holders, session
 from annotations.accounts import Account, AuthError
@@ -234,24 +233,12 @@ def allowed(permission: str | None) -> bool:
     return found is not None and (permission is None or found.can(permission))
 
 
-@functools.lru_cache(maxsize=1)
-def page_icon() -> Image.Image:
-    """The browser tab's icon, drawn here and served by the app itself (a ``:material/…:`` icon is fetched
-    from Google's font server, which a clinical network may block and which learns who uses the app)."""
-    icon = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
-    draw = ImageDraw.Draw(icon)
-    draw.rounded_rectangle((2, 2, 61, 61), radius=14, fill=(0, 121, 107))
-    draw.rectangle((26, 12, 37, 51), fill=(255, 255, 255))
-    draw.rectangle((12, 26, 51, 37), fill=(255, 255, 255))
-    return icon
-
-
 def page(title: str, need: str | None = None, compact: bool = False, banner: bool = True) -> Workspace:
     """Start a page: config, sign-in and role gate (stops the script when either fails), sidebar,
     synthetic banner. ``need``: ``manage``, ``jobs``, ``annotate``, ``view`` or None (any account).
     ``compact``: sidebar collapsed and narrow margins, for pages that need the whole screen width.
     ``banner=False``: the page labels its sections' data itself (a page that also shows real data)."""
-    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon=page_icon(), layout="wide",
+    st.set_page_config(page_title=f"{title} · {APP_TITLE}", page_icon="🩹", layout="wide",
                        initial_sidebar_state="collapsed" if compact else "auto")
     if compact:
         st.html("<style>[data-testid='stMainBlockContainer'] {padding: 3.75rem 1rem 1rem 1rem;} "

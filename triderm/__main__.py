@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import runpy
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -47,7 +47,11 @@ def streamlit_flags(config: Path = CONFIG) -> list[str]:
 
 
 def run_app(args: list[str]) -> int:
-    """``streamlit run app.py`` with the shipped settings; ``--workspace PATH`` goes to the app."""
+    """``streamlit run app.py`` with the shipped settings; ``--workspace PATH`` goes to the app.
+
+    The launcher becomes Streamlit (exec, same process id): a signal to ``triderm app`` (a service manager's
+    SIGTERM, Ctrl-C, a closed terminal's SIGHUP, SIGKILL) reaches the server itself, which never outlives it.
+    Returns only on an error in the arguments."""
     workspace: list[str] = []
     if "--workspace" in args:
         at = args.index("--workspace")
@@ -60,7 +64,9 @@ def run_app(args: list[str]) -> int:
         print('error: the app needs the [app] extra: pip install "triderm-studio[app]"', file=sys.stderr)
         return 2
     command = [sys.executable, "-m", "streamlit", "run", str(app_path()), *streamlit_flags(), *args, *workspace]
-    return subprocess.call(command)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, command)
 
 
 def main(argv: list[str] | None = None) -> int:
