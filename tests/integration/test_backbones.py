@@ -135,11 +135,13 @@ def test_embedded_default_features_are_those_of_the_parent_commit(lite0, lite0_f
                                                                                 64)))})
     assert encoder("cpu").identity == "efficientnet-lite0:579344248a93"  # the shipped segmenter's encoder
     assert (lite0_full.mean, lite0_full.std) == ((0.5,) * 3, (0.5,) * 3)
+    # fp32 kernels round differently on different processors (oneDNN picks its code path by instruction set): on
+    # a machine other than the one that recorded these, values moved by up to 1e-5 (1.2e-6 relative), sums by 8e-7
     for name, (total, squares, idx, values) in PARENT_FEATURES.items():
         f = out[name].double()
-        assert f.sum().item() == pytest.approx(total, rel=1e-6), name
-        assert f.pow(2).sum().item() == pytest.approx(squares, rel=1e-6), name
-        assert torch.allclose(f.flatten()[idx], torch.tensor(values, dtype=torch.float64), rtol=0, atol=1e-6), name
+        assert f.sum().item() == pytest.approx(total, rel=1e-5), name
+        assert f.pow(2).sum().item() == pytest.approx(squares, rel=1e-5), name
+        assert torch.allclose(f.flatten()[idx], torch.tensor(values, dtype=torch.float64), rtol=1e-5, atol=1e-5), name
 
 
 def test_any_timm_model_gives_its_last_feature_map():
