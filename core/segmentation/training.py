@@ -221,9 +221,11 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
 def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epochs: int = EPOCHS,
                 batch_size: int = 8, lr: float = 1e-3, encoder_lr_factor: float = ENCODER_LR_FACTOR, seed: int = 0,
                 device: torch.device | str = "cpu", progress: bool = True,
-                on_epoch: Callable[[int, list[float]], None] | None = None) -> tuple[SegNet, list[float]]:
+                on_epoch: Callable[[int, list[float]], None] | None = None,
+                dice_weight: float = 1.0) -> tuple[SegNet, list[float]]:
     """Train a copy of ``start`` on the cached views of ``samples`` (each photo once per epoch, in a random view;
-    ``encoder_lr_factor=0`` keeps the encoder stages frozen); returns it (eval mode) and the loss per epoch."""
+    ``encoder_lr_factor=0`` keeps the encoder stages frozen); returns it (eval mode) and the loss per epoch. The
+    loss is cross-entropy + ``dice_weight`` × soft Dice (1, the recipe; 0, cross-entropy alone: a diagnosis)."""
     if not samples:
         raise ValueError("no training photos")
     device = torch.device(device)
@@ -252,7 +254,9 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
             target = cache.targets[batch].to(device).float()
             with autocast(device):  # bf16 (or fp16 with the scaler) on CUDA, a no-op on the CPU
                 logits = net(feats)
-                loss = F.binary_cross_entropy_with_logits(logits, target) + dice_loss(logits, target)
+                loss = F.binary_cross_entropy_with_logits(logits, target)
+                if dice_weight:
+                    loss = loss + dice_weight * dice_loss(logits, target)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(opt)

@@ -52,6 +52,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.followup": ({"--seed"}, []),  # phantom visits and marker geometry: numpy/OpenCV, no device
     "benchmarks.scale": ({"--seed", "--device"}, []),  # builds its own phantom studies: no workspace
     "benchmarks.segmentation": ({"--device", "--seed", "--epochs"}, []),  # dataset folders, not a workspace
+    "benchmarks.segmentation_diagnosis": ({"--seed", "--epochs"}, []),  # dataset folders; CPU, like the issue's
     "benchmarks.app_latency": (set(), []),  # browser-driven on its own phantom workspace: no torch, no seeds  # a generated mask: no workspace, no torch
     "benchmarks.gpu": ({"--seed", "--epochs"}, []),  # --devices: the CUDA and CPU rows side by side
     "benchmarks.cli_startup": (set(), []),  # times the other commands' --help: no workspace, no device, no seeds
