@@ -76,6 +76,8 @@ def test_text_from_data_renders_no_image_link_or_markup_and_nothing_leaves_the_a
     assert PAYLOAD in shown(heading)
     pg.get_by_text("Import a dataset folder or build the demo").click()
     pg.get_by_label("Dataset folder on the server").fill(str(bad))
+    pg.get_by_label("Dataset folder on the server").press("Enter")  # commit the path: its rerun could eat the click
+    idle(pg, settle_ms=300)
     pg.get_by_role("button", name="Import", exact=True).click()
     error = pg.get_by_text(re.compile("^Nothing imported"))
     expect(error).to_be_visible()

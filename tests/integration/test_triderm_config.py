@@ -121,17 +121,16 @@ def trained(tiny_phantom_workspace):
     return ws, {"ssl": ssl, "supervised": supervised}
 
 
-#: measured at commit 37d1fa9 (before the dataclass: ``train(ws, progress=False, seed=3, **FAST)`` and
-#: ``supervise="triplets", supervise_steps=20``) on the workspace of :func:`trained`, CPU torch:
-#: ``image_emb[:2, :4]``, the column sums of ``|wound_emb|[:, :4]`` and the first losses. The supervised row
-#: was measured again at 8afe894, when :class:`~core.losses.ExpertTripletLoss` moved from ``z[i]`` to
-#: ``index_select`` (a fixed summation order of its gradient): its first loss is the same, later figures moved
-#: by at most 0.003 (``image_emb``) over 20 steps of an unnormalised hinge
+#: ``image_emb[:2, :4]``, the column sums of ``|wound_emb|[:, :4]`` and the first losses of the runs of :func:`trained`
+#: (CPU torch). First measured at commit 37d1fa9 (before the dataclass) and at 8afe894 (``index_select`` gather).
+#: Re-measured on 2026-11-28 with the parent commit dd96562 itself: in that day's fresh install (torch 2.14.1,
+#: torchvision 0.29.1, timm 1.0.31, numpy 2.4.6, Pillow 13.0.0) the first losses themselves moved (24.88 → 26.13),
+#: so the inputs, not the code, had changed; dd96562 and this code give these figures to every digit
 BEFORE = {
-    "ssl": ([[-0.432895, 0.465379, -0.049225, -0.144275], [0.446521, -0.305686, -0.466466, 0.154417]],
-            [2.69568, 2.27927, 3.34667, 4.06949], [24.877014, 21.528085]),
-    "supervised": ([[0.084796, -0.216198, 0.730079, -0.942108], [-2.847288, 5.339532, 2.891808, -0.955362]],
-                   [8.4262, 15.51468, 18.70875, 10.93266], [128.571582, 1225.084277, 1205.233008]),
+    "ssl": ([[0.352358, 0.507198, 0.230401, 0.093482], [-0.375267, 0.016443, 0.052729, 0.011766]],
+            [4.7857, 2.57148, 6.92837, 9.73762], [26.127525, 21.410674]),
+    "supervised": ([[0.640945, 0.557413, -0.118612, -0.063358], [-1.638767, 1.294201, -6.000959, 5.971088]],
+                   [16.09435, 8.01205, 14.49137, 14.02568], [415.162988, 2895.613672, 1313.104883]),
 }
 
 
