@@ -29,13 +29,6 @@ PAGES = {
 PASSWORD = "correct horse battery"
 
 
-@pytest.fixture
-def ws(demo_workspace, monkeypatch, tmp_path) -> Workspace:
-    monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
-    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))  # not the repository's result files
-    return demo_workspace
-
-
 def account(name: str = "Tess", role: str = "admin") -> accounts.Account:
     """The account ``name`` of the test's workspace ($TRIDERM_WORKSPACE), created when missing."""
     store = Workspace(None).store

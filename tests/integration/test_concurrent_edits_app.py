@@ -2,17 +2,9 @@
 fields it changed, and a save from a stale copy is refused with both values, changing nothing."""
 from __future__ import annotations
 
-import pytest
 from tests.integration.test_app_pages import app
 
 from annotations.workspace import Workspace
-
-
-@pytest.fixture
-def ws(demo_workspace, monkeypatch, tmp_path) -> Workspace:
-    monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
-    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))
-    return demo_workspace
 
 
 def test_a_stale_page_saves_only_its_changed_field_and_refuses_a_stale_one(ws):

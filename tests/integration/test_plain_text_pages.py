@@ -3,18 +3,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from tests.integration.test_app_pages import add_test_embedding, app
 
 from annotations import followup
-from annotations.workspace import Workspace
-
-
-@pytest.fixture
-def ws(demo_workspace, monkeypatch, tmp_path) -> Workspace:
-    monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
-    monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))
-    return demo_workspace
 
 
 def test_the_explore_map_draws_text_from_data_as_text(ws):
