@@ -62,6 +62,7 @@ from core.segmentation.metrics import dice, photo_scores
 from core.segmentation.model import (
     INPUT_SIZE,
     TEST_FLIPS,
+    THRESHOLD,
     TTA_FLIPS,
     Encoder,
     Segmenter,
@@ -128,8 +129,9 @@ def otsu_red(image: Image.Image) -> np.ndarray:
 class FixedMap:
     """A fold's precomputed probability map standing in for the segmenter in :func:`click_outline`."""
 
-    def __init__(self, prob: np.ndarray) -> None:
+    def __init__(self, prob: np.ndarray, threshold: float = THRESHOLD) -> None:
         self.prob = prob
+        self.threshold = threshold
 
     def probability(self, image: Image.Image) -> np.ndarray:
         """The precomputed map, whatever the image."""
@@ -149,12 +151,13 @@ def deepest_points(mask: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
     return out
 
 
-def click_scores(samples: list[Sample], probs: dict[int, np.ndarray]) -> list[dict]:
-    """Per-wound Dice and seconds of one click at each test wound, by GrabCut alone and by the segmenter."""
+def click_scores(samples: list[Sample], probs: dict[int, np.ndarray], threshold: float = THRESHOLD) -> list[dict]:
+    """Per-wound Dice and seconds of one click at each test wound, by GrabCut alone and by the segmenter (its map
+    thresholded at ``threshold``)."""
     rows = []
     for i, prob in probs.items():
         for x, y, wound in deepest_points(samples[i].mask):
-            for method, model in (("grabcut", None), ("segmenter", FixedMap(prob))):
+            for method, model in (("grabcut", None), ("segmenter", FixedMap(prob, threshold))):
                 t0 = time.perf_counter()
                 out = click_outline(samples[i].image, x, y, model)
                 rows.append({"method": method, "group": samples[i].group, "dice": dice(out, wound),

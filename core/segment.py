@@ -35,7 +35,7 @@ from annotations.readers import IMAGE_SUFFIXES, load_photo
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
 from core import cli
 from core.runtime import user_errors
-from core.segmentation.defaults import RUN_KIND, THRESHOLD
+from core.segmentation.defaults import RUN_KIND
 
 if TYPE_CHECKING:  # the model modules import torch: loaded when a photo is segmented, not for --help
     from core.segmentation.model import Segmenter
@@ -102,17 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="new or empty folder: masks/<name>.png go here")
     parser.add_argument("--model", default="default",
                         help="default (shipped), a segmenter run id of --workspace, or a .safetensors path")
-    parser.add_argument("--threshold", type=float, default=THRESHOLD, help=f"wound probability (default {THRESHOLD})")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="wound probability (default: the model's own, chosen when it was trained)")
     cli.add_workspace(parser)
     cli.add_device(parser)
     args = cli.parse_args(parser, argv)
     with user_errors(parser, ValueError):  # SegmenterError is a ValueError
-        if not 0 < args.threshold < 1:
+        if args.threshold is not None and not 0 < args.threshold < 1:
             raise ValueError(f"--threshold must lie strictly between 0 and 1 (got {args.threshold})")
         if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
             raise ValueError(f"{args.out}: the output folder is not empty (give a new or empty folder)")
         photos = photo_paths(args.images)
         segmenter, path = resolve_model(args.model, args.workspace, args.device)
+    threshold = segmenter.threshold if args.threshold is None else args.threshold
     from core.segmentation.model import default_path
 
     made = not args.out.exists()
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     partial.mkdir(parents=True)
     try:
         with user_errors(parser, ValueError):  # an unreadable or too large photo (DatasetError)
-            wounds = segment_photos(segmenter, photos, partial, args.threshold)
+            wounds = segment_photos(segmenter, photos, partial, threshold)
         partial.rename(args.out / "masks")
     finally:
         if partial.exists():  # a photo failed (or the run was interrupted): leave nothing behind
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     masks = args.out / "masks"
     record = {"model": segmenter.source, "checkpoint": str(path) if path else "default",
               "sha256": hashlib.sha256((path or default_path()).read_bytes()).hexdigest(),
-              "threshold": args.threshold, "photos": len(photos), "wounds": wounds, "images": str(args.images)}
+              "threshold": threshold, "photos": len(photos), "wounds": wounds, "images": str(args.images)}
     (args.out / "segment.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"{len(photos)} photos segmented by the {segmenter.source} segmenter: {wounds} wounds → {masks}")
     return 0

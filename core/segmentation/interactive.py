@@ -63,7 +63,8 @@ def suggest_outlines(ws: Workspace, image_id: str, segmenter: Segmenter | None =
     uses the workspace's latest trained segmenter, else the default one shipped with the package."""
     segmenter = segmenter or load_segmenter(ws)
     existing = ws.load_mask(image_id) > 0
-    return wound_components(segmenter.probability(ws.load_image(image_id)), ws.min_wound_area, existing)
+    return wound_components(segmenter.probability(ws.load_image(image_id)), ws.min_wound_area, existing,
+                            segmenter.threshold)
 
 
 def component_at(mask: np.ndarray, x: int, y: int) -> np.ndarray:
@@ -193,7 +194,7 @@ def click_outline_by(image: Image.Image, x: int, y: int, segmenter: Segmenter | 
     prob = None
     if segmenter is not None:
         prob = segmenter.probability(image)
-        fg = ndimage.binary_fill_holes(prob >= THRESHOLD) & ~existing
+        fg = ndimage.binary_fill_holes(prob >= segmenter.threshold) & ~existing
         if fg[y, x]:
             return split_at(rgb, component_at(fg, x, y), x, y, exclude), BY_MODEL
     return grabcut_outline(rgb, x, y, exclude, existing, prob), BY_GRABCUT

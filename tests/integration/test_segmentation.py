@@ -78,6 +78,8 @@ def _dataset(root: Path, n: int, with_masks: bool = True) -> Path:
 class MapSegmenter:
     """A stand-in segmenter whose probability map is fixed (tests the logic around the model)."""
 
+    threshold = 0.5
+
     def __init__(self, prob: np.ndarray) -> None:
         self.prob = prob.astype(np.float32)
 

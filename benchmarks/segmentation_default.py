@@ -1,0 +1,299 @@
+"""The default segmenter's recipe on photos it never saw, area first: fuseg-dev k-fold by photo (nested), Medetec
+zero-shot, Medetec fine-tuned with a clinic's first photos, click-to-outline and CPU inference.
+
+    python -m benchmarks.segmentation_default [--part all|features|fold|curve|report] [--fold F] [--folds 5]
+                                              [--encoder lite0] [--work DIR] [--seed 0]
+
+Every network is what ``python -m core.train_segmenter --pretrain`` makes (:func:`core.segmentation.model.new_net`
+with its output bias at the wound prior, :data:`~core.segmentation.defaults.PRETRAIN_EPOCHS` epochs, the 4 flips
+cached once per photo), trained without the photos it is scored on:
+
+- **fuseg-dev, ``--folds`` folds by photo** (a file-name series stays in one fold): each fold's network is trained
+  on the other folds, and its threshold is chosen as the command chooses the default's — a network trained
+  without an inner fifth of those photos (whole series), the threshold of
+  :data:`~core.segmentation.defaults.THRESHOLD_GRID` with the best mean Dice on that inner fifth
+  (:func:`core.segmentation.training.choose_threshold`) — so no reported photo chose anything. Scored at that
+  threshold and, for reference, at 0.5;
+- **Medetec zero-shot**: every fold network (trained on fuseg-dev alone) on all Medetec photos, at its threshold;
+  the row is the mean over the networks per photo;
+- **Medetec fine-tuned with 15 photos** (a clinic's first outlines): fold ``F``'s network fine-tuned as a
+  workspace's run does (:data:`~core.segmentation.defaults.EPOCHS` epochs from it, its threshold kept) on 15
+  Medetec photos drawn by series with seed ``F``, scored on the other Medetec photos beside the same network
+  before fine-tuning (paired);
+- **click-to-outline on Medetec**: one click at each wound's deepest point, fold 0's network's map (zero-shot);
+- **CPU inference** of a 512-px photo (2 flips, 1 and 2 threads) with fold 0's network.
+
+Per photo at the photo's resolution, outlines as suggestions show them (holes filled, components < 25 px dropped):
+Dice, IoU, boundary F (2 px) and the area ratio = predicted / expert wound pixels (median, interquartile, share
+within ±10 % and ±20 %, share over 1.5×); 95 % intervals resample photo series. ``--encoder`` picks the frozen
+encoder (:data:`core.segmentation.model.ENCODERS`) to compare backbones on the same folds. Parts can run as
+separate processes (``--part fold --fold F``, one per fold); ``--work`` keeps their outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from annotations.workspace import DEFAULT_MIN_WOUND_AREA
+from benchmarks.results import RESULTS_DIR, command_line, paired_claim, render_tables, write_result
+from benchmarks.segmentation import (
+    SHARED,
+    click_scores,
+    fold_seed,
+    group_folds,
+    grouped_bootstrap,
+    inference_seconds,
+)
+from benchmarks.segmentation_diagnosis import load_cache, save_cache
+from core import cli
+from core.runtime import torch_threads
+from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS
+from core.segmentation.interactive import wound_components
+from core.segmentation.metrics import boundary_f, dice, iou
+from core.segmentation.model import INPUT_SIZE, Segmenter, SegNet, encoder, new_net
+from core.segmentation.training import (
+    FeatureCache,
+    Sample,
+    cache_features,
+    cached_probability,
+    choose_threshold,
+    fit_network,
+    folder_samples,
+    split_groups,
+)
+
+SETS = ("fuseg", "medetec")
+CLINIC_PHOTOS = 15
+BOUNDARY_PX = 2
+
+
+def samples_of(args: argparse.Namespace, name: str) -> list[Sample]:
+    """The photos (with at least one wound) of set ``name``."""
+    return folder_samples(args.fuseg if name == "fuseg" else args.medetec)
+
+
+def cache_file(args: argparse.Namespace, name: str) -> Path:
+    """Where set ``name``'s feature cache for ``--encoder`` lives."""
+    return args.work / f"features-{name}-{args.encoder}.pt"
+
+
+def features(args: argparse.Namespace) -> dict[str, Any]:
+    """Cache the frozen encoder's features of every photo's four flips, once per set."""
+    enc = encoder("cpu", args.encoder)
+    args.work.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name in SETS:
+        samples = samples_of(args, name)
+        t0 = time.perf_counter()
+        save_cache(cache_file(args, name), cache_features(samples, enc, INPUT_SIZE, augmented=0, seed=args.seed,
+                                                          progress=not args.quiet), samples)
+        out[name] = {"photos": len(samples), "seconds": time.perf_counter() - t0}
+        print(f"{name}: {len(samples)} photos cached in {out[name]['seconds']:.0f} s", flush=True)
+    return out
+
+
+def photo_row(sample: Sample, prob: np.ndarray, threshold: float) -> dict[str, Any]:
+    """One photo's scores at ``threshold`` (outlines as suggestions show them)."""
+    comps = wound_components(prob, DEFAULT_MIN_WOUND_AREA, threshold=threshold)
+    pred = np.logical_or.reduce(comps) if comps else np.zeros(sample.mask.shape, bool)
+    return {"photo": sample.key, "group": sample.group, "dice": dice(pred, sample.mask), "iou": iou(pred, sample.mask),
+            "boundary_f": boundary_f(pred, sample.mask, BOUNDARY_PX),
+            "ratio": float(pred.sum() / max(1, int(sample.mask.sum())))}
+
+
+def scored(net: SegNet, cache: FeatureCache, samples: list[Sample], idx: list[int],
+           thresholds: dict[str, float]) -> dict[str, list[dict]]:
+    """Rows of the ``idx`` photos at each named threshold."""
+    probs = {i: cached_probability(net, cache, i, samples[i].mask.shape) for i in idx}
+    return {name: [photo_row(samples[i], probs[i], t) for i in idx] for name, t in thresholds.items()}
+
+
+def net_file(args: argparse.Namespace, fold: int) -> Path:
+    """Where fold ``fold``'s network and threshold are kept."""
+    return args.work / f"fold{fold}-of{args.folds}-{args.encoder}-s{args.seed}.pt"
+
+
+def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
+    """Fold ``f``: the inner split's threshold, the network on the other folds, its scores (fuseg-dev fold f and
+    Medetec zero-shot)."""
+    enc = encoder("cpu", args.encoder)
+    fuseg, medetec = samples_of(args, "fuseg"), samples_of(args, "medetec")
+    cache_f, cache_m = load_cache(cache_file(args, "fuseg"), fuseg), load_cache(cache_file(args, "medetec"), medetec)
+    test = group_folds(fuseg, args.folds, args.seed)[f]
+    train = [i for i in range(len(fuseg)) if i not in set(test)]
+    seed = fold_seed(args.seed, 0, f, args.folds)
+    start = new_net(enc, seed=seed)
+    t0 = time.perf_counter()
+    inner, held = split_groups([fuseg[i] for i in train], INNER_FRACTION, seed)
+    inner_net, inner_loss = fit_network(cache_f, [train[i] for i in inner], start, args.epochs, seed=seed,
+                                        progress=not args.quiet)
+    threshold, by_t = choose_threshold(inner_net, cache_f, fuseg, [train[i] for i in held], DEFAULT_MIN_WOUND_AREA)
+    net, loss = fit_network(cache_f, train, start, args.epochs, seed=seed, progress=not args.quiet)
+    seconds = time.perf_counter() - t0
+    torch.save({"state": net.state_dict(), "threshold": threshold}, net_file(args, f))
+    at = {"chosen": threshold, "0.5": 0.5}
+    out = {"fold": f, "threshold": threshold, "dice_by_threshold": by_t, "inner": [len(inner), len(held)],
+           "loss": loss, "inner_loss": inner_loss, "train_seconds": seconds, "n_train": len(train),
+           "fuseg": scored(net, cache_f, fuseg, test, at), "medetec": scored(net, cache_m, medetec,
+                                                                              list(range(len(medetec))), at)}
+    (args.work / f"fold{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").write_text(json.dumps(out))
+    print(f"fold {f}: threshold {threshold:g}, {seconds:.0f} s, Dice "
+          f"{np.mean([r['dice'] for r in out['fuseg']['chosen']]):.3f}, area ratio "
+          f"{np.median([r['ratio'] for r in out['fuseg']['chosen']]):.2f}", flush=True)
+    return out
+
+
+def load_fold_net(args: argparse.Namespace, f: int) -> tuple[SegNet, float]:
+    """Fold ``f``'s network (eval mode) and its threshold."""
+    saved = torch.load(net_file(args, f))
+    net = new_net(encoder("cpu", args.encoder))
+    net.load_state_dict(saved["state"])
+    return net.eval(), float(saved["threshold"])
+
+
+def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
+    """Fold ``f``'s network fine-tuned on 15 Medetec photos (series drawn with seed ``f``), scored on the rest."""
+    medetec = samples_of(args, "medetec")
+    cache_m = load_cache(cache_file(args, "medetec"), medetec)
+    start, threshold = load_fold_net(args, f)
+    order = np.random.default_rng(args.seed + f).permutation(sorted({s.group for s in medetec}))
+    clinic: list[int] = []
+    for g in order:
+        if len(clinic) >= CLINIC_PHOTOS:
+            break
+        clinic += [i for i, s in enumerate(medetec) if s.group == g]
+    rest = [i for i in range(len(medetec)) if i not in set(clinic)]
+    net, _ = fit_network(cache_m, clinic, start, EPOCHS, seed=args.seed + f, progress=not args.quiet)
+    at = {"chosen": threshold}
+    out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(start, cache_m, medetec, rest, at)["chosen"],
+           "fine_tuned": scored(net, cache_m, medetec, rest, at)["chosen"]}
+    (args.work / f"curve{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").write_text(json.dumps(out))
+    return out
+
+
+def area_cells(rows: list[dict]) -> list[Any]:
+    """Dice [CI], median Dice, IoU, boundary F, area ratio median [IQR], % within ±10 / ±20 %, % over 1.5×."""
+    groups = [r["group"] for r in rows]
+    r = np.array([x["ratio"] for x in rows])
+    q1, med, q3 = np.percentile(r, [25, 50, 75])
+    return [len(rows), grouped_bootstrap([x["dice"] for x in rows], groups, 0),
+            round(float(np.median([x["dice"] for x in rows])), 3),
+            grouped_bootstrap([x["iou"] for x in rows], groups, 0),
+            grouped_bootstrap([x["boundary_f"] for x in rows], groups, 0),
+            f"{med:.2f} [{q1:.2f}, {q3:.2f}]", round(100 * float(np.mean(np.abs(r - 1) <= 0.1)), 1),
+            round(100 * float(np.mean(np.abs(r - 1) <= 0.2)), 1), round(100 * float(np.mean(r > 1.5)), 1)]
+
+
+COLUMNS = ["scored on", "photos", "Dice/photo [95 % CI]", "median Dice", "IoU", "boundary F (2 px)",
+           "area ratio median [IQR]", "% within ±10 %", "% within ±20 %", "% over 1.5×"]
+
+
+def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
+    """Each photo's scores averaged over the fold networks (the same photos in the same order in each)."""
+    out = []
+    for rows in zip(*per_fold):
+        out.append({"photo": rows[0]["photo"], "group": rows[0]["group"],
+                    **{k: float(np.mean([r[k] for r in rows])) for k in ("dice", "iou", "boundary_f")},
+                    "ratio": float(np.median([r["ratio"] for r in rows]))})
+    return out
+
+
+def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
+    """Tables, the fine-tune's paired claim and notes from every fold's and curve's saved scores."""
+    folds = [json.loads((args.work / f"fold{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").read_text())
+             for f in range(args.folds)]
+    curves = [json.loads((args.work / f"curve{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").read_text())
+              for f in range(args.folds)]
+    fuseg = {k: [r for o in folds for r in o["fuseg"][k]] for k in ("chosen", "0.5")}
+    medetec = {k: mean_over_networks([o["medetec"][k] for o in folds]) for k in ("chosen", "0.5")}
+    rows = [["fuseg-dev, held-out folds, nested threshold", *area_cells(fuseg["chosen"])],
+            ["fuseg-dev, held-out folds, threshold 0.5", *area_cells(fuseg["0.5"])],
+            ["Medetec zero-shot (mean of the fold networks), nested threshold", *area_cells(medetec["chosen"])],
+            ["Medetec zero-shot, threshold 0.5", *area_cells(medetec["0.5"])],
+            [f"Medetec, {CLINIC_PHOTOS} photos' fine-tune, on the rest (all draws)",
+             *area_cells([r for c in curves for r in c["fine_tuned"]])],
+            ["Medetec, the same networks before fine-tuning, same photos",
+             *area_cells([r for c in curves for r in c["zero_shot"]])]]
+    tables = [{"caption": f"The default's recipe ({args.encoder}) on photos its networks never saw "
+                          f"({args.folds} fuseg-dev folds by photo series, seed {args.seed})",
+               "columns": COLUMNS, "rows": rows}]
+    tables.append({"caption": "Per fold: the threshold its inner split chose (inner photos trained / held out), "
+                              "training time, last training loss",
+                   "columns": ["fold", "threshold", "inner split", "held-out mean Dice at 0.3 … 0.7", "seconds",
+                               "last loss"],
+                   "rows": [[o["fold"], o["threshold"], f"{o['inner'][0]} / {o['inner'][1]}",
+                             " ".join(f"{v:.3f}" for v in o["dice_by_threshold"].values()),
+                             round(o["train_seconds"]), round(o["loss"][-1], 4)] for o in folds]})
+    fine = [r["dice"] for c in curves for r in c["fine_tuned"]]
+    zero = [r["dice"] for c in curves for r in c["zero_shot"]]
+    groups = [f"{c['fold']}:{r['group']}" for c in curves for r in c["fine_tuned"]]
+    claims = [paired_claim(f"{CLINIC_PHOTOS} Medetec photos' fine-tune adds Dice on the other Medetec photos",
+                           fine, zero, groups=groups)]
+    notes = [f"Training per fold (inner network + fold network, {args.epochs} epochs each): "
+             f"{np.mean([o['train_seconds'] for o in folds]) / 60:.1f} min on average, 1 torch thread."]
+    if args.click:
+        net, threshold = load_fold_net(args, 0)
+        enc = encoder("cpu", args.encoder)
+        seg = Segmenter(net, enc, INPUT_SIZE, threshold=threshold)
+        medetec_s = samples_of(args, "medetec")
+        probs = {i: seg.probability(s.image) for i, s in enumerate(medetec_s)}
+        clicks = click_scores(medetec_s, probs, threshold)
+        for method in ("segmenter", "grabcut"):
+            rs = [c for c in clicks if c["method"] == method]
+            notes.append(f"Click-to-outline on Medetec ({method}, fold 0's network, zero-shot): Dice per wound "
+                         f"{np.mean([c['dice'] for c in rs]):.3f} over {len(rs)} wounds.")
+        notes.append(f"CPU inference of a 512-px photo (2 flips): {inference_seconds(seg, 1):.3f} s on 1 thread, "
+                     f"{inference_seconds(seg, 2):.3f} s on 2.")
+    return tables, claims, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``python -m benchmarks.segmentation_default`` job; returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.segmentation_default", description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=("all", "features", "fold", "curve", "report"), default="all")
+    p.add_argument("--fuseg", type=Path, default=SHARED / "fuseg-dev")
+    p.add_argument("--medetec", type=Path, default=SHARED / "medetec")
+    p.add_argument("--work", type=Path, default=Path("/tmp/segmentation-default"),
+                   help="folder for feature caches, fold networks and scores (outside the repository)")
+    p.add_argument("--encoder", default="lite0", help="the frozen encoder (core.segmentation.model.ENCODERS)")
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--fold", type=int, default=None, help="fold/curve: this fold only (default: every fold)")
+    cli.add_epochs(p, PRETRAIN_EPOCHS)
+    cli.add_seed(p)
+    p.add_argument("--no-click", dest="click", action="store_false", help="report: skip clicks and timing")
+    p.add_argument("--section", default="segmentation_default")
+    p.add_argument("--results", type=Path, default=RESULTS_DIR)
+    p.add_argument("--quiet", action="store_true")
+    args = cli.parse_args(p, argv)
+    for d in (args.fuseg, args.medetec):
+        if not (d / "images").is_dir():
+            p.error(f"{d}: no images/ folder")
+    folds = [args.fold] if args.fold is not None else list(range(args.folds))
+    t0 = time.perf_counter()
+    with torch_threads(1):
+        if args.part in ("all", "features"):
+            features(args)
+        for f in folds if args.part in ("all", "fold") else []:
+            fold(args, f)
+        for f in folds if args.part in ("all", "curve") else []:
+            curve(args, f)
+        if args.part not in ("all", "report"):
+            return 0
+        tables, claims, notes = report(args)
+    print(render_tables(tables))
+    print("\n".join(notes))
+    path = write_result(args.section, "Wound segmentation: the default's recipe on photos it never saw",
+                        command_line("benchmarks.segmentation_default", argv), [args.seed], tables, claims, notes,
+                        synthetic=False, seconds=time.perf_counter() - t0, results_dir=args.results)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
