@@ -47,9 +47,11 @@ if TYPE_CHECKING:
 VISIT_DATE, RULER, TRACK, SITE, CLOSED = "visit_date", "ruler", "track_id", "site", "closed"
 #: The tidy export's columns, in order (``export --format followup``).
 #: ``flag`` says why a calibrated size was withheld (``area_cm2``, ``length_cm``, ``width_cm`` empty; see
-#: :func:`annotations.measure.measure`).
+#: :func:`annotations.measure.measure`). ``outline`` says how the measured outline was made (wound metadata
+#: ``origin``): ``drawn``, ``edited``, ``import`` (from a dataset folder), or ``suggested`` — the segmenter's outline
+#: accepted without an edit, so the area is the model's, not a person's; empty when not recorded.
 COLUMNS = ("patient", "track", "visit_date", "area_cm2", "length_cm", "width_cm", "closed", "measured_by", "method",
-           "uncertainty", "flag", "pct_change", "area_px", "site", "image_id", "wound_index", "notes")
+           "uncertainty", "flag", "pct_change", "area_px", "site", "image_id", "wound_index", "notes", "outline")
 #: The earliest visit date accepted (a date before it is a typing or a default-value slip).
 EARLIEST_VISIT = date(1900, 1, 1)
 
@@ -335,6 +337,7 @@ def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None
                 "method": m.method, "uncertainty": _round(m.uncertainty, 4), "flag": m.flag or "", "pct_change": None,
                 "area_px": 0 if closed else m.area_px, "site": w["metadata"].get(SITE, ""), "image_id": image_id,
                 "wound_index": w["wound_index"], "notes": "; ".join(m.reasons),
+                "outline": w["metadata"].get("origin", ""),
                 "xy": _position(m, shape), "size": m.area_px if m.area_cm2 is None else m.area_cm2})
     rows.sort(key=lambda r: (str(r["patient"]), r["track"] or "", r["visit_date"] or "", r["image_id"]))
     for _, group in _by_track([r for r in rows if r["track"] is not None]).items():

@@ -433,3 +433,15 @@ def test_embedding_similarity_decides_between_equally_placed_tracks():
     like = {t: followup.pending_links(rows, {("a1", 1): e1, ("b1", 1): e2, ("c2", 1): e})[0]["proposals"][0][0]
             for t, e in (("p-T1", e1 + 0.1), ("p-T2", e2 + 0.1))}
     assert like == {"p-T1": "p-T1", "p-T2": "p-T2"}  # site, size and position alone tie: the embedding decides
+
+
+def test_the_followup_export_says_which_areas_are_the_models_own_outline(visits_ws, visits_rows, tmp_path):
+    first = visits_rows[0]
+    w = visits_ws.store.wound(first["image_id"], first["wound_index"])
+    visits_ws.store.upsert_wound(first["image_id"], first["wound_index"], w["area"], w["bbox"],
+                                 metadata={**w["metadata"], "origin": "suggested"})
+    followup.export_followup(visits_ws, tmp_path / "fu")
+    with (tmp_path / "fu" / "followup.csv").open(encoding="utf-8") as fh:
+        rows = {(r["image_id"], r["wound_index"]): r["outline"] for r in csv.DictReader(fh)}
+    assert rows.pop((first["image_id"], str(first["wound_index"]))) == "suggested"  # accepted unedited: the model's area
+    assert set(rows.values()) <= {"import", ""}  # the other outlines came in with the dataset
