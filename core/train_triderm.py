@@ -133,6 +133,30 @@ def recipe_of(args: argparse.Namespace, mode: str = "self-supervised") -> TriDer
     return replace(PAPER_RECIPE if args.paper_recipe else DEFAULT, **given)
 
 
+#: The :class:`TriDermConfig` options each mode reads (the others change nothing in it, so they are refused).
+_SUPERVISED_ONLY = frozenset(f.name for f in fields(TriDermConfig)
+                             if f.name.startswith("supervise") or f.name in ("cv", "cv_repeats"))
+MODE_OPTIONS: dict[str, frozenset[str]] = {
+    "frozen": frozenset({"backbone", "layer"}),
+    "fine-tune": frozenset({"backbone", "layer", "views", "cv", "cv_repeats", "seed"}),
+    "self-supervised": frozenset(f.name for f in fields(TriDermConfig)) - _SUPERVISED_ONLY,
+    "supervised": frozenset(f.name for f in fields(TriDermConfig)),
+}
+
+
+def unread_options(args: argparse.Namespace, mode: str) -> str | None:
+    """The error for options given that ``mode`` does not read (``--paper-recipe`` included), else None."""
+    given = [f.name for f in fields(TriDermConfig) if getattr(args, f.name) is not None]
+    unread = [n for n in given if n not in MODE_OPTIONS[mode]]
+    if args.paper_recipe and mode in ("frozen", "fine-tune"):
+        unread.append("paper_recipe")
+    if not unread:
+        return None
+    flags = ", ".join("--" + n.replace("_", "-") for n in unread)
+    reads = ", ".join("--" + n.replace("_", "-") for n in sorted(MODE_OPTIONS[mode]))
+    return f"{flags}: not read by --mode {mode}, which reads only {reads}; leave {'it' if len(unread) == 1 else 'them'} out"
+
+
 def asked_mode(args: argparse.Namespace) -> str:
     """The mode the options alone ask for: ``--mode``, else ``supervised`` for ``--supervise``/``--cv``,
     ``self-supervised`` for ``--paper-recipe``, else ``auto`` (the workspace decides)."""
@@ -197,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = cli.parse_args(parser, argv)
     asked = asked_mode(args)
-    if asked in ("frozen", "self-supervised") and (args.supervise or args.cv):
-        parser.error(f"--supervise and --cv belong to the supervised mode, not to --mode {asked}")
+    if asked != "auto" and (error := unread_options(args, asked)):
+        parser.error(error)
     try:
         cfg = recipe_of(args, asked)  # every option checked before the workspace is touched
     except ValueError as e:
@@ -215,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         backbone = load_backbone(cfg.backbone, layer=cfg.layer)
         check_workspace(ws, cfg)
+    if asked == "auto" and (error := unread_options(args, mode)):
+        parser.error(f"--mode auto chose {mode} ({why}). {error}")
     print(f"mode: {mode} ({why}) — {MODES[mode]}")
     if mode == "frozen":
         run_id = embed_baseline(ws, backbone, normalize="center-l2")

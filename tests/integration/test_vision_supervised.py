@@ -354,8 +354,12 @@ def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
     for extra, message in [(["--layer", "stage9"], "unknown layer 'stage9'"),
                            (["--supervise", "triplets", "--cv", "99"], "larger than the number of patients"),
                            (["--mode", "self-supervised", "--cv", "3"],
-                            "--supervise and --cv belong to the supervised mode, not to --mode self-supervised"),
-                           (["--mode", "frozen", "--supervise", "triplets"], "not to --mode frozen")]:
+                            "--cv: not read by --mode self-supervised"),
+                           (["--mode", "frozen", "--supervise", "triplets"],
+                            "--epochs, --batch-size, --views, --dim, --supervise: not read by --mode frozen, which "
+                            "reads only --backbone, --layer; leave them out"),
+                           (["--mode", "fine-tune"], "--epochs, --batch-size, --dim: not read by --mode fine-tune"),
+                           (["--mode", "fine-tune", "--paper-recipe"], "--paper-recipe: not read")]:
         with pytest.raises(SystemExit) as err:
             train_main([*base, *extra])
         assert err.value.code == 2 and message in capsys.readouterr().err
@@ -364,6 +368,10 @@ def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         train_main(["--workspace", str(empty.root), "--supervise", "triplets", *base[2:]])
     assert err.value.code == 2 and "needs expert triplets" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:  # auto: refused once the workspace chose the mode, before any run
+        train_main(["--workspace", str(empty.root), "--epochs", "3"])
+    assert err.value.code == 2 and ("--mode auto chose frozen (no expert triplets over outlined photos). --epochs: "
+                                    "not read by --mode frozen") in capsys.readouterr().err
     assert empty.store.runs() == []
 
 
