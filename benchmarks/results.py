@@ -56,6 +56,7 @@ SECTIONS: dict[str, str] = {
     "segmentation": "python -m benchmarks.segmentation",
     "segmentation_ablation": "python -m benchmarks.segmentation --part ablation --section segmentation_ablation",
     "segmentation_timing": "python -m benchmarks.segmentation --part timing --section segmentation_timing",
+    "segmentation_default": "python -m benchmarks.segmentation_default",
     "followup": "python -m benchmarks.followup --data ../shared/data",
     "app_latency": "python -m benchmarks.app_latency --triplets --before 4b5f213",
     "gpu": "python -m benchmarks.gpu --medetec ../shared/data/medetec --epochs 3 --epoch-devices cuda --views 4",

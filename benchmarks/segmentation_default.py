@@ -53,10 +53,10 @@ from benchmarks.segmentation import (
 from benchmarks.segmentation_diagnosis import load_cache, save_cache
 from core import cli
 from core.runtime import torch_threads
-from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS
+from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS, THRESHOLD
 from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import boundary_f, dice, iou
-from core.segmentation.model import INPUT_SIZE, Segmenter, SegNet, encoder, new_net
+from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net
 from core.segmentation.training import (
     FeatureCache,
     Sample,
@@ -69,6 +69,7 @@ from core.segmentation.training import (
 )
 
 SETS = ("fuseg", "medetec")
+#: A clinic's first outlined photos (issue 48: "fine-tuned with 15 Medetec photos").
 CLINIC_PHOTOS = 15
 BOUNDARY_PX = 2
 
@@ -114,6 +115,11 @@ def scored(net: SegNet, cache: FeatureCache, samples: list[Sample], idx: list[in
     return {name: [photo_row(samples[i], probs[i], t) for i in idx] for name, t in thresholds.items()}
 
 
+def fold_file(args: argparse.Namespace, part: str, fold: int) -> Path:
+    """Where ``part`` (fold, curve) of fold ``fold`` keeps its scores."""
+    return args.work / f"{part}{fold}-of{args.folds}-{args.encoder}-s{args.seed}.json"
+
+
 def net_file(args: argparse.Namespace, fold: int) -> Path:
     """Where fold ``fold``'s network and threshold are kept."""
     return args.work / f"fold{fold}-of{args.folds}-{args.encoder}-s{args.seed}.pt"
@@ -130,10 +136,13 @@ def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
     seed = fold_seed(args.seed, 0, f, args.folds)
     start = new_net(enc, seed=seed)
     t0 = time.perf_counter()
-    inner, held = split_groups([fuseg[i] for i in train], INNER_FRACTION, seed)
-    inner_net, inner_loss = fit_network(cache_f, [train[i] for i in inner], start, args.epochs, seed=seed,
-                                        progress=not args.quiet)
-    threshold, by_t = choose_threshold(inner_net, cache_f, fuseg, [train[i] for i in held], DEFAULT_MIN_WOUND_AREA)
+    inner, held, inner_loss, threshold, by_t = [], [], [], THRESHOLD, {}
+    if not args.no_inner:
+        inner, held = split_groups([fuseg[i] for i in train], INNER_FRACTION, seed)
+        inner_net, inner_loss = fit_network(cache_f, [train[i] for i in inner], start, args.epochs, seed=seed,
+                                            progress=not args.quiet)
+        threshold, by_t = choose_threshold(inner_net, cache_f, fuseg, [train[i] for i in held],
+                                           DEFAULT_MIN_WOUND_AREA)
     net, loss = fit_network(cache_f, train, start, args.epochs, seed=seed, progress=not args.quiet)
     seconds = time.perf_counter() - t0
     torch.save({"state": net.state_dict(), "threshold": threshold}, net_file(args, f))
@@ -142,7 +151,7 @@ def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
            "loss": loss, "inner_loss": inner_loss, "train_seconds": seconds, "n_train": len(train),
            "fuseg": scored(net, cache_f, fuseg, test, at), "medetec": scored(net, cache_m, medetec,
                                                                               list(range(len(medetec))), at)}
-    (args.work / f"fold{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").write_text(json.dumps(out))
+    fold_file(args, "fold", f).write_text(json.dumps(out))
     print(f"fold {f}: threshold {threshold:g}, {seconds:.0f} s, Dice "
           f"{np.mean([r['dice'] for r in out['fuseg']['chosen']]):.3f}, area ratio "
           f"{np.median([r['ratio'] for r in out['fuseg']['chosen']]):.2f}", flush=True)
@@ -158,14 +167,15 @@ def load_fold_net(args: argparse.Namespace, f: int) -> tuple[SegNet, float]:
 
 
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
-    """Fold ``f``'s network fine-tuned on 15 Medetec photos (series drawn with seed ``f``), scored on the rest."""
+    """Fold ``f``'s network fine-tuned on ``--clinic`` Medetec photos (series drawn with seed ``f``), scored on the
+    rest."""
     medetec = samples_of(args, "medetec")
     cache_m = load_cache(cache_file(args, "medetec"), medetec)
     start, threshold = load_fold_net(args, f)
     order = np.random.default_rng(args.seed + f).permutation(sorted({s.group for s in medetec}))
     clinic: list[int] = []
     for g in order:
-        if len(clinic) >= CLINIC_PHOTOS:
+        if len(clinic) >= args.clinic:
             break
         clinic += [i for i, s in enumerate(medetec) if s.group == g]
     rest = [i for i in range(len(medetec)) if i not in set(clinic)]
@@ -173,7 +183,7 @@ def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     at = {"chosen": threshold}
     out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(start, cache_m, medetec, rest, at)["chosen"],
            "fine_tuned": scored(net, cache_m, medetec, rest, at)["chosen"]}
-    (args.work / f"curve{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").write_text(json.dumps(out))
+    fold_file(args, "curve", f).write_text(json.dumps(out))
     return out
 
 
@@ -194,6 +204,13 @@ COLUMNS = ["scored on", "photos", "Dice/photo [95 % CI]", "median Dice", "IoU", 
            "area ratio median [IQR]", "% within ±10 %", "% within ±20 %", "% over 1.5×"]
 
 
+def group_means(a: list[dict], b: list[dict]) -> tuple[list[float], list[float]]:
+    """Mean Dice per photo series of two scorings of the same photos (for a test paired over series)."""
+    groups = sorted({r["group"] for r in a})
+    return tuple([float(np.mean([r["dice"] for r in rows if r["group"] == g])) for g in groups]
+                 for rows in (a, b))  # type: ignore[return-value]
+
+
 def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
     """Each photo's scores averaged over the fold networks (the same photos in the same order in each)."""
     out = []
@@ -206,17 +223,15 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
 
 def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
     """Tables, the fine-tune's paired claim and notes from every fold's and curve's saved scores."""
-    folds = [json.loads((args.work / f"fold{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").read_text())
-             for f in range(args.folds)]
-    curves = [json.loads((args.work / f"curve{f}-of{args.folds}-{args.encoder}-s{args.seed}.json").read_text())
-              for f in range(args.folds)]
+    folds = [json.loads(fold_file(args, "fold", f).read_text()) for f in range(args.folds)]
+    curves = [json.loads(fold_file(args, "curve", f).read_text()) for f in range(args.folds)]
     fuseg = {k: [r for o in folds for r in o["fuseg"][k]] for k in ("chosen", "0.5")}
     medetec = {k: mean_over_networks([o["medetec"][k] for o in folds]) for k in ("chosen", "0.5")}
     rows = [["fuseg-dev, held-out folds, nested threshold", *area_cells(fuseg["chosen"])],
             ["fuseg-dev, held-out folds, threshold 0.5", *area_cells(fuseg["0.5"])],
             ["Medetec zero-shot (mean of the fold networks), nested threshold", *area_cells(medetec["chosen"])],
             ["Medetec zero-shot, threshold 0.5", *area_cells(medetec["0.5"])],
-            [f"Medetec, {CLINIC_PHOTOS} photos' fine-tune, on the rest (all draws)",
+            [f"Medetec, {args.clinic} photos' fine-tune, on the rest (all draws)",
              *area_cells([r for c in curves for r in c["fine_tuned"]])],
             ["Medetec, the same networks before fine-tuning, same photos",
              *area_cells([r for c in curves for r in c["zero_shot"]])]]
@@ -230,11 +245,34 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                    "rows": [[o["fold"], o["threshold"], f"{o['inner'][0]} / {o['inner'][1]}",
                              " ".join(f"{v:.3f}" for v in o["dice_by_threshold"].values()),
                              round(o["train_seconds"]), round(o["loss"][-1], 4)] for o in folds]})
-    fine = [r["dice"] for c in curves for r in c["fine_tuned"]]
-    zero = [r["dice"] for c in curves for r in c["zero_shot"]]
-    groups = [f"{c['fold']}:{r['group']}" for c in curves for r in c["fine_tuned"]]
-    claims = [paired_claim(f"{CLINIC_PHOTOS} Medetec photos' fine-tune adds Dice on the other Medetec photos",
-                           fine, zero, groups=groups)]
+    claims = [paired_claim(f"{args.clinic} Medetec photos' fine-tune adds Dice on the other Medetec photos (paired "
+                           "over draw × photo series)",
+                           *group_means([{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
+                                         for r in c["fine_tuned"]],
+                                        [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
+                                         for r in c["zero_shot"]]))]
+    for other in (e for e in ENCODERS if e != args.encoder):
+        them = argparse.Namespace(**{**vars(args), "encoder": other})
+        done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
+        if not done:
+            continue
+        theirs = [json.loads(fold_file(them, "fold", f).read_text()) for f in done]
+        ours = [folds[f] for f in done]
+        a = [r for o in ours for r in o["fuseg"]["0.5"]]
+        b = [r for o in theirs for r in o["fuseg"]["0.5"]]
+        assert [r["photo"] for r in a] == [r["photo"] for r in b]
+        timing = {}
+        for name, ns in ((args.encoder, args), (other, them)):
+            net, _ = load_fold_net(ns, done[0])
+            timing[name] = inference_seconds(Segmenter(net, encoder("cpu", ns.encoder), INPUT_SIZE), 2)
+        tables.append({"caption": f"Encoders on the same held-out fuseg-dev folds ({', '.join(map(str, done))}), "
+                                  "same recipe and epochs, threshold 0.5 (no inner network for either)",
+                       "columns": ["encoder", *COLUMNS, "training s / fold", "CPU s / 512-px photo (2 threads)"],
+                       "rows": [[name, "fuseg-dev held-out", *area_cells(rows)[0:],
+                                 round(float(np.mean([o["train_seconds"] for o in os_]))), round(timing[name], 3)]
+                                for name, rows, os_ in ((args.encoder, a, ours), (other, b, theirs))]})
+        claims.append(paired_claim(f"{other} adds Dice over {args.encoder} on held-out fuseg-dev photos (paired over "
+                                   "photo series)", *group_means(b, a)))
     notes = [f"Training per fold (inner network + fold network, {args.epochs} epochs each): "
              f"{np.mean([o['train_seconds'] for o in folds]) / 60:.1f} min on average, 1 torch thread."]
     if args.click:
@@ -266,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fold", type=int, default=None, help="fold/curve: this fold only (default: every fold)")
     cli.add_epochs(p, PRETRAIN_EPOCHS)
     cli.add_seed(p)
+    p.add_argument("--clinic", type=int, default=CLINIC_PHOTOS,
+                   help=f"curve: Medetec photos a clinic fine-tunes on (default {CLINIC_PHOTOS})")
+    p.add_argument("--no-inner", action="store_true",
+                   help="fold: no inner network, threshold 0.5 (the encoder comparison, half the training)")
     p.add_argument("--no-click", dest="click", action="store_false", help="report: skip clicks and timing")
     p.add_argument("--section", default="segmentation_default")
     p.add_argument("--results", type=Path, default=RESULTS_DIR)
@@ -276,16 +318,29 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{d}: no images/ folder")
     folds = [args.fold] if args.fold is not None else list(range(args.folds))
     t0 = time.perf_counter()
+    reused: list[str] = []
+
+    def needed(path: Path) -> bool:  # ``all`` keeps what a ``--part`` process already wrote in --work
+        if args.part == "all" and path.is_file():
+            reused.append(path.name)
+            return False
+        return True
+
     with torch_threads(1):
-        if args.part in ("all", "features"):
+        if args.part == "features" or (args.part == "all" and any([needed(cache_file(args, n)) for n in SETS])):
             features(args)
         for f in folds if args.part in ("all", "fold") else []:
-            fold(args, f)
+            if needed(fold_file(args, "fold", f)):
+                fold(args, f)
         for f in folds if args.part in ("all", "curve") else []:
-            curve(args, f)
+            if needed(fold_file(args, "curve", f)):
+                curve(args, f)
         if args.part not in ("all", "report"):
             return 0
         tables, claims, notes = report(args)
+    if reused:
+        notes.append(f"Reused from {args.work} (written by `--part features|fold|curve` processes, run in parallel): "
+                     + ", ".join(sorted(reused)) + ".")
     print(render_tables(tables))
     print("\n".join(notes))
     path = write_result(args.section, "Wound segmentation: the default's recipe on photos it never saw",

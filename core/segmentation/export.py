@@ -1,7 +1,7 @@
 """The segmenter shared between centres: a Hugging Face model folder (``save_pretrained`` layout).
 
-``model.safetensors`` holds the tuned encoder stages and the FPN decoder; ``config.json`` the encoder identity it was trained
-over, the decoder's shape, the input size, the run's metrics (numbers only) and a data summary of
+``model.safetensors`` holds the tuned encoder stages and the FPN decoder; ``config.json`` the encoder (name and
+identity) it was trained over, its threshold, the decoder's shape, the input size, the run's metrics (numbers only) and a data summary of
 counts (photos trained on and held out) — never a photo, patient or wound id, nor the paths of
 the extra data folders the run read. :func:`load_shared_segmenter` opens such a folder (or an
 ``hf-hub:<org>/<repo>`` name) as a :class:`~core.segmentation.model.Segmenter`, read through
@@ -22,8 +22,11 @@ from annotations.workspace import Workspace
 from core.vision.model_files import check_sizes, folder_file, load_weights, read_config
 from core.runtime import numbers_only, pick_device, write_model_folder
 from core.segmentation.model import (
+    DEFAULT_ENCODER,
+    ENCODERS,
     RUN_KIND,
     TEST_FLIPS,
+    THRESHOLD,
     Segmenter,
     SegmenterError,
     SegNet,
@@ -45,11 +48,17 @@ class SharedSegmenter(nn.Module, PyTorchModelHubMixin, library_name="triderm-stu
 
     def __init__(self, backbone: str, channels: Sequence[int], width: int, input_size: int, tta: int = TEST_FLIPS,
                  recipe: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
-                 data: dict[str, Any] | None = None, model_format: str = SHARED_FORMAT) -> None:
+                 data: dict[str, Any] | None = None, model_format: str = SHARED_FORMAT,
+                 encoder_name: str = DEFAULT_ENCODER, threshold: float = THRESHOLD) -> None:
         super().__init__()
         if model_format != SHARED_FORMAT:
             raise ValueError(f"config.json: model_format {model_format!r} is not {SHARED_FORMAT!r}")
-        enc = encoder("cpu")
+        if encoder_name not in ENCODERS:
+            raise SegmenterError(f"config.json: encoder_name {encoder_name!r} is none of {sorted(ENCODERS)}")
+        if not (isinstance(threshold, (int, float)) and 0 < threshold < 1):
+            raise SegmenterError(f"config.json: threshold {threshold!r} must be a number in (0, 1)")
+        self.encoder_name, self.threshold = encoder_name, float(threshold)
+        enc = encoder("cpu", encoder_name)
         if backbone != enc.identity or list(channels) != enc.channels:
             raise SegmenterError(f"trained over backbone {backbone!r}, but the segmenter encoder here is "
                                  f"{enc.identity!r}")
@@ -66,7 +75,8 @@ def export_segmenter(ws: Workspace, run_id: int, out: str | Path) -> Path:
     cfg = run["config"]
     model = SharedSegmenter(seg.encoder.identity, seg.encoder.channels, seg.net.decoder.width,
                             seg.input_size, seg.tta, {k: cfg[k] for k in RECIPE if k in cfg},
-                            numbers_only(run["metrics"]), {k: cfg[k] for k in DATA_COUNTS if k in cfg})
+                            numbers_only(run["metrics"]), {k: cfg[k] for k in DATA_COUNTS if k in cfg},
+                            encoder_name=seg.encoder.name, threshold=seg.threshold)
     model.net.load_state_dict(seg.net.state_dict())
     return write_model_folder(model, out)
 
@@ -93,5 +103,5 @@ def load_shared_segmenter(ref: str | Path, device: torch.device | str | None = N
         raise
     except ValueError as e:  # a ModelFileError, or model_folder's
         raise SegmenterError(str(e)) from None
-    enc = encoder(str(torch.device(device) if device is not None else pick_device()))
-    return Segmenter(shared.net, enc, shared.input_size, source=str(ref), tta=shared.tta)
+    enc = encoder(str(torch.device(device) if device is not None else pick_device()), shared.encoder_name)
+    return Segmenter(shared.net, enc, shared.input_size, source=str(ref), tta=shared.tta, threshold=shared.threshold)

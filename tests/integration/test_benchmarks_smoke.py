@@ -272,3 +272,22 @@ def test_train_triderm_tiny(tiny_phantom, imported, capsys, tmp_path):
     assert not any(row[0].startswith("demo") for row in record["tables"][0]["rows"]) and "## Demo wall time" in render(out_dir)
     runs = ws.store.runs(kind="vision-triderm")
     assert sorted(r["config"]["no_cache"] for r in runs) == [False, True] and all(r["status"] == "done" for r in runs)
+
+
+@pytest.mark.slow
+def test_segmentation_default_tiny(tmp_path, tiny_phantom):
+    """The nested recipe: each fold's threshold from its inner split, Medetec rows from every fold network, the
+    clinic's fine-tune paired with the same networks before it, clicks and timing; ``all`` reuses what parts wrote."""
+    from benchmarks.segmentation_default import main
+    data = tiny_phantom(0, 10, 5, 14, 10)
+    common = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--epochs", "1", "--quiet", "--clinic", "4",
+              "--work", str(tmp_path / "work"), "--results", str(tmp_path)]
+    assert main([*common, "--part", "features"]) == 0
+    assert main([*common, "--part", "fold", "--fold", "0"]) == 0
+    assert main([*common, "--section", "seg_default_smoke"]) == 0  # features and fold 0 reused, the rest computed
+    record = json.loads((tmp_path / "seg_default_smoke.json").read_text(encoding="utf-8"))
+    main_table, per_fold = record["tables"]
+    assert [r[1] for r in main_table["rows"][:2]] == [10, 10]  # every photo scored once, held out
+    assert [r[0] for r in per_fold["rows"]] == [0, 1] and all(0.3 <= r[1] <= 0.7 for r in per_fold["rows"])
+    assert "fold0-of2-lite0-s0.json" in record["notes"][-1] and "fold1" not in record["notes"][-1]
+    assert any(n.startswith("Click-to-outline") for n in record["notes"]) and record["claims"]

@@ -163,4 +163,5 @@ def test_a_segmenter_run_exports_and_loads_to_the_same_maps(tmp_path):
     shared, own = load_shared_segmenter(out, device="cpu"), load_segmenter(ws, device="cpu")
     photo = ws.load_image("seg0")
     assert np.allclose(shared.probability(photo), own.probability(photo), atol=1e-6)
+    assert (shared.threshold, shared.encoder.name) == (own.threshold, own.encoder.name) == (config["threshold"], "lite0")
     assert not any(i.encode() in p.read_bytes() for p in out.iterdir() for i in _ids(ws))

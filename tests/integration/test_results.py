@@ -76,7 +76,7 @@ def test_every_result_file_has_the_required_keys(path):
 
 
 #: Options a stored command may add to its registry entry: where this machine keeps data or an interpreter.
-MACHINE_LOCAL = {"--fuseg", "--medetec", "--data", "--cblearn-python", "--device"}
+MACHINE_LOCAL = {"--fuseg", "--medetec", "--data", "--cblearn-python", "--device", "--work"}
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS_DIR.glob("*.json")), ids=lambda p: p.stem)
