@@ -55,8 +55,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
                         "coco, coco-rle, geojson, labelstudio: the outlines only, for other annotation tools)")
     p.add_argument("--force", action="store_true", help="replace the files of a non-empty folder")
     p.add_argument("--image-prefix", default=LS_LOCAL_FILES,
-                   help="labelstudio: each photo's URL is this + its file name (default: %(default)s, Label "
-                        "Studio's local files with the workspace's images/ as LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT)")
+                   help="labelstudio: each photo's URL is this + its file name (default: %(default)s: Label "
+                        "Studio's local files, LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT the workspace folder, the "
+                        "project's local storage its images/)")
 
 
 def _export(args: argparse.Namespace) -> dict[str, Any]:

@@ -17,8 +17,8 @@ centre is, by the one rule of :func:`rasterize_rings` — gives the label map ag
   ``image_id``, ``wound_index``, ``description``, ``area_px`` and QuPath's ``objectType``/``classification``.
 
 - **Label Studio** (``tasks.json`` and ``label_config.xml``): one task per photo, its image a URL
-  (default ``/data/local-files/?d=<file>``: Label Studio's local files, its document root the
-  workspace's ``images/``) and ``triderm_image_id``; its wounds one prediction (pre-annotations) of
+  (default ``/data/local-files/?d=images/<file>``: Label Studio's local files, see :data:`LS_LOCAL_FILES`)
+  and ``triderm_image_id``; its wounds one prediction (pre-annotations) of
   ``polygonlabels`` results (points in percent of ``original_width``/``original_height``), or
   ``brushlabels`` (Label Studio's brush RLE) for a wound with holes or several parts, which one
   polygon cannot hold. Each region's id is ``wound-N`` (its wound index), its label the wound's
@@ -45,8 +45,11 @@ from annotations.fileio import write_text
 from annotations.workspace import Workspace
 
 FORMATS = ("coco", "coco-rle", "geojson", "labelstudio")
-#: Label Studio's URL of a file below its local-files document root (``LOCAL_FILES_DOCUMENT_ROOT``).
-LS_LOCAL_FILES = "/data/local-files/?d="
+#: The default URL prefix of the photos in Label Studio tasks: its local files (``/data/local-files/?d=``),
+#: below a document root (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``) that is the workspace's folder, whose
+#: ``images/`` is the project's local-files storage (Label Studio serves files only below a storage, and
+#: refuses a storage that is the document root itself).
+LS_LOCAL_FILES = "/data/local-files/?d=images/"
 #: The names of the Label Studio tags of :func:`labelstudio_config`: the photo, polygons, brush masks.
 LS_IMAGE, LS_POLYGON, LS_BRUSH = "image", "outline", "brush"
 LS_MODEL_VERSION = "triderm-export"

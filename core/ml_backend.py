@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             segmenter, min_area = load_segmenter(ws, args.device), ws.min_wound_area
         photos = PhotoSource(args.document_root, args.label_studio_url, args.api_key)
         server = make_server(Backend(segmenter, min_area, photos), args.host, args.port)
-    host, port = server.server_address[:2]
-    print(f"Label Studio ML backend ({segmenter.source} segmenter) on http://{host}:{port}", flush=True)
+    print(f"Label Studio ML backend ({segmenter.source} segmenter) on http://{args.host}:{server.server_address[1]}",
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -94,8 +94,9 @@ def config_tags(config: Any) -> Tags:
         if empty:
             raise BackendError(f"the labeling configuration's tag {empty[0]!r} on Image {name!r} has no <Label>")
         label = {tag: next((v for v in values if v.lower() == "wound"), values[0]) for tag, values in labels.items()}
-        return Tags(name, value[1:], *(controls[t].get("name") if t in controls else None for t in ("PolygonLabels",
-                                                                                                     "BrushLabels")),
+        polygon, brush = controls.get("PolygonLabels"), controls.get("BrushLabels")
+        return Tags(name, value[1:], polygon.get("name") if polygon is not None else None,
+                    brush.get("name") if brush is not None else None,
                     label.get("PolygonLabels", ""), label.get("BrushLabels", ""))
     raise BackendError("the labeling configuration has no <Image value=\"$…\"> with a PolygonLabels or BrushLabels "
                        "tag on it (toName)")

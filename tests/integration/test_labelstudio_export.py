@@ -82,8 +82,8 @@ def test_export_to_label_studio_converts_back_to_the_same_outlines(tmp_path, cap
     summary = json.loads(capsys.readouterr().out)
     assert (summary["images"], summary["wounds"]) == (2, 3)
     tasks = json.loads((tmp_path / "ls" / "tasks.json").read_text())
-    assert [t["data"] for t in tasks] == [{"image": "/data/local-files/?d=a.png", "triderm_image_id": "a"},
-                                          {"image": "/data/local-files/?d=b.png", "triderm_image_id": "b"}]
+    assert [t["data"] for t in tasks] == [{"image": "/data/local-files/?d=images/a.png", "triderm_image_id": "a"},
+                                          {"image": "/data/local-files/?d=images/b.png", "triderm_image_id": "b"}]
     regions = tasks[0]["predictions"][0]["result"]
     assert [(r["id"], r["type"], r["value"][r["type"]]) for r in regions] == [
         ("wound-1", "brushlabels", ["ulcer"]), ("wound-2", "polygonlabels", ["scar"]),
