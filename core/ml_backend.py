@@ -13,9 +13,10 @@ minimum wound area).
 Photos: ``/data/local-files/?d=…`` URLs are read below ``--document-root`` (Label Studio's
 ``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); uploads and other Label Studio URLs are fetched from
 ``--label-studio-url`` with ``--api-key`` (default ``$LABEL_STUDIO_API_KEY``; a legacy token or a personal
-access token). Label Studio refuses a backend on a local address unless it runs with
-``ML_BLOCK_LOCAL_IP=false``. The server has no authentication: keep it on the loopback (the default)
-or a trusted network.
+access token). Label Studio (1.23) refuses a backend on a local address unless it runs with
+``LABEL_STUDIO_ML_BLOCK_LOCAL_IP=false`` and ``LABEL_STUDIO_SSRF_PROTECTION_ENABLED=false`` (it checks the
+webhook it adds to the backend too). The server has no authentication: keep it on the loopback (the
+default) or a trusted network.
 """
 from __future__ import annotations
 
