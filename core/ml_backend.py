@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     from core.segmentation.model import load_default, load_segmenter
 
     with user_errors(parser, ValueError, OSError):  # SegmenterError is a ValueError; a taken port an OSError
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port must lie between 0 and 65535 (got {args.port})")
         if args.document_root is not None and not args.document_root.is_dir():
             raise ValueError(f"--document-root {args.document_root}: not a folder")
         if args.workspace is None:

@@ -118,7 +118,7 @@ class PhotoSource:
         parts = urlsplit(url)
         local = parse_qs(parts.query).get("d") if parts.path == LOCAL_FILES and not parts.scheme else None
         if local and self.root is not None:
-            path = (self.root / unquote(local[0]).lstrip("/")).resolve()
+            path = (self.root / local[0].lstrip("/")).resolve()  # parse_qs has URL-decoded it
             if not path.is_relative_to(self.root):
                 raise BackendError(f"{url!r:.200}: leads outside the document root {self.root}; refused")
             return _photo(path, url)
@@ -127,7 +127,7 @@ class PhotoSource:
         full = urljoin(self.base, url)
         if urlsplit(full)[:2] != urlsplit(self.base)[:2]:
             raise BackendError(f"{url!r:.200}: not a URL of Label Studio ({self.base}); only its files are read")
-        suffix = Path(unquote(local[0] if local else urlsplit(full).path)).suffix.lower()
+        suffix = Path(local[0] if local else unquote(urlsplit(full).path)).suffix.lower()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"photo{suffix}"
             path.write_bytes(self._fetch(full))

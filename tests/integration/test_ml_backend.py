@@ -136,3 +136,13 @@ def test_a_body_that_is_not_a_json_object_is_refused(server):
     assert _call(url + "/predict", b"[1, 2")[0] == 400
     status, answer = _call(url + "/predict", b"[]")
     assert status == 400 and "JSON object" in answer["detail"]
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--port", "70000"], "--port must lie between"),
+                                               (["--document-root", "/nonexistent/x"], "not a folder")])
+def test_the_job_refuses_bad_arguments_with_one_message(args, message, capsys):
+    from core.ml_backend import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
