@@ -39,6 +39,15 @@ lint: install
 crashtest: install
 	$(PY) scripts/crashtest.py
 
+# Label Studio 1.23 and its SDK in .venv-labelstudio (their own venv: Django pins clash with ours), for
+# tests/labelstudio/ (marker labelstudio; skipped without it): about 2 min to install, then
+# .venv/bin/python -m pytest tests/labelstudio (about 4 min on 2 cores, 2.5 of them Label Studio's first start)
+.PHONY: labelstudio-venv
+labelstudio-venv: .venv-labelstudio/bin/label-studio
+
+.venv-labelstudio/bin/label-studio:
+	scripts/labelstudio_venv.sh .venv-labelstudio
+
 # every CLI on a fresh demo workspace on CUDA (1–2 epochs), one PASS/FAIL line each; no CUDA: says so, exit 0
 .PHONY: gpu-check
 gpu-check: install

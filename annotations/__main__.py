@@ -19,7 +19,7 @@ from annotations import accounts
 from annotations.backup import backup, restore
 from annotations.convert import OVERLAP_RULES, SOURCES, convert
 from annotations.dataset import EXPORT_FORMATS, PREFER, clear_error, import_dataset
-from annotations.formats import FORMATS, export_outlines
+from annotations.formats import FORMATS, LS_LOCAL_FILES, export_outlines
 from annotations.history import history_lines, restore_revision
 from annotations.privacy import erase_patient
 from annotations.readers import DatasetError
@@ -52,8 +52,12 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder (new or empty)")
     p.add_argument("--format", choices=(*sorted(EXPORT_FORMATS), *FORMATS), default="dataset",
                    help="what to write (default: a dataset folder that imports back losslessly; "
-                        "coco, coco-rle, geojson: the outlines only, for other annotation tools)")
+                        "coco, coco-rle, geojson, labelstudio: the outlines only, for other annotation tools)")
     p.add_argument("--force", action="store_true", help="replace the files of a non-empty folder")
+    p.add_argument("--image-prefix", default=LS_LOCAL_FILES,
+                   help="labelstudio: each photo's URL is this + its file name (default: %(default)s: Label "
+                        "Studio's local files, LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT the workspace folder, the "
+                        "project's local storage its images/)")
 
 
 def _export(args: argparse.Namespace) -> dict[str, Any]:
@@ -63,7 +67,7 @@ def _export(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise DatasetError(f"{out}: not empty; export into a new folder or give --force")
-    return export_outlines(ws, out, args.format)
+    return export_outlines(ws, out, args.format, args.image_prefix)
 
 
 def _history_args(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,10 @@
   ``data.image``: of a local-files URL (``/data/local-files/?d=folder/x.jpg``, what Label Studio's
   COCO importer writes) the URL-decoded ``d`` parameter (its path, else its file name, under the
   photos folder); of an upload (``/data/upload/3/1a2b3c4d-x.jpg``), ``s3://``, ``gs://`` or
-  ``http(s)://`` URL the URL-decoded last segment.
+  ``http(s)://`` URL the URL-decoded last segment. What TriDerm's own export
+  (:func:`annotations.formats.labelstudio_tasks`) adds is read back: the task's ``data.triderm_image_id``,
+  a region id ``wound-N`` (wound index N, kept when every region of the photo has one) and the
+  region's ``meta.text`` (its description, Label Studio's per-region note).
 - **cvat**: a CVAT XML 1.1 file ("CVAT for images"): ``<polygon>`` and ``<mask>`` (RLE inside
   its ``left``/``top``/``width``/``height`` box) shapes; boxes, polylines and points are not
   outlines and are counted as ``skipped``; video tracks are refused. Each shape's ``z_order`` is read.
@@ -109,6 +112,8 @@ MAX_REPAIR_VERTICES = 200
 MAX_COORDINATE = 1e9
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _LS_PREFIX = re.compile(r"^[0-9a-f]{8}-")
+#: The region id TriDerm's Label Studio export gives wound N (:func:`annotations.formats.labelstudio_tasks`).
+_LS_WOUND_ID = re.compile(r"wound-([1-9][0-9]{0,4})")
 
 
 @dataclass
@@ -425,6 +430,33 @@ def decode_brush_rle(rle: list[int], expected: int | None = None) -> np.ndarray:
     return out
 
 
+#: Label Studio's run-length sizes in bits (its SDK's ``encode_rle``): runs of up to 8, 16, 256 and 65,536 words.
+BRUSH_RLE_SIZES = (3, 4, 8, 16)
+
+
+def encode_brush_rle(mask: np.ndarray) -> list[int]:
+    """A bool mask (H×W) as Label Studio's brush RLE of H×W RGBA words (wound pixels 255 in all four
+    channels, others 0; what its brush and its SDK's ``mask2rle`` write): the stream
+    :func:`decode_brush_rle` reads, every chunk a repeated word (row-major runs of the mask × 4)."""
+    flat = np.asarray(mask, bool).ravel()
+    if not flat.size:
+        raise ValueError("an empty mask has no brush RLE")
+    edges = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    starts = np.concatenate([[0], edges])
+    lengths = np.diff(np.concatenate([starts, [flat.size]])) * 4
+    bits = [f"{flat.size * 4:032b}", f"{7:05b}", *(f"{s - 1:04b}" for s in BRUSH_RLE_SIZES)]
+    for start, length in zip(starts.tolist(), lengths.tolist()):
+        word = f"{255 if flat[start] else 0:08b}"
+        while length:
+            run = min(length, 1 << BRUSH_RLE_SIZES[-1])
+            size = next(k for k, s in enumerate(BRUSH_RLE_SIZES) if run <= 1 << s)
+            bits.append(f"1{size:02b}{run - 1:0{BRUSH_RLE_SIZES[size]}b}{word}")
+            length -= run
+    stream = "".join(bits)
+    stream += "0" * (-len(stream) % 8)
+    return list(int(stream, 2).to_bytes(len(stream) // 8, "big"))
+
+
 def _brush_counts(rle: list[int], w: int, h: int) -> list[int]:
     """Run lengths (off, on, …, row by row) of the pixels of a brush RLE of w×h RGBA words whose alpha
     (every fourth word) is ≥ 128, read chunk by chunk without expanding the words."""
@@ -487,7 +519,8 @@ def read_labelstudio(path: Path) -> list[_Photo]:
             next((v for v in data.values() if isinstance(v, str)), None)
         if url is None:
             raise DatasetError(f"{here}.data: no image reference")
-        photo = _Photo(f"{here}.data", _ls_photo_name(url, f"{here}.data"))
+        tid = data.get("triderm_image_id")
+        photo = _Photo(f"{here}.data", _ls_photo_name(url, f"{here}.data"), image_id=tid if isinstance(tid, str) else None)
         photos.append(photo)
         ann, where = _ls_annotation(task, here)
         results = ann.get("result") or [] if ann else []
@@ -504,7 +537,12 @@ def read_labelstudio(path: Path) -> list[_Photo]:
             photo.size = size
             value = _need(res, "value", dict, rhere)
             labels = value.get(kind) or []
-            wound = _Wound(f"{rhere}.value", label=str(labels[0]) if isinstance(labels, list) and labels else "")
+            meta = res.get("meta")
+            text = meta.get("text") if isinstance(meta, dict) else None
+            index = _LS_WOUND_ID.fullmatch(str(res.get("id", "")))
+            wound = _Wound(f"{rhere}.value", label=str(labels[0]) if isinstance(labels, list) and labels else "",
+                           description=str(text[0]) if isinstance(text, list) and text else "",
+                           index=int(index[1]) if index else None)
             w, h = size
             if kind == "polygonlabels":
                 pts = _need(value, "points", list, rhere + ".value")

@@ -16,15 +16,26 @@ centre is, by the one rule of :func:`rasterize_rings` — gives the label map ag
   them): each wound a Polygon or MultiPolygon Feature (holes as interior rings) with properties
   ``image_id``, ``wound_index``, ``description``, ``area_px`` and QuPath's ``objectType``/``classification``.
 
-Label Studio reads neither file directly: it imports its own JSON tasks, which its converter makes
-from the COCO file (``label-studio-converter import coco -i annotations.json -o tasks.json``).
+- **Label Studio** (``tasks.json`` and ``label_config.xml``): one task per photo, its image a URL
+  (default ``/data/local-files/?d=images/<file>``: Label Studio's local files, see :data:`LS_LOCAL_FILES`)
+  and ``triderm_image_id``; its wounds one prediction (pre-annotations) of
+  ``polygonlabels`` results (points in percent of ``original_width``/``original_height``), or
+  ``brushlabels`` (Label Studio's brush RLE) for a wound with holes or several parts, which one
+  polygon cannot hold. Each region's id is ``wound-N`` (its wound index), its label the wound's
+  ``label`` metadata (default ``wound``), its ``meta.text`` the description; ``label_config.xml``
+  is a labeling configuration with those labels (``Image`` ``image``, ``PolygonLabels`` ``outline``,
+  ``BrushLabels`` ``brush``). ``python -m annotations convert --from labelstudio`` reads Label Studio's
+  JSON export of such a project back.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+from xml.sax.saxutils import quoteattr
 
 import numpy as np
 import shapely
@@ -33,7 +44,15 @@ from shapely.geometry import MultiPolygon, Polygon, mapping
 from annotations.fileio import write_text
 from annotations.workspace import Workspace
 
-FORMATS = ("coco", "coco-rle", "geojson")
+FORMATS = ("coco", "coco-rle", "geojson", "labelstudio")
+#: The default URL prefix of the photos in Label Studio tasks: its local files (``/data/local-files/?d=``),
+#: below a document root (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``) that is the workspace's folder, whose
+#: ``images/`` is the project's local-files storage (Label Studio serves files only below a storage, and
+#: refuses a storage that is the document root itself).
+LS_LOCAL_FILES = "/data/local-files/?d=images/"
+#: The names of the Label Studio tags of :func:`labelstudio_config`: the photo, polygons, brush masks.
+LS_IMAGE, LS_POLYGON, LS_BRUSH = "image", "outline", "brush"
+LS_MODEL_VERSION = "triderm-export"
 CATEGORY = {"id": 1, "name": "wound", "supercategory": "wound"}
 
 
@@ -197,12 +216,69 @@ def geojson_documents(ws: Workspace) -> dict[str, dict[str, Any]]:
     return out
 
 
-def export_outlines(ws: Workspace, out: str | Path, fmt: str) -> dict[str, Any]:
-    """Write the outlines to folder ``out``: ``annotations.json`` (coco, coco-rle) or ``<image_id>.geojson``."""
+def labelstudio_config(labels: Sequence[str]) -> str:
+    """A Label Studio labeling configuration for TriDerm's tasks: the photo, polygons and brush masks,
+    each with ``labels``."""
+    choices = "".join(f"<Label value={quoteattr(label)}/>" for label in labels)
+    return (f'<View>\n  <Image name="{LS_IMAGE}" value="$image" zoom="true"/>\n'
+            f'  <PolygonLabels name="{LS_POLYGON}" toName="{LS_IMAGE}">{choices}</PolygonLabels>\n'
+            f'  <BrushLabels name="{LS_BRUSH}" toName="{LS_IMAGE}">{choices}</BrushLabels>\n</View>\n')
+
+
+def labelstudio_region(mask: np.ndarray, label: str, polygon: str | None = LS_POLYGON, brush: str | None = LS_BRUSH,
+                       to_name: str = LS_IMAGE) -> dict[str, Any]:
+    """One wound (bool H×W) as a Label Studio result: a ``polygonlabels`` polygon (its exact pixel
+    outline, in percent) from the tag ``polygon`` when that outline is one ring, else a ``brushlabels``
+    brush RLE from the tag ``brush``; a wound no given tag can hold is a ValueError."""
+    h, w = mask.shape
+    geometry = mask_geometry(mask)
+    head = {"to_name": to_name, "original_width": int(w), "original_height": int(h), "image_rotation": 0}
+    if polygon is not None and isinstance(geometry, Polygon) and not geometry.interiors:
+        points = [[x * 100 / w, y * 100 / h] for x, y in geometry.exterior.coords[:-1]]
+        return {**head, "from_name": polygon, "type": "polygonlabels",
+                "value": {"points": points, "closed": True, "polygonlabels": [label]}}
+    from annotations.convert import encode_brush_rle  # convert imports this module
+
+    if brush is None:
+        raise ValueError("a wound with holes or several parts needs a BrushLabels tag (one polygon cannot hold it)")
+    return {**head, "from_name": brush, "type": "brushlabels",
+            "value": {"format": "rle", "rle": encode_brush_rle(mask), "brushlabels": [label]}}
+
+
+def labelstudio_tasks(ws: Workspace, image_prefix: str = LS_LOCAL_FILES) -> tuple[list[dict[str, Any]], list[str]]:
+    """The workspace as Label Studio tasks (one a photo, its wounds one prediction; see the module's
+    docstring) and the labels they use. A photo's URL is ``image_prefix`` + its URL-quoted file name."""
+    tasks: list[dict[str, Any]] = []
+    labels: dict[str, None] = {}
+    for img, wounds in _wounds(ws):
+        results = []
+        for w, mask in wounds:
+            label = str((w.get("metadata") or {}).get("label") or "wound")
+            labels[label] = None
+            region = {"id": f"wound-{w['wound_index']}", **labelstudio_region(mask, label)}
+            results.append({**region, "meta": {"text": [w["description"]]}} if w["description"] else region)
+        task: dict[str, Any] = {"data": {"image": image_prefix + quote(img["file"]),
+                                         "triderm_image_id": img["image_id"]}}
+        if results:
+            task["predictions"] = [{"model_version": LS_MODEL_VERSION, "result": results}]
+        tasks.append(task)
+    return tasks, list(labels) or ["wound"]
+
+
+def export_outlines(ws: Workspace, out: str | Path, fmt: str, image_prefix: str = LS_LOCAL_FILES) -> dict[str, Any]:
+    """Write the outlines to folder ``out``: ``annotations.json`` (coco, coco-rle), ``<image_id>.geojson``
+    or ``tasks.json`` and ``label_config.xml`` (labelstudio, photos at ``image_prefix`` + file name)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown outline format {fmt!r}; choose one of {FORMATS}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if fmt == "labelstudio":
+        tasks, labels = labelstudio_tasks(ws, image_prefix)
+        write_text(out / "tasks.json", json.dumps(tasks) + "\n")
+        write_text(out / "label_config.xml", labelstudio_config(labels))
+        return {"format": fmt, "images": len(tasks), "wounds": sum(len(p["result"]) for t in tasks
+                                                                   for p in t.get("predictions", [])),
+                "out": str(out / "tasks.json"), "label_config": str(out / "label_config.xml")}
     if fmt == "geojson":
         docs = geojson_documents(ws)
         for image_id, doc in docs.items():

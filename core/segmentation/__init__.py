@@ -17,6 +17,7 @@ suggestions and clicks use it, and a workspace's own run fine-tunes it.
 - :mod:`.interactive` — outline suggestions, click-to-outline (model, GrabCut fallback) and the
   online Segment Anything choice (:class:`SamClicker`).
 - :mod:`.metrics` — Dice, IoU, boundary F-score, per-wound matching and the simulated edit effort.
+- :mod:`.labelstudio` — the segmenter as a Label Studio ML backend (``python -m core.ml_backend``).
 - :mod:`.defaults` — the settings the jobs' ``--help`` shows (threshold, epochs), without torch.
 
 The names below load their module (and torch) on first use, so ``core.segmentation.defaults`` and
