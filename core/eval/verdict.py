@@ -86,7 +86,7 @@ def triplets_needed(n: int, n_patients: int, t_p: float, mean_diff: float) -> in
     return None
 
 
-def compare(trained: Tallies, untrained: Tallies, patients: Mapping[str, str], n_boot: int = 1000,
+def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_boot: int = 1000,
             seed: int = 0) -> dict[str, Any]:
     """The two runs on their common triplets: each one's balanced agreement with its patient-bootstrap 95 %
     CI, the per-patient paired difference (trained − untrained) with its CI and paired t-test, and whether it
@@ -167,7 +167,7 @@ def run_label(run: Mapping[str, Any]) -> str:
     return f"run #{run['id']}, {run['kind']}"
 
 
-def verdict(ws: Workspace, runs: Sequence[Mapping[str, Any]], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def verdict(ws: Workspace, runs: Sequence[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """The newest trained vision run of ``runs`` (finished runs with embeddings, newest first:
     :func:`core.eval.report.embedding_runs`) against the newest untrained one on their common held-out
     triplets (:func:`compare`), with ``line`` and ``next_step`` in words and the runs' ids; without such a

@@ -373,6 +373,37 @@ def test_report_page_empty_then_filled(ws):
     assert {b.label for b in at.get("download_button")} >= {"Download report.csv", "Download report.md"}
 
 
+def test_report_page_states_the_verdict_first_on_common_triplets(ws):
+    """Issue 54: the workspace's result first, in words, with the two runs on the same held-out triplets, the next
+    step, and bars on an axis from 0 % beside chance (TEST-ONLY runs)."""
+    from core.eval.report import run_report
+    from core.runtime import save_embeddings
+
+    base = add_test_embedding(ws)
+    ids = [im["image_id"] for im in ws.store.images()]
+    expert = [t for t in ws.store.expert_triplets() if t["choice"] in ("j", "k")]
+    strict = [[t["anchor"], *((t["ref_j"], t["ref_k"]) if t["choice"] == "j" else (t["ref_k"], t["ref_j"])), 1, 1]
+              for t in expert[::3]]
+    trained = ws.store.start_run("vision-finetune", {"modality": "vision", "supervise": "triplets",
+                                                     "test_only": True}, name="TEST-ONLY")
+    save_embeddings(ws, trained, ids, image_emb=np.random.default_rng(2).normal(size=(len(ids), 4)))
+    ws.store.finish_run(trained, metrics={"cv": {"protocol": "strict", "balanced": 1.0, "ci": [1.0, 1.0],
+                                                 "n": len(strict), "n_anchors": 1, "per_triplet": strict}})
+    found = run_report(ws, n_boot=50)["verdict"]
+    at = app("report")
+    subheaders = [h.value for h in at.subheader]
+    assert subheaders[0] == "Verdict" and subheaders.index("Verdict") < subheaders.index(
+        "Agreement with the expert's triplets")
+    body = texts(at).replace("\\", "")  # unescaped Markdown
+    assert f"The trained embedding (run #{trained}, vision-finetune) agrees with the expert" in body
+    assert f"the untrained one (run #{base}, vision-baseline)" in body and f"on these {found['n']} triplets" in body
+    assert "Next step:" in body and f"Both runs on the same {found['n']} held-out triplets" in body
+    for chart in at.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        assert spec["layout"]["xaxis"]["range"] == [0, 100]
+        assert any(s.get("x0") == 50 for s in spec["layout"]["shapes"])
+
+
 def shown_value(element):
     """An element's value, or None (no value, or a widget the floor Streamlit's AppTest keeps no state for)."""
     try:
@@ -402,12 +433,16 @@ def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_
     assert shown == ["61.9 ± 0.4 [60.9, 62.9] (3 seeds)", "61.9 (same on all 3 seeds)", "72.5 (1 seed)"]  # no ± 0.0
     assert "seeds 0, 1, 2" in body and "Data: REAL wound photos" in body
     assert len(at.get("plotly_chart")) >= 1
-    # the SYNTHETIC banner heads this (phantom) workspace's sections, never the real-data one above them
+    # the workspace's own result first, under the SYNTHETIC banner; the real-data benchmark last, collapsed, in an
+    # expander that says it is not this workspace's data
     shown_in_order = [t for e in walk(at.main) if isinstance(t := shown_value(e), str)]
     synthetic = [n for n, text in enumerate(shown_in_order) if "SYNTHETIC DATA" in text]
     real = shown_in_order.index("Real wounds: vision benchmark")
-    assert synthetic and min(synthetic) > real
-    assert shown_in_order.index("Agreement with the expert's triplets") > min(synthetic)
+    assert synthetic and max(synthetic) < shown_in_order.index("Verdict") < real
+    assert shown_in_order.index("Agreement with the expert's triplets") < real
+    (expander,) = [e for e in at.expander if "not this workspace's data" in e.label]
+    assert "Real wounds: vision benchmark" in [shown_value(e) for e in walk(expander)]
+    assert not expander.proto.expanded
 
 
 def walk(node):
