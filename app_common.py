@@ -27,7 +27,7 @@ from PIL import Image, ImageOps
 from annotations import accounts, holders, session
 from annotations.accounts import Account, AuthError
 from annotations.workspace import Workspace
-from triderm import install_hint
+from triderm import EXTRA_OF, install_hint
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
 
@@ -478,6 +478,38 @@ def module_available(module: str) -> bool:
         return False
 
 
+#: the extras a job's extra builds on (``triderm-studio[llm]`` installs ``[ml]`` too)
+EXTRA_NEEDS = {"ml": ("ml",), "llm": ("ml", "llm")}
+
+
+def missing_extra(extra: str) -> str | None:
+    """``pip install "triderm-studio[EXTRA]"`` when a module of ``extra`` (:data:`triderm.EXTRA_OF`, with the
+    extras it builds on) is not installed on this server (an ``[app]``-only one), else None."""
+    import importlib.util
+
+    for module, of in EXTRA_OF.items():
+        if of in EXTRA_NEEDS[extra] and importlib.util.find_spec(module) is None:
+            return f'pip install "triderm-studio[{extra}]"'
+    return None
+
+
+def readable_log(log: str) -> tuple[str, str | None]:
+    """A job log's tail without its Python traceback, and the failure as one sentence (the exception's last
+    line, with the extra to install when it is a missing module of one); (the log, None) when it has none."""
+    lines = log.splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith(("Traceback (most recent call last)",
+                                                                          '  File "'))), None)
+    if start is None:
+        return log, None
+    last = next((line.strip() for line in reversed(lines[start:]) if line.strip() and not line.startswith(" ")),
+                "")
+    missing = re.match(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'", last)
+    hint = install_hint(missing.group(1)) if missing else None
+    why = (f"this server lacks the module {missing.group(1)}; install its extra: {hint}" if hint else last
+           or "it ended with an error")
+    return "\n".join(lines[:start]), f"The job failed: {why}."
+
+
 def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str, start: bool = True) -> dict | None:
     """Start / stop / resume controls, status, progress and log tail of one background job
     (``start=False``: the page starts it itself, e.g. from a form's submit button)."""
@@ -513,7 +545,9 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         if run is not None:
             st.progress(min(1.0, float(run["progress"] or 0)),
                         text=f"run {run['id']} ({escape_md(run['kind'])}): {escape_md(run['message'] or run['status'])}")
-        log = jobs.tail_log(ws, name, 12)
+        log, failure = readable_log(jobs.tail_log(ws, name, 12))
+        if failure:
+            st.error(escape_md(failure))
         if log:
             st.code(log, language=None)
     return record

@@ -312,6 +312,33 @@ def test_llm_page(ws):
     assert {t.label: t.value for t in at.text_input}["Model (ollama)"] == "gpt-oss:120b"
 
 
+def test_llm_page_without_the_llm_extra_keeps_its_controls_disabled_and_a_dead_job_shows_no_traceback(ws, monkeypatch):
+    """Issue 54: on a server without the [llm] extra (simulated: a module of the extra that is not installed) the
+    page's controls stay, disabled, naming the extra; a job that died shows one sentence, not a traceback."""
+    import triderm
+
+    monkeypatch.setitem(triderm.EXTRA_OF, "triderm_test_absent_module", "llm")  # what find_spec cannot find
+    log = jobs.jobs_dir(ws) / "llm-triplets.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("loading the oracle\nTraceback (most recent call last):\n  File \"/srv/core/text/llm.py\", "
+                   "line 1, in <module>\n    import torch\nModuleNotFoundError: No module named 'torch'\n")
+    (jobs.jobs_dir(ws) / "llm-triplets.json").write_text(json.dumps({
+        "name": "llm-triplets", "module": "llm_triplets", "args": [], "pid": 2 ** 22 + 7, "create_time": 0.0,
+        "host": jobs.hostname(), "started": time.time(), "cmd": ["python", "-m", "core.llm_triplets"],
+        "log": str(log)}))
+    at = app("llm")
+    warned = " ".join(w.value for w in at.warning)
+    assert 'pip install "triderm-studio[llm]"' in warned
+    start = next(b for b in at.button if b.label == "Start LLM run")
+    assert start.disabled and 'pip install "triderm-studio[llm]"' in start.help
+    assert next(s for s in at.selectbox if s.label == "Oracle").disabled
+    assert next(t for t in at.text_input if t.label == "Budget").disabled
+    shown = texts(at) + " ".join(c.value for c in at.code)
+    assert "Traceback" not in shown and 'File "' not in shown
+    failed = " ".join(e.value for e in at.error).replace("\\", "")
+    assert "The job failed: this server lacks the module torch" in failed and "triderm-studio[ml]" in failed
+
+
 def jobs_available(module: str) -> bool:
     import importlib.util
 
