@@ -488,7 +488,13 @@ def missing_extra(extra: str) -> str | None:
     import importlib.util
 
     for module, of in EXTRA_OF.items():
-        if of in EXTRA_NEEDS[extra] and importlib.util.find_spec(module) is None:
+        if of not in EXTRA_NEEDS[extra]:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a finder that refuses the module: not installed here either
+            found = False
+        if not found:
             return f'pip install "triderm-studio[{extra}]"'
     return None
 
@@ -510,9 +516,11 @@ def readable_log(log: str) -> tuple[str, str | None]:
     return "\n".join(lines[:start]), f"The job failed: {why}."
 
 
-def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str, start: bool = True) -> dict | None:
+def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str, start: bool = True,
+              blocked: str | None = None) -> dict | None:
     """Start / stop / resume controls, status, progress and log tail of one background job
-    (``start=False``: the page starts it itself, e.g. from a form's submit button)."""
+    (``start=False``: the page starts it itself, e.g. from a form's submit button; ``blocked``: why it cannot
+    start here, e.g. the install hint of a missing extra: Start and Resume stay, disabled, saying so)."""
     from annotations import jobs
 
     if not module_available(module):
@@ -522,7 +530,8 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
     record = jobs.job(ws, name)
     alive = bool(record and record["alive"])
     c1, c2, c3 = st.columns([1, 1, 4])
-    if start and c1.button(f"Start {label}", key=f"start_{name}", type="primary", disabled=alive):
+    if start and c1.button(f"Start {label}", key=f"start_{name}", type="primary", disabled=alive or bool(blocked),
+                           help=blocked):
         try:
             jobs.start_job(ws, name, module, args)
         except ValueError as err:
@@ -532,8 +541,8 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         if c2.button("Stop", key=f"stop_{name}"):
             jobs.stop_job(ws, name)
             st.rerun()
-    elif record is not None and c2.button("Resume", key=f"resume_{name}",
-                                          help="Relaunch the same command; it continues from its cache"):
+    elif record is not None and c2.button("Resume", key=f"resume_{name}", disabled=bool(blocked),
+                                          help=blocked or "Relaunch the same command; it continues from its cache"):
         jobs.resume_job(ws, name)
         st.rerun()
     if record is not None:

@@ -5,7 +5,8 @@ A run trained on the expert's triplets is scored only on the triplets its folds 
 three photos unseen: ``metrics["cv"]["per_triplet"]``); a run that used no expert labels is scored on every
 triplet. Both runs are restricted to the triplets they share, so the two figures and their difference are
 measured on one set; the difference is judged by the paired t-test over patients
-(:func:`core.vision.supervised.patient_paired_test`; its signed-rank test when every patient differs alike), its interval by the patient bootstrap
+(:func:`core.vision.supervised.patient_paired_test`; its signed-rank test when every patient differs alike),
+its interval by the patient bootstrap
 (:func:`core.eval.metrics.patient_bootstrap_ci`). The Report page and ``python -m core.train_triderm``
 (``make demo``) state the same :func:`verdict`.
 """
@@ -103,7 +104,8 @@ def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_bo
         "n": len(common), "n_anchors": len(a), "n_patients": n_patients,
         "n_trained_only": len(trained.keys() - untrained.keys()),
         "n_untrained_only": len(untrained.keys() - trained.keys()),
-        "trained": {"balanced": float(np.mean(list(a.values()))), "ci": patient_bootstrap_ci(a, patients, n_boot, seed)},
+        "trained": {"balanced": float(np.mean(list(a.values()))),
+                    "ci": patient_bootstrap_ci(a, patients, n_boot, seed)},
         "untrained": {"balanced": float(np.mean(list(b.values()))),
                       "ci": patient_bootstrap_ci(b, patients, n_boot, seed)},
         "difference": float(np.mean(list(diff.values()))), "difference_ci": patient_bootstrap_ci(diff, patients,

@@ -388,6 +388,32 @@ def test_train_page_starts_the_vision_job_in_the_mode_chosen(ws):
         jobs.stop_job(ws, "train-triderm")
 
 
+def test_train_page_describes_each_mode_in_the_jobs_own_words(ws):
+    """Issue 54: the page's text for a mode is the job's own description (core.vision.recipe.MODES), so what the
+    page says ``auto`` does is what ``python -m core.train_triderm --mode auto`` does."""
+    from core.vision.recipe import MODES
+
+    at = app("train")
+    for mode in ("auto", "fine-tune", "frozen"):
+        next(r for r in at.radio if r.label == "Mode").set_value(mode).run()
+        assert f"{mode}: {MODES[mode]}." in texts(at).replace("\\", "").replace("**", "")
+    assert "metric heads learnt from the expert's triplets when the workspace has them" not in texts(at)
+
+
+def test_train_page_without_the_ml_extra_keeps_its_controls_disabled_naming_it(ws, monkeypatch):
+    """Issue 54: on a server without the [ml] extra (simulated: a module of the extra that is not installed) every
+    training control stays in place, disabled, and the page names the extra to install."""
+    import triderm
+
+    monkeypatch.setitem(triderm.EXTRA_OF, "triderm_test_absent_module", "ml")
+    at = app("train")
+    assert 'pip install "triderm-studio[ml]"' in " ".join(e.value for e in at.error)
+    assert next(r for r in at.radio if r.label == "Mode").disabled
+    starts = [b for b in at.button if b.label.startswith("Start ")]
+    assert {"Start training", "Start evaluation", "Start benchmark"} <= {b.label for b in starts}
+    assert all(b.disabled and 'triderm-studio[ml]' in b.help for b in starts)
+
+
 def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert "No evaluation report yet" in texts(at)
