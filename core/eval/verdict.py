@@ -21,8 +21,8 @@ import numpy as np
 from annotations.workspace import Workspace
 from core.eval.metrics import patient_bootstrap_ci
 
-#: a run of one of these kinds learnt nothing (the frozen backbone): the comparison's reference
-UNTRAINED_KINDS = ("vision-baseline",)
+#: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
+UNTRAINED_KINDS = ("vision-baseline", "text-baseline")
 #: the paired test's level: a difference is beyond chance when p < ALPHA
 ALPHA = 0.05
 #: Triplet (anchor, chosen, other) → (times the run put ``chosen`` strictly closer, times it was scored).

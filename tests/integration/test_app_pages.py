@@ -702,3 +702,19 @@ def test_report_cells_and_rows_are_plain_functions():
     assert ac.benchmark_rows(summary) == [{"variant": "siglip", "i2t_R@1": "0.500 ± 0.100", "probe_majority": "0.300 ± 0.000"}]
     paired = {"siglip": {"i2t_R@1": (0.05, 0.01, True), "probe_majority": (0.0, 0.0, False)}}
     assert ac.benchmark_rows(paired, paired=True) == [{"variant": "siglip", "i2t_R@1": "+0.050 ± 0.010*"}]
+
+
+@pytest.mark.slow
+def test_explore_page_opens_on_the_newest_trained_run_and_says_why_it_has_no_attention(ws):
+    """Issue 54: with a fine-tuned run and a newer frozen baseline (as ``make demo`` leaves them) Explore opens on
+    the fine-tuned run and says in words why it has no attention maps (TEST-ONLY runs)."""
+    from core.runtime import save_embeddings
+
+    ids = [im["image_id"] for im in ws.store.images()]
+    tuned = ws.store.start_run("vision-finetune", {"modality": "vision", "test_only": True}, name="TEST-ONLY")
+    save_embeddings(ws, tuned, ids, image_emb=np.random.default_rng(3).normal(size=(len(ids), 4)))
+    ws.store.finish_run(tuned)
+    add_test_embedding(ws)  # a vision-baseline run, newer
+    at = app("explore", timeout=300)
+    assert at.selectbox(key="explore_run").value == tuned
+    assert "no attention head, so there is no attention map to show" in texts(at)
