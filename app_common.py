@@ -27,7 +27,7 @@ from PIL import Image, ImageOps
 from annotations import accounts, holders, session
 from annotations.accounts import Account, AuthError
 from annotations.workspace import Workspace
-from triderm import install_hint
+from triderm import EXTRA_OF, install_hint
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
 
@@ -478,9 +478,49 @@ def module_available(module: str) -> bool:
         return False
 
 
-def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str, start: bool = True) -> dict | None:
+#: the extras a job's extra builds on (``triderm-studio[llm]`` installs ``[ml]`` too)
+EXTRA_NEEDS = {"ml": ("ml",), "llm": ("ml", "llm")}
+
+
+def missing_extra(extra: str) -> str | None:
+    """``pip install "triderm-studio[EXTRA]"`` when a module of ``extra`` (:data:`triderm.EXTRA_OF`, with the
+    extras it builds on) is not installed on this server (an ``[app]``-only one), else None."""
+    import importlib.util
+
+    for module, of in EXTRA_OF.items():
+        if of not in EXTRA_NEEDS[extra]:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a finder that refuses the module: not installed here either
+            found = False
+        if not found:
+            return f'pip install "triderm-studio[{extra}]"'
+    return None
+
+
+def readable_log(log: str) -> tuple[str, str | None]:
+    """A job log's tail without its Python traceback, and the failure as one sentence (the exception's last
+    line, with the extra to install when it is a missing module of one); (the log, None) when it has none."""
+    lines = log.splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith(("Traceback (most recent call last)",
+                                                                          '  File "'))), None)
+    if start is None:
+        return log, None
+    last = next((line.strip() for line in reversed(lines[start:]) if line.strip() and not line.startswith(" ")),
+                "")
+    missing = re.match(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'", last)
+    hint = install_hint(missing.group(1)) if missing else None
+    why = (f"this server lacks the module {missing.group(1)}; install its extra: {hint}" if hint else last
+           or "it ended with an error")
+    return "\n".join(lines[:start]), f"The job failed: {why}."
+
+
+def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str, start: bool = True,
+              blocked: str | None = None) -> dict | None:
     """Start / stop / resume controls, status, progress and log tail of one background job
-    (``start=False``: the page starts it itself, e.g. from a form's submit button)."""
+    (``start=False``: the page starts it itself, e.g. from a form's submit button; ``blocked``: why it cannot
+    start here, e.g. the install hint of a missing extra: Start and Resume stay, disabled, saying so)."""
     from annotations import jobs
 
     if not module_available(module):
@@ -490,7 +530,8 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
     record = jobs.job(ws, name)
     alive = bool(record and record["alive"])
     c1, c2, c3 = st.columns([1, 1, 4])
-    if start and c1.button(f"Start {label}", key=f"start_{name}", type="primary", disabled=alive):
+    if start and c1.button(f"Start {label}", key=f"start_{name}", type="primary", disabled=alive or bool(blocked),
+                           help=blocked):
         try:
             jobs.start_job(ws, name, module, args)
         except ValueError as err:
@@ -500,8 +541,8 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         if c2.button("Stop", key=f"stop_{name}"):
             jobs.stop_job(ws, name)
             st.rerun()
-    elif record is not None and c2.button("Resume", key=f"resume_{name}",
-                                          help="Relaunch the same command; it continues from its cache"):
+    elif record is not None and c2.button("Resume", key=f"resume_{name}", disabled=bool(blocked),
+                                          help=blocked or "Relaunch the same command; it continues from its cache"):
         jobs.resume_job(ws, name)
         st.rerun()
     if record is not None:
@@ -513,7 +554,9 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
         if run is not None:
             st.progress(min(1.0, float(run["progress"] or 0)),
                         text=f"run {run['id']} ({escape_md(run['kind'])}): {escape_md(run['message'] or run['status'])}")
-        log = jobs.tail_log(ws, name, 12)
+        log, failure = readable_log(jobs.tail_log(ws, name, 12))
+        if failure:
+            st.error(escape_md(failure))
         if log:
             st.code(log, language=None)
     return record

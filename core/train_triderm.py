@@ -198,7 +198,8 @@ def agreement_lines(ws: Workspace, run: dict[str, Any], rows: list[tuple[str, in
                     ) -> list[str]:
     """Evaluate every run of ``ws`` (the saved report the Report page shows); the lines of the labelled
     ``rows``' (label, run id) agreement, then what ``run``'s figure is: its strict out-of-fold lines for a
-    supervised run, else how many of the expert's triplets were scored."""
+    supervised run, else how many of the expert's triplets were scored; last the verdict in words and the next
+    step (:func:`core.eval.verdict.verdict`, the Report page's first line)."""
     report = run_report(ws, n_boot=1000, seed=cfg.seed)
     by_run = {r["run_id"]: r for r in report["rows"]}
     tag = " [SYNTHETIC phantom data]" if ws.is_synthetic else ""
@@ -213,7 +214,8 @@ def agreement_lines(ws: Workspace, run: dict[str, Any], rows: list[tuple[str, in
     if cfg.supervise and not cv:
         lines.append("(the supervised row is scored on the triplets it was trained on: IN-SAMPLE, optimistic, not "
                      "its figure; --cv K scores it out of fold)")
-    return [*lines, f"evaluation saved (report run {report['run_id']}): the Report page shows it."]
+    return [*lines, f"\nVerdict{tag}: {report['verdict']['line']}", f"Next step: {report['verdict']['next_step']}",
+            f"evaluation saved (report run {report['run_id']}): the Report page shows it."]
 
 
 def main(argv: list[str] | None = None) -> int:

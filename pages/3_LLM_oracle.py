@@ -14,39 +14,42 @@ JOB = "llm-triplets"
 ws = ac.page("LLM oracle", need="jobs")
 
 
-def choose_oracle(running: bool) -> str:
+def choose_oracle(disabled: bool) -> str:
     """The oracle, chosen outside the form so that the model shown is always the chosen oracle's."""
-    return st.columns(3)[0].selectbox("Oracle", ["local", "ollama", "phantom"], disabled=running,
+    return st.columns(3)[0].selectbox("Oracle", ["local", "ollama", "phantom"], disabled=disabled,
                                       help="local: SmolLM2-135M offline (a demo oracle, not a clinical one); "
                                            "ollama: a model served by Ollama; phantom: reads the SYNTHETIC "
                                            "descriptions like a calibrated expert would (benchmarks only)")
 
 
-def run_form(oracle: str, allowed: list[str], running: bool) -> tuple[list[str], str] | None:
-    """The run's settings; on submit, the job's arguments and the budget as typed (else ``None``).
+def run_form(oracle: str, allowed: list[str], running: bool, hint: str | None) -> tuple[list[str], str] | None:
+    """The run's settings; on submit, the job's arguments and the budget as typed (else ``None``). Every
+    control is disabled while the job runs or, with the install ``hint`` of a missing ``[llm]`` extra, always.
 
     The form starts the run with exactly the values submitted with it (nothing typed is left behind).
     """
+    off = hint is not None
     with st.form("llm_form"):
         c2, c3 = st.columns(2)
         if oracle == "ollama":
-            model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"])
-            host = c3.selectbox("Ollama host", allowed, disabled=not allowed,
+            model = c2.text_input("Model (ollama)", value=DEFAULT_MODELS["ollama"], disabled=off)
+            host = c3.selectbox("Ollama host", allowed, disabled=off or not allowed,
                                 help="Only the hosts an administrator allowed (workspace setting ollama_hosts)")
         else:
             c2.text_input("Model", value=DEFAULT_MODELS[oracle], disabled=True,
                           help="The model this oracle always uses")
         c4, c5, c6, c7, c8 = st.columns(5)
-        budget = c4.text_input("Budget", value="200",
+        budget = c4.text_input("Budget", value="200", disabled=off,
                                help="A count of triplets, or a fraction of all combinations (0.1)")
-        sampling = c5.selectbox("Sampling", ["uniform", "anchor-balanced", "active"])
-        workers = c6.number_input("Workers", min_value=1, max_value=32, value=1)
-        seed = c7.number_input("Seed", min_value=0, value=0)
-        max_failures = c8.number_input("Max failures", min_value=1, value=5,
+        sampling = c5.selectbox("Sampling", ["uniform", "anchor-balanced", "active"], disabled=off)
+        workers = c6.number_input("Workers", min_value=1, max_value=32, value=1, disabled=off)
+        seed = c7.number_input("Seed", min_value=0, value=0, disabled=off)
+        max_failures = c8.number_input("Max failures", min_value=1, value=5, disabled=off,
                                        help="Stop asking after this many questions failed after retries")
-        debias = st.checkbox("Order debiasing (ask both orders, keep agreeing answers)")
-        start = st.form_submit_button("Start LLM run", type="primary", disabled=running,
-                                      help="Stop the running LLM job first" if running else None)
+        debias = st.checkbox("Order debiasing (ask both orders, keep agreeing answers)", disabled=off)
+        start = st.form_submit_button("Start LLM run", type="primary", disabled=running or off,
+                                      help=f"Needs the [llm] extra: {hint}" if off else
+                                      "Stop the running LLM job first" if running else None)
     if not start:
         return None
     args = ["--oracle", oracle, "--budget", budget.strip(), "--sampling", sampling, "--workers", str(int(workers)),
@@ -98,7 +101,8 @@ def status() -> None:
 
 
 def main() -> None:
-    """What the oracle does, its run form, and the background run's status."""
+    """What the oracle does, its run form (disabled, naming the extra, where ``[llm]`` is not installed), and the
+    background run's status."""
     st.caption("The LLM acts as a *synthetic expert*: it reads the three photos' wound descriptions and says "
                "whether the query is more like the first or the second reference (TriDerm §2.2). Answers are "
                "cached in the store, so a stopped run resumes with only the missing questions.")
@@ -109,8 +113,13 @@ def main() -> None:
     allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
     record = jobs.job(ws, JOB)
     running = bool(record and record["alive"])
-    oracle = choose_oracle(running)
-    if submitted := run_form(oracle, allowed, running):
+    hint = ac.missing_extra("llm")
+    if hint:
+        st.warning(f"The LLM oracle runs a language model, which needs the `[llm]` extra this server does not have. "
+                   f"To use it, install it on the server and restart the app: `{hint}`.",
+                   icon=":material/extension:")
+    oracle = choose_oracle(running or hint is not None)
+    if submitted := run_form(oracle, allowed, running, hint):
         start_run(*submitted, oracle, allowed)
     st.subheader("Background run")
     status()

@@ -14,33 +14,39 @@ from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, POOLINGS
 ws = ac.page("Train", need="jobs")
 
 
-def vision_tab() -> tuple[list[str], str]:
-    """TriDerm-V's settings: the training job's arguments and a shared model to embed with (or "")."""
+def mode_text(mode: str) -> str:
+    """What ``mode`` does, in the job's own words (:data:`core.vision.recipe.MODES`, its ``--mode`` help)."""
+    return f"**{mode}**: {ac.escape_md(MODES[mode])}."
+
+
+def vision_tab(off: bool) -> tuple[list[str], str]:
+    """TriDerm-V's settings (disabled when ``off``): the training job's arguments and a shared model to embed
+    with (or "")."""
     st.markdown("An image embedding of the outlined wounds on a frozen backbone (EfficientNet-Lite0 at full depth "
-                "offline). **auto** follows what was measured on new patients (`benchmarks/real_vision.py`): metric "
-                "heads learnt from the expert's triplets when the workspace has them, else the frozen centred "
-                "embedding, which no self-supervised training beat. **self-supervised** trains TriDerm-V (attention "
-                "pooling + predictor, VICReg on augmented views, paper §2.2) with the recipe below.")
-    recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
+                "offline), learnt in the mode chosen below; the figures are measured on new patients of real "
+                "wounds (`benchmarks/real_vision.py`). The self-supervised mode trains with the recipe below.")
+    recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True, disabled=off,
                       help=f"paper: {PAPER_RECIPE.dim}-d predictor, raw Euclidean distances; default: {DEFAULT.dim}-d, "
                            "centred unit length")
     c1, c2, c3, c4, c5, c6 = st.columns(6)
-    layer = c1.selectbox("Backbone layer", list(LITE0_LAYERS), help="EfficientNet-Lite0 tokens: full depth (default) "
+    layer = c1.selectbox("Backbone layer", list(LITE0_LAYERS), disabled=off,
+                         help="EfficientNet-Lite0 tokens: full depth (default) "
                          "or an earlier stage (stage5 = the tokens of earlier releases)")
-    pooling = c2.selectbox("Pooling", POOLINGS, index=POOLINGS.index(DEFAULT.pooling))
-    loss = c3.selectbox("Loss", LOSS_NAMES, index=LOSS_NAMES.index(DEFAULT.loss))
-    epochs = c4.number_input("Epochs", min_value=1, max_value=500, value=DEFAULT.epochs)
-    batch = c5.number_input("Batch size", min_value=2, max_value=512, value=DEFAULT.batch_size)
-    lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=DEFAULT.lr, format="%.5f")
+    pooling = c2.selectbox("Pooling", POOLINGS, index=POOLINGS.index(DEFAULT.pooling), disabled=off)
+    loss = c3.selectbox("Loss", LOSS_NAMES, index=LOSS_NAMES.index(DEFAULT.loss), disabled=off)
+    epochs = c4.number_input("Epochs", min_value=1, max_value=500, value=DEFAULT.epochs, disabled=off)
+    batch = c5.number_input("Batch size", min_value=2, max_value=512, value=DEFAULT.batch_size, disabled=off)
+    lr = c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=DEFAULT.lr, format="%.5f",
+                         disabled=off)
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
     modes = [m for m in MODES if n_expert or m not in ("supervised", "fine-tune")]
-    mode = s1.radio("Mode", modes, horizontal=True,
-                    help=f"{n_expert} expert judgments in this workspace. " + " ".join(
-                        f"**{m}**: {MODES[m]}." for m in modes))
+    mode = s1.radio("Mode", modes, horizontal=True, disabled=off,
+                    help=f"{n_expert} expert judgments in this workspace. " + " ".join(mode_text(m) for m in modes))
+    s1.caption(mode_text(mode))
     scored = mode in ("supervised", "fine-tune")  # auto: the job decides, and takes its own folds if it trains
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
-                            value=SUPERVISED_CV, disabled=not scored,
+                            value=SUPERVISED_CV, disabled=off or not scored,
                             help=f"supervised and fine-tune modes: patient-disjoint folds, repeated over "
                                  f"{DEFAULT.cv_repeats} random splits; the run's figure is the strict one (triplets "
                                  "whose three photos training never saw). auto takes "
@@ -54,78 +60,84 @@ def vision_tab() -> tuple[list[str], str]:
                 "published without its patient data (a `python -m core.export_model` folder on this server, or "
                 "`hf-hub:org/repo`); the run (`vision-model`) then shows on Explore and is scored on the Report.")
     shared_model = st.text_input("Model folder or hf-hub: name", key="shared_model",
-                                 placeholder="hf-hub:org/repo or /srv/models/centre-a").strip()
+                                 placeholder="hf-hub:org/repo or /srv/models/centre-a", disabled=off).strip()
     return args, shared_model
 
 
-def text_tab(llm_sources: list[str]) -> list[str]:
-    """TriDerm-T's settings: the SOE job's arguments."""
+def text_tab(llm_sources: list[str], off: bool) -> list[str]:
+    """TriDerm-T's settings (disabled when ``off``): the SOE job's arguments."""
     st.markdown("Soft Ordinal Embedding of the LLM's triplets (TriDerm-T). Needs LLM triplets (LLM oracle page).")
     c1, c2 = st.columns(2)
-    source = c1.selectbox("Triplet source", llm_sources or ["(no LLM triplets yet)"], disabled=not llm_sources)
-    dim = c2.number_input("Dimensions", min_value=1, max_value=64, value=4)
+    source = c1.selectbox("Triplet source", llm_sources or ["(no LLM triplets yet)"], disabled=off or not llm_sources)
+    dim = c2.number_input("Dimensions", min_value=1, max_value=64, value=4, disabled=off)
     return ["--source", source, "--dim", str(int(dim))]
 
 
-def evaluation_tab() -> list[str]:
-    """The evaluation job's arguments."""
+def evaluation_tab(off: bool) -> list[str]:
+    """The evaluation job's arguments (disabled when ``off``)."""
     st.markdown("Agreement of every finished embedding run (and the vision + text fusions) with the expert "
                 "triplets, with bootstrap CIs. Writes the report shown on the Report page.")
-    n_boot = st.number_input("Bootstrap resamples", min_value=100, max_value=10_000, value=1000, step=100)
+    n_boot = st.number_input("Bootstrap resamples", min_value=100, max_value=10_000, value=1000, step=100,
+                             disabled=off)
     return ["--n-boot", str(int(n_boot))]
 
 
-def ablation_tab() -> list[str]:
-    """The ablation job's arguments."""
+def ablation_tab(off: bool) -> list[str]:
+    """The ablation job's arguments (disabled when ``off``)."""
     st.markdown("The paper's Table 2 ablations (SOE dimension/budget/oracle; pooling and loss) over seeds.")
     c1, c2 = st.columns(2)
-    quick = c1.checkbox("Quick pass (10 vision epochs)", value=True)
-    seeds = c2.number_input("Seeds per cell", min_value=1, max_value=10, value=3)
+    quick = c1.checkbox("Quick pass (10 vision epochs)", value=True, disabled=off)
+    seeds = c2.number_input("Seeds per cell", min_value=1, max_value=10, value=3, disabled=off)
     return (["--quick"] if quick else []) + ["--n-seeds", str(int(seeds))]
 
 
-def bench_tab() -> list[str]:
-    """The contrastive benchmark's arguments."""
-    from core.experiments.contrastive import VARIANTS
+def bench_tab(off: bool) -> list[str]:
+    """The contrastive benchmark's arguments (disabled when ``off``: the variants come from a torch module)."""
+    if off:
+        VARIANTS: tuple[str, ...] = ()
+    else:
+        from core.experiments.contrastive import VARIANTS
 
     st.markdown("CLIP-objective variants (SigLIP, frozen / partly frozen towers, unimodal terms, FLIP) trained "
                 "under identical settings on wound crops + descriptions; retrieval, concept AUROC, linear probe "
                 "and triplet agreement. Finished cells are reused. Results on the Report page.")
     c1, c2 = st.columns([1, 3])
-    quick = c1.checkbox("Quick pass (1 seed, 2 epochs, 96 px)", value=True)
-    variants = c2.multiselect("Variants", VARIANTS, default=list(VARIANTS))
+    quick = c1.checkbox("Quick pass (1 seed, 2 epochs, 96 px)", value=True, disabled=off)
+    variants = c2.multiselect("Variants", VARIANTS, default=list(VARIANTS), disabled=off)
     return (["--quick"] if quick else []) + ["--variants", ",".join(variants or VARIANTS)]
 
 
 @st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
 def panels(tabs: list, args: dict[str, list[str]], shared_model: str, llm_sources: list[str],
-           segmenter_tab=None) -> None:
-    """The job panel of each tab (``segmenter_tab``: the segmenter's, where it is installed), then the loss
-    curves (refreshed every 2 s while a job runs)."""
+           segmenter_tab=None, hint: str | None = None) -> None:
+    """The job panel of each tab (``segmenter_tab``: the segmenter's, where it is installed; ``hint``: the install
+    hint of the missing ``[ml]`` extra, which disables every Start), then the loss curves (refreshed every 2 s
+    while a job runs)."""
     with tabs[0]:
-        ac.job_panel(ws, "train-triderm", "train_triderm", args["vision"], "training")
+        ac.job_panel(ws, "train-triderm", "train_triderm", args["vision"], "training", blocked=hint)
         if shared_model:
-            ac.job_panel(ws, "embed-shared-model", "embed", ["--model", shared_model], "embedding with the shared model")
+            ac.job_panel(ws, "embed-shared-model", "embed", ["--model", shared_model],
+                         "embedding with the shared model", blocked=hint)
     with tabs[1]:
         if llm_sources:
-            ac.job_panel(ws, "fit-soe", "fit_soe", args["text"], "SOE fit")
+            ac.job_panel(ws, "fit-soe", "fit_soe", args["text"], "SOE fit", blocked=hint)
         else:
             st.info("Run the LLM oracle first: SOE needs LLM triplets.")
         st.markdown("**Text baseline**: mean-pooled MiniLM sentence embeddings of each photo's descriptions "
                     "(offline).")
-        ac.job_panel(ws, "text-embed", "text_embed", ["--model", "minilm"], "text baseline")
+        ac.job_panel(ws, "text-embed", "text_embed", ["--model", "minilm"], "text baseline", blocked=hint)
     with tabs[2]:
-        ac.job_panel(ws, "evaluate", "evaluate", args["evaluation"], "evaluation")
+        ac.job_panel(ws, "evaluate", "evaluate", args["evaluation"], "evaluation", blocked=hint)
     with tabs[3]:
-        ac.job_panel(ws, "ablate", "ablate", args["ablation"], "ablations")
+        ac.job_panel(ws, "ablate", "ablate", args["ablation"], "ablations", blocked=hint)
     with tabs[4]:
-        ac.job_panel(ws, "bench-contrastive", "bench_contrastive", args["bench"], "benchmark")
+        ac.job_panel(ws, "bench-contrastive", "bench_contrastive", args["bench"], "benchmark", blocked=hint)
     if segmenter_tab is not None:
         with segmenter_tab:
             st.markdown("Fine-tune the wound segmenter that suggests outlines on the Wound masks page (until then, the "
                         "default model shipped with TriDerm) on every outline drawn or imported so far "
                         "(`python -m core.train_segmenter --workspace W`).")
-            ac.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining")
+            ac.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining", blocked=hint)
     loss_curves()
 
 
@@ -152,27 +164,34 @@ def loss_curves() -> None:
 
 
 def main() -> None:
-    """One tab per job (settings, then its panel), the segmenter's where it is installed, and the loss curves."""
+    """One tab per job (settings, then its panel), the segmenter's where it is installed, and the loss curves;
+    without the ``[ml]`` extra every control stays, disabled, naming it."""
     st.caption("Jobs run as separate processes: leaving this page or closing the browser does not stop them. "
                "Progress and losses come from each job's run record in the store.")
+    hint = ac.missing_extra("ml")
+    if hint:
+        st.error(f"Training needs the `[ml]` extra (torch), which this server does not have (an annotation server "
+                 f"installs only `[app]`). To train here, install it on the server and restart the app: `{hint}`.",
+                 icon=":material/extension:")
     if ws.store.counts()["wounds"] == 0:
         st.info("No wound is outlined yet: the vision model trains on wound outlines (Wound masks page).")
     has_segmenter = ac.module_available("train_segmenter")  # shown only where `core.train_segmenter` is installed
     tabs = st.tabs(["TriDerm vision", "Text (SOE)", "Evaluation", "Ablations", "Contrastive benchmark"]
                    + (["Retrain segmenter"] if has_segmenter else []))
     llm_sources = [s for s in ws.store.triplet_sources() if s.startswith("llm:")]
+    off = hint is not None
     with tabs[0]:
-        vision_args, shared_model = vision_tab()
+        vision_args, shared_model = vision_tab(off)
     with tabs[1]:
-        text_args = text_tab(llm_sources)
+        text_args = text_tab(llm_sources, off)
     with tabs[2]:
-        eval_args = evaluation_tab()
+        eval_args = evaluation_tab(off)
     with tabs[3]:
-        ablate_args = ablation_tab()
+        ablate_args = ablation_tab(off)
     with tabs[4]:
-        bench_args = bench_tab()
+        bench_args = bench_tab(off)
     panels(tabs, {"vision": vision_args, "text": text_args, "evaluation": eval_args, "ablation": ablate_args,
-                  "bench": bench_args}, shared_model, llm_sources, tabs[5] if has_segmenter else None)
+                  "bench": bench_args}, shared_model, llm_sources, tabs[5] if has_segmenter else None, hint)
 
 
 main()

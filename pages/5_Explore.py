@@ -34,6 +34,7 @@ try:
         compute_umap,
         concept_table,
         embeddings_stamp,
+        has_attention,
         has_wound_embedding,
         map_input,
         quick_layout,
@@ -41,7 +42,9 @@ try:
         run_choices,
         scatter_figure,
         stale_note,
+        no_attention_reason,
         stored_umap,
+        thumbnail_size,
         track_rows,
         umap_path,
     )
@@ -132,10 +135,10 @@ def poll_umap(path: str) -> None:
 
 def add_thumbnails(fig, xy: np.ndarray, image_ids: list[str]) -> None:
     """Draw each photo's thumbnail at its point ``xy`` of the figure, sized to the map's span."""
-    span = float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6))
+    side = thumbnail_size(float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6)), len(image_ids))
     for (x, y), image_id in zip(xy, image_ids):
-        fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 96)), "x": x, "y": y, "xref": "x",
-                              "yref": "y", "sizex": span * 0.07, "sizey": span * 0.07, "xanchor": "center",
+        fig.add_layout_image({"source": ac.data_uri(ac.photo(ws, image_id, 160)), "x": x, "y": y, "xref": "x",
+                              "yref": "y", "sizex": side, "sizey": side, "xanchor": "center",
                               "yanchor": "middle", "layer": "above"})
 
 
@@ -264,12 +267,16 @@ def attention_maps(root: str, run_id: int, image_id: str, stamp: str, opacity: f
     return out
 
 
-def show_attention(run_id: int, query: str, stamp: tuple) -> None:
-    """The attention maps of vision run ``run_id`` over the wounds of ``query``, with an opacity slider."""
+def show_attention(run: dict, query: str, stamp: tuple) -> None:
+    """The attention maps of vision run ``run`` over the wounds of ``query``, with an opacity slider; where the
+    run has none, why."""
     st.subheader("Wound attention")
+    if not has_attention(ws, run["id"]):
+        st.info(no_attention_reason(run), icon=":material/visibility_off:")
+        return
     opacity = st.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="explore_attention_opacity",
                         help="0: the photo alone; 1: the attention colours alone")
-    maps = attention_maps(str(ws.root), run_id, query, stamp, opacity)
+    maps = attention_maps(str(ws.root), run["id"], query, stamp, opacity)
     if maps:
         st.caption("Attention weight of each feature-grid token inside the wound (Viridis: dark blue low, yellow "
                    "high), from the run's attention pooling head.")
@@ -277,7 +284,7 @@ def show_attention(run_id: int, query: str, stamp: tuple) -> None:
         for n, (index, picture) in enumerate(maps):
             cols[n % len(cols)].image(picture, caption=f"{ac.escape_md(query)} · wound {index}", width="stretch")
     else:
-        st.caption("This run stored no attention weights (mean pooling or a frozen baseline).")
+        st.caption("No wound of this photo is in the run's attention maps (outlined after the run?).")
 
 
 @st.cache_data(show_spinner="Loading concept scores…", max_entries=8)
@@ -364,7 +371,7 @@ def main() -> None:
     photos, query = draw_map(columns, run_ids, method, run, stamp, stale_note(run, last_outline_edit()))
     show_retrieval(photos, query, fused=len(run_ids) > 1)
     if len(run_ids) == 1 and run["config"].get("modality") == "vision":
-        show_attention(run_ids[0], query, stamp)
+        show_attention(run, query, stamp)
     show_concepts(query)
 
 

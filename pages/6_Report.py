@@ -1,5 +1,7 @@
-"""Report: the real-wound benchmark, then this workspace's agreement with the expert triplets (with CIs),
-ablation tables and benchmark charts; downloads. Each part says what data it is on: the SYNTHETIC banner
+"""Report: this workspace's own result first — the verdict in words (the trained embedding against the
+untrained one on the same held-out triplets, :mod:`core.eval.verdict`) and the next step — then every run's
+agreement with the expert triplets (with CIs), ablation tables and benchmark charts, downloads; the
+repository's real-wound benchmark last, collapsed. Each part says what data it is on: the SYNTHETIC banner
 heads this workspace's sections only, never the real-data one.
 
 One function per section (:func:`main` draws them); the tables' cells and rows come from plain
@@ -64,35 +66,69 @@ def real_vision_section() -> None:
         real_vision_result(read_json(path))
 
 
-def agreement_chart(rows: list[dict]) -> None:
-    """Balanced agreement per run with its 95 % CI, beside chance (50 %)."""
-    chart = pd.DataFrame([{"method": f"{r.get('label')} (run {r.get('run_id')})", "modality": r.get("modality"),
-                           "balanced": 100 * (r.get("balanced") or 0),
-                           "lo": 100 * ((r.get("ci") or {}).get("balanced", [0, 0])[0] or 0),
-                           "hi": 100 * ((r.get("ci") or {}).get("balanced", [0, 0])[1] or 0)} for r in rows])
-    fig = px.bar(chart, x="balanced", y="method", color="modality", orientation="h",
-                 error_x=chart["hi"] - chart["balanced"], error_x_minus=chart["balanced"] - chart["lo"],
+def interval_chart(bars: list[dict], height: int) -> None:
+    """Horizontal bars ``{"method", "balanced", "lo", "hi"}`` (%, with an optional ``modality`` colour) and their
+    95 % CIs on an axis from 0 to 100 %, beside chance (50 %)."""
+    chart = pd.DataFrame(bars)
+    fig = px.bar(chart, x="balanced", y="method", color="modality" if "modality" in chart else None,
+                 orientation="h", error_x=chart["hi"] - chart["balanced"],
+                 error_x_minus=chart["balanced"] - chart["lo"],
                  labels={"balanced": "balanced agreement % (95 % CI)", "method": ""})
-    fig.add_vline(x=50, line_dash="dot", annotation_text="chance")
-    low = max(0.0, min(45.0, float(chart["lo"].min()) - 5))
-    fig.update_layout(height=120 + 36 * len(rows), margin={"t": 20, "b": 40}, yaxis={"autorange": "reversed"},
-                      xaxis={"range": [low, min(100.0, float(chart["hi"].max()) + 5)]})
+    fig.add_vline(x=50, line_dash="dot", annotation_text="chance (50 %)")
+    fig.update_layout(height=height, margin={"t": 20, "b": 40}, yaxis={"autorange": "reversed"},
+                      xaxis={"range": [0, 100]})
     st.plotly_chart(fig, width="stretch")
 
 
-def agreement_section() -> None:
+def agreement_chart(rows: list[dict]) -> None:
+    """Balanced agreement per run with its 95 % CI, beside chance (50 %)."""
+    interval_chart([{"method": f"{r.get('label')} (run {r.get('run_id')})", "modality": r.get("modality"),
+                     "balanced": 100 * (r.get("balanced") or 0),
+                     "lo": 100 * ((r.get("ci") or {}).get("balanced", [0, 0])[0] or 0),
+                     "hi": 100 * ((r.get("ci") or {}).get("balanced", [0, 0])[1] or 0)} for r in rows],
+                   120 + 36 * len(rows))
+
+
+def verdict_section(report: dict | None) -> None:
+    """The workspace's result in one line (:func:`core.eval.verdict.verdict`, saved with the report), the two
+    runs on their common held-out triplets, and the next step."""
+    st.subheader("Verdict")
+    if report is None:
+        st.info("No evaluation yet. Start training on the Train page (mode auto; it evaluates when it ends) or an "
+                "evaluation (`python -m core.evaluate`): the verdict compares the trained embedding with the "
+                "untrained one on the same triplets.")
+        return
+    found = report.get("verdict")
+    if not found:
+        st.info("This evaluation was saved before the verdict existed: start the evaluation again on the Train page.")
+        return
+    st.markdown(f"**{ac.escape_md(found['line'])}**")
+    st.markdown(f"**Next step:** {ac.escape_md(found['next_step'])}")
+    if "n" not in found:
+        return
+    interval_chart([{"method": f"{name} (run {found[f'{key}_run']})", "balanced": 100 * found[key]["balanced"],
+                     "lo": 100 * found[key]["ci"][0], "hi": 100 * found[key]["ci"][1]}
+                    for key, name in (("trained", "trained"), ("untrained", "untrained"))], 190)
+    others = [f"{found[f'n_{key}_only']} scored only for the {key} run" for key in ("trained", "untrained")
+              if found[f"n_{key}_only"]]
+    st.caption(f"Both runs on the same {found['n']} held-out triplets ({found['n_anchors']} anchor photos, "
+               f"{found['n_patients']} patients); 95 % CIs resample patients"
+               + (f"; left out: {', '.join(others)}" if others else "") + ".")
+
+
+def agreement_section(report: dict | None) -> None:
     """Each embedding run's agreement with the expert's triplets, from the evaluation report."""
     st.subheader("Agreement with the expert's triplets")
-    report_json = report_dir / "report.json"
-    if not report_json.exists():
+    if report is None:
         st.info("No evaluation report yet. Start an evaluation on the Train page (`python -m core.evaluate`): it "
                 "compares every finished embedding run with the expert's triplets.")
         return
-    report = read_json(report_json)
     st.markdown(f"**{ac.escape_md(report.get('title', 'Agreement report'))}** — {report.get('expert_triplets', '?')} "
                 f"expert triplet rows, 95 % CIs from {report.get('n_boot', '?')} bootstrap resamples of anchors "
                 "(of patients for a strict out-of-fold figure). A run trained on these triplets shows its strict "
-                "out-of-fold figure — all three photos of a triplet unseen by training — never its in-sample one.")
+                "out-of-fold figure — all three photos of a triplet unseen by training — never its in-sample one. "
+                "Each row is scored on its own triplets (column *triplets*): the verdict above compares two runs "
+                "on the same ones.")
     if report.get("synthetic"):
         st.caption("SYNTHETIC phantom data: these numbers describe the demo, not clinical performance.")
     rows = report.get("rows", [])
@@ -168,17 +204,21 @@ def contrastive_section() -> None:
 
 
 def main() -> None:
-    """The Report page: the real-wound benchmark, then this workspace's sections."""
-    real_vision_section()
-    st.divider()
+    """The Report page: this workspace's verdict and sections, then the real-wound benchmark, collapsed."""
     st.header(f"This workspace · {ac.escape_md(ws.dataset_name)}")
     if ws.is_synthetic:
-        st.warning("**SYNTHETIC DATA** — this workspace holds phantom wounds generated by `core.phantoms`: every "
-                   "number and chart from here down is synthetic, not clinical. The real-wound benchmark above is not.",
+        st.warning("**SYNTHETIC DATA** — phantom wounds from `core.phantoms`: every number and chart of this "
+                   "workspace is synthetic, not clinical (the real-wound benchmark at the bottom is not).",
                    icon=":material/science:")
-    agreement_section()
+    report_json = report_dir / "report.json"
+    report = read_json(report_json) if report_json.exists() else None
+    verdict_section(report)
+    agreement_section(report)
     ablation_section()
     contrastive_section()
+    st.divider()
+    with st.expander("Real wounds: the repository's vision benchmark (not this workspace's data)"):
+        real_vision_section()
 
 
 main()

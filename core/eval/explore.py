@@ -78,6 +78,16 @@ def has_wound_embedding(ws: Workspace, run_id: int) -> bool:
         return "wound_emb" in data.files
 
 
+#: the token arrays a run's attention maps are drawn from, beside its wound keys (:func:`attention_overlays`)
+TOKEN_ARRAYS = ("token_wound", "token_pos", "token_weight", "grid")
+
+
+def has_attention(ws: Workspace, run_id: int) -> bool:
+    """Whether the run stored wounds and their tokens' attention weights (reads the archive's directory only)."""
+    with np.load(_embeddings_file(ws, run_id), allow_pickle=False) as data:
+        return all(k in data.files for k in ("wound_image_ids", *TOKEN_ARRAYS))
+
+
 def _digest(points: Sequence[str], array: np.ndarray) -> str:
     h = hashlib.sha256("\n".join(points).encode())
     h.update(str(array.shape).encode())
@@ -281,14 +291,15 @@ def add_track_path(fig: go.Figure, xy: np.ndarray, rows: Sequence[int], name: st
 
 
 # ------------------------------------------------------------------ the page's tables and text (no Streamlit)
-TRAINED_FIRST = ("vision-triderm", "fusion", "text-soe")  # trained models before frozen baselines
-
-
 def run_choices(runs: Sequence[dict]) -> dict[int, str]:
-    """Run id → its label for the run picker, trained models first (then newest first)."""
+    """Run id → its label for the run picker: trained runs before untrained baselines
+    (:data:`~core.eval.verdict.UNTRAINED_KINDS`), vision before other modalities, then newest first — the
+    page opens on the first, the newest trained vision run."""
     from core.eval.report import run_figure
+    from core.eval.verdict import UNTRAINED_KINDS
 
-    ordered = sorted(runs, key=lambda r: (TRAINED_FIRST.index(r["kind"]) if r["kind"] in TRAINED_FIRST else 9, -r["id"]))
+    ordered = sorted(runs, key=lambda r: (r["kind"] in UNTRAINED_KINDS, r["config"].get("modality") != "vision",
+                                          -r["id"]))
     return {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
             + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) for r in ordered}
 
@@ -328,8 +339,7 @@ def attention_overlays(emb: dict, image_id: str, photo: Image.Image, opacity: fl
     """(wound index, picture) per wound of ``image_id`` in a run's embeddings: its tokens' attention
     weights (normalised to the wound's maximum) coloured by ``lut`` (256×3 uint8) over the photo at
     ``opacity`` where the weight exceeds 2 %; empty when the run stored no attention."""
-    need = ("token_wound", "token_pos", "token_weight", "grid")
-    if emb.get("wound_keys") is None or any(k not in emb for k in need):
+    if emb.get("wound_keys") is None or any(k not in emb for k in TOKEN_ARRAYS):
         return []
     gh, gw = (int(v) for v in emb["grid"])
     base = np.asarray(photo.convert("RGB"), dtype=np.float32)
@@ -349,6 +359,29 @@ def attention_overlays(emb: dict, image_id: str, photo: Image.Image, opacity: fl
         cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the wound's tokens
         out.append((index, Image.fromarray((base * (1 - cover) + colour * cover).clip(0, 255).astype(np.uint8))))
     return out
+
+
+def no_attention_reason(run: dict) -> str:
+    """Why vision run ``run`` has no attention maps to show, in words (from its kind and pooling)."""
+    kind, cfg = run["kind"], run["config"]
+    if kind == "vision-baseline":
+        return ("This run is the frozen baseline: it learns no attention, every token of a wound counts the same "
+                "(mean pooling), so there is no attention map to show.")
+    if kind == "vision-finetune":
+        return ("This run fine-tunes the backbone's last stage and pools each wound's tokens by their mean: it has "
+                "no attention head, so there is no attention map to show. A self-supervised run (Train page, mode "
+                "self-supervised, pooling attention) learns one.")
+    if cfg.get("pooling") == "mean":
+        return "This run pools each wound's tokens by their mean (pooling mean): it learns no attention to show."
+    if kind == "vision-model":
+        return "This run embeds the photos with a shared model, which keeps no attention weights to show."
+    return "This run stored no attention weights, so there is no attention map to show."
+
+
+def thumbnail_size(span: float, n_points: int) -> float:
+    """A map thumbnail's side in the map's units: larger when there are few points (about a ninth of the map's
+    ``span`` for 50 points), at most a fifth of it."""
+    return span * min(0.2, 0.8 / max(n_points, 1) ** 0.5)
 
 
 def concept_table(top: Sequence[dict], labels: dict[str, str]) -> list[dict]:

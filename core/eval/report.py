@@ -17,6 +17,7 @@ from annotations.workspace import Workspace
 from core.eval.distances import image_distances
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
 from core.eval.metrics import METRICS, evaluate
+from core.eval.verdict import verdict
 from core.runtime import json_safe, load_embeddings, save_embeddings
 
 log = logging.getLogger(__name__)
@@ -232,8 +233,10 @@ def text_table(ws: Workspace, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) -> dict[str, str]:
-    """Write report.md / report.csv / report.json under runs/report/; return their paths."""
+def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int,
+                 stated: dict[str, Any] | None = None) -> dict[str, str]:
+    """Write report.md / report.csv / report.json (with ``stated``, the :func:`core.eval.verdict.verdict`) under
+    runs/report/; return their paths."""
     out = ws.runs_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "report.md", "csv": out / "report.csv", "json": out / "report.json"}
@@ -247,14 +250,15 @@ def write_report(ws: Workspace, rows: list[dict], n_expert: int, n_boot: int) ->
                                              r["n_images"], r["n"], r["n_anchors"], r["n_skipped"], r["n_missing"]]
                                 + [v for m in METRICS for v in (r[m], *r["ci"][m])]))
     report = {"title": title(ws), "synthetic": ws.is_synthetic, "workspace": str(ws.root),
-              "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows}
+              "expert_triplets": n_expert, "n_boot": n_boot, "rows": rows, "verdict": stated}
     write_json(paths["json"], json_safe(report), indent=1)
     return {k: str(v) for k, v in paths.items()}
 
 
 def run_report(ws: Workspace, vision: int | None = None, text: int | None = None, alpha: float = DEFAULT_ALPHA,
                n_boot: int = 1000, seed: int = 0, include_ablation: bool = False) -> dict[str, Any]:
-    """Compute fusions, evaluate every embedding run, write the report; returns {rows, paths, run_id}."""
+    """Compute fusions, evaluate every embedding run, state the verdict (:func:`core.eval.verdict.verdict`),
+    write the report; returns {rows, paths, run_id, fusion_runs, verdict}."""
     expert = ws.store.expert_triplets()
     if not expert:
         raise ValueError(f"workspace {ws.root} has no expert triplets to evaluate against")
@@ -275,12 +279,13 @@ def run_report(ws: Workspace, vision: int | None = None, text: int | None = None
             log.info("no fusion: need a vision and a text run (found vision=%s, text=%s)", config["vision"],
                      config["text"])
         rows = build_rows(ws, embedding_runs(ws, include_ablation), expert, n_boot, seed)
-        paths = write_report(ws, rows, len(expert), n_boot)
+        found = verdict(ws, embedding_runs(ws), n_boot, seed)
+        paths = write_report(ws, rows, len(expert), n_boot, found)
         summary = {str(r["run_id"]): {m: r[m] for m in METRICS} for r in rows}
         ws.store.finish_run(report_id, metrics={"runs": summary, "fusion_runs": fusions,
                                                 "expert_triplets": len(expert)}, artifacts=paths)
     except Exception as exc:
         ws.store.finish_run(report_id, status="failed", message=str(exc))
         raise
-    return {"rows": rows, "paths": paths, "run_id": report_id, "fusion_runs": fusions}
+    return {"rows": rows, "paths": paths, "run_id": report_id, "fusion_runs": fusions, "verdict": found}
 

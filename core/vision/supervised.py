@@ -136,6 +136,22 @@ def score_folds(triplets: np.ndarray, folds: Sequence[Fold]) -> dict[str, np.nda
     return {p: np.concatenate(v) if v else np.zeros((0, 2), np.int64) for p, v in out.items()}
 
 
+def strict_tallies(triplets: np.ndarray, folds: Sequence[Fold]) -> np.ndarray:
+    """(m, 5) rows ``[i, j, k, correct, scored]`` of the oriented triplets scored strictly in at least one fold
+    (all three photos in the fold): how often the fold's distances put the chosen ``j`` strictly closer, of
+    how often the triplet was scored over folds and splits; the records a paired comparison with another
+    run on common triplets needs (:mod:`core.eval.verdict`)."""
+    correct = np.zeros(len(triplets), np.int64)
+    scored = np.zeros(len(triplets), np.int64)
+    for rows, D in folds:
+        _, strict, _ = split_triplets(triplets, rows)
+        i, j, k = triplets[strict].T
+        scored[strict] += 1
+        correct[strict] += (D[i, j] < D[i, k]).astype(np.int64)
+    keep = scored > 0
+    return np.concatenate([triplets[keep], correct[keep, None], scored[keep, None]], 1)
+
+
 def protocol_summary(records: np.ndarray, image_ids: Sequence[str], patients: dict[str, str],
                      n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Balanced agreement of ``records`` (:func:`score_folds`; an anchor's accuracy pools all its

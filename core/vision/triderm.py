@@ -38,6 +38,7 @@ from core.vision.supervised import (
     protocol_summary,
     repeated_folds,
     score_folds,
+    strict_tallies,
 )
 from core.vision.triderm_config import DEFAULT, TriDermConfig
 
@@ -308,11 +309,14 @@ def versus_frozen(run_strict: dict[str, Any], image_ids: Sequence[str], triplets
 def strict_cv_metrics(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], frozen: np.ndarray,
                       patients: dict[str, str], k: int, repeats: int, seed: int = 0) -> dict[str, Any]:
     """A run's ``metrics["cv"]`` from its out-of-fold ``folds`` (``repeats`` splits × ``k`` patient folds): the
-    strict figure (no photo of a scored triplet seen by training), ``anchor_unseen`` and ``frozen_centred``
-    (:func:`versus_frozen` against the frozen embedding ``frozen``)."""
+    strict figure (no photo of a scored triplet seen by training), ``anchor_unseen``, ``frozen_centred``
+    (:func:`versus_frozen` against the frozen embedding ``frozen``) and ``per_triplet``: each strictly scored
+    triplet as ``[anchor, chosen, other, correct, scored]`` image ids and counts (:func:`strict_tallies`)."""
     oof = out_of_fold(image_ids, triplets, folds, patients, seed=seed)
     return {"folds": k, "repeats": repeats, "split": "patient", "protocol": "strict", "ci_resamples": "patients",
             **stored(oof["strict"]), "anchor_unseen": stored(oof["anchor_unseen"]),
+            "per_triplet": [[image_ids[i], image_ids[j], image_ids[k], int(c), int(n)]
+                            for i, j, k, c, n in strict_tallies(triplets, folds)],
             "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds, frozen, patients, seed=seed)}
 
 

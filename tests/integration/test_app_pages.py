@@ -312,6 +312,33 @@ def test_llm_page(ws):
     assert {t.label: t.value for t in at.text_input}["Model (ollama)"] == "gpt-oss:120b"
 
 
+def test_llm_page_without_the_llm_extra_keeps_its_controls_disabled_and_a_dead_job_shows_no_traceback(ws, monkeypatch):
+    """Issue 54: on a server without the [llm] extra (simulated: a module of the extra that is not installed) the
+    page's controls stay, disabled, naming the extra; a job that died shows one sentence, not a traceback."""
+    import triderm
+
+    monkeypatch.setitem(triderm.EXTRA_OF, "triderm_test_absent_module", "llm")  # what find_spec cannot find
+    log = jobs.jobs_dir(ws) / "llm-triplets.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("loading the oracle\nTraceback (most recent call last):\n  File \"/srv/core/text/llm.py\", "
+                   "line 1, in <module>\n    import torch\nModuleNotFoundError: No module named 'torch'\n")
+    (jobs.jobs_dir(ws) / "llm-triplets.json").write_text(json.dumps({
+        "name": "llm-triplets", "module": "llm_triplets", "args": [], "pid": 2 ** 22 + 7, "create_time": 0.0,
+        "host": jobs.hostname(), "started": time.time(), "cmd": ["python", "-m", "core.llm_triplets"],
+        "log": str(log)}))
+    at = app("llm")
+    warned = " ".join(w.value for w in at.warning)
+    assert 'pip install "triderm-studio[llm]"' in warned
+    start = next(b for b in at.button if b.label == "Start LLM run")
+    assert start.disabled and 'pip install "triderm-studio[llm]"' in start.help
+    assert next(s for s in at.selectbox if s.label == "Oracle").disabled
+    assert next(t for t in at.text_input if t.label == "Budget").disabled
+    shown = texts(at) + " ".join(c.value for c in at.code)
+    assert "Traceback" not in shown and 'File "' not in shown
+    failed = " ".join(e.value for e in at.error).replace("\\", "")
+    assert "The job failed: this server lacks the module torch" in failed and "triderm-studio[ml]" in failed
+
+
 def jobs_available(module: str) -> bool:
     import importlib.util
 
@@ -361,6 +388,32 @@ def test_train_page_starts_the_vision_job_in_the_mode_chosen(ws):
         jobs.stop_job(ws, "train-triderm")
 
 
+def test_train_page_describes_each_mode_in_the_jobs_own_words(ws):
+    """Issue 54: the page's text for a mode is the job's own description (core.vision.recipe.MODES), so what the
+    page says ``auto`` does is what ``python -m core.train_triderm --mode auto`` does."""
+    from core.vision.recipe import MODES
+
+    at = app("train")
+    for mode in ("auto", "fine-tune", "frozen"):
+        next(r for r in at.radio if r.label == "Mode").set_value(mode).run()
+        assert f"{mode}: {MODES[mode]}." in texts(at).replace("\\", "").replace("**", "")
+    assert "metric heads learnt from the expert's triplets when the workspace has them" not in texts(at)
+
+
+def test_train_page_without_the_ml_extra_keeps_its_controls_disabled_naming_it(ws, monkeypatch):
+    """Issue 54: on a server without the [ml] extra (simulated: a module of the extra that is not installed) every
+    training control stays in place, disabled, and the page names the extra to install."""
+    import triderm
+
+    monkeypatch.setitem(triderm.EXTRA_OF, "triderm_test_absent_module", "ml")
+    at = app("train")
+    assert 'pip install "triderm-studio[ml]"' in " ".join(e.value for e in at.error)
+    assert next(r for r in at.radio if r.label == "Mode").disabled
+    starts = [b for b in at.button if b.label.startswith("Start ")]
+    assert {"Start training", "Start evaluation", "Start benchmark"} <= {b.label for b in starts}
+    assert all(b.disabled and 'triderm-studio[ml]' in b.help for b in starts)
+
+
 def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert "No evaluation report yet" in texts(at)
@@ -371,6 +424,37 @@ def test_report_page_empty_then_filled(ws):
     at = app("report")
     assert len(at.dataframe) >= 1
     assert {b.label for b in at.get("download_button")} >= {"Download report.csv", "Download report.md"}
+
+
+def test_report_page_states_the_verdict_first_on_common_triplets(ws):
+    """Issue 54: the workspace's result first, in words, with the two runs on the same held-out triplets, the next
+    step, and bars on an axis from 0 % beside chance (TEST-ONLY runs)."""
+    from core.eval.report import run_report
+    from core.runtime import save_embeddings
+
+    base = add_test_embedding(ws)
+    ids = [im["image_id"] for im in ws.store.images()]
+    expert = [t for t in ws.store.expert_triplets() if t["choice"] in ("j", "k")]
+    strict = [[t["anchor"], *((t["ref_j"], t["ref_k"]) if t["choice"] == "j" else (t["ref_k"], t["ref_j"])), 1, 1]
+              for t in expert[::3]]
+    trained = ws.store.start_run("vision-finetune", {"modality": "vision", "supervise": "triplets",
+                                                     "test_only": True}, name="TEST-ONLY")
+    save_embeddings(ws, trained, ids, image_emb=np.random.default_rng(2).normal(size=(len(ids), 4)))
+    ws.store.finish_run(trained, metrics={"cv": {"protocol": "strict", "balanced": 1.0, "ci": [1.0, 1.0],
+                                                 "n": len(strict), "n_anchors": 1, "per_triplet": strict}})
+    found = run_report(ws, n_boot=50)["verdict"]
+    at = app("report")
+    subheaders = [h.value for h in at.subheader]
+    assert subheaders[0] == "Verdict" and subheaders.index("Verdict") < subheaders.index(
+        "Agreement with the expert's triplets")
+    body = texts(at).replace("\\", "")  # unescaped Markdown
+    assert f"The trained embedding (run #{trained}, vision-finetune) agrees with the expert" in body
+    assert f"the untrained one (run #{base}, vision-baseline)" in body and f"on these {found['n']} triplets" in body
+    assert "Next step:" in body and f"Both runs on the same {found['n']} held-out triplets" in body
+    for chart in at.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        assert spec["layout"]["xaxis"]["range"] == [0, 100]
+        assert any(s.get("x0") == 50 for s in spec["layout"]["shapes"])
 
 
 def shown_value(element):
@@ -402,12 +486,16 @@ def test_report_page_shows_the_real_vision_benchmark_and_learning_curve(ws, tmp_
     assert shown == ["61.9 ± 0.4 [60.9, 62.9] (3 seeds)", "61.9 (same on all 3 seeds)", "72.5 (1 seed)"]  # no ± 0.0
     assert "seeds 0, 1, 2" in body and "Data: REAL wound photos" in body
     assert len(at.get("plotly_chart")) >= 1
-    # the SYNTHETIC banner heads this (phantom) workspace's sections, never the real-data one above them
+    # the workspace's own result first, under the SYNTHETIC banner; the real-data benchmark last, collapsed, in an
+    # expander that says it is not this workspace's data
     shown_in_order = [t for e in walk(at.main) if isinstance(t := shown_value(e), str)]
     synthetic = [n for n, text in enumerate(shown_in_order) if "SYNTHETIC DATA" in text]
     real = shown_in_order.index("Real wounds: vision benchmark")
-    assert synthetic and min(synthetic) > real
-    assert shown_in_order.index("Agreement with the expert's triplets") > min(synthetic)
+    assert synthetic and max(synthetic) < shown_in_order.index("Verdict") < real
+    assert shown_in_order.index("Agreement with the expert's triplets") < real
+    (expander,) = [e for e in at.expander if "not this workspace's data" in e.label]
+    assert "Real wounds: vision benchmark" in [shown_value(e) for e in walk(expander)]
+    assert not expander.proto.expanded
 
 
 def walk(node):
@@ -614,3 +702,19 @@ def test_report_cells_and_rows_are_plain_functions():
     assert ac.benchmark_rows(summary) == [{"variant": "siglip", "i2t_R@1": "0.500 ± 0.100", "probe_majority": "0.300 ± 0.000"}]
     paired = {"siglip": {"i2t_R@1": (0.05, 0.01, True), "probe_majority": (0.0, 0.0, False)}}
     assert ac.benchmark_rows(paired, paired=True) == [{"variant": "siglip", "i2t_R@1": "+0.050 ± 0.010*"}]
+
+
+@pytest.mark.slow
+def test_explore_page_opens_on_the_newest_trained_run_and_says_why_it_has_no_attention(ws):
+    """Issue 54: with a fine-tuned run and a newer frozen baseline (as ``make demo`` leaves them) Explore opens on
+    the fine-tuned run and says in words why it has no attention maps (TEST-ONLY runs)."""
+    from core.runtime import save_embeddings
+
+    ids = [im["image_id"] for im in ws.store.images()]
+    tuned = ws.store.start_run("vision-finetune", {"modality": "vision", "test_only": True}, name="TEST-ONLY")
+    save_embeddings(ws, tuned, ids, image_emb=np.random.default_rng(3).normal(size=(len(ids), 4)))
+    ws.store.finish_run(tuned)
+    add_test_embedding(ws)  # a vision-baseline run, newer
+    at = app("explore", timeout=300)
+    assert at.selectbox(key="explore_run").value == tuned
+    assert "no attention head, so there is no attention map to show" in texts(at)

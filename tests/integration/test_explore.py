@@ -264,3 +264,26 @@ def test_concept_table_labels_and_rounds():
     assert concept_table(top, {"fibrin": "Fibrin (slough)"}) == [
         {"concept": "Fibrin (slough)", "fused": 0.123, "global": 0.2, "local": 0.047},
         {"concept": "x", "fused": 1, "global": 1, "local": 1}]
+
+
+def test_run_choices_open_on_the_newest_trained_run_over_a_newer_frozen_baseline():
+    """Issue 54: ``make demo`` records the fine-tuned run, then the frozen baseline it is compared with: Explore opens
+    on the fine-tuned one (trained before untrained, vision before text, then newest first)."""
+    from core.eval.explore import run_choices
+
+    runs = [{"id": i, "kind": k, "config": {"modality": m}, "name": None, "metrics": {}}
+            for i, k, m in ((1, "vision-triderm", "vision"), (2, "vision-finetune", "vision"),
+                            (3, "vision-baseline", "vision"), (4, "text-baseline", "text"), (5, "text-soe", "text"))]
+    assert list(run_choices(runs)) == [2, 1, 5, 3, 4]
+
+
+def test_no_attention_reason_says_why_in_words_and_thumbnails_grow_with_fewer_points():
+    from core.eval.explore import no_attention_reason, thumbnail_size
+
+    def run(kind: str, **config) -> dict:
+        return {"kind": kind, "config": config}
+
+    assert "frozen baseline" in no_attention_reason(run("vision-baseline"))
+    assert "no attention head" in no_attention_reason(run("vision-finetune"))
+    assert "pooling mean" in no_attention_reason(run("vision-triderm", pooling="mean"))
+    assert thumbnail_size(1.0, 53) > 0.1 > thumbnail_size(1.0, 200) and thumbnail_size(1.0, 4) == 0.2

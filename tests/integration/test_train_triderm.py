@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from annotations.fileio import read_json
 from annotations.workspace import Workspace
 from core.runtime import load_embeddings
 from core.train_triderm import agreement_table, main
@@ -117,6 +118,9 @@ def test_cli_prints_baseline_vs_trained_table(tiny_ws, capsys):
     n, expert = run_agreement(tiny_ws, trained["id"])["n"], len(tiny_ws.store.expert_triplets())
     assert f"scored {n} of the expert's {expert} triplets" in out
     assert f"evaluation saved (report run {runs['report']['id']})" in out
+    verdict = read_json(tiny_ws.runs_dir / "report" / "report.json")["verdict"]  # the Report page's first line
+    assert (verdict["trained_run"], verdict["untrained_run"]) == (trained["id"], frozen["id"])
+    assert f"Verdict [SYNTHETIC phantom data]: {verdict['line']}\nNext step: {verdict['next_step']}" in out
     assert "Next steps:" in out and "users add --role admin NAME" in out and "make app" in out
     assert "≥" not in out and "rank " not in out
     with pytest.raises(SystemExit) as err:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from annotations.fileio import read_json
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
@@ -104,6 +105,12 @@ def test_the_fine_tune_mode_records_its_strict_figure_first(tiny_phantom, import
     assert np.allclose(np.linalg.norm(emb["image_emb"], axis=1), 1.0) and len(emb["image_ids"]) == 8
     row = next(r for r in build_rows(ws, [run], ws.store.expert_triplets(), n_boot=10, seed=0))
     assert row["protocol"] == STRICT and row["balanced"] == cv["balanced"]
+    # issue 54: the strict triplets are kept one by one, and the demo's last words are the Report's verdict on them
+    assert sum(n for *_, n in cv["per_triplet"]) == cv["n"]
+    verdict = read_json(ws.runs_dir / "report" / "report.json")["verdict"]
+    assert verdict["trained_run"] == run["id"] and verdict["n"] == len({tuple(t[:3]) for t in cv["per_triplet"]})
+    assert verdict["trained"]["balanced"] == pytest.approx(cv["balanced"])  # every strict triplet is common
+    assert f"Verdict [SYNTHETIC phantom data]: {verdict['line']}\nNext step: {verdict['next_step']}" in out
 
 
 def test_a_fine_tune_run_places_new_photos_where_it_put_the_study_photos(tiny_phantom, imported, capsys, tmp_path):

@@ -1,0 +1,209 @@
+"""The workspace's own result in words: the newest trained vision embedding against the untrained one on
+the SAME held-out triplets, paired over patients, with what to do next.
+
+A run trained on the expert's triplets is scored only on the triplets its folds held out strictly (all
+three photos unseen: ``metrics["cv"]["per_triplet"]``); a run that used no expert labels is scored on every
+triplet. Both runs are restricted to the triplets they share, so the two figures and their difference are
+measured on one set; the difference is judged by the paired t-test over patients
+(:func:`core.vision.supervised.patient_paired_test`; its signed-rank test when every patient differs alike),
+its interval by the patient bootstrap
+(:func:`core.eval.metrics.patient_bootstrap_ci`). The Report page and ``python -m core.train_triderm``
+(``make demo``) state the same :func:`verdict`.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from annotations.workspace import Workspace
+from core.eval.metrics import patient_bootstrap_ci
+
+#: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
+UNTRAINED_KINDS = ("vision-baseline", "text-baseline")
+#: the paired test's level: a difference is beyond chance when p < ALPHA
+ALPHA = 0.05
+#: Triplet (anchor, chosen, other) → (times the run put ``chosen`` strictly closer, times it was scored).
+Tallies = dict[tuple[str, str, str], tuple[int, int]]
+
+
+def _oriented(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    chosen, other = (row["ref_j"], row["ref_k"]) if row["choice"] == "j" else (row["ref_k"], row["ref_j"])
+    return row["anchor"], chosen, other
+
+
+def scored_triplets(ids: Sequence[str], D: np.ndarray, expert: Sequence[Mapping[str, Any]]) -> Tallies:
+    """Every non-skip expert triplet over ``ids`` scored with the distances ``D`` (a run that used no labels:
+    all of them are held out)."""
+    index = {i: n for n, i in enumerate(ids)}
+    out: Tallies = {}
+    for row in expert:
+        if row["choice"] not in ("j", "k") or not {row["anchor"], row["ref_j"], row["ref_k"]} <= index.keys():
+            continue
+        a, j, k = _oriented(row)
+        c, n = out.get((a, j, k), (0, 0))
+        out[(a, j, k)] = (c + int(D[index[a], index[j]] < D[index[a], index[k]]), n + 1)
+    return out
+
+
+def stored_triplets(run: Mapping[str, Any]) -> Tallies | None:
+    """A run's strict held-out triplets as its training stored them, or None when it has none."""
+    rows = (run["metrics"].get("cv") or {}).get("per_triplet")
+    if not rows:
+        return None
+    out: Tallies = {}
+    for a, j, k, c, n in rows:
+        c0, n0 = out.get((a, j, k), (0, 0))
+        out[(a, j, k)] = (c0 + int(c), n0 + int(n))
+    return out
+
+
+def per_anchor(tallies: Tallies, keys: Sequence[tuple[str, str, str]]) -> dict[str, float]:
+    """Anchor → accuracy over the triplets ``keys`` (an anchor pools its triplets' counts)."""
+    hits: dict[str, list[int]] = {}
+    for key in keys:
+        c, n = tallies[key]
+        h = hits.setdefault(key[0], [0, 0])
+        h[0] += c
+        h[1] += n
+    return {a: c / n for a, (c, n) in hits.items()}
+
+
+def triplets_needed(n: int, n_patients: int, t_p: float, mean_diff: float) -> int | None:
+    """About how many triplets in all would make the observed difference beyond chance, if the
+    difference and its spread over patients stayed as they are and new triplets came from new patients at
+    today's rate (an estimate: the paired t statistic grows with the square root of the patients). None
+    when no difference was observed or the test is undefined."""
+    from scipy import stats
+
+    if mean_diff == 0 or not math.isfinite(t_p) or t_p >= 1 or n_patients < 2:
+        return None
+    t_now = float(stats.t.isf(t_p / 2, n_patients - 1))
+    for patients in range(n_patients, 1000 * n_patients):
+        if t_now * math.sqrt(patients / n_patients) >= stats.t.isf(ALPHA / 2, patients - 1):
+            return math.ceil(n * patients / n_patients)
+    return None
+
+
+def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_boot: int = 1000,
+            seed: int = 0) -> dict[str, Any]:
+    """The two runs on their common triplets: each one's balanced agreement with its patient-bootstrap 95 %
+    CI, the per-patient paired difference (trained − untrained) with its CI and paired t-test, and whether it
+    is beyond chance (p < :data:`ALPHA`). Raises ValueError when they share no triplet."""
+    from core.vision.supervised import patient_paired_test
+
+    common = sorted(trained.keys() & untrained.keys())
+    if not common:
+        raise ValueError("the two runs share no held-out triplet")
+    a, b = per_anchor(trained, common), per_anchor(untrained, common)
+    diff = {k: a[k] - b[k] for k in a}
+    n_patients = len({patients[k] for k in a})
+    out: dict[str, Any] = {
+        "n": len(common), "n_anchors": len(a), "n_patients": n_patients,
+        "n_trained_only": len(trained.keys() - untrained.keys()),
+        "n_untrained_only": len(untrained.keys() - trained.keys()),
+        "trained": {"balanced": float(np.mean(list(a.values()))),
+                    "ci": patient_bootstrap_ci(a, patients, n_boot, seed)},
+        "untrained": {"balanced": float(np.mean(list(b.values()))),
+                      "ci": patient_bootstrap_ci(b, patients, n_boot, seed)},
+        "difference": float(np.mean(list(diff.values()))), "difference_ci": patient_bootstrap_ci(diff, patients,
+                                                                                              n_boot, seed)}
+    if n_patients >= 2:
+        test = patient_paired_test([{"anchor": k, "accuracy": v} for k, v in a.items()],
+                                   [{"anchor": k, "accuracy": v} for k, v in b.items()], patients)
+        # the same difference for every patient leaves the t statistic undefined: the signed-rank test judges it
+        by_patient: dict[str, list[float]] = {}
+        for k, v in diff.items():
+            by_patient.setdefault(patients[k], []).append(v)
+        spread = np.ptp([np.mean(v) for v in by_patient.values()])
+        t_defined = math.isfinite(test["t_p"]) and spread > 1e-12
+        p = test["t_p"] if t_defined else test["wilcoxon_p"]
+        name = "paired t-test" if t_defined else "Wilcoxon signed-rank test"
+        out.update(p=p, test=f"{name} over {n_patients} patients", beyond_chance=bool(p < ALPHA),
+                   needed=None if p < ALPHA else triplets_needed(len(common), n_patients, p, test["mean_diff"]))
+    else:
+        out.update(p=None, test="no paired test: the triplets come from one patient", beyond_chance=False,
+                   needed=None)
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _ci(ci: Sequence[float]) -> str:
+    return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
+def words(c: Mapping[str, Any], trained_label: str, untrained_label: str) -> dict[str, str]:
+    """The comparison ``c`` (:func:`compare`) as a one-line ``line`` and a ``next_step``."""
+    t, u = c["trained"], c["untrained"]
+    d = c["difference"]
+    judged = (f"{'is' if c['beyond_chance'] else 'is not'} beyond chance on these {c['n']} triplets "
+              f"({c['test']}" + (f", p = {c['p']:.2g})" if c["p"] is not None else ")"))
+    line = (f"The trained embedding ({trained_label}) agrees with the expert on {_pct(t['balanced'])} {_ci(t['ci'])} "
+            f"of the {c['n']} held-out triplets both runs were scored on; the untrained one ({untrained_label}) "
+            f"{_pct(u['balanced'])} {_ci(u['ci'])}; the difference, {100 * d:+.1f} pp {_ci(c['difference_ci'])}, "
+            f"{judged}.")
+    if c["beyond_chance"] and d > 0:
+        step = ("Use the trained embedding: Explore opens on it. More judgments would narrow the interval; "
+                "retrain after adding them.")
+    elif c["beyond_chance"]:
+        step = ("Training made agreement worse on these triplets: keep the untrained embedding and check the "
+                "judgments' reliability on the Review page before training again.")
+    elif c["needed"] is not None:
+        more = max(1, c["needed"] - c["n"])
+        step = (f"Collect about {more} more judgments (an estimate: at {c['needed']} held-out triplets a "
+                f"difference of {100 * d:+.1f} pp with today's spread over patients would be beyond chance; it "
+                f"assumes new judgments come from new patients at today's rate), then retrain.")
+    else:
+        step = ("Collect more judgments from more patients, then retrain: with no difference observed (or a "
+                "single patient) no number of triplets can be estimated.")
+    return {"line": line, "next_step": step}
+
+
+def run_label(run: Mapping[str, Any]) -> str:
+    """``run #ID, KIND``, for the verdict's sentences."""
+    return f"run #{run['id']}, {run['kind']}"
+
+
+def verdict(ws: Workspace, runs: Sequence[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """The newest trained vision run of ``runs`` (finished runs with embeddings, newest first:
+    :func:`core.eval.report.embedding_runs`) against the newest untrained one on their common held-out
+    triplets (:func:`compare`), with ``line`` and ``next_step`` in words and the runs' ids; without such a
+    pair, ``{"line": why, "next_step": what to do}`` only."""
+    from core.eval.report import run_image_distances
+
+    vision = [r for r in runs if r["config"].get("modality") == "vision"]
+    untrained = next((r for r in vision if r["kind"] in UNTRAINED_KINDS), None)
+    trained = [r for r in vision if r["kind"] not in UNTRAINED_KINDS]
+    expert = ws.store.expert_triplets()
+    if untrained is None or not trained or not expert:
+        missing = ("expert triplets" if not expert else "untrained (frozen) vision run" if untrained is None
+                   else "trained vision run")
+        return {"line": f"No verdict yet: this workspace has no {missing} to compare.",
+                "next_step": "Collect expert judgments on the Triplets page, then start training on the Train page "
+                             "(mode auto): it records both runs."}
+    pair = run_image_distances(ws, untrained)
+    assert pair is not None  # embedding_runs: finished runs with image embeddings
+    reference = scored_triplets(*pair, expert)
+    for run in trained:  # the newest with held-out triplets (one trained on the expert's: its strict ones)
+        if run["config"].get("supervise"):
+            held_out = stored_triplets(run)
+        else:
+            dist = run_image_distances(ws, run)
+            held_out = None if dist is None else scored_triplets(*dist, expert)
+        if held_out and held_out.keys() & reference.keys():
+            break
+    else:
+        return {"line": "No verdict yet: no trained vision run has held-out triplets in common with the untrained "
+                        "one (a run trained on the triplets before per-triplet records were kept has none).",
+                "next_step": "Start training again on the Train page (mode auto): the new run keeps its held-out "
+                             "triplets."}
+    from core.vision.supervised import patient_of
+
+    result = compare(held_out, reference, patient_of(ws.store.images()), n_boot, seed)
+    return {**result, **words(result, run_label(run), run_label(untrained)), "trained_run": run["id"],
+            "untrained_run": untrained["id"]}
