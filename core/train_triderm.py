@@ -36,7 +36,7 @@ from core import cli
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
 from core.vision.recipe import MODES, SUPERVISED_CV
-from core.vision.triderm_config import DEFAULT, PAPER_RECIPE, TriDermConfig
+from core.vision.triderm_config import DEFAULT, MODE_OPTIONS, PAPER_RECIPE, TriDermConfig
 
 #: fields spelled through the shared vocabulary (:mod:`core.cli`)
 SHARED = {"epochs": cli.add_epochs, "batch_size": cli.add_batch_size, "lr": cli.add_lr, "seed": cli.add_seed}
@@ -131,17 +131,6 @@ def recipe_of(args: argparse.Namespace, mode: str = "self-supervised") -> TriDer
     if given.get("supervise") and "cv" not in given:
         given["cv"] = SUPERVISED_CV
     return replace(PAPER_RECIPE if args.paper_recipe else DEFAULT, **given)
-
-
-#: The :class:`TriDermConfig` options each mode reads (the others change nothing in it, so they are refused).
-_SUPERVISED_ONLY = frozenset(f.name for f in fields(TriDermConfig)
-                             if f.name.startswith("supervise") or f.name in ("cv", "cv_repeats"))
-MODE_OPTIONS: dict[str, frozenset[str]] = {
-    "frozen": frozenset({"backbone", "layer"}),
-    "fine-tune": frozenset({"backbone", "layer", "views", "cv", "cv_repeats", "seed"}),
-    "self-supervised": frozenset(f.name for f in fields(TriDermConfig)) - _SUPERVISED_ONLY,
-    "supervised": frozenset(f.name for f in fields(TriDermConfig)),
-}
 
 
 def unread_options(args: argparse.Namespace, mode: str) -> str | None:

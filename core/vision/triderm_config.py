@@ -118,3 +118,17 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
 DEFAULT = TriDermConfig()
 #: the TriDerm paper's recipe (§3.2): attention pooling, VICReg, 50 epochs, batch 32, lr 1e-2, dim 512
 PAPER_RECIPE = replace(DEFAULT, dim=512, normalize="none")
+
+
+#: The :class:`TriDermConfig` options each mode of ``python -m core.train_triderm`` reads; the job refuses any other
+#: (they would change nothing in that mode), and the Train page sends only these.
+_SUPERVISED_ONLY = frozenset(f.name for f in fields(TriDermConfig)
+                             if f.name.startswith("supervise") or f.name in ("cv", "cv_repeats"))
+MODE_OPTIONS: dict[str, frozenset[str]] = {
+    "frozen": frozenset({"backbone", "layer"}),
+    "fine-tune": frozenset({"backbone", "layer", "views", "cv", "cv_repeats", "seed"}),
+    "self-supervised": frozenset(f.name for f in fields(TriDermConfig)) - _SUPERVISED_ONLY,
+    "supervised": frozenset(f.name for f in fields(TriDermConfig)),
+}
+#: What ``--mode auto`` may be given: the options of both modes it chooses between.
+MODE_OPTIONS["auto"] = MODE_OPTIONS["frozen"] & MODE_OPTIONS["fine-tune"]
