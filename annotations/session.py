@@ -330,6 +330,35 @@ def undo_delete(ws: Workspace, revision_id: int, *, actor: str = APP_ACTOR) -> i
     return index
 
 
+#: The outline worklist's filters (pages/1_Wound_masks.py), in the order the page offers them.
+WORKLIST_FILTERS = ("All photos", "Not outlined", "Suggestions waiting", "Not marked done", "Mine")
+
+
+def worklist_ids(rows: Sequence[Mapping[str, Any]], shown: str, waiting: set[str] | frozenset[str] = frozenset()
+                 ) -> list[str]:
+    """The photo ids of :meth:`annotations.store.Store.worklist` rows that filter ``shown`` keeps (one of
+    :data:`WORKLIST_FILTERS`); ``waiting``: photos with suggestions not yet accepted or rejected."""
+    keep = {"All photos": lambda r: True, "Not outlined": lambda r: not r["wounds"],
+            "Suggestions waiting": lambda r: r["image_id"] in waiting,
+            "Not marked done": lambda r: r["done_by"] is None, "Mine": lambda r: r["mine"]}.get(shown)
+    if keep is None:
+        raise ValueError(f"worklist filter must be one of {', '.join(WORKLIST_FILTERS)}, got {shown!r}")
+    return [r["image_id"] for r in rows if keep(r)]
+
+
+def step(order: Sequence[str], current: str, within: Sequence[str], forward: bool = True,
+         wrap: bool = False) -> str | None:
+    """The photo of ``within`` after (``forward``) or before ``current`` in ``order`` (``current`` need not be
+    in ``within``); with ``wrap`` the search goes round the end. None when there is none but ``current``."""
+    place = {image_id: n for n, image_id in enumerate(order)}
+    here = place.get(current, -1 if forward else len(order))
+    ranked = sorted((place[i] for i in within if i in place and i != current), reverse=not forward)
+    ahead = [n for n in ranked if (n > here if forward else n < here)]
+    if ahead or not wrap:
+        return order[ahead[0]] if ahead else None
+    return order[ranked[0]] if ranked else None
+
+
 PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
            (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (170, 110, 40)]
 
