@@ -35,12 +35,12 @@ if not images:
     st.info("No photos yet. Import a dataset folder or build the demo on the Home page.")
     st.stop()
 
-#: Metadata fields every wound shows, with their labels; any other imported field gets its own too.
 #: Keyboard shortcuts of the worklist's buttons (st.button(shortcut=…); ignored while typing in a field).
 KEYS = {"previous": "p", "next": "n", "unoutlined": "u", "done": "d"}
 #: The install hint when torch is missing here (the model's controls are then disabled), else None.
 ML_OFF = ac.extra_missing("torch")
 ML_HELP = (f"Needs the machine-learning extra, which this server does not have: {ML_OFF}" if ML_OFF else None)
+#: Metadata fields every wound shows, with their labels; any other imported field gets its own too.
 FIELDS = {"anatomical_site": "Anatomical site", "size_cm": "Size (cm)", "duration_weeks": "Duration (weeks)"}
 HIDDEN_FIELDS = {"origin"}
 
