@@ -440,7 +440,7 @@ def editor():
         "Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True, key="mask_click_engine",
         disabled=bool(ML_OFF),
         help=ML_HELP or "Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
-    draw_col, list_col = st.columns([2.7, 1.3], gap="small")
+    draw_col, list_col = st.columns([3, 1], gap="small")
     with list_col:  # beside the photo, so that neither pushes the other below the fold at 1366×768
         worklist()
         messages()

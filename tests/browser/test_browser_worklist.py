@@ -72,7 +72,7 @@ def photo_in_view(pg) -> None:
     in_view(pg, pg.locator(".oe svg image"))
 
 
-def test_a_working_day_on_the_outline_page(day, chromium):
+def test_a_working_day_on_the_outline_page(day, chromium, screenshot):
     ws, server = day
     context = chromium.new_context(viewport=LAPTOP)
     page = context.new_page()
@@ -148,6 +148,7 @@ def test_a_working_day_on_the_outline_page(day, chromium):
     assert (ws.load_mask("a-03") == mask).all()
     expect(page.get_by_label("Description")).to_have_value("slough at the upper edge")
     expect(page.locator('.oe [data-label="1"]')).to_have_count(1)
+    screenshot(page, "worklist_1366x768")
 
     # a reload stays on the photo, which is still marked done
     wait_for_cookie(page)

@@ -183,7 +183,7 @@ def test_without_torch_the_model_controls_stay_disabled_with_the_extra_named(ws,
     assert at.selectbox(key="mask_photo") and at.text_area  # the rest of the page is there
 
 
-def test_extra_missing_probes_without_stopping_the_page(monkeypatch):
+def test_extra_missing_names_the_extra_of_a_module_not_installed(monkeypatch):
     import sys
 
     import app_common
