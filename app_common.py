@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.abc
+import importlib.util
 import io
 import json
 import math
@@ -65,6 +66,17 @@ def _imported_by_the_app() -> bool:
         return False
     module = str(frame.f_globals.get("__name__", ""))
     return module.split(".")[0] == "core" or Path(frame.f_code.co_filename).resolve().parent == PAGES_DIR
+
+
+def extra_missing(module: str) -> str | None:
+    """The install hint (``pip install "triderm-studio[ml]"``) when ``module`` of an extra is not installed
+    here, else None. Probed from this module, not a page, so :class:`MissingExtra` does not stop the page: a
+    page keeps its controls in place, disabled, with this hint as their help."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module hidden (scripts/app_smoke.py --block-ml) or half-installed
+        found = False
+    return None if found else install_hint(module)
 
 
 if not any(isinstance(finder, MissingExtra) for finder in sys.meta_path):

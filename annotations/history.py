@@ -53,6 +53,8 @@ def restore_revision(ws: Workspace, revision_id: int, actor: str) -> str:
             img[name] = old
             store.upsert_image(key, img["file"], img["sha256"], img["width"], img["height"], img["patient_id"],
                                img["metadata"], actor=actor)
+        elif entity == "images" and name == "done":
+            store.set_done(key, bool(old), actor=actor)
         elif entity == "patients" and name == "metadata" and rev["action"] != "insert":
             store.upsert_patient(key, old, actor=actor)
         else:

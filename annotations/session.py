@@ -17,7 +17,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from annotations.formats import rasterize_rings
-from annotations.workspace import ENV_VAR, Workspace, outline_of, resolve_workspace
+from annotations.history import restore_revision
+from annotations.workspace import ENV_VAR, Workspace, outline_of, outline_pixels, resolve_workspace
 
 #: Where a wound's outline came from (wound metadata key ``origin``).
 ORIGINS = ("drawn", "suggested", "edited", "import")
@@ -292,14 +293,70 @@ def update_wound_text(ws: Workspace, image_id: str, wound_index: int, descriptio
                               actor=actor)
 
 
-def delete_wound(ws: Workspace, image_id: str, wound_index: int, *, actor: str = APP_ACTOR) -> None:
+def delete_wound(ws: Workspace, image_id: str, wound_index: int, *, actor: str = APP_ACTOR) -> int | None:
     """Remove a wound from the label mask and the store (other wounds keep their numbers); its
-    outline, description and metadata stay in the revisions for a restore."""
+    outline pixels, description and metadata stay in its ``delete`` revision, whose id is returned
+    (None when the wound did not exist) for :func:`undo_delete`."""
     with ws.store.transaction():
         labels = ws.load_mask(image_id).copy()
+        outline = outline_of(labels, wound_index)
         labels[labels == wound_index] = 0
         ws.save_mask(image_id, labels)
-        ws.store.delete_wound(image_id, wound_index, actor=actor)
+        return ws.store.delete_wound(image_id, wound_index, actor=actor, outline=outline)
+
+
+def undo_delete(ws: Workspace, revision_id: int, *, actor: str = APP_ACTOR) -> int:
+    """Put back the wound that :func:`delete_wound` removed in revision ``revision_id``: its exact outline,
+    description and metadata under its number (recorded as a ``restore``); returns the number. Raises
+    ValueError, and changes nothing, when the revision is not a wound's deletion, the number is taken again
+    or another wound now covers some of its pixels."""
+    rev = ws.store.revision(revision_id)
+    if rev is None or (rev["entity"], rev["field"], rev["action"]) != ("wounds", "row", "delete"):
+        raise ValueError(f"revision #{revision_id} is not a wound's deletion: nothing to undo")
+    image_id, index = rev["key"]["image_id"], int(rev["key"]["wound_index"])
+    outline = rev["old"]["outline"]
+    with ws.store.transaction():
+        if ws.store.wound(image_id, index) is not None:
+            raise ValueError(f"Not restored: wound {index} of {image_id} exists again (its number is taken).")
+        if "png" not in outline:
+            raise ValueError(f"Not restored: the deletion of wound {index} of {image_id} kept no outline pixels.")
+        x0, y0, x1, y1 = outline["bbox"]
+        taken = ws.load_mask(image_id)[y0:y1, x0:x1][outline_pixels(outline)]
+        others = sorted({int(i) for i in taken if i > 0})
+        if others:
+            raise ValueError(f"Not restored: wound {index} of {image_id} now overlaps wound(s) "
+                             f"{', '.join(map(str, others))}; restore it from the history after moving them.")
+        restore_revision(ws, revision_id, actor)
+    return index
+
+
+#: The outline worklist's filters (pages/1_Wound_masks.py), in the order the page offers them.
+WORKLIST_FILTERS = ("All photos", "Not outlined", "Suggestions waiting", "Not marked done", "Mine")
+
+
+def worklist_ids(rows: Sequence[Mapping[str, Any]], shown: str, waiting: set[str] | frozenset[str] = frozenset()
+                 ) -> list[str]:
+    """The photo ids of :meth:`annotations.store.Store.worklist` rows that filter ``shown`` keeps (one of
+    :data:`WORKLIST_FILTERS`); ``waiting``: photos with suggestions not yet accepted or rejected."""
+    keep = {"All photos": lambda r: True, "Not outlined": lambda r: not r["wounds"],
+            "Suggestions waiting": lambda r: r["image_id"] in waiting,
+            "Not marked done": lambda r: r["done_by"] is None, "Mine": lambda r: r["mine"]}.get(shown)
+    if keep is None:
+        raise ValueError(f"worklist filter must be one of {', '.join(WORKLIST_FILTERS)}, got {shown!r}")
+    return [r["image_id"] for r in rows if keep(r)]
+
+
+def step(order: Sequence[str], current: str, within: Sequence[str], forward: bool = True,
+         wrap: bool = False) -> str | None:
+    """The photo of ``within`` after (``forward``) or before ``current`` in ``order`` (``current`` need not be
+    in ``within``); with ``wrap`` the search goes round the end. None when there is none but ``current``."""
+    place = {image_id: n for n, image_id in enumerate(order)}
+    here = place.get(current, -1 if forward else len(order))
+    ranked = sorted((place[i] for i in within if i in place and i != current), reverse=not forward)
+    ahead = [n for n in ranked if (n > here if forward else n < here)]
+    if ahead or not wrap:
+        return order[ahead[0]] if ahead else None
+    return order[ranked[0]] if ranked else None
 
 
 PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),

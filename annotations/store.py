@@ -215,6 +215,16 @@ GROUP BY CAST(json_extract(w.metadata, '$.track_id') AS TEXT), i.patient_id
 """
 
 
+# Worklist (pages/1_Wound_masks.py): a photo its annotator marked done with its outlines; the mark is
+# recorded as the photo's ``done`` field in the revisions (who, when) and goes with the photo.
+_SCHEMA_DONE = """
+CREATE TABLE photo_done (
+    image_id TEXT PRIMARY KEY REFERENCES images(image_id) ON DELETE CASCADE,
+    actor TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+"""
+
 
 def sql_statements(script: str) -> tuple[str, ...]:
     """The statements of ``script`` (without their ``;``), split only where SQLite's tokenizer says a
@@ -234,7 +244,7 @@ def sql_statements(script: str) -> tuple[str, ...]:
 #: ``v`` to ``v + 1``.
 MIGRATIONS: list[tuple[str, ...]] = [sql_statements(script) for script in (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE, _SCHEMA_READINGS,
-    _SCHEMA_FOLLOWUP)]
+    _SCHEMA_FOLLOWUP, _SCHEMA_DONE)]
 
 #: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
 SYSTEM_ACTOR = "system"
@@ -489,18 +499,23 @@ class Store:
             return self.db.execute("SELECT id FROM wounds WHERE image_id = ? AND wound_index = ?",
                                    [image_id, int(wound_index)]).fetchone()[0]
 
-    def delete_wound(self, image_id: str, wound_index: int, *, actor: str = SYSTEM_ACTOR) -> None:
-        """Remove one wound (recorded); nothing happens when it does not exist."""
+    def delete_wound(self, image_id: str, wound_index: int, *, actor: str = SYSTEM_ACTOR,
+                     outline: dict | None = None) -> int | None:
+        """Remove one wound (recorded); returns the id of its ``delete`` revision, None when it did not exist.
+
+        ``outline`` ({area, bbox, png}) is the wound's pixels as the caller read them from the mask, kept in the
+        revision (else the last recorded outline) so that the deletion can be undone exactly."""
         with self.transaction():
             old = self.wound(image_id, wound_index)
             if old is None:
-                return
+                return None
             key = wound_key(image_id, wound_index)
             self.db.execute("DELETE FROM wounds WHERE image_id = ? AND wound_index = ?",
                             [image_id, int(wound_index)])
-            self.record_revision("wounds", key, "row", "delete",
-                                 {"outline": self._last_outline(key, old), "description": old["description"],
-                                  "metadata": old["metadata"]}, None, actor)
+            return self.record_revision("wounds", key, "row", "delete",
+                                        {"outline": outline or self._last_outline(key, old),
+                                         "description": old["description"], "metadata": old["metadata"]},
+                                        None, actor)
 
     def wound(self, image_id: str, wound_index: int) -> dict | None:
         """The wound's row, or None."""
@@ -530,6 +545,40 @@ class Store:
             rows = self.db.query("SELECT * FROM wounds WHERE image_id = ? ORDER BY wound_index",
                                  [image_id])
         return [_decode(r) for r in rows]
+
+    # -- worklist: photos marked done ---------------------------------------------------------------
+    def set_done(self, image_id: str, done: bool, *, actor: str) -> bool:
+        """Mark the photo done with its outlines (or not); returns whether the mark changed (recorded as the
+        photo's ``done`` field). Raises ValueError for a photo that does not exist."""
+        with self.transaction():
+            if self.image(image_id) is None:
+                raise ValueError(f"no photo {image_id!r}: nothing was marked")
+            if done:
+                cur = self.db.execute("INSERT OR IGNORE INTO photo_done (image_id, actor, created) VALUES (?, ?, ?)",
+                                      [image_id, str(actor).strip(), now()])
+            else:
+                cur = self.db.execute("DELETE FROM photo_done WHERE image_id = ?", [image_id])
+            if cur.rowcount:
+                self.record_revision("images", image_id, "done", "update", not done, done, actor)
+            return bool(cur.rowcount)
+
+    def done_photos(self) -> dict[str, dict]:
+        """Photo id → {actor, created} of every photo marked done."""
+        return {r["image_id"]: {"actor": r["actor"], "created": r["created"]}
+                for r in self.db.query("SELECT image_id, actor, created FROM photo_done")}
+
+    def worklist(self, actor: str) -> list[dict]:
+        """Every photo by id as the outline worklist sees it: ``image_id``, ``wounds`` (how many are outlined),
+        ``done_by`` (who marked it done, else None) and ``mine`` (``actor`` wrote one of its outlines or
+        marked it done)."""
+        touched = {r[0] for r in self.db.execute(
+            "SELECT DISTINCT json_extract(key, '$.image_id') FROM revisions WHERE entity = 'wounds' "
+            "AND actor = ? COLLATE NOCASE", [actor])}
+        rows = self.db.query(
+            "SELECT i.image_id AS image_id, (SELECT count(*) FROM wounds w WHERE w.image_id = i.image_id) AS wounds, "
+            "d.actor AS done_by FROM images i LEFT JOIN photo_done d ON d.image_id = i.image_id ORDER BY i.image_id")
+        return [{**r, "mine": r["image_id"] in touched or (r["done_by"] or "").lower() == actor.lower()}
+                for r in rows]
 
     # -- annotators and triplets -----------------------------------------------------------------
     def add_annotator(self, name: str) -> None:

@@ -1,5 +1,12 @@
 """Wound masks: outline each wound on the photo (zoom, vertex editing, undo), describe it.
 
+A worklist beside the editor walks the photos (all, not outlined, with suggestions waiting, not marked
+done, mine) with keyboard shortcuts; the photo on screen is kept in the address (``?photo=…``), so a
+reload stays on it, and a photo is marked done in the store. Deleting a wound asks first and can be
+undone (:func:`annotations.session.undo_delete`). Messages show beside the photo, so at 1366×768 the
+photo and every message are in view. Without torch (an ``[app]``-only server) the model's controls stay
+in place, disabled, their help naming the extra to install.
+
 The label mask is the stored truth: the editor gets polygons derived from it and every saved
 outline is rasterised back into it. Suggestions (the segmentation model) and click-to-outline
 proposals become outlines only when the clinician accepts them. A photo an admin marked for second
@@ -28,6 +35,11 @@ if not images:
     st.info("No photos yet. Import a dataset folder or build the demo on the Home page.")
     st.stop()
 
+#: Keyboard shortcuts of the worklist's buttons (st.button(shortcut=…); ignored while typing in a field).
+KEYS = {"previous": "p", "next": "n", "unoutlined": "u", "done": "d"}
+#: The install hint when torch is missing here (the model's controls are then disabled), else None.
+ML_OFF = ac.extra_missing("torch")
+ML_HELP = (f"Needs the machine-learning extra, which this server does not have: {ML_OFF}" if ML_OFF else None)
 #: Metadata fields every wound shows, with their labels; any other imported field gets its own too.
 FIELDS = {"anatomical_site": "Anatomical site", "size_cm": "Size (cm)", "duration_weeks": "Duration (weeks)"}
 HIDDEN_FIELDS = {"origin"}
@@ -135,15 +147,19 @@ def read_delete(image_id: str, me: str, index: int) -> None:
     state["mask_flash"] = f"Deleted wound {index} of your reading of {image_id}."
 
 
-# -- photo choice (kept across saves: the options and their labels never change) ---------------------
+# -- photo choice (kept across saves: the options and their labels never change; a reload reads it from the
+# address) ---------------------------------------------------------------------------------------------------
 ids = [im["image_id"] for im in images]
 if state.get("mask_photo") not in ids:
-    state["mask_photo"] = ids[0]
+    wanted = st.query_params.get("photo")
+    state["mask_photo"] = wanted if wanted in ids else ids[0]
 to_read = set(readings.marked(ws))
 # one row above the editor: the photo, then (filled below) its suggestion and click-to-outline tools
 pick_col, suggest_col, restart_col, engine_col = st.columns([1.6, 1, 1, 1.5], vertical_alignment="bottom")
 pick = pick_col.selectbox("Photo", ids, key="mask_photo",
                           format_func=lambda i: f"{i} · second reading" if i in to_read else i)
+if st.query_params.get("photo") != pick:
+    st.query_params["photo"] = pick
 # annotators read marked photos blind; an admin sees the stored outline unless reading the photo too
 if pick in to_read and (not ac.allowed("manage") or pick_col.toggle(
         "My second reading of this photo", key="mask_reading",
@@ -241,6 +257,9 @@ def handle(action: dict) -> None:
             clicks.clear()
         bump(pick)
     elif kind == "click":
+        if ML_HELP:
+            user_error(ML_HELP)
+            return
         click_outline(int(action["x"]), int(action["y"]))
 
 
@@ -290,11 +309,11 @@ def sam(path: str):
 
 def suggest() -> None:
     """Suggest outlines for the photo on screen with the newest segmenter run; errors become the page's message."""
-    from core.segmentation import suggest_outlines
+    from core.segmentation import suggest_outlines_by
 
     try:
         model = segmenter(str(ws.root), latest_segmenter_run(), ws)
-        masks = suggest_outlines(ws, pick, segmenter=model)
+        masks, skipped = suggest_outlines_by(ws, pick, segmenter=model)
     except ValueError as err:
         user_error(err)
         return
@@ -302,36 +321,132 @@ def suggest() -> None:
     suggestions.update({str(n): m for n, m in enumerate(masks, start=1)})
     by = ("the default wound model (no training on this workspace yet)" if model.source == "default"
           else f"this workspace's segmenter ({model.source})")
+    known = (f" {skipped} wound(s) it found on or beside the existing outlines are not suggested again."
+             if skipped else "")
     state["mask_flash"] = (f"{len(masks)} suggested outline(s) by {by}: select one to edit it, then accept or "
-                           "reject it." if masks else
-                           f"{by[0].upper()}{by[1:]} found no wound on this photo; draw or click to outline.")
+                           f"reject it.{known}" if masks else
+                           f"{by[0].upper()}{by[1:]} found no new wound on this photo; draw or click to outline."
+                           f"{known}")
     bump(pick)
 
 
+def go(image_id: str | None) -> None:
+    """Show photo ``image_id`` (a worklist button's callback)."""
+    if image_id is not None:
+        state["mask_photo"] = image_id
+
+
+def mark_done(image_id: str, done: bool) -> None:
+    """Mark the photo done (or not) in the store, and say so."""
+    try:
+        ws.store.set_done(image_id, done, actor=ac.actor())
+    except ValueError as err:
+        user_error(err)
+        return
+    state["mask_flash"] = f"Marked {image_id} {'done' if done else 'not done'}."
+
+
+def worklist() -> None:
+    """The worklist: a filter, previous / next in it and the next photo not outlined (with shortcuts), the
+    photo's done mark, and where the photo stands in the list."""
+    rows = ws.store.worklist(ac.actor())
+    waiting = {i for i in ids if state.get(f"mask_sugg_{i}")}
+    shown = st.selectbox("Worklist", session.WORKLIST_FILTERS, key="mask_filter",
+                         help="Which photos Previous and Next go through (Mine: photos you outlined or marked done)")
+    within = session.worklist_ids(rows, shown, waiting)
+    before, after = session.step(ids, pick, within, forward=False), session.step(ids, pick, within)
+    bare = session.step(ids, pick, [r["image_id"] for r in rows if not r["wounds"]], wrap=True)
+    c1, c2 = st.columns(2, gap="small")
+    c1.button("Previous", icon=":material/arrow_back:", key="mask_prev", shortcut=KEYS["previous"], on_click=go,
+              args=(before,), disabled=before is None, width="stretch", help=f"The previous photo of “{shown}”")
+    c2.button("Next", icon=":material/arrow_forward:", key="mask_next", shortcut=KEYS["next"], on_click=go,
+              args=(after,), disabled=after is None, width="stretch", help=f"The next photo of “{shown}”")
+    c1.button("Next not outlined", key="mask_next_bare", shortcut=KEYS["unoutlined"], on_click=go, args=(bare,),
+              disabled=bare is None, width="stretch", help="The next photo with no wound outlined yet")
+    row = next(r for r in rows if r["image_id"] == pick)
+    if row["done_by"] is None:
+        c2.button("Mark done", icon=":material/check:", key="mask_done", shortcut=KEYS["done"], on_click=mark_done,
+                  args=(pick, True), width="stretch", help="You have outlined every wound of this photo")
+    else:
+        c2.button("Not done", icon=":material/remove_done:", key="mask_undone", on_click=mark_done,
+                  args=(pick, False), width="stretch", help="Take back the done mark")
+    place = f"photo {within.index(pick) + 1} of {len(within)}" if pick in within else f"{len(within)} photos"
+    done = sum(r["done_by"] is not None for r in rows)
+    mark = "" if row["done_by"] is None else f" · this one done by {ac.escape_md(row['done_by'])}"
+    st.caption(f"{shown}: {place} · {done} of {len(rows)} done{mark}")
+
+
+def messages() -> None:
+    """The page's message, a deletion to confirm, the Undo of the last one, an overlap to decide."""
+    if state.get("mask_error"):
+        st.error(ac.escape_md(state.pop("mask_error")))
+    if state.get("mask_flash"):
+        st.success(ac.escape_md(state.pop("mask_flash")))
+    confirm = state.get("mask_confirm")
+    if confirm is not None and confirm[0] == pick:
+        index = confirm[1]
+        st.warning(f"Delete wound {index}: its outline, description and metadata?", icon=":material/delete:")
+        c1, c2 = st.columns(2, gap="small")
+        c1.button(f"Yes, delete wound {index}", type="primary", key="mask_del_yes", on_click=remove,
+                  args=(pick, index), width="stretch")
+        c2.button("Cancel", key="mask_del_no", on_click=state.pop, args=("mask_confirm", None), width="stretch")
+    undo = state.get("mask_undo")
+    if undo is not None and undo["image_id"] == pick:
+        st.button(f"Undo delete of wound {undo['index']}", icon=":material/undo:", key="mask_undo_btn",
+                  on_click=undo_delete, width="stretch",
+                  help="Put the wound back as it was: its outline, description and metadata")
+    if pending is not None:
+        overlap_decision()
+
+
+def overlap_decision() -> None:
+    """The overlap decision of a pending save."""
+    assert pending is not None
+    with st.container(border=True):
+        target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"
+        shared = ", ".join(f"wound {j} ({n:,} px)" for j, n in sorted(pending.overlaps.items()))
+        st.warning(f"{target} overlaps {shared}: the shared pixels are hatched in red. "
+                   "Nothing is clipped on its own — decide which wound keeps them.", icon=":material/layers:")
+        keeps = {}
+        for j in sorted(pending.overlaps):
+            mine = f"{target} keeps them"
+            choice = st.radio(f"Overlap with wound {j}", [mine, f"Wound {j} keeps them"], key=f"mask_keep_{j}",
+                              horizontal=True, index=None)
+            if choice is not None:
+                keeps[j] = choice == mine
+        c1, c2 = st.columns(2)
+        if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
+            write(pending, keeps, state.pop("mask_pending_after", None), state.pop("mask_pending_expected", {}))
+            st.rerun()
+        if c2.button("Cancel (keep editing)"):
+            state["mask_pending"] = None
+            st.rerun()
+
+
 def editor():
-    """The tools row, the outline editor on the photo, and the overlap decision of a pending save.
+    """The tools row and the outline editor on the photo (the worklist and the messages beside it).
 
     Returns the column beside the editor, for the wound list.
     """
     suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
-                       help="The segmentation model proposes each wound it sees; nothing is stored until you accept it")
+                       disabled=bool(ML_OFF),
+                       help=ML_HELP or "The segmentation model proposes each wound it sees, apart from those already "
+                                       "outlined; nothing is stored until you accept it")
     if clicks:
         restart_col.button("New click outline", width="stretch",
                            on_click=lambda: (clicks.clear(), suggestions.pop("click", None), bump(pick)),
                            help="Forget the clicks so far; your next click starts a new wound")
     engine = engine_col.radio(
         "Click to outline uses", ["Wound model", "Segment Anything"], horizontal=True, key="mask_click_engine",
-        help="Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
+        disabled=bool(ML_OFF),
+        help=ML_HELP or "Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
     draw_col, list_col = st.columns([3, 1], gap="small")
+    with list_col:  # beside the photo, so that neither pushes the other below the fold at 1366×768
+        worklist()
+        messages()
     with draw_col:
-        if engine == "Segment Anything":
+        if engine == "Segment Anything" and not ML_OFF:
             st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
-        # messages right under the tools that caused them, above the photo (in view at 1366×768)
-        if state.get("mask_error"):
-            st.error(ac.escape_md(state.pop("mask_error")))
-        if state.get("mask_flash"):
-            st.success(ac.escape_md(state.pop("mask_flash")))
-
         shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
                   for i, polys in session.label_polygons(labels).items()]
         shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
@@ -342,33 +457,13 @@ def editor():
         version = f"{state.get(f'mask_ver_{pick}', 0)}:{digest}"
         action = outline_editor(
             image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
-            shapes=shapes, version=version, overlap=overlap, clicks=clicks, key="outline_editor")
+            shapes=shapes, version=version, overlap=overlap, clicks=clicks, click_off=ML_HELP, key="outline_editor")
         if action and action.get("nonce") != state.get("mask_nonce"):
             state["mask_nonce"] = action["nonce"]
             handle(action)
             st.rerun()
         state[f"mask_drawn_{pick}"] = geometry  # what the editor shows: it redraws whenever the version changes
 
-        if pending is not None:
-            with st.container(border=True):
-                target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"
-                shared = ", ".join(f"wound {j} ({n:,} px)" for j, n in sorted(pending.overlaps.items()))
-                st.warning(f"{target} overlaps {shared}: the shared pixels are hatched in red. "
-                           "Nothing is clipped on its own — decide which wound keeps them.", icon=":material/layers:")
-                keeps = {}
-                for j in sorted(pending.overlaps):
-                    mine = f"{target} keeps them"
-                    choice = st.radio(f"Overlap with wound {j}", [mine, f"Wound {j} keeps them"], key=f"mask_keep_{j}",
-                                      horizontal=True, index=None)
-                    if choice is not None:
-                        keeps[j] = choice == mine
-                c1, c2 = st.columns(2)
-                if c1.button("Save with these choices", type="primary", disabled=len(keeps) < len(pending.overlaps)):
-                    write(pending, keeps, state.pop("mask_pending_after", None), state.pop("mask_pending_expected", {}))
-                    st.rerun()
-                if c2.button("Cancel (keep editing)"):
-                    state["mask_pending"] = None
-                    st.rerun()
         st.caption(f"{image['width']}×{image['height']} px · patient {ac.escape_md(image.get('patient_id')) or '—'} · "
                    f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
                    "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
@@ -454,24 +549,52 @@ def stale_notice(base: str, err: StaleEdit, args: tuple) -> None:
               help="Save your values over theirs (recorded in the history)")
 
 
+def forget_fields(image_id: str, index: int) -> None:
+    """Drop the wound's field widgets and their loaded copy: they load the stored values again."""
+    base = f"{image_id}_{index}"
+    for key in [k for k in state if k in (f"desc_{base}", f"loaded_{base}")
+                or (k.startswith("meta_") and k.endswith(f"_{base}"))]:
+        del state[key]
+
+
+def ask_delete(image_id: str, index: int) -> None:
+    """Ask to confirm the deletion of wound ``index`` (beside the photo, with the page's messages)."""
+    state["mask_confirm"] = (image_id, index)
+
+
 def remove(image_id: str, index: int) -> None:
-    """Delete wound ``index`` of the photo, provided it is still as this page loaded it (its fields and the
-    outline the editor drew); redraw its outlines and say so, or why nothing was deleted."""
+    """Delete wound ``index`` of the photo (confirmed), provided it is still as this page loaded it (its fields
+    and the outline the editor drew); redraw its outlines and offer the Undo, or say why nothing was deleted."""
+    state.pop("mask_confirm", None)
     expected = {**state.get(f"loaded_{image_id}_{index}", {}),
                 "outline": state.get(f"mask_drawn_{image_id}", {}).get(index)}
     try:
         with ws.store.expecting("wounds", wound_key(image_id, index), expected):
-            session.delete_wound(ws, image_id, index, actor=ac.actor())
+            revision = session.delete_wound(ws, image_id, index, actor=ac.actor())
     except StaleEdit as err:
         user_error(f"Not deleted: {err.by or 'someone else'} {'deleted' if err.gone else 'changed'} wound {index} "
                    f"since this page showed it ({', '.join(err.conflicts)}). Check it, then delete it again.")
-        base = f"{image_id}_{index}"
-        for key in [k for k in state if k == f"desc_{base}" or (k.startswith("meta_") and k.endswith(f"_{base}"))]:
-            del state[key]  # its fields load the stored values again
+        forget_fields(image_id, index)
         bump(image_id)
         return
+    forget_fields(image_id, index)
     bump(image_id)
-    state["mask_flash"] = f"Deleted wound {index} of {image_id}."
+    state["mask_undo"] = {"revision": revision, "image_id": image_id, "index": index}
+    state["mask_flash"] = f"Deleted wound {index} of {image_id} (its outline, description and metadata)."
+
+
+def undo_delete() -> None:
+    """Put back the wound deleted last (:func:`annotations.session.undo_delete`), or say why not."""
+    undo = state.pop("mask_undo")
+    try:
+        session.undo_delete(ws, undo["revision"], actor=ac.actor())
+    except ValueError as err:
+        user_error(err)
+        return
+    forget_fields(undo["image_id"], undo["index"])
+    bump(undo["image_id"])
+    state["mask_flash"] = (f"Restored wound {undo['index']} of {undo['image_id']} with its outline, description "
+                           "and metadata.")
 
 
 def wound_list(list_col) -> None:
@@ -498,8 +621,9 @@ def wound_list(list_col) -> None:
                     cols[n % 2].text_input(FIELDS.get(name, name.replace("_", " ").capitalize()),
                                            value="" if value is None else str(value), key=f"meta_{name}_{base}",
                                            on_change=save_text, args=(pick, i, names))
-                st.button(f"Delete wound {i}", icon=":material/delete:", key=f"del_{base}", on_click=remove,
-                          args=(pick, i), help="Remove this wound's outline and description")
+                st.button(f"Delete wound {i}", icon=":material/delete:", key=f"del_{base}",
+                          on_click=ask_delete, args=(pick, i),
+                          help="Remove this wound's outline, description and metadata (asks first; can be undone)")
         done = sum(1 for w in wounds if w["description"].strip())
         if wounds:
             st.caption(f"{done} of {len(wounds)} wounds described. Text is saved when you leave a field.")

@@ -6,8 +6,9 @@ Builds a small SYNTHETIC phantom workspace in a temporary folder, signs an admin
 AppTest, no browser) and opens Home and the annotation pages (wound masks, triplets, review,
 accounts, follow-up); each must render without an exception, and afterwards no module of the
 ``[ml]`` or ``[llm]`` extras may have been imported. Then a page that needs ``[ml]`` (Train) must say
-which extra to install instead of failing: on an ``[app]``-only install because torch is absent,
-with ``--block-ml`` because this script hides the ``[ml]`` modules first (for a full install).
+which extra to install instead of failing, and the wound masks page must keep its model controls in
+place, disabled, naming that extra (no page-wide message): on an ``[app]``-only install because torch is
+absent, with ``--block-ml`` because this script hides the ``[ml]`` modules first (for a full install).
 It runs the installed app (the one ``triderm app`` serves). Prints one line per check; exit 1 at the
 first failure. CI runs it in a fresh venv holding only the wheel with ``[app]``.
 """
@@ -26,6 +27,7 @@ from triderm import EXTRA_OF, app_path
 ANNOTATION_PAGES = ("pages/1_Wound_masks.py", "pages/2_Triplets.py", "pages/7_Review.py", "pages/8_Accounts.py",
                     "pages/9_Follow_up.py")
 ML_PAGE = "pages/4_Train.py"
+ML_HINT = 'pip install "triderm-studio[ml]"'
 HEAVY = sorted(name for name, extra in EXTRA_OF.items() if extra in ("ml", "llm"))
 
 
@@ -102,9 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         at = at.switch_page(ML_PAGE).run()
         check(at, ML_PAGE)
         said = " ".join(e.value for e in at.error)
-        if 'pip install "triderm-studio[ml]"' not in said:
+        if ML_HINT not in said:
             sys.exit(f"FAIL {ML_PAGE} does not name the [ml] extra: {said!r}")
         print(f"ok   {ML_PAGE} names the extra to install")
+        masks = ANNOTATION_PAGES[0]
+        at = at.switch_page(masks).run()
+        check(at, f"{masks} without the [ml] extra")
+        suggest = next((b for b in at.button if b.label == "Suggest outlines"), None)
+        if at.error or suggest is None or not suggest.disabled or ML_HINT not in (suggest.help or ""):
+            sys.exit(f"FAIL {masks} without [ml]: errors {[e.value for e in at.error]!r}, Suggest outlines "
+                     f"{'missing' if suggest is None else f'disabled={suggest.disabled}, help={suggest.help!r}'}")
+        print(f"ok   {masks} keeps Suggest outlines in place, disabled, naming the extra")
     return 0
 
 

@@ -42,17 +42,19 @@ def image_uri(image: Image.Image) -> str:
 
 def outline_editor(*, image: str, image_key: str, size: tuple[int, int], shapes: list[dict[str, Any]],
                    version: str, overlap: list | None = None, clicks: list[dict] | None = None,
-                   stage_height: int = 620, key: str) -> dict | None:
+                   stage_height: int = 620, click_off: str | None = None, key: str) -> dict | None:
     """Mount the editor; returns this rerun's action (a dict with ``type``) or None.
 
     ``shapes``: ``{key, kind: "wound"|"candidate", index | id, label, colour, polys}``; ``version``
-    changes whenever the stored outlines or suggestions change, which discards unsaved edits.
+    changes whenever the stored outlines or suggestions change, which discards unsaved edits; ``click_off``:
+    click-to-outline is unavailable, its tool disabled with this text as its help.
     """
     width, height = size
     result = _component(
         key=key,
         data={"image": image, "image_key": image_key, "width": width, "height_px": height, "shapes": shapes,
-              "version": version, "overlap": overlap or [], "clicks": clicks or [], "stage_height": stage_height},
+              "version": version, "overlap": overlap or [], "clicks": clicks or [], "stage_height": stage_height,
+              "click_off": click_off},
         on_action_change=lambda: None,
         height="content",
     )

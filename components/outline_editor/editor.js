@@ -91,6 +91,7 @@ class Editor {
       click: button("Click to outline", "Click inside a wound to have its outline proposed; " +
         "a further click outside the wound removes that region", bar, () => this.setMode("click")),
     };
+    this.clickTitle = this.modeButtons.click.title;
     sep();
     button("−", "Zoom out", bar, () => this.zoomBy(1 / 1.5));
     this.zoomLabel = document.createElement("span");
@@ -425,6 +426,10 @@ class Editor {
     const zoom = this.data.width / v.w;
     this.root.dataset.zoom = zoom.toFixed(3);
     this.zoomLabel.textContent = `Zoom ${Math.round(zoom * 100)}%`;
+    const clickOff = this.data.click_off || "";  // why click-to-outline is unavailable here, if it is
+    if (clickOff && this.mode === "click") this.mode = "edit";
+    this.modeButtons.click.disabled = !!clickOff;
+    this.modeButtons.click.title = clickOff || this.clickTitle;
     for (const [m, b] of Object.entries(this.modeButtons)) b.setAttribute("aria-pressed", String(m === this.mode));
     this.undoBtn.disabled = !this.undoStack.length;
     this.redoBtn.disabled = !this.redoStack.length;

@@ -29,7 +29,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {"SamClicker": "interactive", "SamUnavailable": "interactive", "outline_from_click": "interactive",
-            "suggest_outlines": "interactive", "Segmenter": "model", "SegmenterError": "model",
+            "suggest_outlines": "interactive", "suggest_outlines_by": "interactive", "Segmenter": "model", "SegmenterError": "model",
             "load_default": "model", "load_segmenter": "model"}
 __all__ = sorted(_EXPORTS)
 

@@ -1,8 +1,9 @@
 """Outline suggestions and click-to-outline, over the trained segmenter, GrabCut or Segment Anything.
 
 - :func:`suggest_outlines`: one outline per connected component (4-connected, holes filled) of the
-  segmenter's probability ≥ 0.5 whose area reaches the workspace's ``min_wound_area``; pixels of
-  existing outlines are removed first, so a suggestion never overlaps (or overwrites) one.
+  segmenter's probability ≥ its threshold whose area reaches the workspace's ``min_wound_area``; a
+  component that overlaps an existing outline or comes within :data:`TOUCH_PX` px of one is skipped
+  whole (the model finding an outlined wound again), never trimmed into a rim around it.
 - :func:`outline_from_click`: the component of the probability map under the click; ``exclude``
   clicks inside it split it by a marker watershed (Meyer 1994, OpenCV) and keep the clicked side.
   When the click lies on low probability, or no model is given (:func:`click_outline`), GrabCut (Rother et al.,
@@ -39,32 +40,52 @@ GRABCUT_PROBABLE = 0.25
 #: Segment Anything image-encoder width → registry entry; the width is read from this checkpoint tensor.
 SAM_WIDTHS = {768: "vit_b", 1024: "vit_l", 1280: "vit_h"}
 SAM_PATCH_KEY = "image_encoder.patch_embed.proj.weight"
+#: A suggested component this close to an existing outline (px, 4-connected dilation) is skipped.
+TOUCH_PX = 2
 
 
 class SamUnavailable(RuntimeError):
     """Segment Anything cannot be used: package missing, checkpoint missing or not loadable."""
 
 
-def wound_components(prob: np.ndarray, min_area: int, existing: np.ndarray | None = None,
-                     threshold: float = THRESHOLD) -> list[np.ndarray]:
-    """Bool masks of the components of ``prob ≥ threshold`` (holes filled, ``existing`` removed) of area
-    ≥ ``min_area``, largest first."""
+def wound_components(prob: np.ndarray, min_area: int, threshold: float = THRESHOLD) -> list[np.ndarray]:
+    """Bool masks of the components of ``prob ≥ threshold`` (holes filled) of area ≥ ``min_area``, largest
+    first."""
     fg = ndimage.binary_fill_holes(prob >= threshold)
-    if existing is not None:
-        fg &= ~existing
     labels, n = ndimage.label(fg)
     areas = np.bincount(labels.ravel(), minlength=n + 1)
     keep = sorted((k for k in range(1, n + 1) if areas[k] >= min_area), key=lambda k: -areas[k])
     return [labels == k for k in keep]
 
 
-def suggest_outlines(ws: Workspace, image_id: str, segmenter: Segmenter | None = None) -> list[np.ndarray]:
-    """Suggested wound outlines of a photo (bool H×W each), never over its existing outlines; ``segmenter=None``
-    uses the workspace's latest trained segmenter, else the default one shipped with the package."""
+def new_wound_components(prob: np.ndarray, min_area: int, existing: np.ndarray,
+                         threshold: float = THRESHOLD) -> tuple[list[np.ndarray], int]:
+    """(kept, skipped): the components of :func:`wound_components` (``existing`` not removed) that stay
+    more than :data:`TOUCH_PX` px from every ``existing`` pixel, largest first, and how many were skipped
+    because they overlap or touch an existing outline."""
+    comps = wound_components(prob, min_area, threshold=threshold)
+    if not existing.any():
+        return comps, 0
+    near = ndimage.binary_dilation(existing, iterations=TOUCH_PX)
+    kept = [c for c in comps if not (c & near).any()]
+    return kept, len(comps) - len(kept)
+
+
+def suggest_outlines_by(ws: Workspace, image_id: str,
+                        segmenter: Segmenter | None = None) -> tuple[list[np.ndarray], int]:
+    """(suggestions, skipped) of :func:`suggest_outlines`: ``skipped`` counts the wounds the model found on or
+    beside the photo's existing outlines, which are not suggested."""
     segmenter = segmenter or load_segmenter(ws)
     existing = ws.load_mask(image_id) > 0
-    return wound_components(segmenter.probability(ws.load_image(image_id)), ws.min_wound_area, existing,
-                            segmenter.threshold)
+    return new_wound_components(segmenter.probability(ws.load_image(image_id)), ws.min_wound_area, existing,
+                                segmenter.threshold)
+
+
+def suggest_outlines(ws: Workspace, image_id: str, segmenter: Segmenter | None = None) -> list[np.ndarray]:
+    """Suggested wound outlines of a photo (bool H×W each), never on or beside its existing outlines;
+    ``segmenter=None`` uses the workspace's latest trained segmenter, else the default one shipped with the
+    package."""
+    return suggest_outlines_by(ws, image_id, segmenter)[0]
 
 
 def component_at(mask: np.ndarray, x: int, y: int) -> np.ndarray:

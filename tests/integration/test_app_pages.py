@@ -185,6 +185,7 @@ def test_wound_masks_page_edits_and_deletes(ws):
     assert saved["metadata"]["anatomical_site"] == "left shin"
     index = wounds[0]["wound_index"]
     at.button(key=f"del_{photo}_{index}").click().run()
+    at.button(key="mask_del_yes").click().run()  # a deletion is confirmed first
     assert index not in {w["wound_index"] for w in ws.store.wounds(photo)}
     assert not (ws.load_mask(photo) == index).any()
 

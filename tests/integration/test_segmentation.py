@@ -172,6 +172,34 @@ def test_suggestions_respect_min_area_and_never_cover_existing_outlines(tmp_path
     assert not any(m[60, 5] for m in suggest_outlines(ws, "p0", segmenter=MapSegmenter(prob)))
 
 
+def test_suggestions_skip_wounds_found_again_on_or_beside_existing_outlines(tmp_path):
+    """The model finds an outlined wound again a little larger (3 px all round): that component is skipped
+    whole, never trimmed into a rim around the outline; so is one 1 px beside an outline; a wound apart
+    from every outline is still suggested, and the skipped ones are counted."""
+    from core.segmentation import suggest_outlines_by
+    from scipy import ndimage
+
+    ws = _workspace(tmp_path)
+    existing = ws.load_mask("p0") > 0
+    ys, xs = np.nonzero(existing)
+    assert ys.max() + 5 < 56
+    far = np.zeros(existing.shape, np.float32)
+    far[56:64, 40:50] = 0.8  # an 80-px wound away from the outline
+    grown = ndimage.binary_dilation(existing, iterations=3)
+    rim = grown & ~existing
+    assert rim.sum() >= ws.min_wound_area  # what the old code proposed: a rim large enough to be shown
+    beside = np.zeros(existing.shape, bool)
+    beside[ys.max() + 2:ys.max() + 5, xs.min():xs.min() + 12] = True  # one skin row from the outline
+    for found in (grown, beside):
+        prob = np.maximum(far, np.where(found, np.float32(0.9), np.float32(0)))
+        out, skipped = suggest_outlines_by(ws, "p0", segmenter=MapSegmenter(prob))
+        assert [int(m.sum()) for m in out] == [80] and out[0][60, 45] and skipped == 1
+        assert [int(m.sum()) for m in suggest_outlines(ws, "p0", segmenter=MapSegmenter(prob))] == [80]
+    ws.store.set_meta("min_wound_area", 100)  # below the minimum: never shown, and not counted as skipped
+    out, skipped = suggest_outlines_by(ws, "p0", segmenter=MapSegmenter(far))
+    assert out == [] and skipped == 0
+
+
 def test_a_new_workspace_suggests_with_the_default_segmenter(tmp_path):
     ws = _workspace(tmp_path)
     seg = load_segmenter(ws)

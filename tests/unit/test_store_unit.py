@@ -83,7 +83,7 @@ def test_open_sets_pragmas_and_the_latest_schema(tmp_path):
         return s.db.execute(sql).fetchone()[0]
     assert (q("PRAGMA busy_timeout"), q("PRAGMA journal_mode"), q("PRAGMA synchronous"), q("PRAGMA foreign_keys")) \
         == (2500, "wal", 1, 1)
-    assert s.schema_version == len(MIGRATIONS) == 8 and s.timeout_s == 2.5 and s.path == tmp_path / "t.sqlite"
+    assert s.schema_version == len(MIGRATIONS) == 9 and s.timeout_s == 2.5 and s.path == tmp_path / "t.sqlite"
     assert not s.db.conn.in_transaction
     tables = set(s.db.table_names())
     assert {"meta", "images", "triplets", "revisions", "import_base", "accounts", "exclusions"} <= tables
@@ -99,7 +99,7 @@ def test_open_sets_pragmas_and_the_latest_schema(tmp_path):
     s.close()
     s = Store(tmp_path / "t.sqlite")  # reopening migrates nothing and keeps the data
     assert s.timeout_s == 30.0
-    assert s.schema_version == 8 and s.get_meta("k") == 1
+    assert s.schema_version == 9 and s.get_meta("k") == 1
     s.close()
 
 
@@ -111,7 +111,7 @@ def test_an_old_store_is_migrated_step_by_step(tmp_path):
     con.commit()
     con.close()
     s = Store(path)
-    assert s.schema_version == 8
+    assert s.schema_version == 9
     assert {"host", "pid_created", "heartbeat"} <= {c.name for c in s.db["runs"].columns}
     assert s.db.execute("SELECT kind FROM runs").fetchall() == [("x",)]
     s.close()
@@ -120,13 +120,13 @@ def test_an_old_store_is_migrated_step_by_step(tmp_path):
 def test_a_newer_schema_is_refused_and_left_alone(tmp_path):
     path = tmp_path / "new.sqlite"
     con = sqlite3.connect(path)
-    con.execute("PRAGMA user_version = 9")
+    con.execute("PRAGMA user_version = 10")
     con.close()
     with pytest.raises(RuntimeError, match=re.escape(
-            f"{path}: schema version 9 is newer than this TriDerm Studio (8); upgrade the software")):
+            f"{path}: schema version 10 is newer than this TriDerm Studio (9); upgrade the software")):
         Store(path)
     con = sqlite3.connect(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 9
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 10
     assert con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
     con.close()
 
