@@ -51,7 +51,8 @@ def refusal(ws: Workspace, account: Account) -> str | None:
 
 
 def upload_photos(ws: Workspace, files: Sequence[tuple[str, bytes]], patient_id: str | None,
-                  visit_date: str | date | None, marker: Mapping[str, Any] | None = None, *, account: Account) -> dict[str, Any]:
+                  visit_date: str | date | None, marker: Mapping[str, Any] | None = None, *,
+                  account: Account) -> dict[str, Any]:
     """Store ``files`` (``(file name, bytes)`` pairs) as one visit of ``patient_id`` on ``visit_date``.
 
     ``marker`` (``{"dictionary", "id", "side_cm"}``) is the printed calibration marker the photos show:

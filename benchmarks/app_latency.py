@@ -445,7 +445,8 @@ def phone_photo(seed: int = 0) -> bytes:
 
     rng = np.random.default_rng(seed)
     width, height = PHONE_SIZE
-    field = Image.fromarray(rng.integers(90, 210, (24, 32, 3), dtype=np.uint8)).resize(PHONE_SIZE, Image.Resampling.BICUBIC)
+    field = Image.fromarray(rng.integers(90, 210, (24, 32, 3), dtype=np.uint8)).resize(PHONE_SIZE,
+                                                                                        Image.Resampling.BICUBIC)
     noisy = np.asarray(field, np.int16) + rng.normal(0, 5, (height, width, 3)).astype(np.int16)
     exif = Image.Exif()
     exif[0x0112], exif[0x010F] = 6, "PhoneMaker"
