@@ -52,6 +52,7 @@ def test_an_annotator_uploads_a_visit_in_the_browser(server, chromium, sign_in, 
         (tmp_path / name).write_bytes(data)
     context = chromium.new_context(viewport=LAPTOP)
     pg = context.new_page()
+    pg.set_default_timeout(120_000)  # as the page fixture: a first render on 2 shared, loaded cores
     sign_in(pg, app.url, "Nurse Kim")
     idle(pg)
 
