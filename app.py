@@ -17,10 +17,11 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import accounts, followup, session
+from annotations import accounts, followup, session, upload
 from annotations.accounts import AuthError
 from annotations.dataset import import_dataset
-from annotations.readers import DatasetError
+from annotations.measure import ARUCO_DICTIONARIES, MarkerSpec
+from annotations.readers import HEIC_SUFFIXES, IMAGE_SUFFIXES, DatasetError
 
 
 def sign_in_form() -> None:
@@ -56,7 +57,7 @@ def overview_section(ws) -> None:
     info = session.overview(ws)
     st.subheader(f"Workspace · {ac.escape_md(ws.dataset_name)}")
     if info["images"] == 0:
-        st.info("This workspace is empty. Import a dataset folder or build the synthetic demo below.")
+        st.info("This workspace is empty. Upload photos, import a dataset folder or build the synthetic demo below.")
         return
     cols = st.columns(6)
     cols[0].metric("Photos", info["images"])
@@ -82,6 +83,76 @@ def overview_section(ws) -> None:
             column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1)})
     else:
         st.caption("No runs yet — start one on the LLM oracle or Train page.")
+
+
+def upload_section(ws) -> None:
+    """Upload a visit's photos from this computer (admins and annotators): the photos, the patient, the
+    visit date and the calibration marker; all stored or, on any error, none (annotations.upload)."""
+    if done := st.session_state.pop("_uploaded", None):  # outside the expander, which may close
+        st.success(done, icon=":material/check_circle:")
+        st.page_link("pages/1_Wound_masks.py", label="Outline the wounds: Wound masks", icon=":material/draw:")
+    with st.expander("Upload photos", expanded=ws.store.counts()["images"] == 0):
+        st.caption(f"JPEG, PNG or TIFF photos of one patient's visit, several at once (drag and drop), up to "
+                   f"{upload.MAX_PHOTO_MB} MB a photo and {upload.MAX_PHOTOS} an upload. Each is checked as an import "
+                   "checks it and stored upright, without its EXIF (GPS, dates, serial numbers); one bad file "
+                   "stores none. A file's name without its type becomes the photo's id (letters, digits, _ . -). "
+                   "HEIC photos (iPhone) are not read: save them as JPEG (Settings › Camera › Formats › Most "
+                   "Compatible).")
+        refusal = upload.refusal(ws, ac.account())
+        if refusal:
+            st.caption(ac.escape_md(refusal))
+            return
+        marker = followup.workspace_marker(ws)
+        with st.form("upload_form", border=False):  # choosing never reruns: the files go in with the button
+            files = st.file_uploader("Photos", type=[s.lstrip(".") for s in (*IMAGE_SUFFIXES, *HEIC_SUFFIXES)],
+                                     accept_multiple_files=True, max_upload_size=upload.MAX_PHOTO_MB,
+                                     key=f"upload_files_{st.session_state.get('_upload_round', 0)}")
+            left, right = st.columns(2)
+            patient = left.selectbox("Patient", [p["patient_id"] for p in ws.store.patients()], index=None,
+                                     accept_new_options=True, key="upload_patient",
+                                     placeholder="A known patient, or type a new id",
+                                     help="A known patient's photos are a new visit: on the Follow-up page their "
+                                          "outlined wounds wait to be linked to the patient's tracks")
+            visit = right.date_input("Visit date", value=date.today(), max_value=date.today(), key="upload_visit_date")
+            if marker is None:
+                shown = st.checkbox("The photos show a printed calibration marker (sizes in cm² on the Follow-up "
+                                    "page)", key="upload_has_marker")
+                c1, c2, c3 = st.columns(3)
+                default = MarkerSpec()
+                dictionary = c1.selectbox("Marker dictionary", ARUCO_DICTIONARIES,
+                                          index=ARUCO_DICTIONARIES.index(default.dictionary), key="upload_marker_dict")
+                marker_id = c2.number_input("Marker id", min_value=0, value=default.marker_id, step=1,
+                                            key="upload_marker_id")
+                side = c3.number_input("Marker side (cm)", min_value=0.5, max_value=20.0, value=default.side_cm,
+                                       key="upload_marker_side")
+            else:
+                st.caption(f"Calibration marker: the workspace's, {marker.dictionary} id {marker.marker_id}, "
+                           f"{marker.side_cm:g} cm (every photo is searched for it).")
+            submitted = st.form_submit_button("Upload the visit", type="primary")
+        if submitted:
+            given = ({"dictionary": dictionary, "id": int(marker_id), "side_cm": float(side)}
+                     if marker is None and shown else None)
+            try:
+                added = upload.upload_photos(ws, [(f.name, f.getvalue()) for f in files or []], patient, visit,
+                                             given, account=ac.account())
+            except (DatasetError, AuthError) as err:
+                st.error(f"Nothing uploaded: {ac.escape_md(str(err))}")
+                return
+            st.session_state["_upload_round"] = st.session_state.get("_upload_round", 0) + 1  # empties the chooser
+            st.session_state["_uploaded"] = ac.escape_md(upload_message(added))
+            st.rerun()  # the overview counts the new photos; the message is shown after the rerun
+
+
+def upload_message(added: dict) -> str:
+    """What an upload added, and where its photos go next."""
+    known = "a new patient" if added["new_patient"] else "a known patient"
+    if added["earlier_visits"]:
+        known += "; earlier visits " + ", ".join(added["earlier_visits"])
+    if added["tracks"]:
+        known += "; tracks " + ", ".join(added["tracks"])
+    return (f"Uploaded {len(added['images'])} photo(s) of patient {added['patient']} dated {added['visit_date']} "
+            f"({known}). Next: outline their wounds on the Wound masks page; the Follow-up page then links them "
+            "to the patient's tracks.")
 
 
 def data_section(ws) -> None:
@@ -153,6 +224,8 @@ def home() -> None:
     st.caption("Collect expert wound-similarity judgments, learn image and text embeddings, explore them.")
     st.success(f"Signed in as **{ac.escape_md(found.name)}** ({found.role}). Use the pages on the left.")
     overview_section(ws)
+    if found.can(upload.PERMISSION):
+        upload_section(ws)
     if found.can("manage"):
         data_section(ws)
 

@@ -46,7 +46,7 @@ from annotations.store import Store, now
 
 ROLES = ("admin", "researcher", "annotator", "viewer")
 #: What each role may do: ``manage`` (import, export, demo, accounts, review), ``jobs`` (LLM and
-#: training jobs), ``annotate`` (outlines, descriptions, triplets), ``view`` (Explore, Report).
+#: training jobs), ``annotate`` (photo upload, outlines, descriptions, triplets), ``view`` (Explore, Report).
 PERMISSIONS: dict[str, frozenset[str]] = {
     "admin": frozenset({"manage", "jobs", "annotate", "view"}),
     "researcher": frozenset({"jobs", "view"}),

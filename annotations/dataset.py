@@ -50,7 +50,6 @@ from annotations.fileio import LinkError, atomic_write, copy_file, copy_tree
 from annotations.journal import Swap
 from annotations.privacy import StudyIds
 from annotations.readers import (
-    IMAGE_SUFFIXES,
     DatasetError,
     DatasetFolder,
     Photo,
@@ -61,6 +60,7 @@ from annotations.readers import (
     parse_int,
     parse_number,
     parse_timestamp,
+    photo_id,
     read_csv,
     read_info,
     read_mask,
@@ -128,10 +128,7 @@ def validate_dataset(root: str | Path, known_images: Set[str] = frozenset(), kee
     where: dict[tuple[str, str, str], str] = {}
     images: dict[str, _Image] = {}
     for path in folder.files("images"):
-        if path.suffix.lower() not in IMAGE_SUFFIXES:
-            raise DatasetError(f"images/{path.name}: unsupported file type "
-                               f"(expected {', '.join(IMAGE_SUFFIXES)})")
-        image_id = check_id(path.stem, f"images/{path.name}", "image id")
+        image_id = photo_id(path.name, f"images/{path.name}")
         if image_id in images:
             raise DatasetError(f"images/{path.name}: a second image with id {image_id!r} "
                                f"(also {images[image_id].path.name})")

@@ -45,6 +45,8 @@ from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 from annotations import csvsafe
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+#: Apple's photo format: refused with a hint (reading it would need the pillow-heif codec).
+HEIC_SUFFIXES = (".heic", ".heif")
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # always fullmatch: "$" allows a final "\n"
 MASK_FORMATS = ("auto", "label", "binary")
 #: Largest photo or mask accepted, in pixels (Pillow's own decompression-bomb threshold).
@@ -523,11 +525,24 @@ def open_image(data: bytes, name: str, suffix: str) -> tuple[Image.Image, Image.
     return im, upright, orientation
 
 
+def photo_id(file_name: str, where: str) -> str:
+    """The image id of a photo file named ``file_name`` (its stem), checked with its type; errors name ``where``."""
+    suffix = Path(file_name).suffix.lower()
+    if suffix not in IMAGE_SUFFIXES:
+        hint = "; HEIC/HEIF photos are not read: save them as JPEG (iPhone: Settings › Camera › Formats › " \
+               "Most Compatible)" if suffix in HEIC_SUFFIXES else ""
+        raise DatasetError(f"{where}: unsupported file type (expected {', '.join(IMAGE_SUFFIXES)}){hint}")
+    return check_id(Path(file_name).stem, where, "image id")
+
+
 def read_photo(folder: DatasetFolder, path: Path, keep_metadata: bool = False) -> Photo:
     """Read, check and normalise one photo (see the module docstring)."""
-    name = folder.name(path)
-    suffix = path.suffix.lower()
-    data = folder.read_bytes(path)
+    return normalise_photo(folder.read_bytes(path), folder.name(path), path.suffix.lower(), keep_metadata)
+
+
+def normalise_photo(data: bytes, name: str, suffix: str, keep_metadata: bool = False) -> Photo:
+    """Check and normalise the bytes of one photo file (``suffix``: its type; errors name ``name``):
+    upright, 8-bit, stripped (see the module docstring)."""
     im, upright, orientation = open_image(data, name, suffix)
     pixels = _eight_bit(upright, name)
     if pixels is not im or orientation != 1:

@@ -15,6 +15,11 @@
   from choosing "wounds" to the 10,000-point scatter drawn and the bytes the browser received for
   it (every websocket frame of that rerun), median over ``--runs`` browser sessions of a fresh
   server. Target (issue 20): ≤ 2 s.
+* ``--upload N``: photo upload in the browser (Home's "Upload photos", as an annotator): N phone photos
+  (12 MP JPEG, turned by EXIF) put in the file chooser to every file on the server, then the click on
+  "Upload the visit" to its message (each photo checked, turned upright, stripped and stored), median
+  over ``--runs`` uploads of one server; and the data layer alone (:func:`annotations.upload.upload_photos`
+  in-process) for comparison.
 
 The embedding runs are **TEST-ONLY random vectors** (the page's cost does not depend on what the
 vectors mean); the photos are the SYNTHETIC phantoms.
@@ -22,11 +27,13 @@ vectors mean); the photos are the SYNTHETIC phantoms.
     python -m benchmarks.app_latency [--runs 3] [--presses 40] [--photos 53] [--keep DIR]
     python -m benchmarks.app_latency --scale DIR [--runs 3] [--dim 64]
     python -m benchmarks.app_latency --triplets [--before REV] [--presses 40]   # writes results/app_latency.json
+    python -m benchmarks.app_latency --upload 20 [--runs 3]
 """
 from __future__ import annotations
 
 import argparse
 import inspect
+import io
 import os
 import re
 import statistics
@@ -35,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import date
 from functools import partial
 from pathlib import Path
 
@@ -42,6 +50,7 @@ import numpy as np
 
 from annotations import accounts
 from annotations.dataset import import_dataset
+from annotations.upload import MAX_PHOTOS, upload_photos
 from annotations.workspace import Workspace
 from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, write_result
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, AppServer
@@ -421,6 +430,93 @@ def scale_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
                       ["UMAP stored: wounds chosen", *summary(wounds_s), round(statistics.median(payload)), title]]}]
 
 
+#: The phone photo of the upload figure: 12 MP, as a phone's main camera takes it.
+PHONE_SIZE = (4032, 3024)
+UPLOADED_PATIENT = "P-1"
+#: A file in the chooser is on the server once no chip shows its spinner.
+ALL_SENT_JS = """n => document.querySelectorAll('[data-testid="stFileChip"]').length === n
+  && !document.querySelector('[data-testid="stFileChipIconSpinner"]')"""
+
+
+def phone_photo(seed: int = 0) -> bytes:
+    """A phone's JPEG (:data:`PHONE_SIZE`, quality 90): a smooth skin-toned field with sensor noise, turned
+    by EXIF orientation 6 and carrying maker and GPS tags, so an upload turns it upright and strips it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    width, height = PHONE_SIZE
+    field = Image.fromarray(rng.integers(90, 210, (24, 32, 3), dtype=np.uint8)).resize(PHONE_SIZE,
+                                                                                        Image.Resampling.BICUBIC)
+    noisy = np.asarray(field, np.int16) + rng.normal(0, 5, (height, width, 3)).astype(np.int16)
+    exif = Image.Exif()
+    exif[0x0112], exif[0x010F] = 6, "PhoneMaker"
+    exif.get_ifd(0x8825)[1] = "N"
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90, exif=exif)
+    return buf.getvalue()
+
+
+def upload_visit(pg, files: list[Path]) -> tuple[float, float]:
+    """On Home (signed in): seconds from ``files`` put in the chooser to every one on the server, and from
+    the click on "Upload the visit" (patient :data:`UPLOADED_PATIENT`, today) to its message."""
+    pg.get_by_text("Upload photos", exact=True).click()
+    pg.get_by_test_id("stFileUploaderDropzone").wait_for()
+    t0 = time.perf_counter()
+    pg.get_by_test_id("stFileUploader").locator("input[type='file']").set_input_files([str(f) for f in files])
+    pg.wait_for_function(ALL_SENT_JS, arg=len(files), polling="raf")
+    sent_s = time.perf_counter() - t0
+    patient = pg.get_by_role("combobox", name="Patient")
+    patient.click()
+    patient.press_sequentially(UPLOADED_PATIENT)
+    pg.get_by_role("option", name=UPLOADED_PATIENT, exact=True).click()
+    t0 = time.perf_counter()
+    pg.get_by_role("button", name="Upload the visit").click()
+    pg.get_by_text(f"Uploaded {len(files)} photo(s) of patient {UPLOADED_PATIENT}").wait_for()
+    stored_s = time.perf_counter() - t0
+    idle(pg)
+    return sent_s, stored_s
+
+
+def upload_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
+    """The upload of ``args.upload`` phone photos in Chromium (``args.runs`` uploads, one server), and the
+    data layer alone."""
+    bench = accounts.Account("Bench", "annotator")
+    ws = Workspace(root / "ws")
+    upload_photos(ws, [("first-visit.jpg", phone_photo(1))], UPLOADED_PATIENT, "2024-03-01", account=bench)
+    accounts.add_account(ws.store, bench.name, bench.role, PASSWORD, "benchmark")
+    data = phone_photo()
+    sent, stored = [], []
+    server = AppServer(ws.root, root / "streamlit-upload.log")
+    try:
+        for run in range(args.runs):
+            folder = root / f"photos-{run}"
+            folder.mkdir()
+            files = [folder / f"r{run}-visit-{n:02d}.jpg" for n in range(args.upload)]
+            for f in files:
+                f.write_bytes(data)
+            session = Session(browser, server.url)
+            s, t = upload_visit(session.page, files)
+            session.close()
+            sent.append(s)
+            stored.append(t)
+    finally:
+        server.stop()
+    assert len(ws.store.images()) == 1 + args.runs * args.upload
+    t0 = time.perf_counter()
+    upload_photos(Workspace(root / "ws-direct"), [(f"visit-{n:02d}.jpg", data) for n in range(args.upload)],
+                  UPLOADED_PATIENT, date.today(), account=bench)
+    direct_s = time.perf_counter() - t0
+    total = [a + b for a, b in zip(sent, stored)]
+    return [{"caption": f"Upload of {args.upload} phone photos in Chromium as an annotator ({PHONE_SIZE[0]}×"
+                        f"{PHONE_SIZE[1]} JPEG, {len(data) / 1e6:.1f} MB each, EXIF orientation 6), "
+                        f"{args.runs} upload(s) of one server",
+             "columns": ["case", "median s", "min s", "max s"],
+             "rows": [["files sent (chooser → every file on the server)", *summary(sent)],
+                      ["stored (click → message: checked, turned upright, stripped, written)", *summary(stored)],
+                      ["total", *summary(total)],
+                      ["the data layer alone (annotations.upload, in-process, once)", round(direct_s, 2), "", ""]]}]
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.app_latency`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.app_latency", description=__doc__.split("\n\n")[0])
@@ -438,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", type=int, nargs="+", default=[0, 2], metavar="N",
                         help="with --triplets: busy processes added, one measurement each (default 0 2)")
     parser.add_argument("--results", default=str(RESULTS_DIR), help="with --triplets: folder of app_latency.json")
+    parser.add_argument("--upload", type=int, default=None, metavar="N",
+                        help="measure only the upload of N phone photos in the browser (e.g. 20)")
     parser.add_argument("--keep", default=None, help="build the workspace here and keep it (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -446,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--presses must be ≥ 5 (one undo after every fifth answer), got {args.presses}")
     if min(args.loads) < 0:
         parser.error(f"--loads must be ≥ 0, got {args.loads}")
+    if args.upload is not None and not 1 <= args.upload <= MAX_PHOTOS:
+        parser.error(f"--upload must be 1 to {MAX_PHOTOS} (photos an upload takes), got {args.upload}")
     if args.scale and not Path(args.scale).is_dir():
         parser.error(f"--scale {args.scale}: not a folder (make one with python -m core.phantoms --out DIR)")
     from playwright.sync_api import sync_playwright
@@ -457,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.triplets:
                 tables = triplet_tables(browser, root, args)
+            elif args.upload:
+                tables = upload_tables(browser, root, args)
             else:
                 tables = scale_tables(browser, root, args) if args.scale else demo_tables(browser, root, args)
         finally:

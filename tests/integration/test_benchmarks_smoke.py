@@ -219,6 +219,16 @@ def test_app_latency_tiny(capsys):
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
+def test_app_latency_upload_tiny(capsys):
+    from benchmarks.app_latency import main
+    assert main(["--upload", "2", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Upload of 2 phone photos" in out and "the data layer alone" in out
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
 def test_app_latency_triplets_writes_its_result_file(tmp_path):
     from benchmarks.app_latency import main
     assert main(["--triplets", "--presses", "5", "--photos", "8", "--loads", "0", "--results", str(tmp_path)]) == 0
@@ -238,6 +248,7 @@ def test_app_latency_triplets_writes_its_result_file(tmp_path):
     ("concepts", ["--epochs", "0"], "--epochs"),
     ("flip", ["--rates", "1.5"], "--rates"),
     ("flip", ["--steps", "0"], "--steps"),
+    ("app_latency", ["--upload", "0"], "--upload must be 1 to"),
 ])
 def test_bad_flags_exit_2_before_any_work(tmp_path, capsys, name, argv, message):
     main = importlib.import_module(f"benchmarks.{name}").main

@@ -1,0 +1,86 @@
+"""Photo upload in Chromium on a 1366×768 laptop screen: an annotator uploads a known patient's new visit
+through the file chooser (one broken file first: nothing stored, the file named), then sees the photos in
+the workspace: Home's counts and the Wound masks page's photo list."""
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+from streamlit_page import idle
+from tests.integration.test_upload import NURSE, jpeg, png16
+
+from annotations.upload import upload_photos
+from annotations.workspace import Workspace
+
+expect.set_options(timeout=90_000)
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+LAPTOP = {"width": 1366, "height": 768}
+
+
+@pytest.fixture
+def server(tmp_path, start_app, add_account):
+    """A clinic's workspace: patient P-3's first visit (one photo), an annotator account."""
+    ws = Workspace(tmp_path / "ws")
+    upload_photos(ws, [("p3-visit1.jpg", jpeg())], "P-3", "2024-03-01", account=NURSE)
+    add_account(ws.root, "Nurse Kim", "annotator")
+    return ws, start_app(ws.root, tmp_path / "streamlit.log")
+
+
+def choose(pg, files: list[Path]) -> None:
+    """Open the Upload expander (when closed), put ``files`` in its chooser and pick patient P-3."""
+    dropzone = pg.get_by_test_id("stFileUploaderDropzone")
+    if not dropzone.is_visible():
+        pg.get_by_text("Upload photos", exact=True).click()
+        expect(dropzone).to_be_visible()
+    pg.get_by_test_id("stFileUploader").locator("input[type='file']").set_input_files([str(f) for f in files])
+    for f in files:
+        expect(pg.get_by_text(f.name, exact=True)).to_be_visible()  # listed under the chooser: uploaded
+    patient = pg.get_by_role("combobox", name="Patient")
+    patient.click()
+    patient.press_sequentially("P-")  # the known patients show as one types
+    pg.get_by_role("option", name="P-3", exact=True).click()
+    expect(patient).to_have_value("P-3")
+
+
+def test_an_annotator_uploads_a_visit_in_the_browser(server, chromium, sign_in, screenshot, tmp_path):
+    ws, app = server
+    files = {"p3-visit2-a.jpg": jpeg(6), "p3-visit2-b.jpg": jpeg(), "p3-visit2-c.png": png16(),
+             "broken.jpg": b"\xff\xd8 not a photo"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    context = chromium.new_context(viewport=LAPTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(120_000)  # as the page fixture: a first render on 2 shared, loaded cores
+    sign_in(pg, app.url, "Nurse Kim")
+    idle(pg)
+
+    choose(pg, [tmp_path / n for n in ("p3-visit2-a.jpg", "broken.jpg")])
+    pg.get_by_role("button", name="Upload the visit").click()
+    expect(pg.get_by_text("Nothing uploaded: broken.jpg: cannot be read as a JPEG image")).to_be_visible()
+    assert [i["image_id"] for i in ws.store.images()] == ["p3-visit1"]
+    pg.reload()  # a new session: the chooser empty again
+    expect(pg.get_by_text("Signed in as").first).to_be_visible()
+    idle(pg)
+
+    chosen = [tmp_path / n for n in ("p3-visit2-a.jpg", "p3-visit2-b.jpg", "p3-visit2-c.png")]
+    choose(pg, chosen)
+    screenshot(pg, "upload_1366x768")
+    pg.get_by_role("button", name="Upload the visit").click()
+    expect(pg.get_by_text(f"Uploaded 3 photo(s) of patient P-3 dated {date.today().isoformat()} (a known patient; "
+                          "earlier visits 2024-03-01)")).to_be_visible()
+    idle(pg)
+    metrics = {m.get_by_test_id("stMetricLabel").inner_text(): m.get_by_test_id("stMetricValue").inner_text()
+               for m in pg.get_by_test_id("stMetric").all()}
+    assert (metrics["Photos"], metrics["Patients"]) == ("4", "1")
+    rows = {i["image_id"]: i for i in ws.store.images()}
+    assert {i: (r["patient_id"], r["metadata"]["visit_date"]) for i, r in rows.items() if "visit2" in i} == {
+        f.stem: ("P-3", date.today().isoformat()) for f in chosen}
+    assert (rows["p3-visit2-a"]["width"], rows["p3-visit2-a"]["height"]) == (40, 60)  # upright
+
+    pg.get_by_role("link", name="Outline the wounds: Wound masks").click()
+    pg.get_by_role("combobox", name="Photo").click()
+    for f in chosen:
+        expect(pg.get_by_role("option", name=f.stem, exact=True)).to_be_visible()
+    context.close()
