@@ -46,6 +46,21 @@ HIDDEN_FIELDS = {"origin"}
 
 
 @st.cache_resource(show_spinner="Loading the segmentation model…", max_entries=2)
+def choose_photo(ids: list[str], to_read: set[str]) -> tuple[str, list]:
+    """The photo on screen and the row above the editor (the photo, then — filled below — its suggestion and
+    click-to-outline tools): the photo the address names on a fresh session (a reload stays on it), else the
+    first; the address follows the choice."""
+    if state.get("mask_photo") not in ids:
+        wanted = st.query_params.get("photo")
+        state["mask_photo"] = wanted if wanted in ids else ids[0]
+    cols = st.columns([1.6, 1, 1, 1.5], vertical_alignment="bottom")
+    pick = cols[0].selectbox("Photo", ids, key="mask_photo",
+                             format_func=lambda i: f"{i} · second reading" if i in to_read else i)
+    if st.query_params.get("photo") != pick:
+        st.query_params["photo"] = pick
+    return pick, cols
+
+
 def segmenter(root: str, run_id: int | None, _ws):
     """The workspace's latest trained segmenter, else the default one (one per workspace and run, shared by the
     sessions)."""
@@ -149,17 +164,8 @@ def read_delete(image_id: str, me: str, index: int) -> None:
 
 # -- photo choice (kept across saves: the options and their labels never change; a reload reads it from the
 # address) ---------------------------------------------------------------------------------------------------
-ids = [im["image_id"] for im in images]
-if state.get("mask_photo") not in ids:
-    wanted = st.query_params.get("photo")
-    state["mask_photo"] = wanted if wanted in ids else ids[0]
-to_read = set(readings.marked(ws))
-# one row above the editor: the photo, then (filled below) its suggestion and click-to-outline tools
-pick_col, suggest_col, restart_col, engine_col = st.columns([1.6, 1, 1, 1.5], vertical_alignment="bottom")
-pick = pick_col.selectbox("Photo", ids, key="mask_photo",
-                          format_func=lambda i: f"{i} · second reading" if i in to_read else i)
-if st.query_params.get("photo") != pick:
-    st.query_params["photo"] = pick
+ids, to_read = [im["image_id"] for im in images], set(readings.marked(ws))
+pick, (pick_col, suggest_col, restart_col, engine_col) = choose_photo(ids, to_read)
 # annotators read marked photos blind; an admin sees the stored outline unless reading the photo too
 if pick in to_read and (not ac.allowed("manage") or pick_col.toggle(
         "My second reading of this photo", key="mask_reading",

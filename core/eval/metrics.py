@@ -247,3 +247,30 @@ def patient_bootstrap_ci(per_anchor: Mapping[str, float], patients: Mapping[str,
     boots = (w[keep] @ acc) / w[keep].sum(1)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
     return [float(v) for v in np.percentile(boots, q)]
+
+
+def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """image_id → patient (the photo itself when it has no ``patient_id``)."""
+    return {im["image_id"]: im.get("patient_id") or f"photo:{im['image_id']}" for im in images}
+
+
+def patient_paired_test(per_anchor_a: Sequence[dict], per_anchor_b: Sequence[dict],
+                        patients: dict[str, str]) -> dict[str, float]:
+    """Paired comparison of two methods over patients: each patient's mean anchor accuracy
+    (``per_anchor`` of :func:`core.eval.metrics.evaluate`), a two-sided paired t-test and a
+    Wilcoxon signed-rank test on the per-patient differences a − b."""
+    from scipy import stats
+
+    def by_patient(rows: Sequence[dict]) -> dict[str, float]:
+        acc: dict[str, list[float]] = {}
+        for r in rows:
+            acc.setdefault(patients[r["anchor"]], []).append(r["accuracy"])
+        return {p: float(np.mean(v)) for p, v in acc.items()}
+
+    a, b = by_patient(per_anchor_a), by_patient(per_anchor_b)
+    common = sorted(set(a) & set(b))
+    diff = np.array([a[p] - b[p] for p in common])
+    t = stats.ttest_rel([a[p] for p in common], [b[p] for p in common])
+    w = stats.wilcoxon(diff) if np.any(diff != 0) else None
+    return {"n_patients": len(common), "mean_diff": float(diff.mean()), "t_p": float(t.pvalue),
+            "wilcoxon_p": float(w.pvalue) if w is not None else 1.0}

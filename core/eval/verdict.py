@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from annotations.workspace import Workspace
-from core.eval.metrics import patient_bootstrap_ci
+from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_test
 
 #: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
 UNTRAINED_KINDS = ("vision-baseline", "text-baseline")
@@ -92,8 +92,6 @@ def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_bo
     """The two runs on their common triplets: each one's balanced agreement with its patient-bootstrap 95 %
     CI, the per-patient paired difference (trained − untrained) with its CI and paired t-test, and whether it
     is beyond chance (p < :data:`ALPHA`). Raises ValueError when they share no triplet."""
-    from core.vision.supervised import patient_paired_test
-
     common = sorted(trained.keys() & untrained.keys())
     if not common:
         raise ValueError("the two runs share no held-out triplet")
@@ -202,7 +200,6 @@ def verdict(ws: Workspace, runs: Sequence[dict[str, Any]], n_boot: int = 1000, s
                         "one (a run trained on the triplets before per-triplet records were kept has none).",
                 "next_step": "Start training again on the Train page (mode auto): the new run keeps its held-out "
                              "triplets."}
-    from core.vision.supervised import patient_of
 
     result = compare(held_out, reference, patient_of(ws.store.images()), n_boot, seed)
     return {**result, **words(result, run_label(run), run_label(untrained)), "trained_run": run["id"],

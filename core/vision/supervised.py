@@ -33,21 +33,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
-from core.eval.metrics import patient_bootstrap_ci
+from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_test  # noqa: F401 (re-exported)
 from core.losses import ExpertTripletLoss
 from core.vision.features import TokenBank
 from core.vision.pooling import AttentionPooling, MeanPooling
 from core.vision.triderm_config import TriDermConfig
-
-
-def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """image_id → patient (the photo itself when it has no ``patient_id``)."""
-    return {im["image_id"]: im.get("patient_id") or f"photo:{im['image_id']}" for im in images}
 
 
 def patient_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, seed: int = 0) -> list[list[str]]:
@@ -179,26 +173,6 @@ def fused_distances(D_a: np.ndarray, D_b: np.ndarray, weight: float, rows: np.nd
     if weight == 1:
         return scaled(D_b)
     return (1 - weight) * scaled(D_a) + weight * scaled(D_b)
-
-
-def patient_paired_test(per_anchor_a: Sequence[dict], per_anchor_b: Sequence[dict],
-                        patients: dict[str, str]) -> dict[str, float]:
-    """Paired comparison of two methods over patients: each patient's mean anchor accuracy
-    (``per_anchor`` of :func:`core.eval.metrics.evaluate`), a two-sided paired t-test and a
-    Wilcoxon signed-rank test on the per-patient differences a − b."""
-    def by_patient(rows: Sequence[dict]) -> dict[str, float]:
-        acc: dict[str, list[float]] = {}
-        for r in rows:
-            acc.setdefault(patients[r["anchor"]], []).append(r["accuracy"])
-        return {p: float(np.mean(v)) for p, v in acc.items()}
-
-    a, b = by_patient(per_anchor_a), by_patient(per_anchor_b)
-    common = sorted(set(a) & set(b))
-    diff = np.array([a[p] - b[p] for p in common])
-    t = stats.ttest_rel([a[p] for p in common], [b[p] for p in common])
-    w = stats.wilcoxon(diff) if np.any(diff != 0) else None
-    return {"n_patients": len(common), "mean_diff": float(diff.mean()), "t_p": float(t.pvalue),
-            "wilcoxon_p": float(w.pvalue) if w is not None else 1.0}
 
 
 class LinearMetric(TransformerMixin, BaseEstimator):

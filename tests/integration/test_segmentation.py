@@ -223,23 +223,17 @@ def test_the_default_segmenter_ships_with_its_model_card():
 
 
 def test_the_model_card_quotes_the_shipped_file_and_the_stored_results():
-    """The card's SHA-256 is the shipped file's, and its Dice figures are those of results/segmentation.json and
-    results/segmentation_ablation.json: retraining the default or regenerating a result makes this test name
-    every figure of the card that has moved."""
+    """The card's SHA-256 is the shipped file's, its threshold the file's, and its metrics table quotes every row of
+    results/segmentation_default.json's main table: retraining the default or regenerating the result makes this
+    test name every figure of the card that has moved."""
     card = (default_path().parent / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert hashlib.sha256(default_path().read_bytes()).hexdigest() in card
-    stored = json.loads((REPO / "results" / "segmentation.json").read_text(encoding="utf-8"))
-    rows = {row[0]: row for table in stored["tables"] for row in table["rows"]}
-    for name in ("default (fuseg-dev, all 195) → Medetec, zero-shot", "Medetec, all 38 (from ImageNet) → fuseg-dev",
-                 "fuseg-dev 2-fold by photo (other folds, from ImageNet) → held-out fuseg-dev", "15"):
-        c = rows[name][2]
-        assert f"{c['mean']:.2f} ± {c['sd']:.2f} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" in card, name
-    ablation = json.loads((REPO / "results" / "segmentation_ablation.json").read_text(encoding="utf-8"))
-    for table in ablation["tables"]:
-        for row in table["rows"]:
-            assert f"{row[4]['mean']:.3f}" in card, (table["caption"], row[0])
-    for claim in (c for c in ablation["claims"] if c["p"] is not None):
-        assert f"p = {claim['p']:.2g}" in card, claim["claim"]
+    assert f"**Threshold {load_default('cpu').threshold:g}**" in card
+    stored = json.loads((REPO / "results" / "segmentation_default.json").read_text(encoding="utf-8"))
+    for row in stored["tables"][0]["rows"]:
+        c = row[2]
+        assert f"{c['mean']:.3f} ± {c['sd']:.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]" in card, row[0]
+        assert row[6] in card, (row[0], "area ratio")
 
 
 def test_click_returns_the_clicked_component_and_exclude_removes_a_region(tmp_path):
