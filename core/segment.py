@@ -12,7 +12,7 @@ of one name, a non-empty output folder, or a photo that cannot be read or is too
 bomb) is one error naming the file, and leaves nothing behind (masks are written to ``OUT/.masks-partial``
 and moved to ``OUT/masks`` once every photo is done).
 
-    python -m core.segment --images DIR --out DIR [--model default|RUN|PATH] [--threshold 0.5]
+    python -m core.segment --images DIR --out DIR [--model default|RUN|PATH] [--threshold T (default: the model's own)]
                            [--workspace W] [--device auto|cpu|cuda]
 
 ``--model``: ``default`` (the segmenter shipped with the package), a run id of the workspace's

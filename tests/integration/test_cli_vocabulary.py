@@ -37,6 +37,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "core.extract_features": ({"--workspace", "--device", "--seed"}, []),
     "core.export_model": ({"--workspace"}, []),  # copies weights: no device, no seed
     "core.segment": ({"--workspace", "--device"}, []),  # a folder of photos → masks
+    "core.ml_backend": ({"--workspace", "--device"}, []),  # the segmenter served to Label Studio
     "core.phantoms": ({"--seed"}, []),  # writes a dataset folder (--out), numpy only; imports nothing of core
     "annotations": ({"--workspace"}, []),  # checked on its import subcommand; never imports core
     "benchmarks.active": ({"--workspace", "--device", "--seeds"}, []),
@@ -53,6 +54,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.scale": ({"--seed", "--device"}, []),  # builds its own phantom studies: no workspace
     "benchmarks.segmentation": ({"--device", "--seed", "--epochs"}, []),  # dataset folders, not a workspace
     "benchmarks.segmentation_diagnosis": ({"--seed", "--epochs"}, []),  # dataset folders; CPU, like the issue's
+    "benchmarks.segmentation_default": ({"--seed", "--epochs"}, []),  # dataset folders, nested folds
     "benchmarks.app_latency": (set(), []),  # browser-driven on its own phantom workspace: no torch, no seeds  # a generated mask: no workspace, no torch
     "benchmarks.gpu": ({"--seed", "--epochs"}, []),  # --devices: the CUDA and CPU rows side by side
     "benchmarks.cli_startup": (set(), []),  # times the other commands' --help: no workspace, no device, no seeds
