@@ -29,6 +29,7 @@ SMOKE = {
     "scale": "test_benchmarks_smoke.py::test_scale_tiny",
     "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",
     "segmentation_diagnosis": "test_segmentation_diagnosis.py::test_every_part_on_a_tiny_set",
+    "segmentation_default": "test_benchmarks_smoke.py::test_segmentation_default_tiny",
     "app_latency": "test_benchmarks_smoke.py::test_app_latency_tiny",
     "followup": "test_followup.py::test_benchmark_quick",
     "gpu": "test_benchmarks_smoke.py::test_gpu_rows_quick_on_the_cpu",
