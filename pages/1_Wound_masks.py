@@ -45,7 +45,6 @@ FIELDS = {"anatomical_site": "Anatomical site", "size_cm": "Size (cm)", "duratio
 HIDDEN_FIELDS = {"origin"}
 
 
-@st.cache_resource(show_spinner="Loading the segmentation model…", max_entries=2)
 def choose_photo(ids: list[str], to_read: set[str]) -> tuple[str, list]:
     """The photo on screen and the row above the editor (the photo, then — filled below — its suggestion and
     click-to-outline tools): the photo the address names on a fresh session (a reload stays on it), else the
@@ -61,6 +60,7 @@ def choose_photo(ids: list[str], to_read: set[str]) -> tuple[str, list]:
     return pick, cols
 
 
+@st.cache_resource(show_spinner="Loading the segmentation model…", max_entries=2)
 def segmenter(root: str, run_id: int | None, _ws):
     """The workspace's latest trained segmenter, else the default one (one per workspace and run, shared by the
     sessions)."""
