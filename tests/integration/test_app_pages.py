@@ -195,7 +195,7 @@ def test_wound_masks_without_a_trained_model_suggest_from_the_default_one(ws):
     assert at.radio(key="mask_click_engine").options[0] == "Wound model"
     next(b for b in at.button if b.label == "Suggest outlines").click().run()
     assert not at.error
-    assert any("the default wound model (no training on this workspace yet)" in m.value
+    assert any("the default wound model (no training on this workspace yet)" in m.value.lower()
                for m in [*at.success, *at.info, *at.markdown, *at.caption])
     photo = ws.store.images()[0]["image_id"]
     index = ws.store.wounds(photo)[0]["wound_index"]

@@ -149,10 +149,12 @@ def test_a_wound_changed_since_the_page_showed_it_is_not_deleted(ws):
     index = ws.store.wounds(photo)[0]["wound_index"]
     annotator.text_area(key=f"desc_{photo}_{index}").input("a new finding").run()
     admin.button(key=f"del_{photo}_{index}").click().run()  # the admin's page shows the old description
+    admin.button(key="mask_del_yes").click().run()  # a deletion is confirmed first
     assert Workspace(ws.root).store.wound(photo, index)["description"] == "a new finding"
     assert any(e.value.startswith("Not deleted: Ann changed wound") for e in admin.error)
     assert admin.text_area(key=f"desc_{photo}_{index}").value == "a new finding"  # shown as stored now
     admin.button(key=f"del_{photo}_{index}").click().run()  # shown again as stored: now deleted
+    admin.button(key="mask_del_yes").click().run()
     assert Workspace(ws.root).store.wound(photo, index) is None
 
 
