@@ -44,7 +44,13 @@ def test_every_job_that_takes_a_device_is_checked() -> None:
     """Each ``python -m core.<job>`` with a ``--device`` option has a gpu-check step."""
     checked = {argv[argv.index("-m") + 1] if "-m" in argv else argv[3] for _, argv in _script().steps("/tmp/ws")}
     jobs = {f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if "add_device(" in p.read_text() and p.stem != "cli"}
-    assert jobs and jobs <= checked, sorted(jobs - checked)
+    assert jobs and jobs - SERVERS <= checked, sorted(jobs - SERVERS - checked)
+
+
+#: Jobs that serve until stopped, which the check's run-to-completion steps cannot hold: the Label Studio ML
+#: backend (its --device path is the segmenter's, which the ``segment`` step checks; a CUDA run of the server
+#: itself is pending a GPU session).
+SERVERS = {"core.ml_backend"}
 
 
 def test_only_the_numpy_jobs_pass_without_cuda_memory() -> None:
