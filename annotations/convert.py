@@ -85,9 +85,10 @@ import shapely
 from PIL import Image, UnidentifiedImageError
 from shapely.geometry import MultiPolygon, Polygon, shape
 
+from annotations.csvsafe import neutralise
 from annotations.dataset import copy_photo
 from annotations.fileio import staged_folder, write_text
-from annotations.formats import rasterize_window
+from annotations.formats import DEFAULT_LABEL, rasterize_window
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA
 from annotations.readers import (
     _PIL_FORMATS,
@@ -96,6 +97,7 @@ from annotations.readers import (
     MAX_PIXELS,
     MAX_WOUNDS_PER_MASK,
     DatasetError,
+    column_schema,
     valid_id,
 )
 
@@ -110,6 +112,8 @@ OVERLAP_RULES = ("z-order", "later-wins", "refuse")
 MAX_REPAIR_VERTICES = 200
 #: Largest coordinate of an outline, in pixels (far beyond any photo; larger ones overflow GEOS).
 MAX_COORDINATE = 1e9
+#: Longest text id of a photo or an outline kept from the file (``source_image_id``, ``source_id``).
+MAX_SOURCE_ID = 200
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _LS_PREFIX = re.compile(r"^[0-9a-f]{8}-")
 #: The region id TriDerm's Label Studio export gives wound N (:func:`annotations.formats.labelstudio_tasks`).
@@ -130,6 +134,7 @@ class _Wound:
     index: int | None = None
     z: int = 0  # CVAT's z_order: drawn above the outlines of a lower one
     crowd: bool = False  # COCO iscrowd: an ignore region, never a wound
+    source_id: int | str | None = None  # the outline's id in the file (kept as wound metadata ``source_id``)
 
 
 @dataclass
@@ -139,6 +144,7 @@ class _Photo:
     size: tuple[int, int] | None = None  # (width, height) the annotation declares
     image_id: str | None = None
     wounds: list[_Wound] = field(default_factory=list)
+    source_id: int | str | None = None  # the photo's id in the file (kept as image metadata ``source_image_id``)
 
 
 def _no_constant(name: str) -> None:
@@ -183,6 +189,31 @@ def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
 
 def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _source_id(value: Any, where: str) -> int | str | None:
+    """An id the file gives (a whole number or text of 1 to :data:`MAX_SOURCE_ID` printable characters),
+    kept so an export writes it back; ``None`` when absent, one DatasetError when malformed."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and 0 < len(value) <= MAX_SOURCE_ID and value.isprintable() and value == value.strip():
+        return value
+    raise DatasetError(f"{where}: {value!r:.60} is not an id (a whole number, or 1 to {MAX_SOURCE_ID} printable "
+                       "characters without surrounding spaces)")
+
+
+def _kept_id(item: dict, own_keys: tuple[str, ...], where: str) -> int | str | None:
+    """The source id of a COCO image or annotation: ``attributes.source_id`` (what TriDerm's export writes,
+    CVAT's COCO importer keeps) when present, else its ``id`` unless the item is TriDerm's own (it
+    carries ``own_keys``: then the ``id`` is the export's numbering)."""
+    attributes = item.get("attributes")
+    if isinstance(attributes, dict) and "source_id" in attributes:
+        return _source_id(attributes["source_id"], f"{where}.attributes.source_id")
+    if any(k in item for k in own_keys):
+        return None
+    return _source_id(item.get("id"), f"{where}.id")
 
 
 def _photo_dims(w: int, h: int, where: str) -> tuple[int, int]:
@@ -303,7 +334,8 @@ def read_coco(path: Path) -> list[_Photo]:
             raise DatasetError(f"{here}: id {image_id!r} is used twice")
         tid = img.get("triderm_image_id")
         photos[image_id] = _Photo(here, _need(img, "file_name", str, here), _size(img, "width", "height", here),
-                                  tid if isinstance(tid, str) else None)
+                                  tid if isinstance(tid, str) else None,
+                                  source_id=_kept_id(img, ("triderm_image_id",), here))
     for n, ann in enumerate(_need(doc, "annotations", list, name)):
         here = f"{name}: annotations[{n}]"
         photo = photos.get(_need(ann, "image_id", (int, str), here))
@@ -317,7 +349,8 @@ def read_coco(path: Path) -> list[_Photo]:
             raise DatasetError(f"{here}: category_id {category!r} is not in categories")
         wound = _Wound(f"{here}.segmentation", label=categories[category],
                        description=str(ann.get("description", "")),
-                       index=_whole(ann.get("triderm_wound_index")), crowd=_whole(ann.get("iscrowd")) == 1)
+                       index=_whole(ann.get("triderm_wound_index")), crowd=_whole(ann.get("iscrowd")) == 1,
+                       source_id=_kept_id(ann, ("triderm_wound_index",), here))
         if isinstance(seg, list):
             polys = [_polygon(p, f"{here}.segmentation[{k}]") for k, p in enumerate(seg)]
             wound.geometry = shapely.union_all(polys)
@@ -369,11 +402,14 @@ def read_geojson(files: list[Path]) -> list[_Photo]:
             image_id = props.get("image_id") if isinstance(props.get("image_id"), str) else None
             key = image_id or path.stem
             photo = photos.setdefault(key, _Photo(here, key, None, image_id))
+            if photo.source_id is None:
+                photo.source_id = _source_id(props.get("source_image_id"), f"{here}.properties.source_image_id")
             cls = props.get("classification")
             photo.wounds.append(_Wound(f"{here}.geometry", geometry=g,
                                        label=str(cls.get("name", "")) if isinstance(cls, dict) else "",
                                        description=str(props.get("description", "")),
-                                       index=_whole(props.get("wound_index"))))
+                                       index=_whole(props.get("wound_index")),
+                                       source_id=_source_id(feat.get("id"), f"{here}.id")))
     return list(photos.values())
 
 
@@ -520,7 +556,9 @@ def read_labelstudio(path: Path) -> list[_Photo]:
         if url is None:
             raise DatasetError(f"{here}.data: no image reference")
         tid = data.get("triderm_image_id")
-        photo = _Photo(f"{here}.data", _ls_photo_name(url, f"{here}.data"), image_id=tid if isinstance(tid, str) else None)
+        photo = _Photo(f"{here}.data", _ls_photo_name(url, f"{here}.data"), image_id=tid if isinstance(tid, str) else None,
+                       source_id=_source_id(data["source_image_id"], f"{here}.data.source_image_id")
+                       if "source_image_id" in data else _source_id(task.get("id"), f"{here}.id"))
         photos.append(photo)
         ann, where = _ls_annotation(task, here)
         results = ann.get("result") or [] if ann else []
@@ -540,9 +578,12 @@ def read_labelstudio(path: Path) -> list[_Photo]:
             meta = res.get("meta")
             text = meta.get("text") if isinstance(meta, dict) else None
             index = _LS_WOUND_ID.fullmatch(str(res.get("id", "")))
+            kept = meta.get("source_id") if isinstance(meta, dict) else None
             wound = _Wound(f"{rhere}.value", label=str(labels[0]) if isinstance(labels, list) and labels else "",
                            description=str(text[0]) if isinstance(text, list) and text else "",
-                           index=int(index[1]) if index else None)
+                           index=int(index[1]) if index else None,
+                           source_id=_source_id(kept, f"{rhere}.meta.source_id") if kept is not None
+                           else None if index else _source_id(res.get("id"), f"{rhere}.id"))
             w, h = size
             if kind == "polygonlabels":
                 pts = _need(value, "points", list, rhere + ".value")
@@ -611,7 +652,8 @@ def read_cvat(path: Path) -> tuple[list[_Photo], int]:
         if "name" not in img.attrib:
             raise DatasetError(f"{here}: attribute 'name' is missing")
         w, h = _photo_dims(_cvat_int(img, "width", here), _cvat_int(img, "height", here), here)
-        photo = _Photo(here, img.attrib["name"], (w, h))
+        photo = _Photo(here, img.attrib["name"], (w, h),
+                       source_id=_cvat_int(img, "id", here) if "id" in img.attrib else None)
         for k, el in enumerate(img):
             shere = f"{here} <{el.tag}> {k + 1}"
             attrs = {a.get("name"): (a.text or "") for a in el.iter("attribute")}
@@ -780,6 +822,7 @@ def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synth
         (stage / "images").mkdir()
         (stage / "masks").mkdir()
         rows: list[dict[str, Any]] = []
+        image_rows: list[dict[str, Any]] = []
         seen: dict[str, str] = {}
         empty = crowd = overlap_px = 0
         dropped: list[str] = []
@@ -801,19 +844,31 @@ def _write(photos: list[_Photo], images: list[Path], out: Path, name: str, synth
             copy_photo(path, stage / "images" / f"{image_id}{path.suffix.lower()}")
             if painted.wounds:
                 Image.fromarray(painted.labels).save(stage / "masks" / f"{image_id}.png")
-            rows += [{"image_id": image_id, "wound_index": i, "description": w.description, "label": w.label}
-                     for i, w in sorted(painted.wounds, key=lambda iw: iw[0])]
-        labelled = len({r["label"] for r in rows}) > 1
-        with (stage / "wounds.csv").open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, ["image_id", "wound_index", "description", *(["label"] if labelled else [])],
-                                    extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-        write_text(stage / "dataset.json", json.dumps({"name": name, "synthetic": synthetic,
-                                                       "mask_format": "label"}, indent=2) + "\n")
+            rows += [{"image_id": image_id, "wound_index": i, "description": w.description, "label": w.label or None,
+                      "source_id": w.source_id} for i, w in sorted(painted.wounds, key=lambda iw: iw[0])]
+            image_rows.append({"image_id": image_id, "patient_id": "", "source_image_id": photo.source_id})
+        extra = [c for c in ("label", "source_id") if any(r[c] is not None for r in rows)]
+        if extra[:1] == ["label"] and {r["label"] for r in rows} <= {None, DEFAULT_LABEL}:
+            extra.pop(0)  # only the default label: nothing to keep (our own exports come back unchanged)
+        _write_csv(stage / "wounds.csv", ["image_id", "wound_index", "description", *extra], rows)
+        kept_ids = any(r["source_image_id"] is not None for r in image_rows)
+        if kept_ids:
+            _write_csv(stage / "images.csv", ["image_id", "patient_id", "source_image_id"], image_rows)
+        schema = column_schema([[{c: r[c] for c in extra} for r in rows],
+                                [{"source_image_id": r["source_image_id"]} for r in image_rows] if kept_ids else []])
+        write_text(stage / "dataset.json", json.dumps({"name": name, "synthetic": synthetic, "mask_format": "label",
+                                                       **({"columns": schema} if schema else {})}, indent=2) + "\n")
     return {"images": len(seen), "wounds": len(rows), "empty_outlines_dropped": empty,
             "other_shapes_skipped": skipped, "crowd_regions_ignored": crowd, "overlap": overlap,
             "overlapping_px": overlap_px, "small_wounds_dropped": dropped, "out": str(out)}
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """``rows`` (their ``columns``; ``None`` an empty cell) as a CSV file safe to open in a spreadsheet."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({c: "" if r[c] is None else neutralise(r[c]) for c in columns} for r in rows)
 
 
 def _files(src: Path, suffix: str) -> list[Path]:

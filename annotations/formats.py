@@ -53,7 +53,8 @@ LS_LOCAL_FILES = "/data/local-files/?d=images/"
 #: The names of the Label Studio tags of :func:`labelstudio_config`: the photo, polygons, brush masks.
 LS_IMAGE, LS_POLYGON, LS_BRUSH = "image", "outline", "brush"
 LS_MODEL_VERSION = "triderm-export"
-CATEGORY = {"id": 1, "name": "wound", "supercategory": "wound"}
+#: A wound's label when its metadata gives none (the one COCO category of a workspace without labels).
+DEFAULT_LABEL = "wound"
 
 
 def mask_geometry(mask: np.ndarray) -> Polygon | MultiPolygon:
@@ -179,26 +180,62 @@ def _wounds(ws: Workspace) -> list[tuple[dict, list[tuple[dict, np.ndarray]]]]:
     return out
 
 
+def wound_label(wound: dict) -> str:
+    """A wound's label: its ``label`` metadata (kept by convert and import), else :data:`DEFAULT_LABEL`."""
+    label = (wound.get("metadata") or {}).get("label")
+    return str(label) if label not in (None, "") else DEFAULT_LABEL
+
+
+def source_id(row: dict, key: str = "source_id") -> int | str | None:
+    """The id a photo (``source_image_id``) or wound (``source_id``) had in the file it was converted
+    from (its metadata), or None."""
+    value = (row.get("metadata") or {}).get(key)
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) and value != "" else None
+
+
+def _coco_ids(kept: list[int | str | None]) -> list[int]:
+    """COCO ids for items whose source ids are ``kept``: those ids when every item has one, each a whole
+    number ≥ 0 (Label Studio's COCO export starts at 0) and none twice; else 1, 2, 3, …"""
+    if kept and all(isinstance(k, int) and k >= 0 for k in kept) and len(set(kept)) == len(kept):
+        return [int(k) for k in kept]  # type: ignore[arg-type]
+    return list(range(1, len(kept) + 1))
+
+
+def _with_source(item: dict[str, Any], kept: int | str | None) -> dict[str, Any]:
+    return {**item, "attributes": {"source_id": kept}} if kept is not None else item
+
+
 def coco_document(ws: Workspace, rle: bool = False) -> dict[str, Any]:
-    """The workspace's outlines as one COCO instance-segmentation document."""
-    images: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
-    for n, (img, wounds) in enumerate(_wounds(ws), start=1):
-        images.append({"id": n, "file_name": img["file"], "width": img["width"], "height": img["height"],
-                       "triderm_image_id": img["image_id"]})
-        for w, mask in wounds:
-            ys, xs = np.nonzero(mask)
-            x0, y0 = int(xs.min()), int(ys.min())
-            seg = rle_encode(mask) if rle else coco_polygons(mask_geometry(mask))
-            annotations.append({"id": len(annotations) + 1, "image_id": n, "category_id": CATEGORY["id"],
-                                "segmentation": seg, "area": int(mask.sum()),
-                                "bbox": [x0, y0, int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0], "iscrowd": 0,
-                                "triderm_image_id": img["image_id"], "triderm_wound_index": w["wound_index"],
-                                "description": w["description"]})
+    """The workspace's outlines as one COCO instance-segmentation document (see the module's docstring:
+    categories from the wounds' labels, source ids kept, a wound with holes as RLE)."""
+    photos = _wounds(ws)
+    image_ids = _coco_ids([source_id(img, "source_image_id") for img, _ in photos])
+    pairs = [(img, w, mask, coco_image) for (img, wounds), coco_image in zip(photos, image_ids) for w, mask in wounds]
+    ann_ids = _coco_ids([source_id(w) for _, w, _, _ in pairs])
+    categories: dict[str, int] = {}
+    for _, w, _, _ in pairs:
+        categories.setdefault(wound_label(w), len(categories) + 1)
+    images = [_with_source({"id": n, "file_name": img["file"], "width": img["width"], "height": img["height"],
+                            "triderm_image_id": img["image_id"]}, source_id(img, "source_image_id"))
+              for (img, _), n in zip(photos, image_ids)]
+    annotations = []
+    for (img, w, mask, coco_image), n in zip(pairs, ann_ids):
+        ys, xs = np.nonzero(mask)
+        x0, y0 = int(xs.min()), int(ys.min())
+        geometry = None if rle else mask_geometry(mask)
+        holes = geometry is not None and any(p.interiors for p in polygons(geometry))
+        seg = rle_encode(mask) if geometry is None or holes else coco_polygons(geometry)
+        annotations.append(_with_source(
+            {"id": n, "image_id": coco_image, "category_id": categories[wound_label(w)], "segmentation": seg,
+             "area": int(mask.sum()), "bbox": [x0, y0, int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0], "iscrowd": 0,
+             "triderm_image_id": img["image_id"], "triderm_wound_index": w["wound_index"],
+             "description": w["description"]}, source_id(w)))
     info = {"description": f"TriDerm Studio outlines of {ws.dataset_name}"
             + (" (SYNTHETIC phantom data)" if ws.is_synthetic else ""),
             "date_created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    return {"info": info, "images": images, "annotations": annotations, "categories": [CATEGORY]}
+    return {"info": info, "images": images, "annotations": annotations,
+            "categories": [{"id": k, "name": name, "supercategory": DEFAULT_LABEL}
+                           for name, k in (categories or {DEFAULT_LABEL: 1}).items()]}
 
 
 def geojson_documents(ws: Workspace) -> dict[str, dict[str, Any]]:
@@ -207,11 +244,15 @@ def geojson_documents(ws: Workspace) -> dict[str, dict[str, Any]]:
     for img, wounds in _wounds(ws):
         if not wounds:
             continue
-        features = [{"type": "Feature", "geometry": mapping(mask_geometry(mask)),
-                     "properties": {"image_id": img["image_id"], "wound_index": w["wound_index"],
-                                    "description": w["description"], "area_px": int(mask.sum()),
-                                    "objectType": "annotation", "classification": {"name": "wound"}}}
-                    for w, mask in wounds]
+        features = []
+        for w, mask in wounds:
+            props = {"image_id": img["image_id"], "wound_index": w["wound_index"], "description": w["description"],
+                     "area_px": int(mask.sum()), "objectType": "annotation", "classification": {"name": wound_label(w)}}
+            if source_id(img, "source_image_id") is not None:
+                props["source_image_id"] = source_id(img, "source_image_id")
+            kept = source_id(w)
+            features.append({"type": "Feature", **({"id": kept} if kept is not None else {}),
+                             "geometry": mapping(mask_geometry(mask)), "properties": props})
         out[img["image_id"]] = {"type": "FeatureCollection", "features": features}
     return out
 
@@ -253,16 +294,20 @@ def labelstudio_tasks(ws: Workspace, image_prefix: str = LS_LOCAL_FILES) -> tupl
     for img, wounds in _wounds(ws):
         results = []
         for w, mask in wounds:
-            label = str((w.get("metadata") or {}).get("label") or "wound")
+            label = wound_label(w)
             labels[label] = None
             region = {"id": f"wound-{w['wound_index']}", **labelstudio_region(mask, label)}
-            results.append({**region, "meta": {"text": [w["description"]]}} if w["description"] else region)
+            meta = {**({"text": [w["description"]]} if w["description"] else {}),
+                    **({"source_id": source_id(w)} if source_id(w) is not None else {})}
+            results.append({**region, "meta": meta} if meta else region)
         task: dict[str, Any] = {"data": {"image": image_prefix + quote(img["file"]),
                                          "triderm_image_id": img["image_id"]}}
+        if source_id(img, "source_image_id") is not None:
+            task["data"]["source_image_id"] = source_id(img, "source_image_id")
         if results:
             task["predictions"] = [{"model_version": LS_MODEL_VERSION, "result": results}]
         tasks.append(task)
-    return tasks, list(labels) or ["wound"]
+    return tasks, list(labels) or [DEFAULT_LABEL]
 
 
 def export_outlines(ws: Workspace, out: str | Path, fmt: str, image_prefix: str = LS_LOCAL_FILES) -> dict[str, Any]:

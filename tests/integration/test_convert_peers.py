@@ -160,7 +160,8 @@ def test_coco_crowd_region_is_ignored_not_a_wound(tmp_path):
     assert (summary["wounds"], summary["crowd_regions_ignored"], summary["overlapping_px"]) == (1, 1, 0)
     labels = _labels(tmp_path / "ds", "p1")
     assert (labels[5:25, 5:25] == 1).all() and (labels == 1).sum() == 400  # the crowd's pixels: skin or the wound
-    assert (tmp_path / "ds" / "wounds.csv").read_text().splitlines()[1:] == ["p1,1,"]
+    assert (tmp_path / "ds" / "wounds.csv").read_text().splitlines() == ["image_id,wound_index,description,source_id",
+                                                                         "p1,1,,1"]  # the COCO annotation id kept
 
 
 # ---- 3. wounds under the minimum wound area: dropped by convert, so import accepts the folder ----
