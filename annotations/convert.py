@@ -38,8 +38,14 @@ without suffix (characters outside ``A-Z a-z 0-9 _ . -`` become ``_``) unless th
 TriDerm id. Wounds are numbered in file order unless the file gives TriDerm indices.
 
 The folder written: ``images/`` (the photos, byte for byte), ``masks/`` (label maps, one wound per
-pixel), ``wounds.csv`` (``image_id, wound_index, description`` and ``label`` when the file uses
-more than one label) and ``dataset.json``. Everything is read and checked before ``out`` appears:
+pixel), ``wounds.csv`` (``image_id, wound_index, description``; ``label``, the outline's label or
+class, when one is not ``wound``; ``source_id``, the outline's id in the file: COCO annotation id,
+Label Studio region id, GeoJSON feature id), ``images.csv`` (``image_id, patient_id`` empty,
+``source_image_id``: COCO image id, Label Studio task id, CVAT image id; written when the file gives
+them) and ``dataset.json`` (their column types). Import keeps these columns as metadata, and
+:func:`annotations.formats.export_outlines` writes them back, so results can be merged into the
+source (a file TriDerm exported gives its kept ids back: ``attributes.source_id`` of COCO, Label
+Studio's ``data.source_image_id`` and ``meta.source_id``, not the ids TriDerm numbered). Everything is read and checked before ``out`` appears:
 bad input raises one :class:`~annotations.readers.DatasetError` naming the file and the field, and
 ``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
 to one of them by the ``overlap`` rule (:data:`OVERLAP_RULES`): ``z-order`` (the default for CVAT:

@@ -8,24 +8,36 @@ Coordinates are image pixels, x to the right and y down, with pixel (col, row) t
 pixels (the union of its row runs, by shapely), so rasterising it back — a pixel is inside when its
 centre is, by the one rule of :func:`rasterize_rings` — gives the label map again.
 
-- **COCO** (``annotations.json``): one ``wound`` category; each wound an annotation with
-  ``segmentation`` as polygons (outer rings; COCO polygons cannot hold holes — use RLE for wounds
-  with holes) or as compressed RLE (pycocotools, column-major as COCO defines it), ``area`` in
-  pixels, ``bbox`` [x, y, w, h], and the TriDerm keys ``triderm_image_id``/``triderm_wound_index``.
+- **COCO** (``annotations.json``): one category per label (a wound's ``label`` metadata, default
+  ``wound``; ids 1, 2, … in order of first use); each wound an annotation with ``segmentation`` as
+  polygons (outer rings) or as compressed RLE (pycocotools, column-major as COCO defines it; ``iscrowd``
+  0), ``area`` in pixels, ``bbox`` [x, y, w, h], and the TriDerm keys ``triderm_image_id``/
+  ``triderm_wound_index``. COCO polygons cannot hold holes, so a wound with a hole is RLE in the
+  polygon export (``coco``) too; ``coco-rle`` writes every wound as RLE.
 - **GeoJSON** (``<image_id>.geojson``, one FeatureCollection per photo, as QuPath imports
   them): each wound a Polygon or MultiPolygon Feature (holes as interior rings) with properties
-  ``image_id``, ``wound_index``, ``description``, ``area_px`` and QuPath's ``objectType``/``classification``.
-
+  ``image_id``, ``wound_index``, ``description``, ``area_px`` and QuPath's ``objectType``/``classification``
+  (``name``: the wound's label).
 - **Label Studio** (``tasks.json`` and ``label_config.xml``): one task per photo, its image a URL
   (default ``/data/local-files/?d=images/<file>``: Label Studio's local files, see :data:`LS_LOCAL_FILES`)
   and ``triderm_image_id``; its wounds one prediction (pre-annotations) of
   ``polygonlabels`` results (points in percent of ``original_width``/``original_height``), or
   ``brushlabels`` (Label Studio's brush RLE) for a wound with holes or several parts, which one
   polygon cannot hold. Each region's id is ``wound-N`` (its wound index), its label the wound's
-  ``label`` metadata (default ``wound``), its ``meta.text`` the description; ``label_config.xml``
+  label, its ``meta.text`` the description; ``label_config.xml``
   is a labeling configuration with those labels (``Image`` ``image``, ``PolygonLabels`` ``outline``,
   ``BrushLabels`` ``brush``). ``python -m annotations convert --from labelstudio`` reads Label Studio's
   JSON export of such a project back.
+
+Source ids: :mod:`annotations.convert` keeps the id a photo and an outline had in the file it read (image
+metadata ``source_image_id``: COCO image id, Label Studio task id, CVAT image id; wound metadata
+``source_id``: COCO annotation id, Label Studio region id, GeoJSON feature id), so results can be merged
+back. The export writes them where the format has a field: COCO ``id`` (images, annotations) when every
+item has a whole-number source id ≥ 0 and none repeats, else fresh ids 1, 2, …; either way each item with a
+source id also carries ``attributes: {"source_id": …}`` (Datumaro's COCO reader, which CVAT uses, keeps an annotation's ``attributes``), which
+convert prefers; GeoJSON the feature's ``id`` and the property ``source_image_id``; Label Studio (whose
+task and region ids are its own) the task's ``data.source_image_id`` and the region's ``meta.source_id``.
+A workspace without them exports as before (fresh ids, no ``attributes``).
 """
 from __future__ import annotations
 
@@ -195,9 +207,10 @@ def source_id(row: dict, key: str = "source_id") -> int | str | None:
 
 def _coco_ids(kept: list[int | str | None]) -> list[int]:
     """COCO ids for items whose source ids are ``kept``: those ids when every item has one, each a whole
-    number ≥ 0 (Label Studio's COCO export starts at 0) and none twice; else 1, 2, 3, …"""
-    if kept and all(isinstance(k, int) and k >= 0 for k in kept) and len(set(kept)) == len(kept):
-        return [int(k) for k in kept]  # type: ignore[arg-type]
+    number ≥ 0 (Label Studio's COCO export starts at 0) and none twice; else 1, 2, 3 and so on."""
+    whole = [k for k in kept if isinstance(k, int) and k >= 0]
+    if kept and len(whole) == len(kept) and len(set(whole)) == len(whole):
+        return whole
     return list(range(1, len(kept) + 1))
 
 
