@@ -45,9 +45,10 @@ Label Studio region id, GeoJSON feature id), ``images.csv`` (``image_id, patient
 them) and ``dataset.json`` (their column types). Import keeps these columns as metadata, and
 :func:`annotations.formats.export_outlines` writes them back, so results can be merged into the
 source (a file TriDerm exported gives its kept ids back: ``attributes.source_id`` of COCO, Label
-Studio's ``data.source_image_id`` and ``meta.source_id``, not the ids TriDerm numbered). Everything is read and checked before ``out`` appears:
-bad input raises one :class:`~annotations.readers.DatasetError` naming the file and the field, and
-``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
+Studio's ``data.source_image_id`` and ``meta.source_id``, not the ids TriDerm numbered).
+
+Everything is read and checked before ``out`` appears: bad input raises one
+:class:`~annotations.readers.DatasetError` naming the file and the field, and ``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
 to one of them by the ``overlap`` rule (:data:`OVERLAP_RULES`): ``z-order`` (the default for CVAT:
 the higher ``z_order``, then the later outline), ``later-wins`` (the default for the others: the
 outline later in the file) or ``refuse`` (one error naming both). Wounds then left with fewer pixels
@@ -211,8 +212,8 @@ def _source_id(value: Any, where: str) -> int | str | None:
 
 
 def _kept_id(item: dict, own_keys: tuple[str, ...], where: str) -> int | str | None:
-    """The source id of a COCO image or annotation: ``attributes.source_id`` (what TriDerm's export writes,
-    CVAT's COCO importer keeps) when present, else its ``id`` unless the item is TriDerm's own (it
+    """The source id of a COCO image or annotation: ``attributes.source_id`` (what TriDerm's export writes;
+    Datumaro's COCO reader, which CVAT uses, keeps ``attributes``) when present, else its ``id`` unless the item is TriDerm's own (it
     carries ``own_keys``: then the ``id`` is the export's numbering)."""
     attributes = item.get("attributes")
     if isinstance(attributes, dict) and "source_id" in attributes:

@@ -202,7 +202,7 @@ def test_export_writes_label_and_ids_and_converts_back_with_them(tmp_path, fmt, 
 
 
 def test_coco_ids_kept_when_whole_and_unique_else_fresh_with_the_originals(tmp_path):
-    """A COCO file's own ids (from CVAT's and Label Studio's photos, merged into one workspace) are written
+    """The photos' own ids (CVAT's image 0 and Label Studio's task 68501, in one workspace) are the COCO ids written
     back; an id that is text cannot be a COCO id and goes under ``attributes.source_id``."""
     ws = _imported(_cvat_source(tmp_path / "a"), tmp_path / "ws")
     import_dataset(ws, _label_studio_source(tmp_path / "b"))
