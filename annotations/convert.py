@@ -63,7 +63,9 @@ must be the photo's, and the photo's header is read within the import's pixel bu
 (:data:`~annotations.readers.MAX_PIXELS`). JSON ``NaN``/``Infinity``, numbers that overflow a float
 and nesting deeper than Python's recursion limit are errors; so are an outline enclosing no area (two
 points, points on one line), one lying wholly outside its photo, a coordinate beyond ±1e9 pixels,
-a wound index over 65,535, a COCO ``category_id`` missing from ``categories`` and a photo reached
+a wound index over 65,535, a COCO ``category_id`` missing from ``categories``, a source id (COCO,
+Label Studio, GeoJSON, CVAT) that is neither a whole number nor 1 to :data:`MAX_SOURCE_ID` printable
+characters, and a photo reached
 through a symbolic link below the images folder. An outline that crosses itself is repaired (shapely
 ``make_valid``, "structure" method: the area its rings enclose) only up to
 :data:`MAX_REPAIR_VERTICES` vertices (the repair's cost grows with the crossings, up to the square

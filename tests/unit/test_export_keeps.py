@@ -18,6 +18,7 @@ from shapely.geometry import mapping, shape
 from annotations.convert import convert
 from annotations.dataset import import_dataset
 from annotations.formats import export_outlines
+from annotations.readers import DatasetError
 from annotations.workspace import Workspace
 
 PEERS = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
@@ -216,3 +217,19 @@ def test_coco_ids_kept_when_whole_and_unique_else_fresh_with_the_originals(tmp_p
     assert by_image["image2"]["attributes"] == {"source_id": "djbpw94CXj"} and "attributes" not in by_image["filename000"]
     names = {c["id"]: c["name"] for c in doc["categories"]}
     assert (names[by_image["image2"]["category_id"]], names[by_image["filename000"]["category_id"]]) == ("Airplane", "car")
+
+
+@pytest.mark.parametrize(("where", "bad", "field"), [("region", "two\nlines", r"\[0\]\.annotations\[0\]\.result\[0\]\.id"),
+                                                     ("task", [68501], r"\[0\]\.id")])
+def test_a_source_id_that_is_no_id_is_one_error_and_writes_nothing(tmp_path, where, bad, field):
+    tasks = json.loads(LS_TASKS.read_text())
+    if where == "region":
+        tasks[0]["annotations"][0]["result"][0]["id"] = bad
+    else:
+        tasks[0]["id"] = bad
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "result.json").write_text(json.dumps(tasks))
+    _photo(tmp_path / "src" / "image2.jpg", (640, 426))
+    with pytest.raises(DatasetError, match=rf"result\.json: {field}: .* is not an id"):
+        convert("labelstudio", tmp_path / "src", tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
