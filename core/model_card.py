@@ -45,7 +45,7 @@ def package_licence(name: str) -> str:
     except metadata.PackageNotFoundError:
         return "not stated (package not installed)"
     for field in ("License-Expression", "License"):
-        value = (dist.metadata.get(field) or "").strip()
+        value = (dist.metadata[field] or "").strip()
         if value and value.upper() != "UNKNOWN":
             return value.splitlines()[0]
     for f in dist.files or []:
@@ -85,7 +85,7 @@ def _ci(ci: list[float] | None) -> str:
 def strict_rows(cv: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(label, summary) of the strict, anchor-unseen and frozen-centred figures a run's ``metrics["cv"]`` holds."""
     found = {"strict": cv, "anchor_unseen": cv.get("anchor_unseen"), "frozen_centred": cv.get("frozen_centred")}
-    return [(label, found[key]) for key, label in ROWS if isinstance(found[key], dict)]
+    return [(label, m) for key, label in ROWS if isinstance(m := found[key], dict)]
 
 
 def _figures(run: dict[str, Any], data: dict[str, Any]) -> tuple[list[str], list[EvalResult]]:
@@ -141,7 +141,7 @@ def model_card(run: dict[str, Any], data: dict[str, Any], backbone: str) -> str:
     count = [("photos", photos), ("patients", data.get("n_patients", "not recorded")),
              ("wounds", data.get("n_wounds", "not recorded")),
              ("expert triplets", data.get("n_expert_triplets", "none used" if use == "segment" else "not recorded"))]
-    load = ([f"    python -m core.embed --model OUT            # this folder; or hf-hub:<org>/<repo> once uploaded",
+    load = (["    python -m core.embed --model OUT            # this folder; or hf-hub:<org>/<repo> once uploaded",
              "    python -m core.embed --model OUT --images DIR  # new photos (masks in DIR/masks) among the study's"]
             if use == "embed" else
             ["    from core.segmentation.export import load_shared_segmenter",

@@ -105,12 +105,10 @@ def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_
     from core.vision.finetune import FineTuneConfig, train_finetuned
 
     a, b, _ = centres
-    run_id = train_finetuned(a, views=2, cv=2, cv_repeats=1, config=FineTuneConfig(steps=5), progress=False)
+    run_id = train_finetuned(a, views=2, cv=0, config=FineTuneConfig(steps=5), progress=False)
     out = tmp_path / "tuned"
     assert job.main([str(run_id), str(out), "--workspace", str(a.root)]) == 0
-    run = a.store.run(run_id)
-    assert run["metrics"]["cv"]["balanced"] is not None  # a strict figure for the card to carry
-    _card(out, run)
+    _card(out, a.store.run(run_id))
     config = json.loads((out / "config.json").read_text())
     assert config["model_format"] == "triderm-v-tail/1" and config["recipe"]["steps"] == 5
     assert config["data"]["n_images"] == 5 and config["metrics"]["loss"] == a.store.run(run_id)["metrics"]["loss"]
@@ -119,6 +117,22 @@ def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_
     assert own_ids == ids_b and np.allclose(own, in_b, atol=1e-4) and own.max() > 0.1
     ids = _ids(a)
     assert not {(p.name, i) for p in out.iterdir() for i in ids if i.encode() in p.read_bytes()}
+
+
+def test_the_card_carries_the_strict_figures_of_the_run_record(tiny_phantom_workspace, tmp_path):
+    """A run scored on patient-disjoint folds: its card's strict and anchor-unseen rows (metadata and text) are
+    the record's numbers, never an in-sample figure, and no id reaches the folder."""
+    from core.vision.finetune import FineTuneConfig, train_finetuned
+
+    ws = tiny_phantom_workspace(5, 8, 4, 8, 60)
+    run_id = train_finetuned(ws, views=1, cv=2, cv_repeats=1, config=FineTuneConfig(steps=3), progress=False)
+    out = tmp_path / "tuned"
+    assert job.main([str(run_id), str(out), "--workspace", str(ws.root)]) == 0
+    run = ws.store.run(run_id)
+    assert run["metrics"]["cv"]["balanced"] is not None  # a strict figure for the card to carry
+    text = _card(out, run)
+    assert "headline" in text and "anchor unseen" in text and "in-sample" in text
+    assert not {(p.name, i) for p in out.iterdir() for i in _ids(ws) if i.encode() in p.read_bytes()}
 
 
 def test_a_frozen_run_of_a_workspace_without_triplets_exports_and_embeds_as_the_run_did(tiny_phantom, tmp_path):
