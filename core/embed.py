@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT, help=f"backbone name (default {OFFLINE_DEFAULT})")
     parser.add_argument("--layer", default=None, help="backbone layer (default: the backbone's registry default)")
     parser.add_argument("--model", default=None, metavar="RUN|FOLDER|hf-hub:ORG/REPO",
-                        help="a TriDerm-V, fine-tune or frozen run id, an exported model folder or an hf-hub: name: embed the "
-                             "workspace's photos (and --images) in its space")
+                        help="a TriDerm-V, fine-tune or frozen run id, an exported model folder or an hf-hub: name: "
+                             "embed the workspace's photos (and --images) in its space")
     parser.add_argument("--images", type=Path, default=None, metavar="DIR", help="new photos to embed (with --model)")
     parser.add_argument("--neighbours", type=int, default=5, help="nearest study photos printed per new photo")
     parser.add_argument("--out", type=Path, default=None, help="CSV of distances from each new photo to the study's")

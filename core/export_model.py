@@ -15,8 +15,8 @@
 - a segmenter run (``segmenter``): the FPN decoder and the encoder identity it was trained over
   (:mod:`core.segmentation.export`).
 
-Every folder's ``README.md`` is its model card (:func:`core.model_card.model_card`): licence, base model, training
-data counts, the run's held-out figures as its record holds them, intended use and limits, how to load it.
+Every folder's ``README.md`` is its model card (:func:`core.vision.model_card.model_card`): licence, base model,
+training data counts, the run's held-out figures as its record holds them, intended use and limits, how to load it.
 
 No photo, patient or wound id and no description is written. A ``text-soe`` run cannot be
 exported: it is one coordinate per study photo, keyed by the photo's id, and holds no model that
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     """The ``python -m core.export_model`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.export_model", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
-    parser.add_argument("run", type=int, metavar="RUN", help="run id (a vision-triderm, vision-finetune, frozen vision-baseline or segmenter run)")
+    parser.add_argument("run", type=int, metavar="RUN",
+                        help="run id (a vision-triderm, vision-finetune, frozen vision-baseline or segmenter run)")
     parser.add_argument("out", type=Path, metavar="OUT", help="new (or empty) folder to write the model to")
     args = cli.parse_args(parser, argv)
     from core.segmentation.export import export_segmenter  # torch: after the arguments (a fast --help)

@@ -334,7 +334,7 @@ def numbers_only(value: Any) -> Any:
 
 
 def write_model_folder(model: Any, out: str | Path, card: str) -> Path:
-    """``model.save_pretrained`` with ``card`` as its ``README.md`` (:func:`core.model_card.model_card`) into the
+    """``model.save_pretrained`` with ``card`` as its ``README.md`` (:func:`core.vision.model_card.model_card`) into the
     new (or empty) folder ``out``, atomically: written beside it and renamed in, so a failure leaves ``out`` as
     it was."""
     with staged_folder(out) as stage:

@@ -15,7 +15,8 @@ A run is shared with other centres as a model folder (Hugging Face's ``save_pret
 :class:`SharedHead` — or the tuned tail — a :class:`SharedTail` — and the centre) and ``config.json``
 (format, backbone, layer, normalisation, training recipe, metrics and a data summary of counts — no
 photo, patient or wound id, no description) — a frozen run's folder is its centre (a :class:`SharedFrozen`) — and
-``README.md``, the model card (:func:`core.model_card.model_card`). :func:`open_model` opens a run id, such a folder or an
+``README.md``, the model card (:func:`core.vision.model_card.model_card`). :func:`open_model` opens a run id, such a
+folder or an
 ``hf-hub:<org>/<repo>`` name; a folder is read through :mod:`core.vision.model_files` (self-contained, sizes bounded,
 tensors checked against the model before they are read: one :class:`~core.vision.model_files.ModelFileError` otherwise).
 """
@@ -43,7 +44,7 @@ from core.vision.model_files import (
     load_weights,
     read_config,
 )
-from core.model_card import model_card
+from core.vision.model_card import model_card
 from core.runtime import load_checkpoint, load_embeddings, numbers_only, write_model_folder
 from core.vision.backbones import LITE0_TIMM, Backbone, canonical_name, load_backbone, model_folder, split_layer
 from core.vision.baseline import centred_unit
@@ -356,9 +357,10 @@ Shared = SharedHead | SharedTail | SharedFrozen
 
 
 def shared_model(kind: type[Shared], folder: Path, root: Path | None = None) -> Shared:
-    """A model folder's :class:`SharedHead`, :class:`SharedTail` or :class:`SharedFrozen`: its ``config.json`` checked (sizes bounded,
-    the backbone's file inside the folder) before the module is built, then ``model.safetensors`` checked and
-    loaded. ``root`` is where a Hugging Face snapshot's links may point (else no link is followed)."""
+    """A model folder's :class:`SharedHead`, :class:`SharedTail` or :class:`SharedFrozen`: its ``config.json``
+    checked (sizes bounded, the backbone's file inside the folder) before the module is built, then
+    ``model.safetensors`` checked and loaded. ``root`` is where a Hugging Face snapshot's links may point (else no
+    link is followed)."""
     config = read_config(folder, root)
     where = f"{folder / 'config.json'}"
     check_sizes(config, where, ("channels", "dim"))
