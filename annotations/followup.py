@@ -253,7 +253,7 @@ def workspace_marker(ws: Workspace) -> MarkerSpec | None:
 
 #: The measurement cache (``cache/`` of the workspace): per photo, keyed by what its sizes depend on.
 MEASURE_CACHE = "followup_measures.json"
-MEASURE_VERSION = 2  # bump when :func:`annotations.measure.measure` changes what it returns
+MEASURE_VERSION = 3  # bump when :func:`annotations.measure.measure` changes what it returns
 
 
 def _photo_key(ws: Workspace, img: dict[str, Any], marker: MarkerSpec | None, known: list[int]) -> str:

@@ -5,13 +5,18 @@ or a ruler segment; without either, pixels only (never an invented cm²).
   ``cv2.aruco``; the homography from its four corners to the marker's plane (in cm) corrects the
   perspective, so a wound lying in the marker's plane is measured at its true size at any tilt.
 - **Ruler**: a segment the clinician draws along a ruler in the photo with its length in cm
-  (:class:`Ruler`): one scale, no perspective correction (a tilted photo is measured too small along
-  the tilt).
+  (:class:`Ruler`): one scale, no perspective correction. Two ends on one line cannot show the photo's
+  tilt, so a ruler's uncertainty allows for any tilt up to :data:`RULER_MAX_TILT_DEG`: the foreshortening
+  that tilt can cause, and the change of scale with depth between the ruler and the wound (growing with
+  their distance in the photo over an assumed focal length, :data:`FOCAL_PER_SIDE`). Use the printed
+  marker for a tilted photo.
 
 Every :class:`Measurement` says how it was measured and carries a relative uncertainty of its area with
-the reasons that raise it (marker small in the frame, far from the wound, steep tilt). The uncertainty
-model is a stated heuristic (corner localisation of ±0.5 px, a planarity allowance growing with the
-wound's distance from the marker, and the unknown tilt of a ruler), not a calibrated interval.
+the reasons that raise it (marker small in the frame, far from the wound, steep tilt; a wound far from
+the ruler). The marker's is a stated heuristic (corner localisation of ±0.5 px, a planarity allowance
+growing with the wound's distance from the marker), not a calibrated interval; the ruler's is the first-order
+error a tilt up to :data:`RULER_MAX_TILT_DEG` can cause (``python -m benchmarks.followup`` reports how often
+it covers the measured error).
 """
 from __future__ import annotations
 
@@ -30,9 +35,12 @@ CORNER_PX = 0.5
 SMALL_MARKER_PX = 40.0
 FAR_SIDES = 6.0
 STEEP_TILT_DEG = 35.0
-#: Relative area error per marker side of distance (skin is not a plane) and a ruler's unknown tilt.
+#: Relative area error per marker side of distance (skin is not a plane).
 PLANARITY_PER_SIDE = 0.003
-RULER_TILT = 0.05
+#: The tilt a ruler photo's uncertainty allows for (degrees): a ruler cannot see it, a marker can.
+RULER_MAX_TILT_DEG = 30.0
+#: The focal length assumed for a ruler photo, per pixel of its longer side (a phone's main camera, ~65° across).
+FOCAL_PER_SIDE = 0.8
 
 
 class MeasureError(DatasetError):
@@ -149,7 +157,7 @@ class Calibration:
 
     method: str  # "marker" | "ruler"
     homography: np.ndarray
-    #: marker: its four corners in the image and side in pixels; ruler: its length in pixels
+    #: marker: its four corners in the image and side in pixels; ruler: its two ends and length in pixels
     corners: np.ndarray | None = None
     side_px: float = 0.0
     tilt_deg: float = 0.0
@@ -169,7 +177,8 @@ class Measurement:
     area_cm2: float | None = None
     length_cm: float | None = None
     width_cm: float | None = None
-    uncertainty: float | None = None  # relative (1 sigma) of the area
+    #: relative, of the area: a marker's 1 sigma; a ruler's the error a tilt up to RULER_MAX_TILT_DEG can cause
+    uncertainty: float | None = None
     reasons: list[str] = field(default_factory=list)
     #: the wound's centroid: cm on the calibration's plane, else pixels
     centre: tuple[float, float] | None = None
@@ -224,7 +233,8 @@ def ruler_calibration(ruler: Ruler, where: str, size: tuple[int, int] | None = N
     if not in_range(k, SCALE_CM_PER_PX):
         raise MeasureError(f"{where}: ruler gives {k:.3g} cm per pixel ({ruler.length_cm:g} cm over "
                            f"{ruler.length_px:.0f} px), outside {SCALE_CM_PER_PX[0]:g} to {SCALE_CM_PER_PX[1]:g}")
-    return Calibration("ruler", np.diag([k, k, 1.0]), side_px=ruler.length_px)
+    ends = np.array([[ruler.x1, ruler.y1], [ruler.x2, ruler.y2]], np.float64)
+    return Calibration("ruler", np.diag([k, k, 1.0]), corners=ends, side_px=ruler.length_px)
 
 
 def measure(mask: np.ndarray, calibration: Calibration | None) -> Measurement:
@@ -250,7 +260,7 @@ def measure(mask: np.ndarray, calibration: Calibration | None) -> Measurement:
     if flag is not None:
         return Measurement(area_px, calibration.method, flag=flag)
     m = Measurement(area_px, calibration.method, area_cm2=area, length_cm=length, width_cm=width, centre=centre)
-    _uncertainty(m, calibration, xs, ys)
+    _uncertainty(m, calibration, xs, ys, max(mask.shape))
     return m
 
 
@@ -286,12 +296,29 @@ def _length_width(points: np.ndarray) -> tuple[float, float]:
     return float(d[i, j]), float(across.max() - across.min())
 
 
-def _uncertainty(m: Measurement, cal: Calibration, xs: np.ndarray, ys: np.ndarray) -> None:
+def ruler_uncertainty(length_px: float, distance_px: float, photo_side_px: int) -> tuple[float, float, float]:
+    """(relative area uncertainty, its tilt term, its depth term) of a wound measured with a ruler ``length_px``
+    long whose centre is ``distance_px`` from the wound's, in a photo whose longer side is ``photo_side_px``.
+
+    The ruler's ends (±:data:`CORNER_PX`) give the scale; a tilt up to :data:`RULER_MAX_TILT_DEG`, unseen by the
+    ruler, can foreshorten the wound against it by up to 1/cos − 1 and, with the focal length taken as
+    :data:`FOCAL_PER_SIDE` × ``photo_side_px``, change the depth (the area scales with depth²) between the ruler
+    and the wound by up to tan(tilt) × distance / focal; the three combine in quadrature (their worst cases
+    need different tilt axes)."""
+    tilt = math.radians(RULER_MAX_TILT_DEG)
+    corner = 2 * math.sqrt(2) * CORNER_PX / length_px
+    foreshortening = 1 / math.cos(tilt) - 1
+    depth = 2 * math.tan(tilt) * distance_px / (FOCAL_PER_SIDE * photo_side_px)
+    return float(math.sqrt(corner ** 2 + foreshortening ** 2 + depth ** 2)), foreshortening, depth
+
+
+def _uncertainty(m: Measurement, cal: Calibration, xs: np.ndarray, ys: np.ndarray, photo_side_px: int) -> None:
+    assert cal.corners is not None  # a calibration keeps its marker's corners or its ruler's ends
+    centre = cal.corners.mean(axis=0)
+    distance_px = float(math.hypot(xs.mean() - centre[0], ys.mean() - centre[1]))
     if cal.method == "marker":
         corner = 2 * math.sqrt(2) * CORNER_PX / cal.side_px  # area ~ scale²; scale error ~ corner error / side
-        assert cal.corners is not None  # a marker calibration keeps its corners
-        centre = cal.corners.mean(axis=0)
-        distance_sides = float(math.hypot(xs.mean() - centre[0], ys.mean() - centre[1]) / cal.side_px)
+        distance_sides = distance_px / cal.side_px
         planarity = PLANARITY_PER_SIDE * distance_sides
         tilt = 0.0 if cal.tilt_deg <= STEEP_TILT_DEG else 0.02 * (cal.tilt_deg - STEEP_TILT_DEG) / 10
         m.uncertainty = float(math.sqrt(corner ** 2 + planarity ** 2 + tilt ** 2))
@@ -302,6 +329,9 @@ def _uncertainty(m: Measurement, cal: Calibration, xs: np.ndarray, ys: np.ndarra
         if cal.tilt_deg > STEEP_TILT_DEG:
             m.reasons.append(f"steep tilt (~{cal.tilt_deg:.0f}°)")
     else:
-        scale = 2 * math.sqrt(2) * CORNER_PX / cal.side_px
-        m.uncertainty = float(math.sqrt(scale ** 2 + RULER_TILT ** 2))
-        m.reasons.append("ruler: no perspective correction")
+        m.uncertainty, _, depth = ruler_uncertainty(cal.side_px, distance_px, photo_side_px)
+        m.reasons.append(f"ruler: no perspective correction; a tilt up to {RULER_MAX_TILT_DEG:g}° is allowed for "
+                         "(use the printed marker for a tilted photo)")
+        if distance_px > cal.side_px:
+            m.reasons.append(f"wound far from the ruler ({distance_px / cal.side_px:.1f} ruler lengths: "
+                             f"±{100 * depth:.0f}% from depth alone)")

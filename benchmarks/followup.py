@@ -4,7 +4,8 @@
    visits beside a 4 cm ArUco marker, camera distance and tilt (0–30°) varying; the product path
    (import, :func:`annotations.followup.followup_rows`) measures each open wound from the marker;
    the same outlines are measured again from the drawn ruler (no perspective correction). Error is
-   |measured − planted| / planted cm², by method and by tilt.
+   |measured − planted| / planted cm², by method and by tilt; for the ruler, also how often its stated
+   uncertainty covers its error (|error| ≤ uncertainty).
 2. **Track links**: :func:`annotations.followup.link_accuracy` replays the visits with the tracks
    hidden: top-1 accuracy of the proposed track (or "new track").
 3. **Real photos**: each Medetec and fuseg-dev photo with its expert mask is laid on a plane at a
@@ -73,7 +74,7 @@ def phantom(root: Path, visits: int, patients: int, seed: int) -> dict:
     bar.close()
     truth = {(t["image_id"], t["wound_index"]): t for t in read_truth(data)}
     images = {i["image_id"]: i for i in ws.store.images()}
-    marker, ruler = [], []
+    marker, ruler, ruler_u = [], [], []
     for r in rows:
         t = truth[(r["image_id"], r["wound_index"])]
         if t["closed"]:
@@ -82,7 +83,9 @@ def phantom(root: Path, visits: int, patients: int, seed: int) -> dict:
         cal = ruler_calibration(Ruler.parse(images[r["image_id"]]["metadata"]["ruler"], r["image_id"]), r["image_id"])
         m = measure(ws.load_mask(r["image_id"]) == r["wound_index"], cal)
         ruler.append((t["tilt_deg"], m.area_cm2 / t["area_cm2"] - 1))
-    return {"summary": summary, "marker": marker, "ruler": ruler, "links": followup.link_accuracy(rows),
+        ruler_u.append(m.uncertainty)
+    return {"summary": summary, "marker": marker, "ruler": ruler, "ruler_u": ruler_u,
+            "links": followup.link_accuracy(rows),
             "heal": followup.healing(rows)}
 
 
@@ -202,6 +205,11 @@ def speed_table(sp: dict) -> dict:
             "rows": [[labels[k], round(v, 2), round(v / base, 3)] for k, v in t.items()]}
 
 
+def coverage(errors: list[float], stated: list[float]) -> float:
+    """The share of measurements whose |relative error| is within their stated relative uncertainty."""
+    return float(np.mean(np.abs(np.asarray(errors)) <= np.asarray(stated))) if errors else float("nan")
+
+
 def tables(ph: dict, rl: dict[str, list[tuple[float, float]]]) -> list[dict]:
     """The result tables: area error per method on phantom visits and the real-data rows."""
     cols = ["wounds", "median |error| %", "95th pct |error| %", "mean error (bias) %"]
@@ -216,6 +224,12 @@ def tables(ph: dict, rl: dict[str, list[tuple[float, float]]]) -> list[dict]:
         mk = _stats([e for t, e in ph["marker"] if lo <= t < hi])
         ru = _stats([e for t, e in ph["ruler"] if lo <= t < hi])
         tilt["rows"].append([f"{lo}–{int(hi)}°", mk[0], mk[1], mk[2], ru[1], ru[2]])
+    errors = [e for _, e in ph["ruler"]]
+    stated = {"caption": "Ruler: stated uncertainty (a tilt up to 30° allowed for) against the measured error "
+                         "(SYNTHETIC)",
+              "columns": ["wounds", "coverage % (|error| ≤ stated)", "median stated %", "median |error| %"],
+              "rows": [[len(errors), round(100 * coverage(errors, ph["ruler_u"]), 1),
+                        round(100 * float(np.median(ph["ruler_u"])), 1), _stats(errors)[1]]]}
     links = ph["links"]
     link = {"caption": "Track-link proposals on phantom visits (SYNTHETIC; each visit against the earlier ones)",
             "columns": ["wounds linked", "top-1 %", "of which new tracks", "new-track top-1 %"],
@@ -225,7 +239,7 @@ def tables(ph: dict, rl: dict[str, list[tuple[float, float]]]) -> list[dict]:
                          "expert-mask cm² against the truth at the planted scale",
               "columns": ["data", "photos", "median |error| %", "95th pct |error| %", "mean error (bias) %"],
               "rows": [[name, *_stats([e for _, e in errs])] for name, errs in rl.items()]}
-    return [area, tilt, link, real_t]
+    return [area, tilt, stated, link, real_t]
 
 
 def _claim(claim: str, errors: list[float], limit_pct: float, quantile: float) -> dict:

@@ -4,7 +4,7 @@ Without ``--model``: the frozen baseline (TriDerm §3.3) — each photo resized 
 input size, a wound's embedding the mean of its tokens (:mod:`core.vision.features`), a
 photo's the mean of its wounds; recorded as a ``vision-baseline`` run.
 
-With ``--model MODEL`` — a TriDerm-V or fine-tune run id of the workspace, a model folder written by
+With ``--model MODEL`` — a TriDerm-V, fine-tune or frozen run id of the workspace, a model folder written by
 ``python -m core.export_model`` or an ``hf-hub:<org>/<repo>`` name (from the local cache when the
 hub is offline) — the workspace's photos with wounds are embedded in that model's space (each the
 mean of its wounds through the head or the tuned last stage, normalised like the model's study) and recorded as a
@@ -37,13 +37,13 @@ from core.runtime import load_embeddings, open_workspace, save_embeddings, user_
 from core.vision.recipe import OFFLINE_DEFAULT
 
 if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
-    from core.vision.inference import TrainedHead, TunedModel
+    from core.vision.inference import Model
 
 
 MODEL_RUN = "vision-model"
 
 
-def embed_workspace(ws: Workspace, model: TrainedHead | TunedModel, ref: str, progress: bool = True) -> int:
+def embed_workspace(ws: Workspace, model: Model, ref: str, progress: bool = True) -> int:
     """Embed the workspace's photos with wounds in ``model``'s space; record a ``vision-model`` run."""
     ids = sorted({w["image_id"] for w in ws.store.wounds()})
     run_id = ws.store.start_run(MODEL_RUN, {"modality": "vision", "model": ref, "backbone": model.backbone.name,
@@ -61,7 +61,7 @@ def embed_workspace(ws: Workspace, model: TrainedHead | TunedModel, ref: str, pr
     return run_id
 
 
-def study_run(ws: Workspace, model: TrainedHead | TunedModel, ref: str) -> int:
+def study_run(ws: Workspace, model: Model, ref: str) -> int:
     """The run whose embedding new photos are placed among: the model's own run, else the latest
     finished ``vision-model`` run of ``ref`` in the workspace (made now when there is none)."""
     if model.run_id is not None:
@@ -70,7 +70,7 @@ def study_run(ws: Workspace, model: TrainedHead | TunedModel, ref: str) -> int:
     return int(done[0]["id"]) if done else embed_workspace(ws, model, ref)
 
 
-def place_new_photos(ws: Workspace, model: TrainedHead | TunedModel, args: argparse.Namespace) -> list[str]:
+def place_new_photos(ws: Workspace, model: Model, args: argparse.Namespace) -> list[str]:
     """Embed the photos of ``--images`` with ``model`` and find their nearest study photos (the
     distances to every study photo written to ``--out`` as CSV); the lines to print."""
     from core.vision.inference import photo_files, read_labels
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backbone", default=OFFLINE_DEFAULT, help=f"backbone name (default {OFFLINE_DEFAULT})")
     parser.add_argument("--layer", default=None, help="backbone layer (default: the backbone's registry default)")
     parser.add_argument("--model", default=None, metavar="RUN|FOLDER|hf-hub:ORG/REPO",
-                        help="a TriDerm-V or fine-tune run id, an exported model folder or an hf-hub: name: embed the "
-                             "workspace's photos (and --images) in its space")
+                        help="a TriDerm-V, fine-tune or frozen run id, an exported model folder or an hf-hub: name: "
+                             "embed the workspace's photos (and --images) in its space")
     parser.add_argument("--images", type=Path, default=None, metavar="DIR", help="new photos to embed (with --model)")
     parser.add_argument("--neighbours", type=int, default=5, help="nearest study photos printed per new photo")
     parser.add_argument("--out", type=Path, default=None, help="CSV of distances from each new photo to the study's")

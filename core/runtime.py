@@ -333,9 +333,11 @@ def numbers_only(value: Any) -> Any:
     return json_safe(value) if isinstance(value, (bool, int, float)) else None
 
 
-def write_model_folder(model: Any, out: str | Path) -> Path:
-    """``model.save_pretrained`` into the new (or empty) folder ``out``, atomically: written beside
-    it and renamed in, so a failure leaves ``out`` as it was."""
+def write_model_folder(model: Any, out: str | Path, card: str) -> Path:
+    """``model.save_pretrained`` with ``card`` as its ``README.md`` (:func:`core.vision.model_card.model_card`) into the
+    new (or empty) folder ``out``, atomically: written beside it and renamed in, so a failure leaves ``out`` as
+    it was."""
     with staged_folder(out) as stage:
+        Path(stage, "README.md").write_text(card, encoding="utf-8")  # save_pretrained keeps a README it finds
         model.save_pretrained(stage)
     return Path(out)

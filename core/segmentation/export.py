@@ -3,7 +3,8 @@
 ``model.safetensors`` holds the tuned encoder stages and the FPN decoder; ``config.json`` the encoder (name and
 identity) it was trained over, its threshold, the decoder's shape, the input size, the run's metrics (numbers only) and a data summary of
 counts (photos trained on and held out) — never a photo, patient or wound id, nor the paths of
-the extra data folders the run read. :func:`load_shared_segmenter` opens such a folder (or an
+the extra data folders the run read — and its model card (``README.md``, :func:`core.vision.model_card.model_card`).
+:func:`load_shared_segmenter` opens such a folder (or an
 ``hf-hub:<org>/<repo>`` name) as a :class:`~core.segmentation.model.Segmenter`, read through
 :mod:`core.vision.model_files` (self-contained, ``width`` and ``input_size`` bounded before the network is built,
 tensors checked against it): a damaged or hostile folder is one :class:`SegmenterError`.
@@ -19,6 +20,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from annotations.workspace import Workspace
+from core.vision.model_card import model_card
 from core.vision.model_files import check_sizes, folder_file, load_weights, read_config
 from core.runtime import numbers_only, pick_device, write_model_folder
 from core.segmentation.model import (
@@ -73,12 +75,13 @@ def export_segmenter(ws: Workspace, run_id: int, out: str | Path) -> Path:
         raise ValueError(f"run {run_id}: no segmenter run with that id in {ws.root}")
     seg = Segmenter.load(run_checkpoint(ws, run), device="cpu", run_id=run_id)
     cfg = run["config"]
+    data = {k: cfg[k] for k in DATA_COUNTS if k in cfg}
     model = SharedSegmenter(seg.encoder.identity, seg.encoder.channels, seg.net.decoder.width,
                             seg.input_size, seg.tta, {k: cfg[k] for k in RECIPE if k in cfg},
-                            numbers_only(run["metrics"]), {k: cfg[k] for k in DATA_COUNTS if k in cfg},
-                            encoder_name=seg.encoder.name, threshold=seg.threshold)
+                            numbers_only(run["metrics"]), data, encoder_name=seg.encoder.name, threshold=seg.threshold)
     model.net.load_state_dict(seg.net.state_dict())
-    return write_model_folder(model, out)
+    return write_model_folder(model, out, model_card(run, {**data, "synthetic": ws.is_synthetic},
+                                                     ENCODERS[seg.encoder.name]))
 
 
 def load_shared_segmenter(ref: str | Path, device: torch.device | str | None = None) -> Segmenter:

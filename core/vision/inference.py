@@ -6,13 +6,17 @@ wounds' tokens (from its mask, or the whole photo when it has none) through the 
 embedding is normalised like the study's, so distances to the study's photos are comparable. A
 fine-tune run (:mod:`core.vision.finetune`) saves its tuned last stage + head and the study's centre
 (``runs/<id>/tail.pt``): a new photo goes through the frozen backbone up to stage 6, then the tuned
-tail, its wounds' mean tokens averaged (:class:`TunedModel`).
+tail, its wounds' mean tokens averaged (:class:`TunedModel`). A frozen run (``vision-baseline``, what ``--mode
+auto`` records without triplets) has no trained weights: a new photo is the mean of its wounds' backbone tokens,
+centred on the study's centre (saved with the run's embedding) and scaled to unit length (:class:`FrozenModel`).
 
 A run is shared with other centres as a model folder (Hugging Face's ``save_pretrained`` layout,
 :class:`~huggingface_hub.PyTorchModelHubMixin`): ``model.safetensors`` (the head — a
 :class:`SharedHead` — or the tuned tail — a :class:`SharedTail` — and the centre) and ``config.json``
 (format, backbone, layer, normalisation, training recipe, metrics and a data summary of counts — no
-photo, patient or wound id, no description). :func:`open_model` opens a run id, such a folder or an
+photo, patient or wound id, no description) — a frozen run's folder is its centre (a :class:`SharedFrozen`) — and
+``README.md``, the model card (:func:`core.vision.model_card.model_card`). :func:`open_model` opens a run id, such a
+folder or an
 ``hf-hub:<org>/<repo>`` name; a folder is read through :mod:`core.vision.model_files` (self-contained, sizes bounded,
 tensors checked against the model before they are read: one :class:`~core.vision.model_files.ModelFileError` otherwise).
 """
@@ -40,12 +44,13 @@ from core.vision.model_files import (
     load_weights,
     read_config,
 )
-from core.runtime import load_checkpoint, numbers_only, write_model_folder
+from core.vision.model_card import model_card
+from core.runtime import load_checkpoint, load_embeddings, numbers_only, write_model_folder
 from core.vision.backbones import LITE0_TIMM, Backbone, canonical_name, load_backbone, model_folder, split_layer
 from core.vision.baseline import centred_unit
 from core.vision.features import token_mask, wound_fractions
 from core.vision.finetune import RUN_KIND as FINETUNE_RUN, TAIL_FILE, pooling_weights, tail_of
-from core.vision.pooling import WoundHead
+from core.vision.pooling import MeanPooling, WoundHead
 from core.vision.supervised import MetricHead
 from core.vision.triderm import build_head, embedding_normalize
 from core.vision.triderm_config import TriDermConfig
@@ -53,6 +58,8 @@ from core.vision.triderm_config import TriDermConfig
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 HEAD_FORMAT = "triderm-v-head/1"
 TAIL_FORMAT = "triderm-v-tail/1"
+FROZEN_FORMAT = "triderm-v-frozen/1"
+FROZEN_RUN = "vision-baseline"
 #: Counts recorded in a run's configuration that describe its data without naming any of it.
 DATA_COUNTS = ("n_images", "n_wounds", "n_expert_triplets", "synthetic")
 
@@ -96,9 +103,32 @@ class SharedTail(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
         self.register_buffer("center", torch.zeros(int(dim)))
 
 
+class SharedFrozen(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
+                   tags=["triderm", "wound-embedding", "dermatology", "frozen"]):
+    """A frozen run's embedding centre, saved and loaded as a Hugging Face model folder (the backbone, with its
+    layer, comes from ``backbone``; nothing was trained)."""
+
+    center: torch.Tensor  # a buffer
+
+    def __init__(self, dim: int, backbone: str, normalize: str, metrics: dict[str, Any] | None = None,
+                 data: dict[str, Any] | None = None, model_format: str = FROZEN_FORMAT) -> None:
+        super().__init__()
+        if model_format != FROZEN_FORMAT:
+            raise ValueError(f"config.json: model_format {model_format!r} is not {FROZEN_FORMAT!r}")
+        if normalize not in ("center-l2", "none"):
+            raise ValueError(f"config.json: normalize {normalize!r} is not 'center-l2' or 'none'")
+        self.backbone_name, self.normalize = backbone, normalize
+        self.register_buffer("center", torch.zeros(int(dim)))
+
+
 def _data_summary(ws: Workspace, run: dict[str, Any]) -> dict[str, Any]:
-    """The counts of :data:`DATA_COUNTS` a run recorded, and its workspace's patients."""
-    data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
+    """The counts of :data:`DATA_COUNTS` a run recorded (a frozen run: in its metrics; it used no triplets), and
+    its workspace's patients."""
+    if run["kind"] == FROZEN_RUN:
+        data = {"n_images": run["metrics"]["n_images"], "n_wounds": run["metrics"]["n_wounds"],
+                "n_expert_triplets": 0, "synthetic": run["config"]["synthetic"]}
+    else:
+        data = {k: run["config"][k] for k in DATA_COUNTS if k in run["config"]}
     data["n_patients"] = len({i["patient_id"] for i in ws.store.images() if i["patient_id"]})
     return data
 
@@ -111,11 +141,12 @@ def export_tail(ws: Workspace, run_id: int, out: str | Path) -> Path:
     run = ws.store.run(run_id)
     assert run is not None, run_id
     blob = _tail_blob(ws, run_id)
+    data = _data_summary(ws, run)
     model = SharedTail(int(blob["center"].numel()), blob["config"], blob["backbone"], numbers_only(run["metrics"]),
-                       _data_summary(ws, run), model_format=TAIL_FORMAT)
+                       data, model_format=TAIL_FORMAT)
     model.tail.load_state_dict(blob["tail"])
     model.center.copy_(blob["center"])
-    return write_model_folder(model, out)
+    return write_model_folder(model, out, model_card(run, data, f"{blob['backbone']}@stage6"))
 
 
 def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
@@ -128,12 +159,36 @@ def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
     assert run is not None, run_id  # just recorded
     cfg = TriDermConfig.from_record(blob["config"])
     recipe = {k: v for k, v in asdict(cfg).items() if k != "backbone"}
+    data = _data_summary(ws, run)
     model = SharedHead(int(blob["channels"]), int(blob["center"].numel()), recipe, blob["backbone"],
                        run["config"].get("layer"), embedding_normalize(cfg), numbers_only(run["metrics"]),
-                       _data_summary(ws, run), model_format=HEAD_FORMAT)
+                       data, model_format=HEAD_FORMAT)
     model.head.load_state_dict(blob["head"])
     model.center.copy_(blob["center"])
-    return write_model_folder(model, out)
+    return write_model_folder(model, out, model_card(run, data, blob["backbone"]))
+
+
+def export_frozen(ws: Workspace, run_id: int, out: str | Path) -> Path:
+    """Write frozen run ``run_id`` (``vision-baseline``: backbone name with its layer, normalisation, the study's
+    centre) as a :class:`SharedFrozen` folder ``out`` (new or empty); returns it."""
+    run, center = _frozen_record(ws, run_id)
+    data = _data_summary(ws, run)
+    model = SharedFrozen(len(center), run["config"]["backbone"], run["config"]["normalize"],
+                         numbers_only(run["metrics"]), data, model_format=FROZEN_FORMAT)
+    model.center.copy_(torch.from_numpy(center))
+    return write_model_folder(model, out, model_card(run, data, run["config"]["backbone"]))
+
+
+def _frozen_record(ws: Workspace, run_id: int) -> tuple[dict[str, Any], np.ndarray]:
+    """Frozen run ``run_id``'s record and its centre (zeros for a raw, ``none``-normalised run)."""
+    run = ws.store.run(run_id)
+    if run is None or run["kind"] != FROZEN_RUN:
+        raise ValueError(f"--model {run_id}: no frozen (vision-baseline) run with that id in {ws.root}")
+    center = load_embeddings(ws, run_id).get("center")
+    if center is None:
+        raise ValueError(f"--model {run_id}: the frozen run saved no embedding centre; it predates centre saving: "
+                         "run `python -m core.train_triderm --mode frozen` again")
+    return run, np.asarray(center, dtype=np.float32)
 
 
 def _head_blob(ws: Workspace, run_id: int) -> dict[str, Any]:
@@ -234,13 +289,56 @@ class TunedModel:
         return centred_unit(emb.double().cpu().numpy(), self.center)
 
 
-def open_model(ws: Workspace, ref: str, device: torch.device | str | None = None) -> TrainedHead | TunedModel:
-    """The model ``--model ref`` names: a TriDerm-V or fine-tune run id of ``ws``, or a folder written by
-    :func:`export_head` / :func:`export_tail` (local or an ``hf-hub:<org>/<repo>`` name), told by its format."""
+@dataclass
+class FrozenModel:
+    """A frozen run's backbone (with its layer) and the study's centre: no trained weights."""
+
+    run_id: int | None
+    backbone: Backbone
+    center: np.ndarray
+    normalize: str
+
+    @classmethod
+    def load(cls, ws: Workspace, run_id: int, device: torch.device | str | None = None) -> FrozenModel:
+        """Frozen run ``run_id``'s backbone and centre."""
+        run, center = _frozen_record(ws, run_id)
+        return cls(run_id, load_backbone(run["config"]["backbone"], device=device), center,
+                   run["config"]["normalize"])
+
+    @classmethod
+    def from_folder(cls, folder: Path, device: torch.device | str | None = None,
+                    root: Path | None = None) -> FrozenModel:
+        """A :class:`SharedFrozen` folder's centre and backbone (``root``: see :func:`shared_model`)."""
+        shared = shared_model(SharedFrozen, folder, root)
+        assert isinstance(shared, SharedFrozen)
+        return cls(None, load_backbone(shared.backbone_name, device=device), shared.center.numpy(), shared.normalize)
+
+    def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
+        """One photo's embedding as the run embedded its study photos: each wound's mean token (the whole photo
+        when ``labels`` is None or empty), their mean, centred and unit length for a ``center-l2`` run."""
+        x, labels, wounds = model_input(self.backbone, image, labels)
+        with torch.no_grad():
+            feat = self.backbone(self.backbone.normalize(x))[0].half().float()  # the feature cache's precision
+            mask = token_mask(wound_fractions(labels, wounds, (feat.shape[-2], feat.shape[-1]))).flatten(1)
+            seg, loc = torch.nonzero(mask, as_tuple=True)
+            wound_emb, _ = MeanPooling()(feat.flatten(1).T[loc].cpu(), seg, len(wounds))
+        emb = wound_emb.double().numpy().mean(0)
+        return centred_unit(emb, self.center) if self.normalize == "center-l2" else emb
+
+
+Model = TrainedHead | TunedModel | FrozenModel
+
+
+def open_model(ws: Workspace, ref: str, device: torch.device | str | None = None) -> Model:
+    """The model ``--model ref`` names: a TriDerm-V, fine-tune or frozen run id of ``ws``, or a folder written by
+    :func:`export_head` / :func:`export_tail` / :func:`export_frozen` (local or an ``hf-hub:<org>/<repo>`` name),
+    told by its format."""
     if ref.isdigit():
         run = ws.store.run(int(ref))
-        is_tuned = run is not None and run["kind"] == FINETUNE_RUN
-        return TunedModel.load(ws, int(ref), device) if is_tuned else TrainedHead.load(ws, int(ref), device)
+        kind = None if run is None else run["kind"]
+        if kind == FINETUNE_RUN:
+            return TunedModel.load(ws, int(ref), device)
+        return FrozenModel.load(ws, int(ref), device) if kind == FROZEN_RUN else TrainedHead.load(ws, int(ref), device)
     folder = model_folder(ref)
     root = folder.parents[1] if ref.startswith("hf-hub:") else None  # a cache snapshot's links: its repo's blobs
     meta = read_config(folder, root)
@@ -249,15 +347,20 @@ def open_model(ws: Workspace, ref: str, device: torch.device | str | None = None
         return TrainedHead.from_folder(folder, device, root)
     if model_format == TAIL_FORMAT:
         return TunedModel.from_folder(folder, device, root)
-    raise ValueError(f"--model {ref}: config.json is not a TriDerm-V head or fine-tuned tail "
-                     f"(model_format {HEAD_FORMAT} or {TAIL_FORMAT})")
+    if model_format == FROZEN_FORMAT:
+        return FrozenModel.from_folder(folder, device, root)
+    raise ValueError(f"--model {ref}: config.json is not a TriDerm-V head, fine-tuned tail or frozen embedding "
+                     f"(model_format {HEAD_FORMAT}, {TAIL_FORMAT} or {FROZEN_FORMAT})")
 
 
-def shared_model(kind: type[SharedHead] | type[SharedTail], folder: Path, root: Path | None = None
-                 ) -> SharedHead | SharedTail:
-    """A model folder's :class:`SharedHead` or :class:`SharedTail`: its ``config.json`` checked (sizes bounded,
-    the backbone's file inside the folder) before the module is built, then ``model.safetensors`` checked and
-    loaded. ``root`` is where a Hugging Face snapshot's links may point (else no link is followed)."""
+Shared = SharedHead | SharedTail | SharedFrozen
+
+
+def shared_model(kind: type[Shared], folder: Path, root: Path | None = None) -> Shared:
+    """A model folder's :class:`SharedHead`, :class:`SharedTail` or :class:`SharedFrozen`: its ``config.json``
+    checked (sizes bounded, the backbone's file inside the folder) before the module is built, then
+    ``model.safetensors`` checked and loaded. ``root`` is where a Hugging Face snapshot's links may point (else no
+    link is followed)."""
     config = read_config(folder, root)
     where = f"{folder / 'config.json'}"
     check_sizes(config, where, ("channels", "dim"))
@@ -276,7 +379,7 @@ def shared_model(kind: type[SharedHead] | type[SharedTail], folder: Path, root: 
     return model.eval()
 
 
-def _build(kind: type[SharedHead] | type[SharedTail], config: dict[str, Any], where: str) -> SharedHead | SharedTail:
+def _build(kind: type[Shared], config: dict[str, Any], where: str) -> Shared:
     """``kind(**config)``; a missing, unknown or invalid field is a :class:`~core.vision.model_files.ModelFileError`."""
     try:
         return kind(**config)

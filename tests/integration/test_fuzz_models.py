@@ -50,7 +50,7 @@ def head_folder(tmp_path_factory) -> Path:
     cfg = TriDermConfig(dim=4, hidden=4)
     recipe = {k: v for k, v in asdict(cfg).items() if k != "backbone"}
     model = SharedHead(8, 4, recipe, "efficientnet-lite0", None, "center-l2", {}, {}, model_format=HEAD_FORMAT)
-    return write_model_folder(model, tmp_path_factory.mktemp("fuzz") / "head")
+    return write_model_folder(model, tmp_path_factory.mktemp("fuzz") / "head", "# a test head\n")
 
 
 @pytest.fixture(scope="module")

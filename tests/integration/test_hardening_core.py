@@ -145,7 +145,7 @@ def _head_folder(path: Path, channels: int = 8) -> Path:
     cfg = TriDermConfig(dim=4, hidden=4)
     recipe = {k: v for k, v in asdict(cfg).items() if k != "backbone"}
     model = SharedHead(channels, 4, recipe, "efficientnet-lite0", None, "center-l2", {}, {}, model_format=HEAD_FORMAT)
-    return write_model_folder(model, path)
+    return write_model_folder(model, path, "# a test head\n")
 
 
 def _edit_config(folder: Path, **changes: Any) -> None:
@@ -293,7 +293,7 @@ def test_hostile_shared_segmenter_config_is_one_error(tmp_path, checkpoint, chan
     enc = seg.encoder
     shared = SharedSegmenter(enc.identity, enc.channels, seg.net.decoder.width, seg.input_size, seg.tta)
     shared.net.load_state_dict(seg.net.state_dict())
-    folder = write_model_folder(shared, tmp_path / "shared")
+    folder = write_model_folder(shared, tmp_path / "shared", "# a test segmenter\n")
     assert load_shared_segmenter(folder, "cpu").input_size == 64
     _edit_config(folder, **change)
     with pytest.raises(SegmenterError, match=re.escape(says)):
@@ -303,7 +303,7 @@ def test_hostile_shared_segmenter_config_is_one_error(tmp_path, checkpoint, chan
 def test_a_fine_tuned_tail_names_only_its_own_backbone(tmp_path):
     """A tail folder naming another (e.g. a 600 M-parameter) backbone is refused before anything is built."""
     tail = SharedTail(4, {}, "efficientnet-lite0", model_format=TAIL_FORMAT)
-    folder = write_model_folder(tail, tmp_path / "tail")
+    folder = write_model_folder(tail, tmp_path / "tail", "# a test tail\n")
     assert isinstance(shared_model(SharedTail, folder), SharedTail)
     _edit_config(folder, backbone="timm:vit_huge_patch14_224")
     with pytest.raises(ModelFileError, match="is not EfficientNet-Lite0"):
