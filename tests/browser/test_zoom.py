@@ -1,0 +1,91 @@
+"""Zoom that magnifies the wound (issue 54), in Chromium at 1366×768: three photos with one small wound each
+(24 px of a 320-px photo, one at the photo's right edge); each triplet tile shows its wound at least 150 px
+wide, and the zoom opens fitted to the wound (≥ 150 px, larger than the tile), 4× closer on a click, and pans."""
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+from playwright.sync_api import expect
+from streamlit_page import idle, image_shown
+from wound_photos import wound_photo
+
+from annotations.dataset import import_dataset
+from annotations.workspace import Workspace
+
+expect.set_options(timeout=120_000)
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+LAPTOP = {"width": 1366, "height": 768}
+#: One small wound per photo (ellipse boxes in a 320×240 photo): two inside, one touching the right edge.
+WOUNDS = {"z-01": (150, 110, 173, 129), "z-02": (60, 40, 83, 59), "z-03": (296, 150, 319, 169)}
+
+
+def wound_width(shot: bytes) -> int:
+    """Screen pixels across the wound (dark red fill and its red outline) in a screenshot of one picture."""
+    rgb = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"), dtype=np.int32)
+    red = (rgb[..., 0] > 110) & (rgb[..., 1] < 100) & (rgb[..., 2] < 120)
+    cols = np.nonzero(red.sum(0) >= 3)[0]
+    return int(cols.max() - cols.min() + 1) if len(cols) else 0
+
+
+@pytest.fixture
+def small_wounds(tmp_path, start_app, add_account):
+    """A workspace of the three photos of :data:`WOUNDS`, outlined; its server and an annotator."""
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "masks").mkdir()
+    for seed, (name, box) in enumerate(WOUNDS.items()):
+        img, labels = wound_photo(seed, [box])
+        Image.fromarray(img).save(data / "images" / f"{name}.png")
+        Image.fromarray(labels).save(data / "masks" / f"{name}.png")
+    ws = Workspace(tmp_path / "ws")
+    import_dataset(ws, data)
+    ws.store.close()
+    return start_app(ws.root, tmp_path / "streamlit.log"), add_account(ws.root, "Dr Zoom")
+
+
+def test_small_wounds_fill_the_tiles_and_the_zoom_magnifies_them(small_wounds, chromium, sign_in, screenshot):
+    server, name = small_wounds
+    context = chromium.new_context(viewport=LAPTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(120_000)
+    sign_in(pg, server.url, name)
+    pg.goto(f"{server.url}/Triplets")
+    expect(pg.get_by_text(re.compile(rf"^{name}: 0 of"))).to_be_visible()
+    idle(pg)
+    tiles = '[data-testid="stMain"] [data-testid="stImage"] img'
+    image_shown(pg, tiles, 3)
+    widths = [wound_width(pg.locator(tiles).nth(n).screenshot()) for n in range(3)]
+    assert all(w >= 150 for w in widths), widths  # a 24-px wound of a 320-px photo, each tile ~430 px wide
+    screenshot(pg, "triplets_small_wounds")
+    pg.keyboard.press("w")  # zoom the query photo
+    dialog = pg.get_by_role("dialog")
+    expect(dialog.get_by_text(re.compile(r"^Query · z-0\d · wounds · photo pixels"))).to_be_visible()
+    image_shown(pg, '[role="dialog"] [data-testid="stImage"] img')
+    picture = dialog.get_by_test_id("stImage").locator("img")
+    box = picture.bounding_box()
+    assert box["y"] >= 0 and box["y"] + box["height"] <= LAPTOP["height"], box  # fits the laptop screen
+    fitted = wound_width(picture.screenshot())
+    assert fitted >= 150 and fitted > max(widths), (fitted, widths)
+    screenshot(pg, "triplets_zoom_wound")
+    caption = dialog.get_by_text(re.compile(r"photo pixels"))
+    before = caption.inner_text()
+    dialog.get_by_role("radio", name="4×").or_(dialog.get_by_role("button", name="4×")).first.click()
+    expect(caption).to_contain_text("4× · photo pixels")
+    image_shown(pg, '[role="dialog"] [data-testid="stImage"] img')
+    idle(pg)
+    four = caption.inner_text()
+    span, fit_span = ([int(a) - int(b) for b, a in re.findall(r"(\d+)–(\d+)", text)][0] for text in (four, before))
+    assert 32 <= span < fit_span and wound_width(picture.screenshot()) > fitted  # closer, down to a 32×24-px window
+    dialog.get_by_role("button", name="Left").click()
+    expect(caption).not_to_have_text(four)
+    left_of = [int(v) for v in re.findall(r"(\d+)–", caption.inner_text())]
+    assert left_of[0] < [int(v) for v in re.findall(r"(\d+)–", four)][0], (four, caption.inner_text())
+    assert before != four
+    pg.keyboard.press("Escape")
+    expect(dialog).to_have_count(0)
+    context.close()
