@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 from streamlit_page import idle, image_shown
-from wound_photos import wound_photo
+from conftest import PASSWORD
+from wound_photos import open_wound_masks, to_screen, wound_photo
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
@@ -30,6 +31,12 @@ def wound_width(shot: bytes) -> int:
     red = (rgb[..., 0] > 110) & (rgb[..., 1] < 100) & (rgb[..., 2] < 120)
     cols = np.nonzero(red.sum(0) >= 3)[0]
     return int(cols.max() - cols.min() + 1) if len(cols) else 0
+
+
+def view_box(caption: str) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of the photo pixels a zoom caption says it shows ("… x0–x1 × y0–y1")."""
+    x0, x1, y0, y1 = (int(v) for v in re.search(r"photo pixels (\d+)–(\d+) × (\d+)–(\d+)", caption).groups())
+    return x0, y0, x1, y1
 
 
 @pytest.fixture
@@ -79,13 +86,31 @@ def test_small_wounds_fill_the_tiles_and_the_zoom_magnifies_them(small_wounds, c
     image_shown(pg, '[role="dialog"] [data-testid="stImage"] img')
     idle(pg)
     four = caption.inner_text()
-    span, fit_span = ([int(a) - int(b) for b, a in re.findall(r"(\d+)–(\d+)", text)][0] for text in (four, before))
-    assert 32 <= span < fit_span and wound_width(picture.screenshot()) > fitted  # closer, down to a 32×24-px window
+    fit, close = view_box(before), view_box(four)
+    assert 32 <= close[2] - close[0] < fit[2] - fit[0]  # closer, down to a 32×24-px window
+    assert wound_width(picture.screenshot()) > fitted
     dialog.get_by_role("button", name="Left").click()
     expect(caption).not_to_have_text(four)
-    left_of = [int(v) for v in re.findall(r"(\d+)–", caption.inner_text())]
-    assert left_of[0] < [int(v) for v in re.findall(r"(\d+)–", four)][0], (four, caption.inner_text())
-    assert before != four
+    moved = view_box(caption.inner_text())
+    assert moved[0] < close[0] and moved[2] - moved[0] == close[2] - close[0], (close, moved)  # half a window left
     pg.keyboard.press("Escape")
     expect(dialog).to_have_count(0)
+    context.close()
+
+
+def test_the_outline_editor_fits_the_wound_on_w(small_wounds, chromium):
+    server, name = small_wounds
+    context = chromium.new_context(viewport=LAPTOP)
+    pg = context.new_page()
+    open_wound_masks(pg, server.url, name, PASSWORD, "z-03")  # the wound at the right edge
+    expect(pg.locator(".oe .zoom")).to_have_text("Zoom 100%")
+    pg.locator(".oe svg").focus()
+    pg.keyboard.press("w")
+    zoom = int(re.fullmatch(r"Zoom (\d+)%", pg.locator(".oe .zoom").inner_text()).group(1))
+    assert zoom >= 800, zoom  # a 23-px wound of a 320-px photo, with a quarter of its width on each side
+    stage = pg.locator(".oe svg").bounding_box()
+    left, top = to_screen(pg, 296, 150)
+    right, bottom = to_screen(pg, 319, 169)
+    assert stage["x"] <= left < right <= stage["x"] + stage["width"] and stage["y"] <= top < bottom <= stage["y"] + stage["height"]
+    assert right - left >= 150, (left, right)  # the wound's width on screen
     context.close()
