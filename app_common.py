@@ -390,15 +390,16 @@ def _outlined(root: str, image_id: str, width: int, height: int, digest: str) ->
     return _frame(outline_overlay(ws.load_image(image_id), ws.load_mask(image_id)), width, height)
 
 
-def outline_overlay(image: Image.Image, labels: np.ndarray) -> Image.Image:
-    """The photo with each wound's contour drawn in its colour (a 3-px line; the wound stays visible)."""
+def outline_overlay(image: Image.Image, labels: np.ndarray, border: bool = True) -> Image.Image:
+    """The photo with each wound's contour drawn in its colour (a 3-px line; the wound stays visible);
+    without ``border`` no line runs along the picture's edge (a crop that cuts a wound)."""
     from scipy import ndimage
 
     out = np.asarray(image.convert("RGB")).copy()
     width = max(2, round(max(out.shape[:2]) / 300))
     for i in (int(v) for v in np.unique(labels) if v > 0):
         region = labels == i
-        edge = region & ~ndimage.binary_erosion(region, iterations=width)
+        edge = region & ~ndimage.binary_erosion(region, iterations=width, border_value=0 if border else 1)
         out[edge] = session.PALETTE[(i - 1) % len(session.PALETTE)]
     return Image.fromarray(out)
 
@@ -408,23 +409,59 @@ def outlined(ws: Workspace, image_id: str, width: int = 720, height: int = 540) 
     return _outlined(str(ws.root), image_id, width, height, _digest(ws, image_id))
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _decoded(root: str, image_id: str, digest: str) -> tuple[Image.Image, np.ndarray]:
+    """The photo and its label map, decoded once for the crops and zooms cut from them (never modified)."""
+    ws = workspace()
+    return ws.load_image(image_id), ws.load_mask(image_id)
+
+
+def _part(image: Image.Image, labels: np.ndarray, box: tuple[int, int, int, int], width: int, height: int,
+          outline: bool) -> bytes:
+    """JPEG of the part ``box`` of a photo enlarged (or shrunk) into a width×height frame, the wounds'
+    contours drawn at the frame's scale (a line of a few screen pixels however far it is enlarged)."""
+    part = ImageOps.contain(image.crop(box), (width, height), Image.Resampling.BICUBIC)
+    if outline:
+        cut = Image.fromarray(np.ascontiguousarray(labels[box[1]:box[3], box[0]:box[2]], dtype=np.int32))
+        part = outline_overlay(part, np.asarray(cut.resize(part.size, Image.Resampling.NEAREST)), border=False)
+    return _frame(part, width, height, "JPEG")
+
+
 @st.cache_data(show_spinner=False, max_entries=512)
 def _wound_view(root: str, image_id: str, width: int, height: int, crop: bool, outline: bool,
                 digest: str) -> tuple[bytes, int]:
-    ws = workspace()
-    image, labels = ws.load_image(image_id), ws.load_mask(image_id)
-    if outline:
-        image = outline_overlay(image, labels)
+    image, labels = _decoded(root, image_id, digest)
     box = session.wound_crop_box(labels, width / height) if crop else None
-    return _frame(image.crop(box) if box else image, width, height, "JPEG"), len(ws.store.wounds(image_id))
+    count = len(workspace().store.wounds(image_id))
+    if box is not None:
+        return _part(image, labels, box, width, height, outline), count
+    return _frame(outline_overlay(image, labels) if outline else image, width, height, "JPEG"), count
 
 
 def wound_view(ws: Workspace, image_id: str, width: int, height: int, crop: bool = True,
                outline: bool = True) -> tuple[bytes, int]:
     """(JPEG bytes, number of wounds) of a photo letterboxed into width×height: cropped around its
-    outlined wounds (``crop``; the whole photo when none is outlined), their contours drawn
-    (``outline``). Cached by content hash; JPEG keeps the bytes sent per question small."""
+    outlined wounds (``crop``; the whole photo when none is outlined) and enlarged, so a small wound
+    fills about half the picture, their contours drawn (``outline``). Cached by content hash; JPEG
+    keeps the bytes sent per question small."""
     return _wound_view(str(ws.root), image_id, width, height, crop, outline, _digest(ws, image_id))
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _zoom_view(root: str, image_id: str, magnification: float, centre: tuple[float, float] | None, width: int,
+               height: int, outline: bool, digest: str) -> tuple[bytes, tuple[int, int, int, int]]:
+    image, labels = _decoded(root, image_id, digest)
+    box = session.zoom_box(image.size, session.wounds_box(labels), magnification, width / height, centre)
+    return _part(image, labels, box, width, height, outline), box
+
+
+def zoom_view(ws: Workspace, image_id: str, magnification: float, centre: tuple[float, float] | None = None,
+              width: int = 1280, height: int = 960, outline: bool = True) -> tuple[bytes, tuple[int, int, int, int]]:
+    """(JPEG bytes, box shown) of a zoom into a photo (:func:`annotations.session.zoom_box`: its wounds'
+    box at ``magnification`` 1, 2× / 4× closer, the whole photo at 0; around ``centre``, default the
+    wounds), enlarged into a width×height frame, contours drawn (``outline``). Cut server-side from the
+    photo decoded once; cached by content hash."""
+    return _zoom_view(str(ws.root), image_id, magnification, centre, width, height, outline, _digest(ws, image_id))
 
 
 def data_uri(png: bytes) -> str:

@@ -387,22 +387,74 @@ def overlay(image: Image.Image, labels: np.ndarray, alpha: float = 0.4) -> Image
     return result
 
 
-def wound_crop_box(labels: np.ndarray, aspect: float = 4 / 3, margin: float = 0.5,
-                   min_share: float = 0.25) -> tuple[int, int, int, int] | None:
-    """(left, top, right, bottom) of a crop of the ``aspect`` (width / height) around every wound of
-    ``labels``, with ``margin`` × the wounds' extent on each side, at least ``min_share`` of the photo's
-    width wide and inside the photo; the whole photo when the wounds do not fit such a crop; None when
+Box = tuple[int, int, int, int]
+#: Zoom choices of a photo: the wounds' box fitted to the view (×1), magnified 2× and 4× from there, and the
+#: whole photo (0).
+ZOOM_LEVELS = {"Wounds": 1.0, "2×": 2.0, "4×": 4.0, "Whole photo": 0.0}
+
+
+def wounds_box(labels: np.ndarray) -> Box | None:
+    """(left, top, right, bottom) of every outlined pixel of ``labels`` (right / bottom exclusive); None when
     nothing is outlined."""
     ys, xs = np.nonzero(labels > 0)
     if not len(xs):
         return None
-    h, w = labels.shape
-    x0, x1, y0, y1 = int(xs.min()), int(xs.max()) + 1, int(ys.min()), int(ys.max()) + 1
-    bw = max((x1 - x0) * (1 + 2 * margin), (y1 - y0) * (1 + 2 * margin) * aspect, min_share * w)
-    bw = min(bw, w, h * aspect)
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def _window(size: tuple[int, int], centre: tuple[float, float], bw: float, aspect: float) -> Box:
+    """A ``bw``-wide window of ``aspect`` around ``centre``, moved inside the photo of ``size`` (width,
+    height); cut to the photo along a side where it is larger than the photo."""
+    w, h = size
     bh = bw / aspect
-    if bw < x1 - x0 or bh < y1 - y0:
+    left = min(max(0.0, centre[0] - bw / 2), w - bw) if bw <= w else 0.0
+    top = min(max(0.0, centre[1] - bh / 2), h - bh) if bh <= h else 0.0
+    return round(left), round(top), round(min(w, left + bw)), round(min(h, top + bh))
+
+
+def fit_width(box: Box, aspect: float, margin: float, min_side: int) -> float:
+    """The width of the ``aspect`` window holding ``box`` with ``margin`` × its extent on each side, and at
+    least ``min_side`` pixels wide and high (a speck of a wound is not blown up past its pixels)."""
+    grow = 1 + 2 * margin
+    return max((box[2] - box[0]) * grow, (box[3] - box[1]) * grow * aspect, min_side, min_side * aspect)
+
+
+def wound_crop_box(labels: np.ndarray, aspect: float = 4 / 3, margin: float = 0.5,
+                   min_side: int = 32) -> Box | None:
+    """(left, top, right, bottom) of a crop of the ``aspect`` (width / height) around every wound of
+    ``labels``, with ``margin`` × the wounds' extent on each side (so a small wound fills about half the
+    crop, however small the photo shows it: the page enlarges the crop), at least ``min_side`` pixels each
+    way and inside the photo (moved inward at an edge, never shrunk); the whole photo when the wounds do
+    not fit such a crop; None when nothing is outlined."""
+    box = wounds_box(labels)
+    if box is None:
+        return None
+    h, w = labels.shape
+    bw = min(fit_width(box, aspect, margin, min_side), w, h * aspect)
+    if bw < box[2] - box[0] or bw / aspect < box[3] - box[1]:
         return 0, 0, w, h
-    left = min(max(0.0, (x0 + x1 - bw) / 2), w - bw)
-    top = min(max(0.0, (y0 + y1 - bh) / 2), h - bh)
-    return round(left), round(top), round(left + bw), round(top + bh)
+    return _window((w, h), ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2), bw, aspect)
+
+
+def zoom_box(size: tuple[int, int], wounds: Box | None, magnification: float, aspect: float = 4 / 3,
+             centre: tuple[float, float] | None = None, margin: float = 0.25, min_side: int = 24) -> Box:
+    """The part of a photo of ``size`` (width, height) a zoom shows: at ``magnification`` 1 the ``wounds``'
+    box with ``margin`` × its extent on each side at ``aspect`` (the whole photo when nothing is outlined),
+    ``magnification`` times smaller for 2× / 4× (never under ``min_side`` pixels), around ``centre`` (default:
+    the wounds' centre) and moved inside the photo; 0 shows the whole photo."""
+    w, h = size
+    if magnification < 0:
+        raise ValueError(f"zoom magnification must be ≥ 0, got {magnification}")
+    if magnification == 0:
+        return 0, 0, w, h
+    whole = max(w, h * aspect)  # the window that shows the whole photo
+    base = whole if wounds is None else min(fit_width(wounds, aspect, margin, 0), whole)
+    bw = max(base / magnification, min(min_side, w, h) * aspect)
+    if centre is None:
+        centre = (w / 2, h / 2) if wounds is None else ((wounds[0] + wounds[2]) / 2, (wounds[1] + wounds[3]) / 2)
+    return _window(size, centre, bw, aspect)
+
+
+def panned(box: Box, dx: int, dy: int) -> tuple[float, float]:
+    """The centre of ``box`` moved by ``dx`` / ``dy`` half windows (right / down positive): a pan step."""
+    return (box[0] + box[2]) / 2 + dx * (box[2] - box[0]) / 2, (box[1] + box[3]) / 2 + dy * (box[3] - box[1]) / 2

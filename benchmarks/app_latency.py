@@ -20,6 +20,12 @@
   "Upload the visit" to its message (each photo checked, turned upright, stripped and stored), median
   over ``--runs`` uploads of one server; and the data layer alone (:func:`annotations.upload.upload_photos`
   in-process) for comparison.
+* ``--worklist``: next photo on the outline page's worklist: key press (N) to the next photo's heading and
+  its picture in the outline editor, median and 90th percentile over ``--presses`` photos. ``--zoom``: key
+  press (W) on the Triplets page to the zoom dialog's picture loaded (fitted to the query photo's wounds, cut
+  on the server), over ``--presses`` photos (the dialog closed and the next triplet shown between two).
+  Both on the SYNTHETIC demo of ``--photos`` photos at 1366×768; targets (issue 54): ≤ 300 ms median.
+  Combine with ``--upload 20`` for the three figures of issue 54 in one run.
 
 The embedding runs are **TEST-ONLY random vectors** (the page's cost does not depend on what the
 vectors mean); the photos are the SYNTHETIC phantoms.
@@ -28,6 +34,7 @@ vectors mean); the photos are the SYNTHETIC phantoms.
     python -m benchmarks.app_latency --scale DIR [--runs 3] [--dim 64]
     python -m benchmarks.app_latency --triplets [--before REV] [--presses 40]   # writes results/app_latency.json
     python -m benchmarks.app_latency --upload 20 [--runs 3]
+    python -m benchmarks.app_latency --upload 20 --worklist --zoom [--runs 1] [--presses 40]   # issue 54's figures
 """
 from __future__ import annotations
 
@@ -59,6 +66,7 @@ from tests.browser.streamlit_page import idle, wait_for_cookie
 PASSWORD = "benchmark-password"
 TARGET_EXPLORE_S = 3.0
 TARGET_NEXT_MS, TARGET_NEXT_P90_MS = 300.0, 500.0  # issue 36: key → next photos at load ≈ 2
+TARGET_WORKLIST_MS, TARGET_ZOOM_MS = 300.0, 300.0  # issue 54: key → next photo / zoom shown, median
 UMAP_NEIGHBOURS, UMAP_MIN_DIST = 15, 0.1  # the page's default UMAP setting
 
 
@@ -517,6 +525,110 @@ def upload_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
                       ["the data layer alone (annotations.upload, in-process, once)", round(direct_s, 2), "", ""]]}]
 
 
+#: The photo on the outline page: its heading and a short signature of the editor's picture (a data URI; the
+#: editor, a components.v2 component, lives in a shadow root).
+PHOTO_SHOWN_JS = """() => {
+  const find = root => root.querySelector('.oe svg image')
+    || [...root.querySelectorAll('*')].filter(e => e.shadowRoot).map(e => find(e.shadowRoot)).find(Boolean) || null;
+  const heading = [...document.querySelectorAll('h3')].map(h => h.innerText).find(t => t.startsWith('Wounds of'));
+  const href = find(document)?.getAttribute('href') || '';
+  return heading && href ? heading + '|' + href.length + '|' + href.slice(-48) : '';
+}"""
+#: True once both the heading and the editor's picture differ from ``before`` (a PHOTO_SHOWN_JS value).
+NEXT_PHOTO_JS = f"""before => {{
+  const [h0, l0, t0] = before.split('|'), [h1, l1, t1] = ({PHOTO_SHOWN_JS})().split('|');
+  return !!h1 && h1 !== h0 && (l1 !== l0 || t1 !== t0);
+}}"""
+#: True once the zoom dialog's picture of the query photo is loaded.
+ZOOM_SHOWN_JS = """() => {
+  const dialog = document.querySelector('[role="dialog"]');
+  const img = dialog && dialog.querySelector('[data-testid="stImage"] img');
+  return !!img && img.complete && img.naturalWidth > 0 && dialog.innerText.includes('Query · ');
+}"""
+
+
+def laptop_page(browser, url: str, path: str):
+    """A signed-in 1366×768 page on ``url/path`` after its first run; returns (context, page)."""
+    context = browser.new_context(viewport={"width": 1366, "height": 768})
+    pg = context.new_page()
+    pg.set_default_timeout(600_000)  # the first visit of a fresh server on a loaded machine
+    sign_in(pg, url)
+    pg.goto(f"{url}/{path}")
+    return context, pg
+
+
+def worklist_next_ms(browser, url: str, presses: int) -> list[float]:
+    """Milliseconds from each press of N on the outline page to the next photo's heading and picture shown."""
+    context, pg = laptop_page(browser, url, "Wound_masks")
+    pg.wait_for_function(PHOTO_SHOWN_JS)
+    idle(pg)
+    pg.set_default_timeout(120_000)
+    nexts = []
+    for _ in range(presses):
+        before = pg.evaluate(PHOTO_SHOWN_JS)
+        t0 = time.perf_counter()
+        pg.keyboard.press("n")
+        pg.wait_for_function(NEXT_PHOTO_JS, arg=before, polling="raf")
+        nexts.append(1000 * (time.perf_counter() - t0))
+        idle(pg)
+    context.close()
+    return nexts
+
+
+def zoom_open_ms(browser, url: str, presses: int) -> list[float]:
+    """Milliseconds from each press of W on the Triplets page to the zoom dialog's picture loaded; the dialog
+    is closed and the next triplet answered (→) between two, so each zoom is of another question."""
+    context, pg = laptop_page(browser, url, "Triplets")
+    pg.get_by_text(re.compile(r"^Bench: \d+ of")).wait_for()
+    idle(pg)
+    pg.set_default_timeout(120_000)
+    opens = []
+    for _ in range(presses):
+        t0 = time.perf_counter()
+        pg.keyboard.press("w")
+        pg.wait_for_function(ZOOM_SHOWN_JS, polling="raf")
+        opens.append(1000 * (time.perf_counter() - t0))
+        idle(pg)
+        pg.keyboard.press("Escape")
+        pg.get_by_role("dialog").wait_for(state="detached")
+        before = zoom_names(pg)
+        pg.keyboard.press("ArrowRight")
+        pg.wait_for_function(NEXT_SHOWN_JS, arg=before, polling="raf")
+        idle(pg)
+    context.close()
+    return opens
+
+
+def spread(name: str, ms: list[float], target: float) -> list:
+    """A row: ``name``, median, 90th percentile, min, max (ms), median / target, count."""
+    median = statistics.median(ms)
+    return [name, round(median, 1), round(float(np.percentile(ms, 90)), 1), round(min(ms), 1), round(max(ms), 1),
+            round(median / target, 2), len(ms)]
+
+
+def day_tables(browser, root: Path, args: argparse.Namespace) -> list[dict]:
+    """Issue 54's figures on the phantom demo, one server: next photo of the outline page's worklist
+    (``--worklist``) and the zoom's opening (``--zoom``)."""
+    ws = demo_workspace(root, args.photos)
+    server = AppServer(ws.root, root / "streamlit-day.log")
+    rows = []
+    try:
+        if args.worklist:
+            rows.append(spread("outline page: N → next photo's heading and picture shown",
+                               worklist_next_ms(browser, server.url, args.presses), TARGET_WORKLIST_MS))
+        if args.zoom:
+            rows.append(spread("Triplets: W → zoom dialog's picture loaded (fitted to the wounds)",
+                               zoom_open_ms(browser, server.url, args.presses), TARGET_ZOOM_MS))
+        load = os.getloadavg()[0]
+    finally:
+        server.stop()
+    return [{"caption": f"Key press → shown at 1366×768 in Chromium, SYNTHETIC demo of {args.photos} photos, one "
+                        f"server; targets ≤ {TARGET_WORKLIST_MS:.0f} ms (next photo) and ≤ {TARGET_ZOOM_MS:.0f} ms "
+                        f"(zoom) median; load average (1 min) at the end {load:.1f} on {os.cpu_count()} CPUs",
+             "columns": ["case", "median ms", "90th percentile ms", "min ms", "max ms", "median / target", "presses"],
+             "rows": rows}]
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.app_latency`` benchmark; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.app_latency", description=__doc__.split("\n\n")[0])
@@ -536,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(RESULTS_DIR), help="with --triplets: folder of app_latency.json")
     parser.add_argument("--upload", type=int, default=None, metavar="N",
                         help="measure only the upload of N phone photos in the browser (e.g. 20)")
+    parser.add_argument("--worklist", action="store_true",
+                        help="measure the outline page's next photo (N) on the demo (with --zoom / --upload: those too)")
+    parser.add_argument("--zoom", action="store_true",
+                        help="measure the Triplets page's zoom opening (W) on the demo (with --worklist / --upload too)")
     parser.add_argument("--keep", default=None, help="build the workspace here and keep it (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -557,8 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.triplets:
                 tables = triplet_tables(browser, root, args)
-            elif args.upload:
-                tables = upload_tables(browser, root, args)
+            elif args.upload or args.worklist or args.zoom:
+                tables = upload_tables(browser, root / "upload", args) if args.upload else []
+                if args.worklist or args.zoom:
+                    tables += day_tables(browser, root / "day", args)
             else:
                 tables = scale_tables(browser, root, args) if args.scale else demo_tables(browser, root, args)
         finally:

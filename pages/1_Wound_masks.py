@@ -472,7 +472,8 @@ def editor():
 
         st.caption(f"{image['width']}×{image['height']} px · patient {ac.escape_md(image.get('patient_id')) or '—'} · "
                    f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
-                   "(0 = skin, n = wound n). Mouse wheel zooms; drag the background to pan.")
+                   "(0 = skin, n = wound n). Mouse wheel zooms; W (in the editor) fits the wounds; drag the background "
+                   "to pan.")
     return list_col
 
 

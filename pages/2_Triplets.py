@@ -2,7 +2,8 @@
 
 Made for judging wounds: the three photos fill a 1366-px screen (sidebar collapsed, narrow
 margins), each cropped around its outlined wounds (the whole photo one key away, outlines on/off by
-key); any photo opens full screen (button or key); descriptions are optional. The answer loop is a
+key; a small wound fills about half its picture); any photo opens in a zoom (button or key) fitted to its
+wounds, 2× / 4× closer or the whole photo, with pan buttons; descriptions are optional. The answer loop is a
 fragment: an answer reruns only the loop, and the next triplet is drawn and its pictures rendered
 while the annotator looks at the current one, so the next photos appear at once. Undo takes back the
 newest answer stored in the last hour, from the store itself, so it survives a page reload.
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 import streamlit as st
 
 import app_common as ac
+from annotations import session
 from annotations.scheduler import Question, TripletScheduler
 from annotations.session import target
 
@@ -29,9 +31,13 @@ KEYS = {"j": "left", "k": "right", "skip": "down", "undo": "u", "zoom_j": "q", "
         "whole": "f", "outline": "o"}
 FRAME = (960, 720)  # letterbox of each photo (4:3), shown at the column's width
 ZOOM = (1280, 960)
+#: The zoom's pan buttons: label, half windows right and down, icon.
+PAN = (("Left", -1, 0, ":material/arrow_back:"), ("Up", 0, -1, ":material/arrow_upward:"),
+       ("Down", 0, 1, ":material/arrow_downward:"), ("Right", 1, 0, ":material/arrow_forward:"))
 UNDO_WINDOW = timedelta(hours=1)  # how far back "Undo" reaches (answers stored this long ago or later)
-#: The zoom dialog fits a 768-px-high screen: its photo is at most 62 % of the window's height.
-ZOOM_CSS = ("<style>[data-testid='stDialog'] [data-testid='stImage'] img {max-height: 62vh; width: auto; "
+#: The zoom dialog (zoom choice, photo, pan buttons) fits a 768-px-high screen: its photo is at most 56 % of
+#: the window's height.
+ZOOM_CSS = ("<style>[data-testid='stDialog'] [data-testid='stImage'] img {max-height: 56vh; width: auto; "
             "max-width: 100%; margin: auto; display: block;}</style>")
 
 
@@ -146,11 +152,37 @@ def view(image_id: str) -> tuple[bytes, int]:
     return ac.wound_view(ws, image_id, *FRAME, crop=not state["whole_photo"], outline=state["outlines"])
 
 
+def open_zoom(image_id: str, role: str) -> None:
+    """Open the zoom dialog on ``image_id``, fitted to its wounds (the whole photo when none is outlined)."""
+    state["zoom_level"] = "Wounds" if ws.store.wounds(image_id) else "Whole photo"
+    state["zoom_centre"] = None
+    zoom(image_id, role)
+
+
+def recentre() -> None:
+    """Centre the zoom on the wounds again (a new zoom level's callback)."""
+    state["zoom_centre"] = None
+
+
+def pan(dx: int, dy: int, box: tuple[int, int, int, int]) -> None:
+    """Move the zoom's window by half a window (a pan button's callback)."""
+    state["zoom_centre"] = session.panned(box, dx, dy)
+
+
 @st.dialog("Photo", width="large")
 def zoom(image_id: str, role: str) -> None:
-    """A dialog with the whole photo and its wounds' descriptions."""
-    st.image(ac.wound_view(ws, image_id, *ZOOM, crop=False, outline=state["outlines"])[0],
-             caption=f"{role} · {ac.escape_md(image_id)} · whole photo")
+    """A dialog with the photo fitted to its wounds (2× / 4× closer, or the whole photo, pan by half a
+    window), cut from the photo on the server, and its wounds' descriptions."""
+    level = st.segmented_control("Zoom", list(session.ZOOM_LEVELS), key="zoom_level", label_visibility="collapsed",
+                                 on_change=recentre) or "Wounds"
+    picture, box = ac.zoom_view(ws, image_id, session.ZOOM_LEVELS[level], state.get("zoom_centre"), *ZOOM,
+                                outline=state["outlines"])
+    st.image(picture, caption=f"{role} · {ac.escape_md(image_id)} · {level.lower()} · photo pixels "
+                              f"{box[0]}–{box[2]} × {box[1]}–{box[3]}")
+    if level != "Whole photo":
+        for col, (label, dx, dy, icon) in zip(st.columns(4), PAN):
+            col.button(label, key=f"zoom_pan_{label.lower()}", on_click=pan, args=(dx, dy, box), width="stretch",
+                       icon=icon, help="Move the view by half its width or height")
     descriptions(image_id)
 
 
@@ -217,7 +249,7 @@ def answer_loop() -> None:
                 st.caption(which_wounds(wounds))
                 if st.button(f"Zoom {role.lower()} · {ac.escape_md(image_id)}", key=f"btn_{zoom_key}", shortcut=KEYS[zoom_key],
                              type="tertiary", icon=":material/zoom_in:"):
-                    zoom(image_id, role)
+                    open_zoom(image_id, role)
                 if state.get("show_descriptions"):
                     descriptions(image_id)
     undo_col, whole_col, outline_col = st.columns(3)

@@ -6,7 +6,7 @@
 // Coordinates are continuous photo coordinates (pixel (c, r) spans [c, c+1) x [r, r+1)).
 //
 // The editor keeps the clinician's unsaved edits in the browser until `version` changes (a save):
-// zoom (wheel, +/-), pan (drag the background, or the middle button / Space+drag in any mode),
+// zoom (wheel, +/-, Fit the photo, W the wounds' box), pan (drag the background, or the middle button / Space+drag in any mode),
 // vertex drag, add a vertex (double-click an edge), delete one (Alt+click or right-click it, or
 // the Delete key), draw a new outline (click points; click the first point or press Enter to close),
 // undo/redo (buttons, Ctrl+Z / Ctrl+Y), and "click to outline". Actions reach Python as one trigger,
@@ -99,7 +99,7 @@ class Editor {
     this.zoomLabel.setAttribute("aria-live", "polite");
     bar.appendChild(this.zoomLabel);
     button("+", "Zoom in (or use the mouse wheel)", bar, () => this.zoomBy(1.5));
-    button("Fit", "Show the whole photo", bar, () => this.fit());
+    button("Fit", "Show the whole photo (W in the editor: fit the outlined wounds)", bar, () => this.fit());
     sep();
     this.undoBtn = button("Undo", "Undo the last edit (Ctrl+Z)", bar, () => this.undo());
     this.redoBtn = button("Redo", "Redo (Ctrl+Y)", bar, () => this.redo());
@@ -162,6 +162,19 @@ class Editor {
   fit(render = true) {
     this.view = { x: 0, y: 0, w: this.data.width, h: this.data.height_px };
     if (render) this.render();
+  }
+
+  fitWounds() {  // the box of every outline with a quarter of its size on each side (the whole photo if none)
+    const pts = this.shapes.flatMap((s) => s.polys.flat());
+    if (!pts.length) return this.fit();
+    let [x0, y0, x1, y1] = [Infinity, Infinity, -Infinity, -Infinity];
+    for (const [x, y] of pts) {
+      x0 = Math.min(x0, x); y0 = Math.min(y0, y); x1 = Math.max(x1, x); y1 = Math.max(y1, y);
+    }
+    const w = Math.max((x1 - x0) * 1.5, this.data.width / MAX_ZOOM);
+    const h = Math.max((y1 - y0) * 1.5, this.data.height_px / MAX_ZOOM);
+    this.view = { x: (x0 + x1 - w) / 2, y: (y0 + y1 - h) / 2, w, h };
+    this.render();
   }
 
   zoomBy(factor, centre = null) {
@@ -327,6 +340,7 @@ class Editor {
       e.preventDefault(); this.remember(); this.draft.pop(); this.render();
     } else if (e.key === "Delete" || e.key === "Backspace") { e.preventDefault(); this.deleteVertex(); }
     else if (e.key === " ") { e.preventDefault(); this.space = true; }
+    else if ((e.key === "w" || e.key === "W") && !mod) { e.preventDefault(); this.fitWounds(); }
   }
 
   onDown(e) {

@@ -230,6 +230,17 @@ def test_app_latency_upload_tiny(capsys):
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
+def test_app_latency_worklist_and_zoom_tiny(capsys):
+    from benchmarks.app_latency import main
+    assert main(["--worklist", "--zoom", "--presses", "5", "--photos", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| outline page: N", "| Triplets: W"))]
+    assert len(rows) == 2 and all(line.split("|")[-2].strip() == "5" for line in rows)  # five presses each
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
 def test_app_latency_triplets_writes_its_result_file(tmp_path):
     from benchmarks.app_latency import main
     assert main(["--triplets", "--presses", "5", "--photos", "8", "--loads", "0", "--results", str(tmp_path)]) == 0
