@@ -53,6 +53,12 @@ labelstudio-venv: .venv-labelstudio/bin/label-studio
 gpu-check: install
 	$(PY) scripts/gpu_check.py
 
+# The README's screenshots (docs/screenshots/*.png) at 1366×768 from the current app on the SYNTHETIC demo,
+# imported through Home; TRAIN="--mode fine-tune" trains first so that the Report has its verdict (minutes on CPU)
+.PHONY: screenshots
+screenshots: install
+	$(PY) scripts/screenshots.py $(if $(TRAIN),--train "$(TRAIN)")
+
 # Rerun every section's command from benchmarks/results.py SECTIONS (hours on 2 cores), or one
 # with SECTION=name, then render docs/RESULTS.md from results/*.json.
 .PHONY: results

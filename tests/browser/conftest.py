@@ -22,6 +22,9 @@ from annotations.workspace import Workspace
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 PASSWORD = "browser-test-password"  # every test account's password
+#: The test server's Streamlit flags beside its port; the shipped .streamlit/config.toml (read from the
+#: repository, the server's working directory) holds the rest.
+SERVER_FLAGS = ("--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 
@@ -35,7 +38,8 @@ def free_port() -> int:
 class AppServer:
     """``streamlit run app.py`` of ``repo`` (default this checkout) against one workspace, stopped at teardown."""
 
-    def __init__(self, workspace: Path, log: Path, env: dict[str, str] | None = None, repo: Path = REPO) -> None:
+    def __init__(self, workspace: Path, log: Path, env: dict[str, str] | None = None, repo: Path = REPO,
+                 flags: tuple[str, ...] = SERVER_FLAGS) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -44,8 +48,7 @@ class AppServer:
         child_env.update({"TRIDERM_WORKSPACE": str(workspace), **(env or {})})
         self._log = open(log, "wb")  # noqa: SIM115 — the server's log stays open until stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
-             "--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port), *flags],
             cwd=repo, env=child_env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300  # generous: the first start imports torch on a loaded machine
         while time.monotonic() < deadline:

@@ -109,7 +109,7 @@ def test_zoom_vertex_edit_undo_and_photo_kept(app, page, screenshot):
     with settled(page, "saving wound 1"):
         tool(page, "Save outline").click()
         expect(page.get_by_text("Saved wound 1 of leg-01")).to_be_visible()
-    # the mouse wheel zooms about the pointer: wound 1 stays under it (docs/screenshots/outline_editor.png)
+    # the mouse wheel zooms about the pointer: wound 1 stays under it
     tool(page, "Fit").click()
     at = to_screen(page, 100, 95)
     page.mouse.move(*at)
