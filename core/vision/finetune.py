@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.losses import ExpertTripletLoss, VICRegLoss
-from core.runtime import pick_device, save_embeddings
+from core.runtime import keep_freed_memory, pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.baseline import centred_unit, mean_pooled
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
@@ -79,6 +80,38 @@ def pooling_weights(frac: Tensor) -> Tensor:
     return (mask[present] / n[present, None, None]).sum(0) / present.sum()
 
 
+def pooled(tokens: Tensor, weights: Tensor) -> Tensor:
+    """B×C weighted sums of a B×C×H×W token map over its H×W ``weights``, as one batched matrix product over the
+    channels-last layout the tail computes in: its gradient comes back channels-last too (an NCHW gradient meeting
+    channels-last activations sent the head's batch norm down a 13× slower path, results/profile_finetune.md)."""
+    return torch.bmm(weights.flatten(1)[:, None], tokens.permute(0, 2, 3, 1).flatten(1, 2))[:, 0]
+
+
+def channels_last(x: Tensor) -> Tensor:
+    """``x`` (B×C×H×W) in the channels-last layout the tail's convolutions are fastest in on the CPU."""
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def step_flops(tail: nn.Module, x: Tensor, w: Tensor) -> int:
+    """Floating-point operations of one training step of ``tail`` on the batch ``x``, counted per convolution
+    (2 × weights × output cells): its forward, its weight gradient, and its input gradient except for the first
+    convolution (the frozen input needs none), plus the pooling. Counted by hand because
+    :class:`torch.utils.flop_counter.FlopCounterMode` counts a grouped convolution's backward as a dense one (14×
+    the step's arithmetic here)."""
+    convs = [m for m in tail.modules() if isinstance(m, nn.Conv2d)]
+    cells: dict[nn.Module, int] = {}
+    hooks = [m.register_forward_hook(lambda m, _, out: cells.__setitem__(m, out.shape[-2] * out.shape[-1]))
+             for m in convs]
+    try:
+        with torch.no_grad():
+            out = tail(channels_last(x[:1]))
+    finally:
+        for h in hooks:
+            h.remove()
+    per_conv = [2 * m.weight.numel() * cells[m] for m in convs]
+    return len(x) * (3 * sum(per_conv) - per_conv[0] + 2 * out[0].numel())
+
+
 def tail_of(backbone: Backbone) -> nn.Sequential:
     """The last stage + head (:data:`TAIL`) of an EfficientNet-Lite0 backbone (any layer: its model holds
     them), as the modules themselves."""
@@ -113,15 +146,21 @@ class LastStageTuner:
         self.tail: nn.Module = self.start
         self.losses: list[float] = []
         self.center_ = np.zeros(0)
+        #: wall seconds and counted floating-point operations of the last :meth:`fit`
+        self.fit_s_ = 0.0
+        self.fit_flops_ = 0
+        self.fit_photos_ = 0
+        if self.device.type == "cpu":
+            keep_freed_memory()
 
     def _trainable_copy(self) -> nn.Module:
         """A copy of the starting tail on the device, weights trainable, batch-norm statistics kept (ImageNet's)."""
-        tail = copy.deepcopy(self.start).to(self.device)
+        tail = copy.deepcopy(self.start).to(self.device).to(memory_format=torch.channels_last)
         tail.eval()
         return tail.requires_grad_(True)
 
     def _embed(self, x: Tensor, w: Tensor) -> Tensor:
-        return torch.einsum("bchw,bhw->bc", self.tail(x), w)
+        return pooled(self.tail(channels_last(x)), w)
 
     def fit(self, triplets: np.ndarray, fit_rows: np.ndarray, seed: int | None = None) -> LastStageTuner:
         """Tune a fresh copy of the last stage + head on ``triplets`` over the photos ``fit_rows``
@@ -141,6 +180,9 @@ class LastStageTuner:
         index = torch.from_numpy(rows).to(self.device)
         t = t.to(self.device)
         self.losses = []
+        self.fit_photos_ = len(rows)
+        self.fit_flops_ = cfg.steps * step_flops(self.start, self.view_x[index, 0], self.view_w[index, 0])
+        started = time.perf_counter()
         for _ in range(cfg.steps):
             view = torch.randint(self.view_x.shape[1], (len(rows),), generator=gen).to(self.device)
             emb = self._embed(self.view_x[index, view], self.view_w[index, view])
@@ -151,6 +193,7 @@ class LastStageTuner:
             opt.step()
             sched.step()
             self.losses.append(loss.item())
+        self.fit_s_ = time.perf_counter() - started
         self.center_ = self._eval_embedding()[rows].mean(0)
         return self
 
@@ -181,8 +224,8 @@ class LastStageTuner:
             rows = torch.randperm(n, generator=gen)[:config.batch_photos].to(self.device)
             first = torch.randint(n_views, (len(rows),), generator=gen)
             second = (first + torch.randint(1, n_views, (len(rows),), generator=gen)) % n_views
-            z1, z2 = (projector(torch.einsum("bchw,bhw->bc", tail(self.view_x[rows, v.to(self.device)]),
-                                             self.view_w[rows, v.to(self.device)])) for v in (first, second))
+            z1, z2 = (projector(pooled(tail(channels_last(self.view_x[rows, v.to(self.device)])),
+                                       self.view_w[rows, v.to(self.device)])) for v in (first, second))
             loss = loss_fn(z1, z2)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -204,6 +247,11 @@ class LastStageTuner:
         with atomic_write(path, "wb", suffix=".pt") as fh:
             torch.save({"backbone": backbone, "tail": self.tail.state_dict(),
                         "center": torch.from_numpy(self.center_), "config": asdict(self.config)}, fh)
+
+
+def fit_timing(tuner: LastStageTuner) -> dict[str, float]:
+    """The last fit's wall seconds, counted GFLOP (:func:`step_flops` × steps) and photos, for the run record."""
+    return {"s": round(tuner.fit_s_, 2), "gflop": round(tuner.fit_flops_ / 1e9, 1), "photos": tuner.fit_photos_}
 
 
 def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repeats: int = 3,
@@ -232,13 +280,16 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
         tuner = LastStageTuner(stage6, [photos[i] for i in image_ids], config, device)
         everyone = np.arange(len(image_ids))
         metrics: dict = {}
+        fits: list[dict[str, float]] = []
         if cv and len({patients[i] for i in image_ids}) >= cv:
             splits = repeated_folds(image_ids, patients, cv, cv_repeats, config.seed)
             bar = tqdm(total=cv * cv_repeats, desc="fine-tuning folds", unit="fold", disable=not progress)
 
             def fit_fold(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
                 bar.update()
-                return pairwise_euclidean(tuner.fit(train, np.setdiff1d(everyone, rows)).transform())
+                emb = tuner.fit(train, np.setdiff1d(everyone, rows)).transform()
+                fits.append(fit_timing(tuner))
+                return pairwise_euclidean(emb)
 
             folds = cross_validate(splits, triplets, fit_fold)
             bar.close()
@@ -248,6 +299,9 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
             metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen_emb, patients, cv, cv_repeats,
                                               config.seed)
         image_emb = tuner.fit(triplets, everyone).transform()
+        fits.append(fit_timing(tuner))
+        metrics["timing"] = {"fits": fits, "fit_s": sum(f["s"] for f in fits),
+                             "fit_gflop": round(sum(f["gflop"] for f in fits), 1)}
         if not all(math.isfinite(x) for x in tuner.losses):
             raise FloatingPointError(f"non-finite training loss: {tuner.losses[-5:]}")
         save_embeddings(ws, run_id, image_ids, image_emb=image_emb)

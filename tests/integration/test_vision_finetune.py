@@ -9,7 +9,8 @@ from annotations.fileio import read_json
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.vision.finetune import RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, pooling_weights
+from core.vision.finetune import (RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, channels_last, pooled,
+                                  pooling_weights, step_flops, tail_of)
 from core.vision.supervised import split_triplets
 from core.vision.triderm import oriented_expert
 
@@ -44,6 +45,29 @@ def test_pooling_weights_leave_out_a_wound_without_tokens():
     w = pooling_weights(frac)
     assert w.sum() == pytest.approx(1.0) and (w[:2, :2] == 0.25).all()
     assert pooling_weights(torch.zeros(2, 4, 4)).sum() == 0
+
+
+def test_the_channels_last_pooling_is_the_weighted_sum_and_keeps_its_gradient_channels_last(tiny):
+    """Issue 52: :func:`pooled` is the einsum it replaced, and the gradient it sends into the tail is
+    channels-last like the tail's activations (a mixed layout made the head's batch-norm backward 13× slower)."""
+    _, _, _, full, photos, _ = tiny
+    tuner = LastStageTuner(full, photos)
+    tail = tail_of(full)
+    x, w = tuner.view_x[:, 1], tuner.view_w[:, 1]
+    y = tail(channels_last(x)).detach().requires_grad_(True)
+    seen = {}
+    y.register_hook(lambda g: seen.setdefault("grad", g))
+    out = pooled(y, w)
+    assert torch.allclose(out, torch.einsum("bchw,bhw->bc", y, w), rtol=1e-5, atol=1e-4)
+    out.sum().backward()
+    assert seen["grad"].is_contiguous(memory_format=torch.channels_last)
+    # the counted arithmetic of a step: linear in the photos; three passes of every convolution but the first
+    one, many = step_flops(tail, x[:1], w[:1]), step_flops(tail, x, w)
+    assert many == one * len(x)
+    convs = [m for m in tail.modules() if isinstance(m, torch.nn.Conv2d)]
+    h, v = x.shape[-2:]
+    forward = sum(2 * m.weight.numel() * h * v for m in convs)
+    assert 2 * forward < one < 3 * forward
 
 
 def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
@@ -101,6 +125,11 @@ def test_the_fine_tune_mode_records_its_strict_figure_first(tiny_phantom, import
     cv = run["metrics"]["cv"]
     assert run["status"] == "done" and cv["protocol"] == "strict" and cv["folds"] == 2 and cv["repeats"] == 1
     assert "balanced" in cv["frozen_centred"] and len(run["metrics"]["loss"]) == FineTuneConfig().steps
+    # issue 52: every fit's wall time and counted arithmetic are in the run record (2 folds, then the final fit)
+    timing = run["metrics"]["timing"]
+    assert [f["photos"] for f in timing["fits"]][-1] == 8 and len(timing["fits"]) == 3
+    assert all(f["s"] > 0 and f["gflop"] > 0 for f in timing["fits"])
+    assert timing["fit_gflop"] == pytest.approx(sum(f["gflop"] for f in timing["fits"]), abs=0.2)
     emb = load_embeddings(ws, run["id"])
     assert np.allclose(np.linalg.norm(emb["image_emb"], axis=1), 1.0) and len(emb["image_ids"]) == 8
     row = next(r for r in build_rows(ws, [run], ws.store.expert_triplets(), n_boot=10, seed=0))
