@@ -10,7 +10,13 @@ and, on one workspace (default: a fresh copy of the phantom demo in a temp folde
 - cache build alone: K augmented views + the inference view per photo through the frozen
   backbone, written to ``cache/`` (wall and CPU seconds);
 - cached training for E epochs vs ``--no-cache`` training for the same E epochs (augment +
-  backbone every step), wall seconds of the training loops and their ratio (target ≥ 10×).
+  backbone every step), wall seconds of the training loops and their ratio (target ≥ 10×);
+- issue 52's ratios, measured side by side on ONE torch thread in CPU seconds (so that they hold on a shared
+  machine): a fine-tune fit step (the default mode's, every photo) against its arithmetic floor (its counted
+  FLOPs, :func:`core.vision.finetune.step_flops`, at the dense GEMM rate of the tail's own shapes; target ≤ 3);
+  the default mode's stage-6 cache build against a bare forward of the same number of views in the same
+  batches (target ≤ 2); and the bare forward against the input pipeline alone (decode, augment, wound
+  fractions; the network replaced by zeros; target ≥ 10, so that on a GPU the network is the bottleneck).
 
     python -m benchmarks.train_triderm [--workspace W] [--epochs 2] [--views 16] [--no-demo]
 
@@ -27,19 +33,83 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from annotations.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
-from core.runtime import ensure_images
+from core.runtime import ensure_images, torch_threads
 from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
-from core.vision.triderm import train
+from core.vision.finetune import FineTuneConfig, LastStageTuner, step_flops
+from core.vision.triderm import oriented_expert, train
 
 
 def _clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
+
+
+def gemm_rate(rows: int, shapes: list[tuple[int, int]], repeats: int = 5) -> float:
+    """Dense FP32 GEMM FLOP per CPU second at ``rows`` × (k → n) for each shape (their mean)."""
+    rates = []
+    for k, n in shapes:
+        a, b = torch.randn(rows, k), torch.randn(k, n)
+        a @ b
+        t0 = time.process_time()
+        for _ in range(repeats):
+            a @ b
+        rates.append(2 * rows * k * n * repeats / (time.process_time() - t0))
+    return float(np.mean(rates))
+
+
+class PipelineOnly(FeatureCache):
+    """The cache's input pipeline with the network replaced by zeros of its output's shape."""
+
+    def _forward(self, images: list[Tensor]) -> Tensor:
+        h, w = self.backbone.grid()
+        return torch.zeros(len(images), self.backbone.channels, h, w, dtype=torch.half)
+
+
+def issue52_ratios(ws: Workspace, image_ids: list[str], views: int, seed: int, steps: int = 10) -> list[list]:
+    """Rows of the fit / floor, cache / bare forward and bare forward / input pipeline ratios (one thread, CPU s)."""
+    stage6 = load_backbone(OFFLINE_DEFAULT, device="cpu", layer="stage6")
+    with torch_threads(1):
+        cache = FeatureCache(ws, stage6, seed=seed)
+        shutil.rmtree(cache.root, ignore_errors=True)
+        c0 = time.process_time()
+        photos = cache.build(image_ids, views, progress=False)
+        cache_s = time.process_time() - c0
+        c0 = time.process_time()
+        for image_id in image_ids:
+            PipelineOnly(ws, stage6, seed=seed).photo(image_id, views, use_cache=False)
+        pipeline_s = time.process_time() - c0
+        x = torch.rand(views + 1, 3, stage6.input_size, stage6.input_size)
+        c0 = time.process_time()
+        with torch.inference_mode():
+            for _ in image_ids:
+                stage6(stage6.normalize(x))
+        bare_s = time.process_time() - c0
+        tuner = LastStageTuner(stage6, [photos[i] for i in image_ids], FineTuneConfig(steps=steps, seed=seed))
+        everyone = np.arange(len(image_ids))
+        c0 = time.process_time()
+        tuner.fit(oriented_expert(ws, image_ids), everyone)
+        step_s = (time.process_time() - c0) / steps
+        flops = step_flops(tuner.start, tuner.view_x[:, 0], tuner.view_w[:, 0])
+        h, w = tuner.view_x.shape[-2:]
+        rate = gemm_rate(len(image_ids) * h * w, [(192, 1152), (1152, 320), (320, 1280)])
+    n_views = len(image_ids) * (views + 1)
+    floor = flops / rate
+    return [[f"fine-tune fit step, {len(image_ids)} photos ({flops / 1e9:.1f} GFLOP counted), CPU s", None,
+             round(step_s, 2)],
+            [f"  its floor at the dense GEMM rate of the tail's shapes ({rate / 1e9:.0f} GFLOP/s); fit / floor "
+             f"{step_s / floor:.2f} (target ≤ 3)", None, round(floor, 2)],
+            [f"stage-6 cache build, {n_views} views, CPU s; cache / bare forward {cache_s / bare_s:.2f} (target ≤ 2)",
+             None, round(cache_s, 1)],
+            [f"  bare forward of {n_views} images in batches of {views + 1}, CPU s", None, round(bare_s, 1)],
+            [f"  input pipeline alone (network → zeros), CPU s; bare forward / pipeline {bare_s / pipeline_s:.1f} "
+             "(target ≥ 10)", None, round(pipeline_s, 1)]]
 
 
 def demo_wall_s() -> float:
@@ -79,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         common = dict(backbone=backbone, epochs=args.epochs, views=args.views, seed=args.seed)
         cached = ws.store.run(train(ws, progress=False, **common))["metrics"]["timing"]["train_s"]
         naive = ws.store.run(train(ws, progress=False, no_cache=True, **common))["metrics"]["timing"]["train_s"]
+        ratios = issue52_ratios(ws, image_ids, args.views, args.seed)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -90,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
              round(c1 - c0, 1)],
             [f"training {args.epochs} epochs, cached features", round(cached, 2), None],
             [f"training {args.epochs} epochs, --no-cache (augment + backbone every step; baseline)", round(naive, 2),
-             None]]
+             None], *ratios]
     if demo is not None:
         rows.insert(0, ["demo: `python -m core.train_triderm`, fresh workspace (target ≤ 60 s)", round(demo, 1), None])
     table = {"caption": header, "columns": ["step", "wall s", "CPU s"], "rows": rows}

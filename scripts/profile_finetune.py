@@ -4,9 +4,10 @@ Builds (or reuses) the SYNTHETIC phantom demo workspace, takes its cached stage-
 :func:`core.vision.finetune.train_finetuned` does, and on ONE torch thread, in CPU seconds (so the
 figures hold on a shared machine) prints:
 
-- the FLOPs of one fit step over every photo (forward counted by ``torch.utils.flop_counter``;
-  backward taken as 2× forward, the usual weight + activation gradient count; the counter's own
-  figure for a depthwise convolution's backward is not used: it counts it as a dense convolution);
+- the FLOPs of one fit step over every photo (:func:`core.vision.finetune.step_flops`, what a run
+  record holds: every convolution's forward and weight gradient, and its input gradient except the first's;
+  ``torch.utils.flop_counter``'s own figure for a depthwise convolution's backward is not used: it counts
+  it as a dense convolution);
 - the CPU seconds of ``LastStageTuner.fit`` per step and the FLOP/s it reaches;
 - the machine's dense GEMM rate at the tail's own matrix shapes (the floor's rate);
 - the share of feature-grid cells that hold a wound token (only those reach the pooled embedding,
@@ -28,13 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from annotations.workspace import Workspace
 from core.runtime import ensure_images
 from core.vision.backbones import load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
-from core.vision.finetune import FineTuneConfig, LastStageTuner
+from core.vision.finetune import FineTuneConfig, LastStageTuner, step_flops
 from core.vision.recipe import OFFLINE_DEFAULT
 from core.vision.triderm import oriented_expert
 
@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         tuner = LastStageTuner(stage6, [photos[i] for i in image_ids], FineTuneConfig(steps=args.steps))
         triplets = oriented_expert(ws, image_ids)
         n = len(image_ids)
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            tuner.tail(tuner.eval_x)
-        forward = counter.get_total_flops() / n
+        per_step = step_flops(tuner.start, tuner.view_x[:, 0], tuner.view_w[:, 0])
+        forward = sum(2 * m.weight.numel() * tuner.eval_x.shape[-2] * tuner.eval_x.shape[-1]
+                      for m in tuner.start.modules() if isinstance(m, torch.nn.Conv2d))
         t0 = time.process_time()
         tuner.fit(triplets, np.arange(n))
         step_s = (time.process_time() - t0) / args.steps
@@ -88,11 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                 (("expand", block.conv_pw), ("project", block.conv_pwl), ("head", tuner.start[1]))}
     sparse = cells * (per_cell["expand"] * read + (per_cell["project"] + per_cell["head"]) * token_share)
     rate = gemm_rate(n * cells, [(192, 1152), (1152, 320), (320, 1280)])
-    per_step = 3 * forward * n
     rows = [
         ("photos per step (every photo, one view each)", f"{n}"),
-        ("forward FLOPs per photo (flop counter)", f"{forward / 1e6:.0f} M"),
-        ("fit step FLOPs (forward × 3)", f"{per_step / 1e9:.1f} G"),
+        ("forward FLOPs per photo (convolutions)", f"{forward / 1e6:.0f} M"),
+        ("fit step FLOPs (step_flops: forward, weight and input gradients)", f"{per_step / 1e9:.1f} G"),
         ("fit step, CPU s (1 thread)", f"{step_s:.2f}"),
         ("fit step reaches", f"{per_step / step_s / 1e9:.1f} GFLOP/s"),
         ("dense GEMM at the tail's shapes (1 thread)", f"{rate / 1e9:.1f} GFLOP/s"),
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         ("cells holding a wound token", f"{token_share:.1%}"),
         ("cells the depthwise convolution reads", f"{read:.1%}"),
         ("forward FLOPs per photo on those cells only", f"{sparse / 1e6:.0f} M ({forward / sparse:.1f}× fewer)"),
-        ("fit / token-restricted floor", f"{step_s / (3 * sparse * n / rate):.1f}×"),
+        ("fit / token-restricted floor", f"{step_s / (sparse * n * per_step / (forward * n) / rate):.1f}×"),
         (f"cache build, {args.views} views + inference view per photo, CPU s (1 thread)", f"{cache_s:.1f}"),
     ]
     width = max(len(r[0]) for r in rows)

@@ -291,7 +291,9 @@ def test_train_triderm_tiny(tiny_phantom, imported, capsys, tmp_path):
     assert "5 photos, 8 wounds" in out and "[SYNTHETIC phantom data]" in out
     assert re.search(r"training is \d+\.\d× faster than --no-cache", out)
     record = json.loads((out_dir / "train_triderm.json").read_text(encoding="utf-8"))
-    assert set(REQUIRED) <= set(record) and record["synthetic"] is True and len(record["tables"][0]["rows"]) == 3
+    assert set(REQUIRED) <= set(record) and record["synthetic"] is True and len(record["tables"][0]["rows"]) == 8
+    assert re.search(r"fit / floor \d+\.\d\d \(target ≤ 3\)", out)  # issue 52's ratios, measured in the same run
+    assert re.search(r"cache / bare forward \d+\.\d\d", out) and re.search(r"bare forward / pipeline \d+\.\d", out)
     assert not any(row[0].startswith("demo") for row in record["tables"][0]["rows"]) and "## Demo wall time" in render(out_dir)
     runs = ws.store.runs(kind="vision-triderm")
     assert sorted(r["config"]["no_cache"] for r in runs) == [False, True] and all(r["status"] == "done" for r in runs)
