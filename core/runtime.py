@@ -180,7 +180,7 @@ def grad_scaler(device: torch.device | str) -> torch.amp.GradScaler:
 
 
 #: glibc's ``mallopt`` parameters: above ``M_MMAP_THRESHOLD`` bytes a block is mapped and unmapped at each free
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _allocator_tuned = False
 
 
@@ -188,7 +188,8 @@ def keep_freed_memory() -> bool:
     """Let glibc's malloc (PyTorch's CPU allocator) keep freed blocks of up to 1 GiB for reuse; returns whether it
     applies (glibc only; idempotent). By default a block over 32 MiB is unmapped at each free, so every training step
     page-faults its activations in again: 225,000 page faults and 0.5 s of kernel time in a 2.0 s fine-tune step
-    (results/profile_finetune.md). The price: the process keeps up to that much freed memory mapped."""
+    (docs/profiles/FINETUNE.md); the heap grows 256 MiB at a time, so it settles within a few steps. The price: the
+    process keeps freed memory mapped (+0.3 GB in a demo fit)."""
     global _allocator_tuned
     if not _allocator_tuned:
         import ctypes
@@ -196,8 +197,8 @@ def keep_freed_memory() -> bool:
 
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _allocator_tuned = bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
-                                    and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31))
+            _allocator_tuned = all(libc.mallopt(option, value) for option, value in (
+                (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 31), (_M_TOP_PAD, 1 << 28)))
         except (OSError, AttributeError):  # not glibc (macOS, Windows, musl without mallopt)
             return False
     return _allocator_tuned

@@ -83,7 +83,7 @@ def pooling_weights(frac: Tensor) -> Tensor:
 def pooled(tokens: Tensor, weights: Tensor) -> Tensor:
     """B×C weighted sums of a B×C×H×W token map over its H×W ``weights``, as one batched matrix product over the
     channels-last layout the tail computes in: its gradient comes back channels-last too (an NCHW gradient meeting
-    channels-last activations sent the head's batch norm down a 13× slower path, results/profile_finetune.md)."""
+    channels-last activations sent the head's batch norm down a 13× slower path, docs/profiles/FINETUNE.md)."""
     return torch.bmm(weights.flatten(1)[:, None], tokens.permute(0, 2, 3, 1).flatten(1, 2))[:, 0]
 
 
