@@ -9,6 +9,7 @@ on the command line: ``python -m annotations users add --role admin NAME``.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 from datetime import date
 from pathlib import Path
@@ -68,8 +69,18 @@ def overview_section(ws) -> None:
     cols[5].metric("LLM triplets", info["llm_triplets"])
     st.markdown("**Progress toward targets**")
     for label, (done, goal) in info["progress"].items():
+        if goal is None:  # a study goal the workspace has not set: the count alone
+            st.caption(f"{label}: {done:,} (no target set for this workspace)")
+            continue
         frac = min(1.0, done / goal) if goal else 0.0
         st.progress(frac, text=f"{label}: {done:,} / {goal:,}")
+    if ac.account().can("manage"):
+        goal = st.columns(3)[0].number_input("Study target: expert triplets (0: none)", min_value=0, max_value=1_000_000,
+                               value=session.study_target(ws) or 0, step=50, key="study_target",
+                               help="The number of expert judgments this study aims for (stored in the workspace)")
+        if goal != (session.study_target(ws) or 0):
+            session.set_study_target(ws, int(goal))
+            st.rerun()
     if info["annotators"]:
         st.caption("Annotators: " + ", ".join(ac.escape_md(a) for a in info["annotators"]))
     runs = ws.store.runs()[:8]
@@ -88,9 +99,6 @@ def overview_section(ws) -> None:
 def upload_section(ws) -> None:
     """Upload a visit's photos from this computer (admins and annotators): the photos, the patient, the
     visit date and the calibration marker; all stored or, on any error, none (annotations.upload)."""
-    if done := st.session_state.pop("_uploaded", None):  # outside the expander, which may close
-        st.success(done, icon=":material/check_circle:")
-        st.page_link("pages/1_Wound_masks.py", label="Outline the wounds: Wound masks", icon=":material/draw:")
     with st.expander("Upload photos", expanded=ws.store.counts()["images"] == 0):
         st.caption(f"JPEG, PNG or TIFF photos of one patient's visit, several at once (drag and drop), up to "
                    f"{upload.MAX_PHOTO_MB} MB a photo and {upload.MAX_PHOTOS} an upload. Each is checked as an import "
@@ -139,8 +147,7 @@ def upload_section(ws) -> None:
                 st.error(f"Nothing uploaded: {ac.escape_md(str(err))}")
                 return
             st.session_state["_upload_round"] = st.session_state.get("_upload_round", 0) + 1  # empties the chooser
-            st.session_state["_uploaded"] = ac.escape_md(upload_message(added))
-            st.rerun()  # the overview counts the new photos; the message is shown after the rerun
+            done(ac.escape_md(upload_message(added)), outline=True)
 
 
 def upload_message(added: dict) -> str:
@@ -157,8 +164,6 @@ def upload_message(added: dict) -> str:
 
 def data_section(ws) -> None:
     """Import a dataset folder or build the SYNTHETIC demo (for accounts that manage the workspace)."""
-    if built := st.session_state.pop("_demo_built", None):  # outside the expander, which closes once photos exist
-        st.success(built, icon=":material/check_circle:")
     with st.expander("Import a dataset folder or build the demo", expanded=ws.store.counts()["images"] == 0):
         left, right = st.columns(2)
         with left:
@@ -177,9 +182,9 @@ def data_section(ws) -> None:
                 except DatasetError as err:
                     st.error(f"Nothing imported: {ac.escape_md(str(err))}")
                 else:
-                    st.success(f"Imported {summary['images']} photos, {summary['wounds']} wounds, "
-                               f"{summary['new_triplets']} new triplets"
-                               + (f"; {summary['dated']} new photos dated {visit.isoformat()}." if visit else "."))
+                    done(f"Imported {summary['images']} photos, {summary['wounds']} wounds, "
+                         f"{summary['new_triplets']} new triplets"
+                         + (f"; {summary['dated']} new photos dated {visit.isoformat()}." if visit else "."))
         with right:
             st.markdown("**Build the synthetic demo** (phantom wounds, labelled SYNTHETIC everywhere)")
             refusal = demo_refusal(ws)
@@ -192,17 +197,34 @@ def data_section(ws) -> None:
                 with st.spinner("Rendering phantom photos…"), tempfile.TemporaryDirectory() as tmp:
                     out = Path(tmp) / "demo"
                     n = int(photos)
-                    build(out, seed=0, photos=n, patients=max(1, round(n * 21 / 53)),
-                          wounds=max(n, round(n * 120 / 53)),
-                          triplets=min(513, n * (n - 1) * (n - 2) // 2))
+                    full = {k: p.default for k, p in inspect.signature(build).parameters.items()}
+                    scale = n / full["photos"]  # the default demo's proportions, at n photos
+                    build(out, seed=0, photos=n, patients=max(1, round(full["patients"] * scale)),
+                          wounds=max(n, round(full["wounds"] * scale)),
+                          triplets=min(max(1, round(full["triplets"] * scale)), n * (n - 1) * (n - 2) // 2))
                     try:
                         summary = import_dataset(ws, out)
                     except DatasetError as err:
                         st.error(f"Nothing imported: {ac.escape_md(str(err))}")
                         return
-                st.session_state["_demo_built"] = (f"Demo imported: {summary['images']} synthetic photos, "
-                                                   f"{summary['wounds']} wounds, {summary['new_triplets']} triplets.")
-                st.rerun()  # the overview counts the new photos; the message is shown after the rerun
+                done(f"Demo imported: {summary['images']} synthetic photos, {summary['wounds']} wounds, "
+                     f"{summary['new_triplets']} triplets.")
+
+
+def done(message: str, outline: bool = False) -> None:
+    """Keep ``message`` for the top of the page and rerun, so the overview above counts what was just added
+    (``outline``: with a link to the Wound masks page)."""
+    st.session_state["_home_done"] = (message, outline)
+    st.rerun()
+
+
+def done_notice() -> None:
+    """The message of the import, upload or demo just finished, at the top of the page (shown once)."""
+    if kept := st.session_state.pop("_home_done", None):
+        message, outline = kept
+        st.success(message, icon=":material/check_circle:")
+        if outline:
+            st.page_link("pages/1_Wound_masks.py", label="Outline the wounds: Wound masks", icon=":material/draw:")
 
 
 def demo_refusal(ws) -> str | None:
@@ -223,6 +245,7 @@ def home() -> None:
     found = ac.account()
     st.caption("Collect expert wound-similarity judgments, learn image and text embeddings, explore them.")
     st.success(f"Signed in as **{ac.escape_md(found.name)}** ({found.role}). Use the pages on the left.")
+    done_notice()
     overview_section(ws)
     if found.can(upload.PERMISSION):
         upload_section(ws)

@@ -25,8 +25,10 @@ ORIGINS = ("drawn", "suggested", "edited", "import")
 #: Actor of app writes whose caller names nobody; pages pass the signed-in annotator.
 APP_ACTOR = "app"
 
-#: Overview targets (store meta keys, defaults). The paper's expert answered 513 triplets.
-TARGETS = {"target_expert_triplets": 513, "target_per_annotator": 100}
+#: Personal defaults (store meta keys, defaults): the Triplets page's "my target" until an annotator sets one.
+TARGETS = {"target_per_annotator": 100}
+#: The study's goal of expert triplets (store meta key): each workspace sets its own, none by default.
+STUDY_TARGET = "target_expert_triplets"
 
 
 # -- workspace ---------------------------------------------------------------------------------
@@ -51,8 +53,21 @@ def target(ws: Workspace, key: str) -> int:
     return int(ws.store.get_meta(key, TARGETS[key]))
 
 
+def study_target(ws: Workspace) -> int | None:
+    """The workspace's goal of expert triplets, or None when none is set."""
+    value = ws.store.get_meta(STUDY_TARGET)
+    return None if value is None else int(value)
+
+
+def set_study_target(ws: Workspace, value: int | None) -> None:
+    """Set the workspace's goal of expert triplets (None or 0: no goal); a negative goal is refused."""
+    if value is not None and value < 0:
+        raise ValueError(f"the study target must be a number of triplets ≥ 0, got {value}")
+    ws.store.set_meta(STUDY_TARGET, value or None)
+
+
 def overview(ws: Workspace) -> dict[str, Any]:
-    """Counts and progress toward the workspace's targets for the home page."""
+    """Counts and progress toward the workspace's targets for the home page (a goal of None: not set)."""
     counts = ws.store.counts()
     n = counts["images"]
     combos = n * math.comb(max(n - 1, 0), 2)
@@ -64,7 +79,7 @@ def overview(ws: Workspace) -> dict[str, Any]:
         "progress": {
             "photos outlined": (counts["images_with_wounds"], n),
             "wounds described": (counts["described_wounds"], counts["wounds"]),
-            "expert triplets": (counts["expert_triplets"], target(ws, "target_expert_triplets")),
+            "expert triplets": (counts["expert_triplets"], study_target(ws)),
             "LLM triplets (all combinations)": (counts["llm_triplets"], combos),
         },
     }

@@ -73,15 +73,19 @@ def scored_note(m: dict[str, Any], expert: int) -> str:
 
 
 def next_steps(ws) -> str:
-    """What to do after the demo: an admin account, the app, the Report page (venv commands)."""
+    """What to do after the demo: an admin account (only when the workspace has no active admin), the app,
+    the Report page (venv commands)."""
+    from annotations.accounts import list_accounts
+
     py = Path(sys.executable)
     venv = py.parent.parent if (py.parent.parent / "pyvenv.cfg").exists() else None
     bin_ = f"{venv.name}/bin/" if venv is not None and venv.parent == Path.cwd() else ""
-    return ("\nNext steps:\n"
-            f"  1. create an admin account:  {bin_}python -m annotations users add --role admin NAME"
-            f" --workspace {ws.root}\n"
-            f"  2. open the app:             make app   (or {bin_}streamlit run app.py -- --workspace {ws.root})\n"
-            "  3. sign in; the Report page shows this evaluation, Explore the embeddings, Train more runs.")
+    steps = [f"open the app:             make app   (or {bin_}streamlit run app.py -- --workspace {ws.root})",
+             "sign in; the Report page shows this evaluation, Explore the embeddings, Train more runs."]
+    if not any(a["role"] == "admin" and not a["disabled"] for a in list_accounts(ws.store)):
+        steps.insert(0, f"create an admin account:  {bin_}python -m annotations users add --role admin NAME"
+                        f" --workspace {ws.root}")
+    return "\nNext steps:\n" + "\n".join(f"  {n}. {step}" for n, step in enumerate(steps, 1))
 
 
 def add_option(parser: argparse.ArgumentParser, f: Field, kind: Any) -> None:

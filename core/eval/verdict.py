@@ -25,6 +25,9 @@ from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_t
 UNTRAINED_KINDS = ("vision-baseline", "text-baseline")
 #: the paired test's level: a difference is beyond chance when p < ALPHA
 ALPHA = 0.05
+#: the gain (balanced agreement, trained − untrained) the next step sizes more judgments for when the trained run
+#: did not do better: a goal the sentence names, never the observed (negative or null) difference
+GAIN = 0.05
 #: Triplet (anchor, chosen, other) → (times the run put ``chosen`` strictly closer, times it was scored).
 Tallies = dict[tuple[str, str, str], tuple[int, int]]
 
@@ -87,6 +90,21 @@ def triplets_needed(n: int, n_patients: int, t_p: float, mean_diff: float) -> in
     return None
 
 
+def triplets_for_gain(n: int, n_patients: int, sd: float, gain: float = GAIN) -> int | None:
+    """About how many triplets in all would make a difference of ``gain`` beyond chance (the paired t-test
+    at :data:`ALPHA`, a coin-flip's power) if the per-patient differences kept their standard deviation
+    ``sd`` and new triplets came from new patients at today's rate. None without a spread (fewer than two
+    patients, or every patient alike) or a positive gain."""
+    from scipy import stats
+
+    if gain <= 0 or n_patients < 2 or not math.isfinite(sd) or sd <= 0:
+        return None
+    for patients in range(max(n_patients, 2), 1000 * n_patients):
+        if gain / (sd / math.sqrt(patients)) >= stats.t.isf(ALPHA / 2, patients - 1):
+            return math.ceil(n * patients / n_patients)
+    return None
+
+
 def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_boot: int = 1000,
             seed: int = 0) -> dict[str, Any]:
     """The two runs on their common triplets: each one's balanced agreement with its patient-bootstrap 95 %
@@ -115,15 +133,17 @@ def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_bo
         by_patient: dict[str, list[float]] = {}
         for k, v in diff.items():
             by_patient.setdefault(patients[k], []).append(v)
-        spread = np.ptp([np.mean(v) for v in by_patient.values()])
+        patient_diffs = [float(np.mean(v)) for v in by_patient.values()]
+        spread = np.ptp(patient_diffs)
         t_defined = math.isfinite(test["t_p"]) and spread > 1e-12
         p = test["t_p"] if t_defined else test["wilcoxon_p"]
         name = "paired t-test" if t_defined else "Wilcoxon signed-rank test"
         out.update(p=p, test=f"{name} over {n_patients} patients", beyond_chance=bool(p < ALPHA),
-                   needed=None if p < ALPHA else triplets_needed(len(common), n_patients, p, test["mean_diff"]))
+                   needed=None if p < ALPHA else triplets_needed(len(common), n_patients, p, test["mean_diff"]),
+                   patient_sd=float(np.std(patient_diffs, ddof=1)))
     else:
         out.update(p=None, test="no paired test: the triplets come from one patient", beyond_chance=False,
-                   needed=None)
+                   needed=None, patient_sd=None)
     return out
 
 
@@ -139,18 +159,35 @@ def words(c: Mapping[str, Any], trained_label: str, untrained_label: str) -> dic
     """The comparison ``c`` (:func:`compare`) as a one-line ``line`` and a ``next_step``."""
     t, u = c["trained"], c["untrained"]
     d = c["difference"]
-    judged = (f"{'is' if c['beyond_chance'] else 'is not'} beyond chance on these {c['n']} triplets "
-              f"({c['test']}" + (f", p = {c['p']:.2g})" if c["p"] is not None else ")"))
+    tested = f"{c['test']}" + (f", p = {c['p']:.2g}" if c["p"] is not None else "")
+    if c["beyond_chance"] or d > 0:
+        judged = (f"the difference, {100 * d:+.1f} pp {_ci(c['difference_ci'])}, "
+                  f"{'is' if c['beyond_chance'] else 'is not'} beyond chance on these {c['n']} triplets ({tested})")
+    else:  # no gain observed: said plainly
+        judged = (f"the trained embedding is not better than the untrained one on these {c['n']} triplets "
+                  f"(difference {100 * d:+.1f} pp {_ci(c['difference_ci'])}; {tested})")
     line = (f"The trained embedding ({trained_label}) agrees with the expert on {_pct(t['balanced'])} {_ci(t['ci'])} "
             f"of the {c['n']} held-out triplets both runs were scored on; the untrained one ({untrained_label}) "
-            f"{_pct(u['balanced'])} {_ci(u['ci'])}; the difference, {100 * d:+.1f} pp {_ci(c['difference_ci'])}, "
-            f"{judged}.")
+            f"{_pct(u['balanced'])} {_ci(u['ci'])}; {judged}.")
     if c["beyond_chance"] and d > 0:
         step = ("Use the trained embedding: Explore opens on it. More judgments would narrow the interval; "
                 "retrain after adding them.")
     elif c["beyond_chance"]:
         step = ("Training made agreement worse on these triplets: keep the untrained embedding and check the "
                 "judgments' reliability on the Review page before training again.")
+    elif d <= 0:  # no gain to grow: check the inputs, and size more judgments for a gain worth having
+        step = ("Keep the untrained embedding for now. Check the outlines (Wound masks page) and the judgments' "
+                "reliability (Review page), then retrain.")
+        needed = triplets_for_gain(c["n"], c["n_patients"], c.get("patient_sd") or math.nan)
+        if needed is not None and needed <= c["n"]:
+            step += (f" These {c['n']} triplets would already show a gain of +{100 * GAIN:.0f} pp beyond chance "
+                     "(today's spread over patients): more judgments alone are unlikely to change the verdict.")
+        elif needed is not None:
+            step += (f" To show a gain of +{100 * GAIN:.0f} pp beyond chance, about {needed} held-out triplets "
+                     f"would be needed ({needed - c['n']} more judgments; an estimate from today's spread over "
+                     "patients, assuming new judgments come from new patients at today's rate).")
+        else:
+            step += " More judgments from more patients would show whether training can help."
     elif c["needed"] is not None:
         more = max(1, c["needed"] - c["n"])
         step = (f"Collect about {more} more judgments (an estimate: at {c['needed']} held-out triplets a "
@@ -160,6 +197,22 @@ def words(c: Mapping[str, Any], trained_label: str, untrained_label: str) -> dic
         step = ("Collect more judgments from more patients, then retrain: with no difference observed (or a "
                 "single patient) no number of triplets can be estimated.")
     return {"line": line, "next_step": step}
+
+
+def missing_step(expert: Sequence[Mapping[str, Any]], has_untrained: bool, has_trained: bool) -> str:
+    """What to do when the workspace lacks the judgments or one of the two runs: the judgments it holds
+    counted, so that with judgments and no trained run the step is to train, not to collect."""
+    answered = sum(row["choice"] in ("j", "k") for row in expert)
+    if not answered:
+        return ("Collect expert judgments on the Triplets page"
+                + (f" ({len(expert)} so far, all skipped)" if expert else "")
+                + ", then start training on the Train page (mode auto): it records both runs.")
+    held = f"The workspace holds {answered} answered expert judgments"
+    if not has_trained:
+        return (f"{held}: start training on the Train page (mode auto) to learn from them; the Report then "
+                "compares the trained embedding with the untrained one on the triplets it held out.")
+    return (f"{held} and a trained run: record the untrained reference on the Train page (mode frozen), "
+            "then the Report compares the two.")
 
 
 def run_label(run: Mapping[str, Any]) -> str:
@@ -182,8 +235,7 @@ def verdict(ws: Workspace, runs: Sequence[dict[str, Any]], n_boot: int = 1000, s
         missing = ("expert triplets" if not expert else "untrained (frozen) vision run" if untrained is None
                    else "trained vision run")
         return {"line": f"No verdict yet: this workspace has no {missing} to compare.",
-                "next_step": "Collect expert judgments on the Triplets page, then start training on the Train page "
-                             "(mode auto): it records both runs."}
+                "next_step": missing_step(expert, untrained is not None, bool(trained))}
     pair = run_image_distances(ws, untrained)
     assert pair is not None  # embedding_runs: finished runs with image embeddings
     reference = scored_triplets(*pair, expert)

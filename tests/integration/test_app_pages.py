@@ -651,7 +651,17 @@ def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
     at.date_input(key="import_visit_date").set_value(date(2024, 5, 6))  # the visit date, asked at import
     at.button[[b.label for b in at.button].index("Import")].click().run()
     assert any("Imported 53 photos" in s.value and "53 new photos dated 2024-05-06" in s.value for s in at.success)
+    # the overview, drawn after the import, counts the new photos; the message is above it, shown once
+    assert "This workspace is empty" not in texts(at)
+    assert {m.label: m.value for m in at.metric}["Photos"] == "53"
+    order = [getattr(e, "value", None) for e in walk(at.main)]
+    done = next(n for n, v in enumerate(order) if isinstance(v, str) and v.startswith("Imported 53 photos"))
+    assert done < next(n for n, e in enumerate(walk(at.main)) if type(e).__name__ == "Metric")  # above the counts
+    assert "expert triplets: 513 (no target set for this workspace)" in texts(at)  # no goal until an admin sets one
+    at.number_input(key="study_target").set_value(600).run()
+    assert "expert triplets: 513 / 600" in texts(at) and "Imported 53 photos" not in texts(at)
     store = Workspace(tmp_path / "empty").store
+    assert session.study_target(Workspace(tmp_path / "empty")) == 600
     assert store.counts()["images"] == 53
     assert {i["metadata"].get("visit_date") for i in store.images()} == {"2024-05-06"}
 
