@@ -12,9 +12,9 @@ Inference: photos resized to the backbone's input size, no augmentation; a wound
 embedding is the head's output, an image's the mean of its wounds. The run (kind
 ``vision-triderm``) stores the loss per epoch, wound and image embeddings and, per wound
 token, its attention weight and grid position (``token_wound``, ``token_pos``,
-``token_weight``, ``grid``); the job then stores every photo's token map for the Explore page
-(:mod:`core.vision.token_maps`: a fine-tune run's token contributions, a TriDerm-V run's attention) and
-prints frozen baseline vs trained agreement.
+``token_weight``, ``grid``); the job then stores what the Explore page shows of the run — every photo's token
+map (:mod:`core.vision.token_maps`: a fine-tune run's token contributions, a TriDerm-V run's attention) and the
+map's UMAP at the page's default setting — and prints frozen baseline vs trained agreement.
 
 ``--mode`` (default ``auto``) follows the strict real-data evidence (:data:`core.vision.recipe.MODES`):
 with the expert's triplets in the workspace it fine-tunes the backbone's last stage + head on them
@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from core.vision.backbones import BackboneUnavailable, load_backbone
     from core.vision.baseline import embed_baseline
     from core.vision.finetune import FineTuneConfig, train_finetuned
+    from core.eval.explore import store_default_umaps
     from core.vision.token_maps import MAPPED_KINDS, write_token_maps
     from core.vision.triderm import auto_mode, baseline_run, check_workspace, compare_with_baseline, describe, train
 
@@ -248,10 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         run_id = train(ws, cfg, backbone=backbone)
     run = ws.store.run(run_id)
     assert run is not None, run_id  # just recorded
-    if run["kind"] in MAPPED_KINDS:  # the Explore page reads them: it never computes them on a visit
-        t0 = time.perf_counter()
-        maps = write_token_maps(ws, run_id, progress=True)
-        print(f"token maps of every photo for Explore ({time.perf_counter() - t0:.1f}s) → {maps}")
+    t0 = time.perf_counter()  # what the Explore page shows of the run, stored now: it never computes them on a visit
+    if run["kind"] in MAPPED_KINDS:
+        print(f"token maps of every photo for Explore → {write_token_maps(ws, run_id, progress=True)}")
+    store_default_umaps(ws, run_id)
+    print(f"Explore's map (UMAP) and token maps stored in {time.perf_counter() - t0:.1f}s")
     if mode not in ("frozen", "fine-tune"):
         t = run["metrics"]["timing"]
         print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")

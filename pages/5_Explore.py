@@ -26,6 +26,8 @@ st.html("<style>[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;} "
 try:
     from core.eval.explore import (
         TOKEN_MAPS_ARTIFACT,
+        UMAP_MIN_DIST,
+        UMAP_NEIGHBOURS,
         MapInput,
         TokenMaps,
         add_track_path,
@@ -115,8 +117,8 @@ def layout(m: MapInput, run_ids: tuple[int, ...], level: str, method: str, stamp
     """The UMAP settings and the map's 2-d layout: the stored UMAP, else an instant MDS while the UMAP is
     computed in the background; (xy, the UMAP file awaited or None, the number of clusters)."""
     with st.expander("UMAP settings"):
-        n_neighbors = st.slider("Neighbours", 2, 50, 15)
-        min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
+        n_neighbors = st.slider("Neighbours", 2, 50, UMAP_NEIGHBOURS)
+        min_dist = st.slider("Minimum distance", 0.0, 0.99, UMAP_MIN_DIST)
         k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
     xy = stored_umap(ws, m, n_neighbors, min_dist)
     if xy is not None:

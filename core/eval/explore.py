@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["LARGE", "DistanceRetrieval", "MapInput", "TokenMaps", "attention_maps", "cluster_labels", "colour_options",
            "colour_value", "compute_umap", "concept_table", "embeddings_stamp", "has_wound_embedding", "map_input",
            "map_overlay", "quick_layout", "retrieval", "run_choices", "scatter_figure", "stale_note",
-           "stored_token_maps", "stored_umap", "umap_path"]
+           "store_default_umaps", "stored_token_maps", "stored_umap", "umap_path"]
 
 LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
+UMAP_NEIGHBOURS, UMAP_MIN_DIST = 15, 0.1  # the page's default UMAP setting, stored by the job that made a run
 SMALL_MAP = 200  # points up to which markers are large and outlined
 
 
@@ -170,6 +171,19 @@ def compute_umap(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float, 
         if old != path:
             old.unlink(missing_ok=True)
     return xy
+
+
+def store_default_umaps(ws: Workspace, run_id: int) -> list[Path]:
+    """Compute and store the UMAP of run ``run_id``'s photo map (and wound map, when it stored wound embeddings) at
+    the page's default setting, as the job that made the run does: the page then opens on it, computing nothing.
+    Returns the files."""
+    levels = ["photos", *(["wounds"] if has_wound_embedding(ws, run_id) else [])]
+    out = []
+    for level in levels:
+        m = map_input(ws, [run_id], level)
+        compute_umap(ws, m, UMAP_NEIGHBOURS, UMAP_MIN_DIST)
+        out.append(umap_path(ws, m, UMAP_NEIGHBOURS, UMAP_MIN_DIST))
+    return out
 
 
 def quick_layout(m: MapInput) -> np.ndarray:

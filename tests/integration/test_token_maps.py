@@ -70,9 +70,12 @@ def test_the_training_job_stores_every_photos_token_map(tuned):
     from core.vision.inference import TunedModel
     from core.vision.token_maps import contribution_maps
 
+    from core.eval.explore import UMAP_MIN_DIST, UMAP_NEIGHBOURS, map_input, stored_umap
+
     ws, run, out = tuned
     assert run["artifacts"][TOKEN_MAPS_ARTIFACT] == f"runs/{run['id']}/{MAPS_FILE}"
-    assert "token maps of every photo for Explore" in out
+    assert "token maps of every photo for Explore" in out and "Explore's map (UMAP) and token maps stored" in out
+    assert stored_umap(ws, map_input(ws, [run["id"]]), UMAP_NEIGHBOURS, UMAP_MIN_DIST) is not None  # the page's map
     emb = load_embeddings(ws, run["id"])
     with np.load(ws.root / run["artifacts"][TOKEN_MAPS_ARTIFACT], allow_pickle=False) as data:
         assert [str(i) for i in data["image_ids"]] == emb["image_ids"] and str(data["kind"]) == "contribution"
