@@ -535,11 +535,11 @@ def test_explore_page_umap_retrieval_attention(ws):
     at = app("explore", timeout=300)
     assert len(at.get("plotly_chart")) == 1
     body = texts(at)
-    assert "Most similar" in body and "Most dissimilar" in body and "Wound attention" in body
+    assert "Most similar" in body and "Most dissimilar" in body and "Token maps" in body
     assert "No concepts run yet" in body and "core.train_concepts --objective make" in body
     captions = [c for im in at.image for c in im.captions]
     assert any("d = " in c for c in captions)  # retrieval thumbnails with distances
-    assert any(" · wound " in c for c in captions)  # attention maps
+    assert any(c.endswith(" (the photo)") for c in captions)  # the token maps (from the run's attention)
     assert "out of date" not in body and at.slider(key="explore_attention_opacity").value == 0.6
     photo = ws.store.images()[0]["image_id"]
     session.delete_wound(ws, photo, ws.store.wounds(photo)[0]["wound_index"], actor="Tess")  # after the run
@@ -759,11 +759,11 @@ def test_explore_page_says_how_to_make_the_maps_of_an_older_run(ws):
     """A fine-tune run trained before runs stored their maps: the page says so, with the command and (an admin) the
     button that starts it — no traceback, no computation on the visit; a baseline says why it has none."""
     tuned = add_finetune_run(ws, maps=False)
+    baseline = add_test_embedding(ws)
     at = app("explore", timeout=300)
     assert at.selectbox(key="explore_run").value == tuned
     assert f"Run {tuned} was trained before runs stored their token maps" in texts(at)
     assert any(f"python -m core.token_maps {tuned} --workspace {ws.root}" in c.value for c in at.code)
     assert any(b.label == "Start making the token maps" for b in at.button)
-    baseline = add_test_embedding(ws)
     at.selectbox(key="explore_run").select(baseline).run()
     assert not at.exception and "it learns no attention" in texts(at)
