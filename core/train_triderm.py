@@ -210,6 +210,20 @@ def agreement_lines(ws: Workspace, run: dict[str, Any], rows: list[tuple[str, in
             f"evaluation saved (report run {report['run_id']}): the Report page shows it."]
 
 
+def store_for_explore(ws: Workspace, run: dict[str, Any]) -> str:
+    """Store what the Explore page shows of ``run`` — every photo's token map (a fine-tune or TriDerm-V run) and the
+    map's UMAP at the page's default setting — so that a visit computes neither; returns where and how long."""
+    from core.eval.explore import store_default_umaps
+    from core.vision.token_maps import MAPPED_KINDS, write_token_maps
+
+    t0 = time.perf_counter()
+    lines = []
+    if run["kind"] in MAPPED_KINDS:
+        lines.append(f"token maps of every photo for Explore → {write_token_maps(ws, run['id'], progress=True)}")
+    store_default_umaps(ws, run["id"])
+    return "\n".join([*lines, f"Explore's map (UMAP) and token maps stored in {time.perf_counter() - t0:.1f}s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Embed a workspace in the ``--mode`` it asks for, compare with the baseline and print the agreement report."""
     parser = build_parser()
@@ -225,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
     from core.vision.backbones import BackboneUnavailable, load_backbone
     from core.vision.baseline import embed_baseline
     from core.vision.finetune import FineTuneConfig, train_finetuned
-    from core.eval.explore import store_default_umaps
-    from core.vision.token_maps import MAPPED_KINDS, write_token_maps
     from core.vision.triderm import auto_mode, baseline_run, check_workspace, compare_with_baseline, describe, train
 
     ws = open_workspace(args.workspace, parser, require_wounds=True)
@@ -249,11 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id = train(ws, cfg, backbone=backbone)
     run = ws.store.run(run_id)
     assert run is not None, run_id  # just recorded
-    t0 = time.perf_counter()  # what the Explore page shows of the run, stored now: it never computes them on a visit
-    if run["kind"] in MAPPED_KINDS:
-        print(f"token maps of every photo for Explore → {write_token_maps(ws, run_id, progress=True)}")
-    store_default_umaps(ws, run_id)
-    print(f"Explore's map (UMAP) and token maps stored in {time.perf_counter() - t0:.1f}s")
+    print(store_for_explore(ws, run))
     if mode not in ("frozen", "fine-tune"):
         t = run["metrics"]["timing"]
         print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")
