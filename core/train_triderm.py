@@ -12,7 +12,9 @@ Inference: photos resized to the backbone's input size, no augmentation; a wound
 embedding is the head's output, an image's the mean of its wounds. The run (kind
 ``vision-triderm``) stores the loss per epoch, wound and image embeddings and, per wound
 token, its attention weight and grid position (``token_wound``, ``token_pos``,
-``token_weight``, ``grid``), then the command prints frozen baseline vs trained agreement.
+``token_weight``, ``grid``); the job then stores what the Explore page shows of the run — every photo's token
+map (:mod:`core.vision.token_maps`: a fine-tune run's token contributions, a TriDerm-V run's attention) and the
+map's UMAP at the page's default setting — and prints frozen baseline vs trained agreement.
 
 ``--mode`` (default ``auto``) follows the strict real-data evidence (:data:`core.vision.recipe.MODES`):
 with the expert's triplets in the workspace it fine-tunes the backbone's last stage + head on them
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -211,6 +214,20 @@ def agreement_lines(ws: Workspace, run: dict[str, Any], rows: list[tuple[str, in
             f"evaluation saved (report run {report['run_id']}): the Report page shows it."]
 
 
+def store_for_explore(ws: Workspace, run: dict[str, Any]) -> str:
+    """Store what the Explore page shows of ``run`` — every photo's token map (a fine-tune or TriDerm-V run) and the
+    map's UMAP at the page's default setting — so that a visit computes neither; returns where and how long."""
+    from core.eval.explore import store_default_umaps
+    from core.vision.token_maps import MAPPED_KINDS, write_token_maps
+
+    t0 = time.perf_counter()
+    lines = []
+    if run["kind"] in MAPPED_KINDS:
+        lines.append(f"token maps of every photo for Explore → {write_token_maps(ws, run['id'], progress=True)}")
+    store_default_umaps(ws, run["id"])
+    return "\n".join([*lines, f"Explore's map (UMAP) and token maps stored in {time.perf_counter() - t0:.1f}s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Embed a workspace in the ``--mode`` it asks for, compare with the baseline and print the agreement report."""
     parser = build_parser()
@@ -248,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id = train(ws, cfg, backbone=backbone)
     run = ws.store.run(run_id)
     assert run is not None, run_id  # just recorded
+    print(store_for_explore(ws, run))
     if mode not in ("frozen", "fine-tune"):
         t = run["metrics"]["timing"]
         print(f"features {t['features_s']:.1f}s, training {t['train_s']:.1f}s; run {run_id} → {ws.run_dir(run_id)}")

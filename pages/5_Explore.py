@@ -25,24 +25,28 @@ st.html("<style>[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;} "
 
 try:
     from core.eval.explore import (
+        TOKEN_MAPS_ARTIFACT,
+        UMAP_MIN_DIST,
+        UMAP_NEIGHBOURS,
         MapInput,
+        TokenMaps,
         add_track_path,
-        attention_overlays,
         cluster_labels,
         colour_options,
         colour_value,
         compute_umap,
         concept_table,
         embeddings_stamp,
-        has_attention,
         has_wound_embedding,
         map_input,
+        map_overlay,
         quick_layout,
         retrieval,
         run_choices,
         scatter_figure,
         stale_note,
         no_attention_reason,
+        stored_token_maps,
         stored_umap,
         thumbnail_size,
         track_rows,
@@ -113,8 +117,8 @@ def layout(m: MapInput, run_ids: tuple[int, ...], level: str, method: str, stamp
     """The UMAP settings and the map's 2-d layout: the stored UMAP, else an instant MDS while the UMAP is
     computed in the background; (xy, the UMAP file awaited or None, the number of clusters)."""
     with st.expander("UMAP settings"):
-        n_neighbors = st.slider("Neighbours", 2, 50, 15)
-        min_dist = st.slider("Minimum distance", 0.0, 0.99, 0.1)
+        n_neighbors = st.slider("Neighbours", 2, 50, UMAP_NEIGHBOURS)
+        min_dist = st.slider("Minimum distance", 0.0, 0.99, UMAP_MIN_DIST)
         k_clusters = st.slider("Clusters (colour by cluster)", 2, 12, 5)
     xy = stored_umap(ws, m, n_neighbors, min_dist)
     if xy is not None:
@@ -252,39 +256,103 @@ def viridis() -> np.ndarray:
                     dtype=np.uint8)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def attention_maps(root: str, run_id: int, image_id: str, stamp: str, opacity: float) -> list[tuple[int, bytes]]:
-    """Per wound of the photo: its tokens' attention weights in Viridis over the photo (dark blue low,
-    yellow high) at ``opacity``, where the wound has tokens (PNG, at most 720 px; cached per run,
-    photo, run state and opacity)."""
-    out = []
-    for index, picture in attention_overlays(load_embeddings(ws, run_id), image_id, ws.load_image(image_id),
-                                             opacity, viridis()):
-        picture.thumbnail((720, 720))
-        buf = io.BytesIO()
-        picture.save(buf, format="PNG")
-        out.append((index, buf.getvalue()))
-    return out
+#: side of a token map's tile in the grid (px; the grid's columns make it at least 160 px at 1366×768)
+TILE = 320
+#: side of an enlarged token map (px)
+ENLARGED = 1024
+#: photos in the token-map grid: the query and its nearest neighbours
+GRID_PHOTOS = 4
 
 
-def show_attention(run: dict, query: str, stamp: tuple) -> None:
-    """The attention maps of vision run ``run`` over the wounds of ``query``, with an opacity slider; where the
-    run has none, why."""
-    st.subheader("Wound attention")
-    if not has_attention(ws, run["id"]):
+@st.cache_resource(show_spinner=False, max_entries=8)
+def token_maps(root: str, run_id: int, stamp: tuple) -> TokenMaps | None:
+    """The token maps stored for run ``run_id`` (None when it has none; cached per run state ``stamp``)."""
+    run = ws.store.run(run_id)
+    return None if run is None else stored_token_maps(ws, run)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def map_picture(root: str, run_id: int, image_id: str, stamp: tuple, opacity: float, side: int) -> bytes | None:
+    """Photo ``image_id``'s token map in Viridis over the photo (dark blue low, yellow high) at ``opacity``, at
+    most ``side`` px (JPEG: a tenth of a PNG's bytes; None when the run has no map of it)."""
+    maps = token_maps(root, run_id, stamp)
+    heat = None if maps is None else maps.of(image_id)
+    if heat is None:
+        return None
+    photo = ws.load_image(image_id)
+    photo.thumbnail((side, side))
+    buf = io.BytesIO()
+    map_overlay(heat, photo, opacity, viridis()).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+@st.dialog("Token map", width="large")
+def enlarged(run_id: int, image_id: str, stamp: tuple, opacity: float, caption: str) -> None:
+    """The full-size token map of one photo."""
+    st.image(map_picture(str(ws.root), run_id, image_id, stamp, opacity, ENLARGED), caption=caption, width="stretch")
+
+
+def maps_stamp(run: dict) -> tuple:
+    """A cache key of the run's token maps: its stored maps file's (modification time ns, size)."""
+    rel = (run.get("artifacts") or {}).get(TOKEN_MAPS_ARTIFACT)
+    path = ws.root / rel if rel else None
+    if path is None or not path.is_file():
+        return ()
+    stat = path.stat()
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+@st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
+def make_maps(run: dict) -> None:
+    """The job that stores a run's token maps (an older run's), and the page's rerun once they are stored."""
+    if maps_stamp(ws.store.run(run["id"]) or run):
+        st.rerun(scope="app")
+    ac.job_panel(ws, f"token-maps-{run['id']}", "token_maps", [str(run["id"])], "making the token maps",
+                 blocked=ac.missing_extra("ml"))
+
+
+def missing_maps(run: dict) -> None:
+    """Why the run shows no token maps, and (a fine-tune or TriDerm-V run) how to make them."""
+    if run["kind"] not in ("vision-finetune", "vision-triderm"):
         st.info(no_attention_reason(run), icon=":material/visibility_off:")
         return
+    st.info(f"Run {run['id']} was trained before runs stored their token maps, so there is none to show yet. Make "
+            "them once with this command" + (" or the button below" if ac.allowed("jobs") else
+                                            " (or an admin or researcher, with a button here)")
+            + "; later runs store them when they are trained.", icon=":material/visibility_off:")
+    st.code(f"python -m core.token_maps {run['id']} --workspace {ws.root}", language="bash")
+    if ac.allowed("jobs"):
+        make_maps(run)
+
+
+def show_attention(run: dict, photos, query: str) -> None:
+    """The token maps of vision run ``run`` for ``query`` and its nearest photos, in a grid of tiles that enlarge
+    on click, with an opacity slider; where the run has none, why (and how to make them)."""
+    st.subheader("Token maps")
+    stamp = (str(run.get("finished") or run["created"]), maps_stamp(run))
+    maps = token_maps(str(ws.root), run["id"], stamp)
+    if maps is None:
+        missing_maps(run)
+        return
     opacity = st.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="explore_attention_opacity",
-                        help="0: the photo alone; 1: the attention colours alone")
-    maps = attention_maps(str(ws.root), run["id"], query, stamp, opacity)
-    if maps:
-        st.caption("Attention weight of each feature-grid token inside the wound (Viridis: dark blue low, yellow "
-                   "high), from the run's attention pooling head.")
-        cols = st.columns(2)
-        for n, (index, picture) in enumerate(maps):
-            cols[n % len(cols)].image(picture, caption=f"{ac.escape_md(query)} · wound {index}", width="stretch")
-    else:
-        st.caption("No wound of this photo is in the run's attention maps (outlined after the run?).")
+                        help="0: the photo alone; 1: the map's colours alone")
+    st.caption(("Each feature-grid token's share of the photo's embedding (the fine-tuned tokens averaged over the "
+                "wounds, centred on the study's mean): " if maps.kind == "contribution" else
+                "Attention weight of each feature-grid token inside the wounds, from the run's attention pooling "
+                "head: ") + "Viridis, dark blue low, yellow high; stored by the job that made the run. Click "
+                "Enlarge for the full-size map.")
+    shown = [query, *(i for i, _ in photos.neighbours(query, k=min(GRID_PHOTOS - 1, len(photos.ids) - 1))["similar"])]
+    cols = st.columns(GRID_PHOTOS)
+    for n, image_id in enumerate(shown):
+        picture = map_picture(str(ws.root), run["id"], image_id, stamp, opacity, TILE)
+        caption = f"{ac.escape_md(image_id)}" + (" (the photo)" if n == 0 else " · similar")
+        with cols[n % GRID_PHOTOS]:
+            if picture is None:
+                st.caption(f"{caption}: no map (not in this run)")
+                continue
+            st.image(picture, caption=caption, width="stretch")
+            if st.button("Enlarge", key=f"explore_enlarge_{image_id}", icon=":material/zoom_in:"):
+                enlarged(run["id"], image_id, stamp, opacity, caption)
 
 
 @st.cache_data(show_spinner="Loading concept scores…", max_entries=8)
@@ -371,7 +439,7 @@ def main() -> None:
     photos, query = draw_map(columns, run_ids, method, run, stamp, stale_note(run, last_outline_edit()))
     show_retrieval(photos, query, fused=len(run_ids) > 1)
     if len(run_ids) == 1 and run["config"].get("modality") == "vision":
-        show_attention(run, query, stamp)
+        show_attention(run, photos, query)
     show_concepts(query)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 #: the jobs ``core.<job>`` that ``triderm <job>`` runs (the vocabulary of tests/integration/test_layout.py, plus the phantoms).
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
         "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model", "segment",
-        "phantoms", "ml_backend")
+        "phantoms", "ml_backend", "token_maps")
 #: the commands of ``python -m annotations`` that ``triderm <command>`` runs (annotations/__main__.py).
 ANNOTATION_COMMANDS = ("import", "export", "convert", "history", "restore-revision", "erase-patient", "backup",
                        "restore", "users")

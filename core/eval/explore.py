@@ -10,7 +10,7 @@
 - **Retrieval** (:func:`retrieval`): above :data:`LARGE` photos of a run with an embedding, an
   :class:`~core.eval.retrieval.EmbeddingIndex` (no n×n matrix); else the distance matrix.
 - **The page's tables and text** (:func:`run_choices`, :func:`stale_note`, :func:`colour_value`,
-  :func:`attention_overlays`, :func:`concept_table`): plain functions the page draws.
+  :func:`stored_token_maps`, :func:`map_overlay`, :func:`concept_table`): plain functions the page draws.
 """
 from __future__ import annotations
 
@@ -34,11 +34,13 @@ import itertools
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["LARGE", "DistanceRetrieval", "MapInput", "attention_overlays", "cluster_labels", "colour_options",
+__all__ = ["LARGE", "DistanceRetrieval", "MapInput", "TokenMaps", "attention_maps", "cluster_labels", "colour_options",
            "colour_value", "compute_umap", "concept_table", "embeddings_stamp", "has_wound_embedding", "map_input",
-           "quick_layout", "retrieval", "run_choices", "scatter_figure", "stale_note", "stored_umap", "umap_path"]
+           "map_overlay", "quick_layout", "retrieval", "run_choices", "scatter_figure", "stale_note",
+           "store_default_umaps", "stored_token_maps", "stored_umap", "umap_path"]
 
 LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
+UMAP_NEIGHBOURS, UMAP_MIN_DIST = 15, 0.1  # the page's default UMAP setting, stored by the job that made a run
 SMALL_MAP = 200  # points up to which markers are large and outlined
 
 
@@ -78,7 +80,7 @@ def has_wound_embedding(ws: Workspace, run_id: int) -> bool:
         return "wound_emb" in data.files
 
 
-#: the token arrays a run's attention maps are drawn from, beside its wound keys (:func:`attention_overlays`)
+#: the token arrays a run's attention maps are drawn from, beside its wound keys (:func:`attention_maps`)
 TOKEN_ARRAYS = ("token_wound", "token_pos", "token_weight", "grid")
 
 
@@ -169,6 +171,19 @@ def compute_umap(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float, 
         if old != path:
             old.unlink(missing_ok=True)
     return xy
+
+
+def store_default_umaps(ws: Workspace, run_id: int) -> list[Path]:
+    """Compute and store the UMAP of run ``run_id``'s photo map (and wound map, when it stored wound embeddings) at
+    the page's default setting, as the job that made the run does: the page then opens on it, computing nothing.
+    Returns the files."""
+    levels = ["photos", *(["wounds"] if has_wound_embedding(ws, run_id) else [])]
+    out = []
+    for level in levels:
+        m = map_input(ws, [run_id], level)
+        compute_umap(ws, m, UMAP_NEIGHBOURS, UMAP_MIN_DIST)
+        out.append(umap_path(ws, m, UMAP_NEIGHBOURS, UMAP_MIN_DIST))
+    return out
 
 
 def quick_layout(m: MapInput) -> np.ndarray:
@@ -334,43 +349,78 @@ def colour_value(image: dict, patients: dict[str, dict], colour_by: str, cluster
     return str((image.get("metadata") or {}).get(colour_by, "unknown"))
 
 
-def attention_overlays(emb: dict, image_id: str, photo: Image.Image, opacity: float, lut: np.ndarray
-                       ) -> list[tuple[int, Image.Image]]:
-    """(wound index, picture) per wound of ``image_id`` in a run's embeddings: its tokens' attention
-    weights (normalised to the wound's maximum) coloured by ``lut`` (256×3 uint8) over the photo at
-    ``opacity`` where the weight exceeds 2 %; empty when the run stored no attention."""
-    if emb.get("wound_keys") is None or any(k not in emb for k in TOKEN_ARRAYS):
-        return []
+#: a run's token maps (:mod:`core.vision.token_maps` writes them), in its folder; the run's artifacts name it
+TOKEN_MAPS_ARTIFACT = "token_maps"
+
+
+@dataclass(frozen=True)
+class TokenMaps:
+    """A run's token map per photo: ``maps[n]`` (H×W, summing to 1; all zero without a wound token) is where
+    photo ``image_ids[n]``'s embedding comes from; ``kind`` ``contribution`` (fine-tune) or ``attention``."""
+
+    image_ids: list[str]
+    maps: np.ndarray
+    kind: str
+
+    def of(self, image_id: str) -> np.ndarray | None:
+        """Photo ``image_id``'s map, or None when the run has none for it."""
+        try:
+            return self.maps[self.image_ids.index(image_id)]
+        except ValueError:
+            return None
+
+
+def attention_maps(emb: dict) -> np.ndarray:
+    """N×H×W maps of a run's stored token attention (``emb``: its :func:`~core.runtime.load_embeddings`, with
+    :data:`TOKEN_ARRAYS`): per photo of ``image_ids`` the mean over its wounds of their tokens' weights, summing
+    to 1 (all zero for a photo without a token)."""
     gh, gw = (int(v) for v in emb["grid"])
+    row_of = {i: n for n, i in enumerate(emb["image_ids"])}
+    maps = np.zeros((len(row_of), gh, gw), dtype=np.float64)
+    wound_image = np.array([row_of.get(i, -1) for i, _ in emb["wound_keys"]], dtype=int)
+    photo = wound_image[np.asarray(emb["token_wound"], dtype=int)]
+    keep = photo >= 0
+    pos = np.asarray(emb["token_pos"], dtype=int)[keep]
+    np.add.at(maps, (photo[keep], pos[:, 0], pos[:, 1]), np.asarray(emb["token_weight"], dtype=np.float64)[keep])
+    total = maps.sum(axis=(1, 2), keepdims=True)
+    return np.divide(maps, total, out=np.zeros_like(maps), where=total > 0).astype(np.float32)
+
+
+def stored_token_maps(ws: Workspace, run: dict) -> TokenMaps | None:
+    """The token maps the job that made ``run`` stored (:data:`TOKEN_MAPS_ARTIFACT`), else those its embeddings'
+    token attention gives (numpy only, no model), else None: nothing is computed with a model here."""
+    rel = (run.get("artifacts") or {}).get(TOKEN_MAPS_ARTIFACT)
+    if rel and (ws.root / rel).is_file():
+        with np.load(ws.root / rel, allow_pickle=False) as data:
+            return TokenMaps([str(i) for i in data["image_ids"]], data["maps"], str(data["kind"]))
+    if not has_attention(ws, run["id"]):
+        return None
+    emb = load_embeddings(ws, run["id"])
+    return TokenMaps(list(emb["image_ids"]), attention_maps(emb), "attention")
+
+
+def map_overlay(heat: np.ndarray, photo: Image.Image, opacity: float, lut: np.ndarray) -> Image.Image:
+    """A token map ``heat`` (H×W) over ``photo``: its positive part (normalised to its maximum) coloured by ``lut``
+    (256×3 uint8) at ``opacity`` where it exceeds 2 % of the maximum, the photo unchanged elsewhere."""
+    heat = np.clip(np.asarray(heat, dtype=np.float32), 0, None)
+    if heat.max() > 0:
+        heat = heat / heat.max()
+    big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.Resampling.BILINEAR),
+                     dtype=np.float32) / 255.0
     base = np.asarray(photo.convert("RGB"), dtype=np.float32)
-    out = []
-    for row, (iid, index) in enumerate(emb["wound_keys"]):
-        if iid != image_id:
-            continue
-        sel = emb["token_wound"] == row
-        heat = np.zeros((gh, gw), dtype=np.float32)
-        pos = emb["token_pos"][sel].astype(int)
-        heat[pos[:, 0], pos[:, 1]] = emb["token_weight"][sel]
-        if heat.max() > 0:
-            heat /= heat.max()
-        big = np.asarray(Image.fromarray((heat * 255).astype(np.uint8)).resize(photo.size, Image.Resampling.BILINEAR),
-                         dtype=np.float32) / 255.0
-        colour = lut[(big * 255).astype(np.uint8)].astype(np.float32)
-        cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the wound's tokens
-        out.append((index, Image.fromarray((base * (1 - cover) + colour * cover).clip(0, 255).astype(np.uint8))))
-    return out
+    colour = lut[(big * 255).astype(np.uint8)].astype(np.float32)
+    cover = opacity * (big > 0.02)[..., None]  # the photo stays visible outside the map
+    return Image.fromarray((base * (1 - cover) + colour * cover).clip(0, 255).astype(np.uint8))
 
 
 def no_attention_reason(run: dict) -> str:
-    """Why vision run ``run`` has no attention maps to show, in words (from its kind and pooling)."""
+    """Why vision run ``run`` has no token maps to show, in words (from its kind and pooling); a fine-tune or
+    TriDerm-V run without them predates their storing (the page says how to make them)."""
     kind, cfg = run["kind"], run["config"]
     if kind == "vision-baseline":
         return ("This run is the frozen baseline: it learns no attention, every token of a wound counts the same "
-                "(mean pooling), so there is no attention map to show.")
-    if kind == "vision-finetune":
-        return ("This run fine-tunes the backbone's last stage and pools each wound's tokens by their mean: it has "
-                "no attention head, so there is no attention map to show. A self-supervised run (Train page, mode "
-                "self-supervised, pooling attention) learns one.")
+                "(mean pooling), so there is no map of where its embedding comes from to show; a trained run (Train page) "
+                "stores one.")
     if cfg.get("pooling") == "mean":
         return "This run pools each wound's tokens by their mean (pooling mean): it learns no attention to show."
     if kind == "vision-model":

@@ -535,11 +535,11 @@ def test_explore_page_umap_retrieval_attention(ws):
     at = app("explore", timeout=300)
     assert len(at.get("plotly_chart")) == 1
     body = texts(at)
-    assert "Most similar" in body and "Most dissimilar" in body and "Wound attention" in body
+    assert "Most similar" in body and "Most dissimilar" in body and "Token maps" in body
     assert "No concepts run yet" in body and "core.train_concepts --objective make" in body
     captions = [c for im in at.image for c in im.captions]
     assert any("d = " in c for c in captions)  # retrieval thumbnails with distances
-    assert any(" · wound " in c for c in captions)  # attention maps
+    assert any(c.endswith(" (the photo)") for c in captions)  # the token maps (from the run's attention)
     assert "out of date" not in body and at.slider(key="explore_attention_opacity").value == 0.6
     photo = ws.store.images()[0]["image_id"]
     session.delete_wound(ws, photo, ws.store.wounds(photo)[0]["wound_index"], actor="Tess")  # after the run
@@ -715,17 +715,65 @@ def test_report_cells_and_rows_are_plain_functions():
     assert ac.benchmark_rows(paired, paired=True) == [{"variant": "siglip", "i2t_R@1": "+0.050 ± 0.010*"}]
 
 
-@pytest.mark.slow
-def test_explore_page_opens_on_the_newest_trained_run_and_says_why_it_has_no_attention(ws):
-    """Issue 54: with a fine-tuned run and a newer frozen baseline (as ``make demo`` leaves them) Explore opens on
-    the fine-tuned run and says in words why it has no attention maps (TEST-ONLY runs)."""
+def add_finetune_run(ws: Workspace, maps: bool) -> int:
+    """A TEST-ONLY ``vision-finetune`` run (random embedding) with, when ``maps``, stored token maps (random,
+    each photo's summing to 1) as the training job writes them."""
     from core.runtime import save_embeddings
 
     ids = [im["image_id"] for im in ws.store.images()]
-    tuned = ws.store.start_run("vision-finetune", {"modality": "vision", "test_only": True}, name="TEST-ONLY")
-    save_embeddings(ws, tuned, ids, image_emb=np.random.default_rng(3).normal(size=(len(ids), 4)))
-    ws.store.finish_run(tuned)
+    rng = np.random.default_rng(3)
+    run_id = ws.store.start_run("vision-finetune", {"modality": "vision", "test_only": True}, name="TEST-ONLY")
+    save_embeddings(ws, run_id, ids, image_emb=rng.normal(size=(len(ids), 4)))
+    if maps:
+        heat = rng.random((len(ids), 14, 14)).astype(np.float32)
+        path = ws.run_dir(run_id) / "token_maps.npz"
+        np.savez_compressed(path, image_ids=np.asarray(ids), maps=heat / heat.sum(axis=(1, 2), keepdims=True),
+                            grid=np.array([14, 14]), kind=np.array("contribution"))
+        ws.store.update_run(run_id, artifacts={"token_maps": str(path.relative_to(ws.root))})
+    ws.store.finish_run(run_id)
+    return run_id
+
+
+@pytest.mark.slow
+def test_explore_page_opens_on_the_newest_trained_run_and_reads_its_stored_token_maps(ws, monkeypatch):
+    """Issue 54: with a fine-tuned run and a newer frozen baseline (as ``make demo`` leaves them) Explore opens on
+    the fine-tuned run and shows the token maps its job stored — the query photo's and its nearest photos', each
+    enlarged on a click — computing none (TEST-ONLY runs)."""
+    import core.eval.explore
+    import core.vision.inference
+    import core.vision.token_maps
+
+    def never(*args, **kwargs):
+        raise AssertionError("the page computed token maps instead of reading the stored ones")
+
+    for module, name in ((core.vision.token_maps, "compute_token_maps"), (core.vision.token_maps, "contribution_maps"),
+                         (core.eval.explore, "attention_maps"), (core.vision.inference.TunedModel, "load")):
+        monkeypatch.setattr(module, name, never)
+    tuned = add_finetune_run(ws, maps=True)
     add_test_embedding(ws)  # a vision-baseline run, newer
     at = app("explore", timeout=300)
     assert at.selectbox(key="explore_run").value == tuned
-    assert "no attention head, so there is no attention map to show" in texts(at)
+    assert "Token maps" in texts(at) and "share of the photo's embedding" in texts(at)
+    query = at.selectbox(key="explore_photo").value
+    maps = [im for im in at.image if any(c.endswith((" (the photo)", " · similar")) for c in im.captions)]
+    assert len(maps) == 4 and maps[0].captions[0] == f"{query} (the photo)"
+    enlarge = [b for b in at.button if b.label == "Enlarge"]
+    assert len(enlarge) == 4
+    enlarge[0].click().run()
+    assert not at.exception, at.exception
+    assert sum(c == f"{query} (the photo)" for im in at.image for c in im.captions) == 2  # the tile and the dialog
+
+
+@pytest.mark.slow
+def test_explore_page_says_how_to_make_the_maps_of_an_older_run(ws):
+    """A fine-tune run trained before runs stored their maps: the page says so, with the command and (an admin) the
+    button that starts it — no traceback, no computation on the visit; a baseline says why it has none."""
+    tuned = add_finetune_run(ws, maps=False)
+    baseline = add_test_embedding(ws)
+    at = app("explore", timeout=300)
+    assert at.selectbox(key="explore_run").value == tuned
+    assert f"Run {tuned} was trained before runs stored their token maps" in texts(at)
+    assert any(f"python -m core.token_maps {tuned} --workspace {ws.root}" in c.value for c in at.code)
+    assert any(b.label == "Start making the token maps" for b in at.button)
+    at.selectbox(key="explore_run").select(baseline).run()
+    assert not at.exception and "it learns no attention" in texts(at)

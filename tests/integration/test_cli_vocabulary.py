@@ -38,6 +38,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "core.export_model": ({"--workspace"}, []),  # copies weights: no device, no seed
     "core.segment": ({"--workspace", "--device"}, []),  # a folder of photos → masks
     "core.ml_backend": ({"--workspace", "--device"}, []),  # the segmenter served to Label Studio
+    "core.token_maps": ({"--workspace"}, []),  # a run's token maps for Explore: one pass of its tail, default device
     "core.phantoms": ({"--seed"}, []),  # writes a dataset folder (--out), numpy only; imports nothing of core
     "annotations": ({"--workspace"}, []),  # checked on its import subcommand; never imports core
     "benchmarks.active": ({"--workspace", "--device", "--seeds"}, []),

@@ -238,22 +238,25 @@ def test_colour_options_and_values():
     assert [colour_value(images["b"], patients, c) for c in ("patient", "patient sex", "site")] == ["unknown"] * 3
 
 
-def test_attention_overlays_colour_only_the_wounds_tokens():
+def test_attention_maps_average_a_photos_wounds_and_the_overlay_colours_only_the_map():
     from PIL import Image
 
-    from core.eval.explore import attention_overlays
+    from core.eval.explore import attention_maps, map_overlay
 
+    emb = {"image_ids": ["p1", "p2"], "wound_keys": [("p1", 1), ("p2", 1), ("p1", 2)], "grid": np.array([2, 2]),
+           "token_wound": np.array([0, 0, 2, 1]), "token_pos": np.array([[0, 0], [1, 1], [0, 1], [1, 0]]),
+           "token_weight": np.array([0.25, 0.75, 1.0, 1.0])}
+    maps = attention_maps(emb)
+    assert maps.shape == (2, 2, 2) and maps.dtype == np.float32
+    # p1: wound 1 (0.25 at (0,0), 0.75 at (1,1)) and wound 2 (1.0 at (0,1)), averaged over its two wounds
+    np.testing.assert_allclose(maps[0], [[0.125, 0.5], [0.0, 0.375]])
+    np.testing.assert_allclose(maps[1], [[0.0, 0.0], [1.0, 0.0]])
     lut = np.zeros((256, 3), dtype=np.uint8)
     lut[:, 0] = 255  # every weight red
-    emb = {"wound_keys": [("p1", 1), ("p2", 1), ("p1", 2)], "grid": np.array([2, 2]),
-           "token_wound": np.array([0, 0, 2]), "token_pos": np.array([[0, 0], [1, 1], [0, 1]]),
-           "token_weight": np.array([1.0, 0.5, 2.0])}
-    photo = Image.new("RGB", (2, 2), (0, 0, 255))
-    out = attention_overlays(emb, "p1", photo, 1.0, lut)
-    assert [i for i, _ in out] == [1, 2]
-    first = np.asarray(out[0][1])
-    assert tuple(first[0, 0]) == (255, 0, 0) and tuple(first[0, 1]) == (0, 0, 255)  # no token there: the photo
-    assert attention_overlays({"wound_keys": emb["wound_keys"]}, "p1", photo, 1.0, lut) == []
+    out = np.asarray(map_overlay(maps[1], Image.new("RGB", (2, 2), (0, 0, 255)), 1.0, lut))
+    assert tuple(out[1, 0]) == (255, 0, 0) and tuple(out[0, 1]) == (0, 0, 255)  # outside the map: the photo
+    negative = np.asarray(map_overlay(-maps[1], Image.new("RGB", (2, 2), (0, 0, 255)), 1.0, lut))
+    assert (negative == (0, 0, 255)).all()  # a token pulling the other way is not coloured
 
 
 def test_concept_table_labels_and_rounds():

@@ -17,7 +17,7 @@ CORE = REPO / "core"
 MAX_PAGE_SCRIPT_LINES = 30  # the Wound masks page's photo choice and session state, the longest
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
         "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model", "segment",
-        "ml_backend")
+        "ml_backend", "token_maps")
 PLUMBING = ("runtime", "cli")
 PARTS = ("vision", "text", "eval", "nested", "concepts", "losses", "experiments", "phantoms", "segmentation")
 
