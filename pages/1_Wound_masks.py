@@ -78,6 +78,32 @@ def photo_uri(path: str, sha256: str) -> str:
         return image_uri(im)
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def wound_polygons(root: str, image_id: str, mask_digest: str, wounds_digest: str, _ws) -> dict[int, list]:
+    """The editor's outlines of the photo's wounds (:func:`annotations.session.label_polygons` of its label map),
+    cached per label-map file content and stored wounds (a save changes either, so it is traced again)."""
+    return session.label_polygons(_ws.load_mask(image_id))
+
+
+def outlines_of(image_id: str, wounds: list[dict]) -> tuple[dict[int, list], dict[int, dict], str]:
+    """The photo's wound outlines for the editor (cached), each stored wound's geometry ({area, bbox}) and a
+    digest of those geometries (the editor's version: it redraws when a save changes them)."""
+    geometry = {w["wound_index"]: {"area": int(w["area"]), "bbox": [int(v) for v in w["bbox"]]} for w in wounds}
+    digest = hashlib.sha1(json.dumps(sorted(geometry.items())).encode()).hexdigest()[:12]
+    path = ws.mask_path(image_id)
+    mask_digest = hashlib.sha1(path.read_bytes()).hexdigest() if path.exists() else ""
+    return wound_polygons(str(ws.root), image_id, mask_digest, digest, ws), geometry, digest
+
+
+def prefetch(image_ids: list[str | None]) -> None:
+    """Prepare the photos Previous / Next go to (their picture and outlines, cached), so that moving on shows
+    them without decoding and tracing them first (done after the page is drawn)."""
+    for image_id in dict.fromkeys(i for i in image_ids if i is not None):
+        row = ws.store.image(image_id)
+        photo_uri(str(ws.image_path(image_id)), row["sha256"])
+        outlines_of(image_id, ws.store.wounds(image_id))
+
+
 def latest_segmenter_run() -> int | None:
     """The id of the workspace's newest finished segmenter run, None when there is none."""
     from core.segmentation.model import latest_run
@@ -174,8 +200,7 @@ if pick in to_read and (not ac.allowed("manage") or pick_col.toggle(
     st.stop()
 image = ws.store.image(pick)
 wounds = ws.store.wounds(pick)
-labels = ws.load_mask(pick)
-photo = ws.load_image(pick)
+shape = (image["height"], image["width"])  # of the photo and its label map
 suggestions: dict[str, np.ndarray] = state.setdefault(f"mask_sugg_{pick}", {})
 clicks: list[dict] = state.setdefault(f"mask_clicks_{pick}", [])
 pending: session.OutlinePlan | None = state.get("mask_pending")
@@ -240,7 +265,7 @@ def handle(action: dict) -> None:
     kind = action["type"]
     if kind == "save" or (kind == "accept" and action.get("edited")):
         try:
-            region = session.rasterise_outlines([[tuple(p) for p in poly] for poly in action["polys"]], labels.shape)
+            region = session.rasterise_outlines([[tuple(p) for p in poly] for poly in action["polys"]], shape)
         except ValueError as err:
             user_error(err)
             return
@@ -352,9 +377,10 @@ def mark_done(image_id: str, done: bool) -> None:
     state["mask_flash"] = f"Marked {image_id} {'done' if done else 'not done'}."
 
 
-def worklist() -> None:
+def worklist() -> list[str | None]:
     """The worklist: a filter, previous / next in it and the next photo not outlined (with shortcuts), the
-    photo's done mark, and where the photo stands in the list."""
+    photo's done mark, and where the photo stands in the list. Returns the photos Next, Previous and Next not
+    outlined go to (None where disabled)."""
     rows = ws.store.worklist(ac.actor())
     waiting = {i for i in ids if state.get(f"mask_sugg_{i}")}
     shown = st.selectbox("Worklist", session.WORKLIST_FILTERS, key="mask_filter",
@@ -380,6 +406,7 @@ def worklist() -> None:
     done = sum(r["done_by"] is not None for r in rows)
     mark = "" if row["done_by"] is None else f" · this one done by {ac.escape_md(row['done_by'])}"
     st.caption(f"{shown}: {place} · {done} of {len(rows)} done{mark}")
+    return [after, before, bare]
 
 
 def messages() -> None:
@@ -432,7 +459,7 @@ def overlap_decision() -> None:
 def editor():
     """The tools row and the outline editor on the photo (the worklist and the messages beside it).
 
-    Returns the column beside the editor, for the wound list.
+    Returns the column beside the editor, for the wound list, and the photos the worklist goes to next.
     """
     suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
                        disabled=bool(ML_OFF),
@@ -448,21 +475,21 @@ def editor():
         help=ML_HELP or "Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
     draw_col, list_col = st.columns([3, 1], gap="small")
     with list_col:  # beside the photo, so that neither pushes the other below the fold at 1366×768
-        worklist()
+        neighbours = worklist()
         messages()
     with draw_col:
         if engine == "Segment Anything" and not ML_OFF:
             st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
+        outlines, geometry, digest = outlines_of(pick, wounds)
         shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
-                  for i, polys in session.label_polygons(labels).items()]
+                  for i, polys in outlines.items()]
         shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
                     "colour": "#00e5ff", "polys": session.mask_polygons(m)} for k, m in suggestions.items()]
         overlap = session.mask_polygons(session.overlap_mask(ws, pending)) if pending is not None else []
-        geometry = {w["wound_index"]: {"area": int(w["area"]), "bbox": [int(v) for v in w["bbox"]]} for w in wounds}
-        digest = hashlib.sha1(json.dumps(sorted(geometry.items())).encode()).hexdigest()[:12]
         version = f"{state.get(f'mask_ver_{pick}', 0)}:{digest}"
         action = outline_editor(
-            image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}", size=photo.size,
+            image=photo_uri(str(ws.image_path(pick)), image["sha256"]), image_key=f"{ws.root}/{pick}/{image['sha256']}",
+            size=(image["width"], image["height"]),
             shapes=shapes, version=version, overlap=overlap, clicks=clicks, click_off=ML_HELP, key="outline_editor")
         if action and action.get("nonce") != state.get("mask_nonce"):
             state["mask_nonce"] = action["nonce"]
@@ -474,7 +501,7 @@ def editor():
                    f"minimum wound area {ws.min_wound_area} px · outlines are stored as a label mask "
                    "(0 = skin, n = wound n). Mouse wheel zooms; W (in the editor) fits the wounds; drag the background "
                    "to pan.")
-    return list_col
+    return list_col, neighbours
 
 
 # -- wounds: description and every metadata field ------------------------------------------------------
@@ -639,4 +666,6 @@ def wound_list(list_col) -> None:
                        "edit it if needed, then Accept or Reject.")
 
 
-wound_list(editor())
+list_col, neighbours = editor()
+wound_list(list_col)
+prefetch(neighbours)

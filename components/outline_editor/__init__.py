@@ -25,19 +25,20 @@ _component = st.components.v2.component(
 
 #: Longest side of the photo sent to the browser; coordinates stay those of the stored photo.
 MAX_SIDE = 2048
+#: JPEG quality of the photo sent to the browser (what the editor shows; outlines come from the stored mask).
+JPEG_QUALITY = 85
 
 
 def image_uri(image: Image.Image) -> str:
-    """The photo as a data URI (PNG up to :data:`MAX_SIDE` px; larger photos as a reduced JPEG)."""
+    """The photo as a JPEG data URI (quality :data:`JPEG_QUALITY`, reduced to :data:`MAX_SIDE` px when larger): a
+    tenth of a PNG's bytes and far quicker to encode, so the next photo reaches the editor sooner."""
     image = image.convert("RGB")
-    buf = io.BytesIO()
     if max(image.size) > MAX_SIDE:
         image = image.copy()
         image.thumbnail((MAX_SIDE, MAX_SIDE))
-        image.save(buf, format="JPEG", quality=90)
-        return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    buf = io.BytesIO()
+    image.save(buf, format="JPEG", quality=JPEG_QUALITY)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def outline_editor(*, image: str, image_key: str, size: tuple[int, int], shapes: list[dict[str, Any]],

@@ -1,6 +1,8 @@
 """Streamlit AppTest for every page (no browser), plus the page helpers they rely on."""
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
 from datetime import date
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from annotations import accounts, followup, jobs, session
@@ -188,6 +191,40 @@ def test_wound_masks_page_edits_and_deletes(ws):
     at.button(key="mask_del_yes").click().run()  # a deletion is confirmed first
     assert index not in {w["wound_index"] for w in ws.store.wounds(photo)}
     assert not (ws.load_mask(photo) == index).any()
+
+
+def test_wound_masks_editor_gets_a_jpeg_photo_and_the_stored_outlines_after_each_change(ws, monkeypatch):
+    """The editor's photo is a JPEG of the photo's size (issue 54: a fraction of a PNG's bytes); its outlines are
+    cached per photo (and prepared for the worklist's next photo) yet follow a deletion and its undo."""
+    import components.outline_editor as editor
+
+    drawn: list[dict] = []
+
+    def record(**kwargs) -> None:
+        drawn.append(kwargs)
+
+    def wound_outlines() -> dict:
+        return {s["index"]: json.loads(json.dumps(s["polys"])) for s in drawn[-1]["shapes"] if s["kind"] == "wound"}
+
+    monkeypatch.setattr(editor, "outline_editor", record)
+    at = app("masks")
+    photo = ws.store.images()[0]["image_id"]
+    row = ws.store.image(photo)
+    head, data = drawn[-1]["image"].split(",", 1)
+    assert head == "data:image/jpeg;base64"
+    with Image.open(io.BytesIO(base64.b64decode(data))) as sent:
+        assert (sent.format, sent.size) == ("JPEG", (row["width"], row["height"])) == ("JPEG", drawn[-1]["size"])
+    stored = json.loads(json.dumps(session.label_polygons(ws.load_mask(photo))))
+    assert wound_outlines() == {int(i): p for i, p in stored.items()} and stored
+    at.button(key="mask_next").click().run()
+    assert drawn[-1]["image_key"] != drawn[0]["image_key"]
+    at.button(key="mask_prev").click().run()  # back on a photo whose outlines are cached
+    index = min(wound_outlines())
+    at.button(key=f"del_{photo}_{index}").click().run()
+    at.button(key="mask_del_yes").click().run()
+    assert index not in wound_outlines() and set(wound_outlines()) == {w["wound_index"] for w in ws.store.wounds(photo)}
+    at.button(key="mask_undo_btn").click().run()
+    assert wound_outlines() == {int(i): p for i, p in stored.items()}
 
 
 def test_wound_masks_without_a_trained_model_suggest_from_the_default_one(ws):
