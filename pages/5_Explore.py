@@ -17,6 +17,7 @@ import streamlit as st
 
 import app_common as ac
 from annotations import followup
+from annotations.runs import CONCEPTS
 
 ws = ac.page("Explore", need="view")
 # the map above the fold on a 1366×768 laptop: narrow top margin and title (the sidebar stays open)
@@ -330,7 +331,7 @@ def show_wound_concepts(cdata: dict, run_id: int, query: str, w: dict, row: int,
 def show_concepts(query: str) -> None:
     """Per wound of ``query``: its top concepts and a concept heatmap from a chosen concepts run."""
     st.subheader("Wound concepts")
-    concept_runs = [r for r in ws.store.runs(kind="concepts")
+    concept_runs = [r for r in ws.store.runs(kind=CONCEPTS)
                     if r["status"] == "done" and (r.get("artifacts") or {}).get("embeddings")]
     if not concept_runs:
         st.caption("No concepts run yet. Create one with `python -m core.train_concepts --objective make` "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
+from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
@@ -364,16 +365,16 @@ def attention_overlays(emb: dict, image_id: str, photo: Image.Image, opacity: fl
 def no_attention_reason(run: dict) -> str:
     """Why vision run ``run`` has no attention maps to show, in words (from its kind and pooling)."""
     kind, cfg = run["kind"], run["config"]
-    if kind == "vision-baseline":
+    if kind == runs.VISION_BASELINE:
         return ("This run is the frozen baseline: it learns no attention, every token of a wound counts the same "
                 "(mean pooling), so there is no attention map to show.")
-    if kind == "vision-finetune":
+    if kind == runs.VISION_FINETUNE:
         return ("This run fine-tunes the backbone's last stage and pools each wound's tokens by their mean: it has "
                 "no attention head, so there is no attention map to show. A self-supervised run (Train page, mode "
                 "self-supervised, pooling attention) learns one.")
     if cfg.get("pooling") == "mean":
         return "This run pools each wound's tokens by their mean (pooling mean): it learns no attention to show."
-    if kind == "vision-model":
+    if kind == runs.VISION_MODEL:
         return "This run embeds the photos with a shared model, which keeps no attention weights to show."
     return "This run stored no attention weights, so there is no attention map to show."
 

@@ -29,6 +29,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from PIL import Image, ImageOps
 from torch import nn
 
+from annotations import runs
 from annotations.readers import mask_to_labels, open_image
 from annotations.workspace import Workspace
 from core.vision.model_files import (
@@ -138,7 +139,7 @@ def export_head(ws: Workspace, run_id: int, out: str | Path) -> Path:
 
 def _head_blob(ws: Workspace, run_id: int) -> dict[str, Any]:
     run = ws.store.run(run_id)
-    if run is None or run["kind"] != "vision-triderm":
+    if run is None or run["kind"] != runs.VISION_TRIDERM:
         raise ValueError(f"--model {run_id}: no TriDerm-V (vision-triderm) run with that id in {ws.root}")
     path = ws.run_dir(run_id) / "head.pt"
     if not path.exists():
