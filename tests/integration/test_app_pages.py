@@ -101,6 +101,18 @@ def test_home_sign_in_and_overview(ws):
     assert "Build demo" not in [b.label for b in at.button]  # annotators do not import or build the demo
 
 
+def test_home_shows_why_a_run_failed(ws):
+    """A job's failure reason (annotations.runs.recording) is in the Home page's latest runs."""
+    from annotations import runs
+
+    with pytest.raises(ValueError), runs.recording(ws, runs.VISION_FINETUNE, {"modality": "vision"}):
+        raise ValueError("fine-tuning needs expert triplets over outlined photos")
+    table = app().dataframe[0].value
+    row = table[table["kind"] == "vision-finetune"].iloc[0]
+    assert "failed" in row["status"]
+    assert row["message"] == "ValueError: fine-tuning needs expert triplets over outlined photos"
+
+
 def test_wrong_password_then_lock_out(ws):
     account("Dr Who", "annotator")
     at = app(annotator=None)
