@@ -57,6 +57,7 @@ import numpy as np
 
 from annotations import accounts
 from annotations.dataset import import_dataset
+from annotations.runs import VISION_BASELINE, recording
 from annotations.upload import MAX_PHOTOS, upload_photos
 from annotations.workspace import Workspace
 from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, write_result
@@ -77,12 +78,11 @@ def add_random_run(ws: Workspace, dim: int, seed: int = 0) -> int:
     ids = [im["image_id"] for im in ws.store.images()]
     keys = [(w["image_id"], w["wound_index"]) for w in ws.store.wounds()]
     rng = np.random.default_rng(seed)
-    run_id = ws.store.start_run("vision-baseline", {"modality": "vision", "test_only": True},
-                                name="TEST-ONLY random embedding")
-    save_embeddings(ws, run_id, ids, image_emb=rng.normal(size=(len(ids), dim)),
-                    wound_keys=keys or None, wound_emb=rng.normal(size=(len(keys), dim)) if keys else None)
-    ws.store.finish_run(run_id)
-    return run_id
+    with recording(ws, VISION_BASELINE, {"modality": "vision", "test_only": True},
+                        name="TEST-ONLY random embedding") as rec:
+        save_embeddings(ws, rec.id, ids, image_emb=rng.normal(size=(len(ids), dim)),
+                        wound_keys=keys or None, wound_emb=rng.normal(size=(len(keys), dim)) if keys else None)
+    return rec.id
 
 
 def demo_workspace(root: Path, photos: int) -> Workspace:

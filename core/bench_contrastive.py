@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any
 
+from annotations import runs
 from core import cli
 from core.concepts.defaults import OFFLINE_DEFAULT
 from core.experiments.defaults import VARIANTS
@@ -122,21 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: getattr(args, k) for k in SETTINGS}
     out = ws.runs_dir / OUT_DIR
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    run_id = ws.store.start_run("bench-contrastive", {**settings, "n_seeds": args.n_seeds, "variants": variants,
-                                                      "quick": args.quick, "synthetic": ws.is_synthetic}, seed=0)
     t0 = time.perf_counter()
     try:
-        bench = ContrastiveBench(ws, model, pairs, targets, settings, out, run_id, fresh=args.fresh)
-        for cell in bench.run(variants, args.n_seeds, args):
-            print(f"[cached] {cell.variant} seed {cell.seed}" if cell.cached else
-                  f"{cell.variant} seed {cell.seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in cell.metrics.items()))
-        table = bench.finish(args.n_seeds, time.perf_counter() - t0)
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            metrics={"error": str(e)})
-        if isinstance(e, NotEnoughData):
-            parser.error(str(e))
-        raise
+        with runs.recording(ws, runs.BENCH_CONTRASTIVE, {**settings, "n_seeds": args.n_seeds, "variants": variants,
+                                                         "quick": args.quick, "synthetic": ws.is_synthetic},
+                            seed=0) as rec:
+            bench = ContrastiveBench(ws, model, pairs, targets, settings, out, rec, fresh=args.fresh)
+            for cell in bench.run(variants, args.n_seeds, args):
+                print(f"[cached] {cell.variant} seed {cell.seed}" if cell.cached else
+                      f"{cell.variant} seed {cell.seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in cell.metrics.items()))
+            table = bench.finish(args.n_seeds, time.perf_counter() - t0)
+    except NotEnoughData as e:
+        parser.error(str(e))
     print(table.read_text())
     print(f"total {time.perf_counter() - t0:.0f} s; outputs in {out}")
     return 0

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import numpy as np
 
+from annotations import runs
 from annotations.csvsafe import neutralise
 from annotations.readers import load_photo
 from core import cli
@@ -40,25 +41,20 @@ if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
     from core.vision.inference import Model
 
 
-MODEL_RUN = "vision-model"
+MODEL_RUN = runs.VISION_MODEL
 
 
 def embed_workspace(ws: Workspace, model: Model, ref: str, progress: bool = True) -> int:
     """Embed the workspace's photos with wounds in ``model``'s space; record a ``vision-model`` run."""
     ids = sorted({w["image_id"] for w in ws.store.wounds()})
-    run_id = ws.store.start_run(MODEL_RUN, {"modality": "vision", "model": ref, "backbone": model.backbone.name,
-                                            "layer": model.backbone.layer, "normalize": model.normalize,
-                                            "synthetic": ws.is_synthetic})
-    try:
+    with runs.recording(ws, MODEL_RUN, {"modality": "vision", "model": ref, "backbone": model.backbone.name,
+                                        "layer": model.backbone.layer, "normalize": model.normalize,
+                                        "synthetic": ws.is_synthetic}) as rec:
         emb = np.stack([model.embed(ws.load_image(i), ws.load_mask(i))
                         for i in tqdm(ids, desc="embed", unit="photo", disable=not progress)])
-        save_embeddings(ws, run_id, ids, image_emb=emb)
-        ws.store.finish_run(run_id, metrics={"n_images": len(ids)})
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            metrics={"error": f"{type(e).__name__}: {e}"})
-        raise
-    return run_id
+        save_embeddings(ws, rec.id, ids, image_emb=emb)
+        rec.metrics = {"n_images": len(ids)}
+    return rec.id
 
 
 def study_run(ws: Workspace, model: Model, ref: str) -> int:

@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     """The ``python -m core.evaluate`` job; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m core.evaluate", description=__doc__.split("\n\n")[0])
     cli.add_workspace(parser)
-    parser.add_argument("--vision", type=int, default=None, help="vision run id to fuse (default: latest)")
-    parser.add_argument("--text", type=int, default=None, help="text run id to fuse (default: latest)")
+    parser.add_argument("--vision", type=int, default=None,
+                        help="vision run id to fuse (default: the newest vision-finetune run, else vision-triderm, "
+                             "else any vision run)")
+    parser.add_argument("--text", type=int, default=None,
+                        help="text run id to fuse (default: the newest text-soe run, else any text run)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="vision prior of the uncertainty fusion")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs")
     cli.add_seed(parser, help="bootstrap seed")

@@ -30,9 +30,9 @@ import argparse
 import json
 from pathlib import Path
 
+from annotations import runs
 from core import cli
 from core.runtime import open_workspace, user_errors
-from core.segmentation.defaults import RUN_KIND as SEGMENTER_KIND
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, metavar="OUT", help="new (or empty) folder to write the model to")
     args = cli.parse_args(parser, argv)
     from core.segmentation.export import export_segmenter  # torch: after the arguments (a fast --help)
-    from core.vision.finetune import RUN_KIND as FINETUNE_KIND
     from core.vision.inference import FROZEN_RUN, export_frozen, export_head, export_tail
 
     ws = open_workspace(args.workspace, parser)
@@ -52,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     if run is None or run["status"] != "done":
         parser.error(f"no finished run {args.run} in {ws.root}")
     with user_errors(parser, ValueError):
-        if run["kind"] == "vision-triderm":
+        if run["kind"] == runs.VISION_TRIDERM:
             out = export_head(ws, args.run, args.out)
-        elif run["kind"] == FINETUNE_KIND:
+        elif run["kind"] == runs.VISION_FINETUNE:
             out = export_tail(ws, args.run, args.out)
         elif run["kind"] == FROZEN_RUN:
             out = export_frozen(ws, args.run, args.out)
-        elif run["kind"] == SEGMENTER_KIND:
+        elif run["kind"] == runs.SEGMENTER:
             out = export_segmenter(ws, args.run, args.out)
-        elif run["kind"] == "text-soe":
+        elif run["kind"] == runs.TEXT_SOE:
             raise ValueError(f"run {args.run} is a text-soe run: one coordinate per study photo, keyed by its id; "
                              "it holds no model that could place another centre's photos, so it is not exported")
         else:

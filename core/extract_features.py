@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 
+from annotations import runs
 from annotations.workspace import Workspace
 from core import cli
 from core.runtime import init_distributed, open_workspace, user_errors
@@ -61,14 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         backbone = load_backbone(args.backbone, device=device, layer=args.layer)
     cache = FeatureCache(ws, backbone, seed=args.seed, shard_size=args.shard_size)
     image_ids, _ = workspace_wounds(ws)
-    run_id = None
-    if rank == 0:
-        config = {"backbone": backbone.name, "layer": backbone.layer, "views": args.views,
-                  "shard_size": args.shard_size, "world_size": world, "backend": dist.get_backend() if distributed else None, "device": str(device),
-                  "n_images": len(image_ids), "cache": str(cache.root),
-                  "synthetic": ws.is_synthetic}
-        run_id = ws.store.start_run("features", config, seed=args.seed)
-    try:
+    config = {"backbone": backbone.name, "layer": backbone.layer, "views": args.views, "shard_size": args.shard_size,
+              "world_size": world, "backend": dist.get_backend() if distributed else None, "device": str(device),
+              "n_images": len(image_ids), "cache": str(cache.root), "synthetic": ws.is_synthetic}
+    # rank 0 records the run; the other ranks only compute their shards
+    with (runs.recording(ws, runs.FEATURES, config, seed=args.seed) if rank == 0 else nullcontext()) as rec:
         t0 = time.perf_counter()
         computed = len(cache.extract(image_ids, args.views, rank=rank, world_size=world))
         seconds = time.perf_counter() - t0
@@ -76,22 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         if distributed:
             per_rank = [0] * world  # filled by all_gather_object
             dist.all_gather_object(per_rank, computed)
-    except BaseException as exc:
-        if run_id is not None:
-            ws.store.finish_run(run_id, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed",
-                                message=f"{type(exc).__name__}: {exc}")
-        raise
-    if rank == 0:
-        cache.write_index()  # every rank's shards, now that all are written
-        disk = sum(p.stat().st_size for p in cache.shard_files())
-        total = sum(per_rank)
-        metrics = {"computed": total, "computed_per_rank": per_rank, "cached_before": len(image_ids) - total,
-                   "seconds": seconds, "disk_mib": disk / 2**20}
-        assert run_id is not None  # rank 0 started the run
-        ws.store.finish_run(run_id, metrics=metrics)
+        if rec is not None:
+            cache.write_index()  # every rank's shards, now that all are written
+            disk = sum(p.stat().st_size for p in cache.shard_files())
+            total = sum(per_rank)
+            rec.metrics = {"computed": total, "computed_per_rank": per_rank, "cached_before": len(image_ids) - total,
+                           "seconds": seconds, "disk_mib": disk / 2**20}
+    if rec is not None:
         print(f"{len(image_ids)} photos × {args.views} views of {backbone.name}: computed {total} "
               f"(per rank {per_rank}), {len(image_ids) - total} already cached; {seconds:.1f}s; "
-              f"{disk / 2**20:.1f} MiB in {cache.root} (run {run_id})")
+              f"{disk / 2**20:.1f} MiB in {cache.root} (run {rec.id})")
     if distributed:
         dist.destroy_process_group()
     return 0

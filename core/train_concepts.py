@@ -17,6 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from annotations import runs
 from core import cli
 from core.concepts.defaults import OBJECTIVES, OFFLINE_DEFAULT
 
@@ -87,21 +88,17 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     cfg = _train_config(args)
     config = {**vars(args), "modality": "concept", "n_wounds": len(data.pairs), "n_heldout": int(data.held.sum()),
               "synthetic": ws.is_synthetic}
-    run_id = ws.store.start_run("concepts", config, seed=args.seed, name=f"{args.objective}{' (untrained)' if args.untrained else ''}")
-    try:
+    with runs.recording(ws, runs.CONCEPTS, config, seed=args.seed,
+                        name=f"{args.objective}{' (untrained)' if args.untrained else ''}") as rec:
         t0 = time.perf_counter()
         model = load_vlm(args.model, seed=args.seed)
         try:
             trainer = Trainer(model, data.pairs, build_text_inputs(data.pairs, data.tagger), cfg)
         except ValueError as e:
             raise UsageError(f"--objective {args.objective} --model {args.model}: {e}") from None
-        metrics = train_and_evaluate(ws, run_id, data, trainer, args.beta, args.target, train=not args.untrained,
+        metrics = train_and_evaluate(ws, rec, data, trainer, args.beta, args.target, train=not args.untrained,
                                      progress=progress, started=t0)
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            metrics={"error": str(e)})
-        raise
-    metrics["run_id"] = run_id
+    metrics = {**metrics, "run_id": rec.id}
     return metrics
 
 

@@ -7,6 +7,7 @@ import streamlit as st
 
 import app_common as ac
 from annotations import jobs
+from annotations import runs as run_kinds
 from core.text.llm import DEFAULT_MODELS, ollama_hosts
 
 JOB = "llm-triplets"
@@ -82,7 +83,7 @@ def status() -> None:
     """The LLM job's panel, the LLM triplets in the store per source and the table of LLM runs."""
     ac.job_panel(ws, JOB, "llm_triplets", [], "LLM run", start=False)
     sources = {s: n for s, n in ws.store.triplet_sources().items() if s.startswith("llm:")}
-    runs = ws.store.runs(kind="llm-triplets")
+    runs = ws.store.runs(kind=run_kinds.LLM_TRIPLETS)
     st.markdown("**LLM triplets in the store**")
     if sources:
         st.dataframe(pd.DataFrame([{"source": s, "triplets": n} for s, n in sources.items()]),

@@ -168,6 +168,7 @@ def loss_curves() -> None:
     st.dataframe(pd.DataFrame([{
         "run": r["id"], "kind": r["kind"], "status": ac.status_badge(r["status"]), "epochs": len(r["metrics"]["loss"]),
         "last loss": round(float(r["metrics"]["loss"][-1]), 5), "seed": r["seed"], "git": (r["git_sha"] or "")[:8],
+        "message": r["message"] or "",
     } for r in runs]), hide_index=True, width="stretch")
 
 

@@ -17,6 +17,7 @@ import streamlit as st
 
 import app_common as ac
 from annotations import followup
+from annotations.runs import CONCEPTS, VISION_FINETUNE, VISION_TRIDERM
 
 ws = ac.page("Explore", need="view")
 # the map above the fold on a 1366×768 laptop: narrow top margin and title (the sidebar stays open)
@@ -313,7 +314,7 @@ def make_maps(run: dict) -> None:
 
 def missing_maps(run: dict) -> None:
     """Why the run shows no token maps, and (a fine-tune or TriDerm-V run) how to make them."""
-    if run["kind"] not in ("vision-finetune", "vision-triderm"):
+    if run["kind"] not in (VISION_FINETUNE, VISION_TRIDERM):
         st.info(no_attention_reason(run), icon=":material/visibility_off:")
         return
     st.info(f"Run {run['id']} was trained before runs stored their token maps, so there is none to show yet. Make "
@@ -398,7 +399,7 @@ def show_wound_concepts(cdata: dict, run_id: int, query: str, w: dict, row: int,
 def show_concepts(query: str) -> None:
     """Per wound of ``query``: its top concepts and a concept heatmap from a chosen concepts run."""
     st.subheader("Wound concepts")
-    concept_runs = [r for r in ws.store.runs(kind="concepts")
+    concept_runs = [r for r in ws.store.runs(kind=CONCEPTS)
                     if r["status"] == "done" and (r.get("artifacts") or {}).get("embeddings")]
     if not concept_runs:
         st.caption("No concepts run yet. Create one with `python -m core.train_concepts --objective make` "

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from annotations.fileio import atomic_write
+from annotations.runs import Recording
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
     SIGMOID_OBJECTIVES,
@@ -96,11 +97,12 @@ def save_concept_run(ws: Any, run_id: int, data: ConceptData, trainer: Trainer, 
     return str(heads)
 
 
-def train_and_evaluate(ws: Any, run_id: int, data: ConceptData, trainer: Trainer, beta: float, target: str,
+def train_and_evaluate(ws: Any, rec: Recording, data: ConceptData, trainer: Trainer, beta: float, target: str,
                        train: bool = True, progress: bool = True, started: float | None = None) -> dict[str, Any]:
     """Train (unless ``train`` is false: the untrained heads), score the concepts, evaluate on the
-    held-out wounds and finish run ``run_id``; its metrics. ``started``: ``time.perf_counter()`` when
-    the run began (its ``seconds`` include loading the model)."""
+    held-out wounds and set the metrics and heads the open run ``rec`` finishes with; its metrics.
+    ``started``: ``time.perf_counter()`` when the run began (its ``seconds`` include loading the model)."""
+    run_id = rec.id
     t0 = time.perf_counter() if started is None else started
     cfg = trainer.cfg
     stamps = [time.perf_counter()]
@@ -119,5 +121,5 @@ def train_and_evaluate(ws: Any, run_id: int, data: ConceptData, trainer: Trainer
                                "epoch_seconds": [round(b - a, 4) for a, b in pairwise(stamps)],
                                **concept_metrics(data, scorer, scores, target, cfg.seed)}
     heads = save_concept_run(ws, run_id, data, trainer, g.numpy(), scorer, scores, heat)
-    ws.store.finish_run(run_id, metrics=metrics, artifacts={"heads": heads})
+    rec.metrics, rec.artifacts = metrics, {"heads": heads}
     return metrics

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
+from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
@@ -417,13 +418,13 @@ def no_attention_reason(run: dict) -> str:
     """Why vision run ``run`` has no token maps to show, in words (from its kind and pooling); a fine-tune or
     TriDerm-V run without them predates their storing (the page says how to make them)."""
     kind, cfg = run["kind"], run["config"]
-    if kind == "vision-baseline":
+    if kind == runs.VISION_BASELINE:
         return ("This run is the frozen baseline: it learns no attention, every token of a wound counts the same "
                 "(mean pooling), so there is no map of where its embedding comes from to show; a trained run (Train page) "
                 "stores one.")
     if cfg.get("pooling") == "mean":
         return "This run pools each wound's tokens by their mean (pooling mean): it learns no attention to show."
-    if kind == "vision-model":
+    if kind == runs.VISION_MODEL:
         return "This run embeds the photos with a shared model, which keeps no attention weights to show."
     return "This run stored no attention weights, so there is no attention map to show."
 

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from annotations.csvsafe import neutralise
 from annotations.fileio import atomic_write, write_json, write_text
+from annotations.runs import FUSION, REPORT, TEXT_SOE, VISION_FINETUNE, VISION_TRIDERM, recording
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
@@ -25,7 +26,9 @@ log = logging.getLogger(__name__)
 MODALITY_ORDER = ("vision", "text", "fusion", "nested", "concept")
 
 
-PREFERRED_KIND = {"vision": "vision-triderm", "text": "text-soe"}
+#: The kinds an unnamed input is taken from, in order of preference (the newest run of the first kind that has
+#: one): vision prefers the default mode's fine-tuned runs, then TriDerm-V's; text the SOE embedding.
+PREFERRED_KINDS = {"vision": (VISION_FINETUNE, VISION_TRIDERM), "text": (TEXT_SOE,)}
 
 
 # Paper Table 1 (real RDEB photos, 513 expert triplets), for orientation only.
@@ -66,7 +69,8 @@ def embedding_runs(ws: Workspace, include_ablation: bool = False) -> list[dict]:
 
 
 def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
-    """The named run, else the latest ``vision-triderm`` / ``text-soe`` run, else the latest of that modality."""
+    """The named run, else the newest run of the first of :data:`PREFERRED_KINDS` that has one (vision:
+    ``vision-finetune``, then ``vision-triderm``; text: ``text-soe``), else the newest of that modality."""
     if run_id is not None:
         run = ws.store.run(run_id)
         if run is None:
@@ -76,9 +80,10 @@ def pick_input(ws: Workspace, modality: str, run_id: int | None) -> dict | None:
                              "is not a finished run with image embeddings")
         return run
     candidates = [r for r in embedding_runs(ws) if r["config"].get("modality") == modality]
-    preferred = [r for r in candidates if r["kind"] == PREFERRED_KIND[modality]]
-    pool = preferred or candidates
-    return pool[0] if pool else None
+    for kind in PREFERRED_KINDS[modality]:
+        if preferred := [r for r in candidates if r["kind"] == kind]:
+            return preferred[0]
+    return candidates[0] if candidates else None
 
 
 def fusion_config(method: str, vision_id: int, text_id: int, alpha: float) -> dict[str, Any]:
@@ -97,14 +102,14 @@ def fusion_run(ws: Workspace, method: str, vision: dict, text: dict, alpha: floa
     listed in the run's metrics (``missing``).
     """
     config = fusion_config(method, vision["id"], text["id"], alpha)
-    for run in ws.store.runs(kind="fusion", status="done"):
+    for run in ws.store.runs(kind=FUSION, status="done"):
         if run["config"] == config and has_embeddings(ws, run):
             return run["id"], True
     vision_d, text_d = run_image_distances(ws, vision), run_image_distances(ws, text)
     assert vision_d is not None and text_d is not None  # pick_input gives runs with image embeddings
     inputs = [vision_d, text_d]
-    run_id = ws.store.start_run("fusion", config, name=f"{method} fusion of runs {vision['id']} + {text['id']}")
-    try:
+    with recording(ws, FUSION, config, name=f"{method} fusion of runs {vision['id']} + {text['id']}") as rec:
+        run_id = rec.id
         fused = fuse(inputs, method=method, alpha=alpha, allow_missing=True)
         missing = {("vision", "text")[m]: ids for m, ids in fused.missing.items()}
         for modality, ids in missing.items():
@@ -114,10 +119,7 @@ def fusion_run(ws: Workspace, method: str, vision: dict, text: dict, alpha: floa
         metrics: dict[str, Any] = {"n_images": len(fused.ids), "missing": missing}
         if expert:
             metrics.update({k: v for k, v in evaluate(fused.ids, fused.D, expert).items()})
-        ws.store.finish_run(run_id, metrics=metrics)
-    except Exception as exc:
-        ws.store.finish_run(run_id, status="failed", message=str(exc))
-        raise
+        rec.metrics = metrics
     return run_id, False
 
 
@@ -267,8 +269,8 @@ def run_report(ws: Workspace, vision: int | None = None, text: int | None = None
     v, t = pick_input(ws, "vision", vision), pick_input(ws, "text", text)
     config = {"vision": v and v["id"], "text": t and t["id"], "alpha": alpha, "n_boot": n_boot,
               "include_ablation": include_ablation}
-    report_id = ws.store.start_run("report", config, seed=seed, name="agreement report")
-    try:
+    with recording(ws, REPORT, config, seed=seed, name="agreement report") as rec:
+        report_id = rec.id
         fusions = {}
         if v is not None and t is not None:
             for method in METHODS:
@@ -282,10 +284,7 @@ def run_report(ws: Workspace, vision: int | None = None, text: int | None = None
         found = verdict(ws, embedding_runs(ws), n_boot, seed)
         paths = write_report(ws, rows, len(expert), n_boot, found)
         summary = {str(r["run_id"]): {m: r[m] for m in METRICS} for r in rows}
-        ws.store.finish_run(report_id, metrics={"runs": summary, "fusion_runs": fusions,
-                                                "expert_triplets": len(expert)}, artifacts=paths)
-    except Exception as exc:
-        ws.store.finish_run(report_id, status="failed", message=str(exc))
-        raise
+        rec.metrics = {"runs": summary, "fusion_runs": fusions, "expert_triplets": len(expert)}
+        rec.artifacts = paths
     return {"rows": rows, "paths": paths, "run_id": report_id, "fusion_runs": fusions, "verdict": found}
 

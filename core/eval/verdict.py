@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from annotations.runs import TEXT_BASELINE, VISION_BASELINE
 from annotations.workspace import Workspace
 from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_test
 
 #: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
-UNTRAINED_KINDS = ("vision-baseline", "text-baseline")
+UNTRAINED_KINDS = (VISION_BASELINE, TEXT_BASELINE)
 #: the paired test's level: a difference is beyond chance when p < ALPHA
 ALPHA = 0.05
 #: the gain (balanced agreement, trained − untrained) the next step sizes more judgments for when the trained run

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from annotations import runs
 from annotations.fileio import read_json, write_json, write_text
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
@@ -311,10 +312,10 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
             jobs.setdefault(key_of(row, seed), (row.config, seed, row.table))
     config = {"seeds": seeds, "quick": quick, "tables": list(tables), "source": source,
               "vision_epochs": vision_epochs, "cells": len(jobs)}
-    run_id = ws.store.start_run("ablation", config, name="Table 2 ablation")
     results: dict[str, dict] = {}
     reused = 0
-    try:
+    with runs.recording(ws, runs.ABLATION, config, name="Table 2 ablation") as rec:
+        run_id = rec.id
         compute: dict[str, Callable[[dict, int, str], dict]] = {
             "text": lambda cfg, seed, key: soe_cell(ids, llm_by_source[cfg["source"]], expert, cfg, seed),
             "vision": lambda cfg, seed, key: vision_cell(ws, expert, cfg, seed, key),
@@ -338,12 +339,8 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
             row.results.extend(results[key_of(row, seed)] for seed in range(seeds))
         summary = summarise(rows)
         paths = write_outputs(ws, summary, notes, seeds, quick)
-        ws.store.finish_run(run_id, metrics={"cells_computed": len(jobs) - reused, "cells_reused": reused,
-                                             "rows": json_safe(summary)}, artifacts=paths)
-    except BaseException as exc:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed",
-                            message=str(exc) or type(exc).__name__)
-        raise
+        rec.metrics = {"cells_computed": len(jobs) - reused, "cells_reused": reused, "rows": json_safe(summary)}
+        rec.artifacts = paths
     return {"summary": summary, "notes": notes, "paths": paths, "run_id": run_id,
             "computed": len(jobs) - reused, "reused": reused}
 

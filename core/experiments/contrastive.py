@@ -22,6 +22,7 @@ from sklearn.preprocessing import StandardScaler
 
 from annotations.csvsafe import neutralise
 from annotations.fileio import atomic_write, read_json, write_json, write_text
+from annotations.runs import Recording
 from core.concepts.scores import ConceptScorer
 from core.concepts.training import (
     SIGMOID_OBJECTIVES,
@@ -216,12 +217,12 @@ class ContrastiveBench:
     """The benchmark's cells on one workspace and model: every variant starts from the same
     pretrained weights and, per seed, the same held-out split and head initialisation. Each
     finished cell is written to ``out/cells/`` (with a key of its settings, reused next time unless
-    ``fresh``) and advances run ``run_id``'s progress."""
+    ``fresh``) and advances the progress of the open run ``rec``, which :meth:`finish` gives its metrics."""
 
     def __init__(self, ws: Any, model: Any, pairs: WoundPairs, targets: list[str | None], settings: dict[str, Any],
-                 out: Path, run_id: int, fresh: bool = False) -> None:
+                 out: Path, rec: Recording, fresh: bool = False) -> None:
         self.ws, self.model, self.pairs, self.targets = ws, model, pairs, targets
-        self.settings, self.out, self.run_id, self.fresh = settings, out, run_id, fresh
+        self.settings, self.out, self.rec, self.fresh = settings, out, rec, fresh
         vocab = load_vocab(groups=("wound",))
         tagger = ConceptTagger(vocab)
         self.texts = build_text_inputs(pairs, tagger)
@@ -252,7 +253,7 @@ class ContrastiveBench:
             metrics = self.train_cell(variant, seed, args)
             write_json(path, {"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1)
             self.cells.setdefault(variant, []).append({**metrics, "seed": seed})
-            self.ws.store.update_run(self.run_id, progress=(n_done + 1) / len(todo))
+            self.ws.store.update_run(self.rec.id, progress=(n_done + 1) / len(todo))
             yield Cell(variant, seed, metrics, cached=False)
 
     def train_cell(self, variant: str, seed: int, args: Any) -> dict[str, float]:
@@ -270,7 +271,7 @@ class ContrastiveBench:
         return metrics
 
     def finish(self, n_seeds: int, seconds: float) -> Path:
-        """Write the tables and chart (:func:`write_outputs`) and finish the run; the table.md path."""
+        """Write the tables and chart (:func:`write_outputs`) and set the run's metrics; the table.md path."""
         summary = summarise(self.cells)
         held_sizes = [r["n_heldout"] for rows in self.cells.values() for r in rows if "n_heldout" in r]
         settings_out = {**self.settings, "n_seeds": n_seeds, "concept_labels": self.label_source,
@@ -278,7 +279,6 @@ class ContrastiveBench:
                         "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
         write_outputs(self.out, summary, self.skipped, settings_out, self.ws.is_synthetic,
                       paired_vs_baseline(self.cells))
-        self.ws.store.finish_run(self.run_id, metrics={"summary": summary, "skipped": self.skipped,
-                                                       "seconds": round(seconds, 1)},
-                                 artifacts={name: str(self.out / name) for name in ARTIFACTS})
+        self.rec.metrics = {"summary": summary, "skipped": self.skipped, "seconds": round(seconds, 1)}
+        self.rec.artifacts = {name: str(self.out / name) for name in ARTIFACTS}
         return self.out / "table.md"

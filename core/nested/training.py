@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from annotations import runs
 from annotations.fileio import atomic_write
 from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
 from core.nested.model import (
@@ -199,7 +200,7 @@ def read_resume(ws: Any, run_id: int) -> dict[str, Any]:
     ``batch_patients`` read as ``batch_size``); ValueError when the run has no readable checkpoint."""
     path = ws.runs_dir / str(run_id) / "checkpoint.pt"
     run = ws.store.run(run_id)
-    if run is None or run["kind"] != "slimp" or not path.exists():
+    if run is None or run["kind"] != runs.SLIMP or not path.exists():
         raise ValueError(f"--resume {run_id}: no SLIMP run with a checkpoint at {path}")
     state = load_checkpoint(path)
     saved = {"batch_size": state["args"].get("batch_patients"), **state["args"]}
@@ -256,7 +257,7 @@ def open_run(ws: Any, run_id: int | None, config: dict[str, Any], seed: int, nam
              schemas: tuple[TabularSchema | None, TabularSchema | None]) -> int:
     """Start the ``slimp`` run record (or note the resume of run ``run_id``) and save its schemas."""
     if run_id is None:
-        run_id = ws.store.start_run("slimp", config, seed=seed, name=name)
+        run_id = ws.store.start_run(runs.SLIMP, config, seed=seed, name=name)
     else:
         ws.store.update_run(run_id, message=f"resumed at epoch {start_epoch}")
     for schema, filename in zip(schemas, SCHEMA_FILES):

@@ -2,7 +2,9 @@
 ``python -m core.segment --help`` and ``python -m core.train_segmenter --help`` answer without loading it."""
 from __future__ import annotations
 
-RUN_KIND = "segmenter"
+from annotations import runs
+
+RUN_KIND = runs.SEGMENTER
 #: wound probability above which a pixel is wound, for a checkpoint that names none (a default trained by
 #: ``--pretrain`` stores the threshold its inner split chose, a workspace run keeps its start's)
 THRESHOLD = 0.5

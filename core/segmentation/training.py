@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm.auto import tqdm
 
+from annotations import runs
 from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
 from annotations.workspace import Workspace
 from core.runtime import autocast, grad_scaler
@@ -359,8 +360,8 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int 
               "encoder_lr_factor": ENCODER_LR_FACTOR, "device": device.type, "val_fraction": val_fraction,
               "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS, "head_prior": HEAD_PRIOR if pretrain else None,
               "start": "imagenet" if pretrain else "default", "n_train": len(train), "n_val": len(val)}
-    run_id = ws.store.start_run(RUN_KIND, config, seed=seed)
-    try:
+    with runs.recording(ws, RUN_KIND, config, seed=seed) as rec:
+        run_id = rec.id
         enc = encoder(str(device))
         if pretrain:
             start = new_net(enc, seed=seed)
@@ -386,9 +387,5 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int 
                            samples[i].mask) for i in val]
             metrics["dice"] = float(np.mean(scores))
         path = Segmenter(net, enc, INPUT_SIZE, run_id, threshold=threshold).save(ws.run_dir(run_id) / CHECKPOINT_NAME)
-        ws.store.finish_run(run_id, metrics=metrics, artifacts={"checkpoint": str(path.relative_to(ws.root))})
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            message=f"{type(e).__name__}: {e}")
-        raise
+        rec.metrics, rec.artifacts = metrics, {"checkpoint": str(path.relative_to(ws.root))}
     return run_id

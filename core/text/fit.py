@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from annotations import runs
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
@@ -40,21 +41,19 @@ def fit_source(ws: Workspace, source: str, soe: SOE, name: str | None = None) ->
     soe.set_params(n_objects=len(ids))
     config = {"modality": "text", "method": "soe", "source": source, "n_triplets": len(triplets),
               "n_images": len(ids), "synthetic": ws.is_synthetic, **soe.get_params()}
-    run_id = ws.store.start_run("text-soe", config, seed=soe.random_state,
-                                name=name or f"SOE {source} d={soe.n_components}")
-    try:
+    with runs.recording(ws, runs.TEXT_SOE, config, seed=soe.random_state,
+                        name=name or f"SOE {source} d={soe.n_components}") as rec:
+        run_id = rec.id
         t0 = time.perf_counter()
         soe.fit(triplets)
         seconds = time.perf_counter() - t0
         save_embeddings(ws, run_id, ids, image_emb=soe.embedding_)
         expert = evaluate(ids, pairwise_euclidean(soe.embedding_), ws.store.expert_triplets())
-    except BaseException as exc:
-        ws.store.finish_run(run_id, status="failed", message=f"{type(exc).__name__}: {exc}")
-        raise
-    metrics = {"train_score": soe.score(triplets), "fit_seconds": seconds, "loss": soe.loss_curve_,
-               "expert": {k: expert[k] for k in (*METRICS, "n", "n_anchors", "n_skipped", "n_missing") if k in expert},
-               **{k: expert[k] for k in METRICS}}
-    ws.store.finish_run(run_id, status="done", metrics=metrics)
+        metrics = {"train_score": soe.score(triplets), "fit_seconds": seconds, "loss": soe.loss_curve_,
+                   "expert": {k: expert[k] for k in (*METRICS, "n", "n_anchors", "n_skipped", "n_missing")
+                              if k in expert},
+                   **{k: expert[k] for k in METRICS}}
+        rec.metrics = metrics
     n_all = len(ws.store.images())
     return {"run_id": run_id, "source": source, "n_images": len(ids), "n_images_without_triplets": n_all - len(ids),
             "n_triplets": len(triplets), "train_score": metrics["train_score"],

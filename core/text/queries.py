@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from annotations import runs
 from annotations.workspace import Workspace
-from core.text.llm import PROMPT_VERSION, Answer, Oracle, OracleUnavailable, Question
+from core.text.llm import PROMPT_VERSION, Answer, Oracle, Question
 from core.text.sampling import (
     SAMPLINGS,
     ActiveSampler,
@@ -321,36 +322,32 @@ def run(ws: Workspace, oracle: Oracle, budget: int | float, sampling: str = "uni
               "debias": debias, "n_images": qr.n, "synthetic": ws.is_synthetic, "source": qr.source,
               "max_failures": max_failures,
               **({"active_batch": batch} if sampling == "active" else {}), **(config_extra or {})}
-    qr.run_id = ws.store.start_run("llm-triplets", config, seed=seed,
-                                   name=f"{oracle.name}:{oracle.model} {sampling} {count}")
-    try:
+    with runs.recording(ws, runs.LLM_TRIPLETS, config, seed=seed,
+                        name=f"{oracle.name}:{oracle.model} {sampling} {count}",
+                        stop_message="interrupted; rerun to resume") as rec:
+        qr.run_id = rec.id
         oracle.check()
         if sampling == "active":
             plan = qr.run_active(count, batch, seed)
         else:
             order = uniform_order(qr.n, seed) if sampling == "uniform" else anchor_balanced_order(qr.n, seed)
             plan = qr.run_fixed(order, count)
-    except OracleUnavailable as exc:
-        ws.store.finish_run(qr.run_id, status="failed", message=str(exc))
-        raise
-    except KeyboardInterrupt:
-        ws.store.finish_run(qr.run_id, status="stopped", message="interrupted; rerun to resume")
-        raise
-    pairs, bias = qr.mark_position_bias(plan) if debias else (0, 0)
-    oriented = qr.oriented(plan)
-    summary = {
-        "run_id": qr.run_id, "oracle": oracle.name, "model": oracle.model, "source": qr.source,
-        "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": len(plan),
-        "budget_questions": count, "asked": qr.answered + qr.failed, "answered": qr.answered,
-        "from_cache": qr.from_cache, "failed": qr.failed, "stopped": qr.stopped,
-        "usable_triplets": len(oriented),
-        "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
-        "first_position_rate": qr.first_position_rate(plan),
-        "expert_overlap": qr.expert_overlap(oriented),
-        "synthetic": ws.is_synthetic, "demo_oracle": oracle.name == "local", "estimate": qr.estimate,
-    }
-    status = "done" if qr.failed == 0 and len(plan) == count else "failed"
-    message = qr.stopped or f"{qr.failed} questions failed after retries; rerun to retry them"
-    ws.store.finish_run(qr.run_id, status=status, metrics=summary, message=None if status == "done" else message)
+        pairs, bias = qr.mark_position_bias(plan) if debias else (0, 0)
+        oriented = qr.oriented(plan)
+        summary = {
+            "run_id": qr.run_id, "oracle": oracle.name, "model": oracle.model, "source": qr.source,
+            "prompt_version": PROMPT_VERSION, "sampling": sampling, "questions": len(plan),
+            "budget_questions": count, "asked": qr.answered + qr.failed, "answered": qr.answered,
+            "from_cache": qr.from_cache, "failed": qr.failed, "stopped": qr.stopped,
+            "usable_triplets": len(oriented),
+            "position_bias_rate": bias / pairs if debias and pairs else None, "debiased_pairs": pairs,
+            "first_position_rate": qr.first_position_rate(plan),
+            "expert_overlap": qr.expert_overlap(oriented),
+            "synthetic": ws.is_synthetic, "demo_oracle": oracle.name == "local", "estimate": qr.estimate,
+        }
+        rec.metrics = summary
+        if qr.failed or len(plan) != count:
+            rec.status = "failed"
+            rec.message = qr.stopped or f"{qr.failed} questions failed after retries; rerun to retry them"
     return summary
 

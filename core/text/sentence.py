@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from annotations import runs
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
@@ -98,17 +99,12 @@ def run_baseline(ws: Workspace, model: str) -> dict[str, Any]:
     config = {"modality": "text", "method": "sentence-embedding", "model": model, "pooling": "mean over wounds",
               "n_images": len(texts), "synthetic": ws.is_synthetic}
     encoder = load_encoder(model)  # before the run record: an unloadable model changes nothing
-    run_id = ws.store.start_run("text-baseline", config, name=f"text baseline {model}")
-    try:
+    with runs.recording(ws, runs.TEXT_BASELINE, config, name=f"text baseline {model}") as rec:
         ids, emb = photo_embeddings(encoder, texts)
-        save_embeddings(ws, run_id, ids, image_emb=emb)
+        save_embeddings(ws, rec.id, ids, image_emb=emb)
         result = evaluate(ids, pairwise_euclidean(emb), ws.store.expert_triplets())
-    except BaseException as exc:
-        ws.store.finish_run(run_id, status="failed", message=f"{type(exc).__name__}: {exc}")
-        raise
-    expert = {k: result[k] for k in (*METRICS, "n", "n_anchors", "n_skipped", "n_missing") if k in result}
-    ws.store.finish_run(run_id, status="done", metrics={**{k: result[k] for k in METRICS}, "expert": expert,
-                                                          "dim": int(emb.shape[1])})
-    return {"run_id": run_id, "model": model, "n_images": len(ids), "dim": int(emb.shape[1]),
+        expert = {k: result[k] for k in (*METRICS, "n", "n_anchors", "n_skipped", "n_missing") if k in result}
+        rec.metrics = {**{k: result[k] for k in METRICS}, "expert": expert, "dim": int(emb.shape[1])}
+    return {"run_id": rec.id, "model": model, "n_images": len(ids), "dim": int(emb.shape[1]),
             "expert_agreement": expert, "synthetic": ws.is_synthetic}
 

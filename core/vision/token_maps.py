@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.explore import TOKEN_MAPS_ARTIFACT, attention_maps
@@ -32,7 +33,7 @@ from core.vision.features import FeatureCache, PhotoFeatures
 #: a run's token maps, in its folder
 MAPS_FILE = "token_maps.npz"
 #: the run kinds whose maps this module computes
-MAPPED_KINDS = (FINETUNE_RUN, "vision-triderm")
+MAPPED_KINDS = (runs.VISION_FINETUNE, runs.VISION_TRIDERM)
 
 
 def contribution_maps(tail: torch.nn.Module, photos: Sequence[PhotoFeatures], center: np.ndarray,

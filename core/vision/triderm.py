@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
@@ -339,11 +340,12 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
     triplets = oriented_expert(ws, image_ids) if cfg.supervise else None
     patients = patient_of(ws.store.images())
     backbone = loaded or load_backbone(cfg.backbone, device=device, layer=cfg.layer)
-    run_id = ws.store.start_run("vision-triderm", {
-        **asdict(cfg), "backbone": backbone.name, "layer": backbone.layer, "modality": "vision",
-        "device": str(device), "n_images": len(image_ids), "n_wounds": len(keys),
-        "n_expert_triplets": 0 if triplets is None else len(triplets), "synthetic": ws.is_synthetic}, seed=cfg.seed)
-    try:
+    with runs.recording(ws, runs.VISION_TRIDERM, {
+            **asdict(cfg), "backbone": backbone.name, "layer": backbone.layer, "modality": "vision",
+            "device": str(device), "n_images": len(image_ids), "n_wounds": len(keys),
+            "n_expert_triplets": 0 if triplets is None else len(triplets), "synthetic": ws.is_synthetic},
+            seed=cfg.seed) as rec:
+        run_id = rec.id
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
         t0 = time.perf_counter()
@@ -379,12 +381,8 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
                         "channels": bank.channels, "center": torch.from_numpy(center), "head": head.state_dict()}, fh)
         if not all(math.isfinite(x) for x in losses):
             raise FloatingPointError(f"non-finite training loss: {losses[-5:]}")
-        ws.store.finish_run(run_id, metrics={"loss": losses, "timing": timing, **metrics},
-                            artifacts={"head": str((ws.run_dir(run_id) / "head.pt").relative_to(ws.root))})
-    except BaseException as e:
-        ws.store.finish_run(run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                            metrics={"error": f"{type(e).__name__}: {e}"})
-        raise
+        rec.metrics = {"loss": losses, "timing": timing, **metrics}
+        rec.artifacts = {"head": str((ws.run_dir(run_id) / "head.pt").relative_to(ws.root))}
     return run_id
 
 
@@ -392,7 +390,7 @@ def baseline_run(ws: Workspace, backbone: str | Backbone, progress: bool = True)
     """Latest finished raw frozen baseline of ``backbone`` (a registry name or a loaded backbone,
     matched on the recorded name), computed when there is none."""
     name = backbone.name if isinstance(backbone, Backbone) else backbone
-    for run in ws.store.runs(kind="vision-baseline"):
+    for run in ws.store.runs(kind=runs.VISION_BASELINE):
         if (run["status"] == "done" and run["config"].get("backbone") == name
                 and run["config"].get("normalize", "none") == "none"):
             return int(run["id"])

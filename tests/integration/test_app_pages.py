@@ -104,6 +104,22 @@ def test_home_sign_in_and_overview(ws):
     assert "Build demo" not in [b.label for b in at.button]  # annotators do not import or build the demo
 
 
+def test_home_and_train_show_why_a_run_failed(ws):
+    """A job's failure reason (annotations.runs.recording) is in the Home page's latest runs and, for a run
+    that reported losses, in the Train page's loss table."""
+    from annotations import runs
+
+    reason = "FloatingPointError: non-finite training loss: [nan]"
+    with (pytest.raises(FloatingPointError),
+          runs.recording(ws, runs.VISION_FINETUNE, {"modality": "vision"}) as rec):
+        ws.store.update_run(rec.id, progress=0.5, metrics={"loss": [3.0, 2.5]})
+        raise FloatingPointError("non-finite training loss: [nan]")
+    for page in (None, "train"):
+        table = next(d.value for d in app(page, timeout=180).dataframe if "message" in d.value.columns)
+        row = table[table["run"] == rec.id].iloc[0]
+        assert "failed" in row["status"] and row["message"] == reason, page
+
+
 def test_wrong_password_then_lock_out(ws):
     account("Dr Who", "annotator")
     at = app(annotator=None)

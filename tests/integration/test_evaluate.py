@@ -15,7 +15,7 @@ from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.fusion import fuse
 from core.eval.metrics import evaluate
-from core.eval.report import run_report
+from core.eval.report import pick_input, run_report
 from core.evaluate import main
 from core.runtime import save_embeddings
 
@@ -111,6 +111,26 @@ def _emb(ws: Workspace, run_id: int) -> np.ndarray:
     from core.runtime import load_embeddings
 
     return load_embeddings(ws, run_id)["image_emb"]
+
+
+def test_an_unnamed_vision_input_is_the_default_modes_newest_fine_tuned_run(tmp_path):
+    """Without --vision the report takes the newest vision-finetune run (the default mode's), even when a
+    TriDerm-V run or a baseline is newer; without fine-tuned runs the newest TriDerm-V, then any vision run."""
+    ws, truth = _tiny_workspace(tmp_path / "ws")
+    ids = [im["image_id"] for im in ws.store.images()]
+    baseline = _add_run(ws, "vision-baseline", "vision", truth, ids)
+    assert pick_input(ws, "vision", None)["id"] == baseline
+    triderm = _add_run(ws, "vision-triderm", "vision", truth, ids)
+    assert pick_input(ws, "vision", None)["id"] == triderm
+    _add_run(ws, "vision-finetune", "vision", truth, ids)
+    tuned = _add_run(ws, "vision-finetune", "vision", truth, ids)
+    for kind in ("vision-triderm", "vision-baseline"):  # newer runs of other kinds
+        _add_run(ws, kind, "vision", truth, ids)
+    assert pick_input(ws, "vision", None)["id"] == tuned
+    assert pick_input(ws, "vision", triderm)["id"] == triderm  # a named run is taken as named
+    soe = _add_run(ws, "text-soe", "text", truth, ids)
+    _add_run(ws, "text-baseline", "text", truth, ids)
+    assert pick_input(ws, "text", None)["id"] == soe
 
 
 def test_cli_prints_table_and_real_title(tmp_path, capsys):
