@@ -422,6 +422,9 @@ def no_attention_reason(run: dict) -> str:
         return ("This run is the frozen baseline: it learns no attention, every token of a wound counts the same "
                 "(mean pooling), so there is no map of where its embedding comes from to show; a trained run (Train page) "
                 "stores one.")
+    if kind == runs.VISION_FINETUNE:
+        return (f"This fine-tune run has no attention head: its map is each token's share of the photo's embedding, "
+                f"which the training job stores; this run predates that (make it: python -m core.token_maps {run.get('id', 'RUN')}).")
     if cfg.get("pooling") == "mean":
         return "This run pools each wound's tokens by their mean (pooling mean): it learns no attention to show."
     if kind == runs.VISION_MODEL:
