@@ -31,25 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from annotations.workspace import Workspace
+from benchmarks.train_triderm import gemm_rate
 from core.runtime import ensure_images
 from core.vision.backbones import load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
 from core.vision.finetune import FineTuneConfig, LastStageTuner, step_flops
 from core.vision.recipe import OFFLINE_DEFAULT
 from core.vision.triderm import oriented_expert
-
-
-def gemm_rate(rows: int, shapes: list[tuple[int, int]], repeats: int = 5) -> float:
-    """Dense FP32 GEMM FLOP/s on this thread at ``rows`` × (k → n) for each shape (their mean)."""
-    rates = []
-    for k, n in shapes:
-        a, b = torch.randn(rows, k), torch.randn(k, n)
-        a @ b
-        t0 = time.process_time()
-        for _ in range(repeats):
-            a @ b
-        rates.append(2 * rows * k * n * repeats / (time.process_time() - t0))
-    return float(np.mean(rates))
 
 
 def main(argv: list[str] | None = None) -> int:
