@@ -67,7 +67,7 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     run_id = add_attention_run(app_server.workspace)
     pg.get_by_test_id("stExpandSidebarButton").click()  # the editor keeps the sidebar collapsed (screen width)
     pg.get_by_role("link", name="Explore").click()
-    expect(pg.get_by_role("heading", name="Wound attention")).to_be_visible()
+    expect(pg.get_by_role("heading", name="Token maps")).to_be_visible()
     idle(pg)
     expect(pg.get_by_text(f"run {run_id}").first).to_be_visible()
     umap = pg.locator(".js-plotly-plot").first
@@ -75,12 +75,18 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     box = umap.bounding_box()
     assert box["y"] >= 0 and box["y"] + box["height"] <= LAPTOP["height"], box  # the whole map above the fold
     expect(pg.get_by_text("Overlay opacity")).to_be_visible()
-    maps = pg.get_by_test_id("stImage").filter(has_text=" · wound ")
+    maps = pg.get_by_test_id("stImage").filter(has_text="(the photo)")
     expect(maps.first).to_be_visible()
     maps.first.scroll_into_view_if_needed()
     maps.first.locator("img").evaluate("img => img.decode()")  # its box has its final size once decoded
-    assert maps.first.locator("img").bounding_box()["width"] >= 300  # the larger view
+    assert maps.first.locator("img").bounding_box()["width"] >= 160  # a tile large enough to read (issue 54)
     screenshot(pg, "explore_attention_1366x768")
+    pg.get_by_role("button", name="Enlarge").first.click()  # click to enlarge: the map in a dialog
+    big = pg.get_by_role("dialog").get_by_test_id("stImage").locator("img")
+    expect(big).to_be_visible()
+    big.evaluate("img => img.decode()")
+    assert big.bounding_box()["width"] >= 500
+    pg.keyboard.press("Escape")
 
     pg.get_by_role("link", name="Report").click()
     expect(pg.get_by_role("heading", name="Agreement with the expert's triplets")).to_be_visible()
