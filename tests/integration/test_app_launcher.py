@@ -25,6 +25,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def terminal_signals() -> None:
+    """Start the server as a terminal would: a test runner started under ``nohup`` ignores SIGHUP, and an ignored
+    signal stays ignored across exec, so a server it started would outlive the hangup the test sends."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @contextmanager
 def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", cwd: Path | None = None
             ) -> Iterator[tuple[subprocess.Popen, int]]:
@@ -33,7 +39,7 @@ def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", cwd: Path | Non
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, *args, "--server.port", str(port), "--server.headless", "true"],
-                                cwd=cwd or tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=cwd or tmp_path, stdout=out, stderr=subprocess.STDOUT, preexec_fn=terminal_signals,
                                 env={**os.environ, "PYTHONPATH": str(REPO), "TRIDERM_WORKSPACE": str(tmp_path / "ws")})
     tree = [psutil.Process(proc.pid)]
     try:
