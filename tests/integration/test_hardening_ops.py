@@ -130,14 +130,18 @@ def test_a_marker_id_in_text_is_a_whole_number():
     assert followup.marker_spec({"id": "3", "side_cm": 4}) == MarkerSpec("DICT_4X4_50", 3, 4.0)
 
 
+#: a ruler's two ends in the image (a 100-px ruler beside the wound), as a ruler calibration keeps them
+ENDS = np.array([[0.0, 35.0], [100.0, 35.0]])
+
+
 def test_an_implausible_size_is_flagged_never_a_bare_number():
     mask = np.zeros((40, 40), bool)
     mask[5:30, 5:30] = True
     for k in (5.0, 1e-6):  # cm per pixel: 625 px are 15,625 cm², or a speck no photo shows
-        m = measure(mask, Calibration("ruler", np.diag([k, k, 1.0]), side_px=100))
+        m = measure(mask, Calibration("ruler", np.diag([k, k, 1.0]), corners=ENDS, side_px=100))
         assert (m.area_cm2, m.length_cm, m.width_cm) == (None, None, None)
         assert "cm per pixel at the wound" in (m.flag or "")
-    m = measure(mask, Calibration("ruler", np.diag([0.01, 0.01, 1.0]), side_px=100))
+    m = measure(mask, Calibration("ruler", np.diag([0.01, 0.01, 1.0]), corners=ENDS, side_px=100))
     assert m.flag is None and m.area_cm2 == pytest.approx(0.0625)
 
 
