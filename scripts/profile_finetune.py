@@ -4,15 +4,14 @@ Builds (or reuses) the SYNTHETIC phantom demo workspace, takes its cached stage-
 :func:`core.vision.finetune.train_finetuned` does, and on ONE torch thread, in CPU seconds (so the
 figures hold on a shared machine) prints:
 
-- the FLOPs of one fit step over every photo (:func:`core.vision.finetune.step_flops`, what a run
-  record holds: every convolution's forward and weight gradient, and its input gradient except the first's;
-  ``torch.utils.flop_counter``'s own figure for a depthwise convolution's backward is not used: it counts
-  it as a dense convolution);
+- the FLOPs of one fit step over every photo (:func:`core.vision.token_tail.step_flops`, what a run
+  record holds: the token-restricted tail's convolutions, forward, weight gradient, and input gradient
+  except the first's), beside the dense tail's forward;
 - the CPU seconds of ``LastStageTuner.fit`` per step and the FLOP/s it reaches;
 - the machine's dense GEMM rate at the tail's own matrix shapes (the floor's rate);
 - the share of feature-grid cells that hold a wound token (only those reach the pooled embedding,
   since every layer after the depthwise convolution acts per cell) and the share the depthwise
-  convolution reads, i.e. the FLOPs an evaluation restricted to those cells would need.
+  convolution reads: the cells :func:`core.vision.token_tail.token_pooled` computes.
 
     python scripts/profile_finetune.py [--workspace W] [--steps 10]
 
@@ -35,8 +34,9 @@ from benchmarks.train_triderm import gemm_rate
 from core.runtime import ensure_images
 from core.vision.backbones import load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
-from core.vision.finetune import FineTuneConfig, LastStageTuner, step_flops
+from core.vision.finetune import FineTuneConfig, LastStageTuner
 from core.vision.recipe import OFFLINE_DEFAULT
+from core.vision.token_tail import step_flops
 from core.vision.triderm import oriented_expert
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         tuner = LastStageTuner(stage6, [photos[i] for i in image_ids], FineTuneConfig(steps=args.steps))
         triplets = oriented_expert(ws, image_ids)
         n = len(image_ids)
-        per_step = step_flops(tuner.start, tuner.view_x[:, 0], tuner.view_w[:, 0])
+        per_step = step_flops(tuner.start, tuner.view_w[:, 0])
         forward = sum(2 * m.weight.numel() * tuner.eval_x.shape[-2] * tuner.eval_x.shape[-1]
                       for m in tuner.start.modules() if isinstance(m, torch.nn.Conv2d))
         t0 = time.process_time()
@@ -75,19 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     per_cell = {name: 2 * m.weight[:, :, 0, 0].numel() for name, m in
                 (("expand", block.conv_pw), ("project", block.conv_pwl), ("head", tuner.start[1]))}
     sparse = cells * (per_cell["expand"] * read + (per_cell["project"] + per_cell["head"]) * token_share)
-    rate = gemm_rate(n * cells, [(192, 1152), (1152, 320), (320, 1280)])
+    rate = gemm_rate(int(tokens[:, 0].sum()), [(192, 1152), (1152, 320), (320, 1280)])
     rows = [
         ("photos per step (every photo, one view each)", f"{n}"),
         ("forward FLOPs per photo (convolutions)", f"{forward / 1e6:.0f} M"),
-        ("fit step FLOPs (step_flops: forward, weight and input gradients)", f"{per_step / 1e9:.1f} G"),
+        ("fit step FLOPs (token-restricted: forward, weight and input gradients)", f"{per_step / 1e9:.1f} G"),
         ("fit step, CPU s (1 thread)", f"{step_s:.2f}"),
         ("fit step reaches", f"{per_step / step_s / 1e9:.1f} GFLOP/s"),
-        ("dense GEMM at the tail's shapes (1 thread)", f"{rate / 1e9:.1f} GFLOP/s"),
-        ("fit / dense floor", f"{step_s / (per_step / rate):.1f}×"),
+        ("dense GEMM at the tail's shapes over the token cells (1 thread)", f"{rate / 1e9:.1f} GFLOP/s"),
+        ("fit / floor", f"{step_s / (per_step / rate):.1f}×"),
         ("cells holding a wound token", f"{token_share:.1%}"),
         ("cells the depthwise convolution reads", f"{read:.1%}"),
         ("forward FLOPs per photo on those cells only", f"{sparse / 1e6:.0f} M ({forward / sparse:.1f}× fewer)"),
-        ("fit / token-restricted floor", f"{step_s / (sparse * n * per_step / (forward * n) / rate):.1f}×"),
         (f"cache build, {args.views} views + inference view per photo, CPU s (1 thread)", f"{cache_s:.1f}"),
     ]
     width = max(len(r[0]) for r in rows)

@@ -1,6 +1,8 @@
 """Partial fine-tuning of the backbone's last stage (:mod:`core.vision.finetune`) on a SYNTHETIC phantom."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +11,9 @@ from annotations.fileio import read_json
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.vision.finetune import (RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, channels_last, pooled,
-                                  pooling_weights, step_flops, tail_of)
+from core.vision.finetune import RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, pooling_weights, tail_of
 from core.vision.supervised import split_triplets
+from core.vision.token_tail import step_flops, token_pooled
 from core.vision.triderm import oriented_expert
 
 
@@ -47,27 +49,34 @@ def test_pooling_weights_leave_out_a_wound_without_tokens():
     assert pooling_weights(torch.zeros(2, 4, 4)).sum() == 0
 
 
-def test_the_channels_last_pooling_is_the_weighted_sum_and_keeps_its_gradient_channels_last(tiny):
-    """Issue 52: :func:`pooled` is the einsum it replaced, and the gradient it sends into the tail is
-    channels-last like the tail's activations (a mixed layout made the head's batch-norm backward 13× slower)."""
+def test_the_token_restricted_tail_is_the_dense_tail_pooled_in_value_and_gradient(tiny):
+    """Issue 52: :func:`token_pooled` computes the tail only where the pooled embedding reads it; its embedding and
+    weight gradients are the dense tail's, pooled (held to a float64 dense reference: the dense float32 path is
+    itself the less exact of the two), and :func:`step_flops` counts fewer FLOPs than the dense step."""
     _, _, _, full, photos, _ = tiny
     tuner = LastStageTuner(full, photos)
-    tail = tail_of(full)
+    tail = tail_of(full).eval().requires_grad_(True)
     x, w = tuner.view_x[:, 1], tuner.view_w[:, 1]
-    y = tail(channels_last(x)).detach().requires_grad_(True)
-    seen = {}
-    y.register_hook(lambda g: seen.setdefault("grad", g))
-    out = pooled(y, w)
-    assert torch.allclose(out, torch.einsum("bchw,bhw->bc", y, w), rtol=1e-5, atol=1e-4)
-    out.sum().backward()
-    assert seen["grad"].is_contiguous(memory_format=torch.channels_last)
-    # the counted arithmetic of a step: linear in the photos; three passes of every convolution but the first
-    one, many = step_flops(tail, x[:1], w[:1]), step_flops(tail, x, w)
-    assert many == one * len(x)
-    convs = [m for m in tail.modules() if isinstance(m, torch.nn.Conv2d)]
+    reference = copy.deepcopy(tail).double()
+    dense = torch.einsum("bchw,bhw->bc", reference(x.double()), w.double())
+    out = token_pooled(tail, x, w)
+    assert torch.allclose(out.double(), dense, rtol=1e-5, atol=1e-5)
+    probe = torch.randn_like(out)
+    grads = torch.autograd.grad((out * probe).sum(), list(tail.parameters()))
+    ref = torch.autograd.grad((dense * probe.double()).sum(), list(reference.parameters()))
+    for name, g, r in zip([n for n, _ in tail.named_parameters()], grads, ref):
+        assert (g.double() - r).norm() <= 1e-4 * r.norm() + 1e-9, name
+    # a photo whose wound sits in a corner reads the depthwise kernel's zero padding
+    corner = torch.zeros_like(w[:1])
+    corner[0, 0, 0] = 1.0
+    assert torch.allclose(token_pooled(tail, x[:1], corner).double(),
+                          reference(x[:1].double())[:, :, 0, 0], rtol=1e-5, atol=1e-5)
+    # the counted arithmetic: linear in the photos, below the dense step's three passes of every convolution
+    flops = step_flops(tail, w)
+    assert flops == sum(step_flops(tail, w[i:i + 1]) for i in range(len(w)))
     h, v = x.shape[-2:]
-    forward = sum(2 * m.weight.numel() * h * v for m in convs)
-    assert 2 * forward < one < 3 * forward
+    dense_forward = sum(2 * m.weight.numel() * h * v for m in tail.modules() if isinstance(m, torch.nn.Conv2d))
+    assert 0 < flops < 3 * dense_forward * len(x)
 
 
 def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
