@@ -90,3 +90,15 @@ def recording(ws_or_store: Any, kind: str, config: dict, seed: int | None = None
         store.finish_run(rec.id, status="failed", message=failure_reason(exc))
         raise
     store.finish_run(rec.id, status=rec.status, metrics=rec.metrics, artifacts=rec.artifacts, message=rec.message)
+
+
+def finished(ws_or_store: Any, run_id: int, kind: str | None = None) -> dict[str, Any]:
+    """Run ``run_id`` (of ``kind`` when given) of a workspace or its store, if it finished; otherwise a
+    ValueError naming the run and where its list is."""
+    store = getattr(ws_or_store, "store", ws_or_store)
+    run = store.run(run_id)
+    if run is None or run["status"] != "done" or (kind is not None and run["kind"] != kind):
+        where = getattr(ws_or_store, "root", "the workspace")
+        raise ValueError(f"{where}: no finished {kind + ' ' if kind else ''}run {run_id} (the Train page lists the "
+                         "runs)")
+    return run

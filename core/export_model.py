@@ -47,10 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from core.vision.inference import FROZEN_RUN, export_frozen, export_head, export_tail
 
     ws = open_workspace(args.workspace, parser)
-    run = ws.store.run(args.run)
-    if run is None or run["status"] != "done":
-        parser.error(f"no finished run {args.run} in {ws.root}")
     with user_errors(parser, ValueError):
+        run = runs.finished(ws, args.run)
         if run["kind"] == runs.VISION_TRIDERM:
             out = export_head(ws, args.run, args.out)
         elif run["kind"] == runs.VISION_FINETUNE:

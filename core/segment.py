@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
+from annotations import runs
 from annotations.readers import IMAGE_SUFFIXES, load_photo
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
 from core import cli
@@ -49,9 +50,10 @@ def resolve_model(spec: str, workspace: str | None, device: str) -> tuple[Segmen
         return load_default(device), None
     if spec.isdigit():
         ws = Workspace(workspace)
-        run = next((r for r in ws.store.runs(kind=RUN_KIND) if r["id"] == int(spec)), None)
-        if run is None or run["status"] != "done":
-            raise SegmenterError(f"{ws.root}: no finished segmenter run {spec} (see the Train page's runs)")
+        try:
+            run = runs.finished(ws, int(spec), RUN_KIND)
+        except ValueError as e:
+            raise SegmenterError(str(e)) from None
         path = run_checkpoint(ws, run)
         return Segmenter.load(path, device=device, run_id=run["id"], source=f"run {spec}"), path
     path = Path(spec)

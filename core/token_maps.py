@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from annotations import runs
 from core import cli
 from core.runtime import open_workspace, user_errors
 
@@ -23,10 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     from core.vision.token_maps import write_token_maps  # torch: after the arguments (a fast --help)
 
     ws = open_workspace(args.workspace, parser)
-    run = ws.store.run(args.run)
-    if run is None or run["status"] != "done":
-        parser.error(f"no finished run {args.run} in {ws.root}")
     with user_errors(parser, ValueError, KeyError):
+        runs.finished(ws, args.run)
         path = write_token_maps(ws, args.run, progress=True)
     print(f"token maps of run {args.run} → {path}")
     return 0

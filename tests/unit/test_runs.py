@@ -90,3 +90,17 @@ def test_the_architecture_doc_lists_every_run_kind_and_no_other():
     section = section[:section.index("\n\n", section.index("\n- "))]
     listed = dict(re.findall(r"^- `([a-z-]+)`: (.+)$", section, flags=re.M))
     assert listed == runs.KINDS
+
+
+def test_finished_returns_a_done_run_and_names_any_other(store):
+    with runs.recording(store, runs.SEGMENTER, {}) as rec:
+        pass
+    assert runs.finished(store, rec.id)["id"] == rec.id
+    assert runs.finished(store, rec.id, runs.SEGMENTER)["kind"] == runs.SEGMENTER
+    with pytest.raises(ValueError, match=f"no finished vision-finetune run {rec.id}"):
+        runs.finished(store, rec.id, runs.VISION_FINETUNE)
+    with pytest.raises(ValueError, match="no finished run 99"):
+        runs.finished(store, 99)
+    running = store.start_run(runs.TEXT_SOE, {})
+    with pytest.raises(ValueError, match=f"no finished run {running}"):
+        runs.finished(store, running)
