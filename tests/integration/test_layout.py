@@ -6,6 +6,7 @@ The rules (docs/ARCHITECTURE.md) are read off the code by walking every import s
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,10 @@ def violations(edges: dict[str, set[str]], src: str, forbidden: tuple[str, ...])
     return sorted(f"{m} imports {i}" for m, imps in edges.items() if under(m, src)
                   for i in imps if any(under(i, f) for f in forbidden))
 
+
+_spec = importlib.util.spec_from_file_location("architecture", REPO / "scripts" / "architecture.py")
+architecture = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(architecture)
 
 CORE_EDGES = graph(CORE)
 ANNOTATIONS_EDGES = graph(REPO / "annotations")
@@ -99,6 +104,25 @@ def test_a_rule_breach_is_caught(tmp_path):
     edges = {"core.vision.bad": imports_of(bad)}
     assert violations(edges, "core.vision", ("core.text",)) == ["core.vision.bad imports core.text.soe",
                                                                 "core.vision.bad imports core.text.soe.SOE"]
+
+
+def test_the_architecture_picture_is_current_and_the_packages_hold_no_cycle():
+    """docs/ARCHITECTURE.md's Mermaid block is what `make architecture` writes from today's imports."""
+    pytest.importorskip("grimp", reason="the lint extra (`make install` installs it; `make test-min` does not)")
+    arrows = architecture.package_edges(architecture.module_edges())
+    assert architecture.cycles(arrows) == []
+    assert ("pages", "app_common") in arrows and ("core.vision", "annotations") in arrows  # grimp and ast both read
+    text = architecture.DOC.read_text(encoding="utf-8")
+    assert architecture.render(text, architecture.mermaid(arrows)) == text, "run `make architecture`"
+
+
+def test_a_package_cycle_and_a_stale_picture_are_caught():
+    assert sorted(set(architecture.cycles({("core.eval", "core.vision"), ("core.vision", "core.eval"),
+                                           ("core.vision", "annotations")}))) == ["core.eval", "core.vision"]
+    text = f"intro\n{architecture.BEGIN}\nold\n{architecture.END}\nrest\n"
+    assert architecture.render(text, "new") == f"intro\n{architecture.BEGIN}\nnew\n{architecture.END}\nrest\n"
+    with pytest.raises(ValueError, match="architecture:end"):
+        architecture.render(f"{architecture.BEGIN}\n", "new")
 
 
 def test_core_top_level_holds_only_jobs_and_the_plumbing():
