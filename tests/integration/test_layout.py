@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,47 @@ def test_a_package_cycle_and_a_stale_picture_are_caught():
         architecture.render(f"{architecture.BEGIN}\n", "new")
 
 
+# ------------------------------------------------------------------ SQL lives in the data layer (annotations/)
+SQL_TEXT = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|DELETE\s+FROM|UPDATE\s+\w+\s+SET|"
+                      r"CREATE\s+(TABLE|INDEX|TRIGGER)|DROP\s+TABLE|PRAGMA\s+\w+)", re.S)
+SQL_MODULES = ("sqlite3", "sqlite_utils")
+OUTSIDE_THE_DATA_LAYER = ("app.py", "app_common.py", "pages", "components", "core", "benchmarks", "triderm")
+
+
+def raw_sql(path: Path) -> list[str]:
+    """``line what`` for every SQL statement text, database connection use (``.db``, ``.execute(``) and
+    import of a SQLite module in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL_TEXT.search(node.value):
+            found.append(f"{node.lineno} SQL text {node.value[:40]!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in ("db", "execute", "executemany", "executescript"):
+            found.append(f"{node.lineno} .{node.attr}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{node.lineno} import {n}" for n in names if n.split(".")[0] in SQL_MODULES]
+    return sorted(found, key=lambda f: (int(f.split()[0]), f))
+
+
+def test_no_raw_sql_outside_the_data_layer():
+    """Pages, core and the benchmarks ask the store (annotations/) by name; they write no SQL of their own."""
+    files = [p for name in OUTSIDE_THE_DATA_LAYER
+             for p in ([REPO / name] if name.endswith(".py") else sorted((REPO / name).rglob("*.py")))]
+    assert len(files) > 100
+    assert [f"{p.relative_to(REPO)}:{v}" for p in files for v in raw_sql(p)] == []
+
+
+def test_raw_sql_is_caught(tmp_path):
+    page = tmp_path / "page.py"
+    page.write_text('import sqlite3\n\n\ndef last(store):\n    return store.db.execute(\n'
+                    '        "SELECT max(id) "\n        "FROM revisions").fetchone()\n\n\n'
+                    'LABEL = "Select the photos from the list"\nQ = "PRAGMA integrity_check"\n')
+    assert raw_sql(page) == [
+        "1 import sqlite3", "5 .db", "5 .execute", "6 SQL text 'SELECT max(id) FROM revisions'",
+        "11 SQL text 'PRAGMA integrity_check'"]
+    assert "SELECT" in (REPO / "annotations" / "store.py").read_text()  # the data layer does hold the SQL
+
+
 def test_core_top_level_holds_only_jobs_and_the_plumbing():
     top = {p.stem for p in CORE.glob("*.py")}
     assert top == {"__init__", *PLUMBING, *JOBS}
@@ -194,7 +236,7 @@ def prints_and_exits(path: Path, module: str) -> list[str]:
         allowed = job and ("main" in chain or (not chain and what != "print"))
         if not allowed:
             found.append(f"{module}:{node.lineno} {what} in {'.'.join(chain) or 'module level'}")
-    return found
+    return sorted(found, key=lambda f: (int(f.split()[0]), f))
 
 
 @pytest.mark.parametrize("job", [p.stem for p in sorted(CORE.glob("*.py"))])
