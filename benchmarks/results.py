@@ -25,13 +25,14 @@ from typing import Any
 
 from annotations.fileio import read_json
 from core.eval.formatting import agreement_text
-from core.eval.result_files import COMMAND_ENV, RESULTS_DIR, STARTED_ENV, command_line, machine, write_result
+from core.eval.result_files import COMMAND_ENV, STARTED_ENV, command_line, machine, write_result
 from core.eval.stats import fdr_adjusted, mean_sd_ci, multiple_tests_note, paired_claim
 
 __all__ = ["REPO", "REQUIRED", "RESULTS_DIR", "RESULTS_MD", "SECTIONS", "command_line", "fmt_cell", "machine",
            "mean_sd_ci", "multiple_tests_note", "paired_claim", "render", "render_tables", "write_result"]
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "results"  # the checkout's result files (benchmarks run from a checkout, never a wheel)
 RESULTS_MD = REPO / "docs" / "RESULTS.md"
 
 # Section name → the shell command (run from the repository root) that regenerates it from scratch.
