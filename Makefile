@@ -27,11 +27,18 @@ app: install
 	$(VENV)/bin/streamlit run app.py
 
 # ruff with the rules of pyproject.toml [tool.ruff.lint] on the whole tree, then mypy ([tool.mypy]) on
-# annotations/ and core/; both pinned in the lint extra. The first mypy run reads torch's stubs (minutes);
-# later runs use .mypy_cache.
+# annotations/ and core/, then import-linter's contracts of the layering ([tool.importlinter]); all three
+# pinned in the lint extra. The first mypy run reads torch's stubs (minutes); later runs use .mypy_cache.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
+
+# docs/ARCHITECTURE.md's picture of the packages and their import arrows (a Mermaid graph computed with grimp);
+# tests/integration/test_layout.py fails while it is out of date
+.PHONY: architecture
+architecture: install
+	$(PY) scripts/architecture.py
 
 # SIGKILL at every rename and commit of import, re-import, restore, erase-patient and backup, then
 # reopen and check (a minute or two on 2 cores); prints the kill points tried and 0 inconsistent

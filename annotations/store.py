@@ -459,6 +459,10 @@ class Store:
                                  {k: old[k] for k in ("file", "sha256", "width", "height", "patient_id",
                                                       "metadata")}, None, actor)
 
+    def image_ids(self) -> list[str]:
+        """Every photo's id, sorted (no row decoded: cheap at 10^5 photos)."""
+        return [r[0] for r in self.db.execute("SELECT image_id FROM images ORDER BY image_id")]
+
     def images(self) -> list[dict]:
         """Every photo's row, by id."""
         return [_decode(r) for r in self.db.query("SELECT * FROM images ORDER BY image_id")]
@@ -704,6 +708,13 @@ class Store:
             "SELECT * FROM llm_queries WHERE oracle = ? AND model = ? AND prompt_version = ? "
             "ORDER BY id", [oracle, model, prompt_version]))
 
+    def llm_latencies(self, oracle: str, model: str, last: int) -> list[tuple[float, int | None]]:
+        """(latency in ms, input tokens or None) of one LLM oracle and model's ``last`` timed answers,
+        newest first."""
+        return [(r[0], r[1]) for r in self.db.execute(
+            "SELECT latency_ms, tokens_in FROM llm_queries WHERE oracle = ? AND model = ? AND latency_ms IS NOT NULL "
+            "ORDER BY id DESC LIMIT ?", [oracle, model, last])]
+
     def add_llm_answer(self, oracle: str, model: str, prompt_version: str, anchor: str,
                        ref_j: str, ref_k: str, choice: str, raw: str | None = None,
                        latency_ms: float | None = None, tokens_in: int | None = None,
@@ -858,6 +869,15 @@ class Store:
                 # key/old/new are never SQL NULL (JSON 'null' is stored): the None branch never runs
                 r[col] = json.loads(r[col]) if r[col] is not None else None  # pragma: no mutate
         return rows
+
+    def last_revision_id(self) -> int:
+        """The newest revision's id (0 when none): it grows with every recorded change."""
+        return int(self.db.execute("SELECT coalesce(max(id), 0) FROM revisions").fetchone()[0])
+
+    def last_outline_edit(self) -> str | None:
+        """When a wound outline was last added, changed or deleted (ISO time in UTC), or None."""
+        return self.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
+                               "AND field IN ('outline', 'row')").fetchone()[0]
 
     def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
         """Recorded changes, oldest first (``old``/``new``/``key`` decoded from JSON)."""

@@ -47,6 +47,7 @@ from annotations.workspace import Workspace
 from benchmarks.results import write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean
+from core.eval.formatting import agreement_text
 from core.runtime import torch_threads
 from core.vision.backbones import load_backbone
 from core.vision.baseline import image_means, mean_pooled, normalized
@@ -450,7 +451,7 @@ def print_report(res: dict[str, Any]) -> None:
             cells = []
             for c in row:
                 if isinstance(c, dict):
-                    cells.append(f"{c['mean']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]")
+                    cells.append(agreement_text(c["mean"], c["ci"], scale=1))
                 else:
                     cells.append("n/a" if c is None else str(c))
             print("  " + " | ".join(cells))

@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from annotations.fileio import read_json
-from core.eval.result_files import COMMAND_ENV, RESULTS_DIR, STARTED_ENV, command_line, machine, write_result
+from core.eval.formatting import agreement_text
+from core.eval.result_files import COMMAND_ENV, STARTED_ENV, command_line, machine, write_result
 from core.eval.stats import fdr_adjusted, mean_sd_ci, multiple_tests_note, paired_claim
 
 __all__ = ["REPO", "REQUIRED", "RESULTS_DIR", "RESULTS_MD", "SECTIONS", "command_line", "fmt_cell", "machine",
            "mean_sd_ci", "multiple_tests_note", "paired_claim", "render", "render_tables", "write_result"]
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "results"  # the checkout's result files (benchmarks run from a checkout, never a wheel)
 RESULTS_MD = REPO / "docs" / "RESULTS.md"
 
 # Section name → the shell command (run from the repository root) that regenerates it from scratch.
@@ -107,12 +109,10 @@ def fmt_cell(v: Any) -> str:
             return "–"
         sd = v.get("sd")
         places = min(4, max(0, 1 - math.floor(math.log10(sd)))) if sd else 1
-        text = f"{v['mean']:.{places}f}"
-        if sd is not None:
-            text += f" ± {sd:.{places}f}"
-        if v.get("ci") is not None and v["ci"][0] != v["ci"][1]:  # a zero-width interval is no interval
-            text += f" [{v['ci'][0]:.{places}f}, {v['ci'][1]:.{places}f}]"
-        return text
+        ci = v.get("ci")
+        if ci is not None and ci[0] == ci[1]:  # a zero-width interval is no interval
+            ci = None
+        return agreement_text(v["mean"], ci, sd=sd, scale=1, digits=places)
     return fmt_number(v).replace("|", "\\|")
 
 

@@ -95,7 +95,7 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     out.update(import_in_child(root / "ws", root / "data"))
     ws = Workspace(root / "ws")
 
-    ids = [r[0] for r in ws.store.db.execute("SELECT image_id FROM images ORDER BY image_id")]
+    ids = ws.store.image_ids()
     rng = np.random.default_rng(seed)
     t = rng.integers(0, n, (100 * n, 3))
     t = t[(t[:, 0] != t[:, 1]) & (t[:, 0] != t[:, 2]) & (t[:, 1] != t[:, 2])]

@@ -36,6 +36,7 @@ from typing import Any, get_type_hints
 
 from annotations.workspace import Workspace
 from core import cli
+from core.eval.formatting import agreement_text
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
 from core.vision.recipe import MODES, SUPERVISED_CV
@@ -56,7 +57,7 @@ def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
         if m.get(key) is None or not math.isfinite(m[key]):
             return "—"
         ci = (m.get("ci") or {}).get(key) if with_ci else None
-        return f"{scale * m[key]:.{digits}f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+        return agreement_text(m[key], ci, scale=scale, digits=digits)
 
     cells = [[cell(m, "balanced"), cell(m, "micro"), cell(m, "macro_f1", False), cell(m, "kappa", False, 1, 3),
               str(m["n"])] for _, m in rows]
@@ -173,14 +174,12 @@ def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
         if m["balanced"] is None:
             lines.append(f"  {name}: no such triplets")
             continue
-        lo, hi = m["ci"]
-        lines.append(f"  {name}: balanced {100 * m['balanced']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] over "
+        lines.append(f"  {name}: balanced {agreement_text(m['balanced'], m['ci'], unit='%')} over "
                      f"{m['n']} scored triplets, {m['n_patients']} patients")
     base = cv.get("frozen_centred") or {}
     if base.get("balanced") is not None:
-        lo, hi = base["ci"]
-        lines.append(f"  frozen centred, the same strict triplets: balanced {100 * base['balanced']:.1f}% "
-                     f"[{100 * lo:.1f}, {100 * hi:.1f}]")
+        lines.append("  frozen centred, the same strict triplets: balanced "
+                     + agreement_text(base["balanced"], base["ci"], unit="%"))
     if "paired" in base:
         t = base["paired"]
         verdict = "beats it" if t["t_p"] < 0.05 and t["mean_diff"] > 0 else "does not beat it"

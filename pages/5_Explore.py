@@ -107,12 +107,6 @@ def choose_runs(columns: list) -> tuple[tuple[int, ...], str]:
     return tuple(picked), method
 
 
-def last_outline_edit() -> str | None:
-    """When a wound outline was last added, changed or deleted (the store's revisions)."""
-    return ws.store.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
-                               "AND field IN ('outline', 'row')").fetchone()[0]
-
-
 def layout(m: MapInput, run_ids: tuple[int, ...], level: str, method: str, stamp: tuple
            ) -> tuple[np.ndarray, Path | None, int]:
     """The UMAP settings and the map's 2-d layout: the stored UMAP, else an instant MDS while the UMAP is
@@ -437,7 +431,7 @@ def main() -> None:
     run_ids, method = choose_runs(columns)
     run = ws.store.run(run_ids[0])
     stamp = (str(run.get("finished") or run["created"]), embeddings_stamp(ws, run_ids))
-    photos, query = draw_map(columns, run_ids, method, run, stamp, stale_note(run, last_outline_edit()))
+    photos, query = draw_map(columns, run_ids, method, run, stamp, stale_note(run, ws.store.last_outline_edit()))
     show_retrieval(photos, query, fused=len(run_ids) > 1)
     if len(run_ids) == 1 and run["config"].get("modality") == "vision":
         show_attention(run, photos, query)

@@ -34,8 +34,7 @@ def rows_of(root: str, version: tuple[int, int]) -> list[dict]:
 
 def version() -> tuple[int, int]:
     """Changes to the store: the last revision id and the number of wounds."""
-    last = store.db.execute("SELECT coalesce(max(id), 0) FROM revisions").fetchone()[0]
-    return int(last), store.counts()["wounds"]
+    return store.last_revision_id(), store.counts()["wounds"]
 
 
 def area_figure(linked: list[dict], unit: str) -> go.Figure:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import math
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from annotations.fileio import atomic_write, write_json, write_text
 from annotations.runs import FUSION, REPORT, TEXT_SOE, VISION_FINETUNE, VISION_TRIDERM, recording
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
+from core.eval.formatting import agreement_text
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
 from core.eval.metrics import METRICS, evaluate
 from core.eval.verdict import verdict
@@ -153,8 +153,7 @@ def run_figure(run: dict) -> str:
     cv = run["metrics"].get("cv") or {}
     if cv.get("protocol") != "strict" or cv.get("balanced") is None:
         return " · no strict figure (trained on the triplets, in-sample only)"
-    lo, hi = cv["ci"]
-    return f" · strict out of fold {100 * cv['balanced']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return f" · strict out of fold {agreement_text(cv['balanced'], cv['ci'], unit=' %')}"
 
 
 def build_rows(ws: Workspace, runs: list[dict], expert: list[dict], n_boot: int, seed: int) -> list[dict]:
@@ -183,15 +182,9 @@ def build_rows(ws: Workspace, runs: list[dict], expert: list[dict], n_boot: int,
     return rows
 
 
-def _fmt(value: float, metric: str) -> str:
-    if value is None or not math.isfinite(value):
-        return "–"
-    return f"{value:.3f}" if metric == "kappa" else f"{100 * value:.1f}"
-
-
 def _cell(row: dict, metric: str) -> str:
-    lo, hi = row["ci"][metric]
-    return f"{_fmt(row[metric], metric)} [{_fmt(lo, metric)}, {_fmt(hi, metric)}]"
+    kappa = metric == "kappa"
+    return agreement_text(row[metric], row["ci"][metric], scale=1 if kappa else 100, digits=3 if kappa else 1)
 
 
 def title(ws: Workspace) -> str:

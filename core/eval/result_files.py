@@ -1,4 +1,5 @@
-"""Machine-readable result files: ``results/<section>.json``, one per benchmark section.
+"""Machine-readable result files: ``<folder>/<section>.json``, one per benchmark section (the benchmarks
+write them to the checkout's ``results/``, :data:`benchmarks.results.RESULTS_DIR`).
 
 A result file holds: section, title, command (the shell command that regenerates it from
 scratch), seeds, machine, commit, date, seconds, synthetic, tables (caption, columns, rows;
@@ -26,7 +27,6 @@ from typing import Any
 from annotations.fileio import write_json
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS_DIR = REPO / "results"
 COMMAND_ENV = "TRIDERM_RESULT_COMMAND"  # set by --run: the registry command a writer records
 STARTED_ENV = "TRIDERM_RESULT_STARTED"  # set by --run: epoch seconds when the section's command started
 
@@ -104,8 +104,10 @@ def _clean(value: Any) -> Any:
 
 def write_result(section: str, title: str, command: str, seeds: Sequence[int], tables: Sequence[dict],
                  claims: Sequence[dict] = (), notes: Sequence[str] = (), synthetic: bool = True,
-                 seconds: float = 0.0, results_dir: Path | str = RESULTS_DIR) -> Path:
-    """Write ``<results_dir>/<section>.json`` atomically (temp file in the folder, fsync, replace).
+                 seconds: float = 0.0, *, results_dir: Path | str) -> Path:
+    """Write ``<results_dir>/<section>.json`` atomically (temp file in the folder, fsync, replace). The caller
+    names the folder (a benchmark's ``--results``): no default, since a repository's ``results/`` means nothing
+    to an installed wheel.
 
     Under ``--run`` the recorded wall time is the whole section command's (e.g. data preparation too)."""
     for t in tables:

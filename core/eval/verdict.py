@@ -20,6 +20,7 @@ import numpy as np
 
 from annotations.runs import TEXT_BASELINE, VISION_BASELINE
 from annotations.workspace import Workspace
+from core.eval.formatting import agreement_text
 from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_test
 
 #: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
@@ -148,28 +149,20 @@ def compare(trained: Tallies, untrained: Tallies, patients: dict[str, str], n_bo
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f} %"
-
-
-def _ci(ci: Sequence[float]) -> str:
-    return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-
-
 def words(c: Mapping[str, Any], trained_label: str, untrained_label: str) -> dict[str, str]:
     """The comparison ``c`` (:func:`compare`) as a one-line ``line`` and a ``next_step``."""
     t, u = c["trained"], c["untrained"]
     d = c["difference"]
     tested = f"{c['test']}" + (f", p = {c['p']:.2g}" if c["p"] is not None else "")
     if c["beyond_chance"] or d > 0:
-        judged = (f"the difference, {100 * d:+.1f} pp {_ci(c['difference_ci'])}, "
+        judged = (f"the difference, {agreement_text(d, c['difference_ci'], unit=' pp', sign=True)}, "
                   f"{'is' if c['beyond_chance'] else 'is not'} beyond chance on these {c['n']} triplets ({tested})")
     else:  # no gain observed: said plainly
         judged = (f"the trained embedding is not better than the untrained one on these {c['n']} triplets "
-                  f"(difference {100 * d:+.1f} pp {_ci(c['difference_ci'])}; {tested})")
-    line = (f"The trained embedding ({trained_label}) agrees with the expert on {_pct(t['balanced'])} {_ci(t['ci'])} "
+                  f"(difference {agreement_text(d, c['difference_ci'], unit=' pp', sign=True)}; {tested})")
+    line = (f"The trained embedding ({trained_label}) agrees with the expert on {agreement_text(t['balanced'], t['ci'], unit=' %')} "
             f"of the {c['n']} held-out triplets both runs were scored on; the untrained one ({untrained_label}) "
-            f"{_pct(u['balanced'])} {_ci(u['ci'])}; {judged}.")
+            f"{agreement_text(u['balanced'], u['ci'], unit=' %')}; {judged}.")
     if c["beyond_chance"] and d > 0:
         step = ("Use the trained embedding: Explore opens on it. More judgments would narrow the interval; "
                 "retrain after adding them.")

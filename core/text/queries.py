@@ -122,9 +122,7 @@ class QueryRun:
     def history(self, last: int = 200) -> tuple[float | None, float | None]:
         """Median latency (ms) and mean input tokens of this oracle and model's last ``last``
         stored answers (None when there are none)."""
-        rows = list(self.ws.store.db.execute(
-            "SELECT latency_ms, tokens_in FROM llm_queries WHERE oracle = ? AND model = ? AND latency_ms IS NOT NULL "
-            "ORDER BY id DESC LIMIT ?", [self.oracle.name, self.oracle.model, last]))
+        rows = self.ws.store.llm_latencies(self.oracle.name, self.oracle.model, last)
         if not rows:
             return None, None
         tokens = [t for _, t in rows if t is not None]

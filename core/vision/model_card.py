@@ -16,6 +16,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCardData
 
 from annotations import runs
+from core.eval.formatting import agreement_text, ci_text
 
 #: The distribution whose licence the exported folder carries (this repository's).
 PROJECT = "triderm-studio"
@@ -76,14 +77,6 @@ def base_model(backbone: str) -> str:
             f"{package_licence(package)})")
 
 
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f} %"
-
-
-def _ci(ci: list[float] | None) -> str:
-    return "—" if not ci else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-
-
 def strict_rows(cv: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(label, summary) of the strict, anchor-unseen and frozen-centred figures a run's ``metrics["cv"]`` holds."""
     found = {"strict": cv, "anchor_unseen": cv.get("anchor_unseen"), "frozen_centred": cv.get("frozen_centred")}
@@ -112,7 +105,8 @@ def _figures(run: dict[str, Any], data: dict[str, Any]) -> tuple[list[str], list
              "| figure | balanced agreement | 95 % CI | scored triplets | patients |", "|---|---|---|---|---|"]
     results = []
     for label, m in strict_rows(cv):
-        lines.append(f"| {label} | {_pct(m.get('balanced'))} | {_ci(m.get('ci'))} | {m.get('n', 0)} | "
+        figure = agreement_text(m.get("balanced"), unit=" %", missing="—")
+        lines.append(f"| {label} | {figure} | {ci_text(m.get('ci'), missing='—')} | {m.get('n', 0)} | "
                      f"{m.get('n_patients', 0)} |")
         if m.get("balanced") is not None:
             results.append(EvalResult(task_type="image-feature-extraction", dataset_type="triderm-workspace",

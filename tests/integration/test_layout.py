@@ -6,6 +6,8 @@ The rules (docs/ARCHITECTURE.md) are read off the code by walking every import s
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +53,10 @@ def violations(edges: dict[str, set[str]], src: str, forbidden: tuple[str, ...])
     return sorted(f"{m} imports {i}" for m, imps in edges.items() if under(m, src)
                   for i in imps if any(under(i, f) for f in forbidden))
 
+
+_spec = importlib.util.spec_from_file_location("architecture", REPO / "scripts" / "architecture.py")
+architecture = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(architecture)
 
 CORE_EDGES = graph(CORE)
 ANNOTATIONS_EDGES = graph(REPO / "annotations")
@@ -99,6 +105,66 @@ def test_a_rule_breach_is_caught(tmp_path):
     edges = {"core.vision.bad": imports_of(bad)}
     assert violations(edges, "core.vision", ("core.text",)) == ["core.vision.bad imports core.text.soe",
                                                                 "core.vision.bad imports core.text.soe.SOE"]
+
+
+def test_the_architecture_picture_is_current_and_the_packages_hold_no_cycle():
+    """docs/ARCHITECTURE.md's Mermaid block is what `make architecture` writes from today's imports."""
+    pytest.importorskip("grimp", reason="the lint extra (`make install` installs it; `make test-min` does not)")
+    arrows = architecture.package_edges(architecture.module_edges())
+    assert architecture.cycles(arrows) == []
+    assert ("pages", "app_common") in arrows and ("core.vision", "annotations") in arrows  # grimp and ast both read
+    text = architecture.DOC.read_text(encoding="utf-8")
+    assert architecture.render(text, architecture.mermaid(arrows)) == text, "run `make architecture`"
+
+
+def test_a_package_cycle_and_a_stale_picture_are_caught():
+    assert sorted(set(architecture.cycles({("core.eval", "core.vision"), ("core.vision", "core.eval"),
+                                           ("core.vision", "annotations")}))) == ["core.eval", "core.vision"]
+    text = f"intro\n{architecture.BEGIN}\nold\n{architecture.END}\nrest\n"
+    assert architecture.render(text, "new") == f"intro\n{architecture.BEGIN}\nnew\n{architecture.END}\nrest\n"
+    with pytest.raises(ValueError, match="architecture:end"):
+        architecture.render(f"{architecture.BEGIN}\n", "new")
+
+
+# ------------------------------------------------------------------ SQL lives in the data layer (annotations/)
+SQL_TEXT = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|DELETE\s+FROM|UPDATE\s+\w+\s+SET|"
+                      r"CREATE\s+(TABLE|INDEX|TRIGGER)|DROP\s+TABLE|PRAGMA\s+\w+)", re.S)
+SQL_MODULES = ("sqlite3", "sqlite_utils")
+OUTSIDE_THE_DATA_LAYER = ("app.py", "app_common.py", "pages", "components", "core", "benchmarks", "triderm")
+
+
+def raw_sql(path: Path) -> list[str]:
+    """``line what`` for every SQL statement text, database connection use (``.db``, ``.execute(``) and
+    import of a SQLite module in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL_TEXT.search(node.value):
+            found.append(f"{node.lineno} SQL text {node.value[:40]!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in ("db", "execute", "executemany", "executescript"):
+            found.append(f"{node.lineno} .{node.attr}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{node.lineno} import {n}" for n in names if n.split(".")[0] in SQL_MODULES]
+    return sorted(found, key=lambda f: (int(f.split()[0]), f))
+
+
+def test_no_raw_sql_outside_the_data_layer():
+    """Pages, core and the benchmarks ask the store (annotations/) by name; they write no SQL of their own."""
+    files = [p for name in OUTSIDE_THE_DATA_LAYER
+             for p in ([REPO / name] if name.endswith(".py") else sorted((REPO / name).rglob("*.py")))]
+    assert len(files) > 100
+    assert [f"{p.relative_to(REPO)}:{v}" for p in files for v in raw_sql(p)] == []
+
+
+def test_raw_sql_is_caught(tmp_path):
+    page = tmp_path / "page.py"
+    page.write_text('import sqlite3\n\n\ndef last(store):\n    return store.db.execute(\n'
+                    '        "SELECT max(id) "\n        "FROM revisions").fetchone()\n\n\n'
+                    'LABEL = "Select the photos from the list"\nQ = "PRAGMA integrity_check"\n')
+    assert raw_sql(page) == [
+        "1 import sqlite3", "5 .db", "5 .execute", "6 SQL text 'SELECT max(id) FROM revisions'",
+        "11 SQL text 'PRAGMA integrity_check'"]
+    assert "SELECT" in (REPO / "annotations" / "store.py").read_text()  # the data layer does hold the SQL
 
 
 def test_core_top_level_holds_only_jobs_and_the_plumbing():

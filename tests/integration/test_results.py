@@ -161,6 +161,15 @@ def test_write_result_is_atomic_fills_the_run_facts_and_rejects_bad_tables(tmp_p
         write_result("toy", "Toy", "c", [0], [table], claims=[{"claim": "x", "p": 0.1}], results_dir=tmp_path)
 
 
+def test_write_result_takes_its_folder_explicitly(tmp_path, monkeypatch):
+    """No default folder: the repository's results/ means nothing to an installed wheel."""
+    monkeypatch.chdir(tmp_path)
+    table = {"caption": "t", "columns": ["x"], "rows": [[1]]}
+    with pytest.raises(TypeError, match="results_dir"):
+        write_result("toy", "Toy", "c", [0], [table])
+    assert list(tmp_path.iterdir()) == [] and not (RESULTS_DIR / "toy.json").exists()
+
+
 def test_render_rejects_a_result_file_without_a_required_key(tmp_path):
     _write(tmp_path, {k: v for k, v in KNOWN.items() if k != "seeds"})
     with pytest.raises(ValueError, match="seeds"):

@@ -28,12 +28,27 @@ def test_mypy_checks_the_library_packages():
 
 def test_lint_tools_are_pinned_and_installed_by_make():
     pins = PROJECT["project"]["optional-dependencies"]["lint"]
-    assert {re.match(r"[\w-]+", p).group(0) for p in pins} == {"ruff", "mypy"}
+    assert {re.match(r"[\w-]+", p).group(0) for p in pins} == {"ruff", "mypy", "import-linter"}
     assert all("==" in p for p in pins)
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert re.search(r'pip install -e "\.\[[^\]]*\blint\b[^\]]*\]"', makefile)
     recipe = re.search(r"^lint: install\n((?:\t.*\n)+)", makefile, re.M)
     assert recipe and "ruff check ." in recipe.group(1) and "mypy" in recipe.group(1)
+    assert "lint-imports" in recipe.group(1)
+
+
+def test_import_linter_contracts_cover_the_layers_and_the_forbidden_imports():
+    linter = PROJECT["tool"]["importlinter"]
+    assert {"core", "annotations", "pages", "components"} <= set(linter["root_packages"])
+    assert linter["include_external_packages"] is True  # torch, streamlit and app_common are external modules
+    contracts = linter["contracts"]
+    layers = [c["layers"] for c in contracts if c["type"] == "layers"]
+    assert any(ls[-2:] == ["core", "annotations"] and "pages" in ls[0] for ls in layers)
+    forbidden = {c["source_modules"][0]: set(c["forbidden_modules"]) for c in contracts if c["type"] == "forbidden"}
+    assert {"core", "streamlit", "torch"} <= forbidden["annotations"]
+    assert {"streamlit", "pages", "app_common"} <= forbidden["core"]
+    independent = [set(c["modules"]) for c in contracts if c["type"] == "independence"]
+    assert {"core.vision", "core.text"} <= set().union(*independent)
 
 
 def test_ci_runs_make_lint_before_the_tests():

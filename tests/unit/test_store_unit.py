@@ -470,7 +470,47 @@ def test_llm_answers_are_cached_once_and_stored_as_triplets(store):
         [("llm:m1", "k", 7.0), ("llm:m1", "skip", None)]
 
 
+def test_llm_latencies_are_the_last_timed_answers_of_one_oracle_and_model(store):
+    photos(store)
+    store.add_llm_answer("o", "m1", "v1", "a", "b", "c", "k", latency_ms=7.0, tokens_in=3)
+    store.add_llm_answer("o", "m1", "v1", "b", "c", "d", "j")  # untimed: left out
+    store.add_llm_answer("o", "m1", "v2", "c", "d", "a", "j", latency_ms=9.0)
+    store.add_llm_answer("o", "m2", "v1", "a", "b", "c", "k", latency_ms=1.0, tokens_in=5)
+    store.add_llm_answer("p", "m1", "v1", "a", "b", "c", "k", latency_ms=2.0, tokens_in=5)
+    assert store.llm_latencies("o", "m1", 10) == [(9.0, None), (7.0, 3)]
+    assert store.llm_latencies("o", "m1", 1) == [(9.0, None)]
+    assert store.llm_latencies("o", "m3", 10) == []
+
+
+def test_image_ids_are_sorted(store):
+    assert store.image_ids() == []
+    photos(store, "cab")
+    assert store.image_ids() == ["a", "b", "c"] == [r["image_id"] for r in store.images()]
+
+
 # -- revisions and import bases ------------------------------------------------------------------------
+def test_last_revision_id_and_last_outline_edit(store):
+    assert store.last_revision_id() == 0 and store.last_outline_edit() is None
+    photos(store, "a")
+    store.upsert_patient("p1", {"age": 3})
+    assert store.last_revision_id() == store.revisions()[-1]["id"] > 0
+    assert store.last_outline_edit() is None  # photos and patients are no outline
+    store.upsert_wound("a", 1, 12, [0, 0, 4, 3], outline={"area": 12, "bbox": [0, 0, 4, 3], "png": "P"})
+    added = store.revisions("wounds")[-1]["created"]
+    assert store.last_outline_edit() == added
+    store.upsert_wound("a", 1, 12, [0, 0, 4, 3], description="deep")  # a description is no outline edit
+    assert store.revisions("wounds")[-1]["field"] == "description"
+    assert store.last_outline_edit() == added
+    time.sleep(0.002)
+    store.upsert_wound("a", 1, 20, [0, 0, 5, 4], description="deep")
+    changed = store.revisions("wounds")[-1]
+    assert changed["field"] == "outline" and store.last_outline_edit() == changed["created"] > added
+    time.sleep(0.002)
+    store.delete_wound("a", 1)
+    assert store.last_outline_edit() == store.revisions("wounds")[-1]["created"] > changed["created"]
+    assert store.last_revision_id() == store.revisions()[-1]["id"]
+
+
 def test_record_revision_and_restoring(store):
     for bad in ("", "  ", None):
         with pytest.raises(ValueError, match=r"^a revision needs an actor \(account name, 'import' or a job name\)$"):
