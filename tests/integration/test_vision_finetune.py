@@ -11,8 +11,7 @@ from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
 from core.vision.finetune import (RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, channels_last, pooled,
                                   pooling_weights, step_flops, tail_of)
-from core.vision.supervised import split_triplets
-from core.vision.triderm import oriented_expert
+from core.eval.protocol import oriented_expert, split_triplets
 
 
 @pytest.fixture(scope="module")
