@@ -2,7 +2,7 @@
 :mod:`core.eval.protocol` (patient-disjoint folds, strict and anchor-unseen triplets, patient bootstrap).
 
 **Linear metric** (:class:`LinearMetric`): the supervised baseline on frozen features — a linear
-map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`); its
+map learned with the ordinal hinge (:class:`~core.losses.ExpertTripletLoss`); its
 standardisation is fitted on the photos its training triplets name, never on test photos.
 
 **Metric head** (:class:`MetricHead`, :func:`fit_metric_head`): the supervised TriDerm-V head —
