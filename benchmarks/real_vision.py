@@ -48,26 +48,26 @@ from benchmarks.results import write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.formatting import agreement_text
-from core.runtime import torch_threads
-from core.vision.backbones import load_backbone
-from core.vision.baseline import image_means, mean_pooled, normalized
-from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, workspace_wounds, wound_tokens
-from core.vision.finetune import FineTuneConfig, LastStageTuner
-from core.vision.pooling import MeanPooling
-from core.vision.supervised import (
+from core.eval.protocol import (
     PROTOCOLS,
     Fold,
-    LinearMetric,
     cross_validate,
-    fused_distances,
     fold_rows,
+    oriented_expert,
     patient_of,
     patient_paired_test,
     protocol_summary,
     score_folds,
     split_triplets,
 )
-from core.vision.triderm import TriDermTrainer, oriented_expert
+from core.runtime import torch_threads
+from core.vision.backbones import load_backbone
+from core.vision.baseline import image_means, mean_pooled, normalized
+from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, workspace_wounds, wound_tokens
+from core.vision.finetune import FineTuneConfig, LastStageTuner
+from core.vision.pooling import MeanPooling
+from core.vision.supervised import LinearMetric, fused_distances
+from core.vision.triderm import TriDermTrainer
 from core.vision.triderm_config import DEFAULT, TriDermConfig
 
 SEARCH_LOG = Path(__file__).with_name("real_vision_search.md")

@@ -29,11 +29,11 @@ from benchmarks.real_vision import FROZEN, Bench, cell, compare, frozen_bank, pr
 from benchmarks.results import write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean
+from core.eval.protocol import cross_validate
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled, normalized
 from core.vision.features import PhotoFeatures, workspace_wounds
 from core.vision.finetune import AdaptConfig, LastStageTuner
-from core.vision.supervised import cross_validate
 
 ADAPTED = "last stage + head adapted without labels on other wound photos (VICReg), centred unit length"
 #: the cached augmented views per photo (the real_vision section's)

@@ -25,8 +25,9 @@ from typing import Any
 
 from annotations.fileio import read_json
 from core.eval.formatting import agreement_text
+from core.eval.protocol import paired_claim
 from core.eval.result_files import COMMAND_ENV, STARTED_ENV, command_line, machine, write_result
-from core.eval.stats import fdr_adjusted, mean_sd_ci, multiple_tests_note, paired_claim
+from core.eval.stats import fdr_adjusted, mean_sd_ci, multiple_tests_note
 
 __all__ = ["REPO", "REQUIRED", "RESULTS_DIR", "RESULTS_MD", "SECTIONS", "command_line", "fmt_cell", "machine",
            "mean_sd_ci", "multiple_tests_note", "paired_claim", "render", "render_tables", "write_result"]

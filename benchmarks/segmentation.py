@@ -55,7 +55,8 @@ from annotations.readers import mask_to_labels
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
-from core.eval.stats import mean_sd_ci, multiple_tests_note, paired_claim
+from core.eval.protocol import paired_claim
+from core.eval.stats import mean_sd_ci, multiple_tests_note
 from core.runtime import torch_threads
 from core.segmentation.interactive import click_outline, wound_components
 from core.segmentation.metrics import dice, photo_scores

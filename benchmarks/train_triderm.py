@@ -41,12 +41,13 @@ from torch import Tensor
 from annotations.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
+from core.eval.protocol import oriented_expert
 from core.runtime import ensure_images, torch_threads
 from core.vision.backbones import OFFLINE_DEFAULT, load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
 from core.vision.finetune import FineTuneConfig, LastStageTuner
 from core.vision.token_tail import step_flops
-from core.vision.triderm import oriented_expert, train
+from core.vision.triderm import train
 
 
 def _clock() -> tuple[float, float]:

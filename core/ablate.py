@@ -50,7 +50,8 @@ def write_results(ws: Workspace, out: dict[str, Any], seeds: int, quick: bool, a
     """The ablation tables as ``results_dir/ablation.json``: balanced and micro agreement (%) as mean ± sd
     [95 % CI] over seeds beside the paper's figure, and paired claims for the paper's orderings."""
     from core.eval.result_files import command_line, write_result
-    from core.eval.stats import mean_sd_ci, multiple_tests_note, paired_claim
+    from core.eval.protocol import paired_claim
+    from core.eval.stats import mean_sd_ci, multiple_tests_note
 
     summary, t = out["summary"], titles(ws, seeds, quick)
     ceiling = []

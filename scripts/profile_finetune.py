@@ -31,13 +31,13 @@ import torch.nn.functional as F
 
 from annotations.workspace import Workspace
 from benchmarks.train_triderm import gemm_rate
+from core.eval.protocol import oriented_expert
 from core.runtime import ensure_images
 from core.vision.backbones import load_backbone
 from core.vision.features import FeatureCache, workspace_wounds
 from core.vision.finetune import FineTuneConfig, LastStageTuner
 from core.vision.recipe import OFFLINE_DEFAULT
 from core.vision.token_tail import step_flops
-from core.vision.triderm import oriented_expert
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from core.concepts.defaults import OBJECTIVES
 from core.concepts.dual_encoder import DualEncoder, Tokens, span_token_mask
 from core.concepts.vocabulary import ConceptTagger, disease_aspect, sub_captions
+from core.eval.protocol import patient_of
 from core.losses.conceptclip import ConceptCLIPLoss, SigLIPLoss
 from core.losses.make import CLIPLoss, MAKELoss
 from core.losses.unimodal import CLIPUnimodalLoss
@@ -74,6 +75,7 @@ def load_pairs(ws, size: int = 160, margin: float = 0.25) -> WoundPairs:
     """All described wounds of the workspace as square crops of ``size`` px."""
     store = ws.store
     images = {im["image_id"]: im for im in store.images()}
+    patient = patient_of(list(images.values()))
     patients = {p["patient_id"]: p.get("metadata") or {} for p in store.patients()}
     wounds = [w for w in store.wounds() if (w.get("description") or "").strip()]
     if len(wounds) < 4:
@@ -91,7 +93,7 @@ def load_pairs(ws, size: int = 160, margin: float = 0.25) -> WoundPairs:
         boxes.append(box)
         keys.append((w["image_id"], int(w["wound_index"])))
         img_ids.append(w["image_id"])
-        pid = im.get("patient_id") or w["image_id"]
+        pid = patient[w["image_id"]]
         pats.append(pid)
         descs.append(w["description"].strip())
         metas.append({**patients.get(pid, {}), **(im.get("metadata") or {}), **(w.get("metadata") or {})})

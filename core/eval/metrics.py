@@ -11,7 +11,7 @@ expert chose j, the margin is Δ = d(i,k) − d(i,j); the embedding agrees when 
   true label = the expert's choice, predicted label = the closer reference.
 
 Confidence intervals bootstrap over anchors: anchors are resampled with replacement
-and keep all their triplets (:func:`patient_bootstrap_ci` resamples patients instead).
+and keep all their triplets (:func:`core.eval.protocol.patient_bootstrap_ci` resamples patients instead).
 """
 from __future__ import annotations
 
@@ -229,48 +229,3 @@ def evaluate(
             result["ci"] = {m: [float("nan")] * 2 for m in METRICS}
             result["per_anchor"] = []
     return result
-
-
-def patient_bootstrap_ci(per_anchor: Mapping[str, float], patients: Mapping[str, str], n_boot: int = 1000,
-                         seed: int = 0, level: float = 0.95) -> list[float]:
-    """Percentile CI of balanced agreement (the mean of ``per_anchor``: anchor → accuracy) from
-    resampling *patients* with replacement, each keeping all its anchors — photos of one patient
-    are not independent, so resampling anchors makes the interval too narrow."""
-    if not per_anchor:
-        return [float("nan")] * 2
-    groups: dict[str, int] = {}
-    member = np.array([groups.setdefault(patients[a], len(groups)) for a in per_anchor])
-    acc = np.array(list(per_anchor.values()), dtype=np.float64)
-    P = len(groups)
-    w = np.random.default_rng(seed).multinomial(P, np.full(P, 1.0 / P), size=n_boot)[:, member].astype(np.float64)
-    keep = w.sum(1) > 0
-    boots = (w[keep] @ acc) / w[keep].sum(1)
-    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
-    return [float(v) for v in np.percentile(boots, q)]
-
-
-def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """image_id → patient (the photo itself when it has no ``patient_id``)."""
-    return {im["image_id"]: im.get("patient_id") or f"photo:{im['image_id']}" for im in images}
-
-
-def patient_paired_test(per_anchor_a: Sequence[dict], per_anchor_b: Sequence[dict],
-                        patients: dict[str, str]) -> dict[str, float]:
-    """Paired comparison of two methods over patients: each patient's mean anchor accuracy
-    (``per_anchor`` of :func:`core.eval.metrics.evaluate`), a two-sided paired t-test and a
-    Wilcoxon signed-rank test on the per-patient differences a − b."""
-    from scipy import stats
-
-    def by_patient(rows: Sequence[dict]) -> dict[str, float]:
-        acc: dict[str, list[float]] = {}
-        for r in rows:
-            acc.setdefault(patients[r["anchor"]], []).append(r["accuracy"])
-        return {p: float(np.mean(v)) for p, v in acc.items()}
-
-    a, b = by_patient(per_anchor_a), by_patient(per_anchor_b)
-    common = sorted(set(a) & set(b))
-    diff = np.array([a[p] - b[p] for p in common])
-    t = stats.ttest_rel([a[p] for p in common], [b[p] for p in common])
-    w = stats.wilcoxon(diff) if np.any(diff != 0) else None
-    return {"n_patients": len(common), "mean_diff": float(diff.mean()), "t_p": float(t.pvalue),
-            "wilcoxon_p": float(w.pvalue) if w is not None else 1.0}

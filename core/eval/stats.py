@@ -1,5 +1,5 @@
-"""Statistics of repeated runs: mean ± sd with a 95 % t interval over seeds, a one-sided paired
-t-test for a claim "a beats b", and the note on how many claims hold by chance alone.
+"""Statistics of repeated runs: mean ± sd with a 95 % t interval over seeds, the note on how many claims
+(:func:`core.eval.protocol.paired_claim`) hold by chance alone, and their Benjamini–Hochberg adjusted p-values.
 
 What the writers of result files (:mod:`core.eval.result_files`: the benchmarks, ``python -m core.ablate``)
 state beside each figure.
@@ -25,20 +25,6 @@ def mean_sd_ci(values: Iterable[float | None]) -> dict[str, Any] | None:
     sd = float(arr.std(ddof=1))
     half = float(stats.t.ppf(0.975, len(arr) - 1)) * sd / math.sqrt(len(arr))
     return {"mean": m, "sd": sd, "ci": [m - half, m + half], "n": len(arr)}
-
-
-def paired_claim(claim: str, a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[str, Any]:
-    """Claim "a > b" judged by a one-sided paired t-test over matched runs (seeds): holds iff p < alpha."""
-    from scipy import stats
-
-    if len(a) != len(b) or len(a) < 2:
-        raise ValueError(f"a paired test needs ≥ 2 matched pairs, got {len(a)} and {len(b)}")
-    diff = [x - y for x, y in zip(a, b)]
-    p = float(stats.ttest_rel(a, b, alternative="greater").pvalue) if max(diff) > min(diff) else math.nan
-    if not math.isfinite(p):  # identical differences in every pair: the t statistic is undefined
-        return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}: undefined (identical differences)",
-                "p": None, "holds": False}
-    return {"claim": claim, "test": f"one-sided paired t-test, n = {len(a)}", "p": p, "holds": bool(p < alpha)}
 
 
 def multiple_tests_note(claims: Sequence[dict], alpha: float = 0.05) -> str:

@@ -5,9 +5,9 @@ A run trained on the expert's triplets is scored only on the triplets its folds 
 three photos unseen: ``metrics["cv"]["per_triplet"]``); a run that used no expert labels is scored on every
 triplet. Both runs are restricted to the triplets they share, so the two figures and their difference are
 measured on one set; the difference is judged by the paired t-test over patients
-(:func:`core.vision.supervised.patient_paired_test`; its signed-rank test when every patient differs alike),
+(:func:`core.eval.protocol.patient_paired_test`; its signed-rank test when every patient differs alike),
 its interval by the patient bootstrap
-(:func:`core.eval.metrics.patient_bootstrap_ci`). The Report page and ``python -m core.train_triderm``
+(:func:`core.eval.protocol.patient_bootstrap_ci`). The Report page and ``python -m core.train_triderm``
 (``make demo``) state the same :func:`verdict`.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from annotations.runs import TEXT_BASELINE, VISION_BASELINE
 from annotations.workspace import Workspace
 from core.eval.formatting import agreement_text
-from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_test
+from core.eval.protocol import oriented_triplets, patient_bootstrap_ci, patient_of, patient_paired_test
 
 #: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
 UNTRAINED_KINDS = (VISION_BASELINE, TEXT_BASELINE)
@@ -34,22 +34,14 @@ GAIN = 0.05
 Tallies = dict[tuple[str, str, str], tuple[int, int]]
 
 
-def _oriented(row: Mapping[str, Any]) -> tuple[str, str, str]:
-    chosen, other = (row["ref_j"], row["ref_k"]) if row["choice"] == "j" else (row["ref_k"], row["ref_j"])
-    return row["anchor"], chosen, other
-
-
 def scored_triplets(ids: Sequence[str], D: np.ndarray, expert: Sequence[Mapping[str, Any]]) -> Tallies:
     """Every non-skip expert triplet over ``ids`` scored with the distances ``D`` (a run that used no labels:
     all of them are held out)."""
-    index = {i: n for n, i in enumerate(ids)}
     out: Tallies = {}
-    for row in expert:
-        if row["choice"] not in ("j", "k") or not {row["anchor"], row["ref_j"], row["ref_k"]} <= index.keys():
-            continue
-        a, j, k = _oriented(row)
-        c, n = out.get((a, j, k), (0, 0))
-        out[(a, j, k)] = (c + int(D[index[a], index[j]] < D[index[a], index[k]]), n + 1)
+    for i, j, k in oriented_triplets(expert, {image_id: n for n, image_id in enumerate(ids)}):
+        key = (ids[i], ids[j], ids[k])
+        c, n = out.get(key, (0, 0))
+        out[key] = (c + int(D[i, j] < D[i, k]), n + 1)
     return out
 
 

@@ -21,6 +21,7 @@ from annotations.fileio import read_json, write_json, write_text
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
+from core.eval.protocol import oriented_triplets
 from core.runtime import json_safe, pick_device
 from core.vision import triderm_config
 
@@ -103,15 +104,15 @@ def source_hash(*parts: Path | Callable) -> str:
 def text_code_hash() -> str:
     """Source hash of what computes a text cell: SOE, the metrics and the cell functions."""
     return source_hash(CORE / "text" / "soe.py", CORE / "eval" / "metrics.py", CORE / "eval" / "distances.py",
-                       oriented_indices, soe_cell)
+                       oriented_triplets, soe_cell)
 
 
 def vision_code_hash() -> str:
-    """Source hash of what computes a vision cell: the vision and loss packages, the metrics, distances,
-    run artifacts and the cell function."""
+    """Source hash of what computes a vision cell: the vision and loss packages, the metrics, the evaluation
+    protocol, distances, run artifacts and the cell function."""
     files = sorted((CORE / "vision").glob("*.py")) + sorted((CORE / "losses").glob("*.py"))
-    return source_hash(*files, CORE / "eval" / "metrics.py", CORE / "eval" / "distances.py", CORE / "runtime.py",
-                       vision_cell)
+    return source_hash(*files, CORE / "eval" / "metrics.py", CORE / "eval" / "protocol.py", CORE / "eval" / "distances.py",
+                       CORE / "runtime.py", vision_cell)
 
 
 def backbone_identity(name: str) -> dict[str, str]:
@@ -137,17 +138,6 @@ def cell_key(config: dict[str, Any], seed: int, data: str, code: str, context: d
 
 
 # ------------------------------------------------------------------------------------- text
-def oriented_indices(rows: list[dict], index: dict[str, int]) -> np.ndarray:
-    """(m, 3) [anchor, chosen, other] index triplets; skips and unknown images dropped."""
-    out = []
-    for r in rows:
-        if r["choice"] not in ("j", "k") or not {r["anchor"], r["ref_j"], r["ref_k"]} <= index.keys():
-            continue
-        chosen, other = (r["ref_j"], r["ref_k"]) if r["choice"] == "j" else (r["ref_k"], r["ref_j"])
-        out.append((index[r["anchor"]], index[chosen], index[other]))
-    return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-
 def soe_defaults(dim: int) -> dict[str, Any]:
     """Every SOE hyperparameter of a text cell, defaults filled in (seed, device and the number of
     photos are keyed apart)."""
@@ -284,7 +274,7 @@ def run_ablation(ws: Workspace, seeds: int = 3, quick: bool = False, tables: tup
             raise AblationInputError(f"--source {source}: no such triplet source (available: {', '.join(sources) or 'none'})")
         for s in sources:
             raw = ws.store.triplets(source=s)
-            llm_by_source[s] = oriented_indices(raw, index)
+            llm_by_source[s] = oriented_triplets(raw, index)
             data_fp[s] = f"{ids_fp}-{expert_fp}-{_fingerprint(raw)}"
         usable = [s for s in sources if len(llm_by_source[s])]
         if usable:

@@ -34,6 +34,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from annotations.fileio import atomic_write
+from core.eval.protocol import patient_of
 from core.losses.nested import NestedContrastiveLoss
 from core.nested.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing
 from core.runtime import autocast
@@ -78,6 +79,7 @@ class NestedData:
 def load_nested_data(ws: Any) -> NestedData:
     """Collect every wound of the workspace with its patient and metadata."""
     images = {im["image_id"]: im for im in ws.store.images()}
+    patient = patient_of(list(images.values()))
     patients = {p["patient_id"]: p.get("metadata") or {} for p in ws.store.patients()}
     keys, boxes, records, owner = [], [], [], []
     patient_ids: list[str] = []
@@ -86,7 +88,7 @@ def load_nested_data(ws: Any) -> NestedData:
         image = images.get(wd["image_id"])
         if image is None:
             raise ValueError(f"wound {wd['image_id']}#{wd['wound_index']} refers to an unknown image")
-        pid = image.get("patient_id") or f"image:{wd['image_id']}"
+        pid = patient[wd["image_id"]]
         if pid not in patient_pos:
             patient_pos[pid] = len(patient_ids)
             patient_ids.append(pid)

@@ -6,25 +6,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 
 from annotations import runs
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
+from core.eval.protocol import oriented_triplets
 from core.runtime import save_embeddings
 from core.text.soe import SOE
-
-
-def oriented_triplets(rows: list[dict], index: dict[str, int]) -> np.ndarray:
-    """(m, 3) [anchor, chosen, other] index triplets from store rows; skips dropped."""
-    out = []
-    for r in rows:
-        if r["choice"] not in ("j", "k"):
-            continue
-        chosen, other = (r["ref_j"], r["ref_k"]) if r["choice"] == "j" else (r["ref_k"], r["ref_j"])
-        out.append((index[r["anchor"]], index[chosen], index[other]))
-    return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
 def fit_source(ws: Workspace, source: str, soe: SOE, name: str | None = None) -> dict[str, Any]:

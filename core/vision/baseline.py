@@ -5,11 +5,15 @@ strongest simple baseline on real wounds).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 from annotations import runs
 from annotations.workspace import Workspace
+from core.eval.distances import pairwise_euclidean
+from core.eval.protocol import Fold
 from core.runtime import save_embeddings
 from core.vision.backbones import Backbone
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
@@ -47,6 +51,14 @@ def centred_unit(emb: np.ndarray, center: np.ndarray) -> np.ndarray:
     """``emb`` (one embedding or a row per photo) minus ``center``, each scaled to unit length."""
     z = emb - center
     return z / np.linalg.norm(z, axis=-1, keepdims=True).clip(min=1e-12)
+
+
+def centred_folds(emb: np.ndarray, folds: Sequence[Fold]) -> list[Fold]:
+    """The frozen centred baseline on a run's ``folds``: each fold's rows with the distances of ``emb`` (a row per
+    photo) centred on the fold's training photos (every other row) and scaled to unit length (:func:`normalized`)."""
+    everyone = np.arange(len(emb))
+    return [(rows, pairwise_euclidean(normalized(emb, "center-l2", np.setdiff1d(everyone, rows))[0]))
+            for rows, _ in folds]
 
 
 def embed_baseline(ws: Workspace, backbone: Backbone, bank: TokenBank | None = None, progress: bool = True,

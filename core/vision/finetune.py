@@ -31,15 +31,14 @@ from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
+from core.eval.protocol import cross_validate, oriented_expert, patient_of, repeated_folds, strict_cv_metrics
 from core.losses import ExpertTripletLoss, VICRegLoss
 from core.runtime import keep_freed_memory, pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
-from core.vision.baseline import centred_unit, mean_pooled
+from core.vision.baseline import centred_folds, centred_unit, mean_pooled
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
 from core.vision.recipe import OFFLINE_DEFAULT, SUPERVISED_CV
 from core.vision.token_tail import step_flops, token_pooled
-from core.vision.supervised import cross_validate, patient_of, repeated_folds
-from core.vision.triderm import oriented_expert, strict_cv_metrics
 
 #: the run kind of :func:`train_finetuned`
 RUN_KIND = runs.VISION_FINETUNE
@@ -232,7 +231,7 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
     returns its id. With ``cv`` (and photos of at least ``cv`` patients) the run's figure comes first: ``cv``
     patient-disjoint folds × ``cv_repeats`` random splits, scored strict (all three photos unseen), with the
     frozen centred embedding of ``frozen`` (default: the offline default's full network) on the same folds
-    (:func:`~core.vision.triderm.versus_frozen`); then the model
+    (:func:`~core.eval.protocol.versus_frozen`); then the model
     trained on every triplet embeds every photo (inference view, centred on the study's photos, unit length)."""
     image_ids, keys = workspace_wounds(ws)
     triplets = oriented_expert(ws, image_ids)
@@ -267,8 +266,8 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
             full = frozen if frozen is not None else load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
             frozen_emb = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
                                                keys))[2]
-            metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen_emb, patients, cv, cv_repeats,
-                                              config.seed)
+            metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, centred_folds(frozen_emb, folds), patients,
+                                              cv, cv_repeats, config.seed)
         image_emb = tuner.fit(triplets, everyone).transform()
         fits.append(fit_timing(tuner))
         metrics["timing"] = {"fits": fits, "fit_s": sum(f["s"] for f in fits),

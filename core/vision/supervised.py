@@ -1,23 +1,8 @@
-"""Learning from the expert's triplets, evaluated honestly (beyond the TriDerm paper).
-
-**Patient-disjoint folds.** The patients (``patient_id`` of a photo; a photo without one is its
-own patient) are dealt into K folds, and the dealing is repeated over several random splits
-(:func:`repeated_folds`). A fold's *training* triplets are those that name no photo of the fold.
-
-**Two protocols** (:func:`split_triplets`, :func:`score_folds`): a fold's model is scored on
-
-- *strict* — triplets whose three photos are all in the fold: no photo was seen by training, the
-  headline for every learned embedding (new patients);
-- *anchor unseen* — the anchor in the fold, both references outside it (photos training saw):
-  "a new photo among the study's photos", the retrieval use case, reported as its own row.
-
-Triplets with one reference in the fold are in neither. With K folds only about 1/K² of the
-triplets are strict, so the defaults use few, large folds (2) repeated over random splits.
-Balanced agreement pools every fold's records per anchor; its 95 % CI resamples *patients*
-(:func:`core.eval.metrics.patient_bootstrap_ci`).
+"""Learning from the expert's triplets (beyond the TriDerm paper), scored by the evaluation protocol of
+:mod:`core.eval.protocol` (patient-disjoint folds, strict and anchor-unseen triplets, patient bootstrap).
 
 **Linear metric** (:class:`LinearMetric`): the supervised baseline on frozen features — a linear
-map learned with the same ordinal hinge (:class:`~core.losses.ExpertTripletLoss`); its
+map learned with the ordinal hinge (:class:`~core.losses.ExpertTripletLoss`); its
 standardisation is fitted on the photos its training triplets name, never on test photos.
 
 **Metric head** (:class:`MetricHead`, :func:`fit_metric_head`): the supervised TriDerm-V head —
@@ -28,8 +13,6 @@ of its wound embeddings, each wound seen through a random cached augmented view 
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -37,128 +20,10 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
-from core.eval.metrics import patient_bootstrap_ci, patient_of, patient_paired_test  # noqa: F401 (re-exported)
 from core.losses import ExpertTripletLoss
 from core.vision.features import TokenBank
 from core.vision.pooling import AttentionPooling, MeanPooling
 from core.vision.triderm_config import TriDermConfig
-
-
-def patient_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, seed: int = 0) -> list[list[str]]:
-    """Deal the patients of ``image_ids`` into ``k`` folds of about equal photo counts (largest
-    patients first, each to the currently smallest fold, ties broken by a seeded shuffle)."""
-    groups: dict[str, list[str]] = {}
-    for i in image_ids:
-        groups.setdefault(patients[i], []).append(i)
-    if k < 2:
-        raise ValueError(f"--cv needs at least 2 folds, got {k}")
-    if k > len(groups):
-        raise ValueError(f"--cv {k} is larger than the number of patients ({len(groups)})")
-    order = list(groups)
-    np.random.default_rng(seed).shuffle(order)
-    order.sort(key=lambda p: -len(groups[p]))
-    folds: list[list[str]] = [[] for _ in range(k)]
-    for p in order:
-        min(folds, key=len).extend(groups[p])
-    return [sorted(f) for f in folds]
-
-
-def fold_rows(image_ids: Sequence[str], patients: dict[str, str], k: int, seed: int = 0,
-              among: Sequence[int] | None = None) -> list[np.ndarray]:
-    """:func:`patient_folds` of the photos ``image_ids`` (or of its rows ``among`` only), as row indices of
-    ``image_ids``."""
-    row = {i: n for n, i in enumerate(image_ids)}
-    ids = image_ids if among is None else [image_ids[r] for r in among]
-    return [np.array([row[i] for i in fold]) for fold in patient_folds(ids, patients, k, seed)]
-
-
-def repeated_folds(image_ids: Sequence[str], patients: dict[str, str], k: int, repeats: int,
-                   seed: int = 0) -> list[list[np.ndarray]]:
-    """``repeats`` random patient-disjoint splits into ``k`` folds (seeds ``seed``, ``seed + 1``, …), as row
-    indices of ``image_ids`` (:func:`fold_rows`)."""
-    if repeats < 1:
-        raise ValueError(f"need at least 1 repeat of the folds, got {repeats}")
-    return [fold_rows(image_ids, patients, k, seed + r) for r in range(repeats)]
-
-
-def split_triplets(triplets: np.ndarray, test_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Boolean (train, strict, anchor-unseen) masks over oriented triplets ``[i, j, k]`` for a fold
-    whose photos are the row indices ``test_rows``: train = no photo of the fold; strict = all three
-    photos in the fold; anchor-unseen = the anchor in the fold, both references outside it."""
-    in_fold = np.isin(triplets, test_rows)
-    # numpy's stubs type .any/.all over an axis as "scalar or array" (shape unknown); these are 1-D arrays
-    return ~in_fold.any(1), in_fold.all(1), in_fold[:, 0] & ~in_fold[:, 1:].any(1)  # type: ignore[return-value]
-
-
-def subsample(triplets: np.ndarray, n: int | None, seed: int) -> np.ndarray:
-    """``n`` triplets drawn without replacement (all when ``n`` is None or too large)."""
-    if n is None or n >= len(triplets):
-        return triplets
-    return triplets[np.sort(np.random.default_rng(seed).choice(len(triplets), n, replace=False))]
-
-
-#: a fold's result: (its photos' rows, the n×n distances of the model trained without them)
-Fold = tuple[np.ndarray, np.ndarray]
-
-
-def cross_validate(splits: Sequence[Sequence[np.ndarray]], triplets: np.ndarray,
-                   fit_fold: Callable[[np.ndarray, np.ndarray], np.ndarray], budget: int | None = None,
-                   seed: int = 0, progress: Callable[[int], None] | None = None) -> list[Fold]:
-    """Every fold of every split (rows of each fold's photos): ``fit_fold(train_triplets, test_rows)``
-    returns the fold model's n×n distances; ``budget`` caps the training triplets of each fold."""
-    out: list[Fold] = []
-    for rows in (r for split in splits for r in split):
-        train, _, _ = split_triplets(triplets, rows)
-        out.append((rows, fit_fold(subsample(triplets[train], budget, seed + len(out)), rows)))
-        if progress is not None:
-            progress(len(out) - 1)
-    return out
-
-
-PROTOCOLS = ("strict", "anchor_unseen")
-
-
-def score_folds(triplets: np.ndarray, folds: Sequence[Fold]) -> dict[str, np.ndarray]:
-    """Protocol → (m, 2) records ``[anchor row, correct]``: every fold's strict and anchor-unseen
-    triplets scored with that fold's distances (correct: the chosen reference strictly closer)."""
-    out: dict[str, list[np.ndarray]] = {p: [] for p in PROTOCOLS}
-    for rows, D in folds:
-        _, strict, anchor = split_triplets(triplets, rows)
-        for name, mask in zip(PROTOCOLS, (strict, anchor)):
-            i, j, k = triplets[mask].T
-            out[name].append(np.stack([i, (D[i, j] < D[i, k]).astype(np.int64)], 1))
-    return {p: np.concatenate(v) if v else np.zeros((0, 2), np.int64) for p, v in out.items()}
-
-
-def strict_tallies(triplets: np.ndarray, folds: Sequence[Fold]) -> np.ndarray:
-    """(m, 5) rows ``[i, j, k, correct, scored]`` of the oriented triplets scored strictly in at least one fold
-    (all three photos in the fold): how often the fold's distances put the chosen ``j`` strictly closer, of
-    how often the triplet was scored over folds and splits; the records a paired comparison with another
-    run on common triplets needs (:mod:`core.eval.verdict`)."""
-    correct = np.zeros(len(triplets), np.int64)
-    scored = np.zeros(len(triplets), np.int64)
-    for rows, D in folds:
-        _, strict, _ = split_triplets(triplets, rows)
-        i, j, k = triplets[strict].T
-        scored[strict] += 1
-        correct[strict] += (D[i, j] < D[i, k]).astype(np.int64)
-    keep = scored > 0
-    return np.concatenate([triplets[keep], correct[keep, None], scored[keep, None]], 1)
-
-
-def protocol_summary(records: np.ndarray, image_ids: Sequence[str], patients: dict[str, str],
-                     n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Balanced agreement of ``records`` (:func:`score_folds`; an anchor's accuracy pools all its
-    records over folds and splits) with its patient-bootstrap 95 % CI, the counts, and
-    ``per_anchor`` (image id → accuracy) for paired tests."""
-    if not len(records):
-        return {"balanced": None, "ci": None, "n": 0, "n_anchors": 0, "n_patients": 0, "per_anchor": {}}
-    anchors, inv = np.unique(records[:, 0], return_inverse=True)
-    acc = np.bincount(inv, weights=records[:, 1].astype(float)) / np.bincount(inv)
-    per_anchor = {image_ids[a]: float(x) for a, x in zip(anchors, acc)}
-    return {"balanced": float(acc.mean()), "ci": patient_bootstrap_ci(per_anchor, patients, n_boot, seed),
-            "n": len(records), "n_anchors": len(anchors),
-            "n_patients": len({patients[a] for a in per_anchor}), "per_anchor": per_anchor}
 
 
 def fused_distances(D_a: np.ndarray, D_b: np.ndarray, weight: float, rows: np.ndarray) -> np.ndarray:

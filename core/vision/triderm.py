@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from typing import Any
 
@@ -19,28 +19,24 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
+from core.eval.protocol import (
+    Fold,
+    cross_validate,
+    oriented_expert,
+    patient_folds,
+    patient_of,
+    repeated_folds,
+    strict_cv_metrics,
+)
 from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
 from core.vision.backbones import Backbone, load_backbone
-from core.vision.baseline import embed_baseline, image_means, mean_pooled, normalized
+from core.vision.baseline import centred_folds, embed_baseline, image_means, mean_pooled, normalized
 from core.vision.features import FeatureCache, TokenBank, token_mask, workspace_wounds, wound_fractions
 from core.vision.pooling import WoundHead
 from core.vision.recipe import SUPERVISED_CV
-from core.vision.supervised import (
-    PROTOCOLS,
-    Fold,
-    MetricHead,
-    cross_validate,
-    fit_metric_head,
-    patient_folds,
-    patient_of,
-    patient_paired_test,
-    protocol_summary,
-    repeated_folds,
-    score_folds,
-    strict_tallies,
-)
+from core.vision.supervised import MetricHead, fit_metric_head
 from core.vision.triderm_config import DEFAULT, TriDermConfig
 
 LOSSES = {"vicreg": VICRegLoss, "contrastive": InfoNCELoss, "triplet": TripletLoss}  # keys: recipe.LOSS_NAMES
@@ -167,16 +163,6 @@ def auto_mode(ws: Workspace) -> tuple[str, str]:
                       f"outlined photos of {patients} patient(s), too few for {SUPERVISED_CV} patient-disjoint folds")
 
 
-def oriented_expert(ws: Workspace, image_ids: Sequence[str]) -> np.ndarray:
-    """The expert's non-skip triplets over ``image_ids`` as rows [i, chosen, other]."""
-    row = {i: n for n, i in enumerate(image_ids)}
-    out = [(row[t["anchor"]], row[t["ref_j"]], row[t["ref_k"]]) if t["choice"] == "j"
-           else (row[t["anchor"]], row[t["ref_k"]], row[t["ref_j"]])
-           for t in ws.store.expert_triplets()
-           if t["choice"] in ("j", "k") and {t["anchor"], t["ref_j"], t["ref_k"]} <= row.keys()]
-    return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-
 def embedding_normalize(cfg: TriDermConfig) -> str:
     """How a run's image embeddings are normalised: the supervised metric head's raw space, else
     ``cfg.normalize``."""
@@ -262,7 +248,7 @@ class TriDermTrainer:
     def cross_validate(self, triplets: np.ndarray, patients: dict[str, str], k: int, repeats: int = 1,
                        budget: int | None = None, progress: bool = True) -> list[Fold]:
         """Every fold of ``repeats`` random patient-disjoint splits into ``k`` folds: (the fold's
-        photo rows, the distances of a model fitted without them; see :func:`score_folds`)."""
+        photo rows, the distances of a model fitted without them; see :func:`core.eval.protocol.score_folds`)."""
         splits = repeated_folds(self.image_ids, patients, k, repeats, self.cfg.seed)
         everyone = np.arange(len(self.image_ids))
         bar = tqdm(total=k * repeats, desc=f"cv {repeats}×{k} folds", unit="fold", disable=not progress, leave=False)
@@ -277,50 +263,6 @@ class TriDermTrainer:
         return folds
 
 
-def out_of_fold(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], patients: dict[str, str],
-                n_boot: int = 1000, seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Protocol (``strict``, ``anchor_unseen``) → balanced agreement with its patient-bootstrap CI,
-    counts and per-anchor table (:func:`protocol_summary`)."""
-    records = score_folds(triplets, folds)
-    return {p: protocol_summary(records[p], image_ids, patients, n_boot, seed) for p in PROTOCOLS}
-
-
-def stored(summary: dict[str, Any]) -> dict[str, Any]:
-    """A protocol summary as a run's metrics keep it: without the per-anchor table."""
-    return {k: v for k, v in summary.items() if k != "per_anchor"}
-
-
-def versus_frozen(run_strict: dict[str, Any], image_ids: Sequence[str], triplets: np.ndarray,
-                  folds: Sequence[Fold], frozen: np.ndarray, patients: dict[str, str], n_boot: int = 1000,
-                  seed: int = 0) -> dict[str, Any]:
-    """The frozen centred embedding (centred on each fold's training photos, unit length) scored strictly
-    on the same folds as the run, and under ``paired`` the run (its strict :func:`out_of_fold` summary)
-    minus it per patient (:func:`~core.vision.supervised.patient_paired_test`; with at least 2 patients)."""
-    everyone = np.arange(len(image_ids))
-    base = [(rows, pairwise_euclidean(normalized(frozen, "center-l2", np.setdiff1d(everyone, rows))[0]))
-            for rows, _ in folds]
-    ref = protocol_summary(score_folds(triplets, base)["strict"], image_ids, patients, n_boot, seed)
-    out = stored(ref)
-    rows = [[{"anchor": a, "accuracy": x} for a, x in s["per_anchor"].items()] for s in (run_strict, ref)]
-    if len({patients[r["anchor"]] for r in rows[0]}) >= 2:
-        out["paired"] = patient_paired_test(rows[0], rows[1], patients)
-    return out
-
-
-def strict_cv_metrics(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], frozen: np.ndarray,
-                      patients: dict[str, str], k: int, repeats: int, seed: int = 0) -> dict[str, Any]:
-    """A run's ``metrics["cv"]`` from its out-of-fold ``folds`` (``repeats`` splits × ``k`` patient folds): the
-    strict figure (no photo of a scored triplet seen by training), ``anchor_unseen``, ``frozen_centred``
-    (:func:`versus_frozen` against the frozen embedding ``frozen``) and ``per_triplet``: each strictly scored
-    triplet as ``[anchor, chosen, other, correct, scored]`` image ids and counts (:func:`strict_tallies`)."""
-    oof = out_of_fold(image_ids, triplets, folds, patients, seed=seed)
-    return {"folds": k, "repeats": repeats, "split": "patient", "protocol": "strict", "ci_resamples": "patients",
-            **stored(oof["strict"]), "anchor_unseen": stored(oof["anchor_unseen"]),
-            "per_triplet": [[image_ids[i], image_ids[j], image_ids[k], int(c), int(n)]
-                            for i, j, k, c, n in strict_tallies(triplets, folds)],
-            "frozen_centred": versus_frozen(oof["strict"], image_ids, triplets, folds, frozen, patients, seed=seed)}
-
-
 def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **overrides: Any) -> int:
     """Train TriDerm-V on ``ws`` with ``cfg`` and any field of it in ``overrides`` (``backbone`` may
     also be a loaded :class:`Backbone`); returns the run id, whose record's config is ``asdict(cfg)``
@@ -328,7 +270,8 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
     triplets train a metric head, and ``cv=K`` first scores ``cv_repeats`` random patient-disjoint
     K-fold splits: ``metrics["cv"]`` holds the strict figure (all three photos unseen;
     patient-bootstrap CI), ``anchor_unseen`` and ``frozen_centred`` (the strongest simple baseline on
-    the same strict triplets, with the paired test of the run against it: :func:`versus_frozen`)."""
+    the same strict triplets, with the paired test of the run against it:
+    :func:`core.eval.protocol.versus_frozen`)."""
     unknown = set(overrides) - {f.name for f in fields(TriDermConfig)}
     if unknown:
         raise TypeError(f"unknown training options: {sorted(unknown)}")
@@ -365,8 +308,9 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
                 assert triplets is not None  # cv implies supervise (TriDermConfig checks)
                 folds = trainer.cross_validate(triplets, patients, cfg.cv, cfg.cv_repeats, progress=progress)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
-                metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, trainer.frozen_images(), patients,
-                                                  cfg.cv, cfg.cv_repeats, cfg.seed)
+                frozen = centred_folds(trainer.frozen_images(), folds)
+                metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen, patients, cfg.cv, cfg.cv_repeats,
+                                                  cfg.seed)
             epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))

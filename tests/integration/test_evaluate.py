@@ -285,12 +285,13 @@ def test_vision_ablation_calls_the_trainer_per_cell_and_seed(tmp_path, monkeypat
 
 
 def test_text_cell_same_seed_gives_identical_metrics(tmp_path):
-    from core.experiments.ablation import oriented_indices, soe_cell, text_rows
+    from core.eval.protocol import oriented_triplets
+    from core.experiments.ablation import soe_cell, text_rows
 
     ws, truth = _tiny_workspace(tmp_path / "ws")
     _add_llm_source(ws, truth, "good", flip=0.1, m=300, seed=1)
     ids = [r["image_id"] for r in ws.store.images()]
-    llm = oriented_indices(ws.store.triplets(source="llm:good"), {im: n for n, im in enumerate(ids)})
+    llm = oriented_triplets(ws.store.triplets(source="llm:good"), {im: n for n, im in enumerate(ids)})
     expert = ws.store.expert_triplets()
     cfg = text_rows(["llm:good"], "llm:good")[6].config  # budget 1 %: the seed also draws the subset
     assert cfg["budget"] == 0.01 and cfg["soe"]["margin"] == 0.1

@@ -14,25 +14,25 @@ from annotations.workspace import Workspace
 from core.embed import main as embed_main
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import agreement
-from core.losses import ExpertTripletLoss
-from core.runtime import load_embeddings, pick_device
-from core.train_triderm import main as train_main
-from core.vision.backbones import load_backbone
-from core.vision.baseline import embed_baseline, normalized
-from core.vision.features import PhotoFeatures, TokenBank, wound_fractions
-from core.vision.supervised import (
-    LinearMetric,
-    MetricHead,
+from core.eval.protocol import (
     cross_validate,
-    fit_metric_head,
-    fused_distances,
+    oriented_expert,
+    out_of_fold,
     patient_folds,
     protocol_summary,
     repeated_folds,
     score_folds,
     split_triplets,
+    versus_frozen,
 )
-from core.vision.triderm import oriented_expert, out_of_fold, train, versus_frozen
+from core.losses import ExpertTripletLoss
+from core.runtime import load_embeddings, pick_device
+from core.train_triderm import main as train_main
+from core.vision.backbones import load_backbone
+from core.vision.baseline import centred_folds, embed_baseline, normalized
+from core.vision.features import PhotoFeatures, TokenBank, wound_fractions
+from core.vision.supervised import LinearMetric, MetricHead, fit_metric_head, fused_distances
+from core.vision.triderm import train
 from core.vision.triderm_config import DEFAULT
 
 FAST = {"epochs": 2, "views": 2, "batch_size": 4, "dim": 16}
@@ -296,13 +296,14 @@ def test_versus_frozen_pairs_the_run_with_the_frozen_centred_baseline_on_the_sam
     everyone = np.arange(12)
     same = [(rows, pairwise_euclidean(normalized(frozen, "center-l2", np.setdiff1d(everyone, rows))[0]))
             for rows in (np.arange(6), np.arange(6, 12))]
-    out = versus_frozen(out_of_fold(ids, triplets, same, patients)["strict"], ids, triplets, same, frozen, patients)
+    assert [(r.tolist(), D.tolist()) for r, D in centred_folds(frozen, same)] == [(r.tolist(), D.tolist())
+                                                                                 for r, D in same]
+    out = versus_frozen(out_of_fold(ids, triplets, same, patients)["strict"], ids, triplets, same, patients)
     expected = protocol_summary(score_folds(triplets, same)["strict"], ids, patients)
     assert out["balanced"] == expected["balanced"] and out["n"] == expected["n"] > 0
     assert out["paired"]["mean_diff"] == 0 and out["paired"]["n_patients"] == 6
     flipped = [(rows, -D) for rows, D in same]
-    reversed_ = versus_frozen(out_of_fold(ids, triplets, flipped, patients)["strict"], ids, triplets, same, frozen,
-                              patients)
+    reversed_ = versus_frozen(out_of_fold(ids, triplets, flipped, patients)["strict"], ids, triplets, same, patients)
     assert reversed_["balanced"] == out["balanced"] and reversed_["paired"]["mean_diff"] < 0
 
 
