@@ -48,7 +48,8 @@ from core.vision.triderm_config import (AUTO_MODES, DEFAULT, MODE_OPTIONS, MODE_
                                        FineTuneConfig, TriDermConfig, base_config)
 
 #: the recipes ``--help`` shows each config's values of: label → {recipe → instance}, the first the default
-RECIPES = {"": {"default": DEFAULT, "paper recipe": PAPER_RECIPE}, "fine-tune": {"default": FineTuneConfig()}}
+RECIPES: dict[str, dict[str, Any]] = {"": {"default": DEFAULT, "paper recipe": PAPER_RECIPE},
+                                      "fine-tune": {"default": FineTuneConfig()}}
 #: every config field some mode reads: one option each (``supervise`` is set by ``--mode supervised``)
 OPTIONS = frozenset().union(*(MODE_OPTIONS[mode] for mode in MODE_READS))
 #: the config fields in ``--help`` order

@@ -115,7 +115,8 @@ MODE_READS: dict[str, dict[type, frozenset[str]]] = {
 AUTO_MODES = ("fine-tune", "frozen")
 #: The options (config fields) each mode reads; ``auto``: those every mode it may choose reads (none need be
 #: refused once it has chosen).
-MODE_OPTIONS: dict[str, frozenset[str]] = {mode: frozenset().union(*reads.values()) for mode, reads in MODE_READS.items()}
+MODE_OPTIONS: dict[str, frozenset[str]] = {mode: frozenset().union(*reads.values())
+                                           for mode, reads in MODE_READS.items()}
 MODE_OPTIONS["auto"] = frozenset.intersection(*(MODE_OPTIONS[m] for m in AUTO_MODES))
 #: the modes ``--paper-recipe`` applies to (TriDerm-V's recipe)
 PAPER_RECIPE_MODES = ("self-supervised", "supervised")

@@ -84,7 +84,8 @@ def test_help_lists_every_field_a_mode_reads_with_its_defaults():
         assert f.name not in read or " ".join(f.metadata["help"].split()[:4]) in flat, f.name
     assert "--supervise-augment, --no-supervise-augment" in out
     assert "(default 128; paper recipe 512)" in flat and "(default 50)" in flat
-    assert "learning rate (default 0.01); fine-tune: AdamW learning rate of the last stage + head (default 0.0003)" in flat
+    assert ("learning rate (default 0.01); fine-tune: AdamW learning rate of the last stage + head "
+            "(default 0.0003)") in flat
     assert "fine-tune: --lr, --views, --seed, --cv, --cv-repeats, --steps, --margin, --batch-triplets;" in flat
 
 
@@ -94,7 +95,8 @@ def test_the_options_build_the_recipe(tmp_path, capsys):
 
     def parsed(mode: str, *argv: str) -> TriDermConfig:
         parser = build_parser()
-        return configs_of(parser, cli.parse_args(parser, ["--mode", mode, *argv, "--device", "cpu"]), mode)[TriDermConfig]
+        args = cli.parse_args(parser, ["--mode", mode, *argv, "--device", "cpu"])
+        return configs_of(parser, args, mode)[TriDermConfig]
 
     assert parsed("self-supervised") == DEFAULT
     assert parsed("supervised", "--paper-recipe", "--epochs", "3", "--no-supervise-augment") == replace(

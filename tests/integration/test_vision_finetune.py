@@ -188,8 +188,8 @@ def test_the_fine_tune_mode_needs_expert_triplets(tiny_phantom, imported, tmp_pa
 
 
 def test_the_fine_tune_modes_options_are_its_run_record(tiny_phantom, imported, capsys):
-    """Issue 51: ``--mode fine-tune --steps 3 …`` trains exactly 3 steps with the options given, all in the run record;
-    ``--epochs 3`` (TriDerm-V's, not this mode's) is refused before any run; ``auto`` checks the mode it chose."""
+    """Issue 51: ``--steps 3 …`` (auto → fine-tune) trains exactly 3 steps with the options given, all in the run
+    record; ``--mode fine-tune --epochs 3`` (TriDerm-V's option, not this mode's) is refused before any run."""
     from core.train_triderm import main
 
     ws = imported(tiny_phantom(5, 8, 4, 12, 60))
