@@ -17,6 +17,11 @@ Spellings (each helper adds one option with its canonical help; ``**kw`` overrid
 ``--crop-size``    crop side in px
 =================  =========================================================================
 
+A job's training options are one frozen dataclass per recipe, each field an :func:`option` (its ``--help``
+text, range and metavar; :func:`check_options` validates an instance): :func:`add_config_options` gives the
+parser one ``--NAME`` per field, :func:`given_options` and :func:`config_from_args` build the config back, so
+the library receives configs, never an :class:`argparse.Namespace`.
+
 Old spellings stay accepted for one release through :func:`deprecated`: hidden from ``--help``,
 they store into the new option and print a ``FutureWarning`` naming the new spelling (a
 FutureWarning, not a DeprecationWarning, because it is meant for the person at the terminal).
@@ -28,22 +33,26 @@ FutureWarning, not a DeprecationWarning, because it is meant for the person at t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import numbers
 import sys
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, get_type_hints
 
 from tqdm import tqdm
 
 from core.runtime import DEVICES, PRECISIONS, keep_freed_memory, use_device, use_precision
 
-__all__ = ["DEVICES", "add_batch_size", "add_crop_size", "add_device", "add_epochs", "add_lambda", "add_lr",
-           "add_n_seeds", "add_seed", "add_seeds", "add_workspace", "deprecated", "parse_args"]
+__all__ = ["DEVICES", "add_batch_size", "add_config_options", "add_crop_size", "add_device", "add_epochs",
+           "add_lambda", "add_lr", "add_n_seeds", "add_seed", "add_seeds", "add_workspace", "check_options",
+           "config_from_args", "deprecated", "flag", "given_options", "option", "parse_args"]
 
 WORKSPACE_HELP = "workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)"
 
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
+Config = TypeVar("Config")
 
 
 def _add(parser: Parser, flag: str, defaults: dict[str, Any], kw: dict[str, Any]) -> argparse.Action:
@@ -111,6 +120,109 @@ def add_crop_size(parser: Parser, default: int | None, **kw: Any) -> argparse.Ac
     """``--crop-size PX``."""
     return _add(parser, "--crop-size", {"type": int, "default": default, "metavar": "PX",
                                         "help": f"crop side in px (default: {default})"}, kw)
+
+
+def option(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
+           positive: bool = False, metavar: str | None = None) -> Any:
+    """A config field with its ``--help`` text and its range: ``choices``, a ``minimum`` (inclusive) or ``positive``
+    (``metavar``: the option's value in ``--help``)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
+                                                        "positive": positive, "metavar": metavar})
+
+
+def check_options(config: Any) -> None:
+    """Store every :func:`option` field of the frozen dataclass ``config`` as its type (an integral number →
+    ``int``, a real one → ``float``) and check its range; one :class:`ValueError` naming the field and the value
+    (call it from ``__post_init__``)."""
+    hints = get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        given, meta = getattr(config, f.name), f.metadata
+        value = _typed(f.name, given, hints[f.name])
+        object.__setattr__(config, f.name, value)
+        if value is None:
+            continue
+        if meta["choices"] is not None and value not in meta["choices"]:
+            raise ValueError(f"{f.name} must be one of {list(meta['choices'])}, got {given!r}")
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise ValueError(f"{f.name} must be ≥ {meta['minimum']}, got {given!r}")
+        if meta["positive"] and value <= 0:
+            raise ValueError(f"{f.name} must be > 0, got {given!r}")
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` as the field's type, or one :class:`ValueError` naming the field."""
+    allowed = getattr(hint, "__args__", (hint,))
+    if value is None and type(None) in allowed:
+        return None
+    if bool in allowed:
+        if isinstance(value, bool):
+            return value
+    elif int in allowed:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+    elif float in allowed:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(value, str):
+        return value
+    kind = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+    raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+def flag(name: str) -> str:
+    """The option of config field ``name``: ``batch_size`` → ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def add_config_options(parser: Parser, recipes: Mapping[str, Mapping[str, Any]],
+                       only: frozenset[str] | None = None) -> None:
+    """One ``--NAME`` per field of the frozen dataclasses of ``recipes`` (label → {recipe name → instance}, the
+    first instance the default; label "" for the job's main config), ``only`` those named when given: the
+    field's :func:`option` help with every recipe's value, its type, choices and metavar, and the default ``None``
+    (not given: the recipe's value applies). A field of several configs is one option whose help names each
+    (``label: help``); its type must agree. A bool is ``--NAME`` (default False) or ``--NAME/--no-NAME``."""
+    seen: dict[str, tuple[Any, list[str], dataclasses.Field, Any]] = {}  # field → (type, help, field, default)
+    for label, named in recipes.items():
+        first = next(iter(named.values()))
+        hints = get_type_hints(type(first))
+        for f in dataclasses.fields(first):
+            if only is not None and f.name not in only:
+                continue
+            values = {name: getattr(cfg, f.name) for name, cfg in named.items()}
+            default = values.pop(next(iter(named)))
+            shown = [f"default {default}"] if default is not None and default is not False else []
+            shown += [f"{name} {v}" for name, v in values.items() if v != default]
+            help_ = (f"{label}: " if label else "") + f.metadata["help"] + (f" ({'; '.join(shown)})" if shown else "")
+            kind, parts, _, _ = seen.setdefault(f.name, (hints[f.name], [], f, default))
+            if kind != hints[f.name]:
+                raise TypeError(f"{f.name}: {kind} in one config, {hints[f.name]} in another")
+            if not any(part.endswith(help_.removeprefix(f"{label}: ")) for part in parts):  # said once
+                parts.append(help_)
+    for name, (kind, parts, f, default) in seen.items():
+        help_ = "; ".join(parts).replace("%", "%%")
+        if kind is bool:
+            parser.add_argument(flag(name), default=None, help=help_,
+                                action=argparse.BooleanOptionalAction if default else "store_true")
+        else:
+            parser.add_argument(flag(name), default=None, help=help_, metavar=f.metadata["metavar"],
+                                type=next(t for t in getattr(kind, "__args__", (kind,)) if t is not type(None)),
+                                choices=f.metadata["choices"])
+
+
+def given_options(args: argparse.Namespace, names: Sequence[str] | frozenset[str]) -> dict[str, Any]:
+    """The options among ``names`` (config fields) given on the command line: those not ``None``."""
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base: Config,
+                     reads: frozenset[str] | None = None) -> Config:
+    """``base`` (a frozen dataclass) with the options given among its fields (only ``reads`` of them, when
+    given); a bad value exits through ``parser.error`` naming the option."""
+    names = [f.name for f in dataclasses.fields(base) if reads is None or f.name in reads]  # type: ignore[arg-type]
+    try:
+        return dataclasses.replace(base, **given_options(args, names))  # type: ignore[type-var]
+    except ValueError as e:
+        parser.error("--" + str(e).replace("_", "-"))  # the message starts with the field
 
 
 class _Deprecated(argparse.Action):

@@ -22,6 +22,11 @@ with the expert's triplets in the workspace it fine-tunes the backbone's last st
 (a ``vision-baseline`` run, no training), since no self-supervised recipe beat it on new patients.
 ``--mode supervised`` trains metric heads on the triplets, ``--mode self-supervised`` TriDerm-V.
 
+Each mode reads the fields of its configs (:data:`~core.vision.triderm_config.MODE_READS`: TriDerm-V's
+:class:`~core.vision.triderm_config.TriDermConfig`, the fine-tune mode's
+:class:`~core.vision.triderm_config.FineTuneConfig`); an option the mode does not read exits with an error naming
+it and the mode (``auto`` first chooses its mode from the workspace), and every option read is in the run record.
+
     python -m core.train_triderm [--workspace W] [--mode auto|frozen|self-supervised|supervised|fine-tune] ...
 """
 from __future__ import annotations
@@ -30,21 +35,26 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import Field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 from annotations.workspace import Workspace
 from core import cli
 from core.eval.formatting import agreement_text
 from core.eval.report import run_report
 from core.runtime import open_workspace, user_errors
-from core.vision.recipe import MODES, SUPERVISED_CV
-from core.vision.triderm_config import DEFAULT, MODE_OPTIONS, PAPER_RECIPE, TriDermConfig
+from core.vision.recipe import MODES
+from core.vision.triderm_config import (AUTO_MODES, DEFAULT, MODE_OPTIONS, MODE_READS, PAPER_RECIPE, PAPER_RECIPE_MODES,
+                                       FineTuneConfig, TriDermConfig, base_config)
 
-#: fields spelled through the shared vocabulary (:mod:`core.cli`)
-SHARED = {"epochs": cli.add_epochs, "batch_size": cli.add_batch_size, "lr": cli.add_lr, "seed": cli.add_seed}
-METAVARS = {"cv": "K", "cv_repeats": "R"}
+#: the recipes ``--help`` shows each config's values of: label → {recipe → instance}, the first the default
+RECIPES: dict[str, dict[str, Any]] = {"": {"default": DEFAULT, "paper recipe": PAPER_RECIPE},
+                                      "fine-tune": {"default": FineTuneConfig()}}
+#: every config field some mode reads: one option each (``supervise`` is set by ``--mode supervised``)
+OPTIONS = frozenset().union(*(MODE_OPTIONS[mode] for mode in MODE_READS))
+#: the config fields in ``--help`` order
+ORDER = [f.name for recipes in RECIPES.values() for f in fields(next(iter(recipes.values())))]
 
 
 def agreement_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
@@ -92,76 +102,54 @@ def next_steps(ws) -> str:
     return "\nNext steps:\n" + "\n".join(f"  {n}. {step}" for n, step in enumerate(steps, 1))
 
 
-def add_option(parser: argparse.ArgumentParser, f: Field, kind: Any) -> None:
-    """``--NAME`` for field ``f`` of :class:`TriDermConfig`: its help, type and choices, the default
-    ``None`` (not given: the recipe's value applies), and the values of both recipes in the help (unless
-    ``None`` or ``False``: nothing)."""
-    default, paper = getattr(DEFAULT, f.name), getattr(PAPER_RECIPE, f.name)
-    shown = (f" (default {default}" + (f"; paper recipe {paper}" if paper != default else "") + ")"
-             if (default is not None and default is not False) or paper != default else "")
-    help_ = (f.metadata["help"] + shown).replace("%", "%%")
-    if f.name in SHARED:
-        SHARED[f.name](parser, None, help=help_)
-    elif kind is bool:
-        parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=help_,
-                            action=argparse.BooleanOptionalAction if default else "store_true")
-    else:
-        parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=help_, metavar=METAVARS.get(f.name),
-                            type=next(t for t in getattr(kind, "__args__", (kind,)) if t is not type(None)),
-                            choices=f.metadata["choices"])
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The job's options: workspace, device, ``--mode``, ``--paper-recipe`` and one option per
-    :class:`TriDermConfig` field."""
-    parser = argparse.ArgumentParser(prog="python -m core.train_triderm", description=__doc__.splitlines()[0])
+    """The job's options: workspace, device, ``--mode``, ``--paper-recipe`` and one option per config field some
+    mode reads (:func:`core.cli.add_config_options`)."""
+    reads = "; ".join(f"{mode}: {', '.join(cli.flag(n) for n in sorted(MODE_OPTIONS[mode], key=ORDER.index))}"
+                      + (", --paper-recipe" if mode in PAPER_RECIPE_MODES else "") for mode in MODE_READS)
+    parser = argparse.ArgumentParser(prog="python -m core.train_triderm", description=__doc__.splitlines()[0],
+                                     epilog=f"The options each mode reads (any other is an error): {reads}; auto: "
+                                            "those of the mode it chooses.")
     cli.add_workspace(parser)
     cli.add_device(parser)
     parser.add_argument("--mode", choices=tuple(MODES), default="auto",
-                        help=("what to learn (default auto). " + "; ".join(f"{k}: {v}" for k, v in MODES.items())
-                              ).replace("%", "%%"))
+                        help=("what to learn (default auto); an option the mode does not read is an error. "
+                              + "; ".join(f"{k}: {v}" for k, v in MODES.items())).replace("%", "%%"))
     parser.add_argument("--paper-recipe", action="store_true",
-                        help="start from the TriDerm paper's settings instead of the real-data default; with --mode "
-                             "auto it trains the paper's self-supervised TriDerm-V")
-    hints = get_type_hints(TriDermConfig)
-    for f in fields(TriDermConfig):
-        add_option(parser, f, hints[f.name])
+                        help="start from the TriDerm paper's settings instead of the real-data default (the "
+                             f"{' and '.join(PAPER_RECIPE_MODES)} modes)")
+    cli.add_config_options(parser, RECIPES, only=OPTIONS)
     return parser
-
-
-def recipe_of(args: argparse.Namespace, mode: str = "self-supervised") -> TriDermConfig:
-    """The recipe the options ask for: ``--paper-recipe`` or the default, with every option given; the
-    supervised ``mode`` (or ``--supervise``) learns from the triplets, with
-    :data:`~core.vision.recipe.SUPERVISED_CV` folds unless ``--cv`` says otherwise."""
-    given = {f.name: getattr(args, f.name) for f in fields(TriDermConfig) if getattr(args, f.name) is not None}
-    if mode in ("supervised", "fine-tune"):  # fine-tune: the supervised mode's folds
-        given.setdefault("supervise", "triplets")
-    if given.get("supervise") and "cv" not in given:
-        given["cv"] = SUPERVISED_CV
-    return replace(PAPER_RECIPE if args.paper_recipe else DEFAULT, **given)
 
 
 def unread_options(args: argparse.Namespace, mode: str) -> str | None:
     """The error for options given that ``mode`` does not read (``--paper-recipe`` included), else None."""
-    given = [f.name for f in fields(TriDermConfig) if getattr(args, f.name) is not None]
-    unread = [n for n in given if n not in MODE_OPTIONS[mode]]
-    if args.paper_recipe and mode in ("frozen", "fine-tune"):
-        unread.append("paper_recipe")
+    given = cli.given_options(args, sorted(OPTIONS, key=ORDER.index))
+    unread = [cli.flag(("no_" if v is False else "") + n) for n, v in given.items() if n not in MODE_OPTIONS[mode]]
+    if args.paper_recipe and mode not in PAPER_RECIPE_MODES:
+        unread.append("--paper-recipe")
     if not unread:
         return None
-    flags = ", ".join("--" + n.replace("_", "-") for n in unread)
-    reads = ", ".join("--" + n.replace("_", "-") for n in sorted(MODE_OPTIONS[mode]))
-    return f"{flags}: not read by --mode {mode}, which reads only {reads}; leave {'it' if len(unread) == 1 else 'them'} out"
+    reads = ", ".join(cli.flag(n) for n in sorted(MODE_OPTIONS[mode], key=ORDER.index))
+    return (f"{', '.join(unread)}: not read by --mode {mode}, which reads only {reads}; leave "
+            f"{'it' if len(unread) == 1 else 'them'} out")
 
 
-def asked_mode(args: argparse.Namespace) -> str:
-    """The mode the options alone ask for: ``--mode``, else ``supervised`` for ``--supervise``/``--cv``,
-    ``self-supervised`` for ``--paper-recipe``, else ``auto`` (the workspace decides)."""
-    if args.mode != "auto":
-        return args.mode
-    if args.supervise or args.cv:
-        return "supervised"
-    return "self-supervised" if args.paper_recipe else "auto"
+def configs_of(parser: argparse.ArgumentParser, args: argparse.Namespace, mode: str, chose: str = ""
+               ) -> dict[type, Any]:
+    """The configs ``mode`` trains with (:data:`~core.vision.triderm_config.MODE_READS`), each its
+    :func:`base_config` with the options given among the fields the mode reads of it; an option the mode does
+    not read, or a bad value, exits through ``parser.error`` (``chose``: how ``auto`` chose the mode, said first)."""
+    if error := unread_options(args, mode):
+        parser.error(chose + error)
+    return {kind: cli.config_from_args(parser, args, base_config(kind, mode, args.paper_recipe), reads)
+            for kind, reads in MODE_READS[mode].items()}
+
+
+def check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit through ``parser.error`` on a bad option value, before ``auto`` opens the workspace to choose its mode."""
+    for kind in {kind for mode in AUTO_MODES for kind in MODE_READS[mode]}:
+        cli.config_from_args(parser, args, base_config(kind, "fine-tune"))
 
 
 def out_of_fold_lines(cv: dict[str, Any]) -> list[str]:
@@ -231,34 +219,31 @@ def main(argv: list[str] | None = None) -> int:
     """Embed a workspace in the ``--mode`` it asks for, compare with the baseline and print the agreement report."""
     parser = build_parser()
     args = cli.parse_args(parser, argv)
-    asked = asked_mode(args)
-    if asked != "auto" and (error := unread_options(args, asked)):
-        parser.error(error)
-    try:
-        cfg = recipe_of(args, asked)  # every option checked before the workspace is touched
-    except ValueError as e:
-        parser.error("--" + str(e).replace("_", "-"))  # the message starts with the field
+    if args.mode != "auto":
+        configs = configs_of(parser, args, args.mode)  # every option checked before the workspace is touched
+    else:
+        check_values(parser, args)
     # torch, torchvision and scikit-learn: after the arguments (a fast --help)
     from core.vision.backbones import BackboneUnavailable, load_backbone
     from core.vision.baseline import embed_baseline
-    from core.vision.finetune import FineTuneConfig, train_finetuned
+    from core.vision.finetune import train_finetuned
     from core.vision.triderm import auto_mode, baseline_run, check_workspace, compare_with_baseline, describe, train
 
     ws = open_workspace(args.workspace, parser, require_wounds=True)
-    mode, why = (asked, "asked") if asked != "auto" else auto_mode(ws)
-    cfg = recipe_of(args, mode)
+    mode, why = (args.mode, "asked") if args.mode != "auto" else auto_mode(ws)
+    if args.mode == "auto":
+        configs = configs_of(parser, args, mode, chose=f"--mode auto chose {mode} ({why}). ")
+    tuned = configs.get(FineTuneConfig)
+    cfg = configs[TriDermConfig] if tuned is None else replace(configs[TriDermConfig], seed=tuned.seed)
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
         backbone = load_backbone(cfg.backbone, layer=cfg.layer)
         check_workspace(ws, cfg)
-    if asked == "auto" and (error := unread_options(args, mode)):
-        parser.error(f"--mode auto chose {mode} ({why}). {error}")
     print(f"mode: {mode} ({why}) — {MODES[mode]}")
     if mode == "frozen":
         run_id = embed_baseline(ws, backbone, normalize="center-l2")
-    elif mode == "fine-tune":
+    elif tuned is not None:
         with user_errors(parser, ValueError):
-            run_id = train_finetuned(ws, cfg.views, cfg.cv or 0, cfg.cv_repeats, FineTuneConfig(seed=cfg.seed),
-                                     frozen=backbone)
+            run_id = train_finetuned(ws, cfg.views, cfg.cv, cfg.cv_repeats, tuned, frozen=backbone)
     else:
         print(f"recipe: {'paper' if args.paper_recipe else 'real-data default'} — {describe(cfg, backbone.name)}")
         run_id = train(ws, cfg, backbone=backbone)

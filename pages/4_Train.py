@@ -3,13 +3,17 @@ watch loss curves."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 import app_common as ac
+from core import cli
 from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, MODES, SUPERVISED_CV
-from core.vision.triderm_config import DEFAULT, MODE_OPTIONS, PAPER_RECIPE, POOLINGS
+from core.vision.triderm_config import (DEFAULT, MODE_OPTIONS, PAPER_RECIPE, PAPER_RECIPE_MODES, POOLINGS,
+                                       FineTuneConfig, mode_defaults)
 
 ws = ac.page("Train", need="jobs")
 
@@ -24,29 +28,37 @@ def vision_tab(off: bool) -> tuple[list[str], str]:
     with (or "")."""
     st.markdown("An image embedding of the outlined wounds on a frozen backbone (EfficientNet-Lite0 at full depth "
                 "offline), learnt in the mode chosen below; the figures are measured on new patients of real "
-                "wounds (`benchmarks/real_vision.py`). The self-supervised mode trains with the recipe below.")
+                "wounds (`benchmarks/real_vision.py`). Only the settings the chosen mode reads are enabled and sent "
+                "to the job (which refuses any other); `auto` sends none: the mode it chooses trains with its "
+                "defaults.")
     n_expert = sum(1 for t in ws.store.expert_triplets() if t["choice"] in ("j", "k"))
     s1, s2 = st.columns(2)
     modes = [m for m in MODES if n_expert or m not in ("supervised", "fine-tune")]
     mode = s1.radio("Mode", modes, horizontal=True, disabled=off,
                     help=f"{n_expert} expert judgments in this workspace. " + " ".join(mode_text(m) for m in modes))
     s1.caption(mode_text(mode))
-    reads = MODE_OPTIONS[mode]  # the job refuses an option its mode does not read: only these are sent
+    recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
+                      disabled=off or mode not in PAPER_RECIPE_MODES,
+                      help=f"paper: {PAPER_RECIPE.dim}-d predictor, raw Euclidean distances; default: {DEFAULT.dim}-d, "
+                           f"centred unit length (the {' and '.join(PAPER_RECIPE_MODES)} modes)")
+    paper = recipe == "paper recipe" and mode in PAPER_RECIPE_MODES
+    # the job refuses an option its mode does not read: only the fields of the mode's configs are sent, each
+    # control starting at the mode's own default
+    reads, default = MODE_OPTIONS[mode], mode_defaults(mode, paper)
 
     def unread(name: str) -> bool:
         return off or name not in reads
+
+    def start(name: str) -> Any:
+        return default.get(name, getattr(DEFAULT, name, None))
 
     folds = s2.number_input("Cross-validation folds (by patient; 0 = none)", min_value=0, max_value=20,
                             value=SUPERVISED_CV, disabled=unread("cv"),
                             help=f"supervised and fine-tune modes: patient-disjoint folds, repeated over "
                                  f"{DEFAULT.cv_repeats} random splits; the run's figure is the strict one (triplets "
                                  "whose three photos training never saw). auto takes "
-                                 f"{SUPERVISED_CV} folds when it trains on the triplets")
-    recipe = st.radio("Recipe", ["real-data default", "paper recipe"], horizontal=True,
-                      disabled=off or mode not in ("self-supervised", "supervised"),
-                      help=f"paper: {PAPER_RECIPE.dim}-d predictor, raw Euclidean distances; default: {DEFAULT.dim}-d, "
-                           "centred unit length (the self-supervised and supervised modes)")
-    c1, c2, c3, c4, c5, c6 = st.columns(6)
+                                 f"{SUPERVISED_CV} folds when it fine-tunes on the triplets")
+    c1, c2, c3, c4, c5, c6, c7 = st.columns(7)
     layer = c1.selectbox("Backbone layer", list(LITE0_LAYERS), disabled=unread("layer"),
                          help="EfficientNet-Lite0 tokens: full depth (default) "
                          "or an earlier stage (stage5 = the tokens of earlier releases)")
@@ -54,16 +66,20 @@ def vision_tab(off: bool) -> tuple[list[str], str]:
               "pooling": c2.selectbox("Pooling", POOLINGS, index=POOLINGS.index(DEFAULT.pooling),
                                       disabled=unread("pooling")),
               "loss": c3.selectbox("Loss", LOSS_NAMES, index=LOSS_NAMES.index(DEFAULT.loss), disabled=unread("loss")),
-              "epochs": str(int(c4.number_input("Epochs", min_value=1, max_value=500, value=DEFAULT.epochs,
+              "epochs": str(int(c4.number_input("Epochs", min_value=1, max_value=500, value=start("epochs"),
                                                 disabled=unread("epochs")))),
-              "batch_size": str(int(c5.number_input("Batch size", min_value=2, max_value=512,
-                                                    value=DEFAULT.batch_size, disabled=unread("batch_size")))),
-              "lr": repr(float(c6.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=DEFAULT.lr,
-                                               format="%.5f", disabled=unread("lr")))),
+              "steps": str(int(c5.number_input("Fine-tune steps", min_value=1, max_value=5000,
+                                               value=default.get("steps", FineTuneConfig().steps),
+                                               disabled=unread("steps")))),
+              "batch_size": str(int(c6.number_input("Batch size", min_value=2, max_value=512,
+                                                    value=start("batch_size"), disabled=unread("batch_size")))),
+              "lr": repr(float(c7.number_input("Learning rate", min_value=1e-6, max_value=1.0, value=start("lr"),
+                                               format="%.5f", disabled=unread("lr"),
+                                               help=f"fine-tune: {FineTuneConfig().lr} by default; else "
+                                                    f"{DEFAULT.lr}"))),
               "cv": str(int(folds))}
-    args = ["--mode", mode, *(a for name, v in values.items() if name in reads
-                              for a in ("--" + name.replace("_", "-"), v)),
-            *(["--paper-recipe"] if recipe == "paper recipe" and mode in ("self-supervised", "supervised") else [])]
+    args = ["--mode", mode, *(a for name, v in values.items() if name in reads for a in (cli.flag(name), v)),
+            *(["--paper-recipe"] if paper else [])]
     st.markdown("**A shared model**: embed this workspace's photos in the space of a model another centre "
                 "published without its patient data (a `python -m core.export_model` folder on this server, or "
                 "`hf-hub:org/repo`); the run (`vision-model`) then shows on Explore and is scored on the Report.")

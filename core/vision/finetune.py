@@ -37,6 +37,7 @@ from core.runtime import keep_freed_memory, pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
 from core.vision.baseline import centred_folds, centred_unit, mean_pooled
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, workspace_wounds
+from core.vision.triderm_config import FineTuneConfig  # the fine-tune mode's options (torch-free)
 from core.vision.recipe import OFFLINE_DEFAULT, SUPERVISED_CV
 from core.vision.token_tail import step_flops, token_pooled
 
@@ -46,17 +47,6 @@ RUN_KIND = runs.VISION_FINETUNE
 TAIL_FILE = "tail.pt"
 #: the tuned modules of EfficientNet-Lite0 (last stage + head), in forward order
 TAIL = ("blocks.6", "conv_head", "bn2")
-
-
-@dataclass(frozen=True)
-class FineTuneConfig:
-    """Steps, AdamW rate, hinge margin (on unit-length embeddings), triplets per step, seed."""
-
-    steps: int = 60
-    lr: float = 3e-4
-    margin: float = 0.1
-    batch_triplets: int = 256
-    seed: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,15 @@ SUPERVISED_CV = 2
 #: patients (strict: all three photos of a triplet unseen by training, paired over 57 patients;
 #: ``python -m benchmarks.real_vision``, docs/RESULTS.md "Real wounds"); ``auto`` is the job's default
 MODES = {
-    "auto": "fine-tune when the workspace has expert triplets over outlined photos of at least "
-            f"{SUPERVISED_CV} patients (the best mode measured on new patients), else frozen",
+    "auto": "fine-tune when the workspace has expert triplets over outlined photos and its outlined photos come "
+            f"from at least {SUPERVISED_CV} patients (the folds it is first scored on; the best mode measured on new "
+            "patients), else frozen",
     "frozen": "no training: a photo is the mean of its wounds' backbone tokens, centred on the study's photos, "
               "unit length. azh-dev strict 63.0 %: the baseline the other modes are measured against",
     "self-supervised": "TriDerm-V: attention pooling + predictor trained with VICReg on augmented views, no labels "
                        "(the TriDerm paper's method; --paper-recipe for its settings). azh-dev strict 63.1 %: "
                        "-0.0 pp over frozen (p = 1), adds nothing measured",
-    "supervised": "an ensemble of metric heads trained on the workspace's expert triplets (--supervise triplets), "
+    "supervised": "an ensemble of metric heads trained on the workspace's expert triplets, "
                   "scored on patient-disjoint folds first (--cv). azh-dev strict 67.1 %: +4.3 pp over frozen "
                   "(p = 0.037); a plain linear metric reached 67.3 % (+5.5 pp)",
     "fine-tune": "the backbone's last stage and head fine-tuned on the workspace's expert triplets (ordinal hinge, "

@@ -1,27 +1,22 @@
-"""TriDerm-V's training options as one frozen dataclass, in a module without torch: the job's
-``--help`` (one option per field) and the Train page read the defaults from here.
+"""The vision job's training options as frozen dataclasses, in a module without torch: the job's ``--help``
+(one option per field, :func:`core.cli.add_config_options`) and the Train page read them from here.
 
-:data:`DEFAULT` is the real-data default, :data:`PAPER_RECIPE` the TriDerm paper's (§3.2). A bad
-value raises one :class:`ValueError` naming the field and the value; a run record stores
-``dataclasses.asdict(cfg)`` (the field names are the keys of earlier records).
+:class:`TriDermConfig` is TriDerm-V's recipe (the self-supervised and supervised modes): :data:`DEFAULT` is the
+real-data default, :data:`PAPER_RECIPE` the TriDerm paper's (§3.2). :class:`FineTuneConfig` is the fine-tune
+mode's. A bad value raises one :class:`ValueError` naming the field and the value; a run record stores
+``dataclasses.asdict(cfg)`` (the field names are the keys of earlier records). :data:`MODE_READS` says which
+fields each ``--mode`` reads.
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, get_type_hints
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
+from core.cli import check_options, option
 from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, LOSS_NAMES, NORMALIZE, OFFLINE_DEFAULT, SUPERVISED_CV
 
 POOLINGS = ("attention", "mean")
-
-
-def option(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
-           positive: bool = False) -> Any:
-    """A field with its ``--help`` text and its range: ``choices``, a ``minimum`` (inclusive) or ``positive``."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
-                                            "positive": positive})
 
 
 @dataclass(frozen=True)
@@ -46,12 +41,12 @@ class TriDermConfig:
     normalize: str = option("center-l2", "embedding distances: center-l2 (centre, unit length) or none (raw "
                                          "Euclidean)", choices=NORMALIZE)
     supervise: str | None = option(
-        None, "learn from the workspace's expert triplets (the supervised mode): a metric head (pooling, "
-              "standardisation, linear map) trained with the ordinal hinge over the augmented views; what it "
-              "adds, measured: --mode", choices=("triplets",))
-    cv: int = option(0, "with --supervise: first score K patient-disjoint folds; the run's figure is the strict one "
-                        "(triplets whose three photos were all unseen by training, CI over patients). The job "
-                        f"scores {SUPERVISED_CV} with --supervise unless told; 0 to skip", minimum=0)
+        None, "learn from the workspace's expert triplets (set by --mode supervised): a metric head (pooling, "
+              "standardisation, linear map) trained with the ordinal hinge over the augmented views",
+        choices=("triplets",))
+    cv: int = option(0, "supervised and fine-tune modes: first score K patient-disjoint folds; the run's figure is the "
+                        "strict one (triplets whose three photos were all unseen by training, CI over patients). "
+                        f"Those modes score {SUPERVISED_CV} unless told; 0 to skip", minimum=0, metavar="K")
     supervise_steps: int = option(300, "optimiser steps of the metric head", minimum=1)
     supervise_dim: int = option(64, "dimension of the metric space", minimum=1)
     supervise_lr: float = option(1e-2, "learning rate of the metric head", positive=True)
@@ -61,22 +56,10 @@ class TriDermConfig:
     supervise_heads: int = option(5, "independently trained metric heads whose squared distances add (an "
                                      "ensemble)", minimum=1)
     cv_repeats: int = option(3, "random patient splits the K folds are repeated over (with K folds only ~1/K² "
-                                "of the triplets are strict)", minimum=1)
+                                "of the triplets are strict)", minimum=1, metavar="R")
 
     def __post_init__(self) -> None:
-        hints = get_type_hints(type(self))
-        for f in fields(self):
-            given, meta = getattr(self, f.name), f.metadata
-            value = _typed(f.name, given, hints[f.name])
-            object.__setattr__(self, f.name, value)
-            if value is None:
-                continue
-            if meta["choices"] is not None and value not in meta["choices"]:
-                raise ValueError(f"{f.name} must be one of {list(meta['choices'])}, got {given!r}")
-            if meta["minimum"] is not None and value < meta["minimum"]:
-                raise ValueError(f"{f.name} must be ≥ {meta['minimum']}, got {given!r}")
-            if meta["positive"] and value <= 0:
-                raise ValueError(f"{f.name} must be > 0, got {given!r}")
+        check_options(self)
         if self.views < 2 and not self.no_cache:
             raise ValueError(f"views must be ≥ 2 (≥ 1 with no_cache), got {self.views!r}")
         if self.cv and (self.supervise is None or self.cv < 2):
@@ -91,27 +74,6 @@ class TriDermConfig:
         return cls(**{"supervise_heads": 1, **{k: v for k, v in record.items() if k in known}})
 
 
-def _typed(name: str, value: Any, hint: Any) -> Any:
-    """``value`` as the field's type (an integral number → ``int``, a real one → ``float``), or one
-    :class:`ValueError` naming the field."""
-    allowed = getattr(hint, "__args__", (hint,))
-    if value is None and type(None) in allowed:
-        return None
-    if bool in allowed:
-        if isinstance(value, bool):
-            return value
-    elif int in allowed:
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)
-    elif float in allowed:
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return float(value)
-    elif isinstance(value, str):
-        return value
-    kind = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-    raise ValueError(f"{name} must be {kind}, got {value!r}")
-
-
 #: the real-data default (benchmarks/real_vision.py): a 128-d predictor (VICReg's covariance term is
 #: estimated from batches of 32, so a 512-d output is mostly noise) and distances between centred,
 #: unit-length embeddings
@@ -120,15 +82,57 @@ DEFAULT = TriDermConfig()
 PAPER_RECIPE = replace(DEFAULT, dim=512, normalize="none")
 
 
-#: The :class:`TriDermConfig` options each mode of ``python -m core.train_triderm`` reads; the job refuses any other
-#: (they would change nothing in that mode), and the Train page sends only these.
+
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    """The fine-tune mode's training of the backbone's last stage + head (:mod:`core.vision.finetune`)."""
+
+    steps: int = option(60, "optimiser steps of the last stage + head (each shows every training photo once)",
+                        minimum=1)
+    lr: float = option(3e-4, "AdamW learning rate of the last stage + head", positive=True)
+    margin: float = option(0.1, "margin of the ordinal hinge on unit-length embeddings", minimum=0)
+    batch_triplets: int = option(256, "expert triplets per step", minimum=1)
+    seed: int = option(0, "random seed")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+#: What each mode of ``python -m core.train_triderm`` reads: the config dataclass(es) and the fields of each its
+#: options set (the fine-tune mode takes its views and folds from :class:`TriDermConfig`). The job refuses any
+#: other option (it would change nothing in that mode), and the Train page sends only these.
 _SUPERVISED_ONLY = frozenset(f.name for f in fields(TriDermConfig)
                              if f.name.startswith("supervise") or f.name in ("cv", "cv_repeats"))
-MODE_OPTIONS: dict[str, frozenset[str]] = {
-    "frozen": frozenset({"backbone", "layer"}),
-    "fine-tune": frozenset({"backbone", "layer", "views", "cv", "cv_repeats", "seed"}),
-    "self-supervised": frozenset(f.name for f in fields(TriDermConfig)) - _SUPERVISED_ONLY,
-    "supervised": frozenset(f.name for f in fields(TriDermConfig)),
+MODE_READS: dict[str, dict[type, frozenset[str]]] = {
+    "frozen": {TriDermConfig: frozenset({"backbone", "layer"})},
+    "self-supervised": {TriDermConfig: frozenset(f.name for f in fields(TriDermConfig)) - _SUPERVISED_ONLY},
+    "supervised": {TriDermConfig: frozenset(f.name for f in fields(TriDermConfig)) - {"supervise"}},
+    "fine-tune": {FineTuneConfig: frozenset(f.name for f in fields(FineTuneConfig)),
+                  TriDermConfig: frozenset({"views", "cv", "cv_repeats"})},
 }
-#: What ``--mode auto`` may be given: the options of both modes it chooses between.
-MODE_OPTIONS["auto"] = MODE_OPTIONS["frozen"] & MODE_OPTIONS["fine-tune"]
+#: the modes ``--mode auto`` chooses between (:func:`core.vision.triderm.auto_mode`)
+AUTO_MODES = ("fine-tune", "frozen")
+#: The options (config fields) each mode reads; ``auto``: those every mode it may choose reads (none need be
+#: refused once it has chosen).
+MODE_OPTIONS: dict[str, frozenset[str]] = {mode: frozenset().union(*reads.values())
+                                           for mode, reads in MODE_READS.items()}
+MODE_OPTIONS["auto"] = frozenset.intersection(*(MODE_OPTIONS[m] for m in AUTO_MODES))
+#: the modes ``--paper-recipe`` applies to (TriDerm-V's recipe)
+PAPER_RECIPE_MODES = ("self-supervised", "supervised")
+
+
+def base_config(kind: type, mode: str, paper_recipe: bool = False) -> Any:
+    """The config of class ``kind`` that ``mode`` starts from before its options: TriDerm-V's real-data default
+    (or the ``paper_recipe``), learning from the triplets with :data:`~core.vision.recipe.SUPERVISED_CV` folds in
+    the supervised and fine-tune modes; the fine-tune mode's defaults."""
+    if kind is FineTuneConfig:
+        return FineTuneConfig()
+    recipe = PAPER_RECIPE if paper_recipe else DEFAULT
+    return replace(recipe, supervise="triplets", cv=SUPERVISED_CV) if mode in ("supervised", "fine-tune") else recipe
+
+
+def mode_defaults(mode: str, paper_recipe: bool = False) -> dict[str, Any]:
+    """The value of each option ``mode`` reads when it is not given (:func:`base_config`)."""
+    return {name: getattr(base_config(kind, mode, paper_recipe), name)
+            for kind, reads in MODE_READS.get(mode, {}).items() for name in reads}

@@ -426,8 +426,10 @@ def test_train_page_embeds_with_a_shared_model_named_by_folder_or_hub(ws, tmp_pa
 
 def test_train_page_starts_the_vision_job_in_the_mode_chosen(ws):
     """Issue 30 §5: the vision job's default is ``--mode auto``, which the job resolves by its own rule (the
-    page adds no ``--cv`` that would force supervised); a mode chosen on the page is the job's."""
+    page sends none of the options, which the job would check against the mode it chooses); a mode chosen on the
+    page is the job's, sent with only the options that mode reads."""
     from annotations import jobs
+    from core.vision.triderm_config import MODE_OPTIONS, FineTuneConfig
 
     at = app("train")
     mode = next(r for r in at.radio if r.label == "Mode")
@@ -439,6 +441,12 @@ def test_train_page_starts_the_vision_job_in_the_mode_chosen(ws):
         assert not at.exception, at.exception
         args = jobs.job(ws, "train-triderm")["args"]
         assert args[args.index("--mode") + 1] == choice and (args[-2:] == cv if cv else "--cv" not in args)
+        # issue 51: only the options the mode reads, each at that mode's own default unless changed
+        sent = dict(zip(args[args.index("--mode") + 2::2], args[args.index("--mode") + 3::2]))
+        assert {k[2:].replace("-", "_") for k in sent} <= MODE_OPTIONS[choice], (choice, sent)
+        if choice == "fine-tune":
+            assert (float(sent["--lr"]), int(sent["--steps"])) == (FineTuneConfig().lr, FineTuneConfig().steps)
+        assert bool(sent) == (choice != "auto")  # auto: nothing, the mode it chooses trains with its defaults
         jobs.stop_job(ws, "train-triderm")
 
 

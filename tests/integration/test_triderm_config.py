@@ -69,29 +69,39 @@ def test_a_stored_record_gives_its_recipe():
     assert TriDermConfig.from_record(old) == replace(DEFAULT, supervise="triplets", supervise_heads=1)
 
 
-def test_help_lists_every_field_with_its_defaults():
+def test_help_lists_every_field_a_mode_reads_with_its_defaults():
+    from core.vision.triderm_config import MODE_OPTIONS, FineTuneConfig
+
     out = subprocess.run([sys.executable, "-m", "core.train_triderm", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     flat = " ".join(out.split())
-    for f in fields(TriDermConfig):
+    offered = set(re.findall(r"--[a-z][a-z0-9-]*", out))
+    read = set().union(*MODE_OPTIONS.values())
+    assert read == {f.name for f in (*fields(TriDermConfig), *fields(FineTuneConfig))} - {"supervise"}
+    for f in (*fields(TriDermConfig), *fields(FineTuneConfig)):
         flag = "--" + f.name.replace("_", "-")
-        assert flag in out, flag
-        assert " ".join(f.metadata["help"].split()[:4]) in flat, f.name
+        assert (flag in offered) == (f.name in read), flag  # --supervise: --mode supervised sets it
+        assert f.name not in read or " ".join(f.metadata["help"].split()[:4]) in flat, f.name
     assert "--supervise-augment, --no-supervise-augment" in out
     assert "(default 128; paper recipe 512)" in flat and "(default 50)" in flat
+    assert ("learning rate (default 0.01); fine-tune: AdamW learning rate of the last stage + head "
+            "(default 0.0003)") in flat
+    assert "fine-tune: --lr, --views, --seed, --cv, --cv-repeats, --steps, --margin, --batch-triplets;" in flat
 
 
 def test_the_options_build_the_recipe(tmp_path, capsys):
     from core import cli
-    from core.train_triderm import build_parser, main, recipe_of
+    from core.train_triderm import build_parser, configs_of, main
 
-    def parsed(*argv: str) -> TriDermConfig:
-        return recipe_of(cli.parse_args(build_parser(), [*argv, "--device", "cpu"]))
+    def parsed(mode: str, *argv: str) -> TriDermConfig:
+        parser = build_parser()
+        args = cli.parse_args(parser, ["--mode", mode, *argv, "--device", "cpu"])
+        return configs_of(parser, args, mode)[TriDermConfig]
 
-    assert parsed() == DEFAULT
-    assert parsed("--paper-recipe", "--epochs", "3", "--no-supervise-augment", "--supervise", "triplets") == replace(
+    assert parsed("self-supervised") == DEFAULT
+    assert parsed("supervised", "--paper-recipe", "--epochs", "3", "--no-supervise-augment") == replace(
         PAPER_RECIPE, epochs=3, supervise_augment=False, supervise="triplets", cv=2)  # the job's default folds
-    assert parsed("--supervise", "triplets", "--cv", "0", "--no-cache", "--views", "1").cv == 0
+    assert parsed("supervised", "--cv", "0", "--no-cache", "--views", "1").cv == 0
     with pytest.raises(SystemExit) as err:
         main(["--workspace", str(tmp_path / "ws"), "--supervise-steps", "0"])
     assert err.value.code == 2 and "--supervise-steps must be ≥ 1, got 0" in capsys.readouterr().err

@@ -193,3 +193,23 @@ def test_the_fine_tune_mode_needs_expert_triplets(tiny_phantom, imported, tmp_pa
     with pytest.raises(SystemExit):
         main(["--workspace", str(ws.root), "--mode", "fine-tune"])
     assert not ws.store.runs(kind=RUN_KIND)
+
+
+def test_the_fine_tune_modes_options_are_its_run_record(tiny_phantom, imported, capsys):
+    """Issue 51: ``--steps 3 …`` (auto → fine-tune) trains exactly 3 steps with the options given, all in the run
+    record; ``--mode fine-tune --epochs 3`` (TriDerm-V's option, not this mode's) is refused before any run."""
+    from core.train_triderm import main
+
+    ws = imported(tiny_phantom(5, 8, 4, 12, 60))
+    given = {"steps": 3, "lr": 1e-3, "margin": 0.2, "batch_triplets": 16, "seed": 4}
+    with pytest.raises(SystemExit) as err:
+        main(["--workspace", str(ws.root), "--mode", "fine-tune", "--epochs", "3"])
+    assert err.value.code == 2 and "--epochs: not read by --mode fine-tune" in capsys.readouterr().err
+    assert not ws.store.runs()
+    argv = [a for k, v in given.items() for a in ("--" + k.replace("_", "-"), str(v))]
+    assert main(["--workspace", str(ws.root), "--views", "2", "--cv", "0", *argv]) == 0  # auto → fine-tune
+    assert "mode: fine-tune (" in capsys.readouterr().out
+    (run,) = ws.store.runs(kind=RUN_KIND)
+    assert {k: run["config"][k] for k in given} == given and run["seed"] == 4
+    assert (run["config"]["views"], run["config"]["cv"]) == (2, 0)
+    assert len(run["metrics"]["loss"]) == 3 and len(run["metrics"]["timing"]["fits"]) == 1  # 3 steps, one fit

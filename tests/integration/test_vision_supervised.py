@@ -352,13 +352,14 @@ def test_the_default_mode_follows_the_evidence(tiny_ws, tmp_path, capsys):
 
 def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
     base = ["--workspace", str(tiny_ws.root), *["--epochs", "1", "--views", "2", "--batch-size", "4", "--dim", "8"]]
-    for extra, message in [(["--layer", "stage9"], "unknown layer 'stage9'"),
-                           (["--supervise", "triplets", "--cv", "99"], "larger than the number of patients"),
+    for extra, message in [(["--mode", "self-supervised", "--layer", "stage9"], "unknown layer 'stage9'"),
+                           (["--mode", "supervised", "--cv", "99"], "larger than the number of patients"),
                            (["--mode", "self-supervised", "--cv", "3"],
                             "--cv: not read by --mode self-supervised"),
-                           (["--mode", "frozen", "--supervise", "triplets"],
-                            "--epochs, --batch-size, --views, --dim, --supervise: not read by --mode frozen, which "
+                           (["--mode", "frozen", "--cv", "3"],
+                            "--epochs, --batch-size, --views, --dim, --cv: not read by --mode frozen, which "
                             "reads only --backbone, --layer; leave them out"),
+                           ([], "--mode auto chose fine-tune"),  # the mode first, then its options
                            (["--mode", "fine-tune"], "--epochs, --batch-size, --dim: not read by --mode fine-tune"),
                            (["--mode", "fine-tune", "--paper-recipe"], "--paper-recipe: not read")]:
         with pytest.raises(SystemExit) as err:
@@ -367,7 +368,7 @@ def test_cli_bad_input_exits_2_and_records_nothing(tiny_ws, capsys, tmp_path):
     assert tiny_ws.store.runs() == []
     empty = without_triplets(tiny_ws, tmp_path)
     with pytest.raises(SystemExit) as err:
-        train_main(["--workspace", str(empty.root), "--supervise", "triplets", *base[2:]])
+        train_main(["--workspace", str(empty.root), "--mode", "supervised", *base[2:]])
     assert err.value.code == 2 and "needs expert triplets" in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:  # auto: refused once the workspace chose the mode, before any run
         train_main(["--workspace", str(empty.root), "--epochs", "3"])
