@@ -2,10 +2,11 @@
 
 A worklist beside the editor walks the photos (all, not outlined, with suggestions waiting, not marked
 done, mine) with keyboard shortcuts; the photo on screen is kept in the address (``?photo=…``), so a
-reload stays on it, and a photo is marked done in the store. Deleting a wound asks first and can be
-undone (:func:`annotations.session.undo_delete`). Messages show beside the photo, so at 1366×768 the
-photo and every message are in view. Without torch (an ``[app]``-only server) the model's controls stay
-in place, disabled, their help naming the extra to install.
+reload stays on it, and a photo is marked done in the store. The photo's part of the page is a Streamlit
+fragment (:func:`photo_area`): moving to another photo reruns only it, not the header and sidebar.
+Deleting a wound asks first and can be undone (:func:`annotations.session.undo_delete`). Messages show
+beside the photo, so at 1366×768 the photo and every message are in view. Without torch (an ``[app]``-only
+server) the model's controls stay in place, disabled, their help naming the extra to install.
 
 The label mask is the stored truth: the editor gets polygons derived from it and every saved
 outline is rasterised back into it. Suggestions (the segmentation model) and click-to-outline
