@@ -2,10 +2,11 @@
 
 A worklist beside the editor walks the photos (all, not outlined, with suggestions waiting, not marked
 done, mine) with keyboard shortcuts; the photo on screen is kept in the address (``?photo=…``), so a
-reload stays on it, and a photo is marked done in the store. Deleting a wound asks first and can be
-undone (:func:`annotations.session.undo_delete`). Messages show beside the photo, so at 1366×768 the
-photo and every message are in view. Without torch (an ``[app]``-only server) the model's controls stay
-in place, disabled, their help naming the extra to install.
+reload stays on it, and a photo is marked done in the store. The photo's part of the page is a Streamlit
+fragment (:func:`photo_area`): moving to another photo reruns only it, not the header and sidebar.
+Deleting a wound asks first and can be undone (:func:`annotations.session.undo_delete`). Messages show
+beside the photo, so at 1366×768 the photo and every message are in view. Without torch (an ``[app]``-only
+server) the model's controls stay in place, disabled, their help naming the extra to install.
 
 The label mask is the stored truth: the editor gets polygons derived from it and every saved
 outline is rasterised back into it. Suggestions (the segmentation model) and click-to-outline
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import streamlit as st
@@ -30,8 +32,7 @@ from components.outline_editor import image_uri, outline_editor
 
 ws = ac.page("Wound masks", need="annotate", compact=True)  # photo and tools in view at 1366×768
 state = st.session_state
-images = ws.store.images()
-if not images:
+if not ws.store.images():
     st.info("No photos yet. Import a dataset folder or build the demo on the Home page.")
     st.stop()
 
@@ -188,24 +189,31 @@ def read_delete(image_id: str, me: str, index: int) -> None:
     state["mask_flash"] = f"Deleted wound {index} of your reading of {image_id}."
 
 
-# -- photo choice (kept across saves: the options and their labels never change; a reload reads it from the
-# address) ---------------------------------------------------------------------------------------------------
-ids, to_read = [im["image_id"] for im in images], set(readings.marked(ws))
-pick, (pick_col, suggest_col, restart_col, engine_col) = choose_photo(ids, to_read)
-# annotators read marked photos blind; an admin sees the stored outline unless reading the photo too
-if pick in to_read and (not ac.allowed("manage") or pick_col.toggle(
-        "My second reading of this photo", key="mask_reading",
-        help="On: outline this photo blind, into your own layer. Off: the stored outline (admins only while marked)")):
-    second_reading(pick)
-    st.stop()
-image = ws.store.image(pick)
-wounds = ws.store.wounds(pick)
-shape = (image["height"], image["width"])  # of the photo and its label map
-suggestions: dict[str, np.ndarray] = state.setdefault(f"mask_sugg_{pick}", {})
-clicks: list[dict] = state.setdefault(f"mask_clicks_{pick}", [])
-pending: session.OutlinePlan | None = state.get("mask_pending")
-if pending is not None and pending.image_id != pick:
-    pending = state["mask_pending"] = None
+@dataclass
+class View:
+    """The photo on screen as one run of the page drew it: what its widgets' event functions act on."""
+
+    ids: list[str]  #: every photo, in the worklist's order
+    pick: str  #: the photo on screen
+    image: dict  #: its store row
+    wounds: list[dict]  #: its stored wounds
+    suggestions: dict[str, np.ndarray]  #: waiting proposals (the session's own dict: changes are kept)
+    clicks: list[dict]  #: the click-to-outline clicks so far (the session's own list)
+    pending: session.OutlinePlan | None  #: a save of this photo waiting for its overlap decision
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(height, width) of the photo and its label map."""
+        return self.image["height"], self.image["width"]
+
+
+def view_of(ids: list[str], pick: str) -> View:
+    """The view of photo ``pick``: its row and wounds from the store, its suggestions, clicks and pending save."""
+    pending: session.OutlinePlan | None = state.get("mask_pending")
+    if pending is not None and pending.image_id != pick:
+        pending = state["mask_pending"] = None
+    return View(ids, pick, ws.store.image(pick), ws.store.wounds(pick), state.setdefault(f"mask_sugg_{pick}", {}),
+                state.setdefault(f"mask_clicks_{pick}", []), pending)
 
 
 def user_error(err: Exception) -> None:
@@ -243,14 +251,14 @@ def write(plan: session.OutlinePlan, keeps: dict[int, bool], after=None, expecte
     state["mask_flash"] = f"Saved wound {index} of {plan.image_id} ({plan.origin})."
 
 
-def submit(region: np.ndarray, wound_index: int | None, origin: str, after=None) -> None:
+def submit(view: View, region: np.ndarray, wound_index: int | None, origin: str, after=None) -> None:
     """Check a region; save it, or hold it for the overlap decision."""
     try:
-        plan = session.plan_outline(ws, pick, region, wound_index, origin)
+        plan = session.plan_outline(ws, view.pick, region, wound_index, origin)
     except ValueError as err:
         user_error(err)
         return
-    drawn = state.get(f"mask_drawn_{pick}", {})  # the outlines the editor showed: what this one was drawn over
+    drawn = state.get(f"mask_drawn_{view.pick}", {})  # the outlines the editor showed: what this one was drawn over
     expected = {j: drawn.get(j) for j in {wound_index, *plan.overlaps} if j is not None}
     if plan.overlaps:
         state["mask_pending"] = plan
@@ -260,51 +268,52 @@ def submit(region: np.ndarray, wound_index: int | None, origin: str, after=None)
         write(plan, {}, after, expected)
 
 
-def handle(action: dict) -> None:
+def handle(view: View, action: dict) -> None:
     """One action from the editor: save a drawn/edited outline, accept/reject a suggestion, a click."""
-    kind = action["type"]
+    kind, suggestions, clicks = action["type"], view.suggestions, view.clicks
     if kind == "save" or (kind == "accept" and action.get("edited")):
         try:
-            region = session.rasterise_outlines([[tuple(p) for p in poly] for poly in action["polys"]], shape)
+            region = session.rasterise_outlines([[tuple(p) for p in poly] for poly in action["polys"]], view.shape)
         except ValueError as err:
             user_error(err)
             return
     if kind == "save":
         index = action.get("index")
-        old = next((w for w in wounds if w["wound_index"] == index), None)
+        old = next((w for w in view.wounds if w["wound_index"] == index), None)
         origin = "drawn" if old is None else session.edit_origin(session.wound_origin(old))
-        submit(region, index, origin)
+        submit(view, region, index, origin)
     elif kind == "accept":
         key = action["id"]
         if key not in suggestions:
             return
         if not action.get("edited"):
             region = suggestions[key]  # unchanged: the model's own pixels, not the simplified polygon
-        submit(region, None, "edited" if action.get("edited") else "suggested",
+        submit(view, region, None, "edited" if action.get("edited") else "suggested",
                after=lambda: (suggestions.pop(key, None), clicks.clear() if key == "click" else None))
     elif kind == "reject":
         suggestions.pop(action["id"], None)
         if action["id"] == "click":
             clicks.clear()
-        bump(pick)
+        bump(view.pick)
     elif kind == "click":
         if ML_HELP:
             user_error(ML_HELP)
             return
-        click_outline(int(action["x"]), int(action["y"]))
+        click_outline(view, int(action["x"]), int(action["y"]))
 
 
-def click_outline(x: int, y: int) -> None:
+def click_outline(view: View, x: int, y: int) -> None:
     """First click: the wound under it; each later click: a region to remove from the proposal."""
     from core.segmentation import SamUnavailable
     from core.segmentation.interactive import BY_GRABCUT, outline_from_click_by
 
+    clicks, suggestions = view.clicks, view.suggestions
     include = not clicks
     clicks.append({"x": x + 0.5, "y": y + 0.5, "include": include})
     first, *excluded = clicks
     try:
         model = clicker()
-        mask, method = outline_from_click_by(ws, pick, int(first["x"]), int(first["y"]), segmenter=model,
+        mask, method = outline_from_click_by(ws, view.pick, int(first["x"]), int(first["y"]), segmenter=model,
                                              exclude=[(int(c["x"]), int(c["y"])) for c in excluded])
     except (ValueError, SamUnavailable) as err:
         clicks.pop()
@@ -319,7 +328,7 @@ def click_outline(x: int, y: int) -> None:
            " (the wound model sees no wound under this click)") if method == BY_GRABCUT else ""
     state["mask_flash"] = (f"Outline proposed by {method}{why}, {int(mask.sum()):,} px: check its edge, then "
                            "accept or reject it; a further click removes a region from it.")
-    bump(pick)
+    bump(view.pick)
 
 
 def clicker():
@@ -338,13 +347,14 @@ def sam(path: str):
     return SamClicker(path)
 
 
-def suggest() -> None:
+def suggest(view: View) -> None:
     """Suggest outlines for the photo on screen with the newest segmenter run; errors become the page's message."""
     from core.segmentation import suggest_outlines_by
 
+    suggestions = view.suggestions
     try:
         model = segmenter(str(ws.root), latest_segmenter_run(), ws)
-        masks, skipped = suggest_outlines_by(ws, pick, segmenter=model)
+        masks, skipped = suggest_outlines_by(ws, view.pick, segmenter=model)
     except ValueError as err:
         user_error(err)
         return
@@ -358,7 +368,7 @@ def suggest() -> None:
                            f"reject it.{known}" if masks else
                            f"{by[0].upper()}{by[1:]} found no new wound on this photo; draw or click to outline."
                            f"{known}")
-    bump(pick)
+    bump(view.pick)
 
 
 def go(image_id: str | None) -> None:
@@ -377,10 +387,11 @@ def mark_done(image_id: str, done: bool) -> None:
     state["mask_flash"] = f"Marked {image_id} {'done' if done else 'not done'}."
 
 
-def worklist() -> list[str | None]:
+def worklist(view: View) -> list[str | None]:
     """The worklist: a filter, previous / next in it and the next photo not outlined (with shortcuts), the
     photo's done mark, and where the photo stands in the list. Returns the photos Next, Previous and Next not
     outlined go to (None where disabled)."""
+    ids, pick = view.ids, view.pick
     rows = ws.store.worklist(ac.actor())
     waiting = {i for i in ids if state.get(f"mask_sugg_{i}")}
     shown = st.selectbox("Worklist", session.WORKLIST_FILTERS, key="mask_filter",
@@ -409,8 +420,9 @@ def worklist() -> list[str | None]:
     return [after, before, bare]
 
 
-def messages() -> None:
+def messages(view: View) -> None:
     """The page's message, a deletion to confirm, the Undo of the last one, an overlap to decide."""
+    pick = view.pick
     if state.get("mask_error"):
         st.error(ac.escape_md(state.pop("mask_error")))
     if state.get("mask_flash"):
@@ -428,13 +440,12 @@ def messages() -> None:
         st.button(f"Undo delete of wound {undo['index']}", icon=":material/undo:", key="mask_undo_btn",
                   on_click=undo_delete, width="stretch",
                   help="Put the wound back as it was: its outline, description and metadata")
-    if pending is not None:
-        overlap_decision()
+    if view.pending is not None:
+        overlap_decision(view.pending)
 
 
-def overlap_decision() -> None:
+def overlap_decision(pending: session.OutlinePlan) -> None:
     """The overlap decision of a pending save."""
-    assert pending is not None
     with st.container(border=True):
         target = "The new outline" if pending.wound_index is None else f"Wound {pending.wound_index}"
         shared = ", ".join(f"wound {j} ({n:,} px)" for j, n in sorted(pending.overlaps.items()))
@@ -456,13 +467,15 @@ def overlap_decision() -> None:
             st.rerun()
 
 
-def editor():
-    """The tools row and the outline editor on the photo (the worklist and the messages beside it).
+def editor(view: View, suggest_col, restart_col, engine_col):
+    """The tools row (in the given columns) and the outline editor on the photo (the worklist and the messages
+    beside it).
 
     Returns the column beside the editor, for the wound list, and the photos the worklist goes to next.
     """
-    suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, width="stretch",
-                       disabled=bool(ML_OFF),
+    pick, image, suggestions, clicks, pending = view.pick, view.image, view.suggestions, view.clicks, view.pending
+    suggest_col.button("Suggest outlines", icon=":material/auto_fix_high:", on_click=suggest, args=(view,),
+                       width="stretch",                       disabled=bool(ML_OFF),
                        help=ML_HELP or "The segmentation model proposes each wound it sees, apart from those already "
                                        "outlined; nothing is stored until you accept it")
     if clicks:
@@ -475,12 +488,12 @@ def editor():
         help=ML_HELP or "Segment Anything needs the `segment-anything` package and a checkpoint file you provide")
     draw_col, list_col = st.columns([3, 1], gap="small")
     with list_col:  # beside the photo, so that neither pushes the other below the fold at 1366×768
-        neighbours = worklist()
-        messages()
+        neighbours = worklist(view)
+        messages(view)
     with draw_col:
         if engine == "Segment Anything" and not ML_OFF:
             st.text_input("Segment Anything checkpoint (.pth)", key="mask_sam_path", placeholder="/path/to/sam_vit_b.pth")
-        outlines, geometry, digest = outlines_of(pick, wounds)
+        outlines, geometry, digest = outlines_of(pick, view.wounds)
         shapes = [{"key": f"w{i}", "kind": "wound", "index": i, "label": str(i), "colour": hex_colour(i), "polys": polys}
                   for i, polys in outlines.items()]
         shapes += [{"key": f"c{k}", "kind": "candidate", "id": k, "label": "click" if k == "click" else f"S{k}",
@@ -493,7 +506,7 @@ def editor():
             shapes=shapes, version=version, overlap=overlap, clicks=clicks, click_off=ML_HELP, key="outline_editor")
         if action and action.get("nonce") != state.get("mask_nonce"):
             state["mask_nonce"] = action["nonce"]
-            handle(action)
+            handle(view, action)
             st.rerun()
         state[f"mask_drawn_{pick}"] = geometry  # what the editor shows: it redraws whenever the version changes
 
@@ -631,8 +644,9 @@ def undo_delete() -> None:
                            "and metadata.")
 
 
-def wound_list(list_col) -> None:
+def wound_list(view: View, list_col) -> None:
     """Each wound of the photo: its description and metadata fields (saved on leaving a field), delete."""
+    pick, wounds, suggestions = view.pick, view.wounds, view.suggestions
     with list_col:
         st.subheader(f"Wounds of {ac.escape_md(pick)}")
         if not wounds:
@@ -666,6 +680,24 @@ def wound_list(list_col) -> None:
                        "edit it if needed, then Accept or Reject.")
 
 
-list_col, neighbours = editor()
-wound_list(list_col)
-prefetch(neighbours)
+@st.fragment
+def photo_area(to_read: set[str]) -> None:
+    """Everything of the photo on screen: its choice, the worklist, the editor and the wound list. A Streamlit
+    fragment: moving to another photo (or any other widget of it) reruns only this, not the page's header and
+    sidebar; ``to_read`` are the photos marked for second reading."""
+    ids = [im["image_id"] for im in ws.store.images()]
+    pick, (pick_col, suggest_col, restart_col, engine_col) = choose_photo(ids, to_read)
+    # annotators read marked photos blind; an admin sees the stored outline unless reading the photo too
+    if pick in to_read and (not ac.allowed("manage") or pick_col.toggle(
+            "My second reading of this photo", key="mask_reading",
+            help="On: outline this photo blind, into your own layer. Off: the stored outline (admins only while "
+                 "marked)")):
+        second_reading(pick)
+        return
+    view = view_of(ids, pick)
+    list_col, neighbours = editor(view, suggest_col, restart_col, engine_col)
+    wound_list(view, list_col)
+    prefetch(neighbours)
+
+
+photo_area(set(readings.marked(ws)))
