@@ -276,6 +276,7 @@ def main() -> None:
         nav = st.navigation([st.session_state["_home_page"]]
                             + [st.Page(p, title=t, icon=i) for p, t, i, _ in ac.PAGES], position="hidden")
     nav.run()
+    ac.freeze_imports()
 
 
 main()

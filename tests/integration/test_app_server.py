@@ -38,3 +38,33 @@ def test_the_missing_extra_guard_stays_out_of_the_way_outside_a_page():
     assert app_common.MissingExtra().find_spec("torch") is None
     assert app_common.MissingExtra().find_spec("not_an_extra_module") is None
     assert sum(isinstance(f, app_common.MissingExtra) for f in sys.meta_path) == 1
+
+
+def test_freeze_imports_freezes_once_per_new_import_and_never_freezes_garbage():
+    """Issue 54: Streamlit's ``gc.collect(2)`` after every run scanned the imported libraries' objects each
+    keypress; :func:`app_common.freeze_imports` moves them to the permanent generation after new imports only."""
+    import gc
+    import types
+    import weakref
+
+    import app_common
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    garbage = Cycle()
+    ref = weakref.ref(garbage)
+    del garbage  # unreachable, held only by its own cycle
+    try:
+        app_common.freeze_imports()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and ref() is None  # collected first, never frozen
+        app_common.freeze_imports()  # nothing imported since: nothing more frozen
+        assert gc.get_freeze_count() == frozen
+        sys.modules["_freeze_probe"] = types.ModuleType("_freeze_probe")  # a new import
+        app_common.freeze_imports()
+        assert gc.get_freeze_count() > frozen
+    finally:
+        sys.modules.pop("_freeze_probe", None)
+        gc.unfreeze()
