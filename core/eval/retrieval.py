@@ -180,3 +180,37 @@ def retrieval_summary(per_query: dict[str, dict[str, float | None]], patients: d
         out[m] = {"mean": float(np.mean(list(values.values()))) if values else None,
                   "ci": patient_bootstrap_ci(values, patients, n_boot, seed), "n": len(values)}
     return out
+
+
+#: photo metadata read as a photo's type for a run's retrieval figure: the first field every photo carries
+TYPE_FIELDS = ("wound_type", "diagnosis", "rdeb_subtype")
+
+
+def photo_types(images: Sequence[dict[str, Any]], image_ids: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(field, each photo's value in ``image_ids`` order) of the first of :data:`TYPE_FIELDS` that every photo
+    of ``image_ids`` carries in its metadata (store image rows ``images``); None when none does."""
+    meta = {im["image_id"]: im.get("metadata") or {} for im in images}
+    for field in TYPE_FIELDS:
+        values = [meta.get(i, {}).get(field) for i in image_ids]
+        if all(v not in (None, "") for v in values):
+            return field, [str(v) for v in values]
+    return None
+
+
+def fold_retrieval(image_ids: Sequence[str], folds: Sequence[tuple[np.ndarray, np.ndarray]], labels: Sequence[str],
+                   patients: dict[str, str]) -> dict[str, dict[str, float | None]]:
+    """Image id → metric → :func:`same_label_retrieval` of the photo among its fold's other held-out photos
+    (``folds``: (the fold's rows, the n×n distances of the model trained without them)), averaged over every
+    fold it was held out in (one per split)."""
+    pats = [patients[i] for i in image_ids]
+    recs: dict[str, list[dict[str, float | None]]] = {}
+    for rows, D in folds:
+        for q, rec in same_label_retrieval(D, labels, pats, rows, gallery=rows).items():
+            recs.setdefault(image_ids[q], []).append(rec)
+    out: dict[str, dict[str, float | None]] = {}
+    for q, rs in recs.items():
+        out[q] = {}
+        for m in rs[0]:
+            vals = [r[m] for r in rs if r[m] is not None]
+            out[q][m] = float(np.mean(vals)) if vals else None
+    return out

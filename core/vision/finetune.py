@@ -30,6 +30,7 @@ from annotations import runs
 from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
+from core.eval.retrieval import photo_types
 from core.losses import ExpertTripletLoss, VICRegLoss
 from core.runtime import keep_freed_memory, pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
@@ -298,7 +299,7 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
             frozen_emb = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
                                                keys))[2]
             metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen_emb, patients, cv, cv_repeats,
-                                              config.seed)
+                                              config.seed, photo_types(ws.store.images(), image_ids))
         image_emb = tuner.fit(triplets, everyone).transform()
         fits.append(fit_timing(tuner))
         metrics["timing"] = {"fits": fits, "fit_s": sum(f["s"] for f in fits),

@@ -19,6 +19,7 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
+from core.eval.retrieval import fold_retrieval, photo_types, retrieval_summary
 from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
@@ -308,13 +309,19 @@ def versus_frozen(run_strict: dict[str, Any], image_ids: Sequence[str], triplets
 
 
 def strict_cv_metrics(image_ids: Sequence[str], triplets: np.ndarray, folds: Sequence[Fold], frozen: np.ndarray,
-                      patients: dict[str, str], k: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+                      patients: dict[str, str], k: int, repeats: int, seed: int = 0,
+                      types: tuple[str, list[str]] | None = None) -> dict[str, Any]:
     """A run's ``metrics["cv"]`` from its out-of-fold ``folds`` (``repeats`` splits × ``k`` patient folds): the
     strict figure (no photo of a scored triplet seen by training), ``anchor_unseen``, ``frozen_centred``
     (:func:`versus_frozen` against the frozen embedding ``frozen``) and ``per_triplet``: each strictly scored
-    triplet as ``[anchor, chosen, other, correct, scored]`` image ids and counts (:func:`strict_tallies`)."""
+    triplet as ``[anchor, chosen, other, correct, scored]`` image ids and counts (:func:`strict_tallies`). With the
+    photos' ``types`` ((field, values): :func:`~core.eval.retrieval.photo_types`) also ``retrieval``: same-type
+    precision@k and mAP of each held-out photo among its fold's (:func:`~core.eval.retrieval.fold_retrieval`),
+    patient-bootstrap CIs."""
     oof = out_of_fold(image_ids, triplets, folds, patients, seed=seed)
-    return {"folds": k, "repeats": repeats, "split": "patient", "protocol": "strict", "ci_resamples": "patients",
+    extra = {} if types is None else {"retrieval": {"label": types[0], "gallery": "strict", **retrieval_summary(
+        fold_retrieval(image_ids, folds, types[1], patients), patients, seed=seed)}}
+    return {**extra, "folds": k, "repeats": repeats, "split": "patient", "protocol": "strict", "ci_resamples": "patients",
             **stored(oof["strict"]), "anchor_unseen": stored(oof["anchor_unseen"]),
             "per_triplet": [[image_ids[i], image_ids[j], image_ids[k], int(c), int(n)]
                             for i, j, k, c, n in strict_tallies(triplets, folds)],
@@ -366,7 +373,8 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
                 folds = trainer.cross_validate(triplets, patients, cfg.cv, cfg.cv_repeats, progress=progress)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
                 metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, trainer.frozen_images(), patients,
-                                                  cfg.cv, cfg.cv_repeats, cfg.seed)
+                                                  cfg.cv, cfg.cv_repeats, cfg.seed,
+                                                  photo_types(ws.store.images(), image_ids))
             epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))

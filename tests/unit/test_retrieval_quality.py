@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from core.eval.distances import pairwise_euclidean
-from core.eval.retrieval import retrieval_summary, same_label_retrieval
+from core.eval.retrieval import fold_retrieval, photo_types, retrieval_summary, same_label_retrieval
 
 
 def planted(n_per: int = 6, labels: str = "ABC", noise: float = 0.05, seed: int = 0) -> tuple[np.ndarray, list[str]]:
@@ -74,3 +74,57 @@ def test_summary_resamples_patients_and_skips_missing_ap() -> None:
     assert 0.0 <= lo < 0.5 < hi <= 1.0
     one_patient = retrieval_summary(per_query, {"x": "p", "y": "p", "z": "p"}, n_boot=200)
     assert one_patient["p@1"]["ci"] == [pytest.approx(0.5), pytest.approx(0.5)]  # one cluster: no spread
+
+
+def test_photo_types_takes_the_first_field_every_photo_carries() -> None:
+    images = [{"image_id": "a", "metadata": {"wound_type": "venous", "diagnosis": "x"}},
+              {"image_id": "b", "metadata": {"diagnosis": "y"}}, {"image_id": "c", "metadata": None}]
+    assert photo_types(images, ["a", "b"]) == ("diagnosis", ["x", "y"])
+    assert photo_types(images, ["a"]) == ("wound_type", ["venous"])
+    assert photo_types(images, ["a", "c"]) is None
+
+
+def planted_folds() -> tuple[list[str], list[str], dict[str, str], list[tuple[np.ndarray, np.ndarray]]]:
+    X, lab = planted(n_per=4, labels="AB")
+    ids = [f"im{i}" for i in range(len(lab))]
+    patients = {i: "p0" if n < 2 else f"p{n}" for n, i in enumerate(ids)}  # im0 and im1: one patient
+    rows = [np.array([0, 1, 4, 5]), np.array([2, 3, 6, 7])]
+    good, shuffled = pairwise_euclidean(X), pairwise_euclidean(X[[0, 4, 2, 6, 1, 5, 3, 7]])
+    return ids, lab, patients, [(rows[0], good), (rows[1], good), (rows[0], shuffled)]
+
+
+def test_fold_retrieval_ranks_within_the_fold_and_averages_over_splits() -> None:
+    ids, lab, patients, folds = planted_folds()
+    out = fold_retrieval(ids, folds[:2], lab, patients)
+    assert sorted(out) == ids
+    # im0's candidates in its fold are im4, im5 (im1 is its own patient): both of the other label
+    assert out["im0"]["p@1"] == 0.0 and out["im0"]["ap"] is None
+    out3 = fold_retrieval(ids, folds, lab, patients)
+    assert out3["im2"] == out["im2"]  # held out once only
+    assert out3["im0"]["p@1"] == pytest.approx(np.mean([0.0, same_label_retrieval(
+        folds[2][1], lab, [patients[i] for i in ids], [0], gallery=folds[2][0])[0]["p@1"]]))
+
+
+def test_retrieval_figure_shows_a_stored_figure_only() -> None:
+    from core.eval.report import retrieval_figure
+
+    run = {"metrics": {"cv": {"retrieval": {"label": "wound_type", "ap": {"mean": 0.456, "ci": [0.4, 0.5], "n": 9}}}}}
+    assert retrieval_figure(run) == " · same-wound type retrieval mAP 45.6 % [40.0, 50.0]"
+    assert retrieval_figure({"metrics": {"cv": {"balanced": 0.6}}}) == "" == retrieval_figure({"metrics": {}})
+
+
+def test_a_runs_strict_metrics_store_retrieval_when_the_photos_have_types() -> None:
+    from core.vision.triderm import strict_cv_metrics
+
+    ids, lab, patients, folds = planted_folds()
+    X, _ = planted(n_per=4, labels="AB")
+    triplets = np.array([[i, j, k] for i in range(8) for j in range(8) for k in range(8)
+                         if len({i, j, k}) == 3 and lab[i] == lab[j] != lab[k]])
+    plain = strict_cv_metrics(ids, triplets, folds[:2], X, patients, 2, 1)
+    typed = strict_cv_metrics(ids, triplets, folds[:2], X, patients, 2, 1, types=("wound_type", lab))
+    assert "retrieval" not in plain and typed["balanced"] == plain["balanced"]
+    r = typed["retrieval"]
+    assert r["label"] == "wound_type" and r["gallery"] == "strict"
+    # im0 and im1 find only the other label once their own patient is left out; every other photo its own
+    assert r["p@1"]["mean"] == pytest.approx(6 / 8) and r["p@1"]["n"] == 8
+    assert r["ap"]["mean"] == pytest.approx(1.0) and r["ap"]["n"] == 6
