@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     arr = {s: 100 * np.array([r[s] for r in results]) for s in ("uniform", "active")}  # seeds × budgets, %
     asked = np.mean([r["asked"] for r in results], axis=0)
     frozen_row = mean_sd_ci([100 * r["frozen"] for r in results])
-    rows = [[100 * x, round(float(asked[i])), mean_sd_ci(arr["uniform"][:, i]), mean_sd_ci(arr["active"][:, i])]
+    rows: list[list[Any]] = [[100 * x, round(float(asked[i])), mean_sd_ci(arr["uniform"][:, i]),
+                              mean_sd_ci(arr["active"][:, i])]
             for i, x in enumerate(budgets)]
     rows.append(["0 (frozen centred, no triplet)", 0, frozen_row, frozen_row])
     tables = [{"caption": f"Balanced strict agreement (%) of the linear metric fitted on the triplets asked, "

@@ -1,4 +1,4 @@
-"""Real wounds: do a new patient's nearest photos share its specialist's wound type?
+"""Real wounds: how often a new patient's nearest photos share the specialist's wound type.
 
     python -m benchmarks.real_retrieval --data ../shared/data/azh-dev [--seeds 0 1 2] [--views 4] [--quick]
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     for seed in tqdm(args.seeds, desc="seeds", unit="seed", disable=args.quiet):
         split = [b.split(seed)]
         for name, method in ((FROZEN, "frozen"), (FINETUNE, "finetune")):
-            folds = b.record(name, lambda m=method: cross_validate(split, b.triplets, methods.fixed(m, seed)))
+            folds = b.record(name, partial(cross_validate, split, b.triplets, methods.fixed(method, seed)))
             for rows, D in folds or []:
                 for gallery, cand in zip(GALLERIES, (rows, everyone)):
                     keep(name, same_label_retrieval(D, labels, pats, rows, gallery=cand), gallery)

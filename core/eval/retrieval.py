@@ -136,8 +136,8 @@ def neighbours_in_runs(
 RETRIEVAL_KS = (1, 5, 10)
 
 
-def same_label_retrieval(D: np.ndarray, labels: Sequence[str], patients: Sequence[str], queries: Sequence[int],
-                         gallery: Sequence[int] | None = None,
+def same_label_retrieval(D: np.ndarray, labels: Sequence[str], patients: Sequence[str],
+                         queries: Sequence[int] | np.ndarray, gallery: Sequence[int] | np.ndarray | None = None,
                          ks: Sequence[int] = RETRIEVAL_KS) -> dict[int, dict[str, float | None]]:
     """Same-label retrieval of each query row of the n×n distances ``D``: ``p@k`` (the share of its ``k``
     nearest gallery photos that carry its label; fewer than ``k`` candidates count as misses) and ``ap``
@@ -208,9 +208,9 @@ def fold_retrieval(image_ids: Sequence[str], folds: Sequence[tuple[np.ndarray, n
         for q, rec in same_label_retrieval(D, labels, pats, rows, gallery=rows).items():
             recs.setdefault(image_ids[q], []).append(rec)
     out: dict[str, dict[str, float | None]] = {}
-    for q, rs in recs.items():
-        out[q] = {}
+    for image_id, rs in recs.items():
+        out[image_id] = {}
         for m in rs[0]:
-            vals = [r[m] for r in rs if r[m] is not None]
-            out[q][m] = float(np.mean(vals)) if vals else None
+            vals = [v for r in rs if (v := r[m]) is not None]
+            out[image_id][m] = float(np.mean(vals)) if vals else None
     return out
