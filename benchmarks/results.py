@@ -43,12 +43,14 @@ SECTIONS: dict[str, str] = {
     "real_vision_adapt": ("python -m benchmarks.real_vision_adapt --data ../shared/data/azh-dev"
                           " --unlabelled ../shared/data/fuseg-dev ../shared/data/medetec"),
     "real_vision_medetec": "python -m benchmarks.real_vision --data ../shared/data/medetec --section real_vision_medetec",
+    "real_retrieval": "python -m benchmarks.real_retrieval --data ../shared/data/azh-dev --views 4 --seeds 0",
     "train_triderm": "python -m benchmarks.train_triderm",
     "soe": "python -m benchmarks.soe",
     "soe_scale": "python -m benchmarks.soe --scale",
     "scale": "python -m benchmarks.scale --full",
     "active": "python -m benchmarks.active",
     "active_scale": "python -m benchmarks.active --planted 1000",
+    "active_real": "python -m benchmarks.active_real --data ../shared/data/azh-dev",
     "ablation": ("d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && python -m core.phantoms --out $d/data --seed 0"
                  " && python -m annotations import $d/data --workspace $d/ws"
                  " && python -m core.llm_triplets --workspace $d/ws --oracle phantom --budget 100% --seed 0"

@@ -308,16 +308,17 @@ def add_track_path(fig: go.Figure, xy: np.ndarray, rows: Sequence[int], name: st
 
 # ------------------------------------------------------------------ the page's tables and text (no Streamlit)
 def run_choices(runs: Sequence[dict]) -> dict[int, str]:
-    """Run id → its label for the run picker: trained runs before untrained baselines
+    """Run id → its label for the run picker, with its stored strict agreement and, beside it, its stored same-type
+    retrieval figure when it has one: trained runs before untrained baselines
     (:data:`~core.eval.verdict.UNTRAINED_KINDS`), vision before other modalities, then newest first — the
     page opens on the first, the newest trained vision run."""
-    from core.eval.report import run_figure
+    from core.eval.report import retrieval_figure, run_figure
     from core.eval.verdict import UNTRAINED_KINDS
 
     ordered = sorted(runs, key=lambda r: (r["kind"] in UNTRAINED_KINDS, r["config"].get("modality") != "vision",
                                           -r["id"]))
     return {r["id"]: f"run {r['id']} · {r['kind']} · {r['config'].get('modality')}"
-            + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) for r in ordered}
+            + (f" · {r['name']}" if r.get("name") else "") + run_figure(r) + retrieval_figure(r) for r in ordered}
 
 
 def stale_note(run: dict, last_outline_edit: str | None) -> str | None:

@@ -156,6 +156,18 @@ def run_figure(run: dict) -> str:
     return f" · strict out of fold {agreement_text(cv['balanced'], cv['ci'], unit=' %')}"
 
 
+def retrieval_figure(run: dict) -> str:
+    """A run's stored same-type retrieval of held-out photos for a label (``metrics["cv"]["retrieval"]``, written
+    when the photos carry a type: :func:`core.vision.triderm.strict_cv_metrics`), its mAP with the
+    patient-bootstrap CI; nothing for a run that stores none."""
+    ap = ((run["metrics"].get("cv") or {}).get("retrieval") or {}).get("ap") or {}
+    if ap.get("mean") is None:
+        return ""
+    lo, hi = ap["ci"]
+    label = run["metrics"]["cv"]["retrieval"]["label"].replace("_", " ")
+    return f" · same-{label} retrieval mAP {100 * ap['mean']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def build_rows(ws: Workspace, runs: list[dict], expert: list[dict], n_boot: int, seed: int) -> list[dict]:
     """One result row per run: metrics, CIs, counts, the per-anchor breakdown and ``protocol``.
     A run trained on the expert's triplets shows its stored strict out-of-fold figure

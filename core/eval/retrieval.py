@@ -3,11 +3,14 @@
 :func:`neighbours` reads an n×n distance matrix; :class:`EmbeddingIndex` gives the same answer for
 an embedding without building that matrix (a scikit-learn ``NearestNeighbors`` index), which the
 explorer uses above a few thousand photos. TriDerm's retrieval figure (paper §3.4) shows similar
-images at normalised distance < 0.35 and dissimilar ones > 0.8.
+images at normalised distance < 0.35 and dissimilar ones > 0.8. :func:`same_label_retrieval` measures
+how often those neighbours share the query's label (precision@k, average precision), and
+:func:`retrieval_summary` gives their means with CIs that resample patients.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.spatial.distance import cdist
@@ -15,6 +18,7 @@ from scipy.spatial.distance import cdist
 from annotations.workspace import Workspace
 from core.eval.distances import image_distances
 from core.eval.fusion import DEFAULT_ALPHA, fuse, minmax_normalise
+from core.eval.protocol import patient_bootstrap_ci
 from core.runtime import load_embeddings
 
 
@@ -126,3 +130,99 @@ def neighbours_in_runs(
     """:func:`neighbours` of ``image_id`` under :func:`run_distances` of a run or a fused pair of runs."""
     ids, D = run_distances(ws, run_ids, method=method, alpha=alpha)
     return neighbours(ids, D, image_id, k=k)
+
+
+#: the cut-offs of :func:`same_label_retrieval`'s precision@k
+RETRIEVAL_KS = (1, 5, 10)
+
+
+def same_label_retrieval(D: np.ndarray, labels: Sequence[str], patients: Sequence[str],
+                         queries: Sequence[int] | np.ndarray, gallery: Sequence[int] | np.ndarray | None = None,
+                         ks: Sequence[int] = RETRIEVAL_KS) -> dict[int, dict[str, float | None]]:
+    """Same-label retrieval of each query row of the n×n distances ``D``: ``p@k`` (the share of its ``k``
+    nearest gallery photos that carry its label; fewer than ``k`` candidates count as misses) and ``ap``
+    (average precision over the whole ranked gallery; None when no candidate shares its label).
+
+    Candidates are the ``gallery`` rows (default every row) minus the query and every photo of the query's
+    own patient (``patients[row]``): photos of one patient look alike whatever their label, so finding them
+    says nothing about retrieving a *new* patient's look-alikes. Ties keep the gallery's order. Returns
+    query row → metric → value."""
+    D = np.asarray(D, dtype=np.float64)
+    n = len(labels)
+    if D.shape != (n, n) or len(patients) != n:
+        raise ValueError(f"{n} labels and {len(patients)} patients for a distance matrix of shape {D.shape}")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"every k must be ≥ 1, got {list(ks)}")
+    rows = np.arange(n) if gallery is None else np.asarray(gallery, dtype=np.int64)
+    lab, pat = np.asarray(labels, dtype=object), np.asarray(patients, dtype=object)
+    out: dict[int, dict[str, float | None]] = {}
+    for q in (int(r) for r in queries):
+        if not 0 <= q < n:
+            raise ValueError(f"query row {q} is outside [0, {n})")
+        cand = rows[pat[rows] != pat[q]]
+        hit = (lab[cand[np.argsort(D[q, cand], kind="stable")]] == lab[q]).astype(np.float64)
+        rec: dict[str, float | None] = {f"p@{k}": float(hit[:k].sum() / k) for k in ks}
+        rec["ap"] = float((np.cumsum(hit) / np.arange(1, len(hit) + 1))[hit > 0].mean()) if hit.any() else None
+        out[q] = rec
+    return out
+
+
+def retrieval_summary(per_query: dict[str, dict[str, float | None]], patients: dict[str, str], n_boot: int = 1000,
+                      seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Metric → ``{"mean", "ci", "n"}``: the mean over queries (image id → metric → value, e.g.
+    :func:`same_label_retrieval`'s averaged over folds and seeds) of every metric, with a 95 % CI that
+    resamples patients (:func:`core.eval.protocol.patient_bootstrap_ci`); queries without a value (an ``ap``
+    with nothing to find) are left out of that metric."""
+    names = sorted({m for rec in per_query.values() for m in rec}, key=lambda m: (m == "ap", len(m), m))
+    out: dict[str, dict[str, Any]] = {}
+    for m in names:
+        values = {q: float(rec[m]) for q, rec in per_query.items() if rec.get(m) is not None}  # type: ignore[arg-type]
+        out[m] = {"mean": float(np.mean(list(values.values()))) if values else None,
+                  "ci": patient_bootstrap_ci(values, patients, n_boot, seed), "n": len(values)}
+    return out
+
+
+#: photo metadata read as a photo's type for a run's retrieval figure: the first field every photo carries
+TYPE_FIELDS = ("wound_type", "diagnosis", "rdeb_subtype")
+
+
+def photo_types(images: Sequence[dict[str, Any]], image_ids: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(field, each photo's value in ``image_ids`` order) of the first of :data:`TYPE_FIELDS` that every photo
+    of ``image_ids`` carries in its metadata (store image rows ``images``); None when none does."""
+    meta = {im["image_id"]: im.get("metadata") or {} for im in images}
+    for field in TYPE_FIELDS:
+        values = [meta.get(i, {}).get(field) for i in image_ids]
+        if all(v not in (None, "") for v in values):
+            return field, [str(v) for v in values]
+    return None
+
+
+def fold_retrieval(image_ids: Sequence[str], folds: Sequence[tuple[np.ndarray, np.ndarray]], labels: Sequence[str],
+                   patients: dict[str, str]) -> dict[str, dict[str, float | None]]:
+    """Image id → metric → :func:`same_label_retrieval` of the photo among its fold's other held-out photos
+    (``folds``: (the fold's rows, the n×n distances of the model trained without them)), averaged over every
+    fold it was held out in (one per split)."""
+    pats = [patients[i] for i in image_ids]
+    recs: dict[str, list[dict[str, float | None]]] = {}
+    for rows, D in folds:
+        for q, rec in same_label_retrieval(D, labels, pats, rows, gallery=rows).items():
+            recs.setdefault(image_ids[q], []).append(rec)
+    out: dict[str, dict[str, float | None]] = {}
+    for image_id, rs in recs.items():
+        out[image_id] = {}
+        for m in rs[0]:
+            vals = [v for r in rs if (v := r[m]) is not None]
+            out[image_id][m] = float(np.mean(vals)) if vals else None
+    return out
+
+
+def cv_retrieval(image_ids: Sequence[str], folds: Sequence[tuple[np.ndarray, np.ndarray]],
+                 types: tuple[str, list[str]] | None, patients: dict[str, str], seed: int = 0) -> dict[str, Any]:
+    """A run's ``metrics["cv"]["retrieval"]`` (under that key; empty without photo ``types``, see
+    :func:`photo_types`): same-type precision@k and mAP of each held-out photo among its fold's
+    (:func:`fold_retrieval`), patient-bootstrap CIs."""
+    if types is None:
+        return {}
+    return {"retrieval": {"label": types[0], "gallery": "strict",
+                          **retrieval_summary(fold_retrieval(image_ids, folds, types[1], patients), patients,
+                                              seed=seed)}}

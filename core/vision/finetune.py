@@ -32,6 +32,7 @@ from annotations.fileio import atomic_write
 from annotations.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.protocol import cross_validate, oriented_expert, patient_of, repeated_folds, strict_cv_metrics
+from core.eval.retrieval import cv_retrieval, photo_types
 from core.losses import ExpertTripletLoss, VICRegLoss
 from core.runtime import keep_freed_memory, pick_device, save_embeddings
 from core.vision.backbones import Backbone, load_backbone
@@ -256,8 +257,10 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
             full = frozen if frozen is not None else load_backbone(OFFLINE_DEFAULT, device=device, layer="full")
             frozen_emb = mean_pooled(TokenBank(FeatureCache(ws, full, seed=config.seed).build(image_ids, 0, progress),
                                                keys))[2]
-            metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, centred_folds(frozen_emb, folds), patients,
-                                              cv, cv_repeats, config.seed)
+            metrics["cv"] = {**strict_cv_metrics(image_ids, triplets, folds, centred_folds(frozen_emb, folds),
+                                                 patients, cv, cv_repeats, config.seed),
+                             **cv_retrieval(image_ids, folds, photo_types(ws.store.images(), image_ids), patients,
+                                            config.seed)}
         image_emb = tuner.fit(triplets, everyone).transform()
         fits.append(fit_timing(tuner))
         metrics["timing"] = {"fits": fits, "fit_s": sum(f["s"] for f in fits),

@@ -28,6 +28,7 @@ from core.eval.protocol import (
     repeated_folds,
     strict_cv_metrics,
 )
+from core.eval.retrieval import cv_retrieval, photo_types
 from core.losses import InfoNCELoss, TripletLoss, VICRegLoss
 from core.runtime import load_embeddings, pick_device, save_embeddings, torch_threads
 from core.vision.augment import WoundAugment
@@ -309,8 +310,10 @@ def train(ws: Workspace, cfg: TriDermConfig = DEFAULT, progress: bool = True, **
                 folds = trainer.cross_validate(triplets, patients, cfg.cv, cfg.cv_repeats, progress=progress)
                 # the run's figure is the strict one: no photo of a scored triplet was seen by training
                 frozen = centred_folds(trainer.frozen_images(), folds)
-                metrics["cv"] = strict_cv_metrics(image_ids, triplets, folds, frozen, patients, cfg.cv, cfg.cv_repeats,
-                                                  cfg.seed)
+                metrics["cv"] = {**strict_cv_metrics(image_ids, triplets, folds, frozen, patients, cfg.cv,
+                                                     cfg.cv_repeats, cfg.seed),
+                                 **cv_retrieval(image_ids, folds, photo_types(ws.store.images(), image_ids), patients,
+                                                cfg.seed)}
             epochs = 1 if cfg.supervise else effective_epochs(cfg, len(bank))
             head, losses = trainer.fit(triplets=triplets, progress=progress, on_epoch=lambda ep, ls: ws.store.update_run(
                 run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
