@@ -43,7 +43,7 @@ class, when one is not ``wound``; ``source_id``, the outline's id in the file: C
 Label Studio region id, GeoJSON feature id), ``images.csv`` (``image_id, patient_id`` empty,
 ``source_image_id``: COCO image id, Label Studio task id, CVAT image id; written when the file gives
 them) and ``dataset.json`` (their column types). Import keeps these columns as metadata, and
-:func:`annotations.formats.export_outlines` writes them back, so results can be merged into the
+:func:`annotations.exports.export` writes them back, so results can be merged into the
 source (a file TriDerm exported gives its kept ids back: ``attributes.source_id`` of COCO, Label
 Studio's ``data.source_image_id`` and ``meta.source_id``, not the ids TriDerm numbered).
 
