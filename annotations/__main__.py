@@ -12,17 +12,17 @@ import json
 import sqlite3
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from annotations import accounts
 from annotations.backup import backup, restore
 from annotations.convert import OVERLAP_RULES, SOURCES, convert
-from annotations.dataset import EXPORT_FORMATS, PREFER, clear_error, import_dataset
-from annotations.formats import FORMATS, LS_LOCAL_FILES, export_outlines
+from annotations.dataset import PREFER, import_dataset
+from annotations.exports import EXPORTS, export
+from annotations.formats import LS_LOCAL_FILES
 from annotations.history import history_lines, restore_revision
 from annotations.privacy import erase_patient
-from annotations.readers import DatasetError
+from annotations.readers import DatasetError, clear_error
 from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace, resolve_workspace
 
 
@@ -50,7 +50,7 @@ def _import(args: argparse.Namespace) -> dict[str, Any]:
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder (new or empty)")
-    p.add_argument("--format", choices=(*sorted(EXPORT_FORMATS), *FORMATS), default="dataset",
+    p.add_argument("--format", choices=tuple(EXPORTS), default="dataset",
                    help="what to write (default: a dataset folder that imports back losslessly; "
                         "coco, coco-rle, geojson, labelstudio: the outlines only, for other annotation tools)")
     p.add_argument("--force", action="store_true", help="replace the files of a non-empty folder")
@@ -61,13 +61,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> dict[str, Any]:
-    ws = Workspace(args.workspace)
-    if args.format in EXPORT_FORMATS:
-        return EXPORT_FORMATS[args.format](ws, args.out, force=args.force)
-    out = Path(args.out)
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise DatasetError(f"{out}: not empty; export into a new folder or give --force")
-    return export_outlines(ws, out, args.format, args.image_prefix)
+    return export(Workspace(args.workspace), args.out, args.format, force=args.force,
+                  image_prefix=args.image_prefix)
 
 
 def _history_args(p: argparse.ArgumentParser) -> None:

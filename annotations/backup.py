@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from annotations import holders, jobs
-from annotations.dataset import clear_error
 from annotations.fileio import LinkError, copy_file, copy_tree, replace, write_json
 from annotations.journal import Swap
-from annotations.readers import DatasetError
+from annotations.readers import DatasetError, clear_error
 from annotations.store import MIGRATIONS, now
 from annotations.workspace import DB_NAME, Workspace
 

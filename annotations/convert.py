@@ -43,7 +43,7 @@ class, when one is not ``wound``; ``source_id``, the outline's id in the file: C
 Label Studio region id, GeoJSON feature id), ``images.csv`` (``image_id, patient_id`` empty,
 ``source_image_id``: COCO image id, Label Studio task id, CVAT image id; written when the file gives
 them) and ``dataset.json`` (their column types). Import keeps these columns as metadata, and
-:func:`annotations.formats.export_outlines` writes them back, so results can be merged into the
+:func:`annotations.exports.export` writes them back, so results can be merged into the
 source (a file TriDerm exported gives its kept ids back: ``attributes.source_id`` of COCO, Label
 Studio's ``data.source_image_id`` and ``meta.source_id``, not the ids TriDerm numbered).
 
@@ -473,33 +473,6 @@ def decode_brush_rle(rle: list[int], expected: int | None = None) -> np.ndarray:
     for i, j, values in chunks:
         out[i:j] = values
     return out
-
-
-#: Label Studio's run-length sizes in bits (its SDK's ``encode_rle``): runs of up to 8, 16, 256 and 65,536 words.
-BRUSH_RLE_SIZES = (3, 4, 8, 16)
-
-
-def encode_brush_rle(mask: np.ndarray) -> list[int]:
-    """A bool mask (H×W) as Label Studio's brush RLE of H×W RGBA words (wound pixels 255 in all four
-    channels, others 0; what its brush and its SDK's ``mask2rle`` write): the stream
-    :func:`decode_brush_rle` reads, every chunk a repeated word (row-major runs of the mask × 4)."""
-    flat = np.asarray(mask, bool).ravel()
-    if not flat.size:
-        raise ValueError("an empty mask has no brush RLE")
-    edges = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-    starts = np.concatenate([[0], edges])
-    lengths = np.diff(np.concatenate([starts, [flat.size]])) * 4
-    bits = [f"{flat.size * 4:032b}", f"{7:05b}", *(f"{s - 1:04b}" for s in BRUSH_RLE_SIZES)]
-    for start, length in zip(starts.tolist(), lengths.tolist()):
-        word = f"{255 if flat[start] else 0:08b}"
-        while length:
-            run = min(length, 1 << BRUSH_RLE_SIZES[-1])
-            size = next(k for k, s in enumerate(BRUSH_RLE_SIZES) if run <= 1 << s)
-            bits.append(f"1{size:02b}{run - 1:0{BRUSH_RLE_SIZES[size]}b}{word}")
-            length -= run
-    stream = "".join(bits)
-    stream += "0" * (-len(stream) % 8)
-    return list(int(stream, 2).to_bytes(len(stream) // 8, "big"))
 
 
 def _brush_counts(rle: list[int], w: int, h: int) -> list[int]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import errno
 import hashlib
 import json
 import os
@@ -44,16 +43,18 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from annotations import followup
 from annotations.csvsafe import safe_row
 from annotations.fileio import LinkError, atomic_write, copy_file, copy_tree
+from annotations.followup_fields import RULER, VISIT_DATE, check_tracks, marker_spec, parse_visit_date
 from annotations.journal import Swap
+from annotations.measure import Ruler, ruler_calibration
 from annotations.privacy import StudyIds
 from annotations.readers import (
     DatasetError,
     DatasetFolder,
     Photo,
     check_id,
+    clear_error,
     column_schema,
     iter_csv,
     parse_bool,
@@ -233,11 +234,29 @@ def validate_dataset(root: str | Path, known_images: Set[str] = frozenset(), kee
     absent = {pair for name, pairs in _FIELDS_OF_FILE.items() if not (root / name).exists() for pair in pairs}
     plan = DatasetPlan(root, images, patients, wounds, triplets, info, where, dropped, absent)
     try:
-        followup.check_plan(plan)
+        _check_followup(plan)
     except BaseException:
         triplets.close()
         raise
     return plan
+
+
+def _check_followup(plan: DatasetPlan) -> None:
+    """The follow-up rules (:mod:`annotations.followup_fields`) on a validated dataset: visit dates,
+    rulers, closed flags, the marker, and tracks (one wound per photo per track, one patient per track)."""
+    if "marker" in plan.info:
+        marker_spec(plan.info["marker"])
+    for image_id, img in plan.images.items():
+        where = plan.where.get(("images", key_json(image_id), "metadata"), f"images/{img.path.name}")
+        if VISIT_DATE in img.metadata:
+            parse_visit_date(img.metadata[VISIT_DATE], where)
+        if RULER in img.metadata:
+            size = (img.width, img.height)
+            ruler_calibration(Ruler.parse(img.metadata[RULER], f"{where}: ruler", size), f"{where}: ruler", size)
+    wounds = [(iid, idx, w["metadata"], plan.where.get(("wounds", key_json(wound_key(iid, idx)), "metadata"),
+                                                         f"masks/{iid}.png"))
+              for (iid, idx), w in plan.wounds.items()]
+    check_tracks(wounds, {iid: img.patient_id for iid, img in plan.images.items()})
 
 
 #: The fields each optional CSV gives; without the file a re-import never changes them.
@@ -780,7 +799,7 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
     the store changes in one transaction (whatever the wait for its lock), and the files are
     renamed into place (journalled) before it commits; on any error nothing has changed, and a
     process killed midway is rolled back or finished when the workspace next opens. A full disk
-    or a lock held too long is one :class:`DatasetError` (:func:`clear_error`). ``dry_run`` reports
+    or a lock held too long is one :class:`DatasetError` (:func:`~annotations.readers.clear_error`). ``dry_run`` reports
     and writes nothing. ``study_ids`` names a CSV (outside the workspace's images/) mapping
     original photo names to study ids; the workspace then only sees the study ids. Returns a
     summary with every change (``changes``: one line each). Photos are stored upright and without
@@ -851,22 +870,6 @@ def _refuse_inside(ws: Workspace, root: str | Path) -> None:
     if folder.is_relative_to(ws.root) or ws.root.is_relative_to(folder):
         raise DatasetError(f"{folder}: is the workspace {ws.root} or overlaps it; export the workspace "
                            "(python -m annotations export OUT) and import that folder instead")
-
-
-def clear_error(err: BaseException, root: Path, done: str) -> DatasetError | None:
-    """The one-line error for a full disk or a store locked too long, saying what was done
-    (``done``) and what to do (None for any other error)."""
-    text = str(err)
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DatasetError(f"{err.filename or root}: the disk is full ({err.strerror}); {done}; free some "
-                            "space and run it again")
-    if isinstance(err, sqlite3.OperationalError) and ("full" in text or "disk" in text):
-        return DatasetError(f"{root / 'triderm.sqlite'}: {text} (is the disk full?); {done}; free some "
-                            "space and run it again")
-    if isinstance(err, sqlite3.OperationalError) and "locked" in text:
-        return DatasetError(f"{root / 'triderm.sqlite'}: {text} (another process held its write lock too "
-                            f"long); {done}; try again when it is done")
-    return None
 
 
 def _stage_photos(ws: Workspace, plan: DatasetPlan, staging: Path) -> list[tuple[Path, Path]]:
@@ -1057,10 +1060,6 @@ def export_dataset(ws: Workspace, out: str | Path, force: bool = False) -> dict[
                       ignore_errors=True,  # pragma: no mutate (removing our own staging folder does not fail)
                       )
     return {**summary, "out": str(out)}
-
-
-#: Export formats (``export --format``): name → writer of the folder's content.
-EXPORT_FORMATS = {"dataset": export_dataset, "followup": followup.export_followup}
 
 
 def _write_dataset(ws: Workspace, out: Path) -> dict[str, Any]:

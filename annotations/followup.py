@@ -18,7 +18,6 @@ proposals for the wounds of a new visit.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import itertools
@@ -27,7 +26,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import date, datetime, timezone
+from datetime import date
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -35,16 +34,16 @@ import numpy as np
 
 from annotations.fileio import atomic_write
 from annotations import csvsafe
-from annotations.measure import (Calibration, MarkerSpec, MeasureError, Measurement, Ruler, find_marker, measure,
-                                  ruler_calibration)
-from annotations.readers import DatasetError, parse_bool
+from annotations.dataset import import_dataset
+from annotations.followup_fields import (CLOSED, RULER, SITE, TRACK, VISIT_DATE, check_tracks, is_closed, marker_spec,
+                                         parse_visit_date, track_of)
+from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
+from annotations.readers import DatasetError
 from annotations.store import SYSTEM_ACTOR, Store, key_json, wound_key
 
 if TYPE_CHECKING:
-    from annotations.dataset import DatasetPlan
     from annotations.workspace import Workspace
 
-VISIT_DATE, RULER, TRACK, SITE, CLOSED = "visit_date", "ruler", "track_id", "site", "closed"
 #: The tidy export's columns, in order (``export --format followup``).
 #: ``flag`` says why a calibrated size was withheld (``area_cm2``, ``length_cm``, ``width_cm`` empty; see
 #: :func:`annotations.measure.measure`). ``outline`` says how the measured outline was made (wound metadata
@@ -52,101 +51,12 @@ VISIT_DATE, RULER, TRACK, SITE, CLOSED = "visit_date", "ruler", "track_id", "sit
 #: accepted without an edit, so the area is the model's, not a person's; empty when not recorded.
 COLUMNS = ("patient", "track", "visit_date", "area_cm2", "length_cm", "width_cm", "closed", "measured_by", "method",
            "uncertainty", "flag", "pct_change", "area_px", "site", "image_id", "wound_index", "notes", "outline")
-#: The earliest visit date accepted (a date before it is a typing or a default-value slip).
-EARLIEST_VISIT = date(1900, 1, 1)
-
-
-# -- checked values --------------------------------------------------------------------------------
-def parse_visit_date(value: Any, where: str, today: date | None = None) -> date:
-    """An ISO 8601 date or date-time → its date; unparseable, before :data:`EARLIEST_VISIT` or later than
-    ``today`` (UTC) raises."""
-    text = str(value).strip()
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise DatasetError(f"{where}: visit_date {text!r} is not an ISO 8601 date (YYYY-MM-DD)") from None
-    day = parsed.date()
-    today = today or datetime.now(timezone.utc).date()
-    if day > today:
-        raise DatasetError(f"{where}: visit_date {text!r} is in the future (today is {today.isoformat()})")
-    if day < EARLIEST_VISIT:
-        raise DatasetError(f"{where}: visit_date {text!r} is before {EARLIEST_VISIT.isoformat()}; "
-                           "not a plausible visit")
-    return day
-
-
-def track_of(metadata: dict[str, Any]) -> str | None:
-    """A wound's track id (text), or None."""
-    value = metadata.get(TRACK)
-    return None if value is None or str(value).strip() == "" else str(value).strip()
-
-
-def is_closed(metadata: dict[str, Any], where: str = "closed") -> bool:
-    """Whether the photo's metadata marks its wound closed (a bad value raises, naming ``where``)."""
-    return parse_bool(metadata[CLOSED], where) if metadata.get(CLOSED) not in (None, "") else False
-
-
-def marker_spec(value: Any, where: str = "dataset.json: marker") -> MarkerSpec:
-    """``{"dictionary", "id", "side_cm"}`` → :class:`MarkerSpec`: a dictionary of
-    :data:`~annotations.measure.ARUCO_DICTIONARIES`, a whole id (``3`` or ``"3"``, never ``3.5``) and
-    a side in :data:`~annotations.measure.MARKER_SIDE_CM` (one clear error naming the field otherwise)."""
-    if not isinstance(value, dict) or not {"id", "side_cm"} <= set(value):
-        raise DatasetError(f"{where}: must be {{\"dictionary\": \"DICT_4X4_50\", \"id\": 7, \"side_cm\": 4}}, "
-                           f"got {value!r}")
-    marker_id, side = value["id"], value["side_cm"]
-    if isinstance(marker_id, str) and marker_id.strip().isascii() and marker_id.strip().isdigit():
-        marker_id = int(marker_id.strip())
-    if isinstance(side, str):
-        with contextlib.suppress(ValueError):  # "4" reads as 4; other text is refused below
-            side = float(side)
-    try:
-        return MarkerSpec(value.get("dictionary", "DICT_4X4_50"), marker_id, side)
-    except MeasureError as err:
-        raise MeasureError(f"{where}: {err}") from None
-
-
-def check_plan(plan: DatasetPlan) -> None:
-    """The follow-up rules on a validated dataset: visit dates, rulers, closed flags, the marker, and
-    tracks (one wound per photo per track, one patient per track)."""
-    if "marker" in plan.info:
-        marker_spec(plan.info["marker"])
-    for image_id, img in plan.images.items():
-        where = plan.where.get(("images", key_json(image_id), "metadata"), f"images/{img.path.name}")
-        if VISIT_DATE in img.metadata:
-            parse_visit_date(img.metadata[VISIT_DATE], where)
-        if RULER in img.metadata:
-            size = (img.width, img.height)
-            ruler_calibration(Ruler.parse(img.metadata[RULER], f"{where}: ruler", size), f"{where}: ruler", size)
-    wounds = [(iid, idx, w["metadata"], plan.where.get(("wounds", key_json(wound_key(iid, idx)), "metadata"),
-                                                         f"masks/{iid}.png"))
-              for (iid, idx), w in plan.wounds.items()]
-    _check_tracks(wounds, {iid: img.patient_id for iid, img in plan.images.items()})
-
-
-def _check_tracks(wounds: Iterable[tuple[str, int, dict[str, Any], str]], patients: dict[str, str | None]) -> None:
-    on_track: dict[tuple[str, str], int] = {}
-    track_patient: dict[str, tuple[str | None, str]] = {}
-    for image_id, index, metadata, where in wounds:
-        if CLOSED in metadata:
-            is_closed(metadata, f"{where}: closed")
-        track = track_of(metadata)
-        if track is None:
-            continue
-        other = on_track.setdefault((image_id, track), index)
-        if other != index:
-            raise DatasetError(f"{where}: wounds {other} and {index} of photo {image_id!r} are both on track "
-                               f"{track!r}; a track is one wound, seen once per photo")
-        patient = patients.get(image_id)
-        first = track_patient.setdefault(track, (patient, image_id))
-        if first[0] != patient:
-            raise DatasetError(f"{where}: track {track!r} holds wounds of patient {first[0]!r} (photo {first[1]!r}) "
-                               f"and of patient {patient!r} (photo {image_id!r}); a track is one patient's wound")
 
 
 def check_store(store: Store) -> None:
     """The track rules on the whole store (after an edit in the app)."""
     patients = {i["image_id"]: i["patient_id"] for i in store.images()}
-    _check_tracks(((w["image_id"], w["wound_index"], w["metadata"], f"wound {w['wound_index']} of {w['image_id']!r}")
+    check_tracks(((w["image_id"], w["wound_index"], w["metadata"], f"wound {w['wound_index']} of {w['image_id']!r}")
                    for w in store.wounds()), patients)
 
 
@@ -170,8 +80,6 @@ def import_visit(ws: Workspace, folder: str | Path, visit_date: str | date | Non
     """Import a dataset folder (:func:`annotations.dataset.import_dataset`) and give ``visit_date`` to
     its new photos that carry none in ``images.csv``. The date is checked first: an unparseable or
     future date is one clear error and imports nothing. The summary adds ``dated`` (photos dated)."""
-    from annotations.dataset import import_dataset
-
     day = None if visit_date in (None, "") else parse_visit_date(
         visit_date.isoformat() if isinstance(visit_date, date) else visit_date, "visit date")
     before = {i["image_id"] for i in ws.store.images()}
@@ -204,7 +112,7 @@ def set_track(store: Store, image_id: str, wound_index: int, track_id: str | Non
         patients = {i["image_id"]: i["patient_id"] for i in store.images()}
         others = [(o["image_id"], o["wound_index"], o["metadata"], f"wound {o['wound_index']} of {o['image_id']!r}")
                   for o in store.wounds() if (o["image_id"], o["wound_index"]) != (image_id, int(wound_index))]
-        _check_tracks([*others, (image_id, int(wound_index), metadata, f"wound {wound_index} of {image_id!r}")],
+        check_tracks([*others, (image_id, int(wound_index), metadata, f"wound {wound_index} of {image_id!r}")],
                       patients)
         store.upsert_wound(image_id, wound_index, w["area"], w["bbox"], w["description"], metadata, actor=actor)
 

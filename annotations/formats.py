@@ -56,7 +56,6 @@ from shapely.geometry import MultiPolygon, Polygon, mapping
 from annotations.fileio import write_text
 from annotations.workspace import Workspace
 
-FORMATS = ("coco", "coco-rle", "geojson", "labelstudio")
 #: The default URL prefix of the photos in Label Studio tasks: its local files (``/data/local-files/?d=``),
 #: below a document root (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``) that is the workspace's folder, whose
 #: ``images/`` is the project's local-files storage (Label Studio serves files only below a storage, and
@@ -279,6 +278,33 @@ def labelstudio_config(labels: Sequence[str]) -> str:
             f'  <BrushLabels name="{LS_BRUSH}" toName="{LS_IMAGE}">{choices}</BrushLabels>\n</View>\n')
 
 
+#: Label Studio's run-length sizes in bits (its SDK's ``encode_rle``): runs of up to 8, 16, 256 and 65,536 words.
+BRUSH_RLE_SIZES = (3, 4, 8, 16)
+
+
+def encode_brush_rle(mask: np.ndarray) -> list[int]:
+    """A bool mask (H×W) as Label Studio's brush RLE of H×W RGBA words (wound pixels 255 in all four
+    channels, others 0; what its brush and its SDK's ``mask2rle`` write): the stream
+    :func:`annotations.convert.decode_brush_rle` reads, every chunk a repeated word (row-major runs of the mask × 4)."""
+    flat = np.asarray(mask, bool).ravel()
+    if not flat.size:
+        raise ValueError("an empty mask has no brush RLE")
+    edges = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    starts = np.concatenate([[0], edges])
+    lengths = np.diff(np.concatenate([starts, [flat.size]])) * 4
+    bits = [f"{flat.size * 4:032b}", f"{7:05b}", *(f"{s - 1:04b}" for s in BRUSH_RLE_SIZES)]
+    for start, length in zip(starts.tolist(), lengths.tolist()):
+        word = f"{255 if flat[start] else 0:08b}"
+        while length:
+            run = min(length, 1 << BRUSH_RLE_SIZES[-1])
+            size = next(k for k, s in enumerate(BRUSH_RLE_SIZES) if run <= 1 << s)
+            bits.append(f"1{size:02b}{run - 1:0{BRUSH_RLE_SIZES[size]}b}{word}")
+            length -= run
+    stream = "".join(bits)
+    stream += "0" * (-len(stream) % 8)
+    return list(int(stream, 2).to_bytes(len(stream) // 8, "big"))
+
+
 def labelstudio_region(mask: np.ndarray, label: str, polygon: str | None = LS_POLYGON, brush: str | None = LS_BRUSH,
                        to_name: str = LS_IMAGE) -> dict[str, Any]:
     """One wound (bool H×W) as a Label Studio result: a ``polygonlabels`` polygon (its exact pixel
@@ -291,8 +317,6 @@ def labelstudio_region(mask: np.ndarray, label: str, polygon: str | None = LS_PO
         points = [[x * 100 / w, y * 100 / h] for x, y in geometry.exterior.coords[:-1]]
         return {**head, "from_name": polygon, "type": "polygonlabels",
                 "value": {"points": points, "closed": True, "polygonlabels": [label]}}
-    from annotations.convert import encode_brush_rle  # convert imports this module
-
     if brush is None:
         raise ValueError("a wound with holes or several parts needs a BrushLabels tag (one polygon cannot hold it)")
     return {**head, "from_name": brush, "type": "brushlabels",
@@ -323,27 +347,31 @@ def labelstudio_tasks(ws: Workspace, image_prefix: str = LS_LOCAL_FILES) -> tupl
     return tasks, list(labels) or [DEFAULT_LABEL]
 
 
-def export_outlines(ws: Workspace, out: str | Path, fmt: str, image_prefix: str = LS_LOCAL_FILES) -> dict[str, Any]:
-    """Write the outlines to folder ``out``: ``annotations.json`` (coco, coco-rle), ``<image_id>.geojson``
-    or ``tasks.json`` and ``label_config.xml`` (labelstudio, photos at ``image_prefix`` + file name)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown outline format {fmt!r}; choose one of {FORMATS}")
-    out = Path(out)
+def write_labelstudio(ws: Workspace, out: Path, image_prefix: str = LS_LOCAL_FILES) -> dict[str, Any]:
+    """Write ``tasks.json`` and ``label_config.xml`` (photos at ``image_prefix`` + file name) into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    if fmt == "labelstudio":
-        tasks, labels = labelstudio_tasks(ws, image_prefix)
-        write_text(out / "tasks.json", json.dumps(tasks) + "\n")
-        write_text(out / "label_config.xml", labelstudio_config(labels))
-        return {"format": fmt, "images": len(tasks), "wounds": sum(len(p["result"]) for t in tasks
-                                                                   for p in t.get("predictions", [])),
-                "out": str(out / "tasks.json"), "label_config": str(out / "label_config.xml")}
-    if fmt == "geojson":
-        docs = geojson_documents(ws)
-        for image_id, doc in docs.items():
-            write_text(out / f"{image_id}.geojson", json.dumps(doc) + "\n")
-        return {"format": fmt, "images": len(docs), "wounds": sum(len(d["features"]) for d in docs.values()),
-                "out": str(out)}
-    doc = coco_document(ws, rle=fmt == "coco-rle")
+    tasks, labels = labelstudio_tasks(ws, image_prefix)
+    write_text(out / "tasks.json", json.dumps(tasks) + "\n")
+    write_text(out / "label_config.xml", labelstudio_config(labels))
+    return {"format": "labelstudio", "images": len(tasks), "wounds": sum(len(p["result"]) for t in tasks
+                                                                       for p in t.get("predictions", [])),
+            "out": str(out / "tasks.json"), "label_config": str(out / "label_config.xml")}
+
+
+def write_geojson(ws: Workspace, out: Path) -> dict[str, Any]:
+    """Write one ``<image_id>.geojson`` per photo into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    docs = geojson_documents(ws)
+    for image_id, doc in docs.items():
+        write_text(out / f"{image_id}.geojson", json.dumps(doc) + "\n")
+    return {"format": "geojson", "images": len(docs), "wounds": sum(len(d["features"]) for d in docs.values()),
+            "out": str(out)}
+
+
+def write_coco(ws: Workspace, out: Path, rle: bool = False) -> dict[str, Any]:
+    """Write ``annotations.json`` (COCO; every wound as RLE with ``rle``) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = coco_document(ws, rle=rle)
     write_text(out / "annotations.json", json.dumps(doc) + "\n")
-    return {"format": fmt, "images": len(doc["images"]), "wounds": len(doc["annotations"]),
+    return {"format": "coco-rle" if rle else "coco", "images": len(doc["images"]), "wounds": len(doc["annotations"]),
             "out": str(out / "annotations.json")}

@@ -16,6 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from annotations.backup import backups_in_progress
 from annotations.csvsafe import neutralise, restore
 from annotations.fileio import write_text
 from annotations.journal import Swap
@@ -178,8 +179,6 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     runs = sorted(p.name for p in ws.runs_dir.iterdir() if p.is_dir())
     removed["note"] = (f"{len(runs)} run folder(s) under runs/ may hold embeddings computed from these photos; "
                        "delete or recompute those runs") if runs else ""
-    from annotations.backup import backups_in_progress  # here: backup imports dataset, which imports this module
-
     running = backups_in_progress(ws)
     removed["backups_in_progress"] = sorted(e["out"] for e in running)
     removed["backups"] = sorted({*(b for b in store.get_meta("backups", []) if Path(b).exists()),

@@ -23,12 +23,14 @@ stripped losslessly (JPEG segments, PNG chunks); the ICC colour profile is kept.
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import io
 import json
 import math
 import os
 import re
+import sqlite3
 import stat
 import struct
 import warnings
@@ -84,6 +86,22 @@ _TOO_MANY = (f"more than the {MAX_PIXELS:,} allowed (a decompression bomb or an 
 
 class DatasetError(ValueError):
     """Invalid dataset input; the message names the file, row and field."""
+
+
+def clear_error(err: BaseException, root: Path, done: str) -> DatasetError | None:
+    """The one-line error for a full disk or a store locked too long, saying what was done
+    (``done``) and what to do (None for any other error)."""
+    text = str(err)
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DatasetError(f"{err.filename or root}: the disk is full ({err.strerror}); {done}; free some "
+                            "space and run it again")
+    if isinstance(err, sqlite3.OperationalError) and ("full" in text or "disk" in text):
+        return DatasetError(f"{root / 'triderm.sqlite'}: {text} (is the disk full?); {done}; free some "
+                            "space and run it again")
+    if isinstance(err, sqlite3.OperationalError) and "locked" in text:
+        return DatasetError(f"{root / 'triderm.sqlite'}: {text} (another process held its write lock too "
+                            f"long); {done}; try again when it is done")
+    return None
 
 
 def valid_id(value: str) -> bool:

@@ -24,9 +24,9 @@ from typing import Any
 
 from annotations import followup
 from annotations.accounts import Account, AuthError
-from annotations.dataset import check_kind, clear_error
+from annotations.dataset import check_kind
 from annotations.journal import Swap
-from annotations.readers import DatasetError, Photo, check_id, normalise_photo, photo_id
+from annotations.readers import DatasetError, Photo, check_id, clear_error, normalise_photo, photo_id
 from annotations.workspace import Workspace
 
 #: Largest photo accepted, in megabytes of 1024 × 1024 bytes (``.streamlit/config.toml`` sets Streamlit's

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from annotations import csvsafe, followup
+from annotations import csvsafe, followup, followup_fields
 from annotations.measure import ARUCO_DICTIONARIES, MARKER_SIDE_CM, RULER_CM, MarkerSpec, Ruler, ruler_calibration
 from annotations.privacy import StudyIds
 from annotations.readers import DatasetError
@@ -39,7 +39,7 @@ def test_any_visit_date_is_a_date_in_the_window_or_one_dataset_error(text):
     except DatasetError as err:
         assert str(err).startswith("images.csv: line 2: visit_date")
         return
-    assert followup.EARLIEST_VISIT <= day <= date.today()
+    assert followup_fields.EARLIEST_VISIT <= day <= date.today()
 
 
 @FUZZ

@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 from annotations.__main__ import main as annotations_main
-from annotations.convert import _brush_mask, convert, decode_brush_rle, encode_brush_rle
+from annotations.convert import _brush_mask, convert, decode_brush_rle
 from annotations.dataset import import_dataset
-from annotations.formats import labelstudio_region
+from annotations.formats import encode_brush_rle, labelstudio_region
 from annotations.workspace import Workspace
 
 

@@ -17,7 +17,7 @@ from shapely.geometry import mapping, shape
 
 from annotations.convert import convert
 from annotations.dataset import import_dataset
-from annotations.formats import export_outlines
+from annotations.exports import EXPORTS, export
 from annotations.readers import DatasetError
 from annotations.workspace import Workspace
 
@@ -25,7 +25,8 @@ PEERS = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
 LS_TASKS = PEERS / "labelstudio" / "data_polygons.json"  # task 68501, region djbpw94CXj "Airplane", 640×426
 CVAT_XML = PEERS / "cvat" / "annotations.xml"  # <image id="0" name="filename000.jpg">, a "car" polygon, 1600×1200
 QUPATH = PEERS / "qupath" / "polygon.geojson"  # a MultiPolygon over 10000×10000, its main part a ring with 26 holes
-FORMATS = ("coco", "coco-rle", "geojson", "labelstudio")
+#: The outline formats of the export registry (dataset and followup write whole folders of tables).
+FORMATS = tuple(f for f in EXPORTS if f not in ("dataset", "followup"))
 READ_AS = {"coco": "coco", "coco-rle": "coco", "geojson": "geojson", "labelstudio": "labelstudio"}
 
 
@@ -48,7 +49,7 @@ def _export_and_convert_back(ws: Workspace, fmt: str, tmp_path: Path, images: Pa
     """Export ``ws`` as ``fmt`` and convert that export back (a Label Studio prediction accepted as is, as
     Label Studio exports it once submitted): the export folder and the converted dataset folder."""
     out = tmp_path / f"export-{fmt}"
-    export_outlines(ws, out, fmt)
+    export(ws, out, fmt)
     src = out
     if fmt == "labelstudio":
         tasks = json.loads((out / "tasks.json").read_text())
@@ -114,7 +115,7 @@ def test_coco_export_area_is_shapelys_within_half_a_percent(qupath_ring, tmp_pat
     root, geometry = qupath_ring
     ws = _imported(root / "ds", tmp_path / "ws")
     out = tmp_path / "out"
-    export_outlines(ws, out, fmt)
+    export(ws, out, fmt)
     doc = json.loads((out / "annotations.json").read_text())
     (ann,) = doc["annotations"]
     assert ann["iscrowd"] == 0 and isinstance(ann["segmentation"], dict)  # holes: RLE, also in the polygon export
@@ -129,7 +130,7 @@ def test_coco_polygon_export_keeps_polygons_for_outlines_without_holes(tmp_path)
     _photo(tmp_path / "src" / "filename000.jpg", (1600, 1200))
     convert("cvat", tmp_path / "src", tmp_path / "ds")
     ws = _imported(tmp_path / "ds", tmp_path / "ws")
-    export_outlines(ws, tmp_path / "out", "coco")
+    export(ws, tmp_path / "out", "coco")
     (ann,) = json.loads((tmp_path / "out" / "annotations.json").read_text())["annotations"]
     assert isinstance(ann["segmentation"], list)
     assert abs(_coco_area(ann["segmentation"], 1200, 1600) - ann["area"]) <= 0.005 * ann["area"]
@@ -207,7 +208,7 @@ def test_coco_ids_kept_when_whole_and_unique_else_fresh_with_the_originals(tmp_p
     back; an id that is text cannot be a COCO id and goes under ``attributes.source_id``."""
     ws = _imported(_cvat_source(tmp_path / "a"), tmp_path / "ws")
     import_dataset(ws, _label_studio_source(tmp_path / "b"))
-    export_outlines(ws, tmp_path / "out", "coco")
+    export(ws, tmp_path / "out", "coco")
     doc = json.loads((tmp_path / "out" / "annotations.json").read_text())
     assert {i["triderm_image_id"]: (i["id"], i["attributes"]["source_id"]) for i in doc["images"]} == {
         "filename000": (0, 0), "image2": (68501, 68501)}
