@@ -44,7 +44,7 @@ ZOOM_CSS = ("<style>[data-testid='stDialog'] [data-testid='stImage'] img {max-he
 @st.cache_data(show_spinner="Loading the newest embedding run's distances…", max_entries=4)
 def active_distances(root: str, run_id: int, stamp: str):
     """(ids, D) of one finished embedding run, computed once per run (not on every click)."""
-    from core.eval.report import run_image_distances
+    from core.eval.retrieval import run_image_distances
 
     got = run_image_distances(ac.workspace(), ac.workspace().store.run(run_id))
     return None if got is None else (got[0], got[1])

@@ -89,7 +89,7 @@ def wound_runs() -> dict[int, str]:
     """Finished runs that stored wound embeddings, newest first: run id → label."""
     try:
         from core.eval.explore import has_wound_embedding
-        from core.eval.report import has_embeddings
+        from core.eval.retrieval import has_embeddings
     except ImportError:  # the ML part of the product is not installed: links use the other cues
         return {}
     return {r["id"]: f"run {r['id']} · {r['kind']}" + (f" · {r['name']}" if r.get("name") else "")

@@ -7,19 +7,18 @@ import csv
 import logging
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from annotations.csvsafe import neutralise
 from annotations.fileio import atomic_write, write_json, write_text
 from annotations.runs import FUSION, REPORT, TEXT_SOE, VISION_FINETUNE, VISION_TRIDERM, recording
 from annotations.workspace import Workspace
-from core.eval.distances import image_distances
 from core.eval.formatting import agreement_text
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
 from core.eval.metrics import METRICS, evaluate
+from core.eval.retrieval import has_embeddings, run_image_distances
 from core.eval.verdict import verdict
-from core.runtime import json_safe, load_embeddings, save_embeddings
+from core.runtime import json_safe, save_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +37,6 @@ PAPER_TABLE1 = {
     "fusion, similarity": (72.5, 72.1, 72.1, 0.442),
     "fusion, uncertainty": (73.5, 72.3, 72.3, 0.446),
 }
-
-
-def has_embeddings(ws: Workspace, run: dict) -> bool:
-    """Whether the run registered an embeddings file that is still on disk."""
-    rel = run["artifacts"].get("embeddings")
-    return bool(rel) and (ws.root / rel).exists()
-
-
-def run_image_distances(ws: Workspace, run: dict) -> tuple[list[str], np.ndarray] | None:
-    """(ids, D) of a finished run with image embeddings or distances; None when it has neither."""
-    if run["status"] != "done" or "modality" not in run["config"] or not has_embeddings(ws, run):
-        return None
-    emb = load_embeddings(ws, run["id"])
-    if emb.get("image_emb") is None and emb.get("distance") is None:
-        return None
-    ids, D = image_distances(emb)
-    return list(ids), np.asarray(D, dtype=np.float64)
 
 
 def embedding_runs(ws: Workspace, include_ablation: bool = False) -> list[dict]:

@@ -100,6 +100,23 @@ class EmbeddingIndex:
         }
 
 
+def has_embeddings(ws: Workspace, run: dict) -> bool:
+    """Whether the run registered an embeddings file that is still on disk."""
+    rel = run["artifacts"].get("embeddings")
+    return bool(rel) and (ws.root / rel).exists()
+
+
+def run_image_distances(ws: Workspace, run: dict) -> tuple[list[str], np.ndarray] | None:
+    """(ids, D) of a finished run with image embeddings or distances; None when it has neither."""
+    if run["status"] != "done" or "modality" not in run["config"] or not has_embeddings(ws, run):
+        return None
+    emb = load_embeddings(ws, run["id"])
+    if emb.get("image_emb") is None and emb.get("distance") is None:
+        return None
+    ids, D = image_distances(emb)
+    return list(ids), np.asarray(D, dtype=np.float64)
+
+
 def run_distances(
     ws: Workspace, run_ids: int | Sequence[int], method: str = "uncertainty", alpha: float = DEFAULT_ALPHA
 ) -> tuple[list[str], np.ndarray]:

@@ -22,6 +22,7 @@ from annotations.runs import TEXT_BASELINE, VISION_BASELINE
 from annotations.workspace import Workspace
 from core.eval.formatting import agreement_text
 from core.eval.protocol import oriented_triplets, patient_bootstrap_ci, patient_of, patient_paired_test
+from core.eval.retrieval import run_image_distances
 
 #: a run of one of these kinds learnt nothing (a frozen backbone or sentence model): the comparison's reference
 UNTRAINED_KINDS = (VISION_BASELINE, TEXT_BASELINE)
@@ -211,8 +212,6 @@ def verdict(ws: Workspace, runs: Sequence[dict[str, Any]], n_boot: int = 1000, s
     :func:`core.eval.report.embedding_runs`) against the newest untrained one on their common held-out
     triplets (:func:`compare`), with ``line`` and ``next_step`` in words and the runs' ids; without such a
     pair, ``{"line": why, "next_step": what to do}`` only."""
-    from core.eval.report import run_image_distances
-
     vision = [r for r in runs if r["config"].get("modality") == "vision"]
     untrained = next((r for r in vision if r["kind"] in UNTRAINED_KINDS), None)
     trained = [r for r in vision if r["kind"] not in UNTRAINED_KINDS]

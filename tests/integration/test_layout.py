@@ -132,11 +132,7 @@ def module_cycle(edges: dict[str, set[str]]) -> list[str]:
     return architecture.cycles({(m, i) for m, imps in edges.items() for i in imps if i in edges and i != m})
 
 
-@pytest.mark.parametrize("edges", [
-    ANNOTATIONS_EDGES,
-    pytest.param(CORE_EDGES, marks=pytest.mark.xfail(
-        strict=True, reason="core.eval.report <-> core.eval.verdict (issue 51): remove this mark once broken")),
-], ids=["annotations", "core"])
+@pytest.mark.parametrize("edges", [ANNOTATIONS_EDGES, CORE_EDGES], ids=["annotations", "core"])
 def test_no_import_cycle_between_modules(edges):
     assert module_cycle(edges) == []
 
