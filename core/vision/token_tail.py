@@ -10,9 +10,24 @@ order. :func:`token_pooled` is the fine-tune's forward; a test holds it to the d
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple, cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+class Parts(NamedTuple):
+    """The modules of the tail, in forward order (the batch norms are timm's ``BatchNormAct2d``)."""
+
+    conv_pw: nn.Conv2d
+    bn1: Any
+    conv_dw: nn.Conv2d
+    bn2: Any
+    conv_pwl: nn.Conv2d
+    bn3: Any
+    conv_head: nn.Conv2d
+    bn_head: Any
 
 
 def _conv(conv: nn.Conv2d, x: Tensor) -> Tensor:
@@ -20,12 +35,22 @@ def _conv(conv: nn.Conv2d, x: Tensor) -> Tensor:
     return F.linear(x, conv.weight.flatten(1), conv.bias)
 
 
-def _norm(bn: nn.BatchNorm2d, x: Tensor) -> Tensor:
+def _norm(bn: Any, x: Tensor) -> Tensor:
     """An eval-mode batch norm (timm's ``BatchNormAct2d``: with its activation) applied to N×C cells."""
     if bn.training:
         raise ValueError("the token-restricted tail keeps the batch-norm statistics: put the tail in eval mode")
     y = F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
     return bn.act(bn.drop(y)) if hasattr(bn, "act") else y
+
+
+def parts(tail: nn.Module) -> Parts:
+    """The tail's modules (``blocks[6]``'s only block, ``conv_head``, ``bn2``); a block :func:`token_pooled`
+    would not compute exactly is refused."""
+    block, conv_head, bn_head = tail.get_submodule("0.0"), tail.get_submodule("1"), tail.get_submodule("2")
+    _check(block)
+    get = block.get_submodule
+    return Parts(cast(nn.Conv2d, get("conv_pw")), get("bn1"), cast(nn.Conv2d, get("conv_dw")), get("bn2"),
+                 cast(nn.Conv2d, get("conv_pwl")), get("bn3"), cast(nn.Conv2d, conv_head), bn_head)
 
 
 def _check(block: nn.Module) -> None:
@@ -42,7 +67,7 @@ def token_cells(w: Tensor, dw: nn.Conv2d) -> tuple[Tensor, Tensor, Tensor]:
     non-zero, and for each, the flat indices of the k² cells its depthwise kernel ``dw`` reads (clamped inside
     the grid) with a mask of those that are inside (the others are the kernel's zero padding)."""
     H, W = w.shape[-2:]
-    k, d, pad = dw.kernel_size[0], dw.dilation[0], dw.padding[0]
+    k, d, pad = dw.kernel_size[0], dw.dilation[0], cast(tuple[int, int], dw.padding)[0]
     cells = w.reshape(-1).nonzero().squeeze(1)
     photo, rest = cells // (H * W), cells % (H * W)
     offsets = torch.arange(k, device=w.device) * d - pad
@@ -52,39 +77,36 @@ def token_cells(w: Tensor, dw: nn.Conv2d) -> tuple[Tensor, Tensor, Tensor]:
     return cells, photo[:, None] * (H * W) + rows.clamp(0, H - 1) * W + cols.clamp(0, W - 1), inside
 
 
-def token_pooled(tail: nn.Sequential, x: Tensor, w: Tensor) -> Tensor:
+def token_pooled(tail: nn.Module, x: Tensor, w: Tensor) -> Tensor:
     """B×D embeddings ``Σ_cells w · tail(x)`` of the tail (``blocks[6]``, ``conv_head``, ``bn2`` of
     EfficientNet-Lite0: :func:`core.vision.finetune.tail_of`, in eval mode) on stage-6 features ``x``
     (B×C×H×W), computed at the cells where ``w`` (B×H×W pooling weights) is non-zero and the cells their
     depthwise kernel reads."""
-    stage, conv_head, bn_head = tail
-    block = stage[0]
-    _check(block)
+    p = parts(tail)
     B, C, H, W = x.shape
-    cells, reads, inside = token_cells(w, block.conv_dw)
+    cells, reads, inside = token_cells(w, p.conv_dw)
     needed, where = torch.unique(reads[inside], return_inverse=True)
-    expanded = _norm(block.bn1, _conv(block.conv_pw, x.permute(0, 2, 3, 1).reshape(-1, C)[needed]))
+    expanded = _norm(p.bn1, _conv(p.conv_pw, x.permute(0, 2, 3, 1).reshape(-1, C)[needed]))
     padded = torch.cat([expanded, expanded.new_zeros(1, expanded.shape[1])])  # the last row is the zero padding
     index = torch.full_like(reads, len(needed))
     index[inside] = where
-    taps = block.conv_dw.weight.flatten(1).t()  # k²×C, in the kernel's row-major order as ``reads``
+    taps = p.conv_dw.weight.flatten(1).t()  # k²×C, in the kernel's row-major order as ``reads``
     depthwise = (padded[index] * taps).sum(1)
-    if block.conv_dw.bias is not None:
-        depthwise = depthwise + block.conv_dw.bias
-    h = _norm(block.bn3, _conv(block.conv_pwl, _norm(block.bn2, depthwise)))
-    h = _norm(bn_head, _conv(conv_head, h))
+    if p.conv_dw.bias is not None:
+        depthwise = depthwise + p.conv_dw.bias
+    h = _norm(p.bn3, _conv(p.conv_pwl, _norm(p.bn2, depthwise)))
+    h = _norm(p.bn_head, _conv(p.conv_head, h))
     return h.new_zeros(B, h.shape[1]).index_add_(0, cells // (H * W), h * w.reshape(-1)[cells, None])
 
 
-def step_flops(tail: nn.Sequential, w: Tensor) -> int:
+def step_flops(tail: nn.Module, w: Tensor) -> int:
     """Floating-point operations of one training step of :func:`token_pooled` on the pooling weights ``w``
     (B×H×W): each convolution's forward (2 × weights per cell it computes), weight gradient and input gradient
     (none for the first: its input is the frozen features), plus the pooling. Counted by hand because
     :class:`torch.utils.flop_counter.FlopCounterMode` counts only the matrix products of a step."""
-    block = tail[0][0]
-    cells, reads, inside = token_cells(w, block.conv_dw)
+    p = parts(tail)
+    cells, reads, inside = token_cells(w, p.conv_dw)
     n_read, n_tok = len(torch.unique(reads[inside])), len(cells)
-    per_cell = {m: 2 * m.weight.numel() for m in (block.conv_pw, block.conv_dw, block.conv_pwl, tail[1])}
-    expand = per_cell[block.conv_pw] * n_read
-    rest = n_tok * (per_cell[block.conv_dw] + per_cell[block.conv_pwl] + per_cell[tail[1]])
-    return 2 * expand + 3 * rest + 2 * n_tok * tail[1].out_channels
+    per_cell = [2 * m.weight.numel() for m in (p.conv_pw, p.conv_dw, p.conv_pwl, p.conv_head)]
+    rest = n_tok * sum(per_cell[1:])
+    return 2 * per_cell[0] * n_read + 3 * rest + 2 * n_tok * p.conv_head.out_channels
