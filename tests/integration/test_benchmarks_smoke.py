@@ -25,6 +25,8 @@ SMOKE = {
     "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
     "real_vision_adapt": "test_real_vision_bench.py::test_the_adaptation_bench_scores_both_rows_on_photos_it_never_"
                          "adapted_on",
+    "real_retrieval": "test_real_data_benches.py::test_real_retrieval_quick_scores_frozen_and_fine_tuned_in_both_galleries",
+    "active_real": "test_real_data_benches.py::test_active_real_quick_replays_both_samplers_at_every_budget",
     "readers": "test_benchmarks_smoke.py::test_readers_tiny",
     "scale": "test_benchmarks_smoke.py::test_scale_tiny",
     "segmentation": "test_benchmarks_smoke.py::test_segmentation_tiny",
