@@ -692,9 +692,12 @@ def freeze_imports() -> None:
     since the last call. Streamlit collects the oldest generation after every run, fragments included
     (``gc.collect(2)``); scanning the ~90,000 objects of the imported libraries each time cost 50–90 ms of every
     keypress on the outline page (issue 54). Freezing after a page's first imports leaves only what the runs
-    themselves create to be scanned; nothing frozen was garbage (a collection runs first)."""
+    themselves create to be scanned; nothing frozen was garbage (a collection runs first). Only in a served app
+    (``streamlit run`` sets ``sys.argv[0]`` to this app's script): a process that runs the pages in-process (a
+    test's ``AppTest``) keeps its collector as it is."""
     global _frozen_at_modules
-    if len(sys.modules) != _frozen_at_modules:
-        gc.collect()
-        gc.freeze()
-        _frozen_at_modules = len(sys.modules)
+    if Path(sys.argv[0]).name != "app.py" or len(sys.modules) == _frozen_at_modules:
+        return
+    gc.collect()
+    gc.freeze()
+    _frozen_at_modules = len(sys.modules)

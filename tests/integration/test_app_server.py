@@ -40,9 +40,10 @@ def test_the_missing_extra_guard_stays_out_of_the_way_outside_a_page():
     assert sum(isinstance(f, app_common.MissingExtra) for f in sys.meta_path) == 1
 
 
-def test_freeze_imports_freezes_once_per_new_import_and_never_freezes_garbage():
+def test_freeze_imports_freezes_once_per_new_import_and_never_freezes_garbage(monkeypatch):
     """Issue 54: Streamlit's ``gc.collect(2)`` after every run scanned the imported libraries' objects each
-    keypress; :func:`app_common.freeze_imports` moves them to the permanent generation after new imports only."""
+    keypress; :func:`app_common.freeze_imports` moves them to the permanent generation after new imports only,
+    and only in a served app (never in a process that runs the pages in-process, as the app tests do)."""
     import gc
     import types
     import weakref
@@ -53,13 +54,18 @@ def test_freeze_imports_freezes_once_per_new_import_and_never_freezes_garbage():
         def __init__(self) -> None:
             self.me = self
 
+    monkeypatch.setattr(app_common, "_frozen_at_modules", 0)
+    before = gc.get_freeze_count()
+    app_common.freeze_imports()  # this process is pytest, not a served app.py
+    assert gc.get_freeze_count() == before
+    monkeypatch.setattr(sys, "argv", [str(Path("/srv/triderm/app.py"))])
     garbage = Cycle()
     ref = weakref.ref(garbage)
     del garbage  # unreachable, held only by its own cycle
     try:
         app_common.freeze_imports()
         frozen = gc.get_freeze_count()
-        assert frozen > 0 and ref() is None  # collected first, never frozen
+        assert frozen > before and ref() is None  # collected first, never frozen
         app_common.freeze_imports()  # nothing imported since: nothing more frozen
         assert gc.get_freeze_count() == frozen
         sys.modules["_freeze_probe"] = types.ModuleType("_freeze_probe")  # a new import
