@@ -37,9 +37,8 @@ from tqdm import tqdm
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from benchmarks.active import first_within
-from benchmarks.real_vision import Bench, frozen_bank
+from benchmarks.real_vision import Bench, add_dataset_options, check_dataset, frozen_bank
 from benchmarks.results import (
-    RESULTS_DIR,
     command_line,
     mean_sd_ci,
     multiple_tests_note,
@@ -130,18 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.active_real", description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, required=True, help="a dataset folder in the product layout, with triplets")
     cli.add_seeds(p, default=(0, 1, 2, 3, 4))
-    p.add_argument("--folds", type=int, default=2, help="patient-disjoint folds per random split (default 2)")
     p.add_argument("--quick", action="store_true", help=f"seeds 0 1, budgets {', '.join(f'{x:.0%}' for x in QUICK_BUDGETS)}"
                    .replace("%", "%%"))
-    cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
-    p.add_argument("--section", default="active_real")
-    p.add_argument("--results", type=Path, default=RESULTS_DIR)
-    p.add_argument("--quiet", action="store_true")
+    add_dataset_options(p, "active_real")
     args = cli.parse_args(p, argv)
-    if not (args.data / "images").is_dir():
-        p.error(f"--data {args.data}: no images/ folder (expected the product's dataset layout)")
-    if args.folds < 2:
-        p.error(f"--folds must be at least 2, got {args.folds}")
+    check_dataset(p, args)
     seeds = [0, 1] if args.quick else list(args.seeds)
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         p.error(f"give at least two distinct --seeds for sd, CI and paired tests, got {seeds}")

@@ -33,8 +33,17 @@ from tqdm import tqdm
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
-from benchmarks.real_vision import FINETUNE, FROZEN, Bench, Methods, frozen_bank, stage6_photos
-from benchmarks.results import RESULTS_DIR, command_line, multiple_tests_note, render_tables, write_result
+from benchmarks.real_vision import (
+    FINETUNE,
+    FROZEN,
+    Bench,
+    Methods,
+    add_dataset_options,
+    check_dataset,
+    frozen_bank,
+    stage6_photos,
+)
+from benchmarks.results import command_line, multiple_tests_note, render_tables, write_result
 from core import cli
 from core.eval.protocol import cross_validate, patient_paired_test
 from core.eval.retrieval import RETRIEVAL_KS, retrieval_summary, same_label_retrieval
@@ -204,17 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="wound_type", help="the images.csv column holding each photo's type")
     cli.add_seeds(p)
     p.add_argument("--views", type=int, default=DEFAULT.views, help="cached augmented views per photo (fine-tuning)")
-    p.add_argument("--folds", type=int, default=2, help="patient-disjoint folds per random split (default 2)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} fine-tuning steps, 4 views, one seed (a smoke run)")
-    cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
-    p.add_argument("--section", default="real_retrieval")
-    p.add_argument("--results", type=Path, default=RESULTS_DIR)
-    p.add_argument("--quiet", action="store_true")
+    add_dataset_options(p, "real_retrieval")
     args = cli.parse_args(p, argv)
-    if not (args.data / "images").is_dir():
-        p.error(f"--data {args.data}: no images/ folder (expected the product's dataset layout)")
-    if args.folds < 2:
-        p.error(f"--folds must be at least 2, got {args.folds}")
+    check_dataset(p, args)
     if args.quick:
         args.seeds, args.views = args.seeds[:1], 4
     t0 = time.perf_counter()

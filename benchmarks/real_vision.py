@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
-from benchmarks.results import write_result
+from benchmarks.results import RESULTS_DIR, write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.formatting import agreement_text
@@ -463,6 +463,24 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"{res['seconds']:.0f} s wall")
 
 
+def add_dataset_options(p: argparse.ArgumentParser, section: str) -> None:
+    """The options every real-data benchmark shares after its own: --folds, --workspace, --section, --results,
+    --quiet (``--data`` comes first, from the caller)."""
+    p.add_argument("--folds", type=int, default=2, help="patient-disjoint folds per random split (default 2)")
+    cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
+    p.add_argument("--section", default=section)
+    p.add_argument("--results", type=Path, default=RESULTS_DIR)
+    p.add_argument("--quiet", action="store_true")
+
+
+def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (exit 2) a --data folder without images/ and fewer than 2 --folds."""
+    if not (args.data / "images").is_dir():
+        p.error(f"--data {args.data}: no images/ folder (expected the product's dataset layout)")
+    if args.folds < 2:
+        p.error(f"--folds must be at least 2, got {args.folds}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.real_vision`` benchmark; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.real_vision", description=__doc__.splitlines()[0])
@@ -470,18 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_seeds(p)
     cli.add_device(p)
     p.add_argument("--views", type=int, default=DEFAULT.views)
-    p.add_argument("--folds", type=int, default=2, help="patient-disjoint folds per random split (default 2)")
     p.add_argument("--quick", action="store_true",
                    help="5 epochs, 30 metric-head steps, 4 views, one seed (a smoke run)")
-    cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
-    p.add_argument("--section", default="real_vision")
-    p.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
-    p.add_argument("--quiet", action="store_true")
+    add_dataset_options(p, "real_vision")
     args = cli.parse_args(p, argv)
-    if not (args.data / "images").is_dir():
-        p.error(f"--data {args.data}: no images/ folder (expected the product's dataset layout)")
-    if args.folds < 2:
-        p.error(f"--folds must be at least 2, got {args.folds}")
+    check_dataset(p, args)
     if args.quick:
         args.seeds, args.views = args.seeds[:1], 4
     t0 = time.perf_counter()
