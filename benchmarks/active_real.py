@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
 from benchmarks.active import first_within
-from benchmarks.real_vision import Bench, add_dataset_options, check_dataset, frozen_bank
+from benchmarks.real_vision import Bench, add_dataset_options, check_dataset, dataset_workspace, frozen_bank
 from benchmarks.results import (
     command_line,
     mean_sd_ci,
@@ -139,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"give at least two distinct --seeds for sd, CI and paired tests, got {seeds}")
     budgets = QUICK_BUDGETS if args.quick else BUDGETS
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="active-real-") as tmp, torch_threads(1):
-        ws = Workspace(args.workspace or Path(tmp) / "ws")
-        if not ws.store.images():
-            import_dataset(ws, args.data)
+    with dataset_workspace(args, "active-real-") as ws, torch_threads(1):
         b = Bench(ws, args.folds, not args.quiet)
         if not len(b.triplets):
             p.error(f"--data {args.data}: no triplets, so no oracle to replay")

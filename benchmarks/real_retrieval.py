@@ -22,7 +22,6 @@ its candidates, what a random ranking's precision averages). A query's figures a
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -31,7 +30,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from annotations.dataset import import_dataset
 from annotations.workspace import Workspace
 from benchmarks.real_vision import (
     FINETUNE,
@@ -40,6 +38,7 @@ from benchmarks.real_vision import (
     Methods,
     add_dataset_options,
     check_dataset,
+    dataset_workspace,
     frozen_bank,
     stage6_photos,
 )
@@ -220,16 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seeds, args.views = args.seeds[:1], 4
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="real-retrieval-") as tmp:
-        ws = Workspace(args.workspace or Path(tmp) / "ws")
-        if not ws.store.images():
-            import_dataset(ws, args.data)
-        with torch_threads(1):
-            try:
-                out = run(args, ws)
-            except ValueError as exc:
-                p.error(str(exc))
-            res = report(args, argv, out, time.perf_counter() - t0)
+    with dataset_workspace(args, "real-retrieval-") as ws, torch_threads(1):
+        try:
+            out = run(args, ws)
+        except ValueError as exc:
+            p.error(str(exc))
+        res = report(args, argv, out, time.perf_counter() - t0)
     print(render_tables(res["tables"]))
     for c in res["claims"]:
         print(f"- {c['claim']}: {'holds' if c['holds'] else 'does not hold'} (p = {c['p']:.3g}; {c['test']})")

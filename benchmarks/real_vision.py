@@ -33,7 +33,8 @@ import argparse
 import resource
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -473,6 +474,16 @@ def add_dataset_options(p: argparse.ArgumentParser, section: str) -> None:
     p.add_argument("--quiet", action="store_true")
 
 
+@contextmanager
+def dataset_workspace(args: argparse.Namespace, prefix: str) -> Iterator[Workspace]:
+    """``--workspace``, or a temporary one (removed on exit), holding ``--data`` imported when it has no photo yet."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        ws = Workspace(args.workspace or Path(tmp) / "ws")
+        if not ws.store.images():
+            import_dataset(ws, args.data)
+        yield ws
+
+
 def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (exit 2) a --data folder without images/ and fewer than 2 --folds."""
     if not (args.data / "images").is_dir():
@@ -496,10 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seeds, args.views = args.seeds[:1], 4
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="real-vision-") as tmp:
-        ws = Workspace(args.workspace or Path(tmp) / "ws")
-        if not ws.store.images():
-            import_dataset(ws, args.data)
+    with dataset_workspace(args, "real-vision-") as ws:
         if not workspace_wounds(ws)[1]:
             p.error(f"--data {args.data}: no wounds")
         # many small ops: one thread is fastest on a CPU (and does not spin against a shared machine's load)
