@@ -91,7 +91,12 @@ def token_pooled(tail: nn.Module, x: Tensor, w: Tensor) -> Tensor:
     index = torch.full_like(reads, len(needed))
     index[inside] = where
     taps = p.conv_dw.weight.flatten(1).t()  # k²×C, in the kernel's row-major order as ``reads``
-    depthwise = (padded[index] * taps).sum(1)
+    # one row gather per tap: index_select's backward is an index_add (advanced indexing's is an accumulating
+    # index_put, which sorts), and no cells×k²×C temporary; 1.4× less CPU per forward + backward on the profile's
+    # inputs (53 photos, 12 % token cells, one thread), equal to the former k²-tap sum in value and gradient there
+    depthwise = padded.index_select(0, index[:, 0]) * taps[0]
+    for tap in range(1, len(taps)):
+        depthwise = depthwise + padded.index_select(0, index[:, tap]) * taps[tap]
     if p.conv_dw.bias is not None:
         depthwise = depthwise + p.conv_dw.bias
     h = _norm(p.bn3, _conv(p.conv_pwl, _norm(p.bn2, depthwise)))
