@@ -70,8 +70,8 @@ def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace, resumed
               ) -> SlimpConfig:
     """The run's config: the defaults with the options given; ``resumed``: a ``--resume`` checkpoint's
     :data:`~core.nested.config.TRAIN_KEYS` settings, which replace the defaults (giving one of them is an error:
-    it would be ignored). ``--permutations`` without a target is an error too; a bad value exits through
-    ``parser.error`` naming the option."""
+    it would be ignored). ``--permutations`` without a target is an error too (with ``--resume``, once ``resumed``
+    gives the checkpoint's target); a bad value exits through ``parser.error`` naming the option."""
     cfg = cli.config_from_args(parser, args, SlimpConfig())
     if resumed is not None:
         given = [FLAGS[k] for k in cli.given_options(args, TRAIN_KEYS)]
@@ -80,7 +80,8 @@ def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace, resumed
                          f"its checkpoint; leave {'it' if len(given) == 1 else 'them'} out")
         with user_errors(parser, ValueError):
             cfg = replace(cfg, **resumed)
-    if args.permutations is not None and not cfg.target:
+    target_known = args.resume is None or resumed is not None
+    if args.permutations is not None and not cfg.target and target_known:
         parser.error("--permutations: read only with --target (the probes' chance level); leave it out")
     return cfg
 

@@ -80,8 +80,13 @@ def test_slimp_resume_refuses_the_settings_its_checkpoint_fixes(capsys):
 
     parser = build_parser()
     saved = {**{k: getattr(SlimpConfig(), k) for k in TRAIN_KEYS}, "lr": 1e-3, "crop_size": 64, "target": "subtype"}
-    cfg = config_of(parser, parser.parse_args(["--resume", "3", "--epochs", "5", "--permutations", "200"]), saved)
+    args = parser.parse_args(["--resume", "3", "--epochs", "5", "--permutations", "200"])
+    assert config_of(parser, args).permutations == 200  # checked before the checkpoint is read: its target unknown
+    cfg = config_of(parser, args, saved)
     assert (cfg.epochs, cfg.lr, cfg.crop_size, cfg.target, cfg.permutations) == (5, 1e-3, 64, "subtype", 200)
+    with pytest.raises(SystemExit):
+        config_of(parser, args, {**saved, "target": None})
+    assert "--permutations: read only with --target" in capsys.readouterr().err
     for argv in (["--lr", "0.1"], ["--batch-size", "4"], ["--init", "2"], ["--continual"]):
         with pytest.raises(SystemExit) as e:
             config_of(parser, parser.parse_args(["--resume", "3", *argv]), saved)
