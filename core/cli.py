@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import logging
 import numbers
+import re
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -47,7 +48,7 @@ from core.runtime import DEVICES, PRECISIONS, keep_freed_memory, use_device, use
 
 __all__ = ["DEVICES", "add_batch_size", "add_config_options", "add_crop_size", "add_device", "add_epochs",
            "add_lambda", "add_lr", "add_n_seeds", "add_seed", "add_seeds", "add_workspace", "check_options",
-           "config_from_args", "deprecated", "flag", "given_options", "option", "parse_args"]
+           "config_from_args", "deprecated", "flag", "given_options", "option", "option_flag", "parse_args"]
 
 WORKSPACE_HELP = "workspace folder (default: $TRIDERM_WORKSPACE or ./workspace)"
 
@@ -123,11 +124,13 @@ def add_crop_size(parser: Parser, default: int | None, **kw: Any) -> argparse.Ac
 
 
 def option(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
-           positive: bool = False, metavar: str | None = None) -> Any:
+           positive: bool = False, metavar: str | None = None, spelling: str | None = None) -> Any:
     """A config field with its ``--help`` text and its range: ``choices``, a ``minimum`` (inclusive) or ``positive``
-    (``metavar``: the option's value in ``--help``)."""
+    (``metavar``: the option's value in ``--help``; ``spelling``: its option when not :func:`flag` of the field's
+    name, e.g. ``--lambda`` for ``lam``)."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
-                                                        "positive": positive, "metavar": metavar})
+                                                        "positive": positive, "metavar": metavar,
+                                                        "spelling": spelling})
 
 
 def check_options(config: Any) -> None:
@@ -174,6 +177,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def option_flag(f: dataclasses.Field) -> str:
+    """The option of :func:`option` field ``f``: its ``spelling``, else :func:`flag` of its name."""
+    return f.metadata.get("spelling") or flag(f.name)
+
+
 def add_config_options(parser: Parser, recipes: Mapping[str, Mapping[str, Any]],
                        only: frozenset[str] | None = None) -> None:
     """One ``--NAME`` per field of the frozen dataclasses of ``recipes`` (label → {recipe name → instance}, the
@@ -201,10 +209,10 @@ def add_config_options(parser: Parser, recipes: Mapping[str, Mapping[str, Any]],
     for name, (kind, parts, f, default) in seen.items():
         help_ = "; ".join(parts).replace("%", "%%")
         if kind is bool:
-            parser.add_argument(flag(name), default=None, help=help_,
+            parser.add_argument(option_flag(f), dest=name, default=None, help=help_,
                                 action=argparse.BooleanOptionalAction if default else "store_true")
         else:
-            parser.add_argument(flag(name), default=None, help=help_, metavar=f.metadata["metavar"],
+            parser.add_argument(option_flag(f), dest=name, default=None, help=help_, metavar=f.metadata["metavar"],
                                 type=next(t for t in getattr(kind, "__args__", (kind,)) if t is not type(None)),
                                 choices=f.metadata["choices"])
 
@@ -218,11 +226,15 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                      reads: frozenset[str] | None = None) -> Config:
     """``base`` (a frozen dataclass) with the options given among its fields (only ``reads`` of them, when
     given); a bad value exits through ``parser.error`` naming the option."""
-    names = [f.name for f in dataclasses.fields(base) if reads is None or f.name in reads]  # type: ignore[arg-type]
+    spelled = {f.name: option_flag(f) for f in dataclasses.fields(base)}  # type: ignore[arg-type]
+    names = [name for name in spelled if reads is None or name in reads]
     try:
         return dataclasses.replace(base, **given_options(args, names))  # type: ignore[type-var]
     except ValueError as e:
-        parser.error("--" + str(e).replace("_", "-"))  # the message starts with the field
+        name, _, rest = str(e).partition(" ")  # the message starts with the field; others it names → options
+        for other in spelled:
+            rest = re.sub(rf"\b{other}\b", spelled[other].removeprefix("--"), rest) if "_" in other else rest
+        parser.error(f"{spelled.get(name, flag(name))} {rest}")
 
 
 class _Deprecated(argparse.Action):

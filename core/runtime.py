@@ -133,13 +133,18 @@ def use_precision(spec: str | None, device: torch.device | str | None = None) ->
     """Set the process's CUDA precision (a job's ``--precision``; ``auto``/``None`` clears it) and return the
     precision ``device`` (default: :func:`pick_device`) then computes in: ``fp32``, ``bf16`` or ``fp16``. An
     unknown name, or ``bf16`` on a GPU without it, is a ValueError."""
-    import torch
-
     global _chosen_precision
     if spec is not None and spec not in PRECISIONS:
         raise ValueError(f"precision {spec!r}: choose from {', '.join(PRECISIONS)}")
     _chosen_precision = None if spec in (None, "auto") else spec
-    dtype = amp_dtype(pick_device() if device is None else device)
+    return precision_name(pick_device() if device is None else device)
+
+
+def precision_name(device: torch.device | str) -> str:
+    """The precision ``device`` computes in (:func:`amp_dtype`): ``fp32``, ``bf16`` or ``fp16``."""
+    import torch
+
+    dtype = amp_dtype(device)
     return "fp32" if dtype is None else "bf16" if dtype == torch.bfloat16 else "fp16"
 
 

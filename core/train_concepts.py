@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from annotations import runs
 from core import cli
-from core.concepts.defaults import OBJECTIVES, OFFLINE_DEFAULT
+from core.concepts.defaults import TRAINING_OPTIONS, ConceptsConfig
 
 if TYPE_CHECKING:
     from core.concepts.training import TrainConfig
@@ -30,36 +31,34 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.train_concepts", description=__doc__.split("\n\n")[0])
     cli.add_workspace(p)
     cli.add_device(p)
-    p.add_argument("--objective", choices=OBJECTIVES, default="make")
-    p.add_argument("--model", default=OFFLINE_DEFAULT, help=f"image–text model ({OFFLINE_DEFAULT} offline, dermlip online)")
-    cli.add_epochs(p, 30)
-    cli.deprecated(p, "--batch", cli.add_batch_size(p, 32))
-    cli.add_lr(p, 1e-3, help="learning rate of the projection heads (default 1e-3)")
-    p.add_argument("--tower-lr", type=float, default=1e-4)
-    p.add_argument("--unlock", type=int, default=0, help="unlock the top N blocks of both towers (−1 = all)")
-    p.add_argument("--unlock-image", type=int, default=None, help="override --unlock for the image tower")
-    p.add_argument("--unlock-text", type=int, default=None, help="override --unlock for the text tower")
-    cli.deprecated(p, "--size", cli.add_crop_size(p, 160))
-    p.add_argument("--holdout", type=float, default=0.3, help="held-out fraction (patient-grouped)")
-    p.add_argument("--groups", default="wound", help="concept vocabulary groups, comma-separated")
-    p.add_argument("--target", default="body_region", help="metadata column for the concept bottleneck")
-    p.add_argument("--beta", type=float, default=0.5, help="local/global fusion weight")
-    cli.add_seed(p)
-    p.add_argument("--untrained", action="store_true", help="evaluate the untrained heads (epochs ignored)")
+    cli.add_config_options(p, {"": {"default": ConceptsConfig()}})
+    cli.deprecated(p, "--batch", p._option_string_actions["--batch-size"])
+    cli.deprecated(p, "--size", p._option_string_actions["--crop-size"])
     return p
+
+
+def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ConceptsConfig:
+    """The run's config: the defaults with the options given; a training option given with ``--untrained`` (it
+    trains nothing) or a bad value exits through ``parser.error`` naming the option."""
+    names = [f.name for f in fields(ConceptsConfig)]
+    unread = [cli.flag(n) for n in cli.given_options(args, names) if n in TRAINING_OPTIONS]
+    if args.untrained and unread:
+        parser.error(f"{', '.join(unread)}: not read with --untrained, which evaluates the untrained heads without "
+                     f"training; leave {'it' if len(unread) == 1 else 'them'} out")
+    return cli.config_from_args(parser, args, ConceptsConfig())
 
 
 class UsageError(ValueError):
     """A flag combination that cannot give any result (reported as a parser error, exit 2)."""
 
 
-def _train_config(args: argparse.Namespace) -> TrainConfig:
+def _train_config(config: ConceptsConfig) -> TrainConfig:
     from core.concepts.training import TrainConfig
 
-    cfg = TrainConfig(objective=args.objective, epochs=args.epochs, batch=args.batch_size, lr=args.lr,
-                      tower_lr=args.tower_lr,
-                      image_unlock=args.unlock if args.unlock_image is None else args.unlock_image,
-                      text_unlock=args.unlock if args.unlock_text is None else args.unlock_text, seed=args.seed)
+    cfg = TrainConfig(objective=config.objective, epochs=config.epochs, batch=config.batch_size, lr=config.lr,
+                      tower_lr=config.tower_lr,
+                      image_unlock=config.unlock if config.unlock_image is None else config.unlock_image,
+                      text_unlock=config.unlock if config.unlock_text is None else config.unlock_text, seed=config.seed)
     try:
         cfg.validate()
     except ValueError as e:
@@ -67,8 +66,18 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
-def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
-    """Train + evaluate + store; returns the run's metrics (with its ``run_id``)."""
+def run_config(config: ConceptsConfig, workspace: str | None) -> dict[str, Any]:
+    """The settings the run record's config starts with: ``config``'s fields, the workspace as given and the
+    device and precision the process computes in."""
+    from core.runtime import pick_device, precision_name
+
+    device = pick_device()
+    return {"workspace": workspace, "device": device.type, "precision": precision_name(device), **asdict(config)}
+
+
+def run(config: ConceptsConfig, workspace: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train + evaluate + store a ``concepts`` run on ``workspace`` (the default one when ``None``); returns the
+    run's metrics (with its ``run_id``)."""
     # torch and the models: here, not at import (a fast --help)
     from core.concepts.dual_encoder import load_vlm
     from core.concepts.run import ConceptData, train_and_evaluate
@@ -76,27 +85,27 @@ def run(args: argparse.Namespace, progress: bool = True) -> dict[str, Any]:
     from core.concepts.vocabulary import load_vocab
     from core.runtime import open_workspace
 
-    ws = open_workspace(args.workspace)
+    ws = open_workspace(workspace)
     try:
-        concepts = load_vocab(groups=[g.strip() for g in args.groups.split(",") if g.strip()])
+        concepts = load_vocab(groups=[g.strip() for g in config.groups.split(",") if g.strip()])
     except ValueError as e:
-        raise UsageError(f"--groups {args.groups!r}: {e}") from None
-    data = ConceptData.load(ws, concepts, args.crop_size, args.holdout, args.seed)
+        raise UsageError(f"--groups {config.groups!r}: {e}") from None
+    data = ConceptData.load(ws, concepts, config.crop_size, config.holdout, config.seed)
     if not data.labelled():
-        raise UsageError(f"--groups {args.groups!r}: none of its concepts has labels in this workspace "
+        raise UsageError(f"--groups {config.groups!r}: none of its concepts has labels in this workspace "
                          f"({data.source}: {', '.join(data.names)}), so there is no AUROC to report; use --groups wound")
-    cfg = _train_config(args)
-    config = {**vars(args), "modality": "concept", "n_wounds": len(data.pairs), "n_heldout": int(data.held.sum()),
-              "synthetic": ws.is_synthetic}
-    with runs.recording(ws, runs.CONCEPTS, config, seed=args.seed,
-                        name=f"{args.objective}{' (untrained)' if args.untrained else ''}") as rec:
+    cfg = _train_config(config)
+    record = {**run_config(config, workspace), "modality": "concept", "n_wounds": len(data.pairs),
+              "n_heldout": int(data.held.sum()), "synthetic": ws.is_synthetic}
+    with runs.recording(ws, runs.CONCEPTS, record, seed=config.seed,
+                        name=f"{config.objective}{' (untrained)' if config.untrained else ''}") as rec:
         t0 = time.perf_counter()
-        model = load_vlm(args.model, seed=args.seed)
+        model = load_vlm(config.model, seed=config.seed)
         try:
             trainer = Trainer(model, data.pairs, build_text_inputs(data.pairs, data.tagger), cfg)
         except ValueError as e:
-            raise UsageError(f"--objective {args.objective} --model {args.model}: {e}") from None
-        metrics = train_and_evaluate(ws, rec, data, trainer, args.beta, args.target, train=not args.untrained,
+            raise UsageError(f"--objective {config.objective} --model {config.model}: {e}") from None
+        metrics = train_and_evaluate(ws, rec, data, trainer, config.beta, config.target, train=not config.untrained,
                                      progress=progress, started=t0)
     metrics = {**metrics, "run_id": rec.id}
     return metrics
@@ -119,15 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     """Train and evaluate the image–text model from the command line and print its report."""
     parser = _parser()
     args = cli.parse_args(parser, argv)
-    if not 0 < args.holdout < 1:
-        parser.error("--holdout must be in (0, 1)")
-    if not 0 <= args.beta <= 1:
-        parser.error("--beta must be in [0, 1]")
+    config = config_of(parser, args)
     from core.concepts.dual_encoder import VLMUnavailable
     from core.concepts.training import NotEnoughData
 
     try:
-        metrics = run(args)
+        metrics = run(config, args.workspace)
     except VLMUnavailable as e:
         parser.exit(2, f"error: {e}\n")
     except (UsageError, NotEnoughData) as e:

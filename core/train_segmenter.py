@@ -21,37 +21,35 @@ import shutil
 
 from core import cli
 from core.runtime import open_workspace, user_errors
-from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS
+from core.segmentation.defaults import SegmenterConfig
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The ``python -m core.train_segmenter`` job; returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The job's options: workspace, ``--data``, one per :class:`~core.segmentation.defaults.SegmenterConfig`
+    field, device."""
     parser = argparse.ArgumentParser(prog="python -m core.train_segmenter", description=__doc__.splitlines()[0])
     cli.add_workspace(parser)
     parser.add_argument("--data", action="append", default=[], metavar="DIR",
                         help="a dataset folder with images/ and masks/ to train on as well (repeatable)")
-    parser.add_argument("--pretrain", action="store_true",
-                        help="train the package's default segmenter from ImageNet on the --data folders only")
-    cli.add_epochs(parser, None, help=f"training epochs (default: {EPOCHS}; {PRETRAIN_EPOCHS} with --pretrain)")
-    cli.add_batch_size(parser, 8)
-    cli.add_lr(parser, 1e-3)
-    cli.add_seed(parser)
-    parser.add_argument("--val-fraction", type=float, default=0.2,
-                        help="share of photos (whole patients/series) held out for the run's Dice; 0 = train on all")
+    cli.add_config_options(parser, {"": {"default": SegmenterConfig()}})
     cli.add_device(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``python -m core.train_segmenter`` job; returns the exit status."""
+    parser = build_parser()
     args = cli.parse_args(parser, argv)
+    config = cli.config_from_args(parser, args, SegmenterConfig())
     import torch  # after the arguments: a fast --help
 
     from core.segmentation.model import default_path
     from core.segmentation.training import train_segmenter
     from core.vision.backbones import BackboneUnavailable
 
-    device = torch.device(args.device)
-    epochs = args.epochs or (PRETRAIN_EPOCHS if args.pretrain else EPOCHS)
     ws = open_workspace(args.workspace, parser)
     with user_errors(parser, ValueError, FileNotFoundError, BackboneUnavailable):
-        run_id = train_segmenter(ws, args.data, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
-                                 seed=args.seed, device=device, val_fraction=args.val_fraction, pretrain=args.pretrain)
+        run_id = train_segmenter(ws, args.data, config, device=torch.device(args.device))
     run = ws.store.run(run_id)
     assert run is not None, run_id  # just recorded
     dice = run["metrics"].get("dice")
@@ -60,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{run['metrics']['loss'][-1]:.4f}; held-out Dice "
           + (f"{dice:.3f} on {run['metrics']['n_val']} photos" if dice is not None else "not measured (no hold-out)")
           + f" → {checkpoint}")
-    if args.pretrain:
+    if config.pretrain:
         shutil.copyfile(checkpoint, default_path())
         print(f"installed as the default segmenter: {default_path()} (update MODEL_CARD.md beside it)")
     return 0

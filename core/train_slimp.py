@@ -31,9 +31,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Mapping
+from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from core import cli
+from core.nested.config import TRAIN_KEYS, SlimpConfig
+from core.runtime import user_errors
 
 if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
     from annotations.workspace import Workspace
@@ -42,60 +46,58 @@ if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
     from core.nested.training import EpochLoop
 
 
+#: each :class:`~core.nested.config.SlimpConfig` field's option (``lam``: ``--lambda``), in ``--help`` order
+FLAGS = {f.name: cli.option_flag(f) for f in fields(SlimpConfig)}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m core.train_slimp``."""
-    p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0])
+    """The command line of ``python -m core.train_slimp``: workspace, device, one option per
+    :class:`~core.nested.config.SlimpConfig` field, ``--resume`` and ``--name``."""
+    p = argparse.ArgumentParser(prog="python -m core.train_slimp", description=__doc__.split("\n\n")[0],
+                                epilog="With --resume the run trains on its checkpoint's settings: giving one of "
+                                       f"{', '.join(FLAGS[k] for k in TRAIN_KEYS)} is an error.")
     cli.add_workspace(p)
     cli.add_device(p, help="auto (CUDA when available), cpu or cuda (default: auto); under torchrun every process "
                    "uses the same kind")
-    p.add_argument("--backbone", default="efficientnet-lite0@stage5",
-                   help="backbone registry name with its layer (core.vision.backbones)")
-    cli.add_epochs(p, 30)
-    cli.deprecated(p, "--batch-patients", cli.add_batch_size(p, 8, help="B: patients per global batch (default 8)"))
-    p.add_argument("--max-wounds", type=int, default=8, help="N_max: wounds sampled per patient and epoch")
-    cli.add_lr(p, 1e-4)
-    cli.add_lambda(p, 0.9, help="λ, weight of the inner loss (default 0.9)")
-    p.add_argument("--temperature", type=float, default=0.07, help="initial temperature (learnable)")
-    p.add_argument("--dim", type=int, default=128, help="embedding dimension")
-    cli.add_crop_size(p, None, help="crop side in px (default: backbone size; 128 with --continual)")
-    cli.add_seed(p)
-    p.add_argument("--continual", action="store_true", help="train only the image stem and the tabular input embeddings")
-    p.add_argument("--init", default=None, help="SLIMP checkpoint (path or run id) to start from")
+    cli.add_config_options(p, {"": {"default": SlimpConfig()}})
+    cli.deprecated(p, "--batch-patients", p._option_string_actions["--batch-size"])
     p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="continue run RUN_ID from its checkpoint")
-    p.add_argument("--target", default=None, help="categorical wound/photo/patient column for the linear probe and kNN")
-    p.add_argument("--no-wound-meta", action="store_true", help="ablation: no wound-metadata encoder")
-    p.add_argument("--no-patient-meta", action="store_true", help="ablation: no patient encoder (flat SLIMP)")
-    p.add_argument("--ablation", action="store_true", help="probe w / w+h / w+h+x (paper Table 4 pattern); needs --target")
-    p.add_argument("--permutations", type=int, default=100,
-                   help="label permutations (within the same folds) for the probes' chance level (≥ 100)")
     p.add_argument("--name", default=None, help="run name")
     return p
 
 
-def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace, world: int) -> None:
-    if args.epochs < 1:
-        parser.error(f"--epochs must be ≥ 1, got {args.epochs}")
-    if args.batch_size < 2 * world:
-        parser.error(f"--batch-size must be ≥ 2 × processes ({2 * world}), got {args.batch_size}")
-    if args.max_wounds < 1:
-        parser.error(f"--max-wounds must be ≥ 1, got {args.max_wounds}")
-    if not 0.0 <= args.lam <= 1.0:
-        parser.error(f"--lambda must be in [0, 1], got {args.lam}")
-    if args.lr <= 0 or args.temperature <= 0:
-        parser.error("--lr and --temperature must be > 0")
-    if args.permutations < 100:
-        parser.error(f"--permutations must be ≥ 100 for a permutation chance level, got {args.permutations}")
-    if args.no_wound_meta and args.no_patient_meta:
-        parser.error("--no-wound-meta and --no-patient-meta together leave nothing to contrast the images with")
+def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace, resumed: Mapping[str, Any] | None = None
+              ) -> SlimpConfig:
+    """The run's config: the defaults with the options given; ``resumed``: a ``--resume`` checkpoint's
+    :data:`~core.nested.config.TRAIN_KEYS` settings, which replace the defaults (giving one of them is an error:
+    it would be ignored). ``--permutations`` without a target is an error too (with ``--resume``, once ``resumed``
+    gives the checkpoint's target); a bad value exits through ``parser.error`` naming the option."""
+    cfg = cli.config_from_args(parser, args, SlimpConfig())
+    if resumed is not None:
+        given = [FLAGS[k] for k in cli.given_options(args, TRAIN_KEYS)]
+        if given:
+            parser.error(f"{', '.join(given)}: not read with --resume {args.resume}, which trains on the settings of "
+                         f"its checkpoint; leave {'it' if len(given) == 1 else 'them'} out")
+        with user_errors(parser, ValueError):
+            cfg = replace(cfg, **resumed)
+    target_known = args.resume is None or resumed is not None
+    if args.permutations is not None and not cfg.target and target_known:
+        parser.error("--permutations: read only with --target (the probes' chance level); leave it out")
+    return cfg
 
 
-def _schemas(parser: argparse.ArgumentParser, data: NestedData, args: argparse.Namespace
+def _validate(parser: argparse.ArgumentParser, cfg: SlimpConfig, world: int) -> None:
+    if cfg.batch_size < 2 * world:
+        parser.error(f"--batch-size must be ≥ 2 × processes ({2 * world}), got {cfg.batch_size}")
+
+
+def _schemas(parser: argparse.ArgumentParser, data: NestedData, cfg: SlimpConfig
              ) -> tuple[TabularSchema | None, TabularSchema | None]:
     from core.nested.tabular import TabularSchema
 
-    exclude = [args.target] if args.target else []
-    wound = None if args.no_wound_meta else TabularSchema.infer(data.wound_records, exclude=exclude)
-    patient = None if args.no_patient_meta else TabularSchema.infer(data.patient_records, exclude=exclude)
+    exclude = [cfg.target] if cfg.target else []
+    wound = None if cfg.no_wound_meta else TabularSchema.infer(data.wound_records, exclude=exclude)
+    patient = None if cfg.no_patient_meta else TabularSchema.infer(data.patient_records, exclude=exclude)
     if wound is not None and len(wound) == 0:
         parser.error("no usable wound/photo metadata column in the workspace; use --no-wound-meta")
     if patient is not None and len(patient) == 0:
@@ -154,15 +156,15 @@ def _probe_line(name: str, pr: dict[str, Any]) -> str:
 
 
 def _open(parser: argparse.ArgumentParser, args: argparse.Namespace, rank: int, world: int
-          ) -> tuple[Workspace, NestedData, dict[str, Any] | None]:
-    """The workspace (the demo imported once, by rank 0), its nested data and a ``--resume`` run's
-    checkpoint, whose training settings replace those of ``args``; bad input exits through ``parser``."""
+          ) -> tuple[Workspace, NestedData, dict[str, Any] | None, SlimpConfig]:
+    """The workspace (the demo imported once, by rank 0), its nested data, a ``--resume`` run's checkpoint and
+    the run's config (:func:`config_of`: the checkpoint's training settings); bad input exits through ``parser``."""
     import torch.distributed as dist
 
     from annotations.workspace import Workspace
     from core.nested.model import epoch_batches, load_nested_data
     from core.nested.training import read_resume
-    from core.runtime import open_workspace, user_errors
+    from core.runtime import open_workspace
 
     if rank == 0:
         open_workspace(args.workspace)  # imports the demo into an empty workspace, once
@@ -172,52 +174,50 @@ def _open(parser: argparse.ArgumentParser, args: argparse.Namespace, rank: int, 
     with user_errors(parser, ValueError):
         data = load_nested_data(ws)
         resume = None if args.resume is None else read_resume(ws, args.resume)
-    if resume is not None:
-        vars(args).update(resume["args"])
-    if args.ablation and not args.target:
+    cfg = config_of(parser, args, None if resume is None else resume["args"])
+    if cfg.ablation and not cfg.target:
         columns = sorted({k for r in data.wound_records + data.patient_records for k in r})
         parser.error("--ablation compares linear probes of a target column: give --target COLUMN "
                      f"(columns: {', '.join(columns) or 'none'})"
                      + (f"; run {args.resume} was trained without --target" if args.resume is not None else ""))
-    if args.target:
+    if cfg.target:
         try:
-            data.labels(args.target)
+            data.labels(cfg.target)
         except KeyError as e:
             parser.error(e.args[0])
-    smallest = min(map(len, epoch_batches(data.patient_wounds, args.batch_size, args.max_wounds, args.seed, 0)))
+    _validate(parser, cfg, world)
+    smallest = min(map(len, epoch_batches(data.patient_wounds, cfg.batch_size, cfg.max_wounds, cfg.seed, 0)))
     if smallest < world:  # the same in every epoch: only the patients' order is resampled
         parser.error(f"a batch of {smallest} patients cannot be split over {world} processes")
-    return ws, data, resume
+    return ws, data, resume, cfg
 
 
-def _config(args: argparse.Namespace, world: int, bb: Any, schemas: tuple[TabularSchema | None, TabularSchema | None],
+def _config(cfg: SlimpConfig, world: int, bb: Any, schemas: tuple[TabularSchema | None, TabularSchema | None],
             synthetic: bool) -> dict[str, Any]:
-    """The run record's config."""
+    """The run record's config: every :class:`~core.nested.config.SlimpConfig` field (its crop size resolved)
+    and what the run was trained on."""
     import torch.distributed as dist
 
-    from core.nested.training import TRAIN_KEYS
-
-    return {"modality": "nested", **{k: getattr(args, k) for k in TRAIN_KEYS}, "epochs": args.epochs,
-            "world_size": world, "backend": dist.get_backend() if dist.is_initialized() else None,
+    return {"modality": "nested", **asdict(cfg), "world_size": world, "backend": dist.get_backend() if dist.is_initialized() else None,
             "backbone_name": bb.name, "feat_dim": bb.channels,
-            "trainable": "stem + tabular input embeddings" if args.continual
+            "trainable": "stem + tabular input embeddings" if cfg.continual
             else "projection + tabular encoders + phenotype + temperature (frozen backbone, cached features)",
             "wound_fields": None if schemas[0] is None else schemas[0].names,
             "patient_fields": None if schemas[1] is None else schemas[1].names,
             "synthetic": synthetic}
 
 
-def _loop(parser: argparse.ArgumentParser, args: argparse.Namespace, ws: Workspace, data: NestedData,
-          resume: dict[str, Any] | None, rank: int, world: int, device: Any) -> tuple[EpochLoop, list[str]]:
-    """Backbone, image and metadata inputs, model, optimizer and run record of this process: its
-    epoch loop and the tensors ``--init`` left freshly initialised."""
+def _loop(parser: argparse.ArgumentParser, cfg: SlimpConfig, ws: Workspace, data: NestedData,
+          resume: dict[str, Any] | None, run: tuple[int | None, str | None], rank: int, world: int, device: Any
+          ) -> tuple[EpochLoop, list[str]]:
+    """Backbone, image and metadata inputs, model, optimizer and run record of this process (``run``: the
+    ``--resume`` run id and the ``--name``): its epoch loop and the tensors ``--init`` left freshly initialised."""
     import torch
     import torch.distributed as dist
     from torch import nn
 
     from core.nested.model import SLIMP
     from core.nested.training import (
-        TRAIN_KEYS,
         EpochLoop,
         checkpoint_path,
         image_inputs,
@@ -226,39 +226,38 @@ def _loop(parser: argparse.ArgumentParser, args: argparse.Namespace, ws: Workspa
         open_run,
         resumed_schemas,
     )
-    from core.runtime import user_errors
     from core.vision.backbones import BackboneUnavailable, load_backbone
 
     with user_errors(parser, BackboneUnavailable, ValueError, FileNotFoundError):
-        bb = load_backbone(args.backbone, device=device)
-    args.crop_size = args.crop_size or (128 if args.continual else bb.input_size)
-    schemas = resumed_schemas(resume) if resume is not None else _schemas(parser, data, args)
+        bb = load_backbone(cfg.backbone, device=device)
+    cfg = replace(cfg, crop_size=cfg.crop_size or (128 if cfg.continual else bb.input_size))
+    schemas = resumed_schemas(resume) if resume is not None else _schemas(parser, data, cfg)
     wound_tab, patient_tab = (None if s is None else s.encode(r)
                               for s, r in zip(schemas, (data.wound_records, data.patient_records)))
-    images, masks, trunk, stem = image_inputs(ws, data, bb, args.crop_size, args.continual, rank)
-    torch.manual_seed(args.seed)
-    model = SLIMP(bb.channels, *schemas, dim=args.dim, lam=args.lam, temperature=args.temperature,
+    assert cfg.crop_size is not None, "resolved above"
+    images, masks, trunk, stem = image_inputs(ws, data, bb, cfg.crop_size, cfg.continual, rank)
+    torch.manual_seed(cfg.seed)
+    model = SLIMP(bb.channels, *schemas, dim=cfg.dim, lam=cfg.lam, temperature=cfg.temperature,
                   trunk=trunk).to(device)
     skipped: list[str] = []
-    if args.init and resume is None:
-        init_path = checkpoint_path(ws, args.init)
+    if cfg.init and resume is None:
+        init_path = checkpoint_path(ws, cfg.init)
         if not init_path.exists():
-            parser.error(f"--init {args.init}: no checkpoint at {init_path}")
+            parser.error(f"--init {cfg.init}: no checkpoint at {init_path}")
         with user_errors(parser, ValueError):
             skipped = load_init(model, init_path)
-    optimizer = make_optimizer(model, args.continual, stem, args.lr, resume)
+    optimizer = make_optimizer(model, cfg.continual, stem, cfg.lr, resume)
     distributed = dist.is_initialized()
     net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if distributed else model
-    loop = EpochLoop(ws, model, net, optimizer, (images, masks, wound_tab, patient_tab),
-                     {k: getattr(args, k) for k in TRAIN_KEYS}, device, args.resume,
+    loop = EpochLoop(ws, model, net, optimizer, (images, masks, wound_tab, patient_tab), cfg, device, run[0],
                      dist.new_group() if distributed else None, rank, world)
     if resume is not None:
         loop.losses = resume["losses"]
         loop.history = {k: list(resume.get("history", {}).get(k, [])) for k in ("inner", "outer")}
     if rank == 0:
-        loop.run_id = open_run(ws, args.resume, _config(args, world, bb, schemas, ws.is_synthetic), args.seed,
-                               args.name, 0 if resume is None else resume["epoch"], schemas)
+        loop.run_id = open_run(ws, run[0], _config(cfg, world, bb, schemas, ws.is_synthetic), cfg.seed, run[1],
+                               0 if resume is None else resume["epoch"], schemas)
     return loop, skipped
 
 
@@ -271,16 +270,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from core.runtime import init_distributed
 
+    config_of(parser, args)  # every option checked before the workspace is touched
     rank, world, device = init_distributed()
-    _validate(parser, args, world)
-    ws, data, resume = _open(parser, args, rank, world)
-    loop, skipped = _loop(parser, args, ws, data, resume, rank, world, device)
+    ws, data, resume, cfg = _open(parser, args, rank, world)
+    loop, skipped = _loop(parser, cfg, ws, data, resume, (args.resume, args.name), rank, world, device)
     if skipped and rank == 0:
         print(f"--init: kept fresh initialisation for {len(skipped)} tensors whose shape changed: {skipped}")
     try:
-        loop.run(data.patient_wounds, 0 if resume is None else resume["epoch"], args.epochs)
+        loop.run(data.patient_wounds, 0 if resume is None else resume["epoch"], cfg.epochs)
         if rank == 0:
-            print(report(loop.finish(data, args), ws.is_synthetic, loop.opened_run))
+            print(report(loop.finish(data), ws.is_synthetic, loop.opened_run))
     except KeyboardInterrupt:
         if rank == 0 and loop.run_id is not None:
             ws.store.finish_run(loop.run_id, status="stopped", message="interrupted")

@@ -4,7 +4,6 @@ runs the (variant, seed) cells of ``python -m core.bench_contrastive``, reusing 
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -37,7 +36,7 @@ from core.concepts.training import (
 from core.concepts.vocabulary import ConceptTagger, load_vocab
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
-from core.experiments.defaults import OUT_DIR, VARIANTS  # noqa: F401 (re-exported)
+from core.experiments.defaults import OUT_DIR, VARIANTS, ContrastiveConfig  # noqa: F401 (re-exported)
 
 METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10",
            "concept_auroc", "linear_probe_acc", "probe_majority", "triplet_agreement")
@@ -58,16 +57,17 @@ def recall_at_k(sim: np.ndarray, ks: tuple[int, ...] = (1, 5, 10)) -> dict[int, 
     return {k: float(np.mean(rank <= k)) for k in ks}
 
 
-def variant_config(variant: str, args: argparse.Namespace, seed: int) -> TrainConfig:
-    """The training configuration of one variant (shared settings from ``args``)."""
+def variant_config(variant: str, cfg: ContrastiveConfig, seed: int) -> TrainConfig:
+    """The training configuration of one variant (shared settings from ``cfg``, settled)."""
+    assert cfg.epochs is not None, "a settled config (ContrastiveConfig.settled)"
     unlock = {"clip": (-1, -1), "siglip": (-1, -1), "image_frozen": (0, -1), "text_frozen": (-1, 0),
-              "image_partial": (args.partial_image, -1), "text_partial": (-1, args.partial_text),
+              "image_partial": (cfg.partial_image, -1), "text_partial": (-1, cfg.partial_text),
               "clip_unimodal": (-1, -1), "clip_masked": (-1, -1), "flip": (-1, -1)}[variant]
     return TrainConfig(
-        objective="siglip" if variant == "siglip" else "clip", epochs=args.epochs, batch=args.batch_size, lr=args.lr,
-        tower_lr=args.tower_lr, image_unlock=unlock[0], text_unlock=unlock[1],
+        objective="siglip" if variant == "siglip" else "clip", epochs=cfg.epochs, batch=cfg.batch_size, lr=cfg.lr,
+        tower_lr=cfg.tower_lr, image_unlock=unlock[0], text_unlock=unlock[1],
         unimodal={"clip_unimodal": "augment", "clip_masked": "mask"}.get(variant),
-        unimodal_lambda=args.lam, patch_dropout=args.patch_dropout if variant == "flip" else 0.0, seed=seed)
+        unimodal_lambda=cfg.lam, patch_dropout=cfg.patch_dropout if variant == "flip" else 0.0, seed=seed)
 
 
 def skip_reason(variant: str, model) -> str | None:
@@ -217,12 +217,14 @@ class ContrastiveBench:
     """The benchmark's cells on one workspace and model: every variant starts from the same
     pretrained weights and, per seed, the same held-out split and head initialisation. Each
     finished cell is written to ``out/cells/`` (with a key of its settings, reused next time unless
-    ``fresh``) and advances the progress of the open run ``rec``, which :meth:`finish` gives its metrics."""
+    ``cfg.fresh``) and advances the progress of the open run ``rec``, which :meth:`finish` gives its metrics.
+    ``cfg``: the benchmark's config, settled (:meth:`~core.experiments.defaults.ContrastiveConfig.settled`)."""
 
-    def __init__(self, ws: Any, model: Any, pairs: WoundPairs, targets: list[str | None], settings: dict[str, Any],
-                 out: Path, rec: Recording, fresh: bool = False) -> None:
+    def __init__(self, ws: Any, model: Any, pairs: WoundPairs, targets: list[str | None], cfg: ContrastiveConfig,
+                 out: Path, rec: Recording) -> None:
+        assert cfg.n_seeds is not None, "a settled config"
         self.ws, self.model, self.pairs, self.targets = ws, model, pairs, targets
-        self.settings, self.out, self.rec, self.fresh = settings, out, rec, fresh
+        self.cfg, self.n_seeds, self.settings, self.out, self.rec = cfg, cfg.n_seeds, cfg.settings(), out, rec
         vocab = load_vocab(groups=("wound",))
         tagger = ConceptTagger(vocab)
         self.texts = build_text_inputs(pairs, tagger)
@@ -234,10 +236,10 @@ class ContrastiveBench:
         self.cells: dict[str, list[dict[str, float]]] = {}
         self.skipped: dict[str, str] = {}
 
-    def run(self, variants: list[str], n_seeds: int, args: Any) -> Iterator[Cell]:
-        """Train (or reuse) every cell of ``variants`` × seeds ``0 … n_seeds − 1``, yielding each when done;
-        variants the model cannot run are recorded in :attr:`skipped` with the reason."""
-        todo = [(v, s) for v in variants for s in range(n_seeds)]
+    def run(self) -> Iterator[Cell]:
+        """Train (or reuse) every cell of the config's variants × seeds ``0 … n_seeds − 1``, yielding each when
+        done; variants the model cannot run are recorded in :attr:`skipped` with the reason."""
+        todo = [(v, s) for v in self.cfg.names for s in range(self.n_seeds)]
         for n_done, (variant, seed) in enumerate(todo):
             reason = skip_reason(variant, self.model)
             if reason:
@@ -245,36 +247,36 @@ class ContrastiveBench:
                 continue
             path = self.out / "cells" / f"{variant}_s{seed}.json"
             key = cell_key(variant, seed, self.settings)
-            cached = read_json(path) if path.is_file() and not self.fresh else {}
+            cached = read_json(path) if path.is_file() and not self.cfg.fresh else {}
             if cached.get("key") == key:
                 self.cells.setdefault(variant, []).append({**cached["metrics"], "seed": seed})
                 yield Cell(variant, seed, cached["metrics"], cached=True)
                 continue
-            metrics = self.train_cell(variant, seed, args)
+            metrics = self.train_cell(variant, seed)
             write_json(path, {"key": key, "variant": variant, "seed": seed, "metrics": metrics}, indent=1)
             self.cells.setdefault(variant, []).append({**metrics, "seed": seed})
             self.ws.store.update_run(self.rec.id, progress=(n_done + 1) / len(todo))
             yield Cell(variant, seed, metrics, cached=False)
 
-    def train_cell(self, variant: str, seed: int, args: Any) -> dict[str, float]:
+    def train_cell(self, variant: str, seed: int) -> dict[str, float]:
         """Train one variant from the pretrained weights with seed ``seed``; its held-out metrics."""
         t1 = time.perf_counter()
-        held = split_holdout(self.pairs.patient_ids, args.holdout, seed)
+        held = split_holdout(self.pairs.patient_ids, self.cfg.holdout, seed)
         self.model.load_state_dict(self.init)
         torch.manual_seed(seed)
         self.model.reset_heads()  # per-seed head initialisation (pretrained projections stay)
-        trainer = Trainer(self.model, self.pairs, self.texts, variant_config(variant, args, seed))
+        trainer = Trainer(self.model, self.pairs, self.texts, variant_config(variant, self.cfg, seed))
         history = trainer.fit(np.flatnonzero(~held), progress=True)
         metrics = evaluate_cell(trainer, held, self.names, self.labels, self.scorer_concepts, self.targets, self.ws)
         metrics["final_loss"] = history[-1]
         metrics["seconds"] = round(time.perf_counter() - t1, 1)
         return metrics
 
-    def finish(self, n_seeds: int, seconds: float) -> Path:
+    def finish(self, seconds: float) -> Path:
         """Write the tables and chart (:func:`write_outputs`) and set the run's metrics; the table.md path."""
         summary = summarise(self.cells)
         held_sizes = [r["n_heldout"] for rows in self.cells.values() for r in rows if "n_heldout" in r]
-        settings_out = {**self.settings, "n_seeds": n_seeds, "concept_labels": self.label_source,
+        settings_out = {**self.settings, "n_seeds": self.n_seeds, "concept_labels": self.label_source,
                         "n_wounds": len(self.pairs),
                         "n_heldout": round(float(np.mean(held_sizes)), 1) if held_sizes else None}
         write_outputs(self.out, summary, self.skipped, settings_out, self.ws.is_synthetic,

@@ -4,7 +4,6 @@ probes).
 """
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from tqdm import tqdm
 from annotations import runs
 from annotations.fileio import atomic_write
 from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
+from core.nested.config import TRAIN_KEYS, SlimpConfig
 from core.nested.model import (
     SLIMP,
     NestedData,
@@ -37,9 +37,6 @@ from core.nested.tabular import TabularSchema
 from core.runtime import autocast, grad_scaler, load_checkpoint
 
 FRACTIONS = (0.01, 0.1, 1.0)
-#: the settings a checkpoint keeps, so that ``--resume`` trains on exactly as before
-TRAIN_KEYS = ("backbone", "batch_size", "max_wounds", "lr", "lam", "temperature", "dim", "crop_size", "seed",
-              "continual", "init", "target", "no_wound_meta", "no_patient_meta")
 SCHEMA_FILES = ("wound_schema.json", "patient_schema.json")
 
 
@@ -116,8 +113,9 @@ def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
 
 
 def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, masks: Tensor | None, wound_tab: Any,
-                   patient_tab: Any, device: torch.device, args: argparse.Namespace, run_id: int) -> dict[str, Any]:
-    """Probe / kNN / retrieval / triplet agreement; saves the embeddings of run ``run_id``."""
+                   patient_tab: Any, device: torch.device, cfg: SlimpConfig, run_id: int) -> dict[str, Any]:
+    """Probe / kNN / retrieval / triplet agreement (``cfg``'s target, seed, permutations and ablation); saves the
+    embeddings of run ``run_id``."""
     from core.eval.distances import pairwise_euclidean
     from core.eval.metrics import evaluate
     from core.runtime import save_embeddings
@@ -142,13 +140,13 @@ def evaluate_model(ws: Any, model: SLIMP, data: NestedData, images: Tensor, mask
         metrics["triplets"] = evaluate(ids, pairwise_euclidean(photo), rows)
     if h is not None:
         metrics["retrieval"] = {**retrieval_recall(w, h), "chance@1": 1.0 / len(w)}
-    if args.target:
-        labels, level = data.labels(args.target)
+    if cfg.target:
+        labels, level = data.labels(cfg.target)
         full = np.concatenate([a for a in (w, h, x) if a is not None], axis=1)
-        kw = {"seed": args.seed, "level": level, "permutations": args.permutations}
-        metrics["probe"] = {"target": args.target, "level": level,
+        kw: dict[str, Any] = {"seed": cfg.seed, "level": level, "permutations": cfg.permutations}
+        metrics["probe"] = {"target": cfg.target, "level": level,
                             **probe(full, labels, data.wound_patient, FRACTIONS, **kw)}
-        if args.ablation:
+        if cfg.ablation:
             with torch.no_grad():
                 raw = torch.cat([model.image_features(images[s:s + 32].to(device),
                                                       None if masks is None else masks[s:s + 32].to(device)).cpu()
@@ -186,17 +184,18 @@ def train_epoch(net: nn.Module, model: SLIMP, optimizer: torch.optim.Optimizer,
     return sums
 
 
-def save_checkpoint(path: Path, train_args: dict[str, Any], model: SLIMP, optimizer: torch.optim.Optimizer,
+def save_checkpoint(path: Path, cfg: SlimpConfig, model: SLIMP, optimizer: torch.optim.Optimizer,
                     epoch: int, losses: list[float], history: dict[str, list[float]], run_id: int) -> None:
-    """Write the resumable state after ``epoch`` epochs (temporary file, then an atomic replace)."""
+    """Write the resumable state after ``epoch`` epochs (temporary file, then an atomic replace); its ``"args"``
+    are ``cfg``'s :data:`~core.nested.config.TRAIN_KEYS` settings."""
     with atomic_write(path, "wb", suffix=".pt") as fh:
-        torch.save({"args": train_args, "model_config": model.config, "model": model.state_dict(),
+        torch.save({"args": {k: getattr(cfg, k) for k in TRAIN_KEYS}, "model_config": model.config, "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(), "epoch": epoch, "losses": losses, "history": history,
                     "run_id": run_id}, fh)
 
 
 def read_resume(ws: Any, run_id: int) -> dict[str, Any]:
-    """The checkpoint of SLIMP run ``run_id``, its ``"args"`` the :data:`TRAIN_KEYS` settings (a pre-0.2
+    """The checkpoint of SLIMP run ``run_id``, its ``"args"`` the :data:`~core.nested.config.TRAIN_KEYS` settings (a pre-0.2
     ``batch_patients`` read as ``batch_size``); ValueError when the run has no readable checkpoint."""
     path = ws.runs_dir / str(run_id) / "checkpoint.pt"
     run = ws.store.run(run_id)
@@ -276,7 +275,7 @@ class EpochLoop:
     net: nn.Module  # the model, or its DistributedDataParallel wrapper
     optimizer: torch.optim.Optimizer
     tensors: tuple[Any, Any, Any, Any]  # images, masks, wound_tab, patient_tab
-    train_args: dict[str, Any]  # the TRAIN_KEYS settings
+    cfg: SlimpConfig  # the run's config, its crop size resolved
     device: torch.device
     run_id: int | None = None
     group: Any = None
@@ -299,12 +298,12 @@ class EpochLoop:
 
     def run(self, patient_wounds: list[np.ndarray], start_epoch: int, epochs: int) -> None:
         """Train epochs ``start_epoch … epochs − 1`` (a tqdm bar on rank 0)."""
-        a = self.train_args
+        a = self.cfg
         bar = tqdm(range(start_epoch, epochs), desc="slimp", unit="epoch", disable=self.rank != 0,
                    initial=start_epoch, total=epochs)
         for epoch in bar:
             t0 = time.perf_counter()
-            batches = epoch_batches(patient_wounds, a["batch_size"], a["max_wounds"], a["seed"], epoch)
+            batches = epoch_batches(patient_wounds, a.batch_size, a.max_wounds, a.seed, epoch)
             sums = train_epoch(self.net, self.model, self.optimizer, batches, self.tensors, self.device,
                                self.group, self.rank, self.world)
             self.losses.append(sums["loss"])
@@ -317,7 +316,7 @@ class EpochLoop:
                 self._record(epoch + 1, epochs)
 
     def _record(self, done: int, epochs: int) -> None:
-        save_checkpoint(self.checkpoint, self.train_args, self.model, self.optimizer, done, self.losses,
+        save_checkpoint(self.checkpoint, self.cfg, self.model, self.optimizer, done, self.losses,
                         self.history, self.opened_run)
         self.ws.store.update_run(self.opened_run, progress=done / epochs,
                                  metrics={"loss": self.losses, **self.history,
@@ -325,9 +324,9 @@ class EpochLoop:
                                           "epoch_seconds": self.epoch_seconds},
                                  artifacts={"checkpoint": str(self.checkpoint)})
 
-    def finish(self, data: NestedData, args: argparse.Namespace) -> dict[str, Any]:
+    def finish(self, data: NestedData) -> dict[str, Any]:
         """Evaluate the trained model (:func:`evaluate_model`) and close the run record; its metrics."""
-        metrics = evaluate_model(self.ws, self.model, data, *self.tensors, self.device, args, self.opened_run)
+        metrics = evaluate_model(self.ws, self.model, data, *self.tensors, self.device, self.cfg, self.opened_run)
         run_dir = self.ws.run_dir(self.opened_run)
         artifacts = {"checkpoint": str(self.checkpoint)}
         for name in SCHEMA_FILES:

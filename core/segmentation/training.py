@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from core.segmentation.defaults import (  # noqa: F401 (PRETRAIN_EPOCHS re-expor
     INNER_FRACTION,
     PRETRAIN_EPOCHS,
     THRESHOLD_GRID,
+    SegmenterConfig,
 )
 from core.segmentation.metrics import dice
 from core.segmentation.model import (
@@ -335,32 +337,38 @@ def collect_samples(ws: Workspace, data: Sequence[str | Path] = (), workspace: b
     return samples
 
 
-def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), epochs: int = EPOCHS, batch_size: int = 8,
-                    lr: float = 1e-3, seed: int = 0, device: torch.device | str = "cpu",
-                    val_fraction: float = 0.2, pretrain: bool = False, progress: bool = True) -> int:
+def run_config(config: SegmenterConfig, data: Sequence[str | Path], device: torch.device | str, n_train: int,
+               n_val: int) -> dict[str, Any]:
+    """The ``segmenter`` run record's config: ``config``'s settings (its epochs resolved) and what the run was
+    trained on (the run's seed is the record's own column)."""
+    return {"data": [str(d) for d in data], "epochs": config.train_epochs, "batch_size": config.batch_size,
+            "lr": config.lr, "encoder_lr_factor": ENCODER_LR_FACTOR, "device": torch.device(device).type,
+            "val_fraction": config.val_fraction, "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS,
+            "head_prior": HEAD_PRIOR if config.pretrain else None,
+            "start": "imagenet" if config.pretrain else "default", "n_train": n_train, "n_val": n_val}
+
+
+def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: SegmenterConfig = SegmenterConfig(),
+                    device: torch.device | str = "cpu", progress: bool = True) -> int:
     """Train the segmenter and record a ``segmenter`` run in the workspace.
 
-    By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter; with ``pretrain`` only
-    the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
-    series) making up ``val_fraction`` of the photos are held out and the run's ``dice`` is their mean per-photo
-    Dice; with ``val_fraction=0`` every photo trains and no Dice is reported. The checkpoint's threshold: with
-    ``pretrain``, the one a network trained without :data:`INNER_FRACTION` of the training photos (whole series)
-    scores best on them (:func:`choose_threshold`; then the network is trained again on all of them), else the
-    start's. Bad input raises before anything is written.
+    By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter; with ``config.pretrain``
+    only the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
+    series) making up ``config.val_fraction`` of the photos are held out and the run's ``dice`` is their mean
+    per-photo Dice; with ``val_fraction=0`` every photo trains and no Dice is reported. The checkpoint's threshold:
+    with ``pretrain``, the one a network trained without :data:`INNER_FRACTION` of the training photos (whole
+    series) scores best on them (:func:`choose_threshold`; then the network is trained again on all of them), else
+    the start's. Bad input raises before anything is written.
     """
-    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= val_fraction < 1:
-        raise ValueError(f"need epochs ≥ 1, batch size ≥ 1, lr > 0 and 0 ≤ val fraction < 1 (got {epochs}, "
-                         f"{batch_size}, {lr}, {val_fraction})")
+    pretrain, seed, epochs = config.pretrain, config.seed, config.train_epochs
+    batch_size, lr = config.batch_size, config.lr
     if pretrain and not data:
         raise ValueError("--pretrain trains on dataset folders only: pass --data DIR (images/ and masks/)")
     samples = collect_samples(ws, data, workspace=not pretrain)
-    train, val = split_groups(samples, val_fraction, seed)
+    train, val = split_groups(samples, config.val_fraction, seed)
     device = torch.device(device)
-    config = {"data": [str(d) for d in data], "epochs": epochs, "batch_size": batch_size, "lr": lr,
-              "encoder_lr_factor": ENCODER_LR_FACTOR, "device": device.type, "val_fraction": val_fraction,
-              "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS, "head_prior": HEAD_PRIOR if pretrain else None,
-              "start": "imagenet" if pretrain else "default", "n_train": len(train), "n_val": len(val)}
-    with runs.recording(ws, RUN_KIND, config, seed=seed) as rec:
+    record = run_config(config, data, device, len(train), len(val))
+    with runs.recording(ws, RUN_KIND, record, seed=seed) as rec:
         run_id = rec.id
         enc = encoder(str(device))
         if pretrain:

@@ -36,6 +36,7 @@ def candidate_mask(pg, key: str, shape: tuple[int, int]) -> np.ndarray:
 def suggest_app(tmp_path, start_app):
     """Six photos with masks, a segmenter trained on them (a real, short training run), and one new
     photo with three wounds and no outline; an annotator account."""
+    from core.segmentation.defaults import SegmenterConfig
     from core.segmentation.training import train_segmenter
 
     data = tmp_path / "data"
@@ -54,7 +55,7 @@ def suggest_app(tmp_path, start_app):
     Image.fromarray(img).save(data / "images" / "new-01.png")
     ws = Workspace(tmp_path / "ws")
     import_dataset(ws, data)
-    train_segmenter(ws, epochs=15, val_fraction=0, progress=False)
+    train_segmenter(ws, config=SegmenterConfig(epochs=15, val_fraction=0), progress=False)
     accounts.add_account(ws.store, USER, "annotator", PASSWORD, actor="test")
     return ws, truth, start_app(ws.root, tmp_path / "streamlit.log")
 

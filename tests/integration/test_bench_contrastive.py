@@ -2,8 +2,6 @@
 FLIP drops ViT patches in training only."""
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 import torch
@@ -12,6 +10,7 @@ from core.concepts.dual_encoder import DualEncoder, ImageTower, MiniLMTower, loa
 from core.concepts.training import TrainConfig, Trainer, WoundPairs, build_text_inputs
 from core.concepts.vocabulary import ConceptTagger, load_vocab
 from core.experiments.contrastive import recall_at_k, skip_reason, variant_config
+from core.experiments.defaults import ContrastiveConfig
 
 pytestmark = pytest.mark.slow
 
@@ -60,10 +59,10 @@ def setup():
     return model, pairs, texts, init
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(**kw) -> ContrastiveConfig:
     base = dict(epochs=1, batch_size=4, lr=1e-2, tower_lr=1e-2, partial_image=2, partial_text=3, lam=0.5,
                 patch_dropout=0.5)
-    return argparse.Namespace(**{**base, **kw})
+    return ContrastiveConfig(**{**base, **kw})
 
 
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:

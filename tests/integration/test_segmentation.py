@@ -32,6 +32,7 @@ from core.segmentation.interactive import SAM_PATCH_KEY
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
 from core.segmentation.interactive import click_outline
 from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net
+from core.segmentation.defaults import SegmenterConfig
 from core.segmentation.training import (
     STRONG,
     augment,
@@ -318,7 +319,7 @@ def test_a_pretrain_run_is_the_same_for_the_same_seed(tmp_path):
     for name in ("a", "b"):
         torch.manual_seed(len(weights))  # whatever the global state, the seed decides
         ws = Workspace(tmp_path / name)  # the function, not the job: the job installs its model as the default
-        train_segmenter(ws, [data], epochs=1, seed=3, val_fraction=0, pretrain=True, progress=False)
+        train_segmenter(ws, [data], SegmenterConfig(epochs=1, seed=3, val_fraction=0, pretrain=True), progress=False)
         weights.append(load_segmenter(ws).net.state_dict())
     assert all(torch.equal(v, weights[1][k]) for k, v in weights[0].items())
     state = torch.random.get_rng_state()
