@@ -243,6 +243,20 @@ def test_app_latency_worklist_and_zoom_tiny(capsys):
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
+def test_app_latency_after_job_opens_explore_on_the_map_the_job_stored(capsys):
+    from benchmarks.app_latency import main
+    assert main(["--after-job=--mode frozen", "--photos", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| first visit", "| second visit"))]
+    assert len(rows) == 2 and all(float(r[1]) > 0 for r in rows)
+    # the page drew the UMAP the job stored (no instant MDS while one is computed), of the frozen run
+    assert all(r[4].strip().startswith("UMAP of run ") and r[4].strip().endswith("(photos)") for r in rows)
+    assert "run 1 vision-baseline; 1 UMAP file(s) stored by it" in out
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
 def test_app_latency_triplets_writes_its_result_file(tmp_path):
     from benchmarks.app_latency import main
     assert main(["--triplets", "--presses", "5", "--photos", "8", "--loads", "0", "--results", str(tmp_path)]) == 0
