@@ -736,13 +736,14 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.keep or tmp)
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
+            # the longest part (a training job) first: a failure there costs no other measurement
+            job_tables = after_job_tables(browser, root / "after-job", args) if args.after_job else []
             tables = triplet_tables(browser, root, args) if args.triplets else []
             if args.upload:
                 tables += upload_tables(browser, root / "upload", args)
             if args.worklist or args.zoom:
                 tables += day_tables(browser, root / "day", args)
-            if args.after_job:
-                tables += after_job_tables(browser, root / "after-job", args)
+            tables += job_tables
             if not tables:
                 tables = scale_tables(browser, root, args) if args.scale else demo_tables(browser, root, args)
         finally:
