@@ -682,7 +682,7 @@ def after_job_tables(browser, root: Path, args: argparse.Namespace) -> list[dict
     finally:
         server.stop()
     rows.append([f"(the job itself: python -m core.train_triderm {args.after_job}: run {run['id']} {run['kind']}; "
-                 f"{len(stored)} UMAP file(s) stored by it)", round(job_s, 1), "", "", "", job_load])
+                 f"{len(stored)} UMAP file(s) stored by the job)", round(job_s, 1), "", "", "", job_load])
     return [{"caption": f"Explore's first open after a new run: click on Explore (signed in) → the map drawn, and → "
                         f"the first token-map tile shown, SYNTHETIC demo of {args.photos} photos, newest run made by "
                         f"the training job just before; target (issue 54) ≤ {TARGET_EXPLORE_S:.0f} s to the map; "
