@@ -684,7 +684,7 @@ def after_job_tables(browser, root: Path, args: argparse.Namespace) -> list[dict
     rows.append([f"(the job itself: python -m core.train_triderm {args.after_job}: run {run['id']} {run['kind']}; "
                  f"{len(stored)} UMAP file(s) stored by the job)", round(job_s, 1), "", "", "", job_load])
     return [{"caption": f"Explore's first open after a new run: click on Explore (signed in) → the map drawn, and → "
-                        f"the first token-map tile shown, SYNTHETIC demo of {args.photos} photos, newest run made by "
+                        f"its {TOKEN_TILES} token-map tiles shown (when the run stored token maps), SYNTHETIC demo of {args.photos} photos, newest run made by "
                         f"the training job just before; target (issue 54) ≤ {TARGET_EXPLORE_S:.0f} s to the map; "
                         f"load average (1 min) on {os.cpu_count()} CPUs at the end of each row",
              "columns": ["case", "map drawn s", "token maps shown s", "map / target", "map", "load average (1 min)"],
