@@ -63,7 +63,7 @@ SECTIONS: dict[str, str] = {
     "segmentation_timing": "python -m benchmarks.segmentation --part timing --section segmentation_timing",
     "segmentation_default": "python -m benchmarks.segmentation_default",
     "followup": "python -m benchmarks.followup --data ../shared/data",
-    "app_latency": "python -m benchmarks.app_latency --triplets --before 4b5f213",
+    "app_latency": "python -m benchmarks.app_latency --triplets --upload 20 --worklist --zoom --after-job",
     "gpu": "python -m benchmarks.gpu --medetec ../shared/data/medetec --epochs 3 --epoch-devices cuda --views 4",
 }
 NEEDS_CUDA = ("gpu",)  # `--run all` keeps these sections' stored files on a machine without CUDA

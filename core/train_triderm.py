@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if mode in ("frozen", "fine-tune"):
         base_id = baseline_run(ws, backbone)
+        if base_id > run_id:  # made just now: in frozen mode the newest untrained run, the one Explore opens on
+            print(store_for_explore(ws, ws.store.run(base_id) or run))
         rows = [(f"frozen {backbone.name} mean-pool (run {base_id})", base_id),
                 (f"frozen {backbone.name}, centred unit length (run {run_id})" if mode == "frozen" else
                  f"last stage + head fine-tuned on the triplets (run {run_id})", run_id)]

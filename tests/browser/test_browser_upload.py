@@ -1,6 +1,8 @@
 """Photo upload in Chromium on a 1366×768 laptop screen: an annotator uploads a known patient's new visit
 through the file chooser (one broken file first: nothing stored, the file named), then sees the photos in
-the workspace: Home's counts and the Wound masks page's photo list."""
+the workspace (Home's counts and the Wound masks page's photo list), goes to the first uploaded photo by the
+worklist's "Next not outlined", outlines a wound on it, deletes it after the confirmation and restores it by
+Undo (issue 54: upload → outline via the worklist → delete → undo)."""
 from __future__ import annotations
 
 from datetime import date
@@ -10,6 +12,7 @@ import pytest
 from playwright.sync_api import expect
 from streamlit_page import idle
 from tests.integration.test_upload import NURSE, jpeg, png16
+from wound_photos import choose_photo, draw, settled, tool, watch_runs
 
 from annotations.upload import upload_photos
 from annotations.workspace import Workspace
@@ -53,6 +56,7 @@ def test_an_annotator_uploads_a_visit_in_the_browser(server, chromium, sign_in, 
     context = chromium.new_context(viewport=LAPTOP)
     pg = context.new_page()
     pg.set_default_timeout(120_000)  # as the page fixture: a first render on 2 shared, loaded cores
+    watch_runs(pg)
     sign_in(pg, app.url, "Nurse Kim")
     idle(pg)
 
@@ -79,8 +83,35 @@ def test_an_annotator_uploads_a_visit_in_the_browser(server, chromium, sign_in, 
         f.stem: ("P-3", date.today().isoformat()) for f in chosen}
     assert (rows["p3-visit2-a"]["width"], rows["p3-visit2-a"]["height"]) == (40, 60)  # upright
 
-    pg.get_by_role("link", name="Outline the wounds: Wound masks").click()
+    with settled(pg, "opening Wound masks"):
+        pg.get_by_role("link", name="Outline the wounds: Wound masks").click()
+        expect(pg.locator(".oe svg image")).to_be_attached()
     pg.get_by_role("combobox", name="Photo").click()
     for f in chosen:
         expect(pg.get_by_role("option", name=f.stem, exact=True)).to_be_visible()
+    pg.keyboard.press("Escape")
+
+    # the worklist goes to the first uploaded photo of the new visit; an outline drawn, deleted, undone
+    choose_photo(pg, "p3-visit1")
+    with settled(pg, "Next not outlined"):
+        pg.get_by_role("button", name="Next not outlined").click()
+        expect(pg.get_by_role("heading", name="Wounds of p3-visit2-a")).to_be_visible()
+    draw(pg, [(8, 10), (32, 10), (32, 50), (8, 50)])  # the upright 40×60 photo
+    with settled(pg, "saving the outline"):
+        tool(pg, "Save outline").click()
+        expect(pg.get_by_text("Saved wound 1 of p3-visit2-a (drawn)")).to_be_visible()
+    saved, mask = ws.store.wound("p3-visit2-a", 1), ws.load_mask("p3-visit2-a").copy()
+    with settled(pg, "asking to delete wound 1"):
+        pg.get_by_role("button", name="Delete wound 1").click()
+        expect(pg.get_by_text("Delete wound 1: its outline, description and metadata?")).to_be_visible()
+    with settled(pg, "confirming the deletion"):
+        pg.get_by_role("button", name="Yes, delete wound 1").click()
+        expect(pg.get_by_text("Deleted wound 1 of p3-visit2-a")).to_be_visible()
+    assert ws.store.wound("p3-visit2-a", 1) is None
+    with settled(pg, "undoing the deletion"):
+        pg.get_by_role("button", name="Undo delete of wound 1").click()
+        expect(pg.get_by_text("Restored wound 1 of p3-visit2-a")).to_be_visible()
+    restored = ws.store.wound("p3-visit2-a", 1)
+    assert {k: restored[k] for k in ("area", "bbox")} == {k: saved[k] for k in ("area", "bbox")} and saved["area"] > 0
+    assert (ws.load_mask("p3-visit2-a") == mask).all()
     context.close()

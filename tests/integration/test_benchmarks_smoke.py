@@ -237,7 +237,23 @@ def test_app_latency_worklist_and_zoom_tiny(capsys):
     assert main(["--worklist", "--zoom", "--presses", "5", "--photos", "8"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("| outline page: N", "| Triplets: W"))]
-    assert len(rows) == 2 and all(line.split("|")[-2].strip() == "5" for line in rows)  # five presses each
+    cells = [line.split("|")[1:-1] for line in rows]  # case, median … max, median / target, presses, load average
+    assert len(cells) == 2 and all(c[6].strip() == "5" and float(c[7]) > 0 for c in cells)  # five presses each
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian chromium is not installed")
+def test_app_latency_after_job_opens_explore_on_the_map_the_job_stored(capsys):
+    from benchmarks.app_latency import main
+    assert main(["--after-job=--mode frozen", "--photos", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| first visit", "| second visit"))]
+    assert len(rows) == 2 and all(float(r[1]) > 0 for r in rows)
+    # the page drew the UMAP the job stored (no instant MDS while one is computed) of the run it opens on: in frozen
+    # mode the job's second run, the raw mean-pool baseline (the newest untrained run)
+    assert all(r[4].strip() == "UMAP of run 2 (photos)" for r in rows), rows
+    assert re.search(r"run 2 vision-baseline; [1-9]\d* UMAP file\(s\) stored by the job", out)
 
 
 @pytest.mark.slow
