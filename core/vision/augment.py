@@ -4,7 +4,7 @@ A photo is converted and resized once (:meth:`WoundAugment.prepare`: ``resize``Ã
 like inference; the label map with nearest interpolation). Its K views are then made as ONE batch
 of tensor ops (:meth:`WoundAugment.views`) on the device of the caller's choice:
 
-1. geometry, one composed affine map per view sampled by ``F.affine_grid`` + ``F.grid_sample``
+1. geometry, one composed affine map per view sampled by ``F.grid_sample`` (the grid ``F.affine_grid`` would make, as broadcast sums)
    (image bilinear, label map nearest, so the mask moves with the image; fill 0 = skin):
    horizontal / vertical flips, then shift, scale and rotation about the centre, then a non-empty
    crop to ``size``: the window is drawn uniformly among the windows that contain one uniformly
