@@ -70,7 +70,7 @@ def gemm_rate(rows: int, shapes: list[tuple[int, int]], repeats: int = 5) -> flo
 class PipelineOnly(FeatureCache):
     """The cache's input pipeline with the network replaced by zeros of its output's shape."""
 
-    def _forward(self, images: list[Tensor]) -> Tensor:
+    def _forward(self, images: Tensor) -> Tensor:
         h, w = self.backbone.grid()
         return torch.zeros(len(images), self.backbone.channels, h, w, dtype=torch.half)
 

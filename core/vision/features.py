@@ -59,24 +59,26 @@ PARTS = ("views", "view_frac", "eval_feat", "eval_frac")
 
 
 def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], grid: tuple[int, int]) -> Tensor:
-    """E×H×W fraction of each grid cell covered by each wound (label value ``wound_indices[e]``).
+    """…×E×H×W fraction of each grid cell covered by each wound (label value ``wound_indices[e]``) of
+    an (…×)Hm×Wm label map (a batch of views at once), on the labels' device.
 
-    Pixel (y, x) of an Hm×Wm mask falls in cell (⌊y·H/Hm⌋, ⌊x·W/Wm⌋); one bincount, O(pixels).
+    Pixel (y, x) of an Hm×Wm mask falls in cell (⌊y·H/Hm⌋, ⌊x·W/Wm⌋); the counts are two matrix products
+    of the wound indicators with the 0/1 row-bin and column-bin matrices.
     """
-    lab = labels.cpu().numpy() if isinstance(labels, Tensor) else np.asarray(labels)
-    if lab.ndim != 2:
-        raise ValueError(f"labels must be H×W, got shape {lab.shape}")
+    lab = labels if isinstance(labels, Tensor) else torch.from_numpy(np.ascontiguousarray(labels))
+    if lab.ndim < 2:
+        raise ValueError(f"labels must be H×W (or a batch of them), got shape {tuple(lab.shape)}")
+    dev, lead = lab.device, tuple(lab.shape[:-2])
+    lab = lab.reshape(-1, *lab.shape[-2:])
     gh, gw = grid
-    hm, wm = lab.shape
-    cell = ((np.arange(hm) * gh) // hm)[:, None] * gw + ((np.arange(wm) * gw) // wm)[None, :]
-    per_cell = np.bincount(cell.ravel(), minlength=gh * gw)
-    indices = np.asarray(list(wound_indices), dtype=np.int64)
-    lookup = np.full(int(max(lab.max(initial=0), indices.max(initial=0))) + 2, len(indices), dtype=np.int64)
-    lookup[indices] = np.arange(len(indices))
-    row = lookup[np.clip(lab, -1, None)]  # labels not listed (incl. 0) → dropped row E
-    counts = np.bincount((row * gh * gw + cell).ravel(), minlength=(len(indices) + 1) * gh * gw)
-    frac = counts[: len(indices) * gh * gw].reshape(len(indices), gh, gw) / per_cell.reshape(gh, gw)
-    return torch.from_numpy(frac.astype(np.float32))
+    hm, wm = lab.shape[-2:]
+    rows = (((torch.arange(hm, device=dev) * gh) // hm)[None] == torch.arange(gh, device=dev)[:, None]).float()
+    cols = (((torch.arange(wm, device=dev) * gw) // wm)[:, None] == torch.arange(gw, device=dev)[None]).float()
+    # pixels of each wound per cell, one wound at a time (memory: one indicator map; exact integers in float32)
+    counts = [rows @ (lab == int(index)).float() @ cols for index in wound_indices]
+    area = rows.sum(1)[:, None] * cols.sum(0)[None]
+    frac = torch.stack(counts, 1) / area if counts else lab.new_zeros((lab.shape[0], 0, gh, gw), dtype=torch.float32)
+    return frac.reshape(*lead, len(counts), gh, gw)
 
 
 def token_mask(fractions: Tensor, threshold: float = TOKEN_THRESHOLD) -> Tensor:
@@ -203,21 +205,21 @@ class FeatureCache:
         out["wounds"] = self._shards[name][key]["wounds"]
         return out
 
-    def _forward(self, images: list[Tensor]) -> Tensor:
-        out = [self.backbone(self.backbone.normalize(torch.stack(images[i:i + self.batch_size])))
+    def _forward(self, images: Tensor) -> Tensor:
+        out = [self.backbone(self.backbone.normalize(images[i:i + self.batch_size]))
                for i in range(0, len(images), self.batch_size)]
         return torch.cat(out).half().cpu()
 
     def augmented_views(self, image, labels: np.ndarray, wound_indices: list[int], sha256: str,
                         views: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices."""
-        with torch_threads(1):  # per-view transforms are small ops: threads only add overhead
+        """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices: the photo
+        is resized once and its views made as one batch on the backbone's device."""
+        with torch_threads(1):  # small batched ops: threads only add overhead
             img, mask = self.augment.prepare(image, labels)
-            pairs = [self.augment.augment_prepared(img, mask, view_generator(sha256, self.config, v, self.seed))
-                     for v in views]
-        feats = self._forward([p[0] for p in pairs])
-        grid = (feats.shape[-2], feats.shape[-1])
-        frac = torch.stack([wound_fractions(p[1], wound_indices, grid) for p in pairs]).half()
+            x, m = self.augment.views(img, mask, [view_generator(sha256, self.config, v, self.seed) for v in views],
+                                      device=self.backbone.device)
+        feats = self._forward(x)
+        frac = wound_fractions(m, wound_indices, (feats.shape[-2], feats.shape[-1])).half().cpu()
         return feats, frac
 
     def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
@@ -246,7 +248,7 @@ class FeatureCache:
             cached = self._read(key)  # every stored view, to extend
         image = self.ws.load_image(image_id)
         if cached is None:
-            eval_feat = self._forward([self._unit(image)])[0]
+            eval_feat = self._forward(self._unit(image)[None])[0]
             eval_frac = wound_fractions(labels, wounds, (eval_feat.shape[-2], eval_feat.shape[-1]))
             cached = {"wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
                       "views": eval_feat.new_zeros((0, *eval_feat.shape)),
