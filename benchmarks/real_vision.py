@@ -352,9 +352,13 @@ def compare(b: Bench, a: str, base: str, claim: str) -> dict[str, Any] | None:
     """Paired test over patients on the strict records of rows ``a`` and ``base``."""
     if a not in b.rows or base not in b.rows or not b.rows[a]["records"]["strict"]:
         return None
-    sa, sb = b.summary(a, "strict"), b.summary(base, "strict")
+    return patient_claim(b.summary(a, "strict"), b.summary(base, "strict"), b.patients, claim)
+
+
+def patient_claim(sa: dict[str, Any], sb: dict[str, Any], patients: dict[str, str], claim: str) -> dict[str, Any]:
+    """Claim "a > b" judged by a paired t-test over patients on two strict summaries (:func:`protocol_summary`)."""
     t = patient_paired_test([{"anchor": k, "accuracy": v} for k, v in sa["per_anchor"].items()],
-                            [{"anchor": k, "accuracy": v} for k, v in sb["per_anchor"].items()], b.patients)
+                            [{"anchor": k, "accuracy": v} for k, v in sb["per_anchor"].items()], patients)
     p = t["t_p"] if np.isfinite(t["t_p"]) else 1.0  # identical per-patient figures: no difference
     holds = t["mean_diff"] > 0 and p < 0.05
     return {"claim": claim, "test": f"strict, mean difference {100 * t['mean_diff']:+.1f} pp; paired t-test over "
@@ -464,9 +468,9 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"{res['seconds']:.0f} s wall")
 
 
-def add_dataset_options(p: argparse.ArgumentParser, section: str) -> None:
+def add_dataset_options(p: argparse.ArgumentParser, section: str | None) -> None:
     """The options every real-data benchmark shares after its own: --folds, --workspace, --section, --results,
-    --quiet (``--data`` comes first, from the caller)."""
+    --quiet (``--data`` comes first, from the caller; a None section is the caller's to choose after parsing)."""
     p.add_argument("--folds", type=int, default=2, help="patient-disjoint folds per random split (default 2)")
     cli.add_workspace(p, type=Path, help="reuse this workspace (and its feature cache)")
     p.add_argument("--section", default=section)

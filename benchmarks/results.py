@@ -51,6 +51,7 @@ SECTIONS: dict[str, str] = {
     "active": "python -m benchmarks.active",
     "active_scale": "python -m benchmarks.active --planted 1000",
     "active_real": "python -m benchmarks.active_real --data ../shared/data/azh-dev",
+    "learning_curve": "python -m benchmarks.active_real --data ../shared/data/azh-dev --learner finetune --seeds 0 1 2",
     "ablation": ("d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && python -m core.phantoms --out $d/data --seed 0"
                  " && python -m annotations import $d/data --workspace $d/ws"
                  " && python -m core.llm_triplets --workspace $d/ws --oracle phantom --budget 100% --seed 0"
