@@ -46,15 +46,14 @@ HIDE_EXTRAS = textwrap.dedent('''
 
 
 @pytest.fixture
-def app_only(browser_workspace, tmp_path) -> Iterator[tuple[AppServer, str]]:
-    """A server of the browser workspace whose interpreter finds neither extra, and an admin account's name."""
-    from conftest import create_account
-
+def app_only(browser_workspace, tmp_path, add_account) -> Iterator[tuple[AppServer, str]]:
+    """A server of the browser workspace whose interpreter finds neither extra, and an admin account's name (the
+    ``add_account`` fixture: in the full suite a late ``from conftest import`` may find another folder's conftest)."""
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(HIDE_EXTRAS, encoding="utf-8")
     path = os.pathsep.join([str(tmp_path / "site"), str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     server = AppServer(browser_workspace, tmp_path / "streamlit.log", env={"PYTHONPATH": path})
-    yield server, create_account(browser_workspace, "Dr App Only", "admin")
+    yield server, add_account(browser_workspace, "Dr App Only", "admin")
     server.stop()
 
 
