@@ -41,9 +41,9 @@ from torchvision.transforms import v2
 
 #: Luma weights of torchvision's grayscale (contrast, saturation).
 GREY = (0.299, 0.587, 0.114)
-#: RGB → YIQ; a hue shift is a rotation of the (I, Q) chroma plane.
 #: Wound pixels tried per affine draw (a uniform sample: the crop's pixel is uniform among those that land).
 WOUND_SAMPLE = 256
+#: RGB → YIQ; a hue shift is a rotation of the (I, Q) chroma plane.
 _YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 _YIQ_INV = np.linalg.inv(_YIQ)
 
