@@ -43,6 +43,9 @@ __all__ = ["LARGE", "DistanceRetrieval", "MapInput", "TokenMaps", "attention_map
 LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
 UMAP_NEIGHBOURS, UMAP_MIN_DIST = 15, 0.1  # the page's default UMAP setting, stored by the job that made a run
 SMALL_MAP = 200  # points up to which markers are large and outlined
+#: points up to which the map is drawn in SVG: a WebGL context costs a browser without a GPU (software GL, as in
+#: headless Chromium or a remote desktop) 1–2 s to start, more than SVG needs for a thousand markers
+SVG_MAP = 1000
 
 
 @dataclass(frozen=True)
@@ -251,25 +254,26 @@ def retrieval(ws: Workspace, run_ids: Sequence[int], method: str = "uncertainty"
     return DistanceRetrieval(list(ids), D)
 
 
-#: Marker symbols of the map's groups, in turn (all drawn by WebGL scatters).
+#: Marker symbols of the map's groups, in turn (each drawn by both SVG and WebGL scatters).
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down", "hexagon",
            "pentagon", "hourglass", "bowtie")
 
 
 def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
                    colour_by: str) -> go.Figure:
-    """The map as a WebGL scatter (``Scattergl``: 10,000 points draw about as fast as 100): one trace
-    per colour group in ``colours``' order, each with its own marker symbol too (:data:`SYMBOLS` in
+    """The map as a scatter: SVG (``Scatter``) up to :data:`SVG_MAP` points, WebGL (``Scattergl``: 10,000
+    points draw about as fast as 100) above; one trace per colour group in ``colours``' order, each with its own marker symbol too (:data:`SYMBOLS` in
     turn), so that groups of similar colours stay apart; each point's ``text`` is its label (shown on
     hover) and its ``customdata`` its row in ``xy`` (int32, float32 coordinates: a compact payload)."""
     import plotly.graph_objects as go
 
     small = len(xy) <= SMALL_MAP
+    trace = go.Scatter if len(xy) <= SVG_MAP else go.Scattergl
     group_of, label_of = np.asarray(groups, dtype=object), np.asarray(labels, dtype=object)
     fig = go.Figure()
     for n, (value, colour) in enumerate(colours.items()):
         rows = np.flatnonzero(group_of == value)
-        fig.add_trace(go.Scattergl(
+        fig.add_trace(trace(
             x=xy[rows, 0].astype(np.float32), y=xy[rows, 1].astype(np.float32), mode="markers", name=value,
             customdata=rows.astype(np.int32), text=label_of[rows],  # an array validates ~5× faster than a list
             marker={"size": 12 if small else 6, "color": colour, "symbol": SYMBOLS[n % len(SYMBOLS)], "line": {"width": 1 if small else 0, "color": "white"}},

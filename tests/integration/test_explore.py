@@ -165,7 +165,7 @@ def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_pat
     def title(at) -> str:
         (chart,) = at.get("plotly_chart")
         spec = json.loads(chart.proto.spec)
-        assert {t["type"] for t in spec["data"]} == {"scattergl"}
+        assert {t["type"] for t in spec["data"]} == {"scatter"}  # the demo's 53 photos: SVG, no WebGL context
         return spec["layout"]["title"]["text"]
 
     at = app("explore", timeout=120)  # nothing stored: the instant MDS map, the UMAP started once
@@ -187,6 +187,17 @@ def test_map_groups_differ_by_symbol_as_well_as_colour():
     fig = scatter_figure(np.zeros((len(groups), 2)), groups, groups, {g: "#123456" for g in groups}, "patient")
     symbols = [t.marker.symbol for t in fig.data]
     assert symbols[: len(SYMBOLS)] == list(SYMBOLS) and symbols[-1] == SYMBOLS[0]
+
+
+def test_the_map_is_svg_up_to_svg_map_points_and_webgl_above():
+    from core.eval.explore import SVG_MAP, scatter_figure
+
+    def kinds(n: int) -> set[str]:
+        groups = ["a", "b"] * (n // 2)
+        return {t.type for t in scatter_figure(np.zeros((n, 2)), groups, groups, {"a": "#123", "b": "#456"}, "x").data}
+
+    assert kinds(SVG_MAP) == {"scatter"}
+    assert kinds(SVG_MAP + 2) == {"scattergl"}
 
 
 def test_a_track_path_joins_its_visits_in_order_on_wound_and_photo_maps():
