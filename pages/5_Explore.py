@@ -3,7 +3,7 @@ and per-wound top concepts with concept heatmaps from a `concepts` run.
 
 The map's data, its UMAP (computed once per embedding and stored beside it), the retrieval index and
 the tables and text drawn here come from :mod:`core.eval.explore`; this page only draws them, one
-function per section (:func:`main` calls them in order)."""
+function per section (:func:`app.explore.main` calls them in order)."""
 
 from __future__ import annotations
 
