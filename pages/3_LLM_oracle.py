@@ -5,14 +5,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-import app_common as ac
 from annotations import jobs
 from annotations import runs as run_kinds
+from app import extras, markup, navigation
+from app.jobs import any_job_running, job_panel
 from core.text.llm import DEFAULT_MODELS, ollama_hosts
 
 JOB = "llm-triplets"
 
-ws = ac.page("LLM oracle", need="jobs")
+ws = navigation.page("LLM oracle", need="jobs")
 
 
 def choose_oracle(disabled: bool) -> str:
@@ -72,16 +73,16 @@ def start_run(args: list[str], budget: str, oracle: str, allowed: list[str]) -> 
             raise ValueError("no Ollama host is allowed on this installation; ask an administrator to add one")
         jobs.start_job(ws, JOB, "llm_triplets", args)
     except ValueError as err:
-        st.error(ac.escape_md(str(err)))
+        st.error(markup.escape_md(str(err)))
     else:
         st.session_state["llm_started"] = " ".join(args)
         st.rerun()  # the form disables and the status refreshes itself while the job runs
 
 
-@st.fragment(run_every=2.0 if ac.any_job_running(ws) else None)
+@st.fragment(run_every=2.0 if any_job_running(ws) else None)
 def status() -> None:
     """The LLM job's panel, the LLM triplets in the store per source and the table of LLM runs."""
-    ac.job_panel(ws, JOB, "llm_triplets", [], "LLM run", start=False)
+    job_panel(ws, JOB, "llm_triplets", [], "LLM run", start=False)
     sources = {s: n for s, n in ws.store.triplet_sources().items() if s.startswith("llm:")}
     runs = ws.store.runs(kind=run_kinds.LLM_TRIPLETS)
     st.markdown("**LLM triplets in the store**")
@@ -93,7 +94,7 @@ def status() -> None:
     if runs:
         st.markdown("**LLM runs**")
         st.dataframe(pd.DataFrame([{
-            "run": r["id"], "status": ac.status_badge(r["status"]), "progress": float(r["progress"] or 0),
+            "run": r["id"], "status": markup.status_badge(r["status"]), "progress": float(r["progress"] or 0),
             "oracle": r["config"].get("oracle", ""), "model": r["config"].get("model", ""),
             "budget": str(r["config"].get("budget", "")), "message": r["message"] or "",
             "summary": ", ".join(f"{k}={v}" for k, v in r["metrics"].items() if isinstance(v, (int, float))),
@@ -110,11 +111,11 @@ def main() -> None:
     if ws.store.counts()["described_wounds"] == 0:
         st.info("No wound has a description yet. Write descriptions on the Wound masks page (or import them) first.")
     if started := st.session_state.pop("llm_started", None):
-        st.success(f"Started python -m core.llm_triplets {ac.escape_md(started)}")
+        st.success(f"Started python -m core.llm_triplets {markup.escape_md(started)}")
     allowed = ollama_hosts(ws.store.get_meta("ollama_hosts"))
     record = jobs.job(ws, JOB)
     running = bool(record and record["alive"])
-    hint = ac.missing_extra("llm")
+    hint = extras.missing_extra("llm")
     if hint:
         st.warning(f"The LLM oracle runs a language model, which needs the `[llm]` extra this server does not have. "
                    f"To use it, install it on the server and restart the app: `{hint}`.",

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-import app_common as ac
 from annotations import accounts
 from annotations.accounts import ROLES, AuthError
+from app import auth, markup, navigation
 from core.text.llm import DEFAULT_OLLAMA_HOSTS, allowed_ollama_host
 
-ws = ac.page("Accounts", need="manage")
-actor = ac.actor()
+ws = navigation.page("Accounts", need="manage")
+actor = auth.actor()
 store = ws.store
 
 
@@ -21,7 +21,7 @@ def attempt(action, success: str) -> None:
     try:
         action()
     except (AuthError, ValueError) as err:  # a refused change, or a malformed host
-        st.error(ac.escape_md(str(err)))
+        st.error(markup.escape_md(str(err)))
     else:
         st.session_state["_accounts_done"] = success
         st.rerun()
@@ -129,7 +129,7 @@ def main() -> None:
     """The accounts table above four tabs of changes, each recorded in the audit trail."""
     done = st.session_state.pop("_accounts_done", None)
     if done:
-        st.success(ac.escape_md(done))
+        st.success(markup.escape_md(done))
     rows = accounts.list_accounts(store)
     accounts_table(rows)
     tabs = st.tabs(["New account", "Change an account", "Earlier annotator names", "Ollama hosts"])

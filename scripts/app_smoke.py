@@ -38,9 +38,9 @@ class HideML(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path=None, target=None) -> None:
         """Route an ``[ml]`` module to the app's missing-extra guard, as if it were not installed."""
         if path is None and EXTRA_OF.get(name) == "ml":
-            import app_common
+            from app import extras
 
-            app_common.MissingExtra().find_spec(name, path, target)
+            extras.MissingExtra().find_spec(name, path, target)
             raise ModuleNotFoundError(f"No module named {name!r} (hidden by app_smoke.py --block-ml)", name=name)
         return None
 

@@ -3,8 +3,8 @@
     python scripts/architecture.py [--check]
 
 grimp (import-linter's import graph) reads every import of the root packages, function-level ones
-included; app.py and app_common.py, single-file modules that grimp cannot take as roots (grimp#300),
-are read with :mod:`ast`. Modules are grouped into the picture's nodes (:func:`node_of`): each part of
+included; app.py, the single-file entry that grimp cannot take as a root (grimp#300) and whose name is the
+app/ package's, is read with :mod:`ast` and drawn in the app/ package's node. Modules are grouped into the picture's nodes (:func:`node_of`): each part of
 ``core`` is one, its jobs another, its plumbing (``core.runtime``, ``core.cli``) a third. An arrow
 ``A --> B`` says that some module of A imports some module of B. The Mermaid block is written between
 :data:`BEGIN` and :data:`END` in docs/ARCHITECTURE.md; ``--check`` changes nothing and exits 1 when the
@@ -21,20 +21,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "ARCHITECTURE.md"
-ROOT_PACKAGES = ("core", "annotations", "pages", "components", "triderm", "benchmarks")
-SINGLE_MODULES = ("app", "app_common")
+ROOT_PACKAGES = ("core", "annotations", "pages", "app", "components", "triderm", "benchmarks")
 CORE_PLUMBING = ("core.runtime", "core.cli")
 BEGIN = "<!-- architecture:begin (make architecture writes this block) -->"
 END = "<!-- architecture:end -->"
-LABELS = {"app": "app.py", "app_common": "app_common.py", "core.jobs": "core jobs (python -m core.*)",
+LABELS = {"app": "app.py, app/", "core.jobs": "core jobs (python -m core.*)",
           "core.plumbing": "core.runtime, core.cli"}
 
 
 def node_of(module: str) -> str | None:
     """The picture's node holding ``module``, or None for a module outside the project (torch, stdlib, …)."""
     top = module.split(".")[0]
-    if top in SINGLE_MODULES:
-        return top if module == top else None
     if top not in ROOT_PACKAGES:
         return None
     if top != "core":
@@ -68,8 +65,7 @@ def module_edges() -> set[tuple[str, str]]:
         sys.path.insert(0, str(REPO))
     graph = grimp.build_graph(*ROOT_PACKAGES, include_external_packages=True, cache_dir=None)
     edges = {(m, i) for m in graph.modules for i in graph.find_modules_directly_imported_by(m)}
-    for name in SINGLE_MODULES:
-        edges |= {(name, i) for i in _ast_imports(REPO / f"{name}.py")}
+    edges |= {("app", i) for i in _ast_imports(REPO / "app.py")}
     return edges
 
 

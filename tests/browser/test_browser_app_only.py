@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 LAPTOP = {"width": 1366, "height": 768}
 ML_HINT, LLM_HINT = 'pip install "triderm-studio[ml]"', 'pip install "triderm-studio[llm]"'
 #: The server's ``sitecustomize``: a finder first on ``sys.meta_path`` for which the modules of the two extras do not
-#: exist; the app's own guard (app_common.MissingExtra, once a page imported app_common) is asked as on a server
+#: exist; the app's own guard (app.extras.MissingExtra, once a page imported app) is asked as on a server
 #: where no finder has them.
 HIDE_EXTRAS = textwrap.dedent('''
     import importlib.abc

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from streamlit_page import idle
 
 from annotations.workspace import Workspace
-from app_common import PAGES
+from app.navigation import PAGES
 
 expect.set_options(timeout=60_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from streamlit_page import idle, image_shown
 
 from annotations.workspace import Workspace
-from app_common import outline_overlay
+from app.images import outline_overlay
 
 expect.set_options(timeout=60_000)
 FRAME = (960, 720)  # the Triplets page's letterbox of each photo (pages/2_Triplets.py)

@@ -728,13 +728,13 @@ def test_home_imports_a_dataset_folder(demo_dataset, tmp_path, monkeypatch):
 
 
 def test_category_colours_distinct_up_to_24_then_other():
-    import app_common as ac
+    from app import explore
 
     values = [f"site {n}" for n in range(24)]
-    grouped, colours = ac.category_colours(values)
+    grouped, colours = explore.category_colours(values)
     assert grouped == values and len(set(colours.values())) == 24
     many = values + ["site 0"] * 3 + [f"rare {n}" for n in range(5)]
-    grouped, colours = ac.category_colours(many)
+    grouped, colours = explore.category_colours(many)
     assert len(colours) == 24 and "other" in colours and len(set(colours.values())) == 24
     assert grouped.count("other") == 6 and "site 0" in colours  # the most frequent keep their colour
 
@@ -753,27 +753,27 @@ def test_admin_sets_the_ollama_allow_list_and_a_bad_host_changes_nothing(ws):
 
 
 def test_report_cells_and_rows_are_plain_functions():
-    """The Report page's tables come from app_common's UI-free helpers (TEST-ONLY numbers)."""
-    import app_common as ac
+    """The Report page's tables come from app.report's UI-free helpers (TEST-ONLY numbers)."""
+    from app import report
 
     row = {"modality": "vision", "run_id": 3, "label": "m", "balanced": 0.6125, "kappa": 0.2, "n": 10, "n_anchors": 4,
            "ci": {"balanced": [0.5, 0.7]}}
-    (shown,) = ac.agreement_rows([row])
+    (shown,) = report.agreement_rows([row])
     assert shown["Balanced %"] == "61.3 [50.0, 70.0]" and shown["κ"] == "0.200" and shown["Micro %"] == "–"
     assert shown["scored on"] == "all triplets" and shown["run"] == 3
-    assert ac.seeds_cell({"mean": 61.9, "sd": 0.4, "ci": [60.9, 62.9]}, 3) == "61.9 ± 0.4 [60.9, 62.9] (3 seeds)"
-    assert ac.seeds_cell({"mean": 61.9, "sd": 0.0, "ci": [61.9, 61.9]}, 3) == "61.9 (same on all 3 seeds)"
-    assert ac.seeds_cell({"mean": 72.5, "sd": None, "n": 1}, 3) == "72.5 (1 seed)"
+    assert report.seeds_cell({"mean": 61.9, "sd": 0.4, "ci": [60.9, 62.9]}, 3) == "61.9 ± 0.4 [60.9, 62.9] (3 seeds)"
+    assert report.seeds_cell({"mean": 61.9, "sd": 0.0, "ci": [61.9, 61.9]}, 3) == "61.9 (same on all 3 seeds)"
+    assert report.seeds_cell({"mean": 72.5, "sd": None, "n": 1}, 3) == "72.5 (1 seed)"
     # records pooled over the seeds (real_vision): one estimate with its CI, no seed count
-    assert ac.seeds_cell({"mean": 60.0, "sd": None, "ci": [55.9, 63.6]}, 3) == "60.0 [55.9, 63.6]"
-    assert ac.seeds_cell(None, 3) == "–" and ac.seeds_cell(1.5, 3) == 1.5
-    (abl,) = ac.ablation_rows([{"factor": "f", "label": "s", "seeds": 2, "balanced_mean": 0.6, "balanced_sd": 0.05,
+    assert report.seeds_cell({"mean": 60.0, "sd": None, "ci": [55.9, 63.6]}, 3) == "60.0 [55.9, 63.6]"
+    assert report.seeds_cell(None, 3) == "–" and report.seeds_cell(1.5, 3) == 1.5
+    (abl,) = report.ablation_rows([{"factor": "f", "label": "s", "seeds": 2, "balanced_mean": 0.6, "balanced_sd": 0.05,
                                 "micro_mean": None, "paper": 70}])
     assert abl["balanced % (mean ± sd)"] == "60.0 ± 5.0" and abl["micro % (mean ± sd)"] == "0.0 ± 0.0"
     summary = {"siglip": {"i2t_R@1": (0.5, 0.1), "probe_majority": (0.3, 0.0)}}
-    assert ac.benchmark_rows(summary) == [{"variant": "siglip", "i2t_R@1": "0.500 ± 0.100", "probe_majority": "0.300 ± 0.000"}]
+    assert report.benchmark_rows(summary) == [{"variant": "siglip", "i2t_R@1": "0.500 ± 0.100", "probe_majority": "0.300 ± 0.000"}]
     paired = {"siglip": {"i2t_R@1": (0.05, 0.01, True), "probe_majority": (0.0, 0.0, False)}}
-    assert ac.benchmark_rows(paired, paired=True) == [{"variant": "siglip", "i2t_R@1": "+0.050 ± 0.010*"}]
+    assert report.benchmark_rows(paired, paired=True) == [{"variant": "siglip", "i2t_R@1": "+0.050 ± 0.010*"}]
 
 
 def add_finetune_run(ws: Workspace, maps: bool) -> int:

@@ -33,37 +33,37 @@ def test_annotations_help_imports_no_torch():
 
 def test_the_missing_extra_guard_stays_out_of_the_way_outside_a_page():
     """Outside a Streamlit run (a job, a library probing an optional module) a missing module is just missing."""
-    import app_common
+    from app import extras
 
-    assert app_common.MissingExtra().find_spec("torch") is None
-    assert app_common.MissingExtra().find_spec("not_an_extra_module") is None
-    assert sum(isinstance(f, app_common.MissingExtra) for f in sys.meta_path) == 1
+    assert extras.MissingExtra().find_spec("torch") is None
+    assert extras.MissingExtra().find_spec("not_an_extra_module") is None
+    assert sum(isinstance(f, extras.MissingExtra) for f in sys.meta_path) == 1
 
 
 FREEZE_PROBE = """
 import gc, sys, types, weakref
 from pathlib import Path
-import app_common
+from app import navigation
 
 class Cycle:
     def __init__(self):
         self.me = self
 
 before = gc.get_freeze_count()
-app_common.freeze_imports()  # this process is not a served app.py
+navigation.freeze_imports()  # this process is not a served app.py
 assert gc.get_freeze_count() == before, "froze outside a served app"
 sys.argv = [str(Path("/srv/triderm/app.py"))]
 garbage = Cycle()
 ref = weakref.ref(garbage)
 del garbage  # unreachable, held only by its own cycle
-app_common.freeze_imports()
+navigation.freeze_imports()
 frozen = gc.get_freeze_count()
 assert frozen > before and ref() is None, "garbage frozen, or nothing frozen"
 alive = [[] for _ in range(100)]  # objects a page's run keeps: a second freeze would take them
-app_common.freeze_imports()  # nothing imported since: nothing more frozen
+navigation.freeze_imports()  # nothing imported since: nothing more frozen
 assert gc.get_freeze_count() == frozen, "froze again with no new import"
 sys.modules["_freeze_probe"] = types.ModuleType("_freeze_probe")  # a new import
-app_common.freeze_imports()
+navigation.freeze_imports()
 assert gc.get_freeze_count() > frozen, "a new import was not frozen"
 print("ok")
 """
@@ -71,7 +71,7 @@ print("ok")
 
 def test_freeze_imports_freezes_once_per_new_import_and_never_freezes_garbage():
     """Issue 54: Streamlit's ``gc.collect(2)`` after every run scanned the imported libraries' objects each
-    keypress; :func:`app_common.freeze_imports` moves them to the permanent generation after new imports only,
+    keypress; :func:`app.navigation.freeze_imports` moves them to the permanent generation after new imports only,
     and only in a served app (never in a process that runs the pages in-process, as the app tests do).
     In a fresh interpreter: inside the test suite another test's thread (a Streamlit or Playwright one) may
     import a module between two calls, which is a new import (CI saw 2 more objects frozen)."""

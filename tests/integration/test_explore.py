@@ -153,13 +153,13 @@ def test_quick_layout_vectors_and_distances_agree():
 
 
 def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_path, fake_umap):
-    import app_common
+    from app import jobs
     from tests.integration.test_app_pages import add_test_embedding, app
 
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(demo_workspace.root))
     monkeypatch.setenv("TRIDERM_RESULTS_DIR", str(tmp_path / "no-results"))
     started: list[str] = []
-    monkeypatch.setattr(app_common, "in_background", lambda key, fn, *args: started.append(key))
+    monkeypatch.setattr(jobs, "in_background", lambda key, fn, *args: started.append(key))
     run_id = add_test_embedding(demo_workspace)
 
     def title(at) -> str:

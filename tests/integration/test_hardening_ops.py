@@ -190,7 +190,7 @@ def test_the_dataset_export_neutralises_formulas_and_imports_back_losslessly(tmp
 
 
 # -- restore under a running app or job -------------------------------------------------------------
-#: What the app does with its workspace (app_common.workspace), and what a job does (a run record).
+#: What the app does with its workspace (app.auth.workspace), and what a job does (a run record).
 APP = ("import sys; from annotations import holders; from annotations.workspace import Workspace; "
        "holders.register(Workspace(sys.argv[1]).root); print('ready', flush=True); sys.stdin.read()")
 JOB = ("import sys; from annotations.workspace import Workspace; Workspace(sys.argv[1]).store.start_run('train', {}); "

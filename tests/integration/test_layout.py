@@ -17,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "core"
 MAX_PAGE_SCRIPT_LINES = 30  # the Wound masks page's photo choice and session state, the longest
+MAX_PAGE_LINES = 150  # a page file (and app.py) wires widgets to the app/ package's functions
 JOBS = ("train_triderm", "embed", "llm_triplets", "fit_soe", "text_embed", "evaluate", "ablate", "train_slimp",
         "train_concepts", "bench_contrastive", "train_segmenter", "extract_features", "export_model", "segment",
         "ml_backend", "token_maps")
@@ -72,7 +73,7 @@ def test_the_product_never_imports_its_benchmarks(src, edges):
 
 
 def test_core_never_imports_the_ui():
-    assert violations(CORE_EDGES, "core", ("streamlit", "pages", "app", "app_common")) == []
+    assert violations(CORE_EDGES, "core", ("streamlit", "pages", "app")) == []
 
 
 @pytest.mark.parametrize(("src", "dst"), [("core.vision", "core.text"), ("core.text", "core.vision")])
@@ -112,7 +113,7 @@ def test_the_architecture_picture_is_current_and_the_packages_hold_no_cycle():
     pytest.importorskip("grimp", reason="the lint extra (`make install` installs it; `make test-min` does not)")
     arrows = architecture.package_edges(architecture.module_edges())
     assert architecture.cycles(arrows) == []
-    assert ("pages", "app_common") in arrows and ("core.vision", "annotations") in arrows  # grimp and ast both read
+    assert ("pages", "app") in arrows and ("core.vision", "annotations") in arrows  # grimp and ast both read
     text = architecture.DOC.read_text(encoding="utf-8")
     assert architecture.render(text, architecture.mermaid(arrows)) == text, "run `make architecture`"
 
@@ -151,7 +152,7 @@ def test_a_module_cycle_is_caught(tmp_path):
 SQL_TEXT = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|DELETE\s+FROM|UPDATE\s+\w+\s+SET|"
                       r"CREATE\s+(TABLE|INDEX|TRIGGER)|DROP\s+TABLE|PRAGMA\s+\w+)", re.S)
 SQL_MODULES = ("sqlite3", "sqlite_utils")
-OUTSIDE_THE_DATA_LAYER = ("app.py", "app_common.py", "pages", "components", "core", "benchmarks", "triderm")
+OUTSIDE_THE_DATA_LAYER = ("app.py", "app", "pages", "components", "core", "benchmarks", "triderm")
 
 
 def raw_sql(path: Path) -> list[str]:
@@ -284,8 +285,15 @@ def script_lines(path: Path) -> int:
 
 @pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "pages").glob("*.py")))
 def test_pages_are_functions_a_test_can_call(page):
-    """A page's module level only sets up (``ac.page``, constants, session defaults) and calls its functions."""
+    """A page's module level only sets up (``navigation.page``, constants, session defaults) and calls its
+    functions."""
     assert script_lines(REPO / "pages" / page) <= MAX_PAGE_SCRIPT_LINES
+
+
+@pytest.mark.parametrize("script", ["app.py", *sorted(f"pages/{p.name}" for p in (REPO / "pages").glob("*.py"))])
+def test_pages_and_the_entry_are_thin(script):
+    """Each page file and app.py holds at most 150 lines: its logic lives in the app/ package."""
+    assert len((REPO / script).read_text(encoding="utf-8").splitlines()) <= MAX_PAGE_LINES
 
 
 def test_a_long_page_script_is_caught(tmp_path):

@@ -51,8 +51,8 @@ def test_torch_is_capped_at_the_next_minor_release(name, cap):
 
 def test_the_wheel_declares_the_app_its_pages_and_the_component_files():
     setuptools = PROJECT["tool"]["setuptools"]
-    assert set(setuptools["py-modules"]) == {"app", "app_common"}
-    assert {"components*", "pages", "triderm*"} <= set(setuptools["packages"]["find"]["include"])
+    assert setuptools["py-modules"] == ["app"]
+    assert {"app", "components*", "pages", "triderm*"} <= set(setuptools["packages"]["find"]["include"])
     patterns = setuptools["package-data"]["components.outline_editor"]
     frontend = [p.name for p in (REPO / "components" / "outline_editor").iterdir() if p.suffix in (".js", ".css")]
     assert frontend and all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in frontend)

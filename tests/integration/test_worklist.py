@@ -170,10 +170,10 @@ def test_the_worklist_walks_marks_done_and_keeps_the_photo_in_the_address(ws):
 
 
 def test_without_torch_the_model_controls_stay_disabled_with_the_extra_named(ws, monkeypatch):
-    import app_common
+    from app import extras
 
     hint = 'pip install "triderm-studio[ml]"'
-    monkeypatch.setattr(app_common, "extra_missing", lambda module: hint if module == "torch" else None)
+    monkeypatch.setattr(extras, "extra_missing", lambda module: hint if module == "torch" else None)
     at = masks_page()
     assert not at.exception and not at.error
     suggest = button(at, "Suggest outlines")
@@ -186,9 +186,9 @@ def test_without_torch_the_model_controls_stay_disabled_with_the_extra_named(ws,
 def test_extra_missing_names_the_extra_of_a_module_not_installed(monkeypatch):
     import sys
 
-    import app_common
+    from app import extras
 
-    assert app_common.extra_missing("torch") is None  # installed here
+    assert extras.extra_missing("torch") is None  # installed here
 
     class Hide:
         def find_spec(self, name, path=None, target=None):
@@ -197,4 +197,4 @@ def test_extra_missing_names_the_extra_of_a_module_not_installed(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Hide(), *sys.meta_path])
-    assert app_common.extra_missing("torch") == 'pip install "triderm-studio[ml]"'
+    assert extras.extra_missing("torch") == 'pip install "triderm-studio[ml]"'

@@ -39,14 +39,14 @@ def test_lint_tools_are_pinned_and_installed_by_make():
 
 def test_import_linter_contracts_cover_the_layers_and_the_forbidden_imports():
     linter = PROJECT["tool"]["importlinter"]
-    assert {"core", "annotations", "pages", "components"} <= set(linter["root_packages"])
-    assert linter["include_external_packages"] is True  # torch, streamlit and app_common are external modules
+    assert {"core", "annotations", "pages", "app", "components"} <= set(linter["root_packages"])
+    assert linter["include_external_packages"] is True  # torch and streamlit are external modules
     contracts = linter["contracts"]
     layers = [c["layers"] for c in contracts if c["type"] == "layers"]
     assert any(ls[-2:] == ["core", "annotations"] and "pages" in ls[0] for ls in layers)
     forbidden = {c["source_modules"][0]: set(c["forbidden_modules"]) for c in contracts if c["type"] == "forbidden"}
     assert {"core", "streamlit", "torch"} <= forbidden["annotations"]
-    assert {"streamlit", "pages", "app_common"} <= forbidden["core"]
+    assert {"streamlit", "pages", "app"} <= forbidden["core"]
     independent = [set(c["modules"]) for c in contracts if c["type"] == "independence"]
     assert {"core.vision", "core.text"} <= set().union(*independent)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from triderm.__main__ import streamlit_flags
 
 REPO = Path(__file__).resolve().parents[2]
-APP_FILES = [REPO / "app.py", REPO / "app_common.py", *sorted((REPO / "pages").glob("*.py")),
+APP_FILES = [REPO / "app.py", *sorted((REPO / "app").glob("*.py")), *sorted((REPO / "pages").glob("*.py")),
              *sorted(p for p in (REPO / "components").rglob("*") if p.suffix in (".py", ".js", ".css", ".html")),
              REPO / ".streamlit" / "config.toml"]
 URL = re.compile(r"""(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}[^\s"'`)]*""", re.IGNORECASE)
@@ -40,7 +40,7 @@ def test_the_app_names_no_external_asset():
 
 def test_the_page_icon_is_an_emoji():
     """A ``:material/…:`` page icon is fetched from an icon font host as the favicon; an emoji is a data: URL."""
-    for path in (REPO / "app.py", REPO / "app_common.py"):
+    for path in (REPO / "app.py", REPO / "app" / "navigation.py"):
         icons = re.findall(r"page_icon=([^,)]+)", path.read_text("utf-8"))
         assert icons and all(re.fullmatch(r'"[^":/.]+"', icon) for icon in icons), (path.name, icons)
 

@@ -1,4 +1,4 @@
-"""Text from data rendered as itself: :func:`app_common.escape_md` leaves nothing a Markdown renderer would
+"""Text from data rendered as itself: :func:`app.markup.escape_md` leaves nothing a Markdown renderer would
 turn into a link, an image, HTML, formatting, an emoji or a colour, and the reader still sees the text."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-import app_common as ac
+from app import markup
 
 PAYLOADS = [
     "![x](http://127.0.0.2/x.png)",
@@ -29,17 +29,17 @@ def render(text: str) -> str:
 
 @pytest.mark.parametrize("text", PAYLOADS)
 def test_escaped_text_renders_as_one_plain_paragraph_of_the_same_text(text):
-    out = render(ac.escape_md(text))
+    out = render(markup.escape_md(text))
     assert set(re.findall(r"<(\w+)", out)) == {"p"}  # no link, image, HTML, heading, list, table, emphasis
     shown = html.unescape(re.sub(r"<[^>]+>", "", out)).replace("\u2060", "").strip()
     assert shown.split() == text.split()  # the words as typed (line breaks inside a paragraph aside)
 
 
 def test_escaped_text_starts_no_shortcode_directive_or_autolink():
-    out = ac.escape_md(PAYLOADS[3] + " " + PAYLOADS[4])
+    out = markup.escape_md(PAYLOADS[3] + " " + PAYLOADS[4])
     assert not re.search(r":[\w-]+:|:\w+\[|https?://|\bwww\.|\w@\w", out)
 
 
 def test_plain_text_is_left_readable_and_empty_stays_empty():
-    assert ac.escape_md("Not saved: Ann changed leg-01.") == "Not saved: Ann changed leg-01."
-    assert ac.escape_md(None) == ac.escape_md("") == ""
+    assert markup.escape_md("Not saved: Ann changed leg-01.") == "Not saved: Ann changed leg-01."
+    assert markup.escape_md(None) == markup.escape_md("") == ""
