@@ -1,7 +1,7 @@
 """Streamlit helpers shared by the app's pages: workspace, accounts and roles, banners, images.
 
 The rules themselves live in :mod:`annotations.accounts` (passwords, lock-out, session tokens,
-roles) and :mod:`annotations.session`; this module only wires them to Streamlit. Every page
+roles) and :mod:`annotations.accounts.session`; this module only wires them to Streamlit. Every page
 starts with ``ws = page(title, need=PERMISSION)``: it stops the script with a clear message for a
 visitor who is not signed in or whose role lacks ``PERMISSION``.
 """
@@ -26,9 +26,10 @@ import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from annotations import accounts, holders, session
-from annotations.accounts import Account, AuthError
-from annotations.workspace import Workspace
+from annotations.accounts import accounts, session
+from annotations.accounts.accounts import Account, AuthError
+from annotations.infra import holders
+from annotations.infra.workspace import Workspace
 from triderm import EXTRA_OF, install_hint
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
@@ -458,7 +459,7 @@ def _zoom_view(root: str, image_id: str, magnification: float, centre: tuple[flo
 
 def zoom_view(ws: Workspace, image_id: str, magnification: float, centre: tuple[float, float] | None = None,
               width: int = 1280, height: int = 960, outline: bool = True) -> tuple[bytes, tuple[int, int, int, int]]:
-    """(JPEG bytes, box shown) of a zoom into a photo (:func:`annotations.session.zoom_box`: its wounds'
+    """(JPEG bytes, box shown) of a zoom into a photo (:func:`annotations.accounts.session.zoom_box`: its wounds'
     box at ``magnification`` 1, 2× / 4× closer, the whole photo at 0; around ``centre``, default the
     wounds), enlarged into a width×height frame, contours drawn (``outline``). Cut server-side from the
     photo decoded once; cached by content hash."""
@@ -571,7 +572,7 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
     """Start / stop / resume controls, status, progress and log tail of one background job
     (``start=False``: the page starts it itself, e.g. from a form's submit button; ``blocked``: why it cannot
     start here, e.g. the install hint of a missing extra: Start and Resume stay, disabled, saying so)."""
-    from annotations import jobs
+    from annotations.infra import jobs
 
     if not module_available(module):
         st.info(f"`python -m core.{module}` is not available in this installation yet — "
@@ -614,7 +615,7 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
 
 def any_job_running(ws: Workspace) -> bool:
     """Whether any job of the workspace is still running."""
-    from annotations import jobs
+    from annotations.infra import jobs
 
     return any(j["alive"] for j in jobs.jobs(ws))
 

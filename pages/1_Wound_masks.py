@@ -4,14 +4,14 @@ A worklist beside the editor walks the photos (all, not outlined, with suggestio
 done, mine) with keyboard shortcuts; the photo on screen is kept in the address (``?photo=…``), so a
 reload stays on it, and a photo is marked done in the store. The photo's part of the page is a Streamlit
 fragment (:func:`photo_area`): moving to another photo reruns only it, not the header and sidebar.
-Deleting a wound asks first and can be undone (:func:`annotations.session.undo_delete`). Messages show
+Deleting a wound asks first and can be undone (:func:`annotations.accounts.session.undo_delete`). Messages show
 beside the photo, so at 1366×768 the photo and every message are in view. Without torch (an ``[app]``-only
 server) the model's controls stay in place, disabled, their help naming the extra to install.
 
 The label mask is the stored truth: the editor gets polygons derived from it and every saved
 outline is rasterised back into it. Suggestions (the segmentation model) and click-to-outline
 proposals become outlines only when the clinician accepts them. A photo an admin marked for second
-reading is outlined blind into the annotator's own layer (annotations.readings), apart from the truth.
+reading is outlined blind into the annotator's own layer (annotations.followup.readings), apart from the truth.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import numpy as np
 import streamlit as st
 
 import app_common as ac
-from annotations import readings, session
-from annotations.readers import typed_value
-from annotations.store import StaleEdit, wound_key
+from annotations.accounts import session
+from annotations.followup import readings
+from annotations.io.readers import typed_value
+from annotations.store.revisions import StaleEdit
+from annotations.store.rows import wound_key
 from components.outline_editor import image_uri, outline_editor
 
 ws = ac.page("Wound masks", need="annotate", compact=True)  # photo and tools in view at 1366×768
@@ -81,7 +83,7 @@ def photo_uri(path: str, sha256: str) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def wound_polygons(root: str, image_id: str, mask_digest: str, wounds_digest: str, _ws) -> dict[int, list]:
-    """The editor's outlines of the photo's wounds (:func:`annotations.session.label_polygons` of its label map),
+    """The editor's outlines of the photo's wounds (:func:`annotations.accounts.session.label_polygons` of its label map),
     cached per label-map file content and stored wounds (a save changes either, so it is traced again)."""
     return session.label_polygons(_ws.load_mask(image_id))
 
@@ -546,7 +548,7 @@ def typed_fields(base: str, names: list[str], loaded: dict) -> dict:
 
 def save_text(image_id: str, index: int, names: list[str]) -> None:
     """Store only the description and metadata fields changed since the page loaded them, provided nobody
-    changed those since (:meth:`annotations.store.Store.edit`); a refusal is kept for the page to show."""
+    changed those since (:meth:`annotations.store.store.Store.edit`); a refusal is kept for the page to show."""
     base = f"{image_id}_{index}"
     loaded = state[f"loaded_{base}"]
     changes = {k: v for k, v in typed_fields(base, names, loaded).items() if v != loaded.get(k)}
@@ -631,7 +633,7 @@ def remove(image_id: str, index: int) -> None:
 
 
 def undo_delete() -> None:
-    """Put back the wound deleted last (:func:`annotations.session.undo_delete`), or say why not."""
+    """Put back the wound deleted last (:func:`annotations.accounts.session.undo_delete`), or say why not."""
     undo = state.pop("mask_undo")
     try:
         session.undo_delete(ws, undo["revision"], actor=ac.actor())

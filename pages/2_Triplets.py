@@ -20,9 +20,9 @@ from datetime import datetime, timedelta, timezone
 import streamlit as st
 
 import app_common as ac
-from annotations import session
-from annotations.scheduler import Question, TripletScheduler
-from annotations.session import target
+from annotations.accounts import session
+from annotations.accounts.session import target
+from annotations.scheduling.scheduler import Question, TripletScheduler
 
 LEFT, RIGHT, SKIP, UNDO = "◀ More like left", "More like right ▶", "Skip", "↶ Undo last"
 #: Keyboard shortcuts (st.button(shortcut=…)): answers, undo, zoom of the left / query / right photo,

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import jobs
-from annotations import runs as run_kinds
+from annotations.infra import jobs
+from annotations.store import runs as run_kinds
 from core.text.llm import DEFAULT_MODELS, ollama_hosts
 
 JOB = "llm-triplets"

@@ -16,8 +16,8 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import followup
-from annotations.runs import CONCEPTS, VISION_FINETUNE, VISION_TRIDERM
+from annotations.followup import followup
+from annotations.store.runs import CONCEPTS, VISION_FINETUNE, VISION_TRIDERM
 
 ws = ac.page("Explore", need="view")
 # the map above the fold on a 1366×768 laptop: narrow top margin and title (the sidebar stays open)

@@ -19,8 +19,8 @@ import plotly.io as pio
 import streamlit as st
 
 import app_common as ac
-from annotations.csvsafe import neutralise
-from annotations.fileio import read_json
+from annotations.infra.fileio import read_json
+from annotations.io.csvsafe import neutralise
 
 ws = ac.page("Report", need="view", banner=False)  # the banner heads the workspace's sections below
 report_dir = ws.runs_dir / "report"

@@ -4,8 +4,8 @@ metric, second reading of outlines (photos marked here, Dice beside the triplet 
 of who changed what.
 
 One function per tab (:func:`main` draws them); the tables' rows come from UI-free functions
-(:func:`annotations.consistency.annotator_rows`, :func:`annotations.readings.photo_rows`,
-:func:`annotations.history.audit_rows`)."""
+(:func:`annotations.scheduling.consistency.annotator_rows`, :func:`annotations.followup.readings.photo_rows`,
+:func:`annotations.store.history.audit_rows`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import pandas as pd
 import streamlit as st
 
 import app_common as ac
-from annotations import accounts, consistency, readings
-from annotations.consistency import rounded as num
-from annotations.history import audit_rows
+from annotations.accounts import accounts
+from annotations.followup import readings
+from annotations.scheduling import consistency
+from annotations.scheduling.consistency import rounded as num
+from annotations.store.history import audit_rows
 
 ws = ac.page("Review", need="manage")
 actor = ac.actor()

@@ -14,8 +14,8 @@ from streamlit_page import idle
 from tests.integration.test_upload import NURSE, jpeg, png16
 from wound_photos import choose_photo, draw, settled, tool, watch_runs
 
-from annotations.upload import upload_photos
-from annotations.workspace import Workspace
+from annotations.io.upload import upload_photos
+from annotations.infra.workspace import Workspace
 
 expect.set_options(timeout=90_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -14,8 +14,8 @@ from streamlit_page import idle, image_shown
 from conftest import PASSWORD
 from wound_photos import open_wound_masks, to_screen, wound_photo
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.infra.workspace import Workspace
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

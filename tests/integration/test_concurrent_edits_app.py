@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.integration.test_app_pages import app
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 
 
 def test_a_stale_page_saves_only_its_changed_field_and_refuses_a_stale_one(ws):
@@ -90,8 +90,8 @@ def test_an_outline_saved_over_one_changed_since_the_editor_drew_it_is_refused(w
 def test_follow_up_link_and_visit_date_from_a_stale_page_are_refused(tmp_path, monkeypatch):
     from tests.integration.test_followup_page import page, split_visits
 
-    from annotations import accounts
-    from annotations.dataset import import_dataset
+    from annotations.accounts import accounts
+    from annotations.io.dataset import import_dataset
     from core.phantoms.visits import build_visits
 
     build_visits(tmp_path / "visits", visits=3, patients=2, seed=5)
@@ -126,7 +126,7 @@ def test_follow_up_link_and_visit_date_from_a_stale_page_are_refused(tmp_path, m
 
 
 def test_an_account_change_from_a_stale_page_is_refused(ws):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     accounts.add_account(ws.store, "Ann", "annotator", "correct horse battery", "test")
     first, second = app("accounts", annotator="Ada"), app("accounts", annotator="Bo")
@@ -162,7 +162,7 @@ def test_saving_second_reading_marks_keeps_another_admins_marks(tmp_path, monkey
     from tests.integration.test_readings import review_page
     from tests.integration.test_readings import ws as photos
 
-    from annotations import readings
+    from annotations.followup import readings
 
     ws = photos.__wrapped__(tmp_path)
     first, second = review_page(ws, monkeypatch, "Ada", "admin"), review_page(ws, monkeypatch, "Bo", "admin")

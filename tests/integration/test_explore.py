@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.explore import (
     DistanceRetrieval,

@@ -13,23 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import followup
-from annotations.align import align_views, track_views
-from annotations.backup import backup, restore
-from annotations.dataset import export_dataset, import_dataset
-from annotations.measure import (
-    MarkerSpec,
-    MeasureError,
-    Ruler,
-    find_marker,
-    measure,
-    ruler_calibration,
-    ruler_uncertainty,
-)
-from annotations.privacy import erase_patient
-from annotations.readers import DatasetError
-from annotations.store import MIGRATIONS, Store
-from annotations.workspace import Workspace
+from annotations.followup import followup
+from annotations.followup.align import align_views, track_views
+from annotations.infra.backup import backup, restore
+from annotations.io.dataset import export_dataset, import_dataset
+from annotations.followup.measure import (MarkerSpec, MeasureError, Ruler, find_marker, measure, ruler_calibration,
+                                          ruler_uncertainty)
+from annotations.accounts.privacy import erase_patient
+from annotations.io.readers import DatasetError
+from annotations.store.store import MIGRATIONS, Store
+from annotations.infra.workspace import Workspace
 from core.phantoms.visits import build_visits, read_truth
 import itertools
 

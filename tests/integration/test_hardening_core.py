@@ -17,9 +17,9 @@ from PIL import Image, ImageOps
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from annotations.dataset import import_dataset
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import DatasetError
+from annotations.infra.workspace import Workspace
 from core import segment
 from core.vision.model_files import ModelFileError, read_config
 from core.runtime import write_model_folder

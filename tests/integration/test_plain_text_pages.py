@@ -5,7 +5,7 @@ import json
 
 from tests.integration.test_app_pages import add_test_embedding, app
 
-from annotations import followup
+from annotations.followup import followup
 
 
 def test_the_explore_map_draws_text_from_data_as_text(ws):

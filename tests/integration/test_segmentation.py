@@ -15,8 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.infra.workspace import Workspace
 from core import segment
 from core import train_segmenter as job
 from core.segmentation import (

@@ -18,8 +18,8 @@ def tuned(tiny_phantom, tmp_path_factory):
     import contextlib
     import io
 
-    from annotations.dataset import import_dataset
-    from annotations.workspace import Workspace
+    from annotations.io.dataset import import_dataset
+    from annotations.infra.workspace import Workspace
     from core.train_triderm import main
 
     ws = Workspace(tmp_path_factory.mktemp("maps") / "ws")

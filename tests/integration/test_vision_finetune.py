@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from annotations.fileio import read_json
+from annotations.infra.fileio import read_json
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds

@@ -10,20 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import dataset
-from annotations.dataset import (
-    Change,
-    DatasetError,
-    MergeConflict,
-    check_kind,
-    export_dataset,
-    import_dataset,
-    plan_merge,
-    validate_dataset,
-)
-from annotations.readers import IMAGE_SUFFIXES
-from annotations.store import key_json, wound_key
-from annotations.workspace import Workspace, outline_hash, outlines
+from annotations.infra.workspace import Workspace, outline_hash, outlines
+from annotations.io import dataset
+from annotations.io.dataset import (Change, DatasetError, MergeConflict, check_kind, export_dataset, import_dataset,
+                                    plan_merge, validate_dataset)
+from annotations.io.readers import IMAGE_SUFFIXES
+from annotations.store.rows import key_json, wound_key
 
 H, W = 16, 20
 
