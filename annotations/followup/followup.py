@@ -121,7 +121,7 @@ def set_track(store: Store, image_id: str, wound_index: int, track_id: str | Non
 
 def tracks(store: Store) -> list[dict[str, Any]]:
     """Every track: id, patient, site, wounds, first and last visit (the schema's ``tracks`` view)."""
-    return [dict(r) for r in store.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
+    return store.tracks()
 
 
 def track_visits(store: Store, track_id: str) -> list[tuple[str, int, str]]:
@@ -226,7 +226,7 @@ def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None
     for w in store.wounds():
         if track_of(w["metadata"]) is not None or (unlinked and VISIT_DATE in images[w["image_id"]]["metadata"]):
             by_image[w["image_id"]].append(w)
-    authors = _outliners(store)
+    authors = store.outline_authors()
     sizes = measure_photos(ws, sorted(by_image), progress)
     rows = []
     for image_id, wounds in sorted(by_image.items()):
@@ -266,15 +266,6 @@ def _position(m: Measurement, shape: tuple[int, ...]) -> tuple[float, float] | N
     if m.method == "pixels":
         return (m.centre[0] / shape[1] * PHOTO_CM, m.centre[1] / shape[0] * PHOTO_CM)
     return m.centre
-
-
-def _outliners(store: Store) -> dict[str, str]:
-    """Wound key JSON → who last drew its outline (the latest outline or insert revision)."""
-    out = {}
-    for key, actor in store.db.execute("SELECT key, actor FROM revisions WHERE entity = 'wounds' AND "
-                                       "field IN ('outline', 'row') AND action != 'delete' ORDER BY id"):
-        out[key] = actor
-    return out
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:

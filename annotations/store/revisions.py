@@ -178,6 +178,14 @@ class Revisions:
         return self.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
                                "AND field IN ('outline', 'row')").fetchone()[0]
 
+    def outline_authors(self) -> dict[str, str]:
+        """Wound key JSON → who last drew its outline (the latest outline or insert revision)."""
+        out = {}
+        for key, actor in self.db.execute("SELECT key, actor FROM revisions WHERE entity = 'wounds' AND "
+                                          "field IN ('outline', 'row') AND action != 'delete' ORDER BY id"):
+            out[key] = actor
+        return out
+
     def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
         """Recorded changes, oldest first (``old``/``new``/``key`` decoded from JSON)."""
         where, args = [], []

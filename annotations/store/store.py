@@ -487,6 +487,12 @@ class Store(RunRecords, Revisions):
                                  [image_id])
         return [_decode(r) for r in rows]
 
+    # -- follow-up -------------------------------------------------------------------------------
+    def tracks(self) -> list[dict[str, Any]]:
+        """Every wound track: id, patient, site, wounds, first and last visit (the schema's ``tracks`` view),
+        by patient and track id."""
+        return [dict(r) for r in self.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
+
     # -- worklist: photos marked done ---------------------------------------------------------------
     def set_done(self, image_id: str, done: bool, *, actor: str) -> bool:
         """Mark the photo done with its outlines (or not); returns whether the mark changed (recorded as the
