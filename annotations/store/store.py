@@ -1,5 +1,6 @@
-"""The SQLite annotation store: patients, images, wounds, annotators, triplet judgments, LLM
-answers and run records.
+"""The SQLite annotation store: patients, images, wounds, annotators, triplet judgments and LLM
+answers here; the run records and the revisions in the query modules :class:`Store` composes
+(:mod:`annotations.store.run_records`, :mod:`annotations.store.revisions`).
 
 One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
 background jobs and several annotators can write at once. Natural-key unique constraints make
