@@ -1,2 +1,4 @@
-"""The human-input domain of TriDerm Studio: the SQLite store, dataset import/export and
-triplet scheduling. No torch and no Streamlit here."""
+"""The human-input domain of TriDerm Studio, one subpackage per concern: ``store`` (the SQLite store and its
+named queries), ``io`` (dataset import/export, readers, other tools' formats), ``accounts`` (accounts,
+sessions, privacy), ``followup`` (visits, measurement, second readings), ``scheduling`` (triplets, agreement)
+and ``infra`` (files, jobs, the workspace, backup). No torch and no Streamlit here."""

@@ -14,16 +14,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from annotations import accounts
-from annotations.backup import backup, restore
-from annotations.convert import OVERLAP_RULES, SOURCES, convert
-from annotations.dataset import PREFER, import_dataset
-from annotations.exports import EXPORTS, export
-from annotations.formats import LS_LOCAL_FILES
-from annotations.history import history_lines, restore_revision
-from annotations.privacy import erase_patient
-from annotations.readers import DatasetError, clear_error
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace, resolve_workspace
+from annotations.accounts import accounts
+from annotations.accounts.privacy import erase_patient
+from annotations.infra.backup import backup, restore
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA, Workspace, resolve_workspace
+from annotations.io.convert import OVERLAP_RULES, SOURCES, convert
+from annotations.io.dataset import PREFER, import_dataset
+from annotations.io.exports import EXPORTS, export
+from annotations.io.formats import LS_LOCAL_FILES
+from annotations.io.readers import DatasetError, clear_error
+from annotations.store.history import history_lines, restore_revision
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:

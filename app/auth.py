@@ -1,5 +1,5 @@
 """The browser session: its workspace, the signed-in account (session cookie, identity provider), sign-in and
-sign-out. The rules themselves live in :mod:`annotations.accounts` and :mod:`annotations.session`; this
+sign-out. The rules themselves live in :mod:`annotations.accounts` and :mod:`annotations.accounts.session`; this
 module only wires them to Streamlit."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from collections.abc import Mapping
 
 import streamlit as st
 
-from annotations import accounts, holders, session
-from annotations.accounts import Account, AuthError
-from annotations.workspace import Workspace
+from annotations.accounts import accounts, session
+from annotations.accounts.accounts import Account, AuthError
+from annotations.infra import holders
+from annotations.infra.workspace import Workspace
 from app.markup import escape_md
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from annotations import followup
-from annotations.runs import CONCEPTS, VISION_FINETUNE, VISION_TRIDERM
-from annotations.workspace import Workspace
+from annotations.followup import followup
+from annotations.infra.workspace import Workspace
+from annotations.store.runs import CONCEPTS, VISION_FINETUNE, VISION_TRIDERM
 from app import auth, extras, images, jobs, markup
 from core.eval.explore import (
     TOKEN_MAPS_ARTIFACT,
@@ -33,12 +33,12 @@ from core.eval.explore import (
     has_wound_embedding,
     map_input,
     map_overlay,
+    no_attention_reason,
     quick_layout,
     retrieval,
     run_choices,
     scatter_figure,
     stale_note,
-    no_attention_reason,
     stored_token_maps,
     stored_umap,
     thumbnail_size,
@@ -47,6 +47,7 @@ from core.eval.explore import (
 )
 from core.eval.report import embedding_runs
 from core.runtime import load_embeddings
+
 
 def category_colours(values: list[str], limit: int = 24) -> tuple[list[str], dict[str, str]]:
     """Map categories to ``limit`` distinct colours (plotly's Dark24): up to ``limit`` categories each

@@ -12,11 +12,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from annotations import followup
-from annotations.align import track_views
-from annotations.readers import DatasetError
-from annotations.store import StaleEdit, wound_key
-from annotations.workspace import Workspace
+from annotations.followup import followup
+from annotations.followup.align import track_views
+from annotations.infra.workspace import Workspace
+from annotations.io.readers import DatasetError
+from annotations.store.revisions import StaleEdit
+from annotations.store.rows import wound_key
 from app import auth, images, markup
 
 #: Keyboard, as on the Triplets page: accept the first proposal, start a new track.
@@ -73,7 +74,7 @@ def crop(root: str, image_id: str, wound_index: int, version: tuple[int, int], s
 
 @st.cache_data(show_spinner="Aligning the track's photos…", max_entries=32)
 def aligned(root: str, visits: tuple[tuple[str, int], ...], version: tuple[int, int]) -> list[tuple[np.ndarray, str]]:
-    """The track's photos aligned on the wound (annotations.align), outline drawn (cached until the store
+    """The track's photos aligned on the wound (annotations.followup.align), outline drawn (cached until the store
     changes)."""
     ws = auth.workspace()
     from PIL import Image

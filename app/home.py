@@ -11,11 +11,13 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from annotations import accounts, followup, session, upload
-from annotations.accounts import AuthError
-from annotations.dataset import import_dataset
-from annotations.measure import ARUCO_DICTIONARIES, MarkerSpec
-from annotations.readers import HEIC_SUFFIXES, IMAGE_SUFFIXES, DatasetError
+from annotations.accounts import accounts, session
+from annotations.accounts.accounts import AuthError
+from annotations.followup import followup
+from annotations.followup.measure import ARUCO_DICTIONARIES, MarkerSpec
+from annotations.io import upload
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import HEIC_SUFFIXES, IMAGE_SUFFIXES, DatasetError
 from app import auth, markup, navigation
 
 
@@ -92,7 +94,7 @@ def overview_section(ws) -> None:
 
 def upload_section(ws) -> None:
     """Upload a visit's photos from this computer (admins and annotators): the photos, the patient, the
-    visit date and the calibration marker; all stored or, on any error, none (annotations.upload)."""
+    visit date and the calibration marker; all stored or, on any error, none (annotations.io.upload)."""
     with st.expander("Upload photos", expanded=ws.store.counts()["images"] == 0):
         st.caption(f"JPEG, PNG or TIFF photos of one patient's visit, several at once (drag and drop), up to "
                    f"{upload.MAX_PHOTO_MB} MB a photo and {upload.MAX_PHOTOS} an upload. Each is checked as an import "
@@ -224,7 +226,7 @@ def done_notice() -> None:
 def demo_refusal(ws) -> str | None:
     """Why the synthetic demo may not be built into this workspace (None: it may) — the import's own
     kind guard, so the button and ``python -m annotations import`` apply one rule."""
-    from annotations.dataset import check_kind
+    from annotations.io.dataset import check_kind
 
     try:
         check_kind(ws, synthetic=True)

@@ -11,8 +11,8 @@ import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from annotations import session
-from annotations.workspace import Workspace
+from annotations.accounts import session
+from annotations.infra.workspace import Workspace
 from app.auth import workspace
 
 
@@ -134,7 +134,7 @@ def _zoom_view(root: str, image_id: str, magnification: float, centre: tuple[flo
 
 def zoom_view(ws: Workspace, image_id: str, magnification: float, centre: tuple[float, float] | None = None,
               width: int = 1280, height: int = 960, outline: bool = True) -> tuple[bytes, tuple[int, int, int, int]]:
-    """(JPEG bytes, box shown) of a zoom into a photo (:func:`annotations.session.zoom_box`: its wounds'
+    """(JPEG bytes, box shown) of a zoom into a photo (:func:`annotations.accounts.session.zoom_box`: its wounds'
     box at ``magnification`` 1, 2× / 4× closer, the whole photo at 0; around ``centre``, default the
     wounds), enlarged into a width×height frame, contours drawn (``outline``). Cut server-side from the
     photo decoded once; cached by content hash."""

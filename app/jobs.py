@@ -8,7 +8,7 @@ import threading
 
 import streamlit as st
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from app.markup import escape_md, status_badge
 from triderm import install_hint
 
@@ -67,7 +67,7 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
     """Start / stop / resume controls, status, progress and log tail of one background job
     (``start=False``: the page starts it itself, e.g. from a form's submit button; ``blocked``: why it cannot
     start here, e.g. the install hint of a missing extra: Start and Resume stay, disabled, saying so)."""
-    from annotations import jobs
+    from annotations.infra import jobs
 
     if not module_available(module):
         st.info(f"`python -m core.{module}` is not available in this installation yet — "
@@ -110,6 +110,6 @@ def job_panel(ws: Workspace, name: str, module: str, args: list[str], label: str
 
 def any_job_running(ws: Workspace) -> bool:
     """Whether any job of the workspace is still running."""
-    from annotations import jobs
+    from annotations.infra import jobs
 
     return any(j["alive"] for j in jobs.jobs(ws))

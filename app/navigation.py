@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from app import auth
 from app.markup import escape_md
 

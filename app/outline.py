@@ -12,10 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from annotations import readings, session
-from annotations.readers import typed_value
-from annotations.store import StaleEdit, wound_key
-from annotations.workspace import Workspace
+from annotations.accounts import session
+from annotations.followup import readings
+from annotations.infra.workspace import Workspace
+from annotations.io.readers import typed_value
+from annotations.store.revisions import StaleEdit
+from annotations.store.rows import wound_key
 from app import auth
 from app.markup import escape_md
 from components import outline_editor  # called through its module: the app tests stub the component
@@ -65,7 +67,7 @@ def photo_uri(path: str, sha256: str) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def wound_polygons(root: str, image_id: str, mask_digest: str, wounds_digest: str, _ws) -> dict[int, list]:
-    """The editor's outlines of the photo's wounds (:func:`annotations.session.label_polygons` of its label map),
+    """The editor's outlines of the photo's wounds (:func:`annotations.accounts.session.label_polygons` of its label map),
     cached per label-map file content and stored wounds (a save changes either, so it is traced again)."""
     return session.label_polygons(_ws.load_mask(image_id))
 
@@ -543,7 +545,7 @@ def typed_fields(base: str, names: list[str], loaded: dict) -> dict:
 
 def save_text(view: View, index: int, names: list[str]) -> None:
     """Store only the description and metadata fields changed since the page loaded them, provided nobody
-    changed those since (:meth:`annotations.store.Store.edit`); a refusal is kept for the page to show."""
+    changed those since (:meth:`annotations.store.store.Store.edit`); a refusal is kept for the page to show."""
     image_id = view.pick
     base = f"{image_id}_{index}"
     loaded = state[f"loaded_{base}"]
@@ -630,7 +632,7 @@ def remove(view: View, index: int) -> None:
 
 
 def undo_delete(view: View) -> None:
-    """Put back the wound deleted last (:func:`annotations.session.undo_delete`), or say why not."""
+    """Put back the wound deleted last (:func:`annotations.accounts.session.undo_delete`), or say why not."""
     undo = state.pop("mask_undo")
     try:
         session.undo_delete(view.ws, undo["revision"], actor=auth.actor())

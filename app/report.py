@@ -14,9 +14,9 @@ import plotly.express as px
 import plotly.io as pio
 import streamlit as st
 
-from annotations.csvsafe import neutralise
-from annotations.fileio import read_json
-from annotations.workspace import Workspace
+from annotations.infra.fileio import read_json
+from annotations.infra.workspace import Workspace
+from annotations.io.csvsafe import neutralise
 from app import markup
 
 REPORT_METRICS = {"balanced": "Balanced %", "micro": "Micro %", "macro_f1": "Macro-F1 %", "kappa": "κ"}

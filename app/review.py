@@ -8,10 +8,12 @@ import math
 import pandas as pd
 import streamlit as st
 
-from annotations import accounts, consistency, readings
-from annotations.consistency import rounded as num
-from annotations.history import audit_rows
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.followup import readings
+from annotations.infra.workspace import Workspace
+from annotations.scheduling import consistency
+from annotations.scheduling.consistency import rounded as num
+from annotations.store.history import audit_rows
 from app import images, markup
 
 

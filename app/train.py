@@ -9,12 +9,19 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from app import extras, jobs, markup
 from core import cli
 from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, MODES, SUPERVISED_CV
-from core.vision.triderm_config import (DEFAULT, MODE_OPTIONS, PAPER_RECIPE, PAPER_RECIPE_MODES, POOLINGS,
-                                       FineTuneConfig, mode_defaults)
+from core.vision.triderm_config import (
+    DEFAULT,
+    MODE_OPTIONS,
+    PAPER_RECIPE,
+    PAPER_RECIPE_MODES,
+    POOLINGS,
+    FineTuneConfig,
+    mode_defaults,
+)
 
 
 def mode_text(mode: str) -> str:

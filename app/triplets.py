@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from annotations import session
-from annotations.scheduler import Question, TripletScheduler
-from annotations.session import target
-from annotations.workspace import Workspace
+from annotations.accounts import session
+from annotations.accounts.session import target
+from annotations.infra.workspace import Workspace
+from annotations.scheduling.scheduler import Question, TripletScheduler
 from app import auth, images, markup
 
 state = st.session_state

@@ -18,7 +18,7 @@
 * ``--upload N``: photo upload in the browser (Home's "Upload photos", as an annotator): N phone photos
   (12 MP JPEG, turned by EXIF) put in the file chooser to every file on the server, then the click on
   "Upload the visit" to its message (each photo checked, turned upright, stripped and stored), median
-  over ``--runs`` uploads of one server; and the data layer alone (:func:`annotations.upload.upload_photos`
+  over ``--runs`` uploads of one server; and the data layer alone (:func:`annotations.io.upload.upload_photos`
   in-process) for comparison.
 * ``--worklist``: next photo on the outline page's worklist: key press (N) to the next photo's heading and
   its picture in the outline editor, median and 90th percentile over ``--presses`` photos. ``--zoom``: key
@@ -62,11 +62,11 @@ from pathlib import Path
 
 import numpy as np
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.runs import VISION_BASELINE, recording
-from annotations.upload import MAX_PHOTOS, upload_photos
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.upload import MAX_PHOTOS, upload_photos
+from annotations.store.runs import VISION_BASELINE, recording
 from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, write_result
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, AppServer
 from tests.browser.streamlit_page import idle, wait_for_cookie
@@ -119,8 +119,8 @@ def demo_workspace_of(repo: Path, root: Path, photos: int) -> Path:
     if repo == REPO:
         return demo_workspace(root, photos).root
     script = "\n".join(["from pathlib import Path", "import sys", "import numpy as np",
-                        "from annotations import accounts", "from annotations.dataset import import_dataset",
-                        "from annotations.workspace import Workspace", f"PASSWORD = {PASSWORD!r}",
+                        "from annotations.accounts import accounts", "from annotations.io.dataset import import_dataset",
+                        "from annotations.infra.workspace import Workspace", f"PASSWORD = {PASSWORD!r}",
                         inspect.getsource(add_random_run), inspect.getsource(demo_workspace),
                         "demo_workspace(Path(sys.argv[1]), int(sys.argv[2]))"])
     subprocess.run([sys.executable, "-c", script, str(root), str(photos)], cwd=repo, check=True, capture_output=True,

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if args.workspace:
-            from annotations.workspace import Workspace
+            from annotations.infra.workspace import Workspace
 
             ws = Workspace(args.workspace)
         else:

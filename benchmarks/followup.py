@@ -2,11 +2,11 @@
 
 1. **Phantom visits** (SYNTHETIC, :mod:`core.phantoms.visits`): every patient's wounds at several
    visits beside a 4 cm ArUco marker, camera distance and tilt (0–30°) varying; the product path
-   (import, :func:`annotations.followup.followup_rows`) measures each open wound from the marker;
+   (import, :func:`annotations.followup.followup.followup_rows`) measures each open wound from the marker;
    the same outlines are measured again from the drawn ruler (no perspective correction). Error is
    |measured − planted| / planted cm², by method and by tilt; for the ruler, also how often its stated
    uncertainty covers its error (|error| ≤ uncertainty).
-2. **Track links**: :func:`annotations.followup.link_accuracy` replays the visits with the tracks
+2. **Track links**: :func:`annotations.followup.followup.link_accuracy` replays the visits with the tracks
    hidden: top-1 accuracy of the proposed track (or "new track").
 3. **Real photos**: each Medetec and fuseg-dev photo with its expert mask is laid on a plane at a
    known scale (``--photo-cm`` across, an assumption about the scene: the truth is the mask's pixels
@@ -38,10 +38,10 @@ from PIL import Image
 from scipy.stats import binomtest
 from tqdm import tqdm
 
-from annotations import followup
-from annotations.dataset import import_dataset
-from annotations.measure import MarkerSpec, Ruler, find_marker, measure, ruler_calibration
-from annotations.workspace import Workspace
+from annotations.followup import followup
+from annotations.followup.measure import MarkerSpec, Ruler, find_marker, measure, ruler_calibration
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core.phantoms.visits import MARKER, camera, read_truth
 
@@ -96,7 +96,7 @@ def page_speed(root: Path, visits: int, patients: int, seed: int) -> dict:
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from annotations import accounts
+    from annotations.accounts import accounts
     from core.phantoms.visits import build_visits
 
     data = root / "page_visits"

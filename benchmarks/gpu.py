@@ -32,7 +32,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from benchmarks.results import REPO, RESULTS_DIR, command_line, render_tables, repo_env, write_result
 from core import cli
 from core.runtime import PRECISION_ENV, ensure_images, use_device

@@ -31,8 +31,8 @@ import numpy as np
 from PIL import Image
 from scipy import stats
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from benchmarks.results import machine, write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFilter
 
-from annotations.dataset import import_dataset
-from annotations.readers import DatasetFolder, labels_and_geometry, read_mask, read_photo, wound_geometry
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import DatasetFolder, labels_and_geometry, read_mask, read_photo, wound_geometry
 from core import cli
 
 

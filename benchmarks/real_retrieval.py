@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from benchmarks.real_vision import (
     FINETUNE,
     FROZEN,

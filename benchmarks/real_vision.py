@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from benchmarks.results import RESULTS_DIR, write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean

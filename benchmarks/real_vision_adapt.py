@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from benchmarks.real_vision import FROZEN, Bench, cell, compare, frozen_bank, print_report, stage6_photos
 from benchmarks.results import write_result
 from core import cli

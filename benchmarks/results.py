@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from annotations.fileio import read_json
+from annotations.infra.fileio import read_json
 from core.eval.formatting import agreement_text
 from core.eval.protocol import paired_claim
 from core.eval.result_files import COMMAND_ENV, STARTED_ENV, command_line, machine, write_result

@@ -50,8 +50,8 @@ STAGES = ("phantom s", "import s", "import CPU s", "import peak RSS MiB", "100·
 #: The import as a child process; it prints its own peak resident memory in KiB: VmHWM, the high-water mark
 #: of its address space (``ru_maxrss`` would keep the parent's, inherited through fork and exec).
 IMPORT_CHILD = """import re, resource, sys
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.infra.workspace import Workspace
 import_dataset(Workspace(sys.argv[1]), sys.argv[2])
 try:
     print(re.search(r"VmHWM:\\s*(\\d+) kB", open("/proc/self/status").read()).group(1))
@@ -79,8 +79,8 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     """Every stage's figure for a study of ``n`` photos built under ``root``."""
     from plotly.colors import qualitative
 
-    from annotations.scheduler import TripletScheduler
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
+    from annotations.scheduling.scheduler import TripletScheduler
     from core.eval.explore import scatter_figure
     from core.phantoms import build
     from core.text.soe import SOE
@@ -142,8 +142,8 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
 
 def scheduler_latency(n: int, m: int, root: Path, seed: int, draws: int = 40) -> dict[str, float]:
     """``TripletScheduler.next`` wall and CPU ms with ``m`` judgments stored over ``n`` photos."""
-    from annotations.scheduler import TripletScheduler
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
+    from annotations.scheduling.scheduler import TripletScheduler
 
     ws = Workspace(root / "ws")
     ids = [f"P{i:06d}" for i in range(n)]

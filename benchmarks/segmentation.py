@@ -51,8 +51,8 @@ from PIL import Image
 from scipy import ndimage
 from tqdm.auto import tqdm
 
-from annotations.readers import mask_to_labels
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.io.readers import mask_to_labels
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
 from core.eval.protocol import paired_claim

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA
 from benchmarks.results import RESULTS_DIR, command_line, paired_claim, render_tables, write_result
 from benchmarks.segmentation import (
     SHARED,

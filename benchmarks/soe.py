@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean
@@ -70,7 +70,7 @@ LATENT = "latent truth (the planted ceiling; not fitted)"
 
 def phantom_workspace(root: Path, seed: int) -> Workspace:
     """Generate the phantom demo and import it into a workspace under ``root``."""
-    from annotations.dataset import import_dataset
+    from annotations.io.dataset import import_dataset
     from core.phantoms import build
 
     build(root / "dataset", seed=seed)

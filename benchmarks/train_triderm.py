@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from benchmarks.results import RESULTS_DIR, command_line, render_tables, write_result
 from core import cli
 from core.eval.protocol import oriented_expert

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from benchmarks.results import (
     RESULTS_DIR,
     command_line,

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from annotations.workspace import Workspace, resolve_workspace
+from annotations.infra.workspace import Workspace, resolve_workspace
 from core import cli
 from core.experiments.ablation import (
     BUDGETS,

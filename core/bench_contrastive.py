@@ -32,7 +32,7 @@ import time
 from dataclasses import fields
 from typing import Any
 
-from annotations import runs
+from annotations.store import runs
 from core import cli
 from core.experiments.defaults import VARIANT_OPTIONS, ContrastiveConfig
 

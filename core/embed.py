@@ -28,12 +28,12 @@ from tqdm import tqdm
 
 import numpy as np
 
-from annotations import runs
-from annotations.csvsafe import neutralise
-from annotations.readers import load_photo
+from annotations.store import runs
+from annotations.io.csvsafe import neutralise
+from annotations.io.readers import load_photo
 from core import cli
 from core.eval.distances import pairwise_euclidean
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.runtime import load_embeddings, open_workspace, save_embeddings, user_errors
 from core.vision.recipe import OFFLINE_DEFAULT
 

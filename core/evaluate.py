@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from annotations.workspace import Workspace, resolve_workspace
+from annotations.infra.workspace import Workspace, resolve_workspace
 from core import cli
 from core.eval.fusion import DEFAULT_ALPHA
 from core.eval.report import run_report, text_table

@@ -30,7 +30,7 @@ import argparse
 import json
 from pathlib import Path
 
-from annotations import runs
+from annotations.store import runs
 from core import cli
 from core.runtime import open_workspace, user_errors
 

@@ -17,8 +17,8 @@ import argparse
 import time
 from contextlib import nullcontext
 
-from annotations import runs
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.store import runs
 from core import cli
 from core.runtime import init_distributed, open_workspace, user_errors
 from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT, SHARD_PHOTOS

@@ -14,7 +14,7 @@ import math
 import sys
 from typing import Any
 
-from annotations.workspace import Workspace, resolve_workspace
+from annotations.infra.workspace import Workspace, resolve_workspace
 from core import cli
 from core.eval.metrics import METRICS
 

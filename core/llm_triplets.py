@@ -36,7 +36,7 @@ import json
 import sys
 from typing import Any
 
-from annotations.workspace import Workspace, resolve_workspace
+from annotations.infra.workspace import Workspace, resolve_workspace
 from core import cli
 from core.text.llm import (
     DEFAULT_MODELS,

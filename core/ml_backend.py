@@ -24,7 +24,7 @@ import argparse
 import os
 from pathlib import Path
 
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
 from core import cli
 from core.runtime import user_errors
 

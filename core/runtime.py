@@ -13,7 +13,7 @@
 - **Run artifacts**: every run that produces an image embedding writes
   ``runs/<id>/embeddings.npz`` through :func:`save_embeddings`; evaluation, fusion, retrieval
   and the explorer read it back with :func:`load_embeddings`. The run record itself (config,
-  seed, git sha, metrics) is the store's (:meth:`annotations.store.Store.start_run`).
+  seed, git sha, metrics) is the store's (:meth:`annotations.store.store.Store.start_run`).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from annotations.fileio import atomic_write, staged_folder
-from annotations.store import git_sha
-from annotations.workspace import Workspace
+from annotations.infra.fileio import atomic_write, staged_folder
+from annotations.infra.workspace import Workspace
+from annotations.store.run_records import git_sha
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def ensure_images(ws: Workspace, progress: bool = True) -> dict | None:
     """Build and import the phantom demo when the workspace has no photos; its summary or None."""
     if ws.store.images():
         return None
-    from annotations.dataset import import_dataset
+    from annotations.io.dataset import import_dataset
     from core.phantoms import build
 
     with tempfile.TemporaryDirectory(prefix="triderm-demo-") as tmp:

@@ -5,8 +5,8 @@ Each photo of ``--images`` (png/jpg/tif) gets ``OUT/masks/<name>.png``: a label 
 components below the minimum wound area dropped), the layout the importer reads next to the
 photos' ``images/``, so outlines can be pre-filled before an import and corrected in the editor.
 ``OUT/segment.json`` records the model, threshold and counts. Photos are read exactly as import reads them
-(:func:`annotations.readers.load_photo`: EXIF orientation applied, 16-bit scaled to 8-bit, at most
-:data:`~annotations.readers.MAX_PIXELS` pixels), so each mask has the upright photo's size and import takes it.
+(:func:`annotations.io.readers.load_photo`: EXIF orientation applied, 16-bit scaled to 8-bit, at most
+:data:`~annotations.io.readers.MAX_PIXELS` pixels), so each mask has the upright photo's size and import takes it.
 They are read one at a time (memory bounded by one photo, whatever the folder's size): no photos, two photos
 of one name, a non-empty output folder, or a photo that cannot be read or is too large (a decompression
 bomb) is one error naming the file, and leaves nothing behind (masks are written to ``OUT/.masks-partial``
@@ -31,9 +31,9 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from annotations import runs
-from annotations.readers import IMAGE_SUFFIXES, load_photo
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
+from annotations.io.readers import IMAGE_SUFFIXES, load_photo
+from annotations.store import runs
 from core import cli
 from core.runtime import user_errors
 from core.segmentation.defaults import RUN_KIND
@@ -62,7 +62,7 @@ def resolve_model(spec: str, workspace: str | None, device: str) -> tuple[Segmen
 
 def photo_paths(folder: Path) -> list[Path]:
     """The photo files of ``folder`` (png/jpg/tif), sorted; none, or two of one name, is a ValueError.
-    Nothing is decoded here: :func:`~annotations.readers.load_photo` reads each when it is segmented."""
+    Nothing is decoded here: :func:`~annotations.io.readers.load_photo` reads each when it is segmented."""
     if not folder.is_dir():
         raise ValueError(f"{folder}: not a folder of photos")
     paths = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from annotations.workspace import Workspace, resolve_workspace
+from annotations.infra.workspace import Workspace, resolve_workspace
 from core import cli
 from core.eval.metrics import METRICS
 from core.text.sentence import run_baseline

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from annotations import runs
+from annotations.store import runs
 from core import cli
 from core.runtime import open_workspace, user_errors
 

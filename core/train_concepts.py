@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
-from annotations import runs
+from annotations.store import runs
 from core import cli
 from core.concepts.defaults import TRAINING_OPTIONS, ConceptsConfig
 

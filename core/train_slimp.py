@@ -40,7 +40,7 @@ from core.nested.config import TRAIN_KEYS, SlimpConfig
 from core.runtime import user_errors
 
 if TYPE_CHECKING:  # torch: loaded once the arguments are read (a fast --help)
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
     from core.nested.model import NestedData
     from core.nested.tabular import TabularSchema
     from core.nested.training import EpochLoop
@@ -161,7 +161,7 @@ def _open(parser: argparse.ArgumentParser, args: argparse.Namespace, rank: int, 
     the run's config (:func:`config_of`: the checkpoint's training settings); bad input exits through ``parser``."""
     import torch.distributed as dist
 
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
     from core.nested.model import epoch_batches, load_nested_data
     from core.nested.training import read_resume
     from core.runtime import open_workspace

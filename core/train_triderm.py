@@ -39,7 +39,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core import cli
 from core.eval.formatting import agreement_text
 from core.eval.report import run_report
@@ -89,7 +89,7 @@ def scored_note(m: dict[str, Any], expert: int) -> str:
 def next_steps(ws) -> str:
     """What to do after the demo: an admin account (only when the workspace has no active admin), the app,
     the Report page (venv commands)."""
-    from annotations.accounts import list_accounts
+    from annotations.accounts.accounts import list_accounts
 
     py = Path(sys.executable)
     venv = py.parent.parent if (py.parent.parent / "pyvenv.cfg").exists() else None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from annotations import jobs
-from annotations import runs as run_kinds
+from annotations.infra import jobs
+from annotations.store import runs as run_kinds
 from app import extras, markup, navigation
 from app.jobs import any_job_running, job_panel
 from core.text.llm import DEFAULT_MODELS, ollama_hosts

@@ -4,8 +4,8 @@ metric, second reading of outlines (photos marked here, Dice beside the triplet 
 of who changed what.
 
 One function per tab (:func:`app.review.main` draws them); the tables' rows come from UI-free functions
-(:func:`annotations.consistency.annotator_rows`, :func:`annotations.readings.photo_rows`,
-:func:`annotations.history.audit_rows`)."""
+(:func:`annotations.scheduling.consistency.annotator_rows`, :func:`annotations.followup.readings.photo_rows`,
+:func:`annotations.store.history.audit_rows`)."""
 
 from __future__ import annotations
 

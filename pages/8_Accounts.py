@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from annotations import accounts
-from annotations.accounts import ROLES, AuthError
+from annotations.accounts import accounts
+from annotations.accounts.accounts import ROLES, AuthError
 from app import auth, markup, navigation
 from core.text.llm import DEFAULT_OLLAMA_HOSTS, allowed_ollama_host
 
@@ -29,7 +29,7 @@ def attempt(action, success: str) -> None:
 
 def unchanged(who: str, field: str, loaded: object, yours: object, change) -> None:
     """Run ``change`` provided the account's ``field`` still holds the ``loaded`` value (one transaction); a
-    :class:`~annotations.store.StaleEdit` (a ValueError, shown by :func:`attempt`) otherwise."""
+    :class:`~annotations.store.revisions.StaleEdit` (a ValueError, shown by :func:`attempt`) otherwise."""
     with store.expecting("accounts", who, {field: loaded}, {field: yours}):
         change()
 

@@ -47,9 +47,9 @@ class HideML(importlib.abc.MetaPathFinder):
 
 def workspace(root: Path) -> None:
     """A 6-photo SYNTHETIC phantom workspace at ``root`` with an admin account."""
-    from annotations import accounts
-    from annotations.dataset import import_dataset
-    from annotations.workspace import Workspace
+    from annotations.accounts import accounts
+    from annotations.infra.workspace import Workspace
+    from annotations.io.dataset import import_dataset
     from core.phantoms import build
 
     build(root.parent / "demo", seed=0, photos=6, patients=3, wounds=8, triplets=20)
@@ -62,8 +62,8 @@ def signed_in_app():
     """The app (the installed app.py) with the admin signed in, after its first run."""
     from streamlit.testing.v1 import AppTest
 
-    from annotations import accounts
-    from annotations.workspace import Workspace
+    from annotations.accounts import accounts
+    from annotations.infra.workspace import Workspace
 
     at = AppTest.from_file(str(app_path()), default_timeout=120)
     ws = Workspace(None)

@@ -3,7 +3,7 @@
     python scripts/crashtest.py [--ops import,reimport,restore,erase,backup] [--photos 4] [--json OUT]
 
 Each operation runs as ``python -m annotations …`` in a forked process with ``TRIDERM_CRASH_AT=N``
-(:func:`annotations.fileio.write_step`: the process kills itself at its N-th rename or commit), for
+(:func:`annotations.infra.fileio.write_step`: the process kills itself at its N-th rename or commit), for
 N = 1, 2, … until a run completes without being killed. After each run the workspace is opened
 again (which replays or rolls back an interrupted swap) and checked: ``PRAGMA integrity_check``
 ok, every stored photo's bytes match its sha256, no photo file without its row, no mask label
@@ -32,12 +32,12 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from annotations import fileio, journal
 from annotations.__main__ import main as cli
-from annotations.backup import BackupError, backup, verify
-from annotations.dataset import import_dataset
-from annotations.fileio import CRASH_ENV
-from annotations.workspace import Workspace
+from annotations.infra import fileio, journal
+from annotations.infra.backup import BackupError, backup, verify
+from annotations.infra.fileio import CRASH_ENV
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 OPS = ("import", "reimport", "restore", "erase", "backup")
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from benchmarks.train_triderm import gemm_rate
 from core.eval.protocol import oriented_expert
 from core.runtime import ensure_images

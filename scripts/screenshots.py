@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "tests" / "browser"))  # the browser tests' server
 from conftest import CHROMIUM, CHROMIUM_ARGS, AppServer  # noqa: E402
 from streamlit_page import idle, image_shown, wait_for_cookie  # noqa: E402
 
-from annotations import accounts  # noqa: E402
-from annotations.workspace import Workspace  # noqa: E402
+from annotations.accounts import accounts  # noqa: E402
+from annotations.infra.workspace import Workspace  # noqa: E402
 
 LAPTOP = {"width": 1366, "height": 768}
 ADMIN = "Dr Demo"

@@ -33,9 +33,9 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from annotations import session
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import session
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 
 def build_dataset(root: Path, photos: int, seed: int = 0) -> Path:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 MEDETEC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medetec"
 

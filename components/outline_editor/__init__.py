@@ -1,7 +1,7 @@
 """The outline editor: a Streamlit ``components.v2`` component (inline JS + CSS, no build step).
 
 ``editor.js`` documents the interactions. Python sends the photo and the outlines (polygons in
-photo coordinates, derived from the label map by :func:`annotations.session.label_polygons`); the
+photo coordinates, derived from the label map by :func:`annotations.accounts.session.label_polygons`); the
 editor sends back one action per click of Save / Accept / Reject or a "click to outline" point.
 """
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from annotations.fileio import atomic_write
-from annotations.runs import Recording
+from annotations.infra.fileio import atomic_write
+from annotations.store.runs import Recording
 from core.concepts.scores import ConceptBottleneck, ConceptScorer
 from core.concepts.training import (
     SIGMOID_OBJECTIVES,

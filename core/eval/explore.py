@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from annotations import runs
-from annotations.fileio import atomic_write
-from annotations.workspace import Workspace
+from annotations.store import runs
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace
 from core.eval.distances import image_distances
 from core.eval.fusion import minmax_normalise
 from core.eval.retrieval import EmbeddingIndex, neighbours, run_distances

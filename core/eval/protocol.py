@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 
 def patient_of(images: Sequence[dict[str, Any]]) -> dict[str, str]:
     """image_id → patient (the photo itself when it has no ``patient_id``)."""

@@ -9,10 +9,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from annotations.csvsafe import neutralise
-from annotations.fileio import atomic_write, write_json, write_text
-from annotations.runs import FUSION, REPORT, TEXT_SOE, VISION_FINETUNE, VISION_TRIDERM, recording
-from annotations.workspace import Workspace
+from annotations.infra.fileio import atomic_write, write_json, write_text
+from annotations.infra.workspace import Workspace
+from annotations.io.csvsafe import neutralise
+from annotations.store.runs import FUSION, REPORT, TEXT_SOE, VISION_FINETUNE, VISION_TRIDERM, recording
 from core.eval.formatting import agreement_text
 from core.eval.fusion import DEFAULT_ALPHA, METHODS, fuse
 from core.eval.metrics import METRICS, evaluate

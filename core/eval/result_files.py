@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from annotations.fileio import write_json
+from annotations.infra.fileio import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 COMMAND_ENV = "TRIDERM_RESULT_COMMAND"  # set by --run: the registry command a writer records

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.eval.distances import image_distances
 from core.eval.fusion import DEFAULT_ALPHA, fuse, minmax_normalise
 from core.eval.protocol import patient_bootstrap_ci

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from annotations.runs import TEXT_BASELINE, VISION_BASELINE
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.store.runs import TEXT_BASELINE, VISION_BASELINE
 from core.eval.formatting import agreement_text
 from core.eval.protocol import oriented_triplets, patient_bootstrap_ci, patient_of, patient_paired_test
 from core.eval.retrieval import run_image_distances

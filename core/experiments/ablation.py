@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from annotations import runs
-from annotations.fileio import read_json, write_json, write_text
-from annotations.workspace import Workspace
+from annotations.infra.fileio import read_json, write_json, write_text
+from annotations.infra.workspace import Workspace
+from annotations.store import runs
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
 from core.eval.protocol import oriented_triplets

@@ -19,9 +19,9 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from annotations.csvsafe import neutralise
-from annotations.fileio import atomic_write, read_json, write_json, write_text
-from annotations.runs import Recording
+from annotations.infra.fileio import atomic_write, read_json, write_json, write_text
+from annotations.io.csvsafe import neutralise
+from annotations.store.runs import Recording
 from core.concepts.scores import ConceptScorer
 from core.concepts.training import (
     SIGMOID_OBJECTIVES,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from annotations.fileio import atomic_write
+from annotations.infra.fileio import atomic_write
 from core.eval.protocol import patient_of
 from core.losses.nested import NestedContrastiveLoss
 from core.nested.tabular import TabularBatch, TabularEncoder, TabularSchema, is_missing

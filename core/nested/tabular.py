@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from annotations.fileio import read_json, write_json
+from annotations.infra.fileio import read_json, write_json
 
 MISSING_STRINGS = frozenset({"", "na", "n/a", "nan", "none", "null", "unknown", "?"})
 

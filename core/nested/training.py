@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from annotations import runs
-from annotations.fileio import atomic_write
+from annotations.infra.fileio import atomic_write
+from annotations.store import runs
 from core.losses.nested import inner_losses, outer_loss, symmetric_infonce
 from core.nested.config import TRAIN_KEYS, SlimpConfig
 from core.nested.model import (

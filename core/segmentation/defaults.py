@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from annotations import runs
+from annotations.store import runs
 from core.cli import check_options, option
 
 RUN_KIND = runs.SEGMENTER

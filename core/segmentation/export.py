@@ -19,7 +19,7 @@ import torch
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.vision.model_card import model_card
 from core.vision.model_files import check_sizes, folder_file, load_weights, read_config
 from core.runtime import numbers_only, pick_device, write_model_folder

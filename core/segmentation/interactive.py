@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from scipy import ndimage
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.runtime import pick_device
 from core.segmentation.model import THRESHOLD, Segmenter, load_segmenter
 

@@ -17,7 +17,7 @@ photo's ``Image`` (and the outline is one ring), else a ``brushlabels`` brush; i
 label (any case), else its first; its ``score`` the mean probability inside it (the task's, the mean over its regions).
 
 A task's photo (the ``Image`` tag's ``$value`` in ``data``) is read as import reads it
-(:func:`annotations.readers.load_photo`): a local-files URL (``/data/local-files/?d=path``) from below
+(:func:`annotations.io.readers.load_photo`): a local-files URL (``/data/local-files/?d=path``) from below
 ``document_root`` (a path leading outside it is refused), or, without one, from Label Studio; any other
 URL of Label Studio's (relative, or on ``label_studio_url``'s origin) is fetched with the API key (a
 legacy token, or a personal access token exchanged at ``/api/token/refresh``), without following
@@ -42,8 +42,8 @@ from urllib.parse import parse_qs, unquote, urljoin, urlsplit
 import numpy as np
 from PIL import Image
 
-from annotations.formats import labelstudio_region
-from annotations.readers import IMAGE_SUFFIXES, MAX_FILE_BYTES, DatasetError, load_photo
+from annotations.io.formats import labelstudio_region
+from annotations.io.readers import IMAGE_SUFFIXES, MAX_FILE_BYTES, DatasetError, load_photo
 from core.segmentation.interactive import wound_components
 from core.segmentation.model import Segmenter
 

@@ -32,8 +32,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch import Tensor, nn
 
-from annotations.fileio import atomic_write
-from annotations.workspace import Workspace
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace
 from core.vision.model_files import ModelFileError, load_weights, sized
 from core.runtime import pick_device
 from core.segmentation.defaults import HEAD_PRIOR, RUN_KIND, THRESHOLD

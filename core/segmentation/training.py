@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm.auto import tqdm
 
-from annotations import runs
-from annotations.readers import IMAGE_SUFFIXES, mask_to_labels
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.readers import IMAGE_SUFFIXES, mask_to_labels
+from annotations.store import runs
 from core.runtime import autocast, grad_scaler
 from core.segmentation.defaults import (  # noqa: F401 (PRETRAIN_EPOCHS re-exported)
     EPOCHS,

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 
-from annotations import runs
-from annotations.workspace import Workspace
+from annotations.store import runs
+from annotations.infra.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
 from core.eval.protocol import oriented_triplets

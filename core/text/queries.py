@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from annotations import runs
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.store import runs
 from core.text.llm import PROMPT_VERSION, Answer, Oracle, Question
 from core.text.sampling import (
     SAMPLINGS,

@@ -12,8 +12,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from annotations import runs
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.store import runs
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import METRICS, evaluate
 from core.runtime import pick_device, save_embeddings

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from annotations.fileio import atomic_write
+from annotations.infra.fileio import atomic_write
 from core.runtime import autocast, load_checkpoint, pick_device
 from core.vision.recipe import LITE0_DEFAULT_LAYER, LITE0_LAYERS, OFFLINE_DEFAULT
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from annotations import runs
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.store import runs
 from core.eval.distances import pairwise_euclidean
 from core.eval.protocol import Fold
 from core.runtime import save_embeddings

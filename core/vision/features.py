@@ -43,8 +43,8 @@ from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from annotations.fileio import atomic_write
-from annotations.workspace import Workspace
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace
 from core.runtime import keep_freed_memory, source_fingerprint, torch_threads
 from core.vision.augment import AugmentConfig, WoundAugment, view_generator
 from core.vision.backbones import Backbone

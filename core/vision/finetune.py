@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from annotations import runs
-from annotations.fileio import atomic_write
-from annotations.workspace import Workspace
+from annotations.store import runs
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.protocol import cross_validate, oriented_expert, patient_of, repeated_folds, strict_cv_metrics
 from core.eval.retrieval import cv_retrieval, photo_types

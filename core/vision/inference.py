@@ -33,9 +33,9 @@ from huggingface_hub import PyTorchModelHubMixin
 from PIL import Image, ImageOps
 from torch import nn
 
-from annotations import runs
-from annotations.readers import mask_to_labels, open_image
-from annotations.workspace import Workspace
+from annotations.store import runs
+from annotations.io.readers import mask_to_labels, open_image
+from annotations.infra.workspace import Workspace
 from core.vision.model_files import (
     ModelFileError,
     backbone_in_folder,
@@ -430,7 +430,7 @@ def photo_files(folder: Path) -> list[tuple[str, Path, Path | None]]:
 
 def read_labels(path: Path | None) -> np.ndarray | None:
     """A mask file as a label map (binary masks split into connected wounds, as on import), read as import reads
-    a mask (:func:`~annotations.readers.open_image`: the pixel budget, one DatasetError naming the file)."""
+    a mask (:func:`~annotations.io.readers.open_image`: the pixel budget, one DatasetError naming the file)."""
     if path is None:
         return None
     _, mask, _ = open_image(Path(path).read_bytes(), str(path), ".png")

@@ -15,7 +15,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCardData
 
-from annotations import runs
+from annotations.store import runs
 from core.eval.formatting import agreement_text, ci_text
 
 #: The distribution whose licence the exported folder carries (this repository's).

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from annotations import runs
-from annotations.fileio import atomic_write
-from annotations.workspace import Workspace
+from annotations.store import runs
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace
 from core.eval.explore import TOKEN_MAPS_ARTIFACT, attention_maps
 from core.runtime import load_embeddings
 from core.vision.finetune import RUN_KIND as FINETUNE_RUN, pooling_weights

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from annotations import runs
-from annotations.fileio import atomic_write
-from annotations.workspace import Workspace
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace
+from annotations.store import runs
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import evaluate
 from core.eval.protocol import (

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from playwright.sync_api import Error as PlaywrightError
 
-from annotations import accounts
+from annotations.accounts import accounts
 
 
 def idle(pg, settle_ms: int = 0) -> None:

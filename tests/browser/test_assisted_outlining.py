@@ -12,9 +12,9 @@ from playwright.sync_api import expect
 from scipy import ndimage
 from wound_photos import open_wound_masks, settled, to_screen, tool, wound_photo
 
-from annotations import accounts, session
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import accounts, session
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 from streamlit_page import idle
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect.set_options(timeout=60_000)

@@ -11,9 +11,9 @@ from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 from playwright.sync_api import expect
 from streamlit_page import idle, wait_for_cookie
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=60_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -14,7 +14,7 @@ from conftest import REPO, AppServer
 from playwright.sync_api import expect
 from streamlit_page import idle
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 
 expect.set_options(timeout=60_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -8,8 +8,8 @@ from conftest import PASSWORD
 from playwright.sync_api import expect
 from wound_photos import open_wound_masks, settled
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=90_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -15,7 +15,7 @@ from conftest import AppServer
 from playwright.sync_api import expect
 from streamlit_page import idle
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from app.navigation import PAGES
 
 expect.set_options(timeout=60_000)

@@ -10,11 +10,11 @@ import pytest
 from conftest import sign_in_as
 from playwright.sync_api import expect
 from streamlit_page import idle
-from tests.integration.test_followup_page import split_visits
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from core.phantoms.visits import build_visits
+from tests.integration.test_followup_page import split_visits
 
 expect.set_options(timeout=90_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

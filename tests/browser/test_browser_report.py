@@ -9,8 +9,8 @@ import pytest
 from playwright.sync_api import expect
 from streamlit_page import idle
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 from streamlit_page import idle
-from tests.integration.test_upload import NURSE, jpeg, png16
 from wound_photos import choose_photo, draw, settled, tool, watch_runs
 
-from annotations.upload import upload_photos
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.upload import upload_photos
+from tests.integration.test_upload import NURSE, jpeg, png16
 
 expect.set_options(timeout=90_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

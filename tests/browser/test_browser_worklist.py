@@ -15,9 +15,9 @@ from scipy import ndimage
 from streamlit_page import idle, wait_for_cookie
 from wound_photos import draw, open_wound_masks, settled, tool, wound_photo
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -11,10 +11,10 @@ from PIL import Image
 from playwright.sync_api import expect
 from wound_photos import open_wound_masks, settled
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.readers import mask_to_labels
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import mask_to_labels
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

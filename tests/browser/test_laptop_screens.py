@@ -2,13 +2,14 @@
 editor's toolbar on one row and the whole photo above the fold, its message beside the action, Explore's attention map, the Report (screenshots for the docs)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from playwright.sync_api import expect
 from streamlit_page import idle
 
-from annotations.workspace import Workspace
-import itertools
+from annotations.infra.workspace import Workspace
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -12,9 +12,9 @@ from PIL import Image
 from playwright.sync_api import expect
 from wound_photos import choose_photo, draw, open_wound_masks, settled, to_screen, tool, wound_photo
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=60_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

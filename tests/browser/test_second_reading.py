@@ -10,9 +10,9 @@ from playwright.sync_api import expect
 from streamlit_page import idle
 from wound_photos import draw, tool, wound_photo
 
-from annotations import readings
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.followup import readings
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=60_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -10,7 +10,7 @@ from PIL import Image, ImageOps
 from playwright.sync_api import expect
 from streamlit_page import idle, image_shown
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from app.images import outline_overlay
 
 expect.set_options(timeout=60_000)

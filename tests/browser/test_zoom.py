@@ -8,14 +8,14 @@ import re
 
 import numpy as np
 import pytest
+from conftest import PASSWORD
 from PIL import Image
 from playwright.sync_api import expect
 from streamlit_page import idle, image_shown
-from conftest import PASSWORD
 from wound_photos import open_wound_masks, to_screen, wound_photo
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 expect.set_options(timeout=120_000)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

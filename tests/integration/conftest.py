@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 
 
 @pytest.fixture

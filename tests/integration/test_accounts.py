@@ -13,10 +13,11 @@ import pytest
 from argon2 import PasswordHasher
 from itsdangerous import URLSafeTimedSerializer
 
-from annotations import accounts, consistency
 from annotations.__main__ import main as cli
-from annotations.accounts import AuthError
-from annotations.store import Store
+from annotations.accounts import accounts
+from annotations.accounts.accounts import AuthError
+from annotations.scheduling import consistency
+from annotations.store.store import Store
 
 PW = "correct horse battery"
 

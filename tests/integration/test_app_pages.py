@@ -5,8 +5,8 @@ import base64
 import io
 import json
 import time
-from datetime import date
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +14,10 @@ import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from annotations import accounts, followup, jobs, session
-from annotations.workspace import Workspace
+from annotations.accounts import accounts, session
+from annotations.followup import followup
+from annotations.infra import jobs
+from annotations.infra.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
@@ -105,9 +107,9 @@ def test_home_sign_in_and_overview(ws):
 
 
 def test_home_and_train_show_why_a_run_failed(ws):
-    """A job's failure reason (annotations.runs.recording) is in the Home page's latest runs and, for a run
+    """A job's failure reason (annotations.store.runs.recording) is in the Home page's latest runs and, for a run
     that reported losses, in the Train page's loss table."""
-    from annotations import runs
+    from annotations.store import runs
 
     reason = "FloatingPointError: non-finite training loss: [nan]"
     with (pytest.raises(FloatingPointError),
@@ -411,7 +413,7 @@ def test_train_page_shows_loss_curves(ws):
 
 def test_train_page_embeds_with_a_shared_model_named_by_folder_or_hub(ws, tmp_path):
     """Issue 33 §4: the app loads an exported model by folder or hf-hub name (``core.embed --model``)."""
-    from annotations import jobs
+    from annotations.infra import jobs
 
     at = app("train")
     assert "Start embedding with the shared model" not in [b.label for b in at.button]  # nothing named yet
@@ -428,7 +430,7 @@ def test_train_page_starts_the_vision_job_in_the_mode_chosen(ws):
     """Issue 30 §5: the vision job's default is ``--mode auto``, which the job resolves by its own rule (the
     page sends none of the options, which the job would check against the mode it chooses); a mode chosen on the
     page is the job's, sent with only the options that mode reads."""
-    from annotations import jobs
+    from annotations.infra import jobs
     from core.vision.triderm_config import MODE_OPTIONS, FineTuneConfig
 
     at = app("train")

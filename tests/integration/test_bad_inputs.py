@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations.dataset import import_dataset
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import DatasetError
 
 Spoiler = Callable[[Path, Path], "Path | None"]  # (dataset folder, a folder outside it) → other root
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from annotations.dataset import import_dataset
-from annotations.store import MIGRATIONS, Store
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.store.store import MIGRATIONS, Store
 from core.runtime import load_embeddings
 
 REPO = Path(__file__).resolve().parents[2]

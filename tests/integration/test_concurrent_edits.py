@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from annotations import accounts
-from annotations.store import StaleEdit, Store, wound_key
+from annotations.accounts import accounts
+from annotations.store.revisions import StaleEdit
+from annotations.store.rows import wound_key
+from annotations.store.store import Store
 
 KEY = wound_key("im0", 1)
 

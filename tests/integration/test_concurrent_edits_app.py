@@ -2,9 +2,8 @@
 fields it changed, and a save from a stale copy is refused with both values, changing nothing."""
 from __future__ import annotations
 
+from annotations.infra.workspace import Workspace
 from tests.integration.test_app_pages import app
-
-from annotations.workspace import Workspace
 
 
 def test_a_stale_page_saves_only_its_changed_field_and_refuses_a_stale_one(ws):
@@ -88,11 +87,10 @@ def test_an_outline_saved_over_one_changed_since_the_editor_drew_it_is_refused(w
 
 
 def test_follow_up_link_and_visit_date_from_a_stale_page_are_refused(tmp_path, monkeypatch):
-    from tests.integration.test_followup_page import page, split_visits
-
-    from annotations import accounts
-    from annotations.dataset import import_dataset
+    from annotations.accounts import accounts
+    from annotations.io.dataset import import_dataset
     from core.phantoms.visits import build_visits
+    from tests.integration.test_followup_page import page, split_visits
 
     build_visits(tmp_path / "visits", visits=3, patients=2, seed=5)
     before, after = split_visits(tmp_path / "visits", tmp_path, "_v03")
@@ -126,7 +124,7 @@ def test_follow_up_link_and_visit_date_from_a_stale_page_are_refused(tmp_path, m
 
 
 def test_an_account_change_from_a_stale_page_is_refused(ws):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     accounts.add_account(ws.store, "Ann", "annotator", "correct horse battery", "test")
     first, second = app("accounts", annotator="Ada"), app("accounts", annotator="Bo")
@@ -159,10 +157,9 @@ def test_a_wound_changed_since_the_page_showed_it_is_not_deleted(ws):
 
 
 def test_saving_second_reading_marks_keeps_another_admins_marks(tmp_path, monkeypatch):
+    from annotations.followup import readings
     from tests.integration.test_readings import review_page
     from tests.integration.test_readings import ws as photos
-
-    from annotations import readings
 
     ws = photos.__wrapped__(tmp_path)
     first, second = review_page(ws, monkeypatch, "Ada", "admin"), review_page(ws, monkeypatch, "Bo", "admin")

@@ -1,4 +1,4 @@
-"""annotations.convert: other tools' exports → a dataset folder; our own exports come back unchanged."""
+"""annotations.io.convert: other tools' exports → a dataset folder; our own exports come back unchanged."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import pytest
 from PIL import Image
 
 from annotations.__main__ import main as annotations_main
-from annotations.convert import convert, decode_brush_rle
-from annotations.dataset import import_dataset
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.convert import convert, decode_brush_rle
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import DatasetError
 
 
 def _labels(hole: bool) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""annotations.convert on genuine files of Label Studio, CVAT and QuPath (tests/fixtures/peers/, see its
+"""annotations.io.convert on genuine files of Label Studio, CVAT and QuPath (tests/fixtures/peers/, see its
 README): photo references, overlapping outlines, COCO crowd regions, wounds under the minimum area, bare
 GeoJSON geometries, and one rasterisation rule that keeps a polygon's area (issue 50)."""
 from __future__ import annotations
@@ -14,11 +14,11 @@ from PIL import Image
 from shapely.geometry import MultiPolygon, Polygon, box, shape
 
 from annotations.__main__ import main as annotations_main
-from annotations.convert import convert
-from annotations.dataset import import_dataset
-from annotations.formats import polygons, rasterize
-from annotations.readers import DatasetError
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA, Workspace
+from annotations.io.convert import convert
+from annotations.io.dataset import import_dataset
+from annotations.io.formats import polygons, rasterize
+from annotations.io.readers import DatasetError
 
 PEERS = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
 LS_TASKS = PEERS / "labelstudio" / "data_polygons.json"  # label-studio-converter: a 640×426 photo, one polygon
@@ -249,7 +249,8 @@ def test_outlines_sharing_an_edge_tile_without_gap_or_overlap(tmp_path):
 def test_the_outline_editor_and_convert_share_the_rule_and_bands_change_nothing(monkeypatch):
     """session.rasterise_outlines (the editor) gives formats.rasterize's pixels; rows taken in small bands
     (RASTER_CHUNK) give the same mask as in one."""
-    from annotations import formats, session
+    from annotations.accounts import session
+    from annotations.io import formats
 
     diamond = [(60.0, 0.0), (120.0, 60.0), (60.0, 120.0), (0.0, 60.0)]
     assert (session.rasterise_outlines([diamond], (130, 130)) == rasterize(Polygon(diamond), (130, 130))).all()

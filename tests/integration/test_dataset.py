@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 from test_bad_inputs import small_dataset
 
-from annotations.dataset import export_dataset, import_dataset
-from annotations.readers import DatasetError, mask_to_labels
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import export_dataset, import_dataset
+from annotations.io.readers import DatasetError, mask_to_labels
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from annotations.dataset import TripletTable, import_dataset, validate_dataset
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import TripletTable, import_dataset, validate_dataset
+from annotations.io.readers import DatasetError
 
 ROWS = 2 * TripletTable.BATCH + 7
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations.readers import mask_to_labels
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.io.readers import mask_to_labels
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 #: Photos of each set by file name: the first ones holding a wound, fixed here so the set never moves.

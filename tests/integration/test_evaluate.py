@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.fusion import fuse
 from core.eval.metrics import evaluate

@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
 from core.eval.explore import (
     DistanceRetrieval,
@@ -21,8 +21,8 @@ from core.eval.explore import (
     map_input,
     quick_layout,
     retrieval,
-    track_rows,
     stored_umap,
+    track_rows,
     umap_path,
 )
 from core.eval.fusion import minmax_normalise

@@ -10,8 +10,8 @@ import pytest
 from huggingface_hub import ModelCard
 from PIL import Image
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from core import embed as embed_job
 from core import export_model as job
 from core import train_triderm

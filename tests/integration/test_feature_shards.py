@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.vision.backbones import load_backbone
 from core.vision.features import FeatureCache
 

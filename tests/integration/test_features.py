@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from PIL import Image
 from scipy import ndimage
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.vision.backbones import load_backbone
 from core.vision.features import FeatureCache, PhotoFeatures, TokenBank, token_mask, wound_fractions, wound_tokens
 from core.vision.pooling import AttentionPooling, MeanPooling, WoundHead, segment_softmax

@@ -3,6 +3,7 @@ ruler, phantom visits, healing, the follow-up export and track-link proposals.""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import shutil
 import sqlite3
@@ -13,11 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import followup
-from annotations.align import align_views, track_views
-from annotations.backup import backup, restore
-from annotations.dataset import export_dataset, import_dataset
-from annotations.measure import (
+from annotations.accounts.privacy import erase_patient
+from annotations.followup import followup
+from annotations.followup.align import align_views, track_views
+from annotations.followup.measure import (
     MarkerSpec,
     MeasureError,
     Ruler,
@@ -26,12 +26,12 @@ from annotations.measure import (
     ruler_calibration,
     ruler_uncertainty,
 )
-from annotations.privacy import erase_patient
-from annotations.readers import DatasetError
-from annotations.store import MIGRATIONS, Store
-from annotations.workspace import Workspace
+from annotations.infra.backup import backup, restore
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import export_dataset, import_dataset
+from annotations.io.readers import DatasetError
+from annotations.store.store import MIGRATIONS, Store
 from core.phantoms.visits import build_visits, read_truth
-import itertools
 
 
 @pytest.fixture(scope="module")

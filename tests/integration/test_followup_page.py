@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from annotations import accounts
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from core.phantoms.visits import build_visits, read_truth
 
 REPO = Path(__file__).resolve().parents[2]

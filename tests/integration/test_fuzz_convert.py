@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from PIL import Image
 from test_convert import _brush_rle
 
-from annotations.convert import convert
-from annotations.readers import DatasetError, DatasetFolder, read_info
+from annotations.io.convert import convert
+from annotations.io.readers import DatasetError, DatasetFolder, read_info
 
 EXAMPLES = int(os.environ.get("TRIDERM_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

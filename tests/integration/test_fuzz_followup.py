@@ -14,11 +14,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from annotations import csvsafe, followup, followup_fields
-from annotations.measure import ARUCO_DICTIONARIES, MARKER_SIDE_CM, RULER_CM, MarkerSpec, Ruler, ruler_calibration
-from annotations.privacy import StudyIds
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.accounts.privacy import StudyIds
+from annotations.followup import followup, followup_fields
+from annotations.followup.measure import (
+    ARUCO_DICTIONARIES,
+    MARKER_SIDE_CM,
+    RULER_CM,
+    MarkerSpec,
+    Ruler,
+    ruler_calibration,
+)
+from annotations.infra.workspace import Workspace
+from annotations.io import csvsafe
+from annotations.io.readers import DatasetError
 
 EXAMPLES = int(os.environ.get("TRIDERM_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from core.vision.model_files import ModelFileError, load_weights
 from core.runtime import write_model_folder
 from core.segmentation.model import Segmenter, SegmenterError, encoder, new_net
 from core.vision.inference import HEAD_FORMAT, SharedHead, shared_model
+from core.vision.model_files import ModelFileError, load_weights
 from core.vision.triderm_config import TriDermConfig
 
 EXAMPLES = int(os.environ.get("TRIDERM_FUZZ_EXAMPLES", "40"))

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from PIL import Image
 from test_bad_inputs import small_dataset, workspace_state
 
-from annotations.dataset import import_dataset
-from annotations.readers import (
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import (
     MAX_WOUNDS_PER_MASK,
     DatasetError,
     DatasetFolder,
@@ -31,7 +32,6 @@ from annotations.readers import (
     read_photo,
     wound_geometry,
 )
-from annotations.workspace import Workspace
 
 EXAMPLES = int(os.environ.get("TRIDERM_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

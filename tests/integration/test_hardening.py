@@ -16,13 +16,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import backup as backup_module, dataset, fileio, journal, store as store_module
 from annotations.__main__ import main
-from annotations.backup import BackupError, backup, restore
-from annotations.dataset import DatasetError, export_dataset, import_dataset
-from annotations.journal import Swap
-from annotations.privacy import erase_patient
-from annotations.workspace import Workspace
+from annotations.accounts.privacy import erase_patient
+from annotations.infra import backup as backup_module
+from annotations.infra import fileio, journal
+from annotations.infra.backup import BackupError, backup, restore
+from annotations.infra.journal import Swap
+from annotations.infra.workspace import Workspace
+from annotations.io import dataset
+from annotations.io.dataset import DatasetError, export_dataset, import_dataset
+from annotations.store import store as store_module
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("crashtest", ROOT / "scripts" / "crashtest.py")
@@ -324,7 +327,7 @@ def test_erase_patient_leaves_no_byte_of_the_patient_under_the_workspace(ws, tmp
 
 
 def crashtest_schema() -> list[str]:
-    from annotations.scheduler import _SCHEMA
+    from annotations.scheduling.scheduler import _SCHEMA
     return [s for s in _SCHEMA.split(";") if s.strip()]
 
 

@@ -17,17 +17,17 @@ from PIL import Image, ImageOps
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from annotations.dataset import import_dataset
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import DatasetError
 from core import segment
-from core.vision.model_files import ModelFileError, read_config
 from core.runtime import write_model_folder
 from core.segmentation.defaults import THRESHOLD
 from core.segmentation.export import SharedSegmenter, load_shared_segmenter
 from core.segmentation.model import Segmenter, SegmenterError, encoder, new_net
 from core.vision import inference
 from core.vision.inference import HEAD_FORMAT, TAIL_FORMAT, SharedHead, SharedTail, TrainedHead, shared_model
+from core.vision.model_files import ModelFileError, read_config
 from core.vision.triderm_config import TriDermConfig
 
 _ORIENTATION = 0x0112

@@ -17,9 +17,9 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from test_convert import _brush_rle, _coco, _photos
 
-from annotations import convert as convert_module
-from annotations.convert import convert
-from annotations.readers import DatasetError
+from annotations.io import convert as convert_module
+from annotations.io.convert import convert
+from annotations.io.readers import DatasetError
 
 TWO_62 = 1 << 62
 
@@ -97,8 +97,8 @@ def test_cvat_counts_that_wrap_an_int64_sum_are_refused_without_a_crash(tmp_path
     (a segmentation fault, so this runs in a child process)."""
     _cvat(tmp_path, _mask(", ".join([str(TWO_62)] * 4 + ["8"])))
     script = textwrap.dedent(f"""
-        from annotations.convert import convert
-        from annotations.readers import DatasetError
+        from annotations.io.convert import convert
+        from annotations.io.readers import DatasetError
         try:
             convert("cvat", {str(tmp_path / "src" / "a.xml")!r}, {str(tmp_path / "ds")!r})
         except DatasetError as err:
@@ -128,8 +128,8 @@ def test_a_label_studio_brush_of_another_size_is_refused_before_it_is_decoded(tm
 _LIMITED = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-from annotations.convert import convert
-from annotations.readers import DatasetError
+from annotations.io.convert import convert
+from annotations.io.readers import DatasetError
 try:
     convert(sys.argv[1], sys.argv[2], sys.argv[3])
 except DatasetError as err:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import followup
-from annotations.dataset import export_dataset, import_dataset
-from annotations.measure import Calibration, MarkerSpec, measure
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.followup import followup
+from annotations.followup.measure import Calibration, MarkerSpec, measure
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import export_dataset, import_dataset
+from annotations.io.readers import DatasetError
 
 WIDTH = 2000  # a wide strip: a 2 cm ruler across it is 1e-3 cm per pixel
 
@@ -191,9 +191,9 @@ def test_the_dataset_export_neutralises_formulas_and_imports_back_losslessly(tmp
 
 # -- restore under a running app or job -------------------------------------------------------------
 #: What the app does with its workspace (app.auth.workspace), and what a job does (a run record).
-APP = ("import sys; from annotations import holders; from annotations.workspace import Workspace; "
+APP = ("import sys; from annotations.infra import holders; from annotations.infra.workspace import Workspace; "
        "holders.register(Workspace(sys.argv[1]).root); print('ready', flush=True); sys.stdin.read()")
-JOB = ("import sys; from annotations.workspace import Workspace; Workspace(sys.argv[1]).store.start_run('train', {}); "
+JOB = ("import sys; from annotations.infra.workspace import Workspace; Workspace(sys.argv[1]).store.start_run('train', {}); "
        "print('ready', flush=True); sys.stdin.read()")
 
 
@@ -201,9 +201,9 @@ JOB = ("import sys; from annotations.workspace import Workspace; Workspace(sys.a
 def test_restore_refuses_while_the_app_or_a_job_holds_the_workspace_force_included(tmp_path, program, named):
     from test_bad_inputs import small_dataset
 
-    from annotations import holders
-    from annotations.backup import BackupError, backup, restore
-    from annotations.jobs import STALE_S
+    from annotations.infra import holders
+    from annotations.infra.backup import BackupError, backup, restore
+    from annotations.infra.jobs import STALE_S
 
     ws = Workspace(tmp_path / "ws")
     import_dataset(ws, small_dataset(tmp_path / "ds"))
@@ -233,8 +233,8 @@ def test_erase_patient_names_a_backup_that_started_before_it_and_ends_after(tmp_
 
     from test_bad_inputs import small_dataset
 
-    from annotations import backup as backups
-    from annotations.privacy import erase_patient
+    from annotations.accounts.privacy import erase_patient
+    from annotations.infra import backup as backups
 
     Workspace(tmp_path / "ws").store.close()
     import_dataset(Workspace(tmp_path / "ws"), small_dataset(tmp_path / "ds"))
@@ -270,7 +270,7 @@ PW = "correct horse battery"
 
 @pytest.fixture
 def store(tmp_path):
-    from annotations.store import Store
+    from annotations.store.store import Store
 
     return Store(tmp_path / "triderm.sqlite")
 
@@ -278,7 +278,7 @@ def store(tmp_path):
 @pytest.mark.parametrize(("first", "second"), [("éva", "ÉVA"), ("eva", "ＥＶＡ"), ("Straße", "STRASSE"),
                                                ("e\u0301va", "éva")])
 def test_account_names_are_one_account_in_every_script_and_form(store, first, second):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     accounts.add_account(store, first, "annotator", PW, "test")
     with pytest.raises(accounts.AuthError, match="already exists"):
@@ -289,7 +289,7 @@ def test_account_names_are_one_account_in_every_script_and_form(store, first, se
 @pytest.mark.parametrize(("name", "look_alike"), [("Boss", "Вoss"), ("boss", "ВОSS"), ("ocean", "осеаn"),
                                                   ("paco", "расо"), ("Kay", "Κay")])
 def test_a_look_alike_of_an_existing_name_is_refused(store, name, look_alike):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     accounts.add_account(store, name, "admin", PW, "test")
     with pytest.raises(accounts.AuthError, match=rf"looks like the account '{name}'|mixes"):
@@ -299,14 +299,14 @@ def test_a_look_alike_of_an_existing_name_is_refused(store, name, look_alike):
 
 @pytest.mark.parametrize("name", ["Вoss", "Pαul", "Иван Petrov"])
 def test_a_name_mixing_latin_greek_and_cyrillic_is_refused(store, name):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     with pytest.raises(accounts.AuthError, match=r"mixes .* letters; use one alphabet"):
         accounts.add_account(store, name, "viewer", PW, "test")
 
 
 def test_names_of_one_alphabet_stay_apart_unless_they_look_alike(store):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     for name in ("Иван", "Ivan", "Ελένη", "eva"):
         accounts.add_account(store, name, "viewer", PW, "test")
@@ -314,7 +314,7 @@ def test_names_of_one_alphabet_stay_apart_unless_they_look_alike(store):
 
 
 def test_a_password_is_the_same_composed_or_decomposed(store):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     accounts.add_account(store, "Dr A", "annotator", "caf\u00e9 au lait noir", "test")
     assert accounts.authenticate(store, "Dr A", "cafe\u0301 au lait noir").name == "Dr A"
@@ -324,7 +324,7 @@ def test_a_password_is_the_same_composed_or_decomposed(store):
 def test_an_earlier_hash_of_a_decomposed_password_still_verifies_and_is_renewed(store):
     from argon2 import PasswordHasher
 
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     accounts.add_account(store, "Dr A", "annotator", PW, "test")
     typed = "cafe\u0301 au lait noir"
@@ -335,7 +335,7 @@ def test_an_earlier_hash_of_a_decomposed_password_still_verifies_and_is_renewed(
 
 @pytest.mark.parametrize("password", [" " * 10, " " * 12 + "abc", "\u3000" * 10 + "x"])
 def test_a_password_of_spaces_is_refused(store, password):
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     with pytest.raises(accounts.AuthError, match="not spaces"):
         accounts.add_account(store, "Dr A", "annotator", password, "test")
@@ -355,7 +355,7 @@ def test_the_agreement_report_csv_neutralises_a_run_named_as_a_formula(tmp_path)
 
 
 def test_the_study_id_mapping_neutralises_formula_names_and_reads_them_back(tmp_path):
-    from annotations.privacy import StudyIds
+    from annotations.accounts.privacy import StudyIds
 
     ws = Workspace(tmp_path / "ws")
     ids = StudyIds(ws, tmp_path / "ids.csv")
@@ -371,7 +371,7 @@ def test_a_failed_backup_is_no_longer_in_progress(tmp_path, monkeypatch):
 
     from test_bad_inputs import small_dataset
 
-    from annotations import backup as backups
+    from annotations.infra import backup as backups
 
     ws = Workspace(tmp_path / "ws")
     import_dataset(ws, small_dataset(tmp_path / "ds"))

@@ -17,9 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ollama_stub import OllamaStub
 
-from annotations import jobs
-from annotations.store import now
-from annotations.workspace import Workspace
+from annotations.infra import jobs
+from annotations.infra.workspace import Workspace
+from annotations.store.rows import now
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -36,7 +36,7 @@ def _wait(predicate, what: str, timeout: float = 60.0) -> None:
 
 def test_sigkilled_run_becomes_interrupted(tmp_path) -> None:
     ws = Workspace(tmp_path / "ws")
-    code = ("import sys, time; from annotations.workspace import Workspace; "
+    code = ("import sys, time; from annotations.infra.workspace import Workspace; "
             "ws = Workspace(sys.argv[1]); print(ws.store.start_run('fusion', {}), flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ws.root)], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, text=True)
@@ -102,7 +102,7 @@ def test_heartbeat_while_running_and_stale_heartbeat_from_another_host(tmp_path,
 def test_concurrent_launches_start_one_job(tmp_path) -> None:
     ws = Workspace(tmp_path / "ws")
     go = tmp_path / "go"
-    code = ("import sys, time, pathlib; from annotations import jobs; from annotations.workspace import Workspace\n"
+    code = ("import sys, time, pathlib; from annotations.infra import jobs; from annotations.infra.workspace import Workspace\n"
             "ws = Workspace(sys.argv[1]); go = pathlib.Path(sys.argv[2])\n"
             "pathlib.Path(sys.argv[4] + '.ready').touch()\n"
             "while not go.exists(): time.sleep(0.005)\n"

@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 
 from annotations.__main__ import main as annotations_main
-from annotations.convert import _brush_mask, convert, decode_brush_rle
-from annotations.dataset import import_dataset
-from annotations.formats import encode_brush_rle, labelstudio_region
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.convert import _brush_mask, convert, decode_brush_rle
+from annotations.io.dataset import import_dataset
+from annotations.io.formats import encode_brush_rle, labelstudio_region
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (40, 1700)])

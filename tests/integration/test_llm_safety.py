@@ -16,8 +16,9 @@ from streamlit.testing.v1 import AppTest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ollama_stub import OllamaStub
 
-from annotations import accounts, jobs
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra import jobs
+from annotations.infra.workspace import Workspace
 from core import llm_triplets
 from core.text.llm import (
     OLLAMA_HOSTS_ENV,

@@ -124,7 +124,7 @@ def test_active_phantom_run_then_fit_soe(demo_workspace, capsys) -> None:
 def test_active_run_without_enumeration_resumes_from_the_cache(demo_workspace, tmp_path, monkeypatch) -> None:
     import shutil
 
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
     from core.text import sampling
 
     monkeypatch.setattr(sampling, "ENUMERATE_MAX", 1000)  # the demo's 70,278 questions count as a registry's

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import session
-from annotations.backup import BackupError, backup, restore
-from annotations.dataset import MergeConflict, check_kind, export_dataset, import_dataset
-from annotations.history import restore_revision
-from annotations.readers import DatasetError
-from annotations.store import wound_key
-from annotations.workspace import Workspace
+from annotations.accounts import session
+from annotations.infra.backup import BackupError, backup, restore
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import MergeConflict, check_kind, export_dataset, import_dataset
+from annotations.io.readers import DatasetError
+from annotations.store.history import restore_revision
+from annotations.store.rows import wound_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def test_rows_gone_from_the_dataset_are_deleted_only_with_prune(ws, ds):
 
 @pytest.mark.parametrize("where", ["store", "commit"])
 def test_import_is_atomic_when_it_fails_midway(ws, ds, monkeypatch, where):
-    from annotations.store import _Transaction
+    from annotations.store.store import _Transaction
 
     _set_description(ds, "b", 1, "changed")
     Image.fromarray(np.full((40, 50, 3), 7, np.uint8)).save(ds / "images" / "c.png")  # a changed photo

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 from shapely.geometry import Polygon
 
-from annotations.formats import rasterize
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.io.formats import rasterize
 from core.segmentation.interactive import wound_components
 from core.segmentation.labelstudio import Backend, BackendError, PhotoSource, config_tags, make_server
 from core.segmentation.model import load_default

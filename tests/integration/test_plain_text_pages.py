@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import json
 
+from annotations.followup import followup
 from tests.integration.test_app_pages import add_test_embedding, app
-
-from annotations import followup
 
 
 def test_the_explore_map_draws_text_from_data_as_text(ws):

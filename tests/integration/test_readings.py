@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import readings
-from annotations.privacy import erase_patient
-from annotations.readings import ReadingError
-from annotations.workspace import Workspace
+from annotations.accounts.privacy import erase_patient
+from annotations.followup import readings
+from annotations.followup.readings import ReadingError
+from annotations.infra.workspace import Workspace
 
 H, W = 20, 30
 
@@ -164,7 +164,7 @@ def test_erasing_a_patient_removes_the_readings(ws: Workspace) -> None:
 
 
 def test_backup_and_restore_keep_the_readings(ws: Workspace, tmp_path: Path) -> None:
-    from annotations.backup import backup, restore
+    from annotations.infra.backup import backup, restore
 
     readings.mark(ws, "p1", "Admin")
     readings.add_wound(ws, "p1", box(2, 6, 2, 10), reader="A", actor="A")
@@ -179,7 +179,7 @@ def review_page(ws: Workspace, monkeypatch, name: str, role: str):
     """The Review page (AppTest, no browser) signed in as ``name`` with ``role``."""
     from streamlit.testing.v1 import AppTest
 
-    from annotations import accounts
+    from annotations.accounts import accounts
 
     monkeypatch.setenv("TRIDERM_WORKSPACE", str(ws.root))
     at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=60)
@@ -218,9 +218,9 @@ def test_review_page_marks_photos_and_shows_dice_to_admins_only(ws: Workspace, m
 
 # -- the Review page's tables (UI-free) -----------------------------------------------------------------
 def test_review_tables_annotators_photos_and_audit_rows():
-    from annotations.consistency import annotator_rows
-    from annotations.history import audit_rows, readable
-    from annotations.readings import photo_rows
+    from annotations.followup.readings import photo_rows
+    from annotations.scheduling.consistency import annotator_rows
+    from annotations.store.history import audit_rows, readable
 
     progress = {"ann": {"answered": 10, "skips": 2, "repeats": 3, "median_ms": 1234.0, "last": "2026-01-02T03:04:05"}}
     rows = annotator_rows(["ann", "test"], progress, {"ann": {"rate": 2 / 3}}, {"ann": "annotator"}, {"test": {}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.eval.fusion import MissingImagesError, fuse, minmax_normalise
 from core.eval.retrieval import neighbours, neighbours_in_runs, run_distances
 from core.runtime import save_embeddings

@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from annotations.consistency import cohen_kappa, inter_annotator_kappa, self_consistency, triplet_key
-from annotations.scheduler import TripletScheduler
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.scheduling.consistency import cohen_kappa, inter_annotator_kappa, self_consistency, triplet_key
+from annotations.scheduling.scheduler import TripletScheduler
 
 N_ANNOTATORS, PER_ANNOTATOR, REPEAT_SHARE = 8, 100, 0.1
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 from core import segment
 from core import train_segmenter as job
 from core.segmentation import (
@@ -28,11 +28,10 @@ from core.segmentation import (
     outline_from_click,
     suggest_outlines,
 )
-from core.segmentation.interactive import SAM_PATCH_KEY
-from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
-from core.segmentation.interactive import click_outline
-from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net
 from core.segmentation.defaults import SegmenterConfig
+from core.segmentation.interactive import SAM_PATCH_KEY, click_outline
+from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
+from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net
 from core.segmentation.training import (
     STRONG,
     augment,
@@ -177,8 +176,9 @@ def test_suggestions_skip_wounds_found_again_on_or_beside_existing_outlines(tmp_
     """The model finds an outlined wound again a little larger (3 px all round): that component is skipped
     whole, never trimmed into a rim around the outline; so is one 1 px beside an outline; a wound apart
     from every outline is still suggested, and the skipped ones are counted."""
-    from core.segmentation import suggest_outlines_by
     from scipy import ndimage
+
+    from core.segmentation import suggest_outlines_by
 
     ws = _workspace(tmp_path)
     existing = ws.load_mask("p0") > 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.losses.nested import NestedContrastiveLoss, inner_losses, outer_loss, symmetric_infonce
 from core.nested.model import SLIMP, crop_box, epoch_batches, masked_pool, retrieval_recall
 from core.nested.tabular import TabularSchema

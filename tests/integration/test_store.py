@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from annotations.store import MIGRATIONS, Store
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.store.store import MIGRATIONS, Store
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from annotations.store import Store
+from annotations.store.store import Store
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ def tuned(tiny_phantom, tmp_path_factory):
     import contextlib
     import io
 
-    from annotations.dataset import import_dataset
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
+    from annotations.io.dataset import import_dataset
     from core.train_triderm import main
 
     ws = Workspace(tmp_path_factory.mktemp("maps") / "ws")
@@ -66,11 +66,10 @@ def test_the_training_job_stores_every_photos_token_map(tuned):
     """photos × grid, finite, each photo's map summing to 1 (its tokens' shares of its embedding), recorded in the
     run's artifacts; the shares are those of the run's own embedding (the pooled vectors they decompose, centred
     and scaled, are the stored embedding)."""
+    from core.eval.explore import UMAP_MIN_DIST, UMAP_NEIGHBOURS, map_input, stored_umap
     from core.vision.features import FeatureCache
     from core.vision.inference import TunedModel
     from core.vision.token_maps import contribution_maps
-
-    from core.eval.explore import UMAP_MIN_DIST, UMAP_NEIGHBOURS, map_input, stored_umap
 
     ws, run, out = tuned
     assert run["artifacts"][TOKEN_MAPS_ARTIFACT] == f"runs/{run['id']}/{MAPS_FILE}"

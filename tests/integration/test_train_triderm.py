@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from annotations.fileio import read_json
-from annotations.workspace import Workspace
+from annotations.infra.fileio import read_json
+from annotations.infra.workspace import Workspace
 from core.runtime import load_embeddings
 from core.train_triderm import agreement_table, main
 from core.vision import triderm

@@ -1,4 +1,4 @@
-"""Photo upload in the browser, its data layer (annotations.upload): a visit's photos checked as ``import``
+"""Photo upload in the browser, its data layer (annotations.io.upload): a visit's photos checked as ``import``
 checks them, stored all or nothing, upright and stripped, by role, and a known patient's new visit in the
 follow-up flow. The page itself: tests/browser/test_browser_upload.py (AppTest cannot upload files)."""
 from __future__ import annotations
@@ -13,12 +13,14 @@ import pytest
 from PIL import Image, ImageFilter
 from streamlit.testing.v1 import AppTest
 
-from annotations import accounts, followup, session, upload
-from annotations.accounts import Account, AuthError
-from annotations.dataset import import_dataset
-from annotations.readers import DatasetError
-from annotations.upload import MAX_PHOTO_BYTES, MAX_PHOTO_MB, MAX_PHOTOS, upload_photos
-from annotations.workspace import Workspace
+from annotations.accounts import accounts, session
+from annotations.accounts.accounts import Account, AuthError
+from annotations.followup import followup
+from annotations.infra.workspace import Workspace
+from annotations.io import upload
+from annotations.io.dataset import import_dataset
+from annotations.io.readers import DatasetError
+from annotations.io.upload import MAX_PHOTO_BYTES, MAX_PHOTO_MB, MAX_PHOTOS, upload_photos
 
 REPO = Path(__file__).resolve().parents[2]
 NURSE = Account("Nurse Kim", "annotator")

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from annotations.fileio import read_json
+from annotations.infra.fileio import read_json
+from core.eval.protocol import oriented_expert, split_triplets
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.eval.protocol import oriented_expert, split_triplets
 from core.vision.finetune import RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, pooling_weights, tail_of
 from core.vision.token_tail import step_flops, token_pooled
 

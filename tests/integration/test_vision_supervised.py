@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
 from core.embed import main as embed_main
 from core.eval.distances import pairwise_euclidean
 from core.eval.metrics import agreement
@@ -311,7 +311,7 @@ def without_triplets(ws: Workspace, tmp_path) -> Workspace:
     """A workspace with ``ws``'s photos and wounds and no expert triplet."""
     import shutil
 
-    from annotations.dataset import import_dataset
+    from annotations.io.dataset import import_dataset
 
     empty = Workspace(tmp_path / "no-triplets")
     ds = tmp_path / "ds"

@@ -7,9 +7,9 @@ import sqlite3
 import numpy as np
 import pytest
 
-from annotations import session
-from annotations.history import restore_revision
-from annotations.store import MIGRATIONS, Store
+from annotations.accounts import session
+from annotations.store.history import restore_revision
+from annotations.store.store import MIGRATIONS, Store
 
 
 def test_done_marks_are_stored_recorded_and_listed_in_the_worklist(demo_workspace):

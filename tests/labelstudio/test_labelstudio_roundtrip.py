@@ -31,8 +31,8 @@ import pytest
 from PIL import Image
 
 from annotations.__main__ import main as annotations_main
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 pytestmark = [pytest.mark.labelstudio, pytest.mark.slow]
 

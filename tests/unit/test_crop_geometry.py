@@ -1,4 +1,4 @@
-"""Crop and zoom geometry of the triplet tiles and the zoom dialog (annotations.session): a small wound
+"""Crop and zoom geometry of the triplet tiles and the zoom dialog (annotations.accounts.session): a small wound
 fills about half its crop, a wound at the photo's edge stays whole and magnified, 2× / 4× zoom closer,
 a pan moves the window by half of it and stops at the photo's edge."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from annotations import session
+from annotations.accounts import session
 
 ASPECT = 4 / 3
 TILE_WIDTH = 430  # a triplet tile's width on screen at 1366 px (three columns)

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations import dataset
-from annotations.dataset import (
+from annotations.infra.workspace import Workspace, outline_hash, outlines
+from annotations.io import dataset
+from annotations.io.dataset import (
     Change,
     DatasetError,
     MergeConflict,
@@ -21,9 +22,8 @@ from annotations.dataset import (
     plan_merge,
     validate_dataset,
 )
-from annotations.readers import IMAGE_SUFFIXES
-from annotations.store import key_json, wound_key
-from annotations.workspace import Workspace, outline_hash, outlines
+from annotations.io.readers import IMAGE_SUFFIXES
+from annotations.store.rows import key_json, wound_key
 
 H, W = 16, 20
 

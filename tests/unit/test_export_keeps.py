@@ -15,11 +15,11 @@ from pycocotools import mask as mask_utils
 from shapely import affinity
 from shapely.geometry import mapping, shape
 
-from annotations.convert import convert
-from annotations.dataset import import_dataset
-from annotations.exports import EXPORTS, export
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.convert import convert
+from annotations.io.dataset import import_dataset
+from annotations.io.exports import EXPORTS, export
+from annotations.io.readers import DatasetError
 
 PEERS = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
 LS_TASKS = PEERS / "labelstudio" / "data_polygons.json"  # task 68501, region djbpw94CXj "Airplane", 640×426

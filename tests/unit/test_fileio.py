@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from annotations.fileio import atomic_write, read_json, staged_folder, write_bytes, write_json, write_text
-from annotations.workspace import Workspace
+from annotations.infra.fileio import atomic_write, read_json, staged_folder, write_bytes, write_json, write_text
+from annotations.infra.workspace import Workspace
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path) -> None:

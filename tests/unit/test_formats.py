@@ -1,4 +1,4 @@
-"""annotations.formats: COCO (polygons, RLE) and GeoJSON exports rasterise back to the label maps."""
+"""annotations.io.formats: COCO (polygons, RLE) and GeoJSON exports rasterise back to the label maps."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ from pycocotools import mask as mask_utils
 from shapely.geometry import shape
 
 from annotations.__main__ import main as annotations_main
-from annotations.dataset import import_dataset
-from annotations.formats import coco_polygons, mask_geometry, rasterize, rle_encode
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
+from annotations.io.formats import coco_polygons, mask_geometry, rasterize, rle_encode
 
 
 def _dice(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,8 +1,8 @@
 """``python -m core.train_triderm``'s closing next steps: the admin account only when the workspace has none."""
 from __future__ import annotations
 
-from annotations import accounts
-from annotations.workspace import Workspace
+from annotations.accounts import accounts
+from annotations.infra.workspace import Workspace
 from core.train_triderm import next_steps
 
 PASSWORD = "correct horse battery"

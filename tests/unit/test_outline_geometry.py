@@ -1,4 +1,4 @@
-"""Outline editor geometry (annotations.session): polygons derived from the label map, rasterised
+"""Outline editor geometry (annotations.accounts.session): polygons derived from the label map, rasterised
 back, invalid outlines, the minimum wound area and overlap decisions."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from annotations import session
-from annotations.dataset import import_dataset
-from annotations.workspace import Workspace
+from annotations.accounts import session
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import import_dataset
 
 
 @pytest.fixture

@@ -13,21 +13,21 @@ import numpy as np
 import pytest
 from PIL import Image, ImageCms, ImageFilter, ImageOps, PngImagePlugin
 
-from annotations.dataset import export_dataset, import_dataset
-from annotations.readers import (
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import export_dataset, import_dataset
+from annotations.io.readers import (
     DatasetError,
     DatasetFolder,
     column_schema,
     labels_and_geometry,
     mask_to_labels,
-    read_csv,
     parse_int,
     parse_number,
+    read_csv,
     read_photo,
     valid_id,
     wound_geometry,
 )
-from annotations.workspace import Workspace
 
 RNG = np.random.default_rng(0)
 PHOTO = np.asarray(Image.fromarray(np.clip(RNG.normal(120, 60, (40, 60, 3)), 0, 255).astype(np.uint8))
@@ -402,7 +402,7 @@ def test_jpeg_strip_is_lossless_for_progressive_and_restart_markers(options, tmp
 
 
 def test_a_value_typed_in_the_app_follows_the_import_rules():
-    from annotations.readers import typed_value
+    from annotations.io.readers import typed_value
 
     assert typed_value("007") == "007" and typed_value("01234") == "01234"  # leading zeros stay text
     assert typed_value("3.5") == 3.5 and typed_value("12") == 12 and typed_value("true") is True

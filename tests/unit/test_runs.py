@@ -1,4 +1,4 @@
-"""The run kinds registry and :func:`annotations.runs.recording`, the one way a job records its run."""
+"""The run kinds registry and :func:`annotations.store.runs.recording`, the one way a job records its run."""
 from __future__ import annotations
 
 import re
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from annotations import runs
-from annotations.store import Store
+from annotations.store import runs
+from annotations.store.store import Store
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
 
@@ -69,7 +69,7 @@ def test_an_unknown_kind_is_refused_and_records_nothing(store):
 
 
 def test_a_workspace_or_its_store(tmp_path):
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
 
     ws = Workspace(tmp_path / "ws")
     with runs.recording(ws, runs.REPORT, {}) as rec:
@@ -86,7 +86,7 @@ def test_every_kind_is_a_named_constant_with_a_description():
 
 def test_the_architecture_doc_lists_every_run_kind_and_no_other():
     text = ARCHITECTURE.read_text(encoding="utf-8")
-    section = text[text.index("Run kinds (`annotations/runs.py`"):]
+    section = text[text.index("Run kinds (`annotations/store/runs.py`"):]
     section = section[:section.index("\n\n", section.index("\n- "))]
     listed = dict(re.findall(r"^- `([a-z-]+)`: (.+)$", section, flags=re.M))
     assert listed == runs.KINDS

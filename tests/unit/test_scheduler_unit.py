@@ -1,7 +1,7 @@
 """Triplet scheduler, unit level: small in-memory workspaces, a fake clock, hand-computed draws.
 
 Fast companion of tests/integration/test_scheduler.py (whose concurrency tests are slow); every expected value
-below is worked out by hand from the rules in annotations/scheduler.py's docstring.
+below is worked out by hand from the rules in annotations/scheduling/scheduler.py's docstring.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from annotations import scheduler
-from annotations.consistency import triplet_key
-from annotations.scheduler import Question, TripletScheduler, annotators, combinations_count
-from annotations.workspace import Workspace
+from annotations.infra.workspace import Workspace
+from annotations.scheduling import scheduler
+from annotations.scheduling.consistency import triplet_key
+from annotations.scheduling.scheduler import Question, TripletScheduler, annotators, combinations_count
 
 
 @pytest.fixture

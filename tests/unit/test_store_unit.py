@@ -14,8 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from annotations import store as store_mod
-from annotations.store import MIGRATIONS, Store
+from annotations.store import rows as rows_mod
+from annotations.store import run_records
+from annotations.store import store as store_mod
+from annotations.store.store import MIGRATIONS, Store
 
 
 @pytest.fixture
@@ -36,20 +38,20 @@ def revs(store: Store, entity: str) -> list[tuple]:
 
 # -- module helpers --------------------------------------------------------------------------------
 def test_small_helpers():
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", store_mod.now())
-    assert store_mod.key_json({"b": 1, "a": np.int64(2)}) == '{"a": 2, "b": 1}'
-    assert store_mod.wound_key("p", np.int64(3)) == {"image_id": "p", "wound_index": 3}
-    assert type(store_mod.wound_key("p", 3.0)["wound_index"]) is int
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", rows_mod.now())
+    assert rows_mod.key_json({"b": 1, "a": np.int64(2)}) == '{"a": 2, "b": 1}'
+    assert rows_mod.wound_key("p", np.int64(3)) == {"image_id": "p", "wound_index": 3}
+    assert type(rows_mod.wound_key("p", 3.0)["wound_index"]) is int
     row = {"source": "s", "anchor": "a", "ref_j": "b", "ref_k": "c", "rep": "1", "choice": "j"}
-    assert store_mod.triplet_key(row) == {"source": "s", "anchor": "a", "ref_j": "b", "ref_k": "c", "rep": 1}
-    assert store_mod.image_file_value("f", "h", 4.0, np.int64(5)) == {"file": "f", "sha256": "h", "width": 4,
+    assert rows_mod.triplet_key(row) == {"source": "s", "anchor": "a", "ref_j": "b", "ref_k": "c", "rep": 1}
+    assert rows_mod.image_file_value("f", "h", 4.0, np.int64(5)) == {"file": "f", "sha256": "h", "width": 4,
                                                                        "height": 5}
-    assert store_mod._dumps(None) == "{}" and store_mod._dumps({"b": 1, "a": [1]}) == '{"a": [1], "b": 1}'
-    assert store_mod._dumps(np.arange(2)) == "[0, 1]"
-    assert store_mod._canonical({"b": 1, "a": None}) == '{"a": null, "b": 1}'
+    assert rows_mod._dumps(None) == "{}" and rows_mod._dumps({"b": 1, "a": [1]}) == '{"a": [1], "b": 1}'
+    assert rows_mod._dumps(np.arange(2)) == "[0, 1]"
+    assert rows_mod._canonical({"b": 1, "a": None}) == '{"a": null, "b": 1}'
     with pytest.raises(TypeError, match=r"^not JSON serialisable: object$"):
-        store_mod._json_default(object())
-    assert store_mod._decode({"metadata": '{"x": 1}', "bbox": [1], "config": "[2]", "other": "{}"}) == \
+        rows_mod._json_default(object())
+    assert rows_mod._decode({"metadata": '{"x": 1}', "bbox": [1], "config": "[2]", "other": "{}"}) == \
         {"metadata": {"x": 1}, "bbox": [1], "config": [2], "other": "{}"}
 
 
@@ -64,16 +66,16 @@ def test_git_sha(monkeypatch):
             return subprocess.CompletedProcess(args, returncode, stdout, "")
         return run
 
-    monkeypatch.setattr(store_mod.subprocess, "run", fake())
-    assert store_mod.git_sha() == "abc123def456"
+    monkeypatch.setattr(run_records.subprocess, "run", fake())
+    assert run_records.git_sha() == "abc123def456"
     args, kw = calls[0]
     assert args == ["git", "rev-parse", "--short=12", "HEAD"]
     assert kw["check"] is False and kw["capture_output"] and kw["text"] and kw["timeout"] == 5
-    assert kw["cwd"] == store_mod.Path(store_mod.__file__).resolve().parent
+    assert kw["cwd"] == run_records.Path(run_records.__file__).resolve().parent
     for kw in ({"returncode": 128}, {"stdout": "  \n"}, {"error": OSError("no git")},
                {"error": subprocess.TimeoutExpired("git", 5)}):
-        monkeypatch.setattr(store_mod.subprocess, "run", fake(**kw))
-        assert store_mod.git_sha() == "unknown"
+        monkeypatch.setattr(run_records.subprocess, "run", fake(**kw))
+        assert run_records.git_sha() == "unknown"
 
 
 # -- opening and migrating --------------------------------------------------------------------------
@@ -132,8 +134,8 @@ def test_a_newer_schema_is_refused_and_left_alone(tmp_path):
 
 
 def test_a_new_workspace_is_private(tmp_path):
-    from annotations import accounts
-    from annotations.workspace import Workspace
+    from annotations.accounts import accounts
+    from annotations.infra.workspace import Workspace
 
     old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless made private
     try:
@@ -372,7 +374,7 @@ def test_add_triplets_in_bulk(store):
     assert [(r["key"]["rep"], r["new"]["choice"], r["actor"], r["action"], r["old"]) for r in store.revisions()
             if r["entity"] == "triplets"] == [(0, "j", "expert:x", "insert", None), (2, "skip", "llm:m", "insert", None)]
     for t in got:  # the same revision key and JSON as one add_triplet writes
-        (rev,) = store.revisions("triplets", store_mod.triplet_key(t))
+        (rev,) = store.revisions("triplets", rows_mod.triplet_key(t))
         assert (rev["field"], rev["action"], rev["new"]) == \
             ("row", "insert", {"choice": t["choice"], "latency_ms": t["latency_ms"], "created": t["created"]})
         raw = store.db.execute("SELECT new FROM revisions WHERE id = ?", [rev["id"]]).fetchone()[0]
@@ -550,7 +552,7 @@ def test_import_bases(store):
 
 # -- runs -----------------------------------------------------------------------------------------------
 def test_runs_lifecycle(store, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     first = store.start_run("fusion", {"k": 1}, seed=3, name="one")
     second = store.start_run("train", {})
     run = store.run(first)
@@ -558,8 +560,8 @@ def test_runs_lifecycle(store, monkeypatch):
                                 "artifacts", "message", "finished")} == \
         {"kind": "fusion", "name": "one", "config": {"k": 1}, "seed": 3, "git_sha": "sha0", "status": "running",
          "progress": 0.0, "metrics": {}, "artifacts": {}, "message": None, "finished": None}
-    pid, created = store_mod.jobs.process_identity()
-    assert (run["pid"], run["pid_created"], run["host"]) == (pid, created, store_mod.jobs.hostname())
+    pid, created = run_records.jobs.process_identity()
+    assert (run["pid"], run["pid_created"], run["host"]) == (pid, created, run_records.jobs.hostname())
     assert run["heartbeat"] == run["created"] and set(store._heartbeats) == {first, second}
     store.update_run(first, progress=0.5, metrics={"a": 1}, message="half", artifacts={"f": "x"})
     store.update_run(first, metrics={"b": 2}, artifacts={"g": "y"})
@@ -589,14 +591,14 @@ def test_runs_lifecycle(store, monkeypatch):
 
 
 def test_another_store_finishes_a_run_and_beats_with_the_store_timeout(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     one, two = Store(tmp_path / "t.sqlite"), Store(tmp_path / "t.sqlite", timeout_s=7.0)
     rid = one.start_run("x", {})
     two.finish_run(rid, "done")  # a run this store did not start: no heartbeat of its own to stop
     assert one.run(rid)["status"] == "done"
     seen = []
-    real = store_mod.sqlite3.connect
-    monkeypatch.setattr(store_mod.sqlite3, "connect", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    real = run_records.sqlite3.connect
+    monkeypatch.setattr(run_records.sqlite3, "connect", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     two._beat(rid)
     assert seen == [{"timeout": 7.0}]
     one.close()
@@ -604,8 +606,8 @@ def test_another_store_finishes_a_run_and_beats_with_the_store_timeout(tmp_path,
 
 
 def test_a_running_run_is_stamped_by_its_heartbeat_thread(store, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
-    monkeypatch.setattr(store_mod.jobs, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records.jobs, "HEARTBEAT_S", 0.01)
     rid = store.start_run("x", {})
     store.db.execute("UPDATE runs SET heartbeat = 'old' WHERE id = ?", [rid])
     deadline = time.monotonic() + 60  # an event wait (the thread beats every 10 ms), generous on a loaded machine
@@ -616,7 +618,7 @@ def test_a_running_run_is_stamped_by_its_heartbeat_thread(store, monkeypatch):
 
 
 def test_beat_stamps_only_running_runs(store, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     rid = store.start_run("x", {})
     store.db.execute("UPDATE runs SET heartbeat = 'old' WHERE id = ?", [rid])
     assert store._beat(rid) is True
@@ -627,11 +629,11 @@ def test_beat_stamps_only_running_runs(store, monkeypatch):
 
 
 def test_a_run_whose_process_is_gone_is_marked_interrupted(store, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     rid = store.start_run("x", {})
     keep = store.start_run("y", {})
     store.finish_run(keep, "done")
-    monkeypatch.setattr(store_mod.jobs, "run_gone", lambda run: "process gone" if run["status"] == "running" else None)
+    monkeypatch.setattr(run_records.jobs, "run_gone", lambda run: "process gone" if run["status"] == "running" else None)
     (marked,) = [r for r in store.runs() if r["id"] == rid]  # as marked now, not read back
     assert (marked["status"], marked["message"]) == ("interrupted", "process gone")
     assert marked["finished"] > marked["created"]
@@ -646,23 +648,23 @@ def test_a_run_whose_process_is_gone_is_marked_interrupted(store, monkeypatch):
 
 
 def test_reconcile_reads_a_run_that_finished_meanwhile(store, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     rid = store.start_run("x", {})
     store.finish_run(rid, "done", metrics={"m": 1})
     stale = {**store.run(rid), "status": "running"}
-    monkeypatch.setattr(store_mod.jobs, "run_gone", lambda run: "gone")
+    monkeypatch.setattr(run_records.jobs, "run_gone", lambda run: "gone")
     got = store._reconciled(stale)
     assert (got["status"], got["metrics"]) == ("done", {"m": 1})
 
 
 def test_reconcile_on_a_read_only_store_says_so_without_storing(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     s = Store(tmp_path / "t.sqlite")
     rid = s.start_run("x", {})
     s.finish_run(rid, "done")
     s.db.execute("UPDATE runs SET status = 'running' WHERE id = ?", [rid])
     s.db.execute("PRAGMA query_only = ON")
-    monkeypatch.setattr(store_mod.jobs, "run_gone", lambda run: "gone")
+    monkeypatch.setattr(run_records.jobs, "run_gone", lambda run: "gone")
     got = s.run(rid)
     assert (got["status"], got["message"]) == ("interrupted", "gone")
     assert s.db.execute("SELECT status FROM runs").fetchone()[0] == "running"
@@ -684,7 +686,7 @@ def test_counts(store):
 
 
 def test_close_stops_heartbeats(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "git_sha", lambda: "sha0")
+    monkeypatch.setattr(run_records, "git_sha", lambda: "sha0")
     s = Store(tmp_path / "t.sqlite")
     s.start_run("x", {})
     beat = next(iter(s._heartbeats.values()))

@@ -10,8 +10,14 @@ import pytest
 
 from core import cli
 from core.train_triderm import OPTIONS, build_parser, configs_of
-from core.vision.triderm_config import (MODE_OPTIONS, MODE_READS, PAPER_RECIPE_MODES, FineTuneConfig, TriDermConfig,
-                                        mode_defaults)
+from core.vision.triderm_config import (
+    MODE_OPTIONS,
+    MODE_READS,
+    PAPER_RECIPE_MODES,
+    FineTuneConfig,
+    TriDermConfig,
+    mode_defaults,
+)
 
 PARSER = build_parser()
 #: every option that sets a config: the config fields' and ``--paper-recipe``

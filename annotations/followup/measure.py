@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from annotations.readers import DatasetError
+from annotations.io.readers import DatasetError
 
 #: Corner localisation error of a detected marker or a drawn ruler end (pixels, one sigma).
 CORNER_PX = 0.5

@@ -13,9 +13,9 @@ from typing import Any, overload
 import numpy as np
 from PIL import Image
 
-from annotations import journal
-from annotations.fileio import atomic_write
-from annotations.store import Store
+from annotations.infra import journal
+from annotations.infra.fileio import atomic_write
+from annotations.store.store import Store
 
 ENV_VAR = "TRIDERM_WORKSPACE"
 DEFAULT_WORKSPACE = Path("workspace")
@@ -80,7 +80,7 @@ class Workspace:
     """Folder layout ``triderm.sqlite``, ``images/``, ``masks/``, ``cache/``, ``runs/``.
 
     Opening it finishes or undoes the file swap of an import, erase-patient or restore that was
-    killed midway, and removes its staged files (:mod:`annotations.journal`)."""
+    killed midway, and removes its staged files (:mod:`annotations.infra.journal`)."""
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = resolve_workspace(root).resolve()

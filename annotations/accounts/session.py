@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from annotations.formats import rasterize_rings
-from annotations.history import restore_revision
-from annotations.workspace import ENV_VAR, Workspace, outline_of, outline_pixels, resolve_workspace
+from annotations.infra.workspace import ENV_VAR, Workspace, outline_of, outline_pixels, resolve_workspace
+from annotations.io.formats import rasterize_rings
+from annotations.store.history import restore_revision
 
 #: Where a wound's outline came from (wound metadata key ``origin``).
 ORIGINS = ("drawn", "suggested", "edited", "import")
@@ -154,7 +154,7 @@ def outline_problem(outline: Sequence[Point]) -> str | None:
 
 def fill_outline(outline: Sequence[Point], shape: tuple[int, int]) -> np.ndarray:
     """Boolean H×W mask of the closed outline (image coordinates, see :func:`mask_polygons`) by the one
-    rasterisation rule, :func:`annotations.formats.rasterize_rings` (pixel centre inside, even–odd; a
+    rasterisation rule, :func:`annotations.io.formats.rasterize_rings` (pixel centre inside, even–odd; a
     centre on an edge by the top-left rule), so a vertex a fraction of a pixel off changes nothing."""
     mask = np.zeros(shape, dtype=bool)
     window, top, left = rasterize_rings([np.asarray(outline, dtype=float)], shape)
@@ -351,7 +351,7 @@ WORKLIST_FILTERS = ("All photos", "Not outlined", "Suggestions waiting", "Not ma
 
 def worklist_ids(rows: Sequence[Mapping[str, Any]], shown: str, waiting: set[str] | frozenset[str] = frozenset()
                  ) -> list[str]:
-    """The photo ids of :meth:`annotations.store.Store.worklist` rows that filter ``shown`` keeps (one of
+    """The photo ids of :meth:`annotations.store.store.Store.worklist` rows that filter ``shown`` keeps (one of
     :data:`WORKLIST_FILTERS`); ``waiting``: photos with suggestions not yet accepted or rejected."""
     keep = {"All photos": lambda r: True, "Not outlined": lambda r: not r["wounds"],
             "Suggestions waiting": lambda r: r["image_id"] in waiting,

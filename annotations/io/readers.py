@@ -1,7 +1,7 @@
 """Readers of a dataset folder's files: photos, masks, CSV tables and ``dataset.json``.
 
 Each reader validates what it reads and raises one :class:`DatasetError` naming the file, row and
-field; nothing here writes. :mod:`annotations.dataset` plans and writes imports from what these
+field; nothing here writes. :mod:`annotations.io.dataset` plans and writes imports from what these
 return.
 
 Safety rules, checked before any file is opened (:class:`DatasetFolder`):
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
-from annotations import csvsafe
+from annotations.io import csvsafe
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 #: Apple's photo format: refused with a hint (reading it would need the pillow-heif codec).

@@ -1,16 +1,16 @@
 """Photos uploaded in the browser: one visit of one patient, stored all or nothing.
 
 Each file is checked as ``import`` checks a dataset folder's photos, with the same messages
-(:func:`annotations.readers.photo_id`, :func:`annotations.readers.normalise_photo`: type and id,
+(:func:`annotations.io.readers.photo_id`, :func:`annotations.io.readers.normalise_photo`: type and id,
 pixel budget, EXIF orientation applied, 16-bit scaled, identifying metadata stripped), plus a size
 limit per photo (:data:`MAX_PHOTO_MB`, Streamlit's ``server.maxUploadSize``) and a photo count per
 upload (:data:`MAX_PHOTOS`). The patient id, the visit date and the calibration marker are checked
 by the follow-up rules (:mod:`annotations.followup`). Every file is checked before anything is
 written; the photos then go in through a journalled swap committed with the store's rows, as an
-import does (:mod:`annotations.journal`), so an error or a crash leaves the workspace as it was.
+import does (:mod:`annotations.infra.journal`), so an error or a crash leaves the workspace as it was.
 
 A photo of a known patient is a new visit of that patient: dated, it joins the follow-up flow, where
-its outlined wounds wait to be linked to the patient's tracks (:func:`annotations.followup.pending_links`).
+its outlined wounds wait to be linked to the patient's tracks (:func:`annotations.followup.followup.pending_links`).
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from annotations import followup
-from annotations.accounts import Account, AuthError
-from annotations.dataset import check_kind
-from annotations.journal import Swap
-from annotations.readers import DatasetError, Photo, check_id, clear_error, normalise_photo, photo_id
-from annotations.workspace import Workspace
+from annotations.accounts.accounts import Account, AuthError
+from annotations.followup import followup
+from annotations.infra.journal import Swap
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import check_kind
+from annotations.io.readers import DatasetError, Photo, check_id, clear_error, normalise_photo, photo_id
 
 #: Largest photo accepted, in megabytes of 1024 × 1024 bytes (``.streamlit/config.toml`` sets Streamlit's
 #: ``server.maxUploadSize`` to the same).
@@ -57,7 +57,7 @@ def upload_photos(ws: Workspace, files: Sequence[tuple[str, bytes]], patient_id:
 
     ``marker`` (``{"dictionary", "id", "side_cm"}``) is the printed calibration marker the photos show:
     it becomes the workspace's marker when it has none and must be the workspace's otherwise. A role
-    without ``annotate`` raises :class:`~annotations.accounts.AuthError`; any bad value or file raises one
+    without ``annotate`` raises :class:`~annotations.accounts.accounts.AuthError`; any bad value or file raises one
     :class:`DatasetError` naming the file (or the field) and stores nothing. Returns what was added:
     ``images`` (ids), ``patient``, ``new_patient``, ``visit_date``, ``earlier_visits`` (the patient's
     other visit dates) and ``tracks`` (the patient's wound tracks, to which the new wounds will link)."""

@@ -20,14 +20,14 @@
   COCO importer writes) the URL-decoded ``d`` parameter (its path, else its file name, under the
   photos folder); of an upload (``/data/upload/3/1a2b3c4d-x.jpg``), ``s3://``, ``gs://`` or
   ``http(s)://`` URL the URL-decoded last segment. What TriDerm's own export
-  (:func:`annotations.formats.labelstudio_tasks`) adds is read back: the task's ``data.triderm_image_id``,
+  (:func:`annotations.io.formats.labelstudio_tasks`) adds is read back: the task's ``data.triderm_image_id``,
   a region id ``wound-N`` (wound index N, kept when every region of the photo has one) and the
   region's ``meta.text`` (its description, Label Studio's per-region note).
 - **cvat**: a CVAT XML 1.1 file ("CVAT for images"): ``<polygon>`` and ``<mask>`` (RLE inside
   its ``left``/``top``/``width``/``height`` box) shapes; boxes, polylines and points are not
   outlines and are counted as ``skipped``; video tracks are refused. Each shape's ``z_order`` is read.
 
-Polygons are rasterised by the one rule of :func:`annotations.formats.rasterize_rings`: a pixel is
+Polygons are rasterised by the one rule of :func:`annotations.io.formats.rasterize_rings`: a pixel is
 inside when its centre is, a centre exactly on an edge when the inside lies to its right (or, on a
 horizontal edge, below it), so outlines sharing an edge tile without gap or overlap and a polygon
 keeps its area. The photos are looked up in ``images`` (default: the annotation file's folder, then
@@ -43,16 +43,16 @@ class, when one is not ``wound``; ``source_id``, the outline's id in the file: C
 Label Studio region id, GeoJSON feature id), ``images.csv`` (``image_id, patient_id`` empty,
 ``source_image_id``: COCO image id, Label Studio task id, CVAT image id; written when the file gives
 them) and ``dataset.json`` (their column types). Import keeps these columns as metadata, and
-:func:`annotations.exports.export` writes them back, so results can be merged into the
+:func:`annotations.io.exports.export` writes them back, so results can be merged into the
 source (a file TriDerm exported gives its kept ids back: ``attributes.source_id`` of COCO, Label
 Studio's ``data.source_image_id`` and ``meta.source_id``, not the ids TriDerm numbered).
 
 Everything is read and checked before ``out`` appears: bad input raises one
-:class:`~annotations.readers.DatasetError` naming the file and the field, and ``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
+:class:`~annotations.io.readers.DatasetError` naming the file and the field, and ``out`` is left as it was. A label map holds one wound per pixel, so a pixel two outlines cover goes
 to one of them by the ``overlap`` rule (:data:`OVERLAP_RULES`): ``z-order`` (the default for CVAT:
 the higher ``z_order``, then the later outline), ``later-wins`` (the default for the others: the
 outline later in the file) or ``refuse`` (one error naming both). Wounds then left with fewer pixels
-than ``min_area`` (default the workspace's :data:`~annotations.workspace.DEFAULT_MIN_WOUND_AREA`,
+than ``min_area`` (default the workspace's :data:`~annotations.infra.workspace.DEFAULT_MIN_WOUND_AREA`,
 which import applies) are dropped, one report line each in ``small_wounds_dropped``, so the folder
 always imports.
 
@@ -60,7 +60,7 @@ Crafted files are refused the same way, before anything large is allocated: RLE 
 and compressed strings, CVAT ``rle``) must be whole numbers ≥ 0 summing exactly to the photo (COCO)
 or the box (CVAT), a Label Studio brush must hold exactly width × height × 4 values, declared sizes
 must be the photo's, and the photo's header is read within the import's pixel budget
-(:data:`~annotations.readers.MAX_PIXELS`). JSON ``NaN``/``Infinity``, numbers that overflow a float
+(:data:`~annotations.io.readers.MAX_PIXELS`). JSON ``NaN``/``Infinity``, numbers that overflow a float
 and nesting deeper than Python's recursion limit are errors; so are an outline enclosing no area (two
 points, points on one line), one lying wholly outside its photo, a coordinate beyond ±1e9 pixels,
 a wound index over 65,535, a COCO ``category_id`` missing from ``categories``, a source id (COCO,
@@ -94,21 +94,13 @@ import shapely
 from PIL import Image, UnidentifiedImageError
 from shapely.geometry import MultiPolygon, Polygon, shape
 
-from annotations.csvsafe import neutralise
-from annotations.dataset import copy_photo
-from annotations.fileio import staged_folder, write_text
-from annotations.formats import DEFAULT_LABEL, rasterize_window
-from annotations.workspace import DEFAULT_MIN_WOUND_AREA
-from annotations.readers import (
-    _PIL_FORMATS,
-    IMAGE_SUFFIXES,
-    MAX_FILE_BYTES,
-    MAX_PIXELS,
-    MAX_WOUNDS_PER_MASK,
-    DatasetError,
-    column_schema,
-    valid_id,
-)
+from annotations.io.csvsafe import neutralise
+from annotations.io.dataset import copy_photo
+from annotations.infra.fileio import staged_folder, write_text
+from annotations.io.formats import DEFAULT_LABEL, rasterize_window
+from annotations.infra.workspace import DEFAULT_MIN_WOUND_AREA
+from annotations.io.readers import (_PIL_FORMATS, IMAGE_SUFFIXES, MAX_FILE_BYTES, MAX_PIXELS, MAX_WOUNDS_PER_MASK,
+                                    DatasetError, column_schema, valid_id)
 
 SOURCES = ("coco", "geojson", "labelstudio", "cvat")
 #: How a pixel two outlines cover is resolved: ``z-order`` (the higher CVAT ``z_order`` wins, then the
@@ -125,7 +117,7 @@ MAX_COORDINATE = 1e9
 MAX_SOURCE_ID = 200
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _LS_PREFIX = re.compile(r"^[0-9a-f]{8}-")
-#: The region id TriDerm's Label Studio export gives wound N (:func:`annotations.formats.labelstudio_tasks`).
+#: The region id TriDerm's Label Studio export gives wound N (:func:`annotations.io.formats.labelstudio_tasks`).
 _LS_WOUND_ID = re.compile(r"wound-([1-9][0-9]{0,4})")
 
 
@@ -687,7 +679,7 @@ def _find_photo(images: list[Path], name: str, where: str) -> Path:
 
 def _no_link_below(folder: Path, rel: Path, where: str) -> None:
     """Refuse a photo that is, or is reached through, a symbolic link below ``folder`` (links are never
-    followed, as in :class:`~annotations.readers.DatasetFolder`), before its header is read."""
+    followed, as in :class:`~annotations.io.readers.DatasetFolder`), before its header is read."""
     for k in range(1, len(rel.parts) + 1):
         sub = folder.joinpath(*rel.parts[:k])
         if stat.S_ISLNK(os.lstat(sub).st_mode):
@@ -697,7 +689,7 @@ def _no_link_below(folder: Path, rel: Path, where: str) -> None:
 
 def _photo_size(path: Path, where: str) -> tuple[int, int]:
     """The photo's upright size (as the import stores it), read from its header within the import's
-    pixel budget (:data:`~annotations.readers.MAX_PIXELS`)."""
+    pixel budget (:data:`~annotations.io.readers.MAX_PIXELS`)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -735,7 +727,7 @@ class _Painted:
 
 
 def _decoded(wound: _Wound, photo: _Photo, shape_hw: tuple[int, int]) -> tuple[np.ndarray, int, int]:
-    """The wound's mask within its box (polygons rasterised by :func:`~annotations.formats.rasterize_rings`)."""
+    """The wound's mask within its box (polygons rasterised by :func:`~annotations.io.formats.rasterize_rings`)."""
     if wound.decode is not None:
         return wound.decode()
     assert wound.geometry is not None  # every outline is a geometry or an RLE

@@ -8,7 +8,7 @@ erase-patient names every backup that holds or may come to hold the patient. ``r
 the manifest, every file, the database's integrity and schema (only TriDerm's own tables and
 indexes: no trigger or view) before touching anything, refuses a corrupted, altered or
 incomplete backup with the name of the first bad file, and swaps the workspace in through a
-journal (:mod:`annotations.journal`).
+journal (:mod:`annotations.infra.journal`).
 """
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from annotations import holders, jobs
-from annotations.fileio import LinkError, copy_file, copy_tree, replace, write_json
-from annotations.journal import Swap
-from annotations.readers import DatasetError, clear_error
-from annotations.store import MIGRATIONS, now
-from annotations.workspace import DB_NAME, Workspace
+from annotations.infra import holders, jobs
+from annotations.infra.fileio import LinkError, copy_file, copy_tree, replace, write_json
+from annotations.infra.journal import Swap
+from annotations.infra.workspace import DB_NAME, Workspace
+from annotations.io.readers import DatasetError, clear_error
+from annotations.store.rows import now
+from annotations.store.store import MIGRATIONS
 
 MANIFEST = "manifest.json"
 #: Folders of a workspace a backup holds (``cache/`` is rebuilt on demand).
@@ -238,11 +239,11 @@ def verify(src: str | Path) -> dict[str, Any]:
 def restore(src: str | Path, target: str | Path, force: bool = False) -> dict[str, Any]:
     """Verify the backup ``src``, then make ``target`` a copy of it. ``target`` must be empty
     unless ``force`` (then its store and data folders are replaced). Any other live process holding
-    ``target`` (the app, a job: :mod:`annotations.holders`) is refused, naming it, ``force`` or not.
+    ``target`` (the app, a job: :mod:`annotations.infra.holders`) is refused, naming it, ``force`` or not.
 
     Each file is copied without following links into a side folder inside ``target`` and checked
     there (checksum, database, schema): what is swapped in is exactly what was checked. The swap is
-    journalled (:mod:`annotations.journal`): the old workspace is kept aside until the new one
+    journalled (:mod:`annotations.infra.journal`): the old workspace is kept aside until the new one
     opens, and a restore killed midway is undone when the workspace is next opened."""
     src, target = Path(src).resolve(), Path(target).resolve()
     manifest = verify(src)

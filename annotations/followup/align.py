@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from annotations.measure import Calibration
+from annotations.followup.measure import Calibration
 
 if TYPE_CHECKING:
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
 
 PAD = 0.6          # margin around the largest wound, as a fraction of its radius
 MAX_SHIFT = 0.1    # the largest registration move accepted, as a fraction of the view's width
@@ -130,7 +130,7 @@ def align_views(images: list[np.ndarray], masks: list[np.ndarray], calibrations:
 def track_views(ws: Workspace, visits: list[tuple[str, int]], size: int = 220) -> list[AlignedView]:
     """:func:`align_views` of a track's visits ``(image_id, wound_index)`` in a workspace (each photo
     calibrated by its marker or ruler as the follow-up measures it)."""
-    from annotations import followup
+    from annotations.followup import followup
 
     marker = followup.workspace_marker(ws)
     images, masks, calibrations = [], [], []

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from annotations.consistency import rounded
-from annotations.fileio import atomic_write
-from annotations.store import now
-from annotations.workspace import Workspace, outlines
+from annotations.infra.fileio import atomic_write
+from annotations.infra.workspace import Workspace, outlines
+from annotations.scheduling.consistency import rounded
+from annotations.store.rows import now
 
 ENTITY = "readings"
 

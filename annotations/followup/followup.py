@@ -12,7 +12,7 @@ re-import merge, revisions, erase-patient, backup), with fixed names and checked
 
 A track's patient is its photos' patient; the schema's ``tracks`` view lists them. Two wounds of one
 photo on one track, or a track across patients, is one clear error. Sizes come from
-:mod:`annotations.measure`; :func:`followup_rows` is the tidy table behind ``export --format followup``
+:mod:`annotations.followup.measure`; :func:`followup_rows` is the tidy table behind ``export --format followup``
 and the Follow-up page, :func:`healing` its per-track summary, :func:`propose_links` the track
 proposals for the wounds of a new visit.
 """
@@ -32,21 +32,23 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from annotations.fileio import atomic_write
-from annotations import csvsafe
-from annotations.dataset import import_dataset
-from annotations.followup_fields import (CLOSED, RULER, SITE, TRACK, VISIT_DATE, check_tracks, is_closed, marker_spec,
-                                         parse_visit_date, track_of)
-from annotations.measure import Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure, ruler_calibration
-from annotations.readers import DatasetError
-from annotations.store import SYSTEM_ACTOR, Store, key_json, wound_key
+from annotations.infra.fileio import atomic_write
+from annotations.io import csvsafe
+from annotations.io.dataset import import_dataset
+from annotations.followup.followup_fields import (CLOSED, RULER, SITE, TRACK, VISIT_DATE, check_tracks, is_closed,
+                                                  marker_spec, parse_visit_date, track_of)
+from annotations.followup.measure import (Calibration, MarkerSpec, Measurement, Ruler, find_marker, measure,
+                                          ruler_calibration)
+from annotations.io.readers import DatasetError
+from annotations.store.rows import SYSTEM_ACTOR, key_json, wound_key
+from annotations.store.store import Store
 
 if TYPE_CHECKING:
-    from annotations.workspace import Workspace
+    from annotations.infra.workspace import Workspace
 
 #: The tidy export's columns, in order (``export --format followup``).
 #: ``flag`` says why a calibrated size was withheld (``area_cm2``, ``length_cm``, ``width_cm`` empty; see
-#: :func:`annotations.measure.measure`). ``outline`` says how the measured outline was made (wound metadata
+#: :func:`annotations.followup.measure.measure`). ``outline`` says how the measured outline was made (wound metadata
 #: ``origin``): ``drawn``, ``edited``, ``import`` (from a dataset folder), or ``suggested`` — the segmenter's outline
 #: accepted without an edit, so the area is the model's, not a person's; empty when not recorded.
 COLUMNS = ("patient", "track", "visit_date", "area_cm2", "length_cm", "width_cm", "closed", "measured_by", "method",
@@ -77,7 +79,7 @@ def set_visit_date(store: Store, image_id: str, value: str, *, actor: str = SYST
 
 def import_visit(ws: Workspace, folder: str | Path, visit_date: str | date | None = None, *,
                  actor: str = "import") -> dict[str, Any]:
-    """Import a dataset folder (:func:`annotations.dataset.import_dataset`) and give ``visit_date`` to
+    """Import a dataset folder (:func:`annotations.io.dataset.import_dataset`) and give ``visit_date`` to
     its new photos that carry none in ``images.csv``. The date is checked first: an unparseable or
     future date is one clear error and imports nothing. The summary adds ``dated`` (photos dated)."""
     day = None if visit_date in (None, "") else parse_visit_date(
@@ -119,7 +121,7 @@ def set_track(store: Store, image_id: str, wound_index: int, track_id: str | Non
 
 def tracks(store: Store) -> list[dict[str, Any]]:
     """Every track: id, patient, site, wounds, first and last visit (the schema's ``tracks`` view)."""
-    return [dict(r) for r in store.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
+    return store.tracks()
 
 
 def track_visits(store: Store, track_id: str) -> list[tuple[str, int, str]]:
@@ -161,7 +163,7 @@ def workspace_marker(ws: Workspace) -> MarkerSpec | None:
 
 #: The measurement cache (``cache/`` of the workspace): per photo, keyed by what its sizes depend on.
 MEASURE_CACHE = "followup_measures.json"
-MEASURE_VERSION = 3  # bump when :func:`annotations.measure.measure` changes what it returns
+MEASURE_VERSION = 3  # bump when :func:`annotations.followup.measure.measure` changes what it returns
 
 
 def _photo_key(ws: Workspace, img: dict[str, Any], marker: MarkerSpec | None, known: list[int]) -> str:
@@ -224,7 +226,7 @@ def followup_rows(ws: Workspace, progress: Callable[[float], None] | None = None
     for w in store.wounds():
         if track_of(w["metadata"]) is not None or (unlinked and VISIT_DATE in images[w["image_id"]]["metadata"]):
             by_image[w["image_id"]].append(w)
-    authors = _outliners(store)
+    authors = store.outline_authors()
     sizes = measure_photos(ws, sorted(by_image), progress)
     rows = []
     for image_id, wounds in sorted(by_image.items()):
@@ -264,15 +266,6 @@ def _position(m: Measurement, shape: tuple[int, ...]) -> tuple[float, float] | N
     if m.method == "pixels":
         return (m.centre[0] / shape[1] * PHOTO_CM, m.centre[1] / shape[0] * PHOTO_CM)
     return m.centre
-
-
-def _outliners(store: Store) -> dict[str, str]:
-    """Wound key JSON → who last drew its outline (the latest outline or insert revision)."""
-    out = {}
-    for key, actor in store.db.execute("SELECT key, actor FROM revisions WHERE entity = 'wounds' AND "
-                                       "field IN ('outline', 'row') AND action != 'delete' ORDER BY id"):
-        out[key] = actor
-    return out
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -333,7 +326,7 @@ def patient_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_csv(fh: IO[str], table: Iterable[Mapping[str, Any]], columns: Iterable[str]) -> None:
     """``table``'s ``columns`` as CSV to ``fh`` (None as an empty cell; text that a spreadsheet would run
-    as a formula neutralised, :mod:`annotations.csvsafe`)."""
+    as a formula neutralised, :mod:`annotations.io.csvsafe`)."""
     columns = list(columns)
     writer = csv.DictWriter(fh, fieldnames=columns)
     writer.writeheader()

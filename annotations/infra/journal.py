@@ -10,7 +10,7 @@ forward or undone backward from any point, any number of times.
 Whether a swap stands is decided by its commit point: ``meta`` swaps (import, erase) stand when
 the store holds the meta key ``swap:<folder name>`` (set in the same transaction as the rows);
 ``marker`` swaps (restore, whose store is itself swapped) stand once ``committed`` is written.
-:func:`recover` (run by :class:`annotations.workspace.Workspace` when it opens) finishes or undoes
+:func:`recover` (run by :class:`annotations.infra.workspace.Workspace` when it opens) finishes or undoes
 the swap of every such folder no live process holds (a lock file inside it), then removes the
 folder, and with it stale staged photos.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 import filelock
 
-from annotations.fileio import read_json, replace, write_json, write_text
+from annotations.infra.fileio import read_json, replace, write_json, write_text
 
 #: The kinds of swap folders (``.<kind>-XXXX`` in the workspace).
 KINDS = ("import", "erase", "restore")

@@ -1,7 +1,7 @@
 """Outlines in the formats other tools read: COCO (polygons or RLE) and GeoJSON.
 
 (Reading other tools' exports — COCO, GeoJSON, Label Studio JSON, CVAT XML — is
-:mod:`annotations.convert`.)
+:mod:`annotations.io.convert`.)
 
 Coordinates are image pixels, x to the right and y down, with pixel (col, row) the unit square
 [col, col+1] × [row, row+1] (COCO's convention): a wound's outline is the exact boundary of its
@@ -29,7 +29,7 @@ centre is, by the one rule of :func:`rasterize_rings` — gives the label map ag
   ``BrushLabels`` ``brush``). ``python -m annotations convert --from labelstudio`` reads Label Studio's
   JSON export of such a project back.
 
-Source ids: :mod:`annotations.convert` keeps the id a photo and an outline had in the file it read (image
+Source ids: :mod:`annotations.io.convert` keeps the id a photo and an outline had in the file it read (image
 metadata ``source_image_id``: COCO image id, Label Studio task id, CVAT image id; wound metadata
 ``source_id``: COCO annotation id, Label Studio region id, GeoJSON feature id), so results can be merged
 back. The export writes them where the format has a field: COCO ``id`` (images, annotations) when every
@@ -53,8 +53,8 @@ import numpy as np
 import shapely
 from shapely.geometry import MultiPolygon, Polygon, mapping
 
-from annotations.fileio import write_text
-from annotations.workspace import Workspace
+from annotations.infra.fileio import write_text
+from annotations.infra.workspace import Workspace
 
 #: The default URL prefix of the photos in Label Studio tasks: its local files (``/data/local-files/?d=``),
 #: below a document root (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``) that is the workspace's folder, whose
@@ -285,7 +285,7 @@ BRUSH_RLE_SIZES = (3, 4, 8, 16)
 def encode_brush_rle(mask: np.ndarray) -> list[int]:
     """A bool mask (H×W) as Label Studio's brush RLE of H×W RGBA words (wound pixels 255 in all four
     channels, others 0; what its brush and its SDK's ``mask2rle`` write): the stream
-    :func:`annotations.convert.decode_brush_rle` reads, every chunk a repeated word (row-major runs of the mask × 4)."""
+    :func:`annotations.io.convert.decode_brush_rle` reads, every chunk a repeated word (row-major runs of the mask × 4)."""
     flat = np.asarray(mask, bool).ravel()
     if not flat.size:
         raise ValueError("an empty mask has no brush RLE")

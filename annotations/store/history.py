@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace, outline_of, outline_pixels
+from annotations.infra.workspace import Workspace, outline_of, outline_pixels
+from annotations.io.readers import DatasetError
 
 
 def history_lines(ws: Workspace, entity: str | None = None, key: Any = None) -> list[str]:

@@ -8,7 +8,7 @@ images.csv             image_id, patient_id, [metadata…]             (optional
 patients.csv           patient_id, [metadata…]                       (optional)
 triplets.csv           anchor, ref_j, ref_k, choice, annotator, [source, rep, latency_ms, created]
 dataset.json           {"name", "synthetic", "mask_format": "label"|"auto"|"binary",
-                        "columns": {"age": "int", …}}   (optional; see annotations.readers)
+                        "columns": {"age": "int", …}}   (optional; see annotations.io.readers)
 truth/                 latent truth of synthetic datasets                (optional, copied as is)
 ```
 Everything is validated before anything is written: bad input raises one
@@ -21,7 +21,7 @@ field) until ``prefer`` says which side wins. Rows are deleted only with ``prune
 drawn in the app never, and every write is a revision with actor ``import``. An optional CSV left
 out means "no change" for the fields it gives (:data:`_FIELDS_OF_FILE`); a folder that is the
 workspace, or lies inside it, is refused. The files go in through a journalled swap
-(:mod:`annotations.journal`) committed with the rows.
+(:mod:`annotations.infra.journal`) committed with the rows.
 """
 from __future__ import annotations
 
@@ -43,33 +43,18 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from annotations.csvsafe import safe_row
-from annotations.fileio import LinkError, atomic_write, copy_file, copy_tree
-from annotations.followup_fields import RULER, VISIT_DATE, check_tracks, marker_spec, parse_visit_date
-from annotations.journal import Swap
-from annotations.measure import Ruler, ruler_calibration
-from annotations.privacy import StudyIds
-from annotations.readers import (
-    DatasetError,
-    DatasetFolder,
-    Photo,
-    check_id,
-    clear_error,
-    column_schema,
-    iter_csv,
-    parse_bool,
-    parse_int,
-    parse_number,
-    parse_timestamp,
-    photo_id,
-    read_csv,
-    read_info,
-    read_mask,
-    read_photo,
-    row_metadata,
-)
-from annotations.store import CHOICES, image_file_value, key_json, now, triplet_key, wound_key
-from annotations.workspace import Workspace, outline_hash, outline_pixels, outlines
+from annotations.accounts.privacy import StudyIds
+from annotations.followup.followup_fields import RULER, VISIT_DATE, check_tracks, marker_spec, parse_visit_date
+from annotations.followup.measure import Ruler, ruler_calibration
+from annotations.infra.fileio import LinkError, atomic_write, copy_file, copy_tree
+from annotations.infra.journal import Swap
+from annotations.infra.workspace import Workspace, outline_hash, outline_pixels, outlines
+from annotations.io.csvsafe import safe_row
+from annotations.io.readers import (DatasetError, DatasetFolder, Photo, check_id, clear_error, column_schema, iter_csv,
+                                    parse_bool, parse_int, parse_number, parse_timestamp, photo_id, read_csv, read_info,
+                                    read_mask, read_photo, row_metadata)
+from annotations.store.rows import image_file_value, key_json, now, triplet_key, wound_key
+from annotations.store.store import CHOICES
 
 
 @dataclass
@@ -242,7 +227,7 @@ def validate_dataset(root: str | Path, known_images: Set[str] = frozenset(), kee
 
 
 def _check_followup(plan: DatasetPlan) -> None:
-    """The follow-up rules (:mod:`annotations.followup_fields`) on a validated dataset: visit dates,
+    """The follow-up rules (:mod:`annotations.followup.followup_fields`) on a validated dataset: visit dates,
     rulers, closed flags, the marker, and tracks (one wound per photo per track, one patient per track)."""
     if "marker" in plan.info:
         marker_spec(plan.info["marker"])
@@ -799,7 +784,7 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
     the store changes in one transaction (whatever the wait for its lock), and the files are
     renamed into place (journalled) before it commits; on any error nothing has changed, and a
     process killed midway is rolled back or finished when the workspace next opens. A full disk
-    or a lock held too long is one :class:`DatasetError` (:func:`~annotations.readers.clear_error`). ``dry_run`` reports
+    or a lock held too long is one :class:`DatasetError` (:func:`~annotations.io.readers.clear_error`). ``dry_run`` reports
     and writes nothing. ``study_ids`` names a CSV (outside the workspace's images/) mapping
     original photo names to study ids; the workspace then only sees the study ids. Returns a
     summary with every change (``changes``: one line each). Photos are stored upright and without
@@ -905,7 +890,7 @@ def _photo_wanted(ws: Workspace, merge: _Merge, target: Path) -> bool:
 
 
 def _copy_truth(src: Path, dst: Path) -> None:
-    """Copy a ``truth/`` folder without following a link (:func:`annotations.fileio.copy_tree`)."""
+    """Copy a ``truth/`` folder without following a link (:func:`annotations.infra.fileio.copy_tree`)."""
     try:
         copy_tree(src, dst)
     except LinkError as err:
@@ -913,7 +898,7 @@ def _copy_truth(src: Path, dst: Path) -> None:
 
 
 def copy_photo(src: Path, dst: Path) -> None:
-    """Copy one file without following a link (:func:`annotations.fileio.copy_file`); a link is a DatasetError."""
+    """Copy one file without following a link (:func:`annotations.infra.fileio.copy_file`); a link is a DatasetError."""
     try:
         copy_file(src, dst)
     except LinkError as err:

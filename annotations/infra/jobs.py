@@ -39,7 +39,7 @@ from typing import Any
 import filelock
 import psutil
 
-from annotations.fileio import read_json, write_json
+from annotations.infra.fileio import read_json, write_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}")  # fullmatch: "$" would allow a final newline

@@ -1,5 +1,6 @@
-"""The SQLite annotation store: patients, images, wounds, annotators, triplet judgments, LLM
-answers and run records.
+"""The SQLite annotation store: patients, images, wounds, annotators, triplet judgments and LLM
+answers here; the run records and the revisions in the query modules :class:`Store` composes
+(:mod:`annotations.store.run_records`, :mod:`annotations.store.revisions`).
 
 One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
 background jobs and several annotators can write at once. Natural-key unique constraints make
@@ -12,21 +13,18 @@ import json
 import math
 import os
 import sqlite3
-import subprocess
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-
-from annotations import jobs
-from annotations.fileio import write_step
+from annotations.infra import jobs
+from annotations.infra.fileio import write_step
+from annotations.store.revisions import Revisions
+from annotations.store.rows import (SYSTEM_ACTOR, _decode, _dumps, image_file_value, key_json, now,
+                                    triplet_key, wound_key)
+from annotations.store.run_records import RunRecords
 
 CHOICES = ("j", "k", "skip")
-#: ``interrupted``: the process ended without finishing its run (killed, crashed, machine restarted),
-#: found by :func:`annotations.jobs.run_gone` when runs are listed or opened
-RUN_STATUSES = ("running", "done", "failed", "stopped", "interrupted")
-_JSON_COLUMNS = ("metadata", "bbox", "config", "metrics", "artifacts")
 
 _SCHEMA_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
@@ -142,7 +140,7 @@ CREATE TABLE import_base (
 );
 """
 
-# Accounts (annotations/accounts.py): one row per person, names unique ignoring case; a session
+# Accounts (annotations/accounts/accounts.py): one row per person, names unique ignoring case; a session
 # token names the account and its ``session_epoch``. ``exclusions`` marks an annotator (by name) or
 # one judgment (by triplet id) as left out of every metric; the rows themselves stay.
 _SCHEMA_ACCOUNTS = """
@@ -178,7 +176,7 @@ CREATE INDEX IF NOT EXISTS triplets_ref_k ON triplets (ref_k);
 CREATE INDEX IF NOT EXISTS images_patient ON images (patient_id);
 """
 
-# Second reading (annotations/readings.py): photos an admin marked for independent outlining, and each
+# Second reading (annotations/followup/readings.py): photos an admin marked for independent outlining, and each
 # reader's own label map of such a photo (a file under masks/readings/); the stored truth is untouched.
 _SCHEMA_READINGS = """
 CREATE TABLE reading_photos (
@@ -197,7 +195,7 @@ CREATE TABLE readings (
 );
 """
 
-# Follow-up (annotations/followup.py): a photo's visit date and a wound's track ride in their metadata,
+# Follow-up (annotations/followup/followup.py): a photo's visit date and a wound's track ride in their metadata,
 # so import, export, merge, revisions, erase-patient and backup carry them as every field; the indexes
 # find a track's wounds and a patient's visits, and the ``tracks`` view lists each track (its patient is
 # its photos' patient, its site the first one recorded).
@@ -246,27 +244,6 @@ MIGRATIONS: list[tuple[str, ...]] = [sql_statements(script) for script in (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_RUNS, _SCHEMA_IMPORT_BASE, _SCHEMA_ACCOUNTS, _SCHEMA_SCALE, _SCHEMA_READINGS,
     _SCHEMA_FOLLOWUP, _SCHEMA_DONE)]
 
-#: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
-SYSTEM_ACTOR = "system"
-
-
-def now() -> str:
-    """UTC timestamp in ISO 8601 with milliseconds."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def git_sha() -> str:
-    """The source tree's git commit (``unknown`` outside a checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], check=False, cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
-
-
 def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
     """A judgment's repeat number is ≥ 0 and its latency a finite number ≥ 0 or None (SQLite would
     store a NaN as NULL: a measured latency silently becoming "not measured")."""
@@ -276,52 +253,13 @@ def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
         raise ValueError(f"{where}: latency_ms must be a finite number of 0 or more (or None), got {latency_ms}")
 
 
-def _decode(row: dict[str, Any]) -> dict[str, Any]:
-    for col in _JSON_COLUMNS:
-        if col in row and isinstance(row[col], str):
-            row[col] = json.loads(row[col])
-    return row
-
-
-def key_json(key: Any) -> str:
-    """The canonical JSON of a row's natural key, as stored in ``revisions.key``."""
-    return json.dumps(key, sort_keys=True, default=_json_default)
-
-
-def wound_key(image_id: str, wound_index: int) -> dict[str, Any]:
-    """The revision key of a wound."""
-    return {"image_id": image_id, "wound_index": int(wound_index)}
-
-
-def triplet_key(row: dict[str, Any]) -> dict[str, Any]:
-    """The revision key of a judgment: source, anchor, references and repeat number."""
-    return {k: row[k] for k in ("source", "anchor", "ref_j", "ref_k")} | {"rep": int(row["rep"])}
-
-
-def image_file_value(file: str, sha256: str, width: int, height: int) -> dict[str, Any]:
-    """An image's file as one revision/merge value."""
-    return {"file": file, "sha256": sha256, "width": int(width), "height": int(height)}
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=_json_default)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value if value is not None else {}, sort_keys=True, default=_json_default)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):  # numpy scalars and arrays
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
 CACHE_KIB = 65_536  # SQLite page cache per connection
 
 
-class Store:
-    """Typed access to a workspace's ``triderm.sqlite``."""
+class Store(RunRecords, Revisions):
+    """Typed access to a workspace's ``triderm.sqlite``: the connection, the schema, photos, wounds and
+    judgments here, the run records (:class:`RunRecords`) and the revisions (:class:`Revisions`) in
+    their own modules."""
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
@@ -478,7 +416,7 @@ class Store:
                      actor: str = SYSTEM_ACTOR, outline: dict | None = None) -> int:
         """Insert or update the wound ``wound_index`` of ``image_id``; returns its id.
 
-        ``outline`` ({area, bbox, png}: :func:`annotations.workspace.outline_value`) is the wound's
+        ``outline`` ({area, bbox, png}: :func:`annotations.infra.workspace.outline_value`) is the wound's
         new pixels, kept in its revision so a redraw can be undone; without it only the geometry
         is recorded."""
         bbox = [int(v) for v in bbox]
@@ -549,6 +487,12 @@ class Store:
             rows = self.db.query("SELECT * FROM wounds WHERE image_id = ? ORDER BY wound_index",
                                  [image_id])
         return [_decode(r) for r in rows]
+
+    # -- follow-up -------------------------------------------------------------------------------
+    def tracks(self) -> list[dict[str, Any]]:
+        """Every wound track: id, patient, site, wounds, first and last visit (the schema's ``tracks`` view),
+        by patient and track id."""
+        return [dict(r) for r in self.db.query("SELECT * FROM tracks ORDER BY patient_id, track_id")]
 
     # -- worklist: photos marked done ---------------------------------------------------------------
     def set_done(self, image_id: str, done: bool, *, actor: str) -> bool:
@@ -734,277 +678,6 @@ class Store:
             self.add_triplet(anchor, ref_j, ref_k, choice, f"llm:{model}", latency_ms=latency_ms)
         return True
 
-    # -- revisions -------------------------------------------------------------------------------
-    def record_revision(self, entity: str, key: Any, field: str, action: str, old: Any, new: Any,
-                        actor: str) -> int:
-        """Append one change to the revisions table (JSON-encoded ``key``, ``old`` and ``new``)."""
-        if not actor or not str(actor).strip():
-            raise ValueError("a revision needs an actor (account name, 'import' or a job name)")
-        action = self._action_override or action
-        cur = self.db.execute(
-            "INSERT INTO revisions (entity, key, field, action, old, new, actor, created) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [entity, key_json(key), field, action,
-             json.dumps(old, sort_keys=True, default=_json_default),
-             json.dumps(new, sort_keys=True, default=_json_default), str(actor).strip(), now()])
-        assert cur.lastrowid is not None  # set by the INSERT
-        return cur.lastrowid
-
-    def _record_changes(self, entity: str, key: Any, old: dict | None, new: dict, actor: str) -> None:
-        """One ``insert`` revision for a new row, else one ``update`` per changed field."""
-        if old is None:
-            self.record_revision(entity, key, "row", "insert", None, new, actor)
-            return
-        for field_name, value in new.items():
-            if _canonical(old.get(field_name)) != _canonical(value):
-                self.record_revision(entity, key, field_name, "update", old.get(field_name), value, actor)
-
-    # -- edits from a loaded copy (optimistic concurrency) ------------------------------------------
-    def fields(self, entity: str, key: Any) -> dict[str, Any] | None:
-        """The editable fields of one row as an editor loads them, None when the row does not exist.
-
-        ``entity`` and ``key`` as in the revisions: ``wounds`` (:func:`wound_key`) gives ``description``,
-        ``outline`` ({area, bbox}) and ``metadata.<name>``; ``images`` (photo id) ``patient_id`` and
-        ``metadata.<name>``; ``patients`` (patient id) ``metadata.<name>``; ``accounts`` (name) ``role``,
-        ``email`` and ``disabled``; ``meta`` (a workspace setting's key) ``value``. A field not listed is None."""
-        if entity == "meta":
-            return {"value": self.get_meta(key)}
-        if entity == "accounts":
-            rows = list(self.db.query("SELECT role, email, disabled FROM accounts WHERE name = ?", [key]))
-            return {**rows[0], "disabled": bool(rows[0]["disabled"])} if rows else None
-        if entity == "wounds":
-            row = self.wound(key["image_id"], key["wound_index"])
-            top = {} if row is None else {
-                "description": row["description"],
-                "outline": {"area": int(row["area"]), "bbox": [int(v) for v in row["bbox"]]}}
-        elif entity == "images":
-            row = self.image(key)
-            top = {} if row is None else {"patient_id": row["patient_id"]}
-        elif entity == "patients":
-            row, top = self.patient(key), {}
-        else:
-            raise ValueError(f"no editable fields for {entity!r}")
-        if row is None:
-            return None
-        return {**top, **{f"metadata.{name}": value for name, value in (row["metadata"] or {}).items()}}
-
-    @contextlib.contextmanager
-    def expecting(self, entity: str, key: Any, loaded: Mapping[str, Any],
-                  yours: Mapping[str, Any] | None = None) -> Iterator[None]:
-        """One write transaction (compare-and-set) that first checks every field of ``loaded`` (field →
-        value as the editor loaded it, see :meth:`fields`) still holds that value, or already ``yours``
-        (the same edit made twice); the body's writes join it. Raises :class:`StaleEdit` (their value
-        and ``yours`` per changed field), and nothing is written, when one changed since or the row is
-        gone."""
-        with self.transaction():
-            current = self.fields(entity, key)
-            now_ = current or {}
-            mine = yours or {}
-            conflicts = {name: (now_.get(name), mine.get(name)) for name, value in loaded.items()
-                         if current is None or _canonical(now_.get(name)) not in {
-                             _canonical(value), *([_canonical(mine[name])] if name in mine else [])}}
-            if conflicts:
-                recorded = sorted({name.split(".")[0] for name in conflicts} | {"row"})  # metadata.x: metadata
-                last = self.db.execute(
-                    f"SELECT actor, created FROM revisions WHERE entity = ? AND key = ? AND field IN "
-                    f"({', '.join('?' * len(recorded))}) ORDER BY id DESC LIMIT 1",
-                    [entity, key_json(key), *recorded]).fetchone()
-                raise StaleEdit(entity, key, conflicts, gone=current is None, by=last[0] if last else None,
-                                at=last[1] if last else None)
-            yield
-
-    def edit(self, entity: str, key: Any, loaded: Mapping[str, Any], changes: Mapping[str, Any], *,
-             actor: str) -> dict[str, Any]:
-        """Save only ``changes`` (field → new value; a ``metadata.<name>`` of None or "" removes it) of a
-        wound, photo or patient, provided each changed field still holds its ``loaded`` value (a metadata
-        field missing from ``loaded`` was absent), in one transaction (:meth:`expecting`). Returns the
-        fields written (a field already at its new value is not rewritten), each recorded as a revision
-        under ``actor``. Raises :class:`StaleEdit` otherwise, ValueError for a field without its loaded
-        value or one this method does not write."""
-        missing = sorted(n for n in changes if n not in loaded and not n.startswith("metadata."))
-        if missing:  # a metadata field the row did not have loads as None
-            raise ValueError(f"no loaded value for {', '.join(missing)}: cannot check the edit")
-        writable = {"wounds": ("description",), "images": ("patient_id",), "patients": ()}.get(entity)
-        if writable is None or any(not n.startswith("metadata.") and n not in writable for n in changes):
-            raise ValueError(f"edit writes the description and metadata of wounds, photos and patients "
-                             f"and a photo's patient, not {entity} {sorted(changes)}")
-        with self.expecting(entity, key, {name: loaded.get(name) for name in changes}, changes):
-            current = self.fields(entity, key) or {}
-            writes = {n: v for n, v in changes.items() if _canonical(current.get(n)) != _canonical(v)
-                      and not (n.startswith("metadata.") and v in (None, "") and current.get(n) in (None, ""))}
-            if writes:
-                self._write_fields(entity, key, writes, actor)
-            return writes
-
-    def _write_fields(self, entity: str, key: Any, writes: Mapping[str, Any], actor: str) -> None:
-        """Write ``writes`` (fields of :meth:`edit`) over the row's other values, through its upsert."""
-        row = (self.wound(key["image_id"], key["wound_index"]) if entity == "wounds"
-               else self.image(key) if entity == "images" else self.patient(key))
-        assert row is not None  # checked by expecting()
-        metadata = dict(row["metadata"] or {})
-        for name, value in writes.items():
-            if name.startswith("metadata."):
-                if value in (None, ""):
-                    metadata.pop(name[len("metadata."):], None)
-                else:
-                    metadata[name[len("metadata."):]] = value
-        if entity == "wounds":
-            self.upsert_wound(key["image_id"], key["wound_index"], row["area"], row["bbox"],
-                              writes.get("description", row["description"]), metadata, actor=actor)
-        elif entity == "images":
-            self.upsert_image(key, row["file"], row["sha256"], row["width"], row["height"],
-                              writes.get("patient_id", row["patient_id"]), metadata, actor=actor)
-        else:
-            self.upsert_patient(key, metadata, actor=actor)
-
-    def revision(self, revision_id: int) -> dict | None:
-        """One revision by id (key and values decoded), or None."""
-        rows = self._revision_rows("SELECT * FROM revisions WHERE id = ?", [int(revision_id)])
-        return rows[0] if rows else None
-
-    def _revision_rows(self, sql: str, args: list) -> list[dict]:
-        rows = list(self.db.query(sql, args))
-        for r in rows:
-            for col in ("key", "old", "new"):
-                # key/old/new are never SQL NULL (JSON 'null' is stored): the None branch never runs
-                r[col] = json.loads(r[col]) if r[col] is not None else None  # pragma: no mutate
-        return rows
-
-    def last_revision_id(self) -> int:
-        """The newest revision's id (0 when none): it grows with every recorded change."""
-        return int(self.db.execute("SELECT coalesce(max(id), 0) FROM revisions").fetchone()[0])
-
-    def last_outline_edit(self) -> str | None:
-        """When a wound outline was last added, changed or deleted (ISO time in UTC), or None."""
-        return self.db.execute("SELECT MAX(created) FROM revisions WHERE entity = 'wounds' "
-                               "AND field IN ('outline', 'row')").fetchone()[0]
-
-    def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
-        """Recorded changes, oldest first (``old``/``new``/``key`` decoded from JSON)."""
-        where, args = [], []
-        if entity is not None:
-            where.append("entity = ?")
-            args.append(entity)
-        if key is not None:
-            where.append("key = ?")
-            args.append(key_json(key))
-        sql = "SELECT * FROM revisions" + (" WHERE " + " AND ".join(where) if where else "")
-        return self._revision_rows(sql + " ORDER BY id", args)
-
-    # -- import bases (what each import last read, for the re-import merge) -----------------------
-    def import_bases(self) -> dict[tuple[str, str, str], str]:
-        """``(entity, key JSON, field) → sha256`` of the value the last import read."""
-        return {(r["entity"], r["key"], r["field"]): r["hash"]
-                for r in self.db.query("SELECT entity, key, field, hash FROM import_base")}
-
-    def set_import_base(self, entity: str, key: Any, field: str, value_hash: str | None) -> None:
-        """Remember (or, with ``None``, forget) what an import read for one row field."""
-        if value_hash is None:
-            self.db.execute("DELETE FROM import_base WHERE entity = ? AND key = ? AND field = ?",
-                            [entity, key_json(key), field])
-        else:
-            self.db.execute(
-                "INSERT INTO import_base (entity, key, field, hash, updated) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(entity, key, field) DO UPDATE SET hash = excluded.hash, updated = excluded.updated",
-                [entity, key_json(key), field, value_hash, now()])
-
-    # -- runs ----------------------------------------------------------------------------------
-    def start_run(self, kind: str, config: dict, seed: int | None = None,
-                  name: str | None = None) -> int:
-        """Open a run record (status ``running``) with its config, seed, git sha and this process's
-        identity (pid, create time, host); a heartbeat thread stamps it until :meth:`finish_run`."""
-        pid, created = jobs.process_identity()
-        stamp = now()
-        cur = self.db.execute(
-            "INSERT INTO runs (kind, name, config, seed, git_sha, status, pid, pid_created, host, heartbeat, "
-            "created) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-            [kind, name, _dumps(config), seed, git_sha(), pid, created, jobs.hostname(), stamp, stamp])
-        assert cur.lastrowid is not None  # set by the INSERT
-        run_id = cur.lastrowid
-        self._heartbeats[run_id] = jobs.Heartbeat(lambda: self._beat(run_id))
-        return run_id
-
-    def _beat(self, run_id: int) -> bool:
-        """Stamp a running run's heartbeat on a connection of the calling (heartbeat) thread;
-        False once the run is no longer running."""
-        conn = sqlite3.connect(self.path, timeout=self.timeout_s)
-        try:
-            with conn:
-                cur = conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'",
-                                   [now(), run_id])
-            return cur.rowcount == 1
-        finally:
-            conn.close()
-
-    def update_run(self, run_id: int, progress: float | None = None, metrics: dict | None = None,
-                   message: str | None = None, artifacts: dict | None = None) -> None:
-        """Update a run in place; ``metrics`` and ``artifacts`` are merged into the stored JSON."""
-        with self.transaction():
-            run = self.run(run_id)
-            if run is None:
-                raise KeyError(f"no run {run_id}")
-            # the keys are SQL column names (f"{c} = ?"), which SQLite reads case-insensitively
-            updates: dict[str, Any] = {"heartbeat": now()}  # pragma: no mutate
-            if progress is not None:
-                updates["progress"] = float(progress)  # pragma: no mutate (a column name: any case)
-            if message is not None:
-                updates["message"] = message  # pragma: no mutate (a column name: any case)
-            if metrics:
-                updates["metrics"] = _dumps({**run["metrics"], **metrics})  # pragma: no mutate (a column name: any case)
-            if artifacts:
-                updates["artifacts"] = _dumps({**run["artifacts"], **artifacts})  # pragma: no mutate (a column name)
-            cols = ", ".join(f"{c} = ?" for c in updates)
-            self.db.execute(f"UPDATE runs SET {cols} WHERE id = ?", [*updates.values(), run_id])
-
-    def finish_run(self, run_id: int, status: str = "done", metrics: dict | None = None,
-                   artifacts: dict | None = None, message: str | None = None) -> None:
-        """Mark a run finished with ``status`` (``done`` sets progress to 1) and its last metrics, artifacts, message."""
-        if status not in RUN_STATUSES:
-            raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
-        self.update_run(run_id, progress=1.0 if status == "done" else None, metrics=metrics,
-                        artifacts=artifacts, message=message)
-        self.db.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?",
-                        [status, now(), run_id])
-        beat = self._heartbeats.pop(int(run_id), None)
-        if beat is not None:
-            beat.stop()
-
-    def runs(self, kind: str | None = None, status: str | None = None) -> list[dict]:
-        """Run records, newest first."""
-        where, args = [], []
-        if kind is not None:
-            where.append("kind = ?")
-            args.append(kind)
-        if status is not None:
-            where.append("status = ?")
-            args.append(status)
-        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-        rows = [self._reconciled(_decode(r)) for r in self.db.query(sql + " ORDER BY id DESC", args)]
-        return [r for r in rows if status is None or r["status"] == status]
-
-    def run(self, run_id: int) -> dict | None:
-        """One run's row, marked interrupted when its process is gone, or None."""
-        rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [int(run_id)]))
-        return self._reconciled(_decode(rows[0])) if rows else None
-
-    def _reconciled(self, run: dict) -> dict:
-        """``run``, marked ``interrupted`` (in the store too) when it says running but its process
-        is gone (:func:`annotations.jobs.run_gone`)."""
-        reason = jobs.run_gone(run)
-        if reason is None:
-            return run
-        stamp = now()
-        marked = {**run, "status": "interrupted", "finished": stamp, "message": reason}
-        try:
-            cur = self.db.execute("UPDATE runs SET status = 'interrupted', finished = ?, message = ? "
-                                  "WHERE id = ? AND status = 'running'", [stamp, reason, run["id"]])
-        except sqlite3.OperationalError:  # read-only copy, or locked for long: say so, store it next time
-            return marked
-        # it finished meanwhile: read what it wrote (re-reading the row it just marked gives the marked values)
-        if cur.rowcount != 1:  # pragma: no mutate
-            return _decode(next(iter(self.db.query("SELECT * FROM runs WHERE id = ?", [run["id"]]))))
-        return marked
-
     def counts(self) -> dict[str, int]:
         """Row counts for the workspace overview."""
         def q(sql: str) -> int:
@@ -1020,20 +693,6 @@ class Store:
             "llm_triplets": q("SELECT count(*) FROM triplets WHERE source LIKE 'llm:%'"),  # pragma: no mutate (the same)
             "runs": q("SELECT count(*) FROM runs"),
         }
-
-
-class StaleEdit(ValueError):
-    """An edit made from a stale copy: a field it changes was changed by someone else (``by``, at ``at``:
-    the last revision of those fields or of the row) since the editor loaded it, or the row is ``gone``.
-    ``conflicts``: field → (their value now, your value)."""
-
-    def __init__(self, entity: str, key: Any, conflicts: dict[str, tuple[Any, Any]], *, gone: bool = False,
-                 by: str | None = None, at: str | None = None) -> None:
-        self.entity, self.key, self.conflicts, self.gone, self.by, self.at = entity, key, conflicts, gone, by, at
-        what = "was deleted" if gone else "was changed"
-        who = f" by {by}" if by else ""
-        detail = "; ".join(f"{name}: theirs {theirs!r}, yours {mine!r}" for name, (theirs, mine) in conflicts.items())
-        super().__init__(f"{entity} {key_json(key)} {what}{who} since you opened it; nothing was saved ({detail})")
 
 
 class _Transaction:

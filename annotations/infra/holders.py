@@ -3,15 +3,15 @@
 - **The app**: each app server process registers itself (:func:`register`, once per process and
   workspace) in ``<workspace>/cache/holders/<host>-<pid>.json`` (pid, its create time, host, the
   program without its arguments); a daemon thread touches the file every
-  :data:`annotations.jobs.HEARTBEAT_S` seconds (writing it again if it was deleted) and the file goes
+  :data:`annotations.infra.jobs.HEARTBEAT_S` seconds (writing it again if it was deleted) and the file goes
   when the process exits.
 - **Jobs**: a job's run record in the store (``running``, with pid, create time, host and heartbeat:
-  :meth:`annotations.store.Store.start_run`) and the launch record of a job the app started
+  :meth:`annotations.store.store.Store.start_run`) and the launch record of a job the app started
   (``runs/jobs/<name>.json``).
 
 A holder is *live* while its process runs (on this host: the same pid and create time,
-:func:`annotations.jobs.process_alive`) and, for a registered one, its heartbeat is younger than
-:data:`annotations.jobs.STALE_S`; from another host, while its heartbeat is that young. A killed
+:func:`annotations.infra.jobs.process_alive`) and, for a registered one, its heartbeat is younger than
+:data:`annotations.infra.jobs.STALE_S`; from another host, while its heartbeat is that young. A killed
 process's file is stale: ignored, and removed when seen. ``restore`` refuses to replace a workspace
 that any other live process holds (:func:`live`).
 """
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from annotations import jobs
-from annotations.fileio import read_json, write_json
-from annotations.workspace import DB_NAME
+from annotations.infra import jobs
+from annotations.infra.fileio import read_json, write_json
+from annotations.infra.workspace import DB_NAME
 
 FOLDER = Path("cache", "holders")
 _lock = threading.Lock()

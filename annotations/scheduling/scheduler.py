@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from annotations.consistency import annotator_of, triplet_key
+from annotations.scheduling.consistency import annotator_of, triplet_key
 
 MODES = ("random", "active")
 KINDS = ("new", "repeat", "shared")

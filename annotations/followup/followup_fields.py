@@ -1,6 +1,6 @@
 """The follow-up fields (:mod:`annotations.followup`): their names and their checked values.
 
-Below both :mod:`annotations.dataset` (which checks them on import) and :mod:`annotations.followup`
+Below both :mod:`annotations.io.dataset` (which checks them on import) and :mod:`annotations.followup`
 (which edits, measures and links them), so neither imports the other to check a value.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from datetime import date, datetime, timezone
 from typing import Any
 
-from annotations.measure import MarkerSpec, MeasureError
-from annotations.readers import DatasetError, parse_bool
+from annotations.followup.measure import MarkerSpec, MeasureError
+from annotations.io.readers import DatasetError, parse_bool
 
 VISIT_DATE, RULER, TRACK, SITE, CLOSED = "visit_date", "ruler", "track_id", "site", "closed"
 #: The earliest visit date accepted (a date before it is a typing or a default-value slip).
@@ -49,8 +49,8 @@ def is_closed(metadata: dict[str, Any], where: str = "closed") -> bool:
 
 def marker_spec(value: Any, where: str = "dataset.json: marker") -> MarkerSpec:
     """``{"dictionary", "id", "side_cm"}`` → :class:`MarkerSpec`: a dictionary of
-    :data:`~annotations.measure.ARUCO_DICTIONARIES`, a whole id (``3`` or ``"3"``, never ``3.5``) and
-    a side in :data:`~annotations.measure.MARKER_SIDE_CM` (one clear error naming the field otherwise)."""
+    :data:`~annotations.followup.measure.ARUCO_DICTIONARIES`, a whole id (``3`` or ``"3"``, never ``3.5``) and
+    a side in :data:`~annotations.followup.measure.MARKER_SIDE_CM` (one clear error naming the field otherwise)."""
     if not isinstance(value, dict) or not {"id", "side_cm"} <= set(value):
         raise DatasetError(f"{where}: must be {{\"dictionary\": \"DICT_4X4_50\", \"id\": 7, \"side_cm\": 4}}, "
                            f"got {value!r}")

@@ -1,9 +1,9 @@
 """Every export format, in one registry: ``python -m annotations export --format`` and the tests use it.
 
 :data:`EXPORTS` maps a format's name to its writer ``(ws, out, force, image_prefix) → summary``; :func:`export`
-writes one. ``dataset`` is a dataset folder that imports back losslessly (:mod:`annotations.dataset`),
+writes one. ``dataset`` is a dataset folder that imports back losslessly (:mod:`annotations.io.dataset`),
 ``followup`` the tidy follow-up CSVs (:mod:`annotations.followup`), and ``coco``, ``coco-rle``, ``geojson`` and
-``labelstudio`` the outlines only, for other annotation tools (:mod:`annotations.formats`).
+``labelstudio`` the outlines only, for other annotation tools (:mod:`annotations.io.formats`).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from annotations import followup
-from annotations.dataset import export_dataset
-from annotations.formats import LS_LOCAL_FILES, write_coco, write_geojson, write_labelstudio
-from annotations.readers import DatasetError
-from annotations.workspace import Workspace
+from annotations.followup import followup
+from annotations.infra.workspace import Workspace
+from annotations.io.dataset import export_dataset
+from annotations.io.formats import LS_LOCAL_FILES, write_coco, write_geojson, write_labelstudio
+from annotations.io.readers import DatasetError
 
 Writer = Callable[[Workspace, Path, bool, str], dict[str, Any]]
 

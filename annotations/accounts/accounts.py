@@ -42,7 +42,8 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 
-from annotations.store import Store, now
+from annotations.store.rows import now
+from annotations.store.store import Store
 
 ROLES = ("admin", "researcher", "annotator", "viewer")
 #: What each role may do: ``manage`` (import, export, demo, accounts, review), ``jobs`` (LLM and

@@ -16,14 +16,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from annotations.backup import backups_in_progress
-from annotations.csvsafe import neutralise, restore
-from annotations.fileio import write_text
-from annotations.journal import Swap
-from annotations.readers import DatasetError, valid_id
-from annotations.readings import readings_dir
-from annotations.store import key_json
-from annotations.workspace import DB_NAME, Workspace
+from annotations.followup.readings import readings_dir
+from annotations.infra.backup import backups_in_progress
+from annotations.infra.fileio import write_text
+from annotations.infra.journal import Swap
+from annotations.infra.workspace import DB_NAME, Workspace
+from annotations.io.csvsafe import neutralise, restore
+from annotations.io.readers import DatasetError, valid_id
+from annotations.store.rows import key_json
 
 MAPPING_COLUMNS = ("original", "study_id")
 
@@ -62,7 +62,7 @@ class StudyIds:
         return self.ids[original]
 
     def apply(self, plan: Any) -> None:
-        """Rename every photo of a validated :class:`annotations.dataset.DatasetPlan` (and each
+        """Rename every photo of a validated :class:`annotations.io.dataset.DatasetPlan` (and each
         reference to it) to its study id."""
         rename = {iid: self.study_id(iid) for iid in sorted(plan.images)}
         def ref(iid: str) -> str:
@@ -118,7 +118,7 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     ids, the files deleted) and the backups it cannot reach (``backups``: they still hold the patient),
     those still being written among them (``backups_in_progress``, also named in ``note``).
 
-    The photos leave through a journalled swap (:mod:`annotations.journal`): a process killed
+    The photos leave through a journalled swap (:mod:`annotations.infra.journal`): a process killed
     midway leaves either the patient whole or erased, never half."""
     store = ws.store
     db = store.db

@@ -1,0 +1,3 @@
+"""Which triplet to ask next (the scheduler) and how reliable the answers are (self-consistency,
+Cohen's κ).
+"""
