@@ -109,9 +109,9 @@ def test_the_options_build_the_recipe(tmp_path, capsys):
 
 
 def test_the_train_page_reads_the_defaults_without_torch():
-    """Every ``core`` module the Train page imports loads without torch."""
-    tree = ast.parse((REPO / "pages" / "4_Train.py").read_text())
-    modules = sorted({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+    """Every ``core`` module the Train page (its script and its logic in app/train.py) imports loads without torch."""
+    trees = [ast.parse((REPO / path).read_text()) for path in ("pages/4_Train.py", "app/train.py")]
+    modules = sorted({n.module for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                       and n.module and n.module.startswith("core.vision")})
     assert "core.vision.triderm_config" in modules
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
