@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from annotations.store.rows import _canonical, _json_default, key_json, now
+from annotations.store.rows import _canonical, _json_default, key_json, now, where_equal
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -188,15 +188,8 @@ class Revisions:
 
     def revisions(self, entity: str | None = None, key: Any = None) -> list[dict]:
         """Recorded changes, oldest first (``old``/``new``/``key`` decoded from JSON)."""
-        where, args = [], []
-        if entity is not None:
-            where.append("entity = ?")
-            args.append(entity)
-        if key is not None:
-            where.append("key = ?")
-            args.append(key_json(key))
-        sql = "SELECT * FROM revisions" + (" WHERE " + " AND ".join(where) if where else "")
-        return self._revision_rows(sql + " ORDER BY id", args)
+        where, args = where_equal(entity=entity, key=None if key is None else key_json(key))
+        return self._revision_rows("SELECT * FROM revisions" + where + " ORDER BY id", args)
 
     # -- import bases (what each import last read, for the re-import merge) -----------------------
     def import_bases(self) -> dict[tuple[str, str, str], str]:

@@ -27,6 +27,12 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def where_equal(**columns: Any) -> tuple[str, list[Any]]:
+    """`` WHERE a = ? AND b = ?`` for the columns given a value (not None) and their arguments; ``("", [])`` for none."""
+    given = {name: value for name, value in columns.items() if value is not None}
+    return (" WHERE " + " AND ".join(f"{name} = ?" for name in given) if given else ""), list(given.values())
+
+
 def key_json(key: Any) -> str:
     """The canonical JSON of a row's natural key, as stored in ``revisions.key``."""
     return json.dumps(key, sort_keys=True, default=_json_default)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from annotations.infra import jobs
-from annotations.store.rows import _decode, _dumps, now
+from annotations.store.rows import _decode, _dumps, now, where_equal
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -108,15 +108,8 @@ class RunRecords:
 
     def runs(self, kind: str | None = None, status: str | None = None) -> list[dict]:
         """Run records, newest first."""
-        where, args = [], []
-        if kind is not None:
-            where.append("kind = ?")
-            args.append(kind)
-        if status is not None:
-            where.append("status = ?")
-            args.append(status)
-        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-        rows = [self._reconciled(_decode(r)) for r in self.db.query(sql + " ORDER BY id DESC", args)]
+        where, args = where_equal(kind=kind, status=status)
+        rows = [self._reconciled(_decode(r)) for r in self.db.query("SELECT * FROM runs" + where + " ORDER BY id DESC", args)]
         return [r for r in rows if status is None or r["status"] == status]
 
     def run(self, run_id: int) -> dict | None:
