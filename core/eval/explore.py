@@ -262,9 +262,10 @@ SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "
 def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
                    colour_by: str) -> go.Figure:
     """The map as a scatter: SVG (``Scatter``) up to :data:`SVG_MAP` points, WebGL (``Scattergl``: 10,000
-    points draw about as fast as 100) above; one trace per colour group in ``colours``' order, each with its own marker symbol too (:data:`SYMBOLS` in
-    turn), so that groups of similar colours stay apart; each point's ``text`` is its label (shown on
-    hover) and its ``customdata`` its row in ``xy`` (int32, float32 coordinates: a compact payload)."""
+    points draw about as fast as 100) above; one trace per colour group in ``colours``' order, each with its
+    own marker symbol too (:data:`SYMBOLS` in turn), so that groups of similar colours stay apart; each
+    point's ``text`` is its label (shown on hover) and its ``customdata`` its row in ``xy`` (int32, float32
+    coordinates: a compact payload)."""
     import plotly.graph_objects as go
 
     small = len(xy) <= SMALL_MAP
