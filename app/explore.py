@@ -4,7 +4,6 @@ section (:func:`main` calls them in order; pages/5_Explore.py starts the page an
 
 from __future__ import annotations
 
-import html
 import io
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from core.eval.explore import (
     TOKEN_MAPS_ARTIFACT,
     UMAP_MIN_DIST,
     UMAP_NEIGHBOURS,
+    PICK,
     MapInput,
     TokenMaps,
     add_track_path,
@@ -37,10 +37,11 @@ from core.eval.explore import (
     quick_layout,
     retrieval,
     run_choices,
-    scatter_figure,
+    scatter_spec,
     stale_note,
     stored_token_maps,
     stored_umap,
+    thumbnail_layer,
     thumbnail_size,
     track_rows,
     umap_path,
@@ -50,17 +51,17 @@ from core.runtime import load_embeddings
 
 
 def category_colours(values: list[str], limit: int = 24) -> tuple[list[str], dict[str, str]]:
-    """Map categories to ``limit`` distinct colours (plotly's Dark24): up to ``limit`` categories each
+    """Map categories to ``limit`` distinct colours (Dark24): up to ``limit`` categories each
     get their own; beyond that the ``limit - 1`` most frequent keep theirs and the rest become
     ``other`` (grey). Returns the (possibly grouped) values and {category: colour}, legend order."""
-    import plotly.express as px
+    from plotly.colors import qualitative
 
     counts = Counter(values)
     if len(counts) > limit:
         keep = {v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit - 1]}
         values = [v if v in keep else "other" for v in values]
     names = sorted(set(values) - {"other"})
-    colours = {name: px.colors.qualitative.Dark24[n] for n, name in enumerate(names)}
+    colours = {name: qualitative.Dark24[n] for n, name in enumerate(names)}
     if "other" in values:
         colours["other"] = "#9e9e9e"
     return values, colours
@@ -142,16 +143,13 @@ def poll_umap(path: str) -> None:
                "switches to it by itself.")
 
 
-def add_thumbnails(ws: Workspace, fig, xy: np.ndarray, image_ids: list[str]) -> None:
-    """Draw each photo's thumbnail at its point ``xy`` of the figure, sized to the map's span."""
-    side = thumbnail_size(float(max(np.ptp(xy[:, 0]), np.ptp(xy[:, 1]), 1e-6)), len(image_ids))
-    for (x, y), image_id in zip(xy, image_ids):
-        fig.add_layout_image({"source": images.data_uri(images.photo(ws, image_id, 160)), "x": x, "y": y, "xref": "x",
-                              "yref": "y", "sizex": side, "sizey": side, "xanchor": "center",
-                              "yanchor": "middle", "layer": "above"})
+def add_thumbnails(ws: Workspace, spec: dict, xy: np.ndarray, image_ids: list[str]) -> None:
+    """Draw each photo's thumbnail at its point ``xy`` of the map, sized to the number of points."""
+    side = thumbnail_size(len(image_ids))
+    spec["layer"].append(thumbnail_layer(xy, [images.data_uri(images.photo(ws, i, 160)) for i in image_ids], side))
 
 
-def track_path(ws: Workspace, fig, side_col, m: MapInput, xy: np.ndarray, stale: str | None) -> None:
+def track_path(ws: Workspace, spec: dict, side_col, m: MapInput, xy: np.ndarray, stale: str | None) -> None:
     """The stale-run warning and the track picker beside the map; the picked track drawn on it."""
     with side_col:
         if stale:
@@ -164,7 +162,7 @@ def track_path(ws: Workspace, fig, side_col, m: MapInput, xy: np.ndarray, stale:
         visits = followup.track_visits(ws.store, path_of)
         path = track_rows(m, visits)
         date_of = {image_id: day for image_id, _, day in visits}  # one wound of a track per photo
-        add_track_path(fig, xy, path, html.escape(path_of), [html.escape(date_of[m.images[r]]) for r in path])
+        add_track_path(spec, xy, path, path_of, [date_of[m.images[r]] for r in path])
         if len(path) < len(visits):
             side_col.caption(f"Track {markup.escape_md(path_of)}: {len(visits) - len(path)} of its {len(visits)} visits are not in this run.")
 
@@ -173,9 +171,9 @@ def clicked_photo(event, m: MapInput, ids) -> None:
     """A new click on the map moves the photo picker to the clicked photo."""
     clicked = None
     try:
-        points = event.selection.points if event else []
+        points = event.selection[PICK] if event else []
         if points:
-            clicked = m.images[int(points[0]["customdata"])]
+            clicked = m.images[int(points[0]["row"])]
     except (AttributeError, KeyError, IndexError, TypeError, ValueError):
         clicked = None
     if clicked and clicked in ids and clicked != st.session_state.get("_explore_click"):
@@ -207,24 +205,18 @@ def draw_map(ws: Workspace, columns: list, run_ids: tuple[int, ...], method: str
     grouped, colours = category_colours([colour_value(image_rows.get(i, {}), patients, colour_by,
                                                          None if cluster_of is None else int(cluster_of[n]))
                                             for n, i in enumerate(m.images)])
-    # plotly reads <a>, <b>, <br>… in trace names and point texts: text from data goes in HTML-escaped
-    fig = scatter_figure(xy, [html.escape(str(p)) for p in m.points], [html.escape(str(g)) for g in grouped],
-                         {html.escape(str(g)): c for g, c in colours.items()}, colour_by)
-    if show_thumbs:
-        add_thumbnails(ws, fig, xy, m.images)
-    track_path(ws, fig, side_col, m, xy, stale)
     projection = "UMAP" if umap_file is None else "Classical MDS (UMAP being computed)"
-    fig.update_layout(height=450, margin={"t": 40, "b": 10, "l": 10, "r": 10},
-                      title=f"{projection} of {' + '.join(f'run {r}' for r in run_ids)} ({level})",
-                      xaxis={"showticklabels": False, "title": ""}, yaxis={"showticklabels": False, "title": ""},
-                      legend={"title": colour_by}, dragmode="pan")
-    if ws.is_synthetic:
-        fig.add_annotation(text="SYNTHETIC", xref="paper", yref="paper", x=0.99, y=0.01, showarrow=False,
-                           font={"size": 14, "color": "#b00"})
+    title = f"{projection} of {' + '.join(f'run {r}' for r in run_ids)} ({level})"
+    spec = scatter_spec(xy, m.points, grouped, colours, colour_by, title, "SYNTHETIC" if ws.is_synthetic else "")
+    if show_thumbs:
+        add_thumbnails(ws, spec, xy, m.images)
+    track_path(ws, spec, side_col, m, xy, stale)
     with map_col:
-        event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="umap")
-        st.caption("Hover a point for its photo id; click a point to show it and its neighbours. Each group has its "
-                   "own colour and symbol; click a legend entry to hide it, double-click to show it alone.")
+        event = st.vega_lite_chart(spec, width="stretch", on_select="rerun", selection_mode=PICK, key="umap",
+                                   alt=title)
+        st.caption("Hover a point for its photo id; click a point to show it and its neighbours; the wheel zooms, a "
+                   "drag pans, a double click resets. Each group has its own colour and symbol; click a legend entry "
+                   "to bring its group forward (shift-click for more).")
         if umap_file is not None:
             poll_umap(str(umap_file))
     clicked_photo(event, m, photos.ids)

@@ -159,11 +159,11 @@ class Session:
         self.received = 0
         t0 = time.perf_counter()
         action()
-        title = self.page.locator(".js-plotly-plot .gtitle").filter(has_text=f"({level})").first
-        title.wait_for()
+        chart = self.page.locator(f'[data-testid="stVegaLiteChart"][aria-label$="({level})"]').first
+        chart.locator(".marks").first.wait_for()  # an SVG or a canvas, there once Vega has drawn the map
         seconds = time.perf_counter() - t0
         idle(self.page)
-        return seconds, title.text_content(), self.received
+        return seconds, chart.get_attribute("aria-label") or "", self.received
 
     def close(self) -> None:
         """Close the browser context."""

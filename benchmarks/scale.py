@@ -20,8 +20,9 @@ For each N (default 100 and 1,000; ``--full`` adds 10,000), SYNTHETIC phantom da
   objects, per-triplet above) and the per-triplet gradient at every size (``gradient="sparse"``,
   the algorithm whose growth the exponent then measures alone);
 - scheduler: median and 95th percentile of ``TripletScheduler.next`` over 30 draws;
-- explorer: bytes of the Plotly figure JSON for 3N wound points (the Explore page's WebGL scatter,
-  ``core.eval.explore.scatter_figure``, 24 colour groups, without thumbnails).
+- explorer: bytes of the Vega-Lite spec JSON for 3N wound points (the Explore page's map,
+  ``core.eval.explore.scatter_spec``, 24 colour groups, without thumbnails; the page sends its points as Arrow,
+  so this is an upper bound). results/scale.json up to commit 033d038 measured the Plotly figure of that time.
 
 Then the growth exponent of each (slope of log value vs log N between the two largest sizes,
 so start-up costs do not hide the growth). The machine is shared: the load average is printed.
@@ -30,6 +31,7 @@ The table is written to ``results/scale.json`` (``--results``), a section of doc
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -81,7 +83,7 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
 
     from annotations.infra.workspace import Workspace
     from annotations.scheduling.scheduler import TripletScheduler
-    from core.eval.explore import scatter_figure
+    from core.eval.explore import scatter_spec
     from core.phantoms import build
     from core.text.soe import SOE
     from core.vision.backbones import load_backbone
@@ -134,8 +136,8 @@ def measure_size(n: int, root: Path, seed: int) -> dict[str, float]:
     xy = rng.standard_normal((3 * n, 2))
     points = [f"{ids[i % n]} #{i // n + 1}" for i in range(3 * n)]
     groups = [f"group {i % 24}" for i in range(3 * n)]  # coloured by up to 24 categories, as the page
-    fig = scatter_figure(xy, points, groups, dict(zip(sorted(set(groups)), qualitative.Dark24)), "patient")
-    out["explorer KiB"] = len(fig.to_json()) / 1024
+    spec = scatter_spec(xy, points, groups, dict(zip(sorted(set(groups)), qualitative.Dark24)), "patient", "map")
+    out["explorer KiB"] = len(json.dumps(spec)) / 1024
     ws.store.close()
     return out
 

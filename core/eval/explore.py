@@ -18,7 +18,6 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
@@ -30,22 +29,15 @@ from core.eval.distances import image_distances
 from core.eval.fusion import minmax_normalise
 from core.eval.retrieval import EmbeddingIndex, neighbours, run_distances
 from core.runtime import load_embeddings
-import itertools
-
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
 
 __all__ = ["LARGE", "DistanceRetrieval", "MapInput", "TokenMaps", "attention_maps", "cluster_labels", "colour_options",
            "colour_value", "compute_umap", "concept_table", "embeddings_stamp", "has_wound_embedding", "map_input",
-           "map_overlay", "quick_layout", "retrieval", "run_choices", "scatter_figure", "stale_note",
+           "map_overlay", "quick_layout", "retrieval", "run_choices", "scatter_spec", "stale_note",
            "store_default_umaps", "stored_token_maps", "stored_umap", "umap_path"]
 
 LARGE = 2000  # points above which no n×n matrix is built for a run with an embedding
 UMAP_NEIGHBOURS, UMAP_MIN_DIST = 15, 0.1  # the page's default UMAP setting, stored by the job that made a run
 SMALL_MAP = 200  # points up to which markers are large and outlined
-#: points up to which the map is drawn in SVG: a WebGL context costs a browser without a GPU (software GL, as in
-#: headless Chromium or a remote desktop) 1–2 s to start, more than SVG needs for a thousand markers
-SVG_MAP = 1000
 
 
 @dataclass(frozen=True)
@@ -254,32 +246,50 @@ def retrieval(ws: Workspace, run_ids: Sequence[int], method: str = "uncertainty"
     return DistanceRetrieval(list(ids), D)
 
 
-#: Marker symbols of the map's groups, in turn (each drawn by both SVG and WebGL scatters).
-SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down", "hexagon",
-           "pentagon", "hourglass", "bowtie")
+#: Marker shapes of the map's groups, in turn (Vega-Lite's filled shapes, then a star and a hexagon as SVG paths).
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "triangle-down", "triangle-right", "triangle-left",
+           "M0,-1L0.24,-0.31L0.95,-0.31L0.38,0.12L0.59,0.81L0,0.38L-0.59,0.81L-0.38,0.12L-0.95,-0.31L-0.24,-0.31Z",
+           "M0,-1L0.87,-0.5L0.87,0.5L0,1L-0.87,0.5L-0.87,-0.5Z")
+MAP_HEIGHT = 450  # the map's height (px)
+LEGEND_ROWS = 16  # legend entries that fit the map's height in one column; more go in two
+#: the selection parameter of a click on a point: its value names the clicked point's ``row`` in ``xy``
+PICK = "pick"
 
 
-def scatter_figure(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
-                   colour_by: str) -> go.Figure:
-    """The map as a scatter: SVG (``Scatter``) up to :data:`SVG_MAP` points, WebGL (``Scattergl``: 10,000
-    points draw about as fast as 100) above; one trace per colour group in ``colours``' order, each with its
-    own marker symbol too (:data:`SYMBOLS` in turn), so that groups of similar colours stay apart; each
-    point's ``text`` is its label (shown on hover) and its ``customdata`` its row in ``xy`` (int32, float32
-    coordinates: a compact payload)."""
-    import plotly.graph_objects as go
-
+def scatter_spec(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
+                 colour_by: str, title: str, subtitle: str = "") -> dict:
+    """The map as a Vega-Lite spec: one point per row of ``xy`` (its ``label`` on hover, its ``row`` the value of
+    a click, the :data:`PICK` selection), coloured by its group in ``colours``' order and shaped by it too
+    (:data:`SYMBOLS` in turn, so that groups of similar colours stay apart); a click on a legend entry fades the
+    other groups, the wheel zooms and a drag pans. Text from data is drawn as text (Vega-Lite reads no HTML);
+    ``subtitle`` (e.g. "SYNTHETIC") is drawn in red under the title. Layers added later
+    (:func:`add_track_path`, :func:`thumbnail_layer`) go on top of the points."""
     small = len(xy) <= SMALL_MAP
-    trace = go.Scatter if len(xy) <= SVG_MAP else go.Scattergl
-    group_of, label_of = np.asarray(groups, dtype=object), np.asarray(labels, dtype=object)
-    fig = go.Figure()
-    for n, (value, colour) in enumerate(colours.items()):
-        rows = np.flatnonzero(group_of == value)
-        fig.add_trace(trace(
-            x=xy[rows, 0].astype(np.float32), y=xy[rows, 1].astype(np.float32), mode="markers", name=value,
-            customdata=rows.astype(np.int32), text=label_of[rows],  # an array validates ~5× faster than a list
-            marker={"size": 12 if small else 6, "color": colour, "symbol": SYMBOLS[n % len(SYMBOLS)], "line": {"width": 1 if small else 0, "color": "white"}},
-            hovertemplate="<b>%{text}</b><br>" + colour_by + ": " + value.replace("<", "&lt;") + "<extra></extra>"))
-    return fig
+    domain = list(colours)
+    points = [{"x": float(x), "y": float(y), "row": n, "label": str(label), "group": str(group)}
+              for n, ((x, y), label, group) in enumerate(zip(xy, labels, groups))]
+    axis = {"field": "x", "type": "quantitative", "axis": None,
+            "scale": {"zero": False, "nice": False, "padding": 16}}  # padding: a point at the edge is drawn whole
+    return {
+        "title": {"text": title, "subtitle": subtitle, "subtitleColor": "#b00", "anchor": "start"},
+        "height": MAP_HEIGHT,
+        "data": {"values": points},
+        "layer": [{
+            "mark": {"type": "point", "filled": True, "size": 110 if small else 30, "opacity": 1,
+                     "stroke": "white", "strokeWidth": 1 if small else 0, "cursor": "pointer"},
+            "params": [{"name": PICK, "select": {"type": "point", "fields": ["row"], "on": "click"}},
+                       {"name": "legend", "select": {"type": "point", "fields": ["group"]}, "bind": "legend"},
+                       {"name": "zoom", "select": "interval", "bind": "scales"}],
+            "encoding": {
+                "x": axis, "y": {**axis, "field": "y"},
+                "color": {"field": "group", "type": "nominal", "title": colour_by,
+                          "legend": {"columns": 1 if len(domain) <= LEGEND_ROWS else 2},
+                          "scale": {"domain": domain, "range": [colours[g] for g in domain]}},
+                "shape": {"field": "group", "type": "nominal", "title": colour_by,
+                          "scale": {"domain": domain, "range": [SYMBOLS[n % len(SYMBOLS)] for n in range(len(domain))]}},
+                "opacity": {"condition": {"param": "legend", "value": 1}, "value": 0.1},
+                "tooltip": [{"field": "label", "title": "point"}, {"field": "group", "title": colour_by}]}}],
+        "config": {"view": {"stroke": None}, "legend": {"symbolLimit": 0, "symbolStrokeWidth": 0, "symbolSize": 120}}}
 
 
 def track_rows(m: MapInput, visits: Sequence[tuple[str, int, str]]) -> list[int]:
@@ -294,21 +304,29 @@ def track_rows(m: MapInput, visits: Sequence[tuple[str, int, str]]) -> list[int]
     return rows
 
 
-def add_track_path(fig: go.Figure, xy: np.ndarray, rows: Sequence[int], name: str, dates: Sequence[str]) -> None:
-    """Draw a track's path through the map: its points joined in visit order, numbered, an arrow per step."""
-    import plotly.graph_objects as go
+def add_track_path(spec: dict, xy: np.ndarray, rows: Sequence[int], name: str, dates: Sequence[str]) -> None:
+    """Draw a track's path on the map ``spec``: its points joined in visit order, each ringed and numbered, its
+    visit and date on hover."""
+    steps = [{"x": float(xy[r, 0]), "y": float(xy[r, 1]), "visit": n + 1, "date": d or "no date", "track": name}
+             for n, (r, d) in enumerate(zip(rows, dates))]
+    position = {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "y", "type": "quantitative"},
+                "order": {"field": "visit", "type": "ordinal"}}
+    tooltip = [{"field": "track"}, {"field": "visit"}, {"field": "date"}]
+    spec["layer"] += [
+        {"data": {"values": steps}, "mark": {"type": "line", "color": "#111", "strokeWidth": 2,
+                                             "point": {"filled": False, "size": 200, "color": "#111"}},
+         "encoding": {**position, "tooltip": tooltip}},
+        {"data": {"values": steps}, "mark": {"type": "text", "dy": -14, "fontWeight": "bold", "color": "#111"},
+         "encoding": {**position, "text": {"field": "visit", "type": "quantitative"}}}]
 
-    pts = xy[list(rows)]
-    fig.add_trace(go.Scatter(x=pts[:, 0], y=pts[:, 1], mode="lines+markers+text", name=f"track {name}",
-                             text=[str(n + 1) for n in range(len(pts))], textposition="top center",
-                             customdata=np.asarray(rows, dtype=np.int32),
-                             hovertext=[f"track {name} · visit {n + 1} · {d or 'no date'}"
-                                        for n, d in enumerate(dates)], hoverinfo="text",
-                             line={"color": "#111", "width": 2},
-                             marker={"size": 14, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "#111"}}))
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", showarrow=True,
-                           arrowhead=2, arrowsize=1.2, arrowwidth=1.5, arrowcolor="#111", text="")
+
+def thumbnail_layer(xy: np.ndarray, sources: Sequence[str], side: int) -> dict:
+    """A layer drawing each photo's thumbnail (``sources``: image URLs or data URIs) ``side`` px wide at its
+    point of ``xy``."""
+    return {"data": {"values": [{"x": float(x), "y": float(y), "src": src} for (x, y), src in zip(xy, sources)]},
+            "mark": {"type": "image", "width": side, "height": side},
+            "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "y", "type": "quantitative"},
+                         "url": {"field": "src", "type": "nominal"}}}
 
 
 # ------------------------------------------------------------------ the page's tables and text (no Streamlit)
@@ -438,10 +456,10 @@ def no_attention_reason(run: dict) -> str:
     return "This run stored no attention weights, so there is no attention map to show."
 
 
-def thumbnail_size(span: float, n_points: int) -> float:
-    """A map thumbnail's side in the map's units: larger when there are few points (about a ninth of the map's
-    ``span`` for 50 points), at most a fifth of it."""
-    return span * min(0.2, 0.8 / max(n_points, 1) ** 0.5)
+def thumbnail_size(n_points: int) -> int:
+    """A map thumbnail's side in px: larger when there are few points (about a ninth of the map's height, 50 px,
+    for 50 points), at most a fifth of it; it keeps its size as the map zooms."""
+    return round(MAP_HEIGHT * min(0.2, 0.8 / max(n_points, 1) ** 0.5))
 
 
 def concept_table(top: Sequence[dict], labels: dict[str, str]) -> list[dict]:

@@ -89,7 +89,7 @@ def test_draw_polygon_wound_and_describe(app_server, page, screenshot, add_accou
 def test_explorer_umap_and_retrieval(app_server, page, screenshot, add_account, sign_in):
     sign_in(page, app_server.url, add_account(app_server.workspace, "Dr Explore", "researcher"))
     go(page, "Explore")
-    expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=240_000)
+    expect(page.locator('[data-testid="stVegaLiteChart"] .marks').first).to_be_visible(timeout=240_000)
     expect(page.get_by_text(re.compile(r"(UMAP|Classical MDS \(UMAP being computed\)) of run \d+"))).to_be_visible()
     expect(page.get_by_text("Most similar")).to_be_visible()
     expect(page.get_by_text("Most dissimilar")).to_be_visible()

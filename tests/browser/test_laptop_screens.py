@@ -71,7 +71,7 @@ def test_laptop_screens_editor_message_attention_map_and_report(app_server, chro
     expect(pg.get_by_role("heading", name="Token maps")).to_be_visible()
     idle(pg)
     expect(pg.get_by_text(f"run {run_id}").first).to_be_visible()
-    umap = pg.locator(".js-plotly-plot").first
+    umap = pg.locator('[data-testid="stVegaLiteChart"]').first
     expect(umap).to_be_visible()
     box = umap.bounding_box()
     assert box["y"] >= 0 and box["y"] + box["height"] <= LAPTOP["height"], box  # the whole map above the fold

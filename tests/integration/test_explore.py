@@ -163,10 +163,10 @@ def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_pat
     run_id = add_test_embedding(demo_workspace)
 
     def title(at) -> str:
-        (chart,) = at.get("plotly_chart")
+        (chart,) = at.get("vega_lite_chart")
         spec = json.loads(chart.proto.spec)
-        assert {t["type"] for t in spec["data"]} == {"scatter"}  # the demo's 53 photos: SVG, no WebGL context
-        return spec["layout"]["title"]["text"]
+        assert [layer["mark"]["type"] for layer in spec["layer"]] == ["point"]
+        return spec["title"]["text"]
 
     at = app("explore", timeout=120)  # nothing stored: the instant MDS map, the UMAP started once
     assert title(at).startswith(f"Classical MDS (UMAP being computed) of run {run_id}")
@@ -181,41 +181,44 @@ def test_explore_page_draws_the_stored_umap(demo_workspace, monkeypatch, tmp_pat
 
 
 def test_map_groups_differ_by_symbol_as_well_as_colour():
-    from core.eval.explore import SYMBOLS, scatter_figure
+    from core.eval.explore import SYMBOLS, scatter_spec
 
     groups = [f"patient {n}" for n in range(len(SYMBOLS) + 1)]
-    fig = scatter_figure(np.zeros((len(groups), 2)), groups, groups, {g: "#123456" for g in groups}, "patient")
-    symbols = [t.marker.symbol for t in fig.data]
-    assert symbols[: len(SYMBOLS)] == list(SYMBOLS) and symbols[-1] == SYMBOLS[0]
+    spec = scatter_spec(np.zeros((len(groups), 2)), groups, groups, {g: "#123456" for g in groups}, "patient", "t")
+    shape = spec["layer"][0]["encoding"]["shape"]["scale"]
+    assert shape["domain"] == groups
+    assert shape["range"][: len(SYMBOLS)] == list(SYMBOLS) and shape["range"][-1] == SYMBOLS[0]
 
 
-def test_the_map_is_svg_up_to_svg_map_points_and_webgl_above():
-    from core.eval.explore import SVG_MAP, scatter_figure
+def test_a_map_point_carries_its_row_label_and_group_and_a_click_selects_its_row():
+    from core.eval.explore import PICK, scatter_spec
 
-    def kinds(n: int) -> set[str]:
-        groups = ["a", "b"] * (n // 2)
-        return {t.type for t in scatter_figure(np.zeros((n, 2)), groups, groups, {"a": "#123", "b": "#456"}, "x").data}
-
-    assert kinds(SVG_MAP) == {"scatter"}
-    assert kinds(SVG_MAP + 2) == {"scattergl"}
+    xy = np.array([[0.0, 1.0], [2.0, 3.0]], dtype=np.float32)
+    spec = scatter_spec(xy, ["<b>P1</b>", "P2"], ["a", "b"], {"b": "#222", "a": "#111"}, "patient", "map", "SYNTHETIC")
+    assert spec["data"]["values"] == [{"x": 0.0, "y": 1.0, "row": 0, "label": "<b>P1</b>", "group": "a"},
+                                      {"x": 2.0, "y": 3.0, "row": 1, "label": "P2", "group": "b"}]
+    (pick,) = [p for p in spec["layer"][0]["params"] if p["name"] == PICK]
+    assert pick["select"] == {"type": "point", "fields": ["row"], "on": "click"}
+    assert spec["layer"][0]["encoding"]["color"]["scale"] == {"domain": ["b", "a"], "range": ["#222", "#111"]}
+    assert spec["title"]["subtitle"] == "SYNTHETIC"
+    json.dumps(spec)  # plain JSON: the page sends it as it is
 
 
 def test_a_track_path_joins_its_visits_in_order_on_wound_and_photo_maps():
-    import plotly.graph_objects as go
-
     visits = [("b", 1, "2024-01-01"), ("a", 2, "2024-02-01"), ("z", 1, "2024-03-01"), ("c", 1, "2024-04-01")]
     wounds = MapInput((1,), "wounds", "uncertainty", ["a #1", "a #2", "b #1", "c #1"], ["a", "a", "b", "c"],
                       None, None, "")
     photos = MapInput((1,), "photos", "uncertainty", ["a", "b", "c"], ["a", "b", "c"], None, None, "")
     assert track_rows(wounds, visits) == [2, 1, 3]  # "z" is not on the map
     assert track_rows(photos, visits) == [1, 0, 2]
-    fig = go.Figure()
+    spec = {"layer": []}
     xy = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 1.0]])
-    add_track_path(fig, xy, [1, 0, 2], "P1-T1", ["2024-01-01", "2024-02-01", "2024-04-01"])
-    (path,) = fig.data
-    assert list(path.x) == [1.0, 0.0, 2.0] and list(path.text) == ["1", "2", "3"] and path.name == "track P1-T1"
-    arrows = [(a.ax, a.ay, a.x, a.y) for a in fig.layout.annotations]
-    assert arrows == [(1.0, 0.0, 0.0, 0.0), (0.0, 0.0, 2.0, 1.0)]
+    add_track_path(spec, xy, [1, 0, 2], "P1-T1", ["2024-01-01", "", "2024-04-01"])
+    line, numbers = spec["layer"]
+    assert line["mark"]["type"] == "line" and line["encoding"]["order"]["field"] == "visit"
+    assert [(v["x"], v["y"], v["visit"], v["date"]) for v in line["data"]["values"]] == [
+        (1.0, 0.0, 1, "2024-01-01"), (0.0, 0.0, 2, "no date"), (2.0, 1.0, 3, "2024-04-01")]
+    assert numbers["mark"]["type"] == "text" and numbers["data"] == line["data"]
 
 
 def test_run_choices_put_trained_models_first_then_newest():
@@ -292,7 +295,7 @@ def test_run_choices_open_on_the_newest_trained_run_over_a_newer_frozen_baseline
 
 
 def test_no_attention_reason_says_why_in_words_and_thumbnails_grow_with_fewer_points():
-    from core.eval.explore import no_attention_reason, thumbnail_size
+    from core.eval.explore import MAP_HEIGHT, no_attention_reason, thumbnail_size
 
     def run(kind: str, **config) -> dict:
         return {"kind": kind, "config": config}
@@ -300,4 +303,4 @@ def test_no_attention_reason_says_why_in_words_and_thumbnails_grow_with_fewer_po
     assert "frozen baseline" in no_attention_reason(run("vision-baseline"))
     assert "no attention head" in no_attention_reason(run("vision-finetune"))
     assert "pooling mean" in no_attention_reason(run("vision-triderm", pooling="mean"))
-    assert thumbnail_size(1.0, 53) > 0.1 > thumbnail_size(1.0, 200) and thumbnail_size(1.0, 4) == 0.2
+    assert thumbnail_size(53) >= 48 > 0.1 * MAP_HEIGHT > thumbnail_size(200) and thumbnail_size(4) == 0.2 * MAP_HEIGHT
