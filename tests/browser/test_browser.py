@@ -95,6 +95,12 @@ def test_explorer_umap_and_retrieval(app_server, page, screenshot, add_account, 
     expect(page.get_by_text("Most dissimilar")).to_be_visible()
     expect(page.get_by_text(re.compile(r"· d = 0\.\d\d")).first).to_be_visible()
     screenshot(page, "explore")
+    # a click on a point of the map shows that photo (Vega's SVG names each point's tooltip fields in its aria-label)
+    point = page.locator('[data-testid="stVegaLiteChart"] .mark-symbol path').nth(7)
+    label = re.search(r"point: ([^;]+)", point.get_attribute("aria-label") or "").group(1)
+    assert label != page.get_by_test_id("stSelectbox").filter(has_text="Photo").locator("input").input_value()
+    point.click(force=True)
+    expect(page.get_by_text(re.compile(rf"^{re.escape(label)} · patient"))).to_be_visible()
 
 
 def test_report_page(app_server, page, screenshot, add_account, sign_in):
