@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sqlite3
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ from annotations.io.exports import EXPORTS, export
 from annotations.io.formats import LS_LOCAL_FILES
 from annotations.io.readers import DatasetError, clear_error
 from annotations.store.history import history_lines, restore_revision
+from annotations.store.rows import StoreError
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (OSError, sqlite3.Error) as err:  # a full disk, a store locked too long: one line, not a traceback
+    except (OSError, StoreError) as err:  # a full disk, a store locked too long: one line, not a traceback
         clear = clear_error(err, resolve_workspace(args.workspace).resolve(), f"{args.command} did not finish")
         if clear is None:
             raise

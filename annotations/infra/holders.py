@@ -21,7 +21,6 @@ import atexit
 import contextlib
 import os
 import re
-import sqlite3
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any
 from annotations.infra import jobs
 from annotations.infra.fileio import read_json, write_json
 from annotations.infra.workspace import DB_NAME
+from annotations.store.run_records import running_runs
 
 FOLDER = Path("cache", "holders")
 _lock = threading.Lock()
@@ -141,17 +141,7 @@ def _running_runs(root: Path) -> list[dict[str, Any]]:
     path = root / DB_NAME
     if not path.is_file():
         return []
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return []
-    try:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM runs WHERE status = 'running'")]
-    except sqlite3.Error:
-        return []  # not a store (restore checks the backup, not this)
-    finally:
-        conn.close()
+    return running_runs(path)
 
 
 def describe(holder: dict[str, Any]) -> str:

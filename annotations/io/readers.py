@@ -30,7 +30,6 @@ import json
 import math
 import os
 import re
-import sqlite3
 import stat
 import struct
 import warnings
@@ -45,6 +44,7 @@ import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
 from annotations.io import csvsafe
+from annotations.store.rows import StoreOperationalError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 #: Apple's photo format: refused with a hint (reading it would need the pillow-heif codec).
@@ -95,10 +95,10 @@ def clear_error(err: BaseException, root: Path, done: str) -> DatasetError | Non
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return DatasetError(f"{err.filename or root}: the disk is full ({err.strerror}); {done}; free some "
                             "space and run it again")
-    if isinstance(err, sqlite3.OperationalError) and ("full" in text or "disk" in text):
+    if isinstance(err, StoreOperationalError) and ("full" in text or "disk" in text):
         return DatasetError(f"{root / 'triderm.sqlite'}: {text} (is the disk full?); {done}; free some "
                             "space and run it again")
-    if isinstance(err, sqlite3.OperationalError) and "locked" in text:
+    if isinstance(err, StoreOperationalError) and "locked" in text:
         return DatasetError(f"{root / 'triderm.sqlite'}: {text} (another process held its write lock too "
                             f"long); {done}; try again when it is done")
     return None

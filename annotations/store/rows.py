@@ -6,10 +6,17 @@ Below :mod:`annotations.store.store` and the query modules it composes (:mod:`~a
 from __future__ import annotations
 
 import json
+import sqlite3
 from datetime import datetime, timezone
 from typing import Any
 
 _JSON_COLUMNS = ("metadata", "bbox", "config", "metrics", "artifacts")
+
+#: Any error of the store's database (a locked or full disk, a file that is not a store), for callers
+#: outside the store layer that report it without importing sqlite3
+StoreError = sqlite3.Error
+#: The store's operational errors (database locked, disk full), a kind of :data:`StoreError`
+StoreOperationalError = sqlite3.OperationalError
 
 #: Actor of writes made by code that names nobody (scripts, tests); people and jobs pass their own.
 SYSTEM_ACTOR = "system"

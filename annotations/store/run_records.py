@@ -23,6 +23,22 @@ if TYPE_CHECKING:
 RUN_STATUSES = ("running", "done", "failed", "stopped", "interrupted")
 
 
+def running_runs(path: Path) -> list[dict[str, Any]]:
+    """The ``running`` run records of the store file ``path``, read only on a connection of their own
+    (none when the file cannot be opened or is not a store)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return []
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM runs WHERE status = 'running'")]
+    except sqlite3.Error:
+        return []  # not a store (restore checks the backup, not this)
+    finally:
+        conn.close()
+
+
 def git_sha() -> str:
     """The source tree's git commit (``unknown`` outside a checkout)."""
     try:

@@ -199,10 +199,9 @@ STORE_LAYER = REPO / "annotations" / "store"
 #: modules of annotations outside its store layer that still hold SQL of their own: their queries are to move
 #: into named queries of annotations.store; the list only shrinks (a module leaving it fails until removed here)
 SQL_TO_MOVE = frozenset({
-    "annotations/__main__.py",  # sqlite3.Error in the CLI's one-line error
     "annotations/accounts/accounts.py", "annotations/accounts/privacy.py",
-    "annotations/followup/readings.py", "annotations/infra/backup.py", "annotations/infra/holders.py",
-    "annotations/infra/workspace.py", "annotations/io/dataset.py", "annotations/io/readers.py",
+    "annotations/followup/readings.py", "annotations/infra/backup.py",
+    "annotations/infra/workspace.py", "annotations/io/dataset.py",
     "annotations/io/upload.py", "annotations/scheduling/scheduler.py"})
 
 
