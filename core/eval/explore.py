@@ -254,6 +254,8 @@ MAP_HEIGHT = 450  # the map's height (px)
 LEGEND_ROWS = 16  # legend entries that fit the map's height in one column; more go in two
 #: the selection parameter of a click on a point: its value names the clicked point's ``row`` in ``xy``
 PICK = "pick"
+#: the position encoding of the layers drawn over the points (they share the points' scales)
+POSITION = {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "y", "type": "quantitative"}}
 
 
 def scatter_spec(xy: np.ndarray, labels: Sequence[str], groups: Sequence[str], colours: dict[str, str],
@@ -309,8 +311,7 @@ def add_track_path(spec: dict, xy: np.ndarray, rows: Sequence[int], name: str, d
     visit and date on hover."""
     steps = [{"x": float(xy[r, 0]), "y": float(xy[r, 1]), "visit": n + 1, "date": d or "no date", "track": name}
              for n, (r, d) in enumerate(zip(rows, dates))]
-    position = {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "y", "type": "quantitative"},
-                "order": {"field": "visit", "type": "ordinal"}}
+    position = {**POSITION, "order": {"field": "visit", "type": "ordinal"}}
     tooltip = [{"field": "track"}, {"field": "visit"}, {"field": "date"}]
     spec["layer"] += [
         {"data": {"values": steps}, "mark": {"type": "line", "color": "#111", "strokeWidth": 2,
@@ -325,8 +326,7 @@ def thumbnail_layer(xy: np.ndarray, sources: Sequence[str], side: int) -> dict:
     point of ``xy``."""
     return {"data": {"values": [{"x": float(x), "y": float(y), "src": src} for (x, y), src in zip(xy, sources)]},
             "mark": {"type": "image", "width": side, "height": side},
-            "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "y", "type": "quantitative"},
-                         "url": {"field": "src", "type": "nominal"}}}
+            "encoding": {**POSITION, "url": {"field": "src", "type": "nominal"}}}
 
 
 # ------------------------------------------------------------------ the page's tables and text (no Streamlit)
