@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import streamlit as st
 
 from annotations.followup import followup
@@ -377,6 +376,8 @@ def concept_labels() -> dict[str, str]:
 def show_wound_concepts(ws: Workspace, cdata: dict, run_id: int, query: str, w: dict, row: int,
                         labels: dict[str, str]) -> None:
     """One wound's top-concepts table and the heatmap of a concept over its crop."""
+    import pandas as pd  # here: the map, drawn first, needs no pandas
+
     from core.concepts.scores import heatmap_overlay, top_concepts
 
     names = [str(n) for n in cdata["concept_names"]]

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.spatial.distance import cdist
 
 from annotations.infra.workspace import Workspace
 from core.eval.distances import image_distances
@@ -52,6 +51,8 @@ def max_distance(X: np.ndarray, block_bytes: int = 64 << 20) -> float:
     """The largest Euclidean distance between two rows of ``X``, computed in row blocks of about
     ``block_bytes`` (memory O(n) per block, never the n×n matrix); the same float64 values as
     :func:`core.eval.distances.pairwise_euclidean`."""
+    from scipy.spatial.distance import cdist  # here, not at the top: Explore draws its map before any retrieval
+
     X = np.asarray(X, dtype=np.float64)
     step = max(1, block_bytes // (8 * max(1, len(X))))
     return max((float(cdist(X[i:i + step], X).max()) for i in range(0, len(X), step)), default=0.0)
@@ -80,6 +81,8 @@ class EmbeddingIndex:
 
     def neighbours(self, image_id: str, k: int = 5) -> dict[str, list[tuple[str, float]]]:
         """The ``k`` most similar (nearest first) and ``k`` most dissimilar (farthest first) images."""
+        from scipy.spatial.distance import cdist
+
         if k < 1:
             raise ValueError(f"k must be ≥ 1, got {k}")
         q = self._row.get(image_id)
