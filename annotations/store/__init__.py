@@ -2,7 +2,7 @@
 
 ``store`` (the :class:`~annotations.store.store.Store`: connection, schema, photos, wounds, judgments), which
 composes ``run_records`` (the run records), ``revisions`` (the revisions table, edits from a loaded copy,
-import bases) and ``readings`` (the second readings' rows); ``rows`` (the row values they use: timestamps,
-natural keys, JSON columns); ``runs`` (the run kinds and ``recording()``); ``history`` (reading and restoring
-the revisions).
+import bases), ``readings`` (the second readings' rows) and ``erasure`` (a patient's rows erased, the
+scheduler's leases of their photos); ``rows`` (the row values they use: timestamps, natural keys, JSON
+columns); ``runs`` (the run kinds and ``recording()``); ``history`` (reading and restoring the revisions).
 """
