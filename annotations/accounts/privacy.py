@@ -12,7 +12,6 @@ import json
 import mmap
 import os
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from annotations.infra.journal import Swap
 from annotations.infra.workspace import DB_NAME, Workspace
 from annotations.io.csvsafe import neutralise, restore
 from annotations.io.readers import DatasetError, valid_id
+from annotations.store.erasure import delete_leases
 from annotations.store.rows import key_json
 
 MAPPING_COLUMNS = ("original", "study_id")
@@ -121,42 +121,16 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
     The photos leave through a journalled swap (:mod:`annotations.infra.journal`): a process killed
     midway leaves either the patient whole or erased, never half."""
     store = ws.store
-    db = store.db
     swap = Swap(ws.root, "erase")
     try:
         with store.transaction():
-            if db.execute("SELECT 1 FROM patients WHERE patient_id = ?", [patient_id]).fetchone() is None:
+            rows = store.erase_patient_rows(patient_id)
+            if rows is None:
                 raise DatasetError(f"no patient {patient_id!r} in {ws.root}")
-            images = db.execute("SELECT image_id, file FROM images WHERE patient_id = ?", [patient_id]).fetchall()
-            ids = [r[0] for r in images]
-            marks = ",".join("?" * len(ids)) or "NULL"
-            texts = [r[0] for r in db.execute(f"SELECT description FROM wounds WHERE image_id IN ({marks})", ids)
-                     if r[0].strip()]
-            refs = f"anchor IN ({marks}) OR ref_j IN ({marks}) OR ref_k IN ({marks})"
-            removed: dict[str, Any] = {
-                "patient": patient_id, "photos": ids,
-                "wounds": db.execute(f"DELETE FROM wounds WHERE image_id IN ({marks})", ids).rowcount,
-                "judgments": db.execute(f"DELETE FROM triplets WHERE {refs}", ids * 3).rowcount,
-                "llm_answers": db.execute(f"DELETE FROM llm_queries WHERE {refs}", ids * 3).rowcount,
-            }
-            db.execute(f"DELETE FROM images WHERE image_id IN ({marks})", ids)
-            db.execute("DELETE FROM patients WHERE patient_id = ?", [patient_id])
+            removed, ids, texts = rows.removed, rows.removed["photos"], rows.descriptions
             gone = set(ids)
-            revision_ids, base_keys = [], []
-            for row in db.execute("SELECT id, entity, key FROM revisions").fetchall():
-                if _names(row[1], json.loads(row[2]), gone, patient_id):
-                    revision_ids.append(row[0])
-            for row in db.execute("SELECT entity, key FROM import_base").fetchall():
-                if _names(row[0], json.loads(row[1]), gone, patient_id):
-                    base_keys.append(row)
-            db.conn.executemany("DELETE FROM revisions WHERE id = ?", [[i] for i in revision_ids])
-            db.conn.executemany("DELETE FROM import_base WHERE entity = ? AND key = ?", base_keys)
-            removed["revisions"] = len(revision_ids)
-            removed["revisions_blanked"] = _blank(db.conn, "revisions", ("old", "new"), {patient_id, *gone})
-            removed["runs_blanked"] = _blank(db.conn, "runs", ("config", "metrics", "artifacts", "message"),
-                                             {patient_id, *gone})
             moves: list[tuple[Path | None, Path]] = []
-            for image_id, file in images:
+            for image_id, file in rows.files:
                 layers = readings_dir(ws) / image_id  # second-reading layers (rows gone: ON DELETE CASCADE)
                 moves += [(path, swap.dir / "gone" / str(len(moves) + n))
                           for n, path in enumerate((ws.images_dir / file, ws.mask_path(image_id), layers))
@@ -168,13 +142,13 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
         swap.done()
         removed["files"] = len(moves)
         with store.transaction():
-            db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])
+            store.delete_meta(swap.meta_key)
     finally:
         swap.close()
     ws.recover()  # staged photos left by killed imports
     if study_ids is not None:
         removed["mapping_rows"] = StudyIds(ws, study_ids).forget(gone)
-    removed["leases"] = _forget_leases(ws, ids)
+    removed["leases"] = delete_leases(ws.cache_dir / "scheduler.sqlite", ids)
     removed["deleted_files"], removed["files_still_naming"] = _delete_naming(ws, [patient_id, *ids, *texts])
     runs = sorted(p.name for p in ws.runs_dir.iterdir() if p.is_dir())
     removed["note"] = (f"{len(runs)} run folder(s) under runs/ may hold embeddings computed from these photos; "
@@ -187,45 +161,8 @@ def erase_patient(ws: Workspace, patient_id: str, study_ids: str | Path | None =
         removed["note"] = " ".join(filter(None, [removed["note"], (
             f"{len(running)} backup(s) started before this erase are still in progress and will hold the "
             f"patient: {', '.join(removed['backups_in_progress'])}; delete them once they finish")]))
-    # Free the deleted pages so the patient's data does not linger in the database file.
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    db.execute("VACUUM")
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.free_deleted_pages()  # so the patient's data does not linger in the database file
     return removed
-
-
-def _blank(conn: Any, table: str, columns: tuple[str, ...], ids: set[str]) -> int:
-    """Replace every JSON string equal to one of ``ids`` by ``(erased)`` in ``columns`` of
-    ``table`` (values that are not JSON are blanked when they equal an id); returns rows changed."""
-    pairs = [(json.dumps(i), i) for i in ids]
-    changed, hits = 0, set()
-    for start in range(0, len(ids), 500):  # only the rows naming an id are read (SQLite finds them)
-        chunk = sorted(ids)[start:start + 500]
-        where = " OR ".join(f"instr({c}, ?) > 0" for c in columns for _ in chunk)
-        hits.update(conn.execute(f"SELECT rowid FROM {table} WHERE {where}", chunk * len(columns)).fetchall())
-    found = sorted(h[0] for h in hits)
-    rows = []
-    for start in range(0, len(found), 500):
-        batch = found[start:start + 500]
-        rows += conn.execute(f"SELECT rowid, {', '.join(columns)} FROM {table} WHERE rowid IN "
-                             f"({','.join('?' * len(batch))})", batch).fetchall()
-    for rowid, *values in rows:
-        new = list(values)
-        for n, value in enumerate(values):
-            if not isinstance(value, str) or not any(q in value or value == i for q, i in pairs):
-                continue
-            try:
-                new[n] = json.dumps(_blank_value(json.loads(value), ids), sort_keys=True)
-            except json.JSONDecodeError:
-                new[n] = ERASED if value in ids else value
-        if new != values:
-            conn.execute(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)} WHERE rowid = ?",
-                         [*new, rowid])
-            changed += 1
-    return changed
-
-
-ERASED = "(erased)"
 
 
 def _holds(path: Path, patterns: list[re.Pattern[bytes]]) -> bool:
@@ -235,36 +172,6 @@ def _holds(path: Path, patterns: list[re.Pattern[bytes]]) -> bool:
             return False
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return any(p.search(data) for p in patterns)
-
-
-def _blank_value(value: Any, ids: set[str]) -> Any:
-    if isinstance(value, str):
-        return ERASED if value in ids else value
-    if isinstance(value, list):
-        return [_blank_value(v, ids) for v in value]
-    if isinstance(value, dict):
-        return {(ERASED if k in ids else k): _blank_value(v, ids) for k, v in value.items()}
-    return value
-
-
-def _forget_leases(ws: Workspace, ids: list[str]) -> int:
-    """Delete the scheduler's leases (``cache/scheduler.sqlite``) naming the photos, then vacuum it."""
-    path = ws.cache_dir / "scheduler.sqlite"
-    if not path.exists() or not ids:
-        return 0
-    marks = ",".join("?" * len(ids))
-    con = sqlite3.connect(path, timeout=60, isolation_level=None)
-    try:
-        cols = ("anchor", "ref_a", "ref_b", "ref_j", "ref_k")
-        count = con.execute(f"DELETE FROM served WHERE {' OR '.join(f'{c} IN ({marks})' for c in cols)}",
-                            ids * len(cols)).rowcount
-        con.execute("VACUUM")
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.OperationalError:  # no lease table yet
-        count = 0
-    finally:
-        con.close()
-    return count
 
 
 #: Shortest id or text searched for in the workspace's other files (a shorter one would match
@@ -294,15 +201,3 @@ def _delete_naming(ws: Workspace, needles: list[str]) -> tuple[list[str], list[s
             else:
                 named.append(path.relative_to(ws.root).as_posix())
     return deleted, named
-
-
-def _names(entity: str, key: Any, images: set[str], patient_id: str) -> bool:
-    if entity == "patients":
-        return key == patient_id
-    if entity in ("images", "reading_photos"):
-        return key in images
-    if entity in ("wounds", "readings"):
-        return isinstance(key, dict) and key.get("image_id") in images
-    if entity == "triplets":
-        return isinstance(key, dict) and bool(images & {key.get("anchor"), key.get("ref_j"), key.get("ref_k")})
-    return False

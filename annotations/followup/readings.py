@@ -25,7 +25,6 @@ from PIL import Image
 from annotations.infra.fileio import atomic_write
 from annotations.infra.workspace import Workspace, outlines
 from annotations.scheduling.consistency import rounded
-from annotations.store.rows import now
 
 ENTITY = "readings"
 
@@ -48,12 +47,12 @@ def dice(a: np.ndarray, b: np.ndarray) -> float:
 # -- marking photos -------------------------------------------------------------------------------------
 def marked(ws: Workspace) -> list[str]:
     """Photos marked for second reading, sorted."""
-    return [r["image_id"] for r in ws.store.db.query("SELECT image_id FROM reading_photos ORDER BY image_id")]
+    return ws.store.reading_photos()
 
 
 def is_marked(ws: Workspace, image_id: str) -> bool:
     """Whether the photo is marked for a reading."""
-    return bool(list(ws.store.db.query("SELECT 1 FROM reading_photos WHERE image_id = ?", [image_id])))
+    return ws.store.is_reading_photo(image_id)
 
 
 def _known(ws: Workspace, image_id: str) -> dict:
@@ -66,23 +65,14 @@ def _known(ws: Workspace, image_id: str) -> dict:
 def mark(ws: Workspace, image_id: str, actor: str) -> bool:
     """Mark a photo for second reading; False when it already was."""
     _known(ws, image_id)
-    with ws.store.transaction():
-        cur = ws.store.db.execute("INSERT OR IGNORE INTO reading_photos (image_id, actor, created) VALUES (?, ?, ?)",
-                                  [image_id, actor, now()])
-        if cur.rowcount == 1:
-            ws.store.record_revision("reading_photos", image_id, "marked", "insert", False, True, actor)
-    return cur.rowcount == 1
+    return ws.store.mark_reading_photo(image_id, actor)
 
 
 def unmark(ws: Workspace, image_id: str, actor: str) -> bool:
     """Close a photo's second reading: its readings are kept (and still count) but no longer change;
     False when it was not marked."""
     _known(ws, image_id)
-    with ws.store.transaction():
-        cur = ws.store.db.execute("DELETE FROM reading_photos WHERE image_id = ?", [image_id])
-        if cur.rowcount == 1:
-            ws.store.record_revision("reading_photos", image_id, "marked", "delete", True, False, actor)
-    return cur.rowcount == 1
+    return ws.store.unmark_reading_photo(image_id, actor)
 
 
 # -- layers ---------------------------------------------------------------------------------------------
@@ -101,20 +91,13 @@ def layer_file(image_id: str, reader: str) -> str:
 
 def readings(ws: Workspace, image_id: str | None = None) -> list[dict[str, Any]]:
     """Stored readings ``{image_id, reader, file, wounds, area, updated}``, by photo then reader."""
-    sql = "SELECT * FROM readings" + (" WHERE image_id = ?" if image_id is not None else "")
-    return list(ws.store.db.query(sql + " ORDER BY image_id, reader COLLATE NOCASE",
-                                  [image_id] if image_id is not None else []))
-
-
-def _row(ws: Workspace, image_id: str, reader: str) -> dict | None:
-    rows = list(ws.store.db.query("SELECT * FROM readings WHERE image_id = ? AND reader = ?", [image_id, reader]))
-    return rows[0] if rows else None
+    return ws.store.readings(image_id)
 
 
 def load_layer(ws: Workspace, image_id: str, reader: str) -> np.ndarray:
     """The reader's H×W int32 label map of the photo; all zeros when they have not read it."""
     image = _known(ws, image_id)
-    row = _row(ws, image_id, reader)
+    row = ws.store.reading(image_id, reader)
     if row is None:
         return np.zeros((image["height"], image["width"]), dtype=np.int32)
     with Image.open(readings_dir(ws) / row["file"]) as im:
@@ -146,16 +129,13 @@ def save_layer(ws: Workspace, image_id: str, labels: np.ndarray, *, reader: str,
         if not np.issubdtype(labels.dtype, np.integer) or labels.min(initial=0) < 0 or labels.max(initial=0) > 65535:
             raise ReadingError("A reading is a label map of whole numbers 0–65535 (0 = skin). Nothing was saved.")
         reader, new = reader.strip(), outlines(labels)
-        old_row = _row(ws, image_id, reader)
+        old_row = ws.store.reading(image_id, reader)
         old = outlines(load_layer(ws, image_id, reader)) if old_row else None
         if old is not None and old == new:
             return
         file = old_row["file"] if old_row else layer_file(image_id, reader)
         wounds, area = len(new), int((labels > 0).sum())
-        ws.store.db.execute(
-            "INSERT INTO readings (image_id, reader, file, wounds, area, updated) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(image_id, reader) DO UPDATE SET wounds = excluded.wounds, area = excluded.area, "
-            "updated = excluded.updated", [image_id, reader, file, wounds, area, now()])
+        ws.store.upsert_reading(image_id, reader, file, wounds, area)
         ws.store.record_revision(ENTITY, {"image_id": image_id, "reader": old_row["reader"] if old_row else reader},
                                  "outline", "update" if old_row else "insert", old, new, actor)
         path = readings_dir(ws) / file

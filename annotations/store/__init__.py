@@ -1,7 +1,8 @@
 """The data layer: the SQLite store and its named queries, the run kinds and the revision history.
 
 ``store`` (the :class:`~annotations.store.store.Store`: connection, schema, photos, wounds, judgments), which
-composes ``run_records`` (the run records) and ``revisions`` (the revisions table, edits from a loaded copy,
-import bases); ``rows`` (the row values both use: timestamps, natural keys, JSON columns); ``runs`` (the run
-kinds and ``recording()``); ``history`` (reading and restoring the revisions).
+composes ``run_records`` (the run records), ``revisions`` (the revisions table, edits from a loaded copy,
+import bases), ``readings`` (the second readings' rows) and ``erasure`` (a patient's rows erased, the
+scheduler's leases of their photos); ``rows`` (the row values they use: timestamps, natural keys, JSON
+columns); ``runs`` (the run kinds and ``recording()``); ``history`` (reading and restoring the revisions).
 """

@@ -1,6 +1,7 @@
 """The SQLite annotation store: patients, images, wounds, annotators, triplet judgments and LLM
-answers here; the run records and the revisions in the query modules :class:`Store` composes
-(:mod:`annotations.store.run_records`, :mod:`annotations.store.revisions`).
+answers here; the run records, the revisions, the second readings and a patient's erasure in the query
+modules :class:`Store` composes (:mod:`annotations.store.run_records`, :mod:`annotations.store.revisions`,
+:mod:`annotations.store.readings`, :mod:`annotations.store.erasure`).
 
 One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
 background jobs and several annotators can write at once. Natural-key unique constraints make
@@ -19,6 +20,8 @@ from typing import Any
 
 from annotations.infra import jobs
 from annotations.infra.fileio import write_step
+from annotations.store.erasure import Erasure
+from annotations.store.readings import Readings
 from annotations.store.revisions import Revisions
 from annotations.store.rows import (SYSTEM_ACTOR, _decode, _dumps, image_file_value, key_json, now,
                                     triplet_key, wound_key)
@@ -256,10 +259,10 @@ def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
 CACHE_KIB = 65_536  # SQLite page cache per connection
 
 
-class Store(RunRecords, Revisions):
+class Store(RunRecords, Revisions, Readings, Erasure):
     """Typed access to a workspace's ``triderm.sqlite``: the connection, the schema, photos, wounds and
-    judgments here, the run records (:class:`RunRecords`) and the revisions (:class:`Revisions`) in
-    their own modules."""
+    judgments here, the run records (:class:`RunRecords`), the revisions (:class:`Revisions`), the second
+    readings (:class:`Readings`) and a patient's erasure (:class:`Erasure`) in their own modules."""
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
@@ -341,6 +344,10 @@ class Store(RunRecords, Revisions):
         """Store the workspace setting ``key`` as JSON."""
         self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
                         "SET value = excluded.value", [key, json.dumps(value)])
+
+    def delete_meta(self, key: str) -> None:
+        """Remove the workspace setting ``key`` (nothing when it is unset)."""
+        self.db.execute("DELETE FROM meta WHERE key = ?", [key])
 
     # -- patients and images ---------------------------------------------------------------------
     def upsert_patient(self, patient_id: str, metadata: dict | None = None, *,
