@@ -4,7 +4,8 @@
   an n×n distance matrix (a run that stored one, or two runs fused), with a content hash.
 - **UMAP once per embedding**: :func:`compute_umap` computes a map's UMAP and stores it beside the
   first run's embeddings (``runs/<id>/umap-<level>-<method>-<runs>-<neighbours>-<min dist>-<hash>.npy``,
-  atomic write; that map's files of older embeddings are removed). :func:`stored_umap` reads it
+  atomic write; that map's files of older embeddings are removed); umap-learn's numba functions are compiled
+  once per machine, not once per process (:func:`cache_umap_compilation`). :func:`stored_umap` reads it
   back and never imports umap or numba; a changed embedding has another hash, so its old UMAP is
   never shown. :func:`quick_layout` is the instant classical-MDS layout shown until it is stored.
 - **Retrieval** (:func:`retrieval`): above :data:`LARGE` photos of a run with an embedding, an
@@ -14,7 +15,9 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,16 +147,36 @@ def stored_umap(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float) -
     return xy if xy.shape == (len(m), 2) else None
 
 
+#: the modules of umap-learn whose numba functions a 2-d UMAP compiles
+UMAP_JIT_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.spectral", "umap.distances", "umap.sparse")
+
+
+@functools.cache
+def cache_umap_compilation() -> None:
+    """Have numba keep umap-learn's compiled functions on disk, as ``@njit(cache=True)`` would: umap-learn
+    does not ask for it, so every process compiled them again (about 20 s on 2 cores, for a map of 53
+    photos that then takes 0.1 s). numba's own ``Dispatcher.enable_caching``, before the first call; the
+    cache sits in the package's ``__pycache__`` (or numba's user cache) and is keyed on the source file, so
+    an upgraded umap-learn compiles afresh. Once per process."""
+    from numba.core.dispatcher import Dispatcher
+
+    for name in UMAP_JIT_MODULES:
+        for value in vars(importlib.import_module(name)).values():
+            if isinstance(value, Dispatcher):
+                value.enable_caching()
+
+
 def compute_umap(ws: Workspace, m: MapInput, n_neighbors: int, min_dist: float, seed: int = 0) -> np.ndarray:
     """Compute the 2-d UMAP of map ``m`` (vectors: Euclidean; else the precomputed distances), store
-    it at :func:`umap_path` and remove this map's UMAPs of other embeddings. The first UMAP of a
-    process compiles numba (tens of seconds)."""
+    it at :func:`umap_path` and remove this map's UMAPs of other embeddings. The machine's first UMAP
+    compiles numba (about 20 s; :func:`cache_umap_compilation` keeps it for the next processes)."""
     n = len(m)
     if n < 4:
         xy = np.c_[np.arange(n, dtype=float), np.zeros(n)]
     else:
         import umap
 
+        cache_umap_compilation()
         data = m.vectors if m.vectors is not None else np.asarray(m.distances, dtype=np.float64)
         reducer = umap.UMAP(n_neighbors=max(2, min(int(n_neighbors), n - 1)), min_dist=min_dist,
                             metric="euclidean" if m.vectors is not None else "precomputed",

@@ -12,10 +12,13 @@ import pytest
 
 from annotations.infra.workspace import Workspace
 from core.eval.distances import pairwise_euclidean
+from core.eval import explore
 from core.eval.explore import (
+    UMAP_JIT_MODULES,
     DistanceRetrieval,
     MapInput,
     add_track_path,
+    cache_umap_compilation,
     cluster_labels,
     compute_umap,
     map_input,
@@ -52,7 +55,22 @@ class FailingUMAP:
 def fake_umap(monkeypatch):
     RecordingUMAP.fits = []
     monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=RecordingUMAP))
+    monkeypatch.setattr(explore, "cache_umap_compilation", lambda: None)  # the fake has no numba functions
     return RecordingUMAP
+
+
+def test_umap_compilation_is_kept_on_disk():
+    """Every numba function of the umap-learn modules a map compiles gets a disk cache (numba's cache path set),
+    as @njit(cache=True) gives; without it each process compiled them again (about 20 s)."""
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    cache_umap_compilation()
+    jitted = [v for name in UMAP_JIT_MODULES for v in vars(importlib.import_module(name)).values()
+              if isinstance(v, Dispatcher)]
+    assert len(jitted) > 50  # smooth_knn_dist, the layout's epochs, the distances, …
+    assert all(f.stats.cache_path is not None for f in jitted)
 
 
 def _run(ws: Workspace, emb: np.ndarray, wounds: bool = False) -> int:
