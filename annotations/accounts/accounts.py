@@ -42,7 +42,6 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 
-from annotations.store.rows import now
 from annotations.store.store import Store
 
 ROLES = ("admin", "researcher", "annotator", "viewer")
@@ -159,15 +158,14 @@ def check_password_strength(password: str) -> None:
 def _row(store: Store, name: str) -> dict | None:
     """The account row whose name is ``name`` by :func:`name_key` (any case, any Unicode form)."""
     key = name_key(name)
-    rows = [r for r in store.db.query("SELECT * FROM accounts ORDER BY name") if name_key(r["name"]) == key]
+    rows = [r for r in store.account_rows() if name_key(r["name"]) == key]
     return rows[0] if rows else None
 
 
 def _look_alike(store: Store, name: str) -> str | None:
     """An existing account name that ``name`` looks like (the same :func:`skeleton`), or None."""
     shape = skeleton(name)
-    return next((r["name"] for r in store.db.query("SELECT name FROM accounts ORDER BY name")
-                 if skeleton(r["name"]) == shape), None)
+    return next((n for n in store.account_names() if skeleton(n) == shape), None)
 
 
 def _account(row: dict) -> Account:
@@ -195,15 +193,13 @@ def active(store: Store, name: str) -> Account | None:
 
 def by_email(store: Store, email: str) -> Account | None:
     """The enabled account with this e-mail address (case-insensitive), or None."""
-    rows = list(store.db.query("SELECT * FROM accounts WHERE email = ? COLLATE NOCASE AND disabled = 0",
-                               [email.strip()]))
-    return _account(rows[0]) if rows else None
+    row = store.account_by_email(email.strip())
+    return _account(row) if row else None
 
 
 def list_accounts(store: Store) -> list[dict[str, Any]]:
     """Every account without its hash: name, role, email, failed, locked_until, disabled, created."""
-    return [{k: v for k, v in r.items() if k != "password_hash"}
-            for r in store.db.query("SELECT * FROM accounts ORDER BY name COLLATE NOCASE")]
+    return store.account_list()
 
 
 def add_account(store: Store, name: str, role: str, password: str | None, actor: str,
@@ -225,10 +221,8 @@ def add_account(store: Store, name: str, role: str, password: str | None, actor:
                             "that look the same); choose another name.")
         if email and by_email(store, email) is not None:
             raise AuthError(f"Another account already uses the e-mail {email!r}.")
-        store.db.execute(
-            "INSERT INTO accounts (name, password_hash, role, email, created) VALUES (?, ?, ?, ?, ?)",
-            [name, _HASHER.hash(normal_password(password)) if password is not None else None, role, email or None,
-             now()])
+        store.insert_account(name, _HASHER.hash(normal_password(password)) if password is not None else None, role,
+                             email or None)
         store.record_revision("accounts", name, "role", "insert", None, role, actor)
     store.add_annotator(name)
     return Account(name, role, email or None)
@@ -242,8 +236,7 @@ def set_role(store: Store, name: str, role: str, actor: str) -> None:
         row = _existing(store, name)
         if row["role"] == "admin" and role != "admin" and _admins(store) == 1:
             raise AuthError("This is the only admin account; make another admin first.")
-        store.db.execute("UPDATE accounts SET role = ?, session_epoch = session_epoch + 1 WHERE name = ?",
-                         [role, row["name"]])
+        store.set_account_role(row["name"], role)
         store.record_revision("accounts", row["name"], "role", "update", row["role"], role, actor)
 
 
@@ -252,9 +245,7 @@ def set_password(store: Store, name: str, password: str, actor: str) -> None:
     check_password_strength(password)
     with store.transaction():
         row = _existing(store, name)
-        store.db.execute("UPDATE accounts SET password_hash = ?, failed = 0, locked_until = NULL, "
-                         "session_epoch = session_epoch + 1 WHERE name = ?", [_HASHER.hash(normal_password(password)),
-                                                                      row["name"]])
+        store.set_account_password(row["name"], _HASHER.hash(normal_password(password)))
         store.record_revision("accounts", row["name"], "password", "update", None, None, actor)
 
 
@@ -262,7 +253,7 @@ def unlock(store: Store, name: str, actor: str) -> None:
     """Clear the account's failed sign-ins and lock-out (recorded)."""
     with store.transaction():
         row = _existing(store, name)
-        store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL WHERE name = ?", [row["name"]])
+        store.unlock_account(row["name"])
         store.record_revision("accounts", row["name"], "locked_until", "update", row["locked_until"], None, actor)
 
 
@@ -270,7 +261,7 @@ def revoke_sessions(store: Store, name: str) -> None:
     """Sign ``name`` out on the server: every session token issued so far stops being valid."""
     row = _row(store, name)
     if row is not None:
-        store.db.execute("UPDATE accounts SET session_epoch = session_epoch + 1 WHERE name = ?", [row["name"]])
+        store.end_account_sessions(row["name"])
 
 
 def set_disabled(store: Store, name: str, disabled: bool, actor: str) -> None:
@@ -279,8 +270,7 @@ def set_disabled(store: Store, name: str, disabled: bool, actor: str) -> None:
         row = _existing(store, name)
         if disabled and row["role"] == "admin" and _admins(store) == 1:
             raise AuthError("This is the only admin account; it cannot be disabled.")
-        store.db.execute("UPDATE accounts SET disabled = ?, session_epoch = session_epoch + 1 WHERE name = ?",
-                         [int(disabled), row["name"]])
+        store.set_account_disabled(row["name"], disabled)
         store.record_revision("accounts", row["name"], "disabled", "update", bool(row["disabled"]), disabled, actor)
 
 
@@ -292,12 +282,12 @@ def _existing(store: Store, name: str) -> dict:
 
 
 def _admins(store: Store) -> int:
-    return store.db.execute("SELECT count(*) FROM accounts WHERE role = 'admin' AND disabled = 0").fetchone()[0]
+    return store.enabled_admins()
 
 
 def has_accounts(store: Store) -> bool:
     """Whether the store holds at least one account."""
-    return store.db.execute("SELECT count(*) FROM accounts").fetchone()[0] > 0
+    return store.has_accounts()
 
 
 # -- sign-in --------------------------------------------------------------------------------------
@@ -323,8 +313,7 @@ def authenticate(store: Store, name: str, password: str, at: datetime | None = N
             failed = (0 if locked is not None else int(row["failed"])) + 1
             until = ((at + timedelta(minutes=LOCK_MINUTES)).isoformat(timespec="seconds")
                      if failed >= MAX_FAILED else None)
-            store.db.execute("UPDATE accounts SET failed = ?, locked_until = ? WHERE name = ?",
-                             [failed, until, row["name"]])
+            store.set_sign_in_failures(row["name"], failed, until)
         else:
             row = None
     normal = normal_password(password)
@@ -333,8 +322,7 @@ def authenticate(store: Store, name: str, password: str, at: datetime | None = N
         raise AuthError(REFUSED)
     rehash = (_HASHER.hash(normal) if matched != normal or _HASHER.check_needs_rehash(row["password_hash"])
               else row["password_hash"])
-    store.db.execute("UPDATE accounts SET failed = 0, locked_until = NULL, password_hash = ? WHERE name = ? "
-                     "AND password_hash = ?", [rehash, row["name"], row["password_hash"]])
+    store.signed_in(row["name"], row["password_hash"], rehash)
     return _account(row)
 
 
@@ -428,9 +416,8 @@ def account_from_token(store: Store, key: str, token: str, max_age_s: int = SESS
 # -- free-text annotator names of earlier versions --------------------------------------------------
 def legacy_names(store: Store) -> list[str]:
     """Annotator names with judgments that belong to no account."""
-    names = {r["source"].split(":", 1)[1] for r in store.db.query(
-        "SELECT DISTINCT source FROM triplets WHERE source LIKE 'expert:%'")}
-    accounts = {r["name"] for r in store.db.query("SELECT name FROM accounts")}
+    names = {source.split(":", 1)[1] for source in store.expert_sources()}
+    accounts = set(store.account_names(ordered=False))
     return sorted(names - accounts, key=str.lower)
 
 
@@ -446,17 +433,15 @@ def map_name(store: Store, legacy: str, account: str, actor: str) -> int:
         return 0
     moved = 0
     with store.transaction():
-        for row in list(store.db.query("SELECT * FROM triplets WHERE source = ? ORDER BY id", [old_source])):
+        for row in store.triplets(old_source):
             rep = int(row["rep"])
-            clash = "SELECT 1 FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND ref_k = ? AND rep = ?"
-            while store.db.execute(clash, [new_source, row["anchor"], row["ref_j"], row["ref_k"], rep]).fetchone():
+            while store.triplet_taken(new_source, row["anchor"], row["ref_j"], row["ref_k"], rep):
                 rep += 1
-            store.db.execute("UPDATE triplets SET source = ?, rep = ? WHERE id = ?", [new_source, rep, row["id"]])
+            store.move_triplet(row["id"], new_source, rep)
             store.record_revision("triplets", row["id"], "source", "update",
                                   {"source": old_source, "rep": row["rep"]}, {"source": new_source, "rep": rep}, actor)
             moved += 1
-        store.db.execute("UPDATE exclusions SET target = ? WHERE kind = 'annotator' AND target = ?",
-                         [target, legacy])
+        store.rename_excluded_annotator(legacy, target)
     return moved
 
 
@@ -467,9 +452,7 @@ def exclude(store: Store, kind: str, target: str | int, reason: str, actor: str)
     if kind not in ("annotator", "triplet"):
         raise AuthError(f"kind must be 'annotator' or 'triplet', got {kind!r}")
     with store.transaction():
-        cur = store.db.execute("INSERT OR IGNORE INTO exclusions (kind, target, reason, actor, created) "
-                               "VALUES (?, ?, ?, ?, ?)", [kind, str(target), reason.strip(), actor, now()])
-        if cur.rowcount == 1:
+        if store.insert_exclusion(kind, str(target), reason.strip(), actor):
             store.record_revision("exclusions", [kind, str(target)], "excluded", "insert", False,
                                   reason.strip() or True, actor)
 
@@ -477,14 +460,13 @@ def exclude(store: Store, kind: str, target: str | int, reason: str, actor: str)
 def include(store: Store, kind: str, target: str | int, actor: str) -> None:
     """Undo :func:`exclude`."""
     with store.transaction():
-        cur = store.db.execute("DELETE FROM exclusions WHERE kind = ? AND target = ?", [kind, str(target)])
-        if cur.rowcount == 1:
+        if store.delete_exclusion(kind, str(target)):
             store.record_revision("exclusions", [kind, str(target)], "excluded", "delete", True, False, actor)
 
 
 def exclusions(store: Store) -> list[dict[str, Any]]:
     """Every exclusion from evaluation (annotators and single judgments), by kind and target."""
-    return list(store.db.query("SELECT * FROM exclusions ORDER BY kind, target"))
+    return store.exclusions()
 
 
 # -- command line (``python -m annotations users …``) ------------------------------------------------

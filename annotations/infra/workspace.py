@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import io
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any, overload
 
@@ -15,6 +14,7 @@ from PIL import Image
 
 from annotations.infra import journal
 from annotations.infra.fileio import atomic_write
+from annotations.store.rows import StoreOperationalError
 from annotations.store.store import Store
 
 ENV_VAR = "TRIDERM_WORKSPACE"
@@ -97,8 +97,9 @@ class Workspace:
         store = self.store
         done = journal.recover(self.root, lambda key: store.get_meta(key) is not None)
         if done:
-            with contextlib.suppress(sqlite3.OperationalError), store.transaction():  # a key left is inert
-                store.db.conn.executemany("DELETE FROM meta WHERE key = ?", [[f"swap:{name}"] for name in done])
+            with contextlib.suppress(StoreOperationalError), store.transaction():  # a key left is inert
+                for name in done:
+                    store.delete_meta(f"swap:{name}")
         return done
 
     def __repr__(self) -> str:

@@ -15,7 +15,6 @@ its outlined wounds wait to be linked to the patient's tracks (:func:`annotation
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import date
@@ -28,6 +27,7 @@ from annotations.infra.journal import Swap
 from annotations.infra.workspace import Workspace
 from annotations.io.dataset import check_kind
 from annotations.io.readers import DatasetError, Photo, check_id, clear_error, normalise_photo, photo_id
+from annotations.store.rows import StoreError
 
 #: Largest photo accepted, in megabytes of 1024 × 1024 bytes (``.streamlit/config.toml`` sets Streamlit's
 #: ``server.maxUploadSize`` to the same).
@@ -109,8 +109,8 @@ def upload_photos(ws: Workspace, files: Sequence[tuple[str, bytes]], patient_id:
             swap.forward()
             store.set_meta(swap.meta_key, True)  # commits the swap with the rows
         swap.done()
-        with contextlib.suppress(sqlite3.Error), store.transaction():  # the upload stands; a key left is inert
-            store.db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])
+        with contextlib.suppress(StoreError), store.transaction():  # the upload stands; a key left is inert
+            store.delete_meta(swap.meta_key)
     except BaseException as err:
         if swap.entries and not swap.settled:  # the transaction rolled back
             swap.backward()

@@ -1,7 +1,8 @@
 """The SQLite annotation store: patients, images, wounds, annotators, triplet judgments and LLM
-answers here; the run records, the revisions, the second readings and a patient's erasure in the query
-modules :class:`Store` composes (:mod:`annotations.store.run_records`, :mod:`annotations.store.revisions`,
-:mod:`annotations.store.readings`, :mod:`annotations.store.erasure`).
+answers here; the run records, the revisions, the second readings, a patient's erasure and the accounts in
+the query modules :class:`Store` composes (:mod:`annotations.store.run_records`,
+:mod:`annotations.store.revisions`, :mod:`annotations.store.readings`, :mod:`annotations.store.erasure`,
+:mod:`annotations.store.accounts`).
 
 One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
 background jobs and several annotators can write at once. Natural-key unique constraints make
@@ -20,6 +21,7 @@ from typing import Any
 
 from annotations.infra import jobs
 from annotations.infra.fileio import write_step
+from annotations.store.accounts import Accounts
 from annotations.store.erasure import Erasure
 from annotations.store.readings import Readings
 from annotations.store.revisions import Revisions
@@ -143,9 +145,9 @@ CREATE TABLE import_base (
 );
 """
 
-# Accounts (annotations/accounts/accounts.py): one row per person, names unique ignoring case; a session
-# token names the account and its ``session_epoch``. ``exclusions`` marks an annotator (by name) or
-# one judgment (by triplet id) as left out of every metric; the rows themselves stay.
+# Accounts (annotations/accounts/accounts.py, its queries annotations/store/accounts.py): one row per person,
+# names unique ignoring case; a session token names the account and its ``session_epoch``. ``exclusions``
+# marks an annotator (by name) or one judgment (by triplet id) as left out of every metric; the rows stay.
 _SCHEMA_ACCOUNTS = """
 CREATE TABLE accounts (
     name TEXT PRIMARY KEY COLLATE NOCASE,
@@ -259,10 +261,11 @@ def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
 CACHE_KIB = 65_536  # SQLite page cache per connection
 
 
-class Store(RunRecords, Revisions, Readings, Erasure):
+class Store(RunRecords, Revisions, Readings, Erasure, Accounts):
     """Typed access to a workspace's ``triderm.sqlite``: the connection, the schema, photos, wounds and
     judgments here, the run records (:class:`RunRecords`), the revisions (:class:`Revisions`), the second
-    readings (:class:`Readings`) and a patient's erasure (:class:`Erasure`) in their own modules."""
+    readings (:class:`Readings`), a patient's erasure (:class:`Erasure`) and the accounts and exclusions
+    (:class:`Accounts`) in their own modules."""
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)

@@ -199,9 +199,7 @@ STORE_LAYER = REPO / "annotations" / "store"
 #: modules of annotations outside its store layer that still hold SQL of their own: their queries are to move
 #: into named queries of annotations.store; the list only shrinks (a module leaving it fails until removed here)
 SQL_TO_MOVE = frozenset({
-    "annotations/accounts/accounts.py", "annotations/infra/backup.py",
-    "annotations/infra/workspace.py", "annotations/io/dataset.py",
-    "annotations/io/upload.py", "annotations/scheduling/scheduler.py"})
+    "annotations/infra/backup.py", "annotations/io/dataset.py", "annotations/scheduling/scheduler.py"})
 
 
 def test_sql_inside_annotations_lives_in_its_store_layer():
@@ -211,7 +209,7 @@ def test_sql_inside_annotations_lives_in_its_store_layer():
             if STORE_LAYER not in p.parents and raw_sql(p)}
     assert held == SQL_TO_MOVE
     assert all(raw_sql(p) for p in STORE_LAYER.glob("*.py")
-               if p.stem in ("store", "run_records", "revisions", "readings", "erasure"))
+               if p.stem in ("store", "run_records", "revisions", "readings", "erasure", "accounts"))
 
 
 def test_raw_sql_is_caught(tmp_path):
