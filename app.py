@@ -29,6 +29,8 @@ def main() -> None:
         nav = st.navigation([st.session_state["_home_page"]]
                             + [st.Page(p, title=t, icon=i) for p, t, i, _ in navigation.PAGES], position="hidden")
     nav.run()
+    if auth.account() is not None:
+        navigation.preload()
     navigation.freeze_imports()
 
 

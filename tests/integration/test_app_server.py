@@ -78,3 +78,31 @@ def test_freeze_imports_freezes_once_per_new_import_and_never_freezes_garbage():
     out = subprocess.run([sys.executable, "-c", FREEZE_PROBE], cwd=REPO, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
+
+
+PRELOAD_PROBE = """
+import sys, threading
+from pathlib import Path
+from app import navigation
+navigation.PRELOAD = ("_probe_missing_extra", "json.tool")  # an absent module is passed over, the next imported
+navigation.preload()  # not a served app: nothing starts
+assert not any(t.name == "triderm-preload" for t in threading.enumerate()) and "json.tool" not in sys.modules
+sys.argv = [str(Path("/srv/triderm/app.py"))]
+navigation.preload()
+navigation.preload()  # once per process
+threads = [t for t in threading.enumerate() if t.name == "triderm-preload"]
+assert len(threads) <= 1, threads
+for t in threads:
+    t.join(60)
+assert "json.tool" in sys.modules, "the preload did not import"
+print("ok")
+"""
+
+
+def test_preload_imports_the_slow_page_modules_once_in_a_served_app():
+    """Issue 54: a served app imports :data:`app.navigation.PRELOAD` (Explore's modules) in the background after
+    sign-in, once, so a page's first visit does not wait for them; a module an [app]-only server lacks is passed
+    over (its page names the extra); a process running pages in-process (the app tests) preloads nothing."""
+    out = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
