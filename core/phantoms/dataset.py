@@ -5,8 +5,12 @@ import csv
 import io
 import json
 import math
+import multiprocessing
+import os
 import shutil
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ from core.phantoms.world import (
     MISSING_RATE,
     NUMERIC_ATTRIBUTES,
     THRESHOLDS,
+    Photo,
     concept_presence,
     sample_population,
     standardise,
@@ -64,6 +69,38 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
 
 def _save_png(path: Path, array: np.ndarray, mode: str) -> None:
     Image.fromarray(array, mode=mode).save(path, format="PNG", compress_level=1 if mode == "RGB" else 6)
+
+
+#: photos below which rendering stays in this process (starting worker processes costs about a second)
+PARALLEL_FROM = 16
+
+
+def _render_and_save(out: Path, seed: int, index: int, photo: Photo, fitzpatrick: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Render photo ``index`` (its own random stream, so the order of rendering changes nothing), write its photo
+    and masks, and return the per-wound pixel counts (area, fibrin, nodule, distractor) and its nuisances."""
+    img, labels, fib, planted, nuis = render_photo(np.random.default_rng([seed, 2, index]), photo, fitzpatrick)
+    _save_png(out / "images" / f"{photo.image_id}.png", img, "RGB")
+    _save_png(out / "masks" / f"{photo.image_id}.png", labels, "L")
+    _save_png(out / "truth" / "fibrin" / f"{photo.image_id}.png", fib, "L")
+    _save_png(out / "truth" / "planted" / f"{photo.image_id}.png", planted, "L")
+    n = len(photo.wounds) + 1
+    return (np.bincount(labels.ravel(), minlength=n), np.bincount(fib.ravel(), minlength=n),
+            np.bincount(labels[planted == 1].ravel(), minlength=n),
+            np.bincount(labels[planted >= 2].ravel(), minlength=n), nuis)
+
+
+def _rendered(out: Path, seed: int, photos: list[Photo], fitzpatrick: list[int]
+              ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]]:
+    """:func:`_render_and_save` of every photo, in order: on every available core (spawned workers: safe beside
+    threads) from :data:`PARALLEL_FROM` photos, else here."""
+    workers = min(len(os.sched_getaffinity(0)), len(photos))
+    args = ([out] * len(photos), [seed] * len(photos), range(len(photos)), photos, fitzpatrick)
+    if workers < 2 or len(photos) < PARALLEL_FROM:
+        yield from map(_render_and_save, *args)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from pool.map(_render_and_save, *args)
 
 
 def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, wounds: int = 120,
@@ -103,17 +140,10 @@ def build(out: str | Path, seed: int = 0, photos: int = 53, patients: int = 21, 
     wound_rows, truth_wounds, concept_rows, image_rows, truth_images = [], [], [], [], []
     photo_texts: list[str] = []
     row = 0
+    rendered = _rendered(out, seed, phs, [pats[p.patient]["fitzpatrick"] for p in phs])
     for pi, p in enumerate(tqdm(phs, desc="phantoms", unit="photo", disable=not progress)):
         pat = pats[p.patient]
-        img, labels, fib, planted, nuis = render_photo(np.random.default_rng([seed, 2, pi]), p, pat["fitzpatrick"])
-        _save_png(out / "images" / f"{p.image_id}.png", img, "RGB")
-        _save_png(out / "masks" / f"{p.image_id}.png", labels, "L")
-        _save_png(out / "truth" / "fibrin" / f"{p.image_id}.png", fib, "L")
-        _save_png(out / "truth" / "planted" / f"{p.image_id}.png", planted, "L")
-        areas = np.bincount(labels.ravel(), minlength=len(p.wounds) + 1)
-        fib_areas = np.bincount(fib.ravel(), minlength=len(p.wounds) + 1)
-        nodule_px = np.bincount(labels[planted == 1].ravel(), minlength=len(p.wounds) + 1)
-        distractor_px = np.bincount(labels[planted >= 2].ravel(), minlength=len(p.wounds) + 1)
+        areas, fib_areas, nodule_px, distractor_px, nuis = next(rendered)
         texts = []
         image_rows.append([p.image_id, pat["patient_id"], _maybe(meta_rng, p.region), _maybe(meta_rng, p.camera),
                            _maybe(meta_rng, "flash" if nuis["flash"] else "ambient")])
