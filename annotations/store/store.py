@@ -412,6 +412,10 @@ class Store(RunRecords, Revisions, Readings, Erasure, Accounts, Scheduling):
         """Every photo's id, sorted (no row decoded: cheap at 10^5 photos)."""
         return [r[0] for r in self.db.execute("SELECT image_id FROM images ORDER BY image_id")]
 
+    def photo_checksums(self) -> dict[str, str]:
+        """Every photo's file → its sha256 (a backup's check of the photos it copied)."""
+        return {r[0]: r[1] for r in self.db.execute("SELECT file, sha256 FROM images")}
+
     def images(self) -> list[dict]:
         """Every photo's row, by id."""
         return [_decode(r) for r in self.db.query("SELECT * FROM images ORDER BY image_id")]
