@@ -22,7 +22,7 @@ from annotations.infra.journal import Swap
 from annotations.infra.workspace import DB_NAME, Workspace
 from annotations.io.csvsafe import neutralise, restore
 from annotations.io.readers import DatasetError, valid_id
-from annotations.store.erasure import delete_leases
+from annotations.store.leases import delete_leases
 from annotations.store.rows import key_json
 
 MAPPING_COLUMNS = ("original", "study_id")

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import stat
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from annotations.infra.journal import Swap
 from annotations.infra.workspace import DB_NAME, Workspace
 from annotations.io.readers import DatasetError, clear_error
 from annotations.store.rows import now
+from annotations.store.snapshots import UnreadableDatabase, copy_store, examine, product_schema
 from annotations.store.store import MIGRATIONS
 
 MANIFEST = "manifest.json"
@@ -73,20 +73,10 @@ def backup(ws: Workspace, out: str | Path) -> dict[str, Any]:
     finished = False
     try:
         with ws.store.transaction():  # writers wait: the store and the masks are one moment
-            # A second connection reads the committed state (WAL readers pass the held write lock).
-            source = sqlite3.connect(ws.store.path)
-            dest = sqlite3.connect(staging / DB_NAME)
-            try:
-                source.backup(dest)
-                with dest:  # the copy is not running any backup
-                    dest.execute("DELETE FROM meta WHERE key = ?", [IN_PROGRESS])
-                dest.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
-            finally:
-                dest.close()
-                source.close()
+            copy_store(ws.store.path, staging / DB_NAME, without_meta=IN_PROGRESS)  # the copy is running no backup
             if ws.masks_dir.is_dir():
                 _copy_folder(ws.masks_dir, staging / "masks")
-            photos = {r[0]: r[1] for r in ws.store.db.execute("SELECT file, sha256 FROM images")}
+            photos = ws.store.photo_checksums()
         for name in ("images", "truth", "runs"):
             if (ws.root / name).is_dir():
                 _copy_folder(ws.root / name, staging / name)
@@ -176,43 +166,23 @@ def _no_links(src: Path) -> None:
                                   "links are never followed (the backup was altered)")
 
 
-def _product_schema(version: int) -> set[tuple[str, str, str | None]]:
-    """The schema objects (type, name, SQL) of a database TriDerm brought to ``version``."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for statements in MIGRATIONS[:version]:
-            for statement in statements:
-                conn.execute(statement)
-        return set(conn.execute("SELECT type, name, sql FROM sqlite_master"))
-    finally:
-        conn.close()
-
-
 def _check_database(path: Path) -> None:
     """The staged store opens, passes ``integrity_check``, has a schema version this TriDerm knows
     and only its schema objects (no trigger, view or table of anyone else)."""
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error as err:
+        result, version, objects = examine(path)
+    except UnreadableDatabase as err:
         raise BackupError(f"{path.name}: not a readable database ({err}); the backup is damaged") from None
-    try:
-        result = conn.execute("PRAGMA integrity_check").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        objects = set(conn.execute("SELECT type, name, sql FROM sqlite_master"))
-    except sqlite3.DatabaseError as err:
-        raise BackupError(f"{path.name}: not a readable database ({err}); the backup is damaged") from None
-    finally:
-        conn.close()
     if result != "ok":
         raise BackupError(f"{path.name}: integrity check failed ({result})")
     if not 1 <= version <= len(MIGRATIONS):
         raise BackupError(f"{path.name}: schema version {version}, this TriDerm Studio reads 1 to {len(MIGRATIONS)}"
                           + ("; restore it with a newer TriDerm Studio" if version > len(MIGRATIONS) else ""))
-    extra = sorted(objects - _product_schema(version), key=lambda o: (o[0], o[1]))
+    extra = sorted(objects - product_schema(version), key=lambda o: (o[0], o[1]))
     if extra:
         raise BackupError(f"{path.name}: holds a {extra[0][0]} {extra[0][1]!r} that TriDerm does not make; "
                           "the backup was altered, it is not restored")
-    if len(objects) != len(_product_schema(version)):
+    if len(objects) != len(product_schema(version)):
         raise BackupError(f"{path.name}: lacks tables of schema version {version}; the backup is damaged")
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import random
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,22 +40,6 @@ from annotations.scheduling.consistency import annotator_of, triplet_key
 
 MODES = ("random", "active")
 KINDS = ("new", "repeat", "shared")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS served (
-    annotator TEXT NOT NULL,
-    anchor TEXT NOT NULL,
-    ref_a TEXT NOT NULL,
-    ref_b TEXT NOT NULL,
-    rep INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    ref_j TEXT NOT NULL,
-    ref_k TEXT NOT NULL,
-    served_at REAL NOT NULL,
-    PRIMARY KEY (annotator, anchor, ref_a, ref_b, rep)
-);
-CREATE INDEX IF NOT EXISTS served_rep_anchor ON served (rep, anchor)
-"""
 
 
 @dataclass(frozen=True)
@@ -146,64 +129,35 @@ class TripletScheduler:
             self._D = D
         ws.store.add_annotator(self.annotator)
         self.lease_path = Path(ws.cache_dir) / "scheduler.sqlite"
-        with self._connect() as con:
-            for statement in _SCHEMA.split(";"):
-                con.execute(statement)
+        self.leases = ws.store.lease_file(self.lease_path)
+        self.leases.create()
 
     # -- leases -------------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.lease_path,
-                              timeout=60,  # pragma: no mutate (PRAGMA busy_timeout on the next line overrides it)
-                              # writes run inside an explicit BEGIN IMMEDIATE … COMMIT: no implicit transaction opens
-                              isolation_level=None,  # pragma: no mutate
-                              )
-        con.execute("PRAGMA busy_timeout = 60000")
-        return con
-
     def served(self) -> list[dict[str, Any]]:
         """Every question served to this annotator, oldest first."""
-        with self._connect() as con:
-            con.row_factory = sqlite3.Row
-            rows = con.execute(
-                "SELECT * FROM served WHERE annotator = ? ORDER BY served_at, rowid", (self.annotator,)
-            ).fetchall()
-        return [dict(r) for r in rows]
+        return self.leases.served(self.annotator)
 
     # -- drawing ------------------------------------------------------------------------
     def next(self) -> Question | None:
         """Lease and return the next question, or None when every triplet has been served."""
-        image_ids = [r[0] for r in self.ws.store.db.execute("SELECT image_id FROM images ORDER BY image_id")]
+        image_ids = self.ws.store.image_ids()
         if len(image_ids) < 3:
             return None
-        con = self._connect()
-        try:
-            con.execute("BEGIN IMMEDIATE")
+        with self.leases.leasing() as con:
             question = self._choose(con, image_ids)
             if question is not None:
                 a, b = sorted((question.ref_j, question.ref_k))
-                con.execute(
-                    "INSERT INTO served VALUES (?,?,?,?,?,?,?,?,?)",
-                    (self.annotator, question.anchor, a, b, question.rep, question.kind,
-                     question.ref_j, question.ref_k, question.served_at),
-                )
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        finally:
-            con.close()
+                self.leases.lease(con, self.annotator, question.anchor, a, b, question.rep, question.kind,
+                                  question.ref_j, question.ref_k, question.served_at)
         return question
 
-    def _choose(self, con: sqlite3.Connection, image_ids: list[str]) -> Question | None:
-        mine = con.execute(
-            "SELECT anchor, ref_a, ref_b, rep, kind, served_at FROM served WHERE annotator = ?",
-            (self.annotator,),
-        ).fetchall()
+    def _choose(self, con: Any, image_ids: list[str]) -> Question | None:
+        """The next question for this annotator, its leases read in the open lease transaction ``con``."""
+        mine = self.leases.leased(con, self.annotator)
         seen = {(r[0], r[1], r[2]) for r in mine}
         repeated = {(r[0], r[1], r[2]) for r in mine if r[3] > 0}
         kinds = Counter(r[4] for r in mine)
-        answered = self.ws.store.db.execute(
-            "SELECT anchor, ref_j, ref_k, rep, choice FROM triplets WHERE source = ?", [self.source]).fetchall()
+        answered = self.ws.store.expert_answers(self.source)
         # answers imported or given outside the scheduler count as seen
         seen.update((a, j, k) if j
                     < k  # pragma: no mutate (j == k never happens: the store refuses equal references)
@@ -242,24 +196,18 @@ class TripletScheduler:
         """A triplet other annotators answered, most-shared first (κ needs items in common), ties in
         a seeded random order. The ranking is counted in SQL once and reused until the number of
         other annotators' answers changes (two index counts per draw)."""
-        db = self.ws.store.db
-        # a wrong count only recounts the ranking on every draw instead of when others' answers change
-        others = (db.execute("SELECT count(*) FROM triplets WHERE source >= 'expert:' AND source < 'expert;'")  # pragma: no mutate
-                  .fetchone()[0] - db.execute("SELECT count(*) FROM triplets WHERE source = ?", [self.source]).fetchone()[0])
+        others = self.ws.store.other_experts_answer_count(self.source)
         if self._shared_count != others:
             # any salt in [1, 2^31 - 2] is a seeded shuffle of tied triplets (2^31 - 1 is prime)
             salt = self._rng.randrange(1, 2**31 - 1)  # pragma: no mutate
-            self._shared_count, self._shared_keys = others, db.execute(
-                "SELECT anchor, min(ref_j, ref_k), max(ref_j, ref_k), count(*) AS n, min(id) AS first FROM triplets"
-                " WHERE source >= 'expert:' AND source < 'expert;' AND source <> ? AND rep = 0 AND choice <> 'skip'"
-                " GROUP BY 1, 2, 3 ORDER BY n DESC, (first * ?) % 2147483647", [self.source, salt]).fetchall()
+            self._shared_count, self._shared_keys = others, self.ws.store.shared_expert_triplets(self.source, salt)
         for anchor, a, b, _, _ in self._shared_keys:
             if (anchor, a, b) not in seen:
                 return self._orient(anchor, a, b, 0, "shared", now)
         return None
 
-    def _new(self, con: sqlite3.Connection, image_ids: list[str], seen: set, now: float) -> Question | None:
-        load = Counter(dict(con.execute("SELECT anchor, count(*) FROM served WHERE rep = 0 GROUP BY anchor")))
+    def _new(self, con: Any, image_ids: list[str], seen: set, now: float) -> Question | None:
+        load = Counter(self.leases.anchor_load(con))
         n_pairs = (len(image_ids) - 1) * (len(image_ids) - 2) // 2  # pragma: no mutate (/ 2 compares the same)
         per_anchor = Counter(k[0] for k in seen)
         anchors = [i for i in image_ids if per_anchor[i] < n_pairs]
@@ -325,26 +273,20 @@ class TripletScheduler:
 
     def has_answer_since(self, since: str) -> bool:
         """Whether this annotator has an answer stored at or after ``since`` (something to undo)."""
-        return self.ws.store.db.execute("SELECT 1 FROM triplets WHERE source = ? AND created >= ? LIMIT 1",
-                                        [self.source, since]).fetchone() is not None
+        return self.ws.store.has_answer_since(self.source, since)
 
     def undo_last(self, since: str, actor: str | None = None) -> Question | None:
         """Delete this annotator's newest answer stored at or after ``since`` (an ISO timestamp like
         the store's ``created``) and return it as a question to ask again (served now), or None when
         there is none. The undo stack is the store itself, so an undo survives a page reload."""
-        rows = list(self.ws.store.db.query(
-            "SELECT id, anchor, ref_j, ref_k, rep FROM triplets WHERE source = ? AND created >= ? "
-            "ORDER BY id DESC LIMIT 1", [self.source, since]))
-        if not rows:
+        row = self.ws.store.last_answer_since(self.source, since)
+        if row is None:
             return None
-        row = rows[0]
         a, b = sorted((row["ref_j"], row["ref_k"]))
-        with self._connect() as con:
-            kind = con.execute("SELECT kind FROM served WHERE annotator = ? AND anchor = ? AND ref_a = ? AND "
-                               "ref_b = ? AND rep = ?", (self.annotator, row["anchor"], a, b, row["rep"])).fetchone()
+        kind = self.leases.kind(self.annotator, row["anchor"], a, b, row["rep"])
         self.ws.store.delete_triplet(row["id"], actor=actor)
         return Question(row["anchor"], row["ref_j"], row["ref_k"], int(row["rep"] or 0),
-                        kind[0] if kind else ("repeat" if row["rep"] else "new"), time.time())
+                        kind if kind is not None else ("repeat" if row["rep"] else "new"), time.time())
 
     def progress(self) -> dict[str, int]:
         """The annotator's stored answers: total, skips, repeats."""

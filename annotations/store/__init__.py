@@ -2,8 +2,10 @@
 
 ``store`` (the :class:`~annotations.store.store.Store`: connection, schema, photos, wounds, judgments), which
 composes ``run_records`` (the run records), ``revisions`` (the revisions table, edits from a loaded copy,
-import bases), ``readings`` (the second readings' rows), ``erasure`` (a patient's rows erased, the
-scheduler's leases of their photos) and ``accounts`` (the accounts, the exclusions from evaluation, a
-free-text annotator's judgments moved to an account); ``rows`` (the row values they use: timestamps, natural keys, JSON
-columns); ``runs`` (the run kinds and ``recording()``); ``history`` (reading and restoring the revisions).
+import bases), ``readings`` (the second readings' rows), ``erasure`` (a patient's rows erased), ``accounts`` (the
+accounts, the exclusions from evaluation, a free-text annotator's judgments moved to an account) and
+``leases`` (the scheduler's reads of the judgments, its lease file and the leases of erased photos); ``rows``
+(the row values they use: timestamps, natural keys, JSON columns); ``snapshots`` (a backup's online copy of the
+store, a restore's checks of a copy: integrity, schema); ``runs`` (the run kinds and ``recording()``);
+``history`` (reading and restoring the revisions).
 """

@@ -1,15 +1,13 @@
 """Erasing a patient: the store's queries that delete a patient's rows and blank their ids in the rows
-that stay (:class:`Erasure`, which :class:`~annotations.store.store.Store` composes), and the deletion of
-the scheduler's leases naming their photos (:func:`delete_leases`).
+that stay (:class:`Erasure`, which :class:`~annotations.store.store.Store` composes).
 
-:func:`annotations.accounts.privacy.erase_patient` calls them inside its own transaction, with the files.
+:func:`annotations.accounts.privacy.erase_patient` calls them inside its own transaction, with the files (and
+the scheduler's leases of the photos: :func:`annotations.store.leases.delete_leases`).
 """
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -82,27 +80,6 @@ class Erasure:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.db.execute("VACUUM")
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-
-def delete_leases(path: Path, image_ids: list[str]) -> int:
-    """Delete the scheduler's leases naming the photos from its lease file ``path``
-    (``cache/scheduler.sqlite``), then vacuum it; returns how many were deleted (0 when the file or its
-    lease table does not exist yet)."""
-    if not path.exists() or not image_ids:
-        return 0
-    marks = ",".join("?" * len(image_ids))
-    con = sqlite3.connect(path, timeout=60, isolation_level=None)
-    try:
-        cols = ("anchor", "ref_a", "ref_b", "ref_j", "ref_k")
-        count = con.execute(f"DELETE FROM served WHERE {' OR '.join(f'{c} IN ({marks})' for c in cols)}",
-                            image_ids * len(cols)).rowcount
-        con.execute("VACUUM")
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.OperationalError:  # no lease table yet
-        count = 0
-    finally:
-        con.close()
-    return count
 
 
 def _blank(conn: Any, table: str, columns: tuple[str, ...], ids: set[str]) -> int:

@@ -1,7 +1,8 @@
 """The row values the store's queries share: timestamps, natural keys and the JSON columns.
 
 Below :mod:`annotations.store.store` and the query modules it composes (:mod:`~annotations.store.run_records`,
-:mod:`~annotations.store.revisions`), so that none of them imports another.
+:mod:`~annotations.store.revisions`, :mod:`~annotations.store.readings`, :mod:`~annotations.store.erasure`,
+:mod:`~annotations.store.accounts`, :mod:`~annotations.store.leases`), so that none of them imports another.
 """
 from __future__ import annotations
 

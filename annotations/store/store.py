@@ -1,8 +1,8 @@
 """The SQLite annotation store: patients, images, wounds, annotators, triplet judgments and LLM
-answers here; the run records, the revisions, the second readings, a patient's erasure and the accounts in
-the query modules :class:`Store` composes (:mod:`annotations.store.run_records`,
+answers here; the run records, the revisions, the second readings, a patient's erasure, the accounts and the
+scheduler's reads in the query modules :class:`Store` composes (:mod:`annotations.store.run_records`,
 :mod:`annotations.store.revisions`, :mod:`annotations.store.readings`, :mod:`annotations.store.erasure`,
-:mod:`annotations.store.accounts`).
+:mod:`annotations.store.accounts`, :mod:`annotations.store.leases`).
 
 One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
 background jobs and several annotators can write at once. Natural-key unique constraints make
@@ -23,6 +23,7 @@ from annotations.infra import jobs
 from annotations.infra.fileio import write_step
 from annotations.store.accounts import Accounts
 from annotations.store.erasure import Erasure
+from annotations.store.leases import Scheduling
 from annotations.store.readings import Readings
 from annotations.store.revisions import Revisions
 from annotations.store.rows import (SYSTEM_ACTOR, _decode, _dumps, image_file_value, key_json, now,
@@ -261,11 +262,11 @@ def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
 CACHE_KIB = 65_536  # SQLite page cache per connection
 
 
-class Store(RunRecords, Revisions, Readings, Erasure, Accounts):
+class Store(RunRecords, Revisions, Readings, Erasure, Accounts, Scheduling):
     """Typed access to a workspace's ``triderm.sqlite``: the connection, the schema, photos, wounds and
     judgments here, the run records (:class:`RunRecords`), the revisions (:class:`Revisions`), the second
-    readings (:class:`Readings`), a patient's erasure (:class:`Erasure`) and the accounts and exclusions
-    (:class:`Accounts`) in their own modules."""
+    readings (:class:`Readings`), a patient's erasure (:class:`Erasure`), the accounts and exclusions
+    (:class:`Accounts`) and the scheduler's reads and lease file (:class:`Scheduling`) in their own modules."""
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
@@ -410,6 +411,10 @@ class Store(RunRecords, Revisions, Readings, Erasure, Accounts):
     def image_ids(self) -> list[str]:
         """Every photo's id, sorted (no row decoded: cheap at 10^5 photos)."""
         return [r[0] for r in self.db.execute("SELECT image_id FROM images ORDER BY image_id")]
+
+    def photo_checksums(self) -> dict[str, str]:
+        """Every photo's file → its sha256 (a backup's check of the photos it copied)."""
+        return {r[0]: r[1] for r in self.db.execute("SELECT file, sha256 FROM images")}
 
     def images(self) -> list[dict]:
         """Every photo's row, by id."""

@@ -327,7 +327,7 @@ def test_erase_patient_leaves_no_byte_of_the_patient_under_the_workspace(ws, tmp
 
 
 def crashtest_schema() -> list[str]:
-    from annotations.scheduling.scheduler import _SCHEMA
+    from annotations.store.leases import _SCHEMA
     return [s for s in _SCHEMA.split(";") if s.strip()]
 
 
