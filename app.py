@@ -18,7 +18,8 @@ def main() -> None:
     """The app's entry point: the sign-in gate, or the navigation over the pages the account may open."""
     st.set_page_config(page_title="TriDerm Studio", page_icon="🩹", layout="wide")
     auth.session_key()  # an unusable signing key stops the app here, with the reason
-    if auth.account() is None:  # every page's address shows the sign-in (no page runs); signing in reruns that
+    signed_in = auth.account() is not None  # a store query: asked once per run
+    if not signed_in:  # every page's address shows the sign-in (no page runs); signing in reruns that
         # address, which then holds the page itself: a deep link lands on the page asked for after sign-in
         asked = [st.Page(home.gate, title="Sign in", icon=":material/lock:", url_path=st.Page(p).url_path,
                          visibility="hidden") for p, *_ in navigation.PAGES]
@@ -29,7 +30,7 @@ def main() -> None:
         nav = st.navigation([st.session_state["_home_page"]]
                             + [st.Page(p, title=t, icon=i) for p, t, i, _ in navigation.PAGES], position="hidden")
     nav.run()
-    if auth.account() is not None:
+    if signed_in:
         navigation.preload()
     navigation.freeze_imports()
 
