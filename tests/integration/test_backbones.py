@@ -234,3 +234,42 @@ def test_gradients_flow_only_into_unfrozen_stem(lite0):
         for p in lite0.stem_parameters():
             p.requires_grad_(False)
             p.grad = None
+
+
+def test_frozen_calls_run_folded_batch_norms_with_the_same_arithmetic(lite0):
+    """Without gradients the default runs a copy with its eval batch norms folded into the convolutions: no
+    batch norm left, the live network's output to float rounding, and remade after an in-place weight change."""
+    x = lite0.normalize(torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
+    live = lambda: lite0._features(x.contiguous(memory_format=torch.channels_last)).float()  # noqa: E731
+    with torch.inference_mode():
+        folded, ref = lite0(x), live()
+        assert lite0._folded is not None
+        assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in lite0._folded[1].modules())
+        assert torch.allclose(folded, ref, rtol=1e-4, atol=1e-4)
+        stem = lite0.model.conv_stem.weight
+        try:
+            stem.mul_(0.5)
+            assert torch.allclose(lite0(x), live(), rtol=1e-4, atol=1e-4)
+            assert not torch.allclose(lite0(x), folded, rtol=1e-2, atol=1e-2)
+        finally:
+            stem.mul_(2.0)
+        assert torch.allclose(lite0(x), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fold_batch_norms_leaves_unpaired_norms_and_the_original_alone():
+    from timm.layers import BatchNormAct2d
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), BatchNormAct2d(4),  # folded, ReLU kept
+                              torch.nn.ReLU(), torch.nn.BatchNorm2d(4),  # no convolution before it: kept
+                              torch.nn.Conv2d(4, 2, 1, bias=False), torch.nn.BatchNorm2d(2))
+    for m in net:
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    net.eval()
+    folded = backbones.fold_batch_norms(net)
+    assert [type(m).__name__ for m in folded] == ["Conv2d", "Sequential", "ReLU", "BatchNorm2d", "Conv2d", "Identity"]
+    assert isinstance(net[1], BatchNormAct2d) and net[4].bias is None  # the original untouched
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(folded(x), net(x), atol=1e-5)
