@@ -246,7 +246,7 @@ class WoundAugment:
         for axis in range(2):
             torch.add((theta[:, axis, 0, None] * t)[:, None, :], (theta[:, axis, 1, None] * t + theta[:, axis, 2, None])
                       [:, :, None], out=grid[..., axis])
-        x = F.grid_sample(img.expand(k, -1, -1, -1).contiguous(memory_format=torch.channels_last), grid,
+        x = F.grid_sample(img.expand(k, -1, -1, -1), grid,
                           mode="bilinear", padding_mode="zeros", align_corners=False)
         m = F.grid_sample(mask.expand(k, 1, -1, -1), grid, mode="nearest", padding_mode="zeros", align_corners=False)
         return x, m[:, 0].long()
