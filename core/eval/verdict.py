@@ -31,6 +31,13 @@ ALPHA = 0.05
 #: the gain (balanced agreement, trained − untrained) the next step sizes more judgments for when the trained run
 #: did not do better: a goal the sentence names, never the observed (negative or null) difference
 GAIN = 0.05
+#: The default mode's learning curve in judgments on real wounds (``python -m benchmarks.active_real --data
+#: ../shared/data/azh-dev --learner finetune --seeds 0 1 2``, results/learning_curve.json, docs/RESULTS.md):
+#: training triplets (sampled uniformly) → strict balanced agreement (%, mean over 3 seeds) on new patients; 0 is
+#: the frozen centred embedding. Specialist wound-type labels turned into triplets, not an expert's judgments.
+REAL_CURVE = ((0, 63.3), (100, 70.1), (250, 73.1), (500, 73.9))
+#: the first budget of that curve within 1 pp of a fold's whole pool (73.4 % on about 576 triplets)
+REAL_PLATEAU = 250
 #: Triplet (anchor, chosen, other) → (times the run put ``chosen`` strictly closer, times it was scored).
 Tallies = dict[tuple[str, str, str], tuple[int, int]]
 
@@ -186,10 +193,15 @@ def words(c: Mapping[str, Any], trained_label: str, untrained_label: str) -> dic
     return {"line": line, "next_step": step}
 
 
+def answered_count(expert: Sequence[Mapping[str, Any]]) -> int:
+    """The judgments of ``expert`` that chose a reference (skips left out)."""
+    return sum(row["choice"] in ("j", "k") for row in expert)
+
+
 def missing_step(expert: Sequence[Mapping[str, Any]], has_untrained: bool, has_trained: bool) -> str:
     """What to do when the workspace lacks the judgments or one of the two runs: the judgments it holds
     counted, so that with judgments and no trained run the step is to train, not to collect."""
-    answered = sum(row["choice"] in ("j", "k") for row in expert)
+    answered = answered_count(expert)
     if not answered:
         return ("Collect expert judgments on the Triplets page"
                 + (f" ({len(expert)} so far, all skipped)" if expert else "")
@@ -200,6 +212,20 @@ def missing_step(expert: Sequence[Mapping[str, Any]], has_untrained: bool, has_t
                 "compares the trained embedding with the untrained one on the triplets it held out.")
     return (f"{held} and a trained run: record the untrained reference on the Train page (mode frozen), "
             "then the Report compares the two.")
+
+
+def curve_step(answered: int) -> str:
+    """Where ``answered`` judgments stand on the default mode's learning curve on real wounds (:data:`REAL_CURVE`):
+    how many more the curve says are worth collecting for a better embedding (not for a narrower interval)."""
+    points = ", ".join(f"{pct:.1f} % at {n}" for n, pct in REAL_CURVE[1:])
+    said = (f"On real wound crops (azh-dev, wound-type labels as triplets) the default mode's agreement on new "
+            f"patients rose from {REAL_CURVE[0][1]:.1f} % untrained to {points} training triplets, levelling off "
+            f"from about {REAL_PLATEAU}")
+    if answered >= REAL_PLATEAU:
+        return (f"{said}: this workspace's {answered} judgments are past that point, so more of them would mostly "
+                "narrow the interval rather than improve the embedding.")
+    return (f"{said}: about {REAL_PLATEAU - answered} more judgments (from {answered}) would bring this workspace "
+            "there.")
 
 
 def run_label(run: Mapping[str, Any]) -> str:
@@ -239,5 +265,6 @@ def verdict(ws: Workspace, runs: Sequence[dict[str, Any]], n_boot: int = 1000, s
                              "triplets."}
 
     result = compare(held_out, reference, patient_of(ws.store.images()), n_boot, seed)
-    return {**result, **words(result, run_label(run), run_label(untrained)), "trained_run": run["id"],
+    said = words(result, run_label(run), run_label(untrained))
+    return {**result, **said, "next_step": f"{said['next_step']} {curve_step(answered_count(expert))}", "trained_run": run["id"],
             "untrained_run": untrained["id"]}

@@ -2,9 +2,14 @@
 held-out triplets, paired over patients, in words. TEST-ONLY runs and judgments."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
-from core.eval.verdict import compare, per_anchor, verdict, words
+from core.eval.verdict import REAL_CURVE, REAL_PLATEAU, compare, curve_step, per_anchor, verdict, words
+
+REPO = Path(__file__).resolve().parents[2]
 
 PATIENTS = {f"p{p}-{n}": f"p{p}" for p in range(20) for n in range(3)}  # 20 patients, 3 photos each
 PHOTOS = sorted(PATIENTS)
@@ -91,3 +96,22 @@ def test_verdict_of_a_workspace_pairs_the_newest_trained_run_with_the_untrained_
     assert found["n"] == len({tuple(s[:3]) for s in strict}) < len(expert)
     assert found["trained"]["balanced"] == 1.0
     assert found["line"].startswith(f"The trained embedding (run #{trained}, vision-finetune) agrees with the expert")
+    assert found["next_step"].endswith(curve_step(len(expert)))  # the demo's 490 judgments: past the plateau
+    assert "past that point" in found["next_step"]
+
+
+def test_the_learning_curve_the_next_step_quotes_is_the_stored_one():
+    """:data:`~core.eval.verdict.REAL_CURVE` and its plateau are results/learning_curve.json's uniform means:
+    regenerating that file makes this test name every figure that moved."""
+    stored = json.loads((REPO / "results" / "learning_curve.json").read_text())
+    rows = {row[0]: row[2]["mean"] for row in stored["tables"][0]["rows"]}
+    means = {0 if str(b).startswith("0 ") else b: round(m, 1) for b, m in rows.items() if b != "all of the fold's pool"}
+    assert {n: pct for n, pct in REAL_CURVE} == {n: means[n] for n, _ in REAL_CURVE}
+    assert f"uniform {REAL_PLATEAU} triplets" in " ".join(stored["notes"])
+
+
+def test_the_curve_says_how_many_more_judgments_below_its_plateau():
+    assert curve_step(100).endswith(f"about {REAL_PLATEAU - 100} more judgments (from 100) would bring this workspace "
+                                    "there.")
+    assert "63.3 % untrained to 70.1 % at 100, 73.1 % at 250, 73.9 % at 500 training triplets" in curve_step(100)
+    assert "past that point" in curve_step(REAL_PLATEAU)
