@@ -31,9 +31,7 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import tempfile
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field, replace
@@ -53,7 +51,8 @@ from annotations.io.csvsafe import safe_row
 from annotations.io.readers import (DatasetError, DatasetFolder, Photo, check_id, clear_error, column_schema, iter_csv,
                                     parse_bool, parse_int, parse_number, parse_timestamp, photo_id, read_csv, read_info,
                                     read_mask, read_photo, row_metadata)
-from annotations.store.rows import image_file_value, key_json, now, triplet_key, wound_key
+from annotations.store.imports import DuplicateJudgment, JudgmentTable
+from annotations.store.rows import StoreError, image_file_value, key_json, now, triplet_key, wound_key
 from annotations.store.store import CHOICES
 
 
@@ -280,91 +279,28 @@ def _read_triplets(folder: DatasetFolder, path: Path, columns: dict[str, str], a
         table.add((line, *ids, row["choice"], source, rep, latency, created))
 
 
-class TripletTable:
-    """A dataset's judgments in file order, kept in a temporary SQLite file so that a million of
-    them never sit in memory. Rows are dicts of :data:`COLUMNS` (plus the merge's ``action``,
-    ``change`` and ``cur_id``); a row without ``rep`` gets the number of earlier rows with the same
-    source and images (:meth:`finish`)."""
-
-    COLUMNS = ("line", "anchor", "ref_j", "ref_k", "choice", "source", "rep", "latency_ms", "created")
-    BATCH = 5000
-
-    def __init__(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="triderm-triplets-")
-        self.db = sqlite3.connect(os.path.join(self._dir, "triplets.sqlite"), isolation_level=None,
-                                  check_same_thread=False)  # closed by the finalizer, maybe in another thread
-        self.db.execute("PRAGMA journal_mode = OFF")
-        self.db.execute("PRAGMA synchronous = OFF")
-        self.db.execute("CREATE TABLE t (line INTEGER PRIMARY KEY, anchor TEXT, ref_j TEXT, ref_k TEXT, choice TEXT, "
-                        "source TEXT, rep INTEGER, latency_ms REAL, created TEXT, action TEXT, change TEXT, "
-                        "cur_id INTEGER)")
-        self._pending: list[tuple] = []
-        self._count = 0
-        self._close = weakref.finalize(self, _drop_table, self.db, self._dir)
-
-    def add(self, row: tuple) -> None:
-        """One row, in :data:`COLUMNS` order (``rep`` may be None)."""
-        self._pending.append(row)
-        if len(self._pending) >= self.BATCH:
-            self._flush()
-
-    def _flush(self) -> None:
-        self.db.executemany(f"INSERT INTO t ({', '.join(self.COLUMNS)}) VALUES ({', '.join('?' * len(self.COLUMNS))})",
-                            self._pending)
-        self._count += len(self._pending)
-        self._pending.clear()
+class TripletTable(JudgmentTable):
+    """A dataset's judgments in file order (:class:`~annotations.store.imports.JudgmentTable`: a temporary
+    SQLite file); a judgment listed twice is a :class:`DatasetError` naming it."""
 
     def finish(self) -> None:
         """Number the rows without ``rep`` and check that no judgment is listed twice."""
-        self._flush()
-        self.db.execute("UPDATE t SET rep = w.n FROM (SELECT line, row_number() OVER (PARTITION BY source, anchor, "
-                        "ref_j, ref_k ORDER BY line) - 1 AS n FROM t) AS w WHERE t.rep IS NULL AND w.line = t.line")
-        self._index()
-
-    def _index(self) -> None:
-        try:
-            self.db.execute("CREATE UNIQUE INDEX t_key ON t (source, anchor, ref_j, ref_k, rep)")
-        except sqlite3.IntegrityError:
-            source, *ids, rep = self.db.execute(
-                "SELECT source, anchor, ref_j, ref_k, rep FROM t GROUP BY source, anchor, ref_j, ref_k, rep "
-                "HAVING count(*) > 1 ORDER BY min(line) LIMIT 1").fetchone()
-            raise DatasetError(f"triplets.csv: the judgment {tuple(ids)} by {source} with rep {rep} is listed "
-                               "twice") from None
+        with _listed_twice():
+            super().finish()
 
     def rename(self, ref: Callable[[str], str]) -> None:
         """Replace every image id by ``ref(id)``."""
-        self.db.create_function("ref", 1, ref, deterministic=True)
-        self.db.execute("DROP INDEX t_key")
-        self.db.execute("UPDATE t SET anchor = ref(anchor), ref_j = ref(ref_j), ref_k = ref(ref_k)")
-        self._index()
-
-    def __len__(self) -> int:
-        return self._count
-
-    def rows(self, where: str = "1") -> Iterator[dict[str, Any]]:
-        """The rows matching the SQL condition ``where``, in file order."""
-        cur = self.db.execute(f"SELECT * FROM t WHERE {where} ORDER BY line")
-        names = [d[0] for d in cur.description]
-        while batch := cur.fetchmany(self.BATCH):
-            for values in batch:
-                yield dict(zip(names, values))
-
-    def find(self, key: dict[str, Any]) -> bool:
-        """Whether the judgment ``key`` (:func:`triplet_key`) is in the dataset."""
-        return self.db.execute("SELECT 1 FROM t WHERE source = ? AND anchor = ? AND ref_j = ? AND ref_k = ? AND "
-                               "rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone() is not None
-
-    def close(self) -> None:
-        """Close and remove the on-disk table now (it is also removed when garbage-collected)."""
-        self._close()
+        with _listed_twice():
+            super().rename(ref)
 
 
-_TRIPLET_KEY = ("source", "anchor", "ref_j", "ref_k", "rep")
-
-
-def _drop_table(db: sqlite3.Connection, folder: str) -> None:
-    db.close()
-    shutil.rmtree(folder, ignore_errors=True)
+@contextlib.contextmanager
+def _listed_twice() -> Iterator[None]:
+    """A :class:`~annotations.store.imports.DuplicateJudgment` raised inside is a :class:`DatasetError`."""
+    try:
+        yield
+    except DuplicateJudgment as err:
+        raise DatasetError(f"triplets.csv: {err}") from None
 
 
 # -- re-import merge ------------------------------------------------------------------------------
@@ -509,8 +445,7 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
     goes to ``mask_sink(image_id, labels)`` as soon as it is made."""
     if prefer not in (None, *PREFER):
         raise DatasetError(f"--prefer must be one of {', '.join(PREFER)}, got {prefer!r}")
-    bases = {(e, k, n): h for e, k, n, h in ws.store.db.execute(  # judgments' bases: looked up one by one
-        "SELECT entity, key, field, hash FROM import_base WHERE entity != 'triplets'")}
+    bases = ws.store.import_bases_but_judgments()  # judgments' bases: looked up one by one
     file_rows = _file_rows(plan)
     current = _current_rows(ws)
     labels: dict[str, np.ndarray] = {}  # label maps of the workspace changed by a renumbering
@@ -587,10 +522,6 @@ def plan_merge(ws: Workspace, plan: DatasetPlan, prefer: str | None = None, prun
     return _Merge(changes, final, keys, new_bases, masks, triplets)
 
 
-def _has_triplet_bases(ws: Workspace) -> bool:
-    return ws.store.db.execute("SELECT 1 FROM import_base WHERE entity = 'triplets' LIMIT 1").fetchone() is not None
-
-
 #: A judgment's merge value's hash, per choice.
 _CHOICE_HASH = {c: hashlib.sha256(json.dumps({"choice": c}, sort_keys=True).encode()).hexdigest() for c in CHOICES}
 
@@ -599,11 +530,11 @@ def _merge_triplets(ws: Workspace, merge: _TripletMerge, prefer: str | None, pru
                     changes: list[Change]) -> None:
     """The merge's rules for judgments (one field, ``row``: the choice), streamed: each dataset row
     is looked up in the store by its key and its decision written back to its table row."""
-    conn, table = ws.store.db.conn, merge.table
+    store, table = ws.store, merge.table
     merge.at = len(changes)
-    table.db.execute("UPDATE t SET action = NULL, change = NULL, cur_id = NULL")
-    if conn.execute("SELECT 1 FROM triplets LIMIT 1").fetchone() is None and not _has_triplet_bases(ws):
-        table.db.execute("UPDATE t SET action = 'insert', change = 'insert'")  # an empty store: all new
+    table.clear_decisions()
+    if not store.has_triplets() and not store.has_judgment_bases():
+        table.decide_all_inserts()  # an empty store: all new
         merge.inserts = len(table)
         return
     decided: list[tuple[str | None, str | None, int | None, int]] = []
@@ -611,11 +542,8 @@ def _merge_triplets(ws: Workspace, merge: _TripletMerge, prefer: str | None, pru
         key = triplet_key(t)
         kj = key_json(key)
         where = f"triplets.csv: line {t['line']}"
-        cur = conn.execute("SELECT id, choice FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND "
-                           "ref_k = ? AND rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone()
-        base = conn.execute("SELECT hash FROM import_base WHERE entity = 'triplets' AND key = ? AND field = 'row'",
-                            [kj]).fetchone()
-        base = base[0] if base else None
+        cur = store.triplet_by_key(key)
+        base = store.judgment_base(kj)
         hf, f_row = _CHOICE_HASH[t["choice"]], {"choice": t["choice"]}
         action = change = cur_id = None
         if cur is None:
@@ -641,29 +569,26 @@ def _merge_triplets(ws: Workspace, merge: _TripletMerge, prefer: str | None, pru
         if action is not None:
             decided.append((action, change, cur_id, t["line"]))
         if len(decided) >= TripletTable.BATCH:
-            table.db.executemany("UPDATE t SET action = ?, change = ?, cur_id = ? WHERE line = ?", decided)
+            table.decide(decided)
             decided.clear()
-    table.db.executemany("UPDATE t SET action = ?, change = ?, cur_id = ? WHERE line = ?", decided)
-    gone = conn.execute("SELECT key, hash FROM import_base WHERE entity = 'triplets' AND field = 'row'")
-    while batch := gone.fetchmany(TripletTable.BATCH):
-        for kj, base in batch:
-            key = json.loads(kj)
-            if table.find(key):
-                continue
-            cur = conn.execute("SELECT id, choice FROM triplets WHERE source = ? AND anchor = ? AND ref_j = ? AND "
-                               "ref_k = ? AND rep = ?", [key[k] for k in _TRIPLET_KEY]).fetchone()
-            if cur is None:
-                continue
-            if not prune:
-                changes.append(Change("triplets", key, "row", "not-in-file", "workspace"))
-            elif base == _CHOICE_HASH[cur[1]]:
-                changes.append(Change("triplets", key, "row", "delete", "workspace", old={"choice": cur[1]}))
+    table.decide(decided)
+    for kj, base in store.judgment_bases():
+        key = json.loads(kj)
+        if table.find(key):
+            continue
+        cur = store.triplet_by_key(key)
+        if cur is None:
+            continue
+        if not prune:
+            changes.append(Change("triplets", key, "row", "not-in-file", "workspace"))
+        elif base == _CHOICE_HASH[cur[1]]:
+            changes.append(Change("triplets", key, "row", "delete", "workspace", old={"choice": cur[1]}))
+            merge.deletes.append((key, cur[0]))
+        else:  # changed in the app, removed from the dataset
+            changes.append(Change("triplets", key, "row", "conflict", "workspace", {"choice": cur[1]}, None,
+                                  resolved=prefer))
+            if prefer == "file":
                 merge.deletes.append((key, cur[0]))
-            else:  # changed in the app, removed from the dataset
-                changes.append(Change("triplets", key, "row", "conflict", "workspace", {"choice": cur[1]}, None,
-                                      resolved=prefer))
-                if prefer == "file":
-                    merge.deletes.append((key, cur[0]))
 
 
 def _renumber_drawn(ws: Workspace, file_wounds: dict, current: dict, labels: dict[str, np.ndarray], bases: dict,
@@ -697,8 +622,7 @@ def _in_use(ws: Workspace, image_id: str, current: dict, final: dict, triplets: 
         if json.loads(kj)["image_id"] == image_id and final["wounds"].get(kj, {}) is not None:
             return True
     deleted = {tid for _, tid in triplets.deletes}
-    return any(tid not in deleted for (tid,) in ws.store.db.execute(
-        "SELECT id FROM triplets WHERE ? IN (anchor, ref_j, ref_k)", [image_id]))
+    return any(tid not in deleted for tid in ws.store.triplet_ids_naming(image_id))
 
 
 def _merge_masks(ws: Workspace, plan: DatasetPlan, wounds: dict[str, dict | None], keys: dict[str, Any],
@@ -831,8 +755,8 @@ def import_dataset(ws: Workspace, root: str | Path, *, prefer: str | None = None
             swap.forward()
             store.set_meta(swap.meta_key, True)  # commits the swap with the rows
         swap.done()
-        with contextlib.suppress(sqlite3.Error), store.transaction():  # the import stands; a key left is inert
-            store.db.execute("DELETE FROM meta WHERE key = ?", [swap.meta_key])
+        with contextlib.suppress(StoreError), store.transaction():  # the import stands; a key left is inert
+            store.delete_meta(swap.meta_key)
         return _summary(ws, plan, merge, new_triplets, dry_run=False)
     except BaseException as err:
         if swap is not None and swap.entries and not swap.settled:  # the transaction rolled back
@@ -954,7 +878,7 @@ def _apply_triplets(ws: Workspace, merge: _TripletMerge, actor: str) -> int:
         store.delete_triplet(tid, actor=actor)
         store.set_import_base("triplets", key, "row", None)
     new, batch, annotators = 0, [], set()
-    for t in merge.table.rows("action IS NOT NULL"):
+    for t in merge.table.decided_rows():
         if t["cur_id"] is not None:  # the dataset changed the choice: replace the judgment
             store.delete_triplet(t["cur_id"], actor=actor)
         if t["source"].startswith("expert:"):
@@ -971,16 +895,10 @@ def _apply_triplets(ws: Workspace, merge: _TripletMerge, actor: str) -> int:
     for t in merge.table.rows():
         bases.append((key_json(triplet_key(t)), _CHOICE_HASH[t["choice"]], stamp))
         if len(bases) >= TripletTable.BATCH:
-            _set_triplet_bases(store, bases)
-    _set_triplet_bases(store, bases)
+            store.set_judgment_bases(bases)
+            bases.clear()
+    store.set_judgment_bases(bases)
     return new
-
-
-def _set_triplet_bases(store: Any, bases: list[tuple[str, str, str]]) -> None:
-    store.db.conn.executemany(
-        "INSERT INTO import_base (entity, key, field, hash, updated) VALUES ('triplets', ?, 'row', ?, ?) "
-        "ON CONFLICT(entity, key, field) DO UPDATE SET hash = excluded.hash, updated = excluded.updated", bases)
-    bases.clear()
 
 
 def _summary(ws: Workspace, plan: DatasetPlan, merge: _Merge, new_triplets: int, dry_run: bool) -> dict[str, Any]:
@@ -988,7 +906,7 @@ def _summary(ws: Workspace, plan: DatasetPlan, merge: _Merge, new_triplets: int,
     counts["insert"] += merge.triplets.inserts
     lines = [c.describe() for c in merge.changes[:merge.triplets.at]]
     lines += [Change("triplets", triplet_key(t), "row", "insert", f"triplets.csv: line {t['line']}", None,
-                     {"choice": t["choice"]}).describe() for t in merge.triplets.table.rows("change = 'insert'")]
+                     {"choice": t["choice"]}).describe() for t in merge.triplets.table.inserted_rows()]
     lines += [c.describe() for c in merge.changes[merge.triplets.at:]]
     return {"images": len(plan.images), "patients": len(plan.patients), "wounds": len(plan.wounds),
             "triplets": len(plan.triplets), "new_triplets": new_triplets, "dry_run": dry_run,
@@ -1087,15 +1005,12 @@ def _write_triplets_csv(store: Any, path: Path) -> int:
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal count
-        cur = store.db.conn.execute("SELECT anchor, ref_j, ref_k, choice, source, rep, latency_ms, created "
-                                    "FROM triplets ORDER BY id")
-        while batch := cur.fetchmany(TripletTable.BATCH):
-            for anchor, ref_j, ref_k, choice, source, rep, latency, created in batch:
-                count += 1
-                yield {"anchor": anchor, "ref_j": ref_j, "ref_k": ref_k, "choice": choice,
-                       "annotator": source.split(":", 1)[1] if source.startswith("expert:") else "",
-                       "source": source, "rep": rep, "latency_ms": "" if latency is None else repr(latency),
-                       "created": created}
+        for anchor, ref_j, ref_k, choice, source, rep, latency, created in store.triplets_oldest_first():
+            count += 1
+            yield {"anchor": anchor, "ref_j": ref_j, "ref_k": ref_k, "choice": choice,
+                   "annotator": source.split(":", 1)[1] if source.startswith("expert:") else "",
+                   "source": source, "rep": rep, "latency_ms": "" if latency is None else repr(latency),
+                   "created": created}
 
     _write_csv(path, ["anchor", "ref_j", "ref_k", "choice", "annotator", "source", "rep", "latency_ms", "created"],
                rows())

@@ -1,8 +1,9 @@
 """The SQLite annotation store: patients, images, wounds, annotators, triplet judgments and LLM
-answers here; the run records, the revisions, the second readings, a patient's erasure, the accounts and the
-scheduler's reads in the query modules :class:`Store` composes (:mod:`annotations.store.run_records`,
-:mod:`annotations.store.revisions`, :mod:`annotations.store.readings`, :mod:`annotations.store.erasure`,
-:mod:`annotations.store.accounts`, :mod:`annotations.store.leases`).
+answers here; the run records, the revisions, the second readings, a patient's erasure, the accounts, the
+scheduler's reads and an import's and export's judgments in the query modules :class:`Store` composes
+(:mod:`annotations.store.run_records`, :mod:`annotations.store.revisions`, :mod:`annotations.store.readings`,
+:mod:`annotations.store.erasure`, :mod:`annotations.store.accounts`, :mod:`annotations.store.leases`,
+:mod:`annotations.store.imports`).
 
 One file per workspace (``triderm.sqlite``), opened in WAL mode with a busy timeout so the app,
 background jobs and several annotators can write at once. Natural-key unique constraints make
@@ -23,6 +24,7 @@ from annotations.infra import jobs
 from annotations.infra.fileio import write_step
 from annotations.store.accounts import Accounts
 from annotations.store.erasure import Erasure
+from annotations.store.imports import Imports
 from annotations.store.leases import Scheduling
 from annotations.store.readings import Readings
 from annotations.store.revisions import Revisions
@@ -262,11 +264,12 @@ def _check_rep_latency(rep: int, latency_ms: float | None, where: str) -> None:
 CACHE_KIB = 65_536  # SQLite page cache per connection
 
 
-class Store(RunRecords, Revisions, Readings, Erasure, Accounts, Scheduling):
+class Store(RunRecords, Revisions, Readings, Erasure, Accounts, Scheduling, Imports):
     """Typed access to a workspace's ``triderm.sqlite``: the connection, the schema, photos, wounds and
     judgments here, the run records (:class:`RunRecords`), the revisions (:class:`Revisions`), the second
     readings (:class:`Readings`), a patient's erasure (:class:`Erasure`), the accounts and exclusions
-    (:class:`Accounts`) and the scheduler's reads and lease file (:class:`Scheduling`) in their own modules."""
+    (:class:`Accounts`), the scheduler's reads and lease file (:class:`Scheduling`) and the re-import merge's and
+    the export's reads of the judgments and their import bases (:class:`Imports`) in their own modules."""
 
     def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
