@@ -244,7 +244,8 @@ def fold_batch_norms(module: nn.Module) -> nn.Module:
     for parent in list(folded.modules()):
         children = list(parent.named_children())
         for (a, conv), (b, bn) in itertools.pairwise(children):
-            if isinstance(conv, nn.Conv2d) and type(bn) in (nn.BatchNorm2d, BatchNormAct2d) and bn.track_running_stats:
+            if (isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)
+                    and type(bn) in (nn.BatchNorm2d, BatchNormAct2d) and bn.track_running_stats):
                 setattr(parent, a, fuse_conv_bn_eval(conv, bn))
                 setattr(parent, b, nn.Sequential(bn.drop, bn.act) if isinstance(bn, BatchNormAct2d) else nn.Identity())
     return folded.requires_grad_(False)

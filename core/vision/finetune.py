@@ -107,6 +107,7 @@ class LastStageTuner:
         self.tail: nn.Module = self.start
         self.losses: list[float] = []
         self.center_ = np.zeros(0)
+        self.fit_rows_ = np.zeros(0, np.int64)
         #: wall seconds and counted floating-point operations of the last :meth:`fit`
         self.fit_s_ = 0.0
         self.fit_flops_ = 0
@@ -155,13 +156,15 @@ class LastStageTuner:
             sched.step()
             self.losses.append(loss.item())
         self.fit_s_ = time.perf_counter() - started
+        self.fit_rows_ = rows
         self.center_ = self._eval_embedding()[rows].mean(0)
         return self
 
     def untuned(self, fit_rows: np.ndarray) -> LastStageTuner:
         """Keep the starting tail as it is (no training) and centre on the photos ``fit_rows``."""
         self.tail = self.start.to(self.device)
-        self.center_ = self._eval_embedding()[np.asarray(fit_rows)].mean(0)
+        self.fit_rows_ = np.asarray(fit_rows)
+        self.center_ = self._eval_embedding()[self.fit_rows_].mean(0)
         return self
 
     def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
@@ -202,6 +205,14 @@ class LastStageTuner:
     def transform(self) -> np.ndarray:
         """Every row's embedding (inference view), centred on the training photos' mean, unit length."""
         return centred_unit(self._eval_embedding(), self.center_)
+
+    def transform_views(self) -> np.ndarray:
+        """Every row's embedding averaged over its inference view and its cached augmented views (test-time
+        views), centred on the training photos' mean of the same, unit length (after :meth:`fit`)."""
+        with torch.no_grad():
+            emb = torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v])
+                               for v in range(self.view_x.shape[1])]).mean(0).double().cpu().numpy()
+        return centred_unit(emb, emb[self.fit_rows_].mean(0))
 
     def save(self, path: Path, backbone: str) -> None:
         """Write the tuned tail, the centre and the configuration to ``path`` (``torch.save``, plain tensors)."""

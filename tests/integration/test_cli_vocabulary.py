@@ -47,6 +47,7 @@ ENTRY_POINTS: dict[str, tuple[set[str], list[str]]] = {
     "benchmarks.orderings": ({"--device", "--seeds"}, []),  # builds its own phantoms: no workspace
     "benchmarks.real_vision": ({"--workspace", "--device", "--seeds"}, []),
     "benchmarks.real_vision_adapt": ({"--device", "--seeds"}, []),  # dataset folders, not a workspace
+    "benchmarks.real_vision_directions": ({"--workspace", "--seeds"}, []),  # real_vision's folds and tuner, CPU
     "benchmarks.real_retrieval": ({"--workspace", "--seeds"}, []),  # real_vision's folds and tuner, on the CPU
     "benchmarks.active_real": ({"--workspace", "--seeds"}, []),  # a linear metric on cached frozen features
     "benchmarks.soe": ({"--workspace", "--device", "--seed"}, []),

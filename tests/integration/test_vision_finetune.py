@@ -95,6 +95,24 @@ def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
         tuner.fit(triplets, fit_rows)  # triplets naming held-out photos
 
 
+def test_test_time_views_average_the_tuned_views_and_centre_on_the_training_photos(tiny):
+    """``transform_views``: the mean of the tuned tail's embeddings over each photo's inference and cached views,
+    centred on the training photos' mean of it, unit length; with every view the inference view it is ``transform``."""
+    _, image_ids, triplets, full, photos, _ = tiny
+    test_rows = np.arange(len(image_ids) // 2)
+    train = triplets[split_triplets(triplets, test_rows)[0]]
+    fit_rows = np.setdiff1d(np.arange(len(image_ids)), test_rows)
+    tuner = LastStageTuner(full, photos, FineTuneConfig(steps=5)).fit(train, fit_rows, seed=0)
+    z = tuner.transform_views()
+    with torch.no_grad():
+        mean = torch.stack([tuner._embed(tuner.view_x[:, v], tuner.view_w[:, v]) for v in range(3)]).mean(0).double()
+    expected = (mean - mean[fit_rows].mean(0)).numpy()
+    assert tuner.view_x.shape[1] == 3 and np.allclose(z, expected / np.linalg.norm(expected, axis=1, keepdims=True))
+    assert not np.allclose(z, tuner.transform(), atol=1e-4)  # the augmented views count
+    tuner.view_x, tuner.view_w = (t[:, :1].expand(-1, 3, *t.shape[2:]) for t in (tuner.view_x, tuner.view_w))
+    assert np.allclose(tuner.transform_views(), tuner.transform(), atol=1e-6)
+
+
 def test_adapting_without_labels_lowers_vicreg_and_leaves_the_backbone_untouched(tiny):
     """The self-supervised adaptation (issue 30 §4) trains a copy of the tail on the photos' views alone; the
     copy starts a second tuner whose untuned embedding is centred on the photos it is given, unit length."""
