@@ -21,7 +21,7 @@ demo: install
 	$(PY) -m core.train_triderm
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 app: install
 	$(VENV)/bin/streamlit run app.py
