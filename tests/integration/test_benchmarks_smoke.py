@@ -23,6 +23,7 @@ SMOKE = {
     "train_triderm": "test_benchmarks_smoke.py::test_train_triderm_tiny",
     "orderings": "test_orderings.py::test_quick_run_writes_the_result_file",
     "real_vision": "test_real_vision_bench.py::test_quick_run_writes_every_row_and_a_complete_result",
+    "real_vision_directions": "test_real_vision_bench.py::test_the_directions_bench_scores_each_direction_from_the_same_fits",
     "real_vision_adapt": "test_real_vision_bench.py::test_the_adaptation_bench_scores_both_rows_on_photos_it_never_"
                          "adapted_on",
     "real_retrieval": "test_real_data_benches.py::test_real_retrieval_quick_scores_frozen_and_fine_tuned_in_both_galleries",
