@@ -42,7 +42,7 @@ SECTIONS: dict[str, str] = {
     "real_vision": "python -m benchmarks.real_vision --data ../shared/data/azh-dev --views 4",
     "real_vision_adapt": ("python -m benchmarks.real_vision_adapt --data ../shared/data/azh-dev"
                           " --unlabelled ../shared/data/fuseg-dev ../shared/data/medetec"),
-    "real_vision_directions": "python -m benchmarks.real_vision_directions --data ../shared/data/azh-dev",
+    "real_vision_directions": "python -m benchmarks.real_vision_directions --data ../shared/data/azh-dev --views 4",
     "real_vision_medetec": "python -m benchmarks.real_vision --data ../shared/data/medetec --section real_vision_medetec",
     "real_retrieval": "python -m benchmarks.real_retrieval --data ../shared/data/azh-dev --views 4 --seeds 0 1 2",
     "train_triderm": "python -m benchmarks.train_triderm",

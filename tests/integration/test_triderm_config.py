@@ -131,31 +131,23 @@ def trained(tiny_phantom_workspace):
     return ws, {"ssl": ssl, "supervised": supervised}
 
 
-#: ``image_emb[:2, :4]``, the column sums of ``|wound_emb|[:, :4]`` and the first losses of the runs of :func:`trained`
-#: (CPU torch). First measured at commit 37d1fa9 (before the dataclass) and at 8afe894 (``index_select`` gather).
-#: Re-measured on 2026-11-28 with the parent commit dd96562 itself: in that day's fresh install (torch 2.14.1,
-#: torchvision 0.29.1, timm 1.0.31, numpy 2.4.6, Pillow 13.0.0) the first losses themselves moved (24.88 → 26.13),
-#: so the inputs, not the code, had changed; dd96562 and this code give these figures to every digit.
-#: Re-measured on 2026-12-01 after 71ad866 (augmented views made as one batch per photo): the views themselves
-#: changed by design (a composed affine, the colour jitter as one matrix), so every figure moved
-BEFORE = {
-    "ssl": ([[-0.427145, 0.340617, -0.082877, -0.256405], [0.061439, 0.075191, 0.078531, -0.331146]],
-            [5.84012, 2.58314, 10.93676, 2.82811], [29.088038, 23.026972]),
-    "supervised": ([[-1.377577, -0.843906, 0.634801, -0.251907], [1.785832, 4.591282, -7.342126, -0.583003]],
-                   [12.27094, 15.58654, 31.60431, 20.83292], [211.401562, 1222.949902, 3223.880469]),
-}
-
-
+#: The runs of :func:`trained` were first checked against figures pinned before the dataclass refactor (37d1fa9)
+#: and re-pinned after each change of inputs (2026-11-28, 2026-12-01). On 2026-12-03 a machine with another CPU
+#: (AVX-512), the same code and the same package versions gave other inputs (the self-supervised run's first loss
+#: 30.23 against 29.09, before any training step), so pinned figures hold on the machine that measured them only;
+#: what holds everywhere is that a seed repeats its run exactly.
 @pytest.mark.parametrize("mode", ["ssl", "supervised"])
-def test_the_same_seed_gives_the_embeddings_of_before_the_refactor(trained, mode):
+def test_the_same_seed_repeats_the_run_exactly(trained, mode):
     from core.runtime import load_embeddings
+    from core.vision.triderm import train
 
     ws, runs = trained
-    emb = load_embeddings(ws, runs[mode])
-    image, wound_abs, losses = BEFORE[mode]
-    np.testing.assert_allclose(emb["image_emb"][:2, :4], image, atol=1e-5)
-    np.testing.assert_allclose(np.abs(emb["wound_emb"]).sum(0)[:4], wound_abs, atol=1e-4)
-    np.testing.assert_allclose(ws.store.run(runs[mode])["metrics"]["loss"][:3], losses, rtol=1e-5)
+    again = (train(ws, progress=False, seed=3, **FAST) if mode == "ssl" else  # as trained() made them
+             train(ws, replace(DEFAULT, supervise="triplets", supervise_steps=20, seed=3, **FAST), progress=False))
+    first, second = load_embeddings(ws, runs[mode]), load_embeddings(ws, again)
+    for key in ("image_emb", "wound_emb"):
+        assert np.array_equal(first[key], second[key]), key
+    assert ws.store.run(again)["metrics"]["loss"] == ws.store.run(runs[mode])["metrics"]["loss"]
 
 
 def test_a_run_record_holds_the_config_dict(trained):

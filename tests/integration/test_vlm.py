@@ -36,7 +36,8 @@ def test_image_levels_match_backbone(model) -> None:
         h = model.image_levels(x, 0, 2)
         out = model.image_levels(h, 2, model.image.n_levels)
         g, patches, grid = model.encode_image_from(h, 2)
-    assert torch.allclose(ref, out, atol=1e-5)
+    # the frozen call runs the batch norms folded into the convolutions: the same arithmetic up to float rounding
+    assert torch.allclose(ref, out, rtol=1e-4, atol=1e-4)
     assert grid == (4, 4) and patches.shape == (2, 16, 32) and g.shape == (2, 32)
 
 
