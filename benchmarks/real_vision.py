@@ -86,6 +86,7 @@ SCALES = (224, 320)
 VIEWS_ROW = "frozen, new tokens, mean over the inference view and the augmented views (test-time views), centred"
 FINETUNE = "last stage + head of the backbone fine-tuned on the triplets (stage 7 + conv head, augmented views)"
 SCALES_ROW = f"frozen, new tokens, mean over {' and '.join(map(str, SCALES))}-px inputs (multi-scale), centred"
+LEGEND = "Cells read balanced % [95 % CI, resampling patients], records pooled over folds and seeds."
 
 
 def peak_rss_mb() -> float:
@@ -134,6 +135,16 @@ class Bench:
         recs = self.rows[name]["records"][protocol]
         return protocol_summary(np.concatenate(recs) if recs else np.zeros((0, 2), np.int64), self.image_ids,
                                 self.patients)
+
+    def strict_table(self, data: Path, columns: list[str], rows: list[list]) -> dict[str, Any]:
+        """The result table of ``rows`` (first two value columns strict and anchor unseen), captioned with the
+        dataset's triplets, photos, patients and folds."""
+        n_pat = len({self.patients[i] for i in self.image_ids})
+        return {"caption": f"Balanced agreement (%) with the {len(self.triplets)} triplets of {Path(data).name}, "
+                           f"{len(self.image_ids)} photos, {n_pat} patients; one random split into {self.k} "
+                           "patient-disjoint folds per seed. strict: all three photos unseen by training (the "
+                           "headline); anchor unseen: a new photo among photos training saw",
+                "columns": columns, "rows": rows, "legend": LEGEND}
 
 
 def frozen_bank(ws: Workspace, layer: str, keys: list, image_ids: list, views: int, progress: bool) -> TokenBank:
@@ -431,18 +442,12 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
                         *([f"--views {args.views}"] if args.views != DEFAULT.views and not args.quick else []),
                         *([f"--section {args.section}"] if args.section != "real_vision" else []),
                         *(["--quick"] if args.quick else [])])
-    n_pat = len({b.patients[i] for i in b.image_ids})
-    legend = "Cells read balanced % [95 % CI, resampling patients], records pooled over folds and seeds."
-    tables = [{"caption": f"Balanced agreement (%) with the {len(b.triplets)} triplets of {Path(args.data).name}, "
-                          f"{len(b.image_ids)} photos, {n_pat} patients; one random split into {args.folds} "
-                          "patient-disjoint folds per seed. strict: all three photos unseen by training (the "
-                          "headline); anchor unseen: a new photo among photos training saw",
-               "columns": ["row", "strict %", "anchor unseen %", "strict triplets scored", "seconds / seed",
-                           "peak RSS MB"], "rows": rows, "legend": legend}]
+    tables = [b.strict_table(args.data, ["row", "strict %", "anchor unseen %", "strict triplets scored",
+                                         "seconds / seed", "peak RSS MB"], rows)]
     if cross_rows:
         tables.append({"caption": "Cross-half transfer: trained on one fixed patient half, scored strict on the "
                                   "other (first seed)", "columns": ["row", "direction", "strict %", "triplets"],
-                       "rows": cross_rows, "legend": legend})
+                       "rows": cross_rows, "legend": LEGEND})
     return {"section": args.section, "title": f"Real wounds: TriDerm-V vs its frozen backbone ({Path(args.data).name})",
             "command": command, "seeds": list(args.seeds), "tables": tables, "claims": claims, "notes": notes,
             "synthetic": False, "seconds": seconds}
@@ -496,6 +501,23 @@ def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--folds must be at least 2, got {args.folds}")
 
 
+def run_on_dataset(p: argparse.ArgumentParser, args: argparse.Namespace, prefix: str,
+                   run: Callable[[argparse.Namespace, Workspace], dict[str, Any]],
+                   report: Callable[[argparse.Namespace, dict[str, Any], float], dict[str, Any]]) -> int:
+    """Run a real-data benchmark on ``--data`` (:func:`dataset_workspace`; refused without wounds) on one thread,
+    print its report and write its result file; returns the exit status."""
+    t0 = time.perf_counter()
+    with dataset_workspace(args, prefix) as ws:
+        if not workspace_wounds(ws)[1]:
+            p.error(f"--data {args.data}: no wounds")
+        # many small ops: one thread is fastest on a CPU (and does not spin against a shared machine's load)
+        with torch_threads(1):
+            res = report(args, run(args, ws), time.perf_counter() - t0)
+    print_report(res)
+    print(f"→ {write_result(results_dir=args.results, **res)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.real_vision`` benchmark; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.real_vision", description=__doc__.splitlines()[0])
@@ -510,17 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     check_dataset(p, args)
     if args.quick:
         args.seeds, args.views = args.seeds[:1], 4
-    t0 = time.perf_counter()
-    with dataset_workspace(args, "real-vision-") as ws:
-        if not workspace_wounds(ws)[1]:
-            p.error(f"--data {args.data}: no wounds")
-        # many small ops: one thread is fastest on a CPU (and does not spin against a shared machine's load)
-        with torch_threads(1):
-            res = report(args, run(args, ws), time.perf_counter() - t0)
-    print_report(res)
-    target = write_result(results_dir=args.results, **res)
-    print(f"→ {target}")
-    return 0
+    return run_on_dataset(p, args, "real-vision-", run, report)
 
 
 if __name__ == "__main__":

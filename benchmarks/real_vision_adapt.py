@@ -101,14 +101,7 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
                         *([f"--seeds {' '.join(map(str, args.seeds))}"] if args.seeds != [0, 1, 2] else []),
                         *([f"--section {args.section}"] if args.section != "real_vision_adapt" else []),
                         *(["--quick"] if args.quick else [])])
-    legend = "Cells read balanced % [95 % CI, resampling patients], records pooled over folds and seeds."
-    n_pat = len({b.patients[i] for i in b.image_ids})
-    tables = [{"caption": f"Balanced agreement (%) with the {len(b.triplets)} triplets of {Path(args.data).name}, "
-                          f"{len(b.image_ids)} photos, {n_pat} patients; one random split into 2 patient-disjoint "
-                          "folds per seed. strict: all three photos unseen by training (the headline); anchor "
-                          "unseen: a new photo among photos training saw",
-               "columns": ["row", "strict %", "anchor unseen %", "strict triplets scored"], "rows": rows,
-               "legend": legend}]
+    tables = [b.strict_table(args.data, ["row", "strict %", "anchor unseen %", "strict triplets scored"], rows)]
     return {"section": args.section, "title": "Real wounds: the last stage adapted without labels "
                                               f"({Path(args.data).name})",
             "command": command, "seeds": list(args.seeds), "tables": tables,

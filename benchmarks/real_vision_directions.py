@@ -18,7 +18,6 @@ Paired tests over patients against the default and against frozen centred. Write
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,15 @@ from benchmarks.real_vision import (
     cell,
     check_dataset,
     compare,
-    dataset_workspace,
     frozen_bank,
-    print_report,
+    run_on_dataset,
     stage6_photos,
 )
-from benchmarks.results import write_result
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from core.eval.protocol import cross_validate
-from core.runtime import torch_threads
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled, normalized
-from core.vision.features import workspace_wounds
 from core.vision.finetune import FineTuneConfig, LastStageTuner
 from core.vision.triderm_config import DEFAULT
 
@@ -124,14 +119,8 @@ def report(args: argparse.Namespace, out: dict[str, Any], seconds: float) -> dic
                         *([f"--views {args.views}"] if args.views != DEFAULT.views and not args.quick else []),
                         *([f"--section {args.section}"] if args.section != "real_vision_directions" else []),
                         *(["--quick"] if args.quick else [])])
-    legend = "Cells read balanced % [95 % CI, resampling patients], records pooled over folds and seeds."
-    n_pat = len({b.patients[i] for i in b.image_ids})
-    tables = [{"caption": f"Balanced agreement (%) with the {len(b.triplets)} triplets of {Path(args.data).name}, "
-                          f"{len(b.image_ids)} photos, {n_pat} patients; one random split into {args.folds} "
-                          "patient-disjoint folds per seed. strict: all three photos unseen by training (the "
-                          "headline); anchor unseen: a new photo among photos training saw",
-               "columns": ["row", "strict %", "anchor unseen %", "strict triplets scored", "seconds"],
-               "rows": rows, "legend": legend}]
+    tables = [b.strict_table(args.data, ["row", "strict %", "anchor unseen %", "strict triplets scored",
+                                         "seconds"], rows)]
     return {"section": args.section, "title": f"Real wounds: past the default fine-tune ({Path(args.data).name})",
             "command": command, "seeds": list(args.seeds), "tables": tables, "claims": claims, "notes": notes,
             "synthetic": False, "seconds": seconds}
@@ -151,15 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     check_dataset(p, args)
     if args.quick:
         args.seeds = args.seeds[:1]
-    t0 = time.perf_counter()
-    with dataset_workspace(args, "real-vision-directions-") as ws:
-        if not workspace_wounds(ws)[1]:
-            p.error(f"--data {args.data}: no wounds")
-        with torch_threads(1):
-            res = report(args, run(args, ws), time.perf_counter() - t0)
-    print_report(res)
-    print(f"→ {write_result(results_dir=args.results, **res)}")
-    return 0
+    return run_on_dataset(p, args, "real-vision-directions-", run, report)
 
 
 if __name__ == "__main__":
