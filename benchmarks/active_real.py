@@ -41,6 +41,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     budgets = quick_budgets if args.quick else budgets
     finetune = args.learner == "finetune"
     views = 4 if args.quick else args.views
-    tune = FineTuneConfig(steps=QUICK_STEPS) if args.quick else FineTuneConfig()
+    # the inference view, as the stored curves were measured (the default's test-time views: real_vision)
+    tune = FineTuneConfig(test_views=False)
+    tune = replace(tune, steps=QUICK_STEPS) if args.quick else tune
     t0 = time.perf_counter()
     with dataset_workspace(args, "active-real-") as ws, torch_threads(1):
         b = Bench(ws, args.folds, not args.quiet)

@@ -84,7 +84,8 @@ NESTED = "nested selection: method × fusion weight chosen by inner CV on the tr
 #: input sizes averaged by the multi-scale row (the backbone's own first)
 SCALES = (224, 320)
 VIEWS_ROW = "frozen, new tokens, mean over the inference view and the augmented views (test-time views), centred"
-FINETUNE = "last stage + head of the backbone fine-tuned on the triplets (stage 7 + conv head, augmented views)"
+FINETUNE = ("last stage + head of the backbone fine-tuned on the triplets (stage 7 + conv head, augmented views; "
+            "test-time views)")
 SCALES_ROW = f"frozen, new tokens, mean over {' and '.join(map(str, SCALES))}-px inputs (multi-scale), centred"
 LEGEND = "Cells read balanced % [95 % CI, resampling patients], records pooled over folds and seeds."
 

@@ -33,7 +33,7 @@ from core.eval.protocol import cross_validate
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled, normalized
 from core.vision.features import PhotoFeatures, workspace_wounds
-from core.vision.finetune import AdaptConfig, LastStageTuner
+from core.vision.finetune import AdaptConfig, FineTuneConfig, LastStageTuner
 
 ADAPTED = "last stage + head adapted without labels on other wound photos (VICReg), centred unit length"
 #: the cached augmented views per photo (the real_vision section's)
@@ -64,8 +64,8 @@ def run(args: argparse.Namespace, ws: Workspace, tmp: Path) -> dict[str, Any]:
     adapter = LastStageTuner(stage6, extra, device=args.device)
     adapted = adapter.adapt(config, b.progress)
     adapt_seconds = time.perf_counter() - t0
-    tuner = LastStageTuner(stage6, stage6_photos(ws, b.image_ids, VIEWS, b.progress), device=args.device,
-                           start=adapted)
+    tuner = LastStageTuner(stage6, stage6_photos(ws, b.image_ids, VIEWS, b.progress),
+                           FineTuneConfig(test_views=False), device=args.device, start=adapted)  # the inference view
     frozen = mean_pooled(frozen_bank(ws, "full", b.keys, b.image_ids, 0, b.progress))[2]
     for seed in tqdm(args.seeds, desc="seeds", unit="seed", disable=args.quiet):
         split = [b.split(seed)]

@@ -30,7 +30,7 @@ import numpy as np
 
 from annotations.store import runs
 from annotations.io.csvsafe import neutralise
-from annotations.io.readers import load_photo
+from annotations.io.readers import load_photo, photo_sha256
 from core import cli
 from core.eval.distances import pairwise_euclidean
 from annotations.infra.workspace import Workspace
@@ -50,7 +50,8 @@ def embed_workspace(ws: Workspace, model: Model, ref: str, progress: bool = True
     with runs.recording(ws, MODEL_RUN, {"modality": "vision", "model": ref, "backbone": model.backbone.name,
                                         "layer": model.backbone.layer, "normalize": model.normalize,
                                         "synthetic": ws.is_synthetic}) as rec:
-        emb = np.stack([model.embed(ws.load_image(i), ws.load_mask(i))
+        sha = {r["image_id"]: r["sha256"] for r in ws.store.images()}
+        emb = np.stack([model.embed(ws.load_image(i), ws.load_mask(i), sha[i])
                         for i in tqdm(ids, desc="embed", unit="photo", disable=not progress)])
         save_embeddings(ws, rec.id, ids, image_emb=emb)
         rec.metrics = {"n_images": len(ids)}
@@ -72,11 +73,11 @@ def place_new_photos(ws: Workspace, model: Model, args: argparse.Namespace) -> l
     from core.vision.inference import photo_files, read_labels
 
     files = photo_files(args.images)
-    photos = [(load_photo(photo), read_labels(mask)) for _, photo, mask in files]
+    photos = [(load_photo(photo), read_labels(mask), photo_sha256(photo)) for _, photo, mask in files]
     run_id = study_run(ws, model, args.model)
     study = load_embeddings(ws, run_id)
     names = [name for name, _, _ in files]
-    emb = np.stack([model.embed(photo, labels) for photo, labels in photos])
+    emb = np.stack([model.embed(photo, labels, sha) for photo, labels, sha in photos])
     D = pairwise_euclidean(emb, study["image_emb"])
     k = min(args.neighbours, D.shape[1])
     lines = [f"{len(names)} new photo(s) in the space of {args.model} (run {run_id}, {model.backbone.name}); "

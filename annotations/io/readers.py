@@ -588,6 +588,12 @@ def load_photo(path: Path) -> Image.Image:
     return _eight_bit(upright, str(path))
 
 
+def photo_sha256(path: Path) -> str:
+    """The sha256 import would store for the photo file ``path`` (of its normalised bytes)."""
+    path = Path(path)
+    return normalise_photo(path.read_bytes(), str(path), path.suffix.lower()).sha256
+
+
 def _eight_bit(im: Image.Image, name: str) -> Image.Image:
     """8-bit RGB or L: 16-bit scaled (not clipped), palette/alpha flattened on white, CMYK to RGB."""
     if im.mode in ("RGB", "L"):

@@ -122,6 +122,26 @@ class PhotoFeatures:
     eval_frac: Tensor    # E×H×W fp32 area fractions from the full-resolution mask
 
 
+def forward_fp16(backbone: Backbone, images: Tensor, batch_size: int = 32) -> Tensor:
+    """``backbone``'s features of ``images`` (N×3×S×S in [0, 1]) in batches of ``batch_size``, as fp16 on the CPU
+    (the cache's precision)."""
+    out = [backbone(backbone.normalize(images[i:i + batch_size])) for i in range(0, len(images), batch_size)]
+    return torch.cat(out).half().cpu()
+
+
+def view_features(backbone: Backbone, augment: WoundAugment, image, labels: np.ndarray, wound_indices: Sequence[int],
+                  sha256: str, views: Sequence[int], seed: int, batch_size: int = 32) -> tuple[Tensor, Tensor]:
+    """(features K×C×H×W fp16, fractions K×E×H×W fp16) of views ``views`` of a photo (view *v* drawn from its
+    ``sha256``, the augmentation and ``seed``): the photo is resized once and its views made as one batch on the
+    backbone's device. A cached photo's views and a new photo's (:class:`~core.vision.inference.TunedModel`)."""
+    with torch_threads(1):  # small batched ops: threads only add overhead
+        img, mask = augment.prepare(image, labels)
+        x, m = augment.views(img, mask, [view_generator(sha256, augment.config, v, seed) for v in views],
+                             device=backbone.device)
+    feats = forward_fp16(backbone, x, batch_size)
+    return feats, wound_fractions(m, list(wound_indices), (feats.shape[-2], feats.shape[-1])).half().cpu()
+
+
 class FeatureCache:
     """Augmented-view features of a workspace's photos for one backbone and augmentation, in
     safetensors shards of up to ``shard_size`` photos (see the module docstring)."""
@@ -206,21 +226,14 @@ class FeatureCache:
         return out
 
     def _forward(self, images: Tensor) -> Tensor:
-        out = [self.backbone(self.backbone.normalize(images[i:i + self.batch_size]))
-               for i in range(0, len(images), self.batch_size)]
-        return torch.cat(out).half().cpu()
+        return forward_fp16(self.backbone, images, self.batch_size)
 
     def augmented_views(self, image, labels: np.ndarray, wound_indices: list[int], sha256: str,
                         views: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices: the photo
-        is resized once and its views made as one batch on the backbone's device."""
-        with torch_threads(1):  # small batched ops: threads only add overhead
-            img, mask = self.augment.prepare(image, labels)
-            x, m = self.augment.views(img, mask, [view_generator(sha256, self.config, v, self.seed) for v in views],
-                                      device=self.backbone.device)
-        feats = self._forward(x)
-        frac = wound_fractions(m, wound_indices, (feats.shape[-2], feats.shape[-1])).half().cpu()
-        return feats, frac
+        """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices
+        (:func:`view_features` with the cache's backbone, augmentation and seed)."""
+        return view_features(self.backbone, self.augment, image, labels, wound_indices, sha256, views, self.seed,
+                             self.batch_size)
 
     def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
         """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones;

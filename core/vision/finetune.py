@@ -4,12 +4,14 @@ EfficientNet-Lite0's stem and stages 1–6 stay frozen; their output (the ``stag
 with the self-supervised recipe's augmented views) feeds a trainable copy of the last stage
 (``blocks[6]``) and the head (``conv_head`` + ``bn2``, batch-norm statistics kept at ImageNet's).
 A photo's embedding is the mean over its wounds of their mean tokens (the frozen baseline's
-pooling), centred on the training photos' mean and scaled to unit length. Each step shows every
+pooling) — by default averaged over its inference view and its cached augmented views (test-time views,
+:attr:`~core.vision.triderm_config.FineTuneConfig.test_views`: +3.1 pp strict on azh-dev's new patients,
+``benchmarks.real_vision_directions``) — centred on the training photos' mean and scaled to unit length. Each step shows every
 training photo through one of its views drawn at random (the inference view or an augmented one)
 and takes the ordinal hinge (:class:`~core.losses.ExpertTripletLoss`) on a batch of the training
 triplets; the tail is evaluated only at the cells the pooled embedding reads
 (:func:`~core.vision.token_tail.token_pooled`: 5.3× fewer FLOPs, the same modules). Only triplets and photos of the training fold are used (patient-disjoint in the
-benchmark); the held-out photos are embedded through the inference view. A run saves the tuned
+benchmark); the held-out photos are embedded like every photo (their cached views were never trained on). A run saves the tuned
 weights and the study's centre (``runs/<id>/tail.pt``), so new photos can be placed among the study's
 (:class:`~core.vision.inference.TunedModel`). :meth:`LastStageTuner.adapt` trains the same tail without labels
 (VICReg between two cached views of each photo), measured by ``benchmarks.real_vision_adapt``.
@@ -157,14 +159,14 @@ class LastStageTuner:
             self.losses.append(loss.item())
         self.fit_s_ = time.perf_counter() - started
         self.fit_rows_ = rows
-        self.center_ = self._eval_embedding()[rows].mean(0)
+        self.center_ = self._embedding(self.config.test_views)[rows].mean(0)
         return self
 
     def untuned(self, fit_rows: np.ndarray) -> LastStageTuner:
         """Keep the starting tail as it is (no training) and centre on the photos ``fit_rows``."""
         self.tail = self.start.to(self.device)
         self.fit_rows_ = np.asarray(fit_rows)
-        self.center_ = self._eval_embedding()[self.fit_rows_].mean(0)
+        self.center_ = self._embedding(self.config.test_views)[self.fit_rows_].mean(0)
         return self
 
     def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
@@ -202,23 +204,32 @@ class LastStageTuner:
         with torch.no_grad():
             return self._embed(self.eval_x, self.eval_w).double().cpu().numpy()
 
-    def transform(self) -> np.ndarray:
-        """Every row's embedding (inference view), centred on the training photos' mean, unit length."""
-        return centred_unit(self._eval_embedding(), self.center_)
-
-    def transform_views(self) -> np.ndarray:
-        """Every row's embedding averaged over its inference view and its cached augmented views (test-time
-        views), centred on the training photos' mean of the same, unit length (after :meth:`fit`)."""
+    def _embedding(self, test_views: bool) -> np.ndarray:
+        """Every row's tuned embedding: the inference view's, or its mean over the inference view and the cached
+        augmented views (``test_views``)."""
+        if not test_views:
+            return self._eval_embedding()
         with torch.no_grad():
-            emb = torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v])
-                               for v in range(self.view_x.shape[1])]).mean(0).double().cpu().numpy()
+            return torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v])
+                                for v in range(self.view_x.shape[1])]).mean(0).double().cpu().numpy()
+
+    @property
+    def embedded_views(self) -> int:
+        """The augmented views averaged with the inference view in an embedding (0: the inference view alone)."""
+        return self.view_x.shape[1] - 1 if self.config.test_views else 0
+
+    def transform(self, test_views: bool | None = None) -> np.ndarray:
+        """Every row's embedding (with test-time views unless ``test_views`` — default the config's — is False),
+        centred on the training photos' mean of the same, unit length (after :meth:`fit`)."""
+        emb = self._embedding(self.config.test_views if test_views is None else test_views)
         return centred_unit(emb, emb[self.fit_rows_].mean(0))
 
     def save(self, path: Path, backbone: str) -> None:
-        """Write the tuned tail, the centre and the configuration to ``path`` (``torch.save``, plain tensors)."""
+        """Write the tuned tail, the centre and the configuration (with :attr:`embedded_views`) to ``path``
+        (``torch.save``, plain tensors)."""
         with atomic_write(path, "wb", suffix=".pt") as fh:
-            torch.save({"backbone": backbone, "tail": self.tail.state_dict(),
-                        "center": torch.from_numpy(self.center_), "config": asdict(self.config)}, fh)
+            torch.save({"backbone": backbone, "tail": self.tail.state_dict(), "center": torch.from_numpy(self.center_),
+                        "config": {**asdict(self.config), "embedded_views": self.embedded_views}}, fh)
 
 
 def fit_timing(tuner: LastStageTuner) -> dict[str, float]:
@@ -234,7 +245,8 @@ def train_finetuned(ws: Workspace, views: int, cv: int = SUPERVISED_CV, cv_repea
     patient-disjoint folds × ``cv_repeats`` random splits, scored strict (all three photos unseen), with the
     frozen centred embedding of ``frozen`` (default: the offline default's full network) on the same folds
     (:func:`~core.eval.protocol.versus_frozen`); then the model
-    trained on every triplet embeds every photo (inference view, centred on the study's photos, unit length)."""
+    trained on every triplet embeds every photo (test-time views unless the config says not, centred on the
+    study's photos, unit length)."""
     image_ids, keys = workspace_wounds(ws)
     triplets = oriented_expert(ws, image_ids)
     if not len(triplets):

@@ -23,6 +23,7 @@ tensors checked against the model before they are read: one :class:`~core.vision
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,10 @@ from core.vision.model_card import model_card
 from core.runtime import load_checkpoint, load_embeddings, numbers_only, write_model_folder
 from core.vision.backbones import LITE0_TIMM, Backbone, canonical_name, load_backbone, model_folder, split_layer
 from core.vision.baseline import centred_unit
-from core.vision.features import token_mask, wound_fractions
+from core.vision.augment import AugmentConfig, WoundAugment
+from core.vision.features import forward_fp16, token_mask, view_features, wound_fractions
 from core.vision.finetune import RUN_KIND as FINETUNE_RUN, TAIL_FILE, pooling_weights, tail_of
+from core.vision.token_tail import token_pooled
 from core.vision.pooling import MeanPooling, WoundHead
 from core.vision.supervised import MetricHead
 from core.vision.triderm import build_head, embedding_normalize
@@ -99,7 +102,7 @@ class SharedTail(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
         if canonical_name(split_layer(backbone)[0]).partition(".")[0] != LITE0_TIMM:
             raise ValueError(f"config.json: backbone {backbone!r} is not EfficientNet-Lite0, the only backbone a "
                              "fine-tuned tail is made for")
-        self.backbone_name = backbone
+        self.backbone_name, self.recipe = backbone, recipe
         self.tail = tail_of(load_backbone(backbone, device="cpu", pretrained=False, layer="stage6"))
         self.register_buffer("center", torch.zeros(int(dim)))
 
@@ -236,9 +239,9 @@ class TrainedHead:
         backbone = load_backbone(shared.backbone_name, device=device, layer=shared.layer)
         return cls(None, backbone, shared.head.to(backbone.device).eval(), shared.center.numpy(), shared.normalize)
 
-    def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
+    def embed(self, image: Image.Image, labels: np.ndarray | None = None, sha256: str | None = None) -> np.ndarray:
         """One photo's embedding: the mean over its wounds (label values > 0; the whole photo
-        when ``labels`` is None or empty), normalised like the run's study photos."""
+        when ``labels`` is None or empty), normalised like the run's study photos (``sha256``: unused, no views)."""
         x, labels, wounds = model_input(self.backbone, image, labels)
         with torch.no_grad():
             feat = self.backbone(self.backbone.normalize(x))[0]
@@ -253,12 +256,16 @@ class TrainedHead:
 
 @dataclass
 class TunedModel:
-    """A fine-tune run's frozen backbone up to stage 6, its tuned last stage + head and the study's centre."""
+    """A fine-tune run's frozen backbone up to stage 6, its tuned last stage + head and the study's centre; with
+    ``views`` > 0 a photo's embedding is averaged over its inference view and its first ``views`` augmented views
+    (drawn like the run's feature cache: from the photo's sha256, the backbone's default augmentation and ``seed``)."""
 
     run_id: int | None
     backbone: Backbone
     tail: nn.Module
     center: np.ndarray
+    views: int = 0
+    seed: int = 0
     normalize: str = "center-l2"
 
     @classmethod
@@ -268,7 +275,7 @@ class TunedModel:
         backbone = load_backbone(blob["backbone"], device=device, layer="stage6")
         tail = copy.deepcopy(tail_of(backbone))
         tail.load_state_dict(blob["tail"])
-        return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy())
+        return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy(), *_views(blob["config"]))
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device | str | None = None,
@@ -277,17 +284,37 @@ class TunedModel:
         shared = shared_model(SharedTail, folder, root)
         assert isinstance(shared, SharedTail)
         backbone = load_backbone(shared.backbone_name, device=device, layer="stage6")
-        return cls(None, backbone, shared.tail.to(backbone.device).eval(), shared.center.numpy())
+        return cls(None, backbone, shared.tail.to(backbone.device).eval(), shared.center.numpy(),
+                   *_views(shared.recipe))
 
-    def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
+    def embed(self, image: Image.Image, labels: np.ndarray | None = None, sha256: str | None = None) -> np.ndarray:
         """One photo's embedding as the run embedded its study photos: the tuned tail's tokens averaged
-        per wound, then over wounds (the whole photo when ``labels`` is None or empty), centred, unit length."""
+        per wound, then over wounds (the whole photo when ``labels`` is None or empty), over the inference view and
+        ``views`` augmented views (drawn from ``sha256``: the stored photo's, else its pixels'), centred, unit
+        length."""
+        image = ImageOps.exif_transpose(image).convert("RGB")
         x, labels, wounds = model_input(self.backbone, image, labels)
         with torch.no_grad():
-            feat = self.backbone(self.backbone.normalize(x)).half().float()  # the feature cache's precision
-            weights = pooling_weights(wound_fractions(labels, wounds, (feat.shape[-2], feat.shape[-1])))
-            emb = torch.einsum("chw,hw->c", self.tail(feat)[0], weights.to(feat.device))
+            feats = forward_fp16(self.backbone, x).float()  # the feature cache's precision
+            weights = pooling_weights(wound_fractions(labels, wounds, (feats.shape[-2], feats.shape[-1])))[None]
+            if self.views:
+                sha = sha256 or hashlib.sha256(np.asarray(image).tobytes()).hexdigest()
+                augment = WoundAugment(AugmentConfig(size=self.backbone.input_size))
+                views, frac = view_features(self.backbone, augment, image, labels, wounds, sha, range(self.views),
+                                            self.seed)
+                view_w = torch.stack([pooling_weights(f) for f in frac])
+                kept = view_w.flatten(1).sum(1) > 0  # a view where no wound kept a token: the inference view's
+                feats = torch.cat([feats, torch.where(kept[:, None, None, None], views.float(), feats)])
+                weights = torch.cat([weights, torch.where(kept[:, None, None], view_w, weights)])
+            dev = self.backbone.device
+            emb = token_pooled(self.tail, feats.to(dev), weights.to(dev)).mean(0)
         return centred_unit(emb.double().cpu().numpy(), self.center)
+
+
+def _views(recipe: dict[str, Any]) -> tuple[int, int]:
+    """(augmented views averaged in an embedding, the feature cache's seed) of a fine-tune run's saved config
+    (a run saved before test-time views: none)."""
+    return int(recipe.get("embedded_views", 0)), int(recipe.get("seed", 0))
 
 
 @dataclass
@@ -314,9 +341,10 @@ class FrozenModel:
         assert isinstance(shared, SharedFrozen)
         return cls(None, load_backbone(shared.backbone_name, device=device), shared.center.numpy(), shared.normalize)
 
-    def embed(self, image: Image.Image, labels: np.ndarray | None = None) -> np.ndarray:
+    def embed(self, image: Image.Image, labels: np.ndarray | None = None, sha256: str | None = None) -> np.ndarray:
         """One photo's embedding as the run embedded its study photos: each wound's mean token (the whole photo
-        when ``labels`` is None or empty), their mean, centred and unit length for a ``center-l2`` run."""
+        when ``labels`` is None or empty), their mean, centred and unit length for a ``center-l2`` run
+        (``sha256``: unused, no views)."""
         x, labels, wounds = model_input(self.backbone, image, labels)
         with torch.no_grad():
             feat = self.backbone(self.backbone.normalize(x))[0].half().float()  # the feature cache's precision

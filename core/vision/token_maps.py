@@ -5,7 +5,9 @@ job that made the run and stored beside it (``runs/<id>/token_maps.npz``), so th
   and centre the photo's mean on the study's centre ``c``: the photo's pooled vector is ``p = Σ_t w_t f_t``
   (pooling weights ``w`` summing to 1) and its embedding ``e = (p − c) / |p − c|``. A token's **contribution**
   ``w_t ⟨f_t − c, e⟩ / |p − c|`` is its exact share of the embedding's length: the shares sum to 1 over the
-  photo's wound tokens (a token pulling the other way has a negative share).
+  photo's wound tokens (a token pulling the other way has a negative share). A run with test-time views (the
+  default) embeds a photo as the mean over its inference view and its augmented views; its map is the inference
+  view's (the photo as shown, on the study's centre), the part of the embedding a clinician can see.
 - **TriDerm-V** runs (:mod:`core.vision.triderm`) store each wound token's **attention** weight (summing to 1 per
   wound); a photo's map is their mean over its wounds (its embedding is the mean of its wounds'), summing to 1.
 

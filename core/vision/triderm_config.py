@@ -93,6 +93,8 @@ class FineTuneConfig:
     lr: float = option(3e-4, "AdamW learning rate of the last stage + head", positive=True)
     margin: float = option(0.1, "margin of the ordinal hinge on unit-length embeddings", minimum=0)
     batch_triplets: int = option(256, "expert triplets per step", minimum=1)
+    test_views: bool = option(True, "embed each photo as the mean over its inference view and its cached augmented "
+                                    "views (test-time views; --no-test-views: the inference view alone)")
     seed: int = option(0, "random seed")
 
     def __post_init__(self) -> None:

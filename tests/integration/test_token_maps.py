@@ -64,8 +64,10 @@ def test_contributions_are_each_tokens_share_of_the_centred_embedding():
 @pytest.mark.slow
 def test_the_training_job_stores_every_photos_token_map(tuned):
     """photos × grid, finite, each photo's map summing to 1 (its tokens' shares of its embedding), recorded in the
-    run's artifacts; the shares are those of the run's own embedding (the pooled vectors they decompose, centred
-    and scaled, are the stored embedding)."""
+    run's artifacts; the shares are those of the photo as shown (the inference view: the pooled vectors they
+    decompose, centred on the run's centre and scaled, are the run's model's embedding of that view alone)."""
+    from dataclasses import replace
+
     from core.eval.explore import UMAP_MIN_DIST, UMAP_NEIGHBOURS, map_input, stored_umap
     from core.vision.features import FeatureCache
     from core.vision.inference import TunedModel
@@ -89,7 +91,10 @@ def test_the_training_job_stores_every_photos_token_map(tuned):
     model = TunedModel.load(ws, run["id"])
     photos = FeatureCache(ws, model.backbone).build(emb["image_ids"], 0, False)
     again, pooled = contribution_maps(model.tail, [photos[i] for i in emb["image_ids"]], model.center)
-    np.testing.assert_allclose(centred_unit(pooled, model.center), emb["image_emb"], atol=1e-4)
+    assert model.views == 2  # the run embeds with test-time views; its maps are of the photo as shown
+    shown = replace(model, views=0)
+    np.testing.assert_allclose(centred_unit(pooled, model.center), [
+        shown.embed(ws.load_image(i), ws.load_mask(i)) for i in emb["image_ids"]], atol=1e-4)
     np.testing.assert_allclose(again, maps, atol=1e-6)
 
 

@@ -96,21 +96,25 @@ def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
 
 
 def test_test_time_views_average_the_tuned_views_and_centre_on_the_training_photos(tiny):
-    """``transform_views``: the mean of the tuned tail's embeddings over each photo's inference and cached views,
-    centred on the training photos' mean of it, unit length; with every view the inference view it is ``transform``."""
+    """``transform`` (the default, test-time views): the mean of the tuned tail's embeddings over each photo's
+    inference and cached views, centred on the training photos' mean of it, unit length; with every view the
+    inference view it is the inference view's embedding (``transform(False)``, the config's ``test_views=False``)."""
     _, image_ids, triplets, full, photos, _ = tiny
     test_rows = np.arange(len(image_ids) // 2)
     train = triplets[split_triplets(triplets, test_rows)[0]]
     fit_rows = np.setdiff1d(np.arange(len(image_ids)), test_rows)
     tuner = LastStageTuner(full, photos, FineTuneConfig(steps=5)).fit(train, fit_rows, seed=0)
-    z = tuner.transform_views()
+    z = tuner.transform()
+    assert np.allclose(z, tuner.transform(True)) and tuner.embedded_views == 2
     with torch.no_grad():
         mean = torch.stack([tuner._embed(tuner.view_x[:, v], tuner.view_w[:, v]) for v in range(3)]).mean(0).double()
     expected = (mean - mean[fit_rows].mean(0)).numpy()
     assert tuner.view_x.shape[1] == 3 and np.allclose(z, expected / np.linalg.norm(expected, axis=1, keepdims=True))
-    assert not np.allclose(z, tuner.transform(), atol=1e-4)  # the augmented views count
+    assert not np.allclose(z, tuner.transform(False), atol=1e-4)  # the augmented views count
+    inference = LastStageTuner(full, photos, FineTuneConfig(steps=5, test_views=False)).fit(train, fit_rows, seed=0)
+    assert np.allclose(inference.transform(), tuner.transform(False)) and inference.embedded_views == 0
     tuner.view_x, tuner.view_w = (t[:, :1].expand(-1, 3, *t.shape[2:]) for t in (tuner.view_x, tuner.view_w))
-    assert np.allclose(tuner.transform_views(), tuner.transform(), atol=1e-6)
+    assert np.allclose(tuner.transform(), tuner.transform(False), atol=1e-6)
 
 
 def test_adapting_without_labels_lowers_vicreg_and_leaves_the_backbone_untouched(tiny):
@@ -184,9 +188,9 @@ def test_a_fine_tune_run_places_new_photos_where_it_put_the_study_photos(tiny_ph
     run = ws.store.runs(kind=RUN_KIND)[0]
     emb = load_embeddings(ws, run["id"])
     model = open_model(ws, str(run["id"]))
-    assert isinstance(model, TunedModel)
+    assert isinstance(model, TunedModel) and model.views == 2  # the run's test-time views
     for n, image_id in enumerate(emb["image_ids"][:3]):
-        placed = model.embed(ws.load_image(image_id), ws.load_mask(image_id))
+        placed = model.embed(ws.load_image(image_id), ws.load_mask(image_id), ws.store.image(image_id)["sha256"])
         assert np.abs(placed - emb["image_emb"][n]).max() < 1e-4
     photo = next((data / "images").iterdir())
     new = tmp_path / "new"
