@@ -224,17 +224,20 @@ class Methods:
         self.scored = 0
 
     def distances(self, method: str, triplets: np.ndarray, fit_rows: np.ndarray, seed: int) -> np.ndarray:
-        """n×n distances of ``method`` (``frozen``, ``linear``, ``head``, ``finetune``) fitted on ``triplets``
-        and the photos ``fit_rows`` only."""
+        """n×n distances of ``method`` (``frozen``, ``linear``, ``head``, ``finetune``; ``finetune-inference``: the
+        same fit's inference view alone) fitted on ``triplets`` and the photos ``fit_rows`` only."""
         if method == "frozen":
             return pairwise_euclidean(normalized(self.frozen, "center-l2", fit_rows)[0])
         key = (method, seed, triplets.tobytes(), fit_rows.tobytes())
         if key not in self.cache:
             if method == "linear":
                 z = LinearMetric(random_state=seed).fit(self.frozen, triplets).transform(self.frozen)
-            elif method == "finetune":
+            elif method in ("finetune", "finetune-inference"):  # one fit gives both embeddings
                 assert self.tuner is not None  # rows with triplets only
-                z = self.tuner.fit(triplets, fit_rows, seed).transform()
+                fitted = self.tuner.fit(triplets, fit_rows, seed)
+                for name, views in (("finetune", None), ("finetune-inference", False)):
+                    self.cache[(name, *key[1:])] = pairwise_euclidean(fitted.transform(views))
+                return self.cache[key]
             else:
                 trainer = TriDermTrainer(self.bank, replace(self.supervised, seed=seed), torch.device("cpu"),
                                          self.b.image_ids)

@@ -23,6 +23,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,8 @@ from core.vision.token_tail import step_flops, token_pooled
 RUN_KIND = runs.VISION_FINETUNE
 #: a run's tuned weights: backbone name, the tail's state, the study's centre, the configuration
 TAIL_FILE = "tail.pt"
+#: member m of an ensemble (:attr:`FineTuneConfig.members`) is fitted with seed ``seed + SEED_STRIDE · m``
+SEED_STRIDE = 1000
 #: the tuned modules of EfficientNet-Lite0 (last stage + head), in forward order
 TAIL = ("blocks.6", "conv_head", "bn2")
 
@@ -107,6 +110,7 @@ class LastStageTuner:
         self.eval_x, self.eval_w, self.view_x, self.view_w = (
             t.to(self.device) for t in (self.eval_x, self.eval_w, self.view_x, self.view_w))
         self.tail: nn.Module = self.start
+        self.tails: list[nn.Module] = [self.start]  # the ensemble's members (one unless config.members says more)
         self.losses: list[float] = []
         self.center_ = np.zeros(0)
         self.fit_rows_ = np.zeros(0, np.int64)
@@ -123,32 +127,39 @@ class LastStageTuner:
         tail.eval()
         return tail.requires_grad_(True)
 
-    def _embed(self, x: Tensor, w: Tensor) -> Tensor:
-        return token_pooled(self.tail, x, w)
+    def _embed(self, x: Tensor, w: Tensor, tail: nn.Module | None = None) -> Tensor:
+        return token_pooled(self.tail if tail is None else tail, x, w)
 
     def fit(self, triplets: np.ndarray, fit_rows: np.ndarray, seed: int | None = None) -> LastStageTuner:
-        """Tune a fresh copy of the last stage + head on ``triplets`` over the photos ``fit_rows``
-        (``seed`` overrides the config's)."""
+        """Tune ``members`` fresh copies of the last stage + head on ``triplets`` over the photos ``fit_rows``,
+        member m with seed ``seed + SEED_STRIDE·m`` (``seed`` overrides the config's)."""
         cfg = self.config if seed is None else replace(self.config, seed=seed)
         rows = np.asarray(fit_rows)
         local = {int(r): n for n, r in enumerate(rows)}
         if not len(triplets) or not set(np.unique(triplets).tolist()) <= local.keys():
             raise ValueError("fine-tuning needs training triplets whose photos are all in fit_rows")
-        t = torch.tensor([[local[int(i)] for i in tr] for tr in triplets])
-        gen = torch.Generator().manual_seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        t = torch.tensor([[local[int(i)] for i in tr] for tr in triplets]).to(self.device)
+        index = torch.from_numpy(rows).to(self.device)
+        self.losses = []
+        self.fit_photos_ = len(rows)
+        self.fit_flops_ = cfg.members * cfg.steps * step_flops(self.start, self.view_w[index, 0])
+        started = time.perf_counter()
+        self.tails = [self._fit_member(t, index, cfg, cfg.seed + SEED_STRIDE * m) for m in range(cfg.members)]
+        self.fit_s_ = time.perf_counter() - started
+        self.fit_rows_ = rows
+        self.center_ = np.concatenate([e[rows].mean(0) for e in self._embeddings(self.config.test_views)])
+        return self
+
+    def _fit_member(self, t: Tensor, index: Tensor, cfg: FineTuneConfig, seed: int) -> nn.Module:
+        """One tuned copy of the starting tail (its losses appended to :attr:`losses`)."""
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
         self.tail = self._trainable_copy()
         opt = torch.optim.AdamW(self.tail.parameters(), lr=cfg.lr, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps)
         loss_fn = ExpertTripletLoss(cfg.margin, normalize=True)
-        index = torch.from_numpy(rows).to(self.device)
-        t = t.to(self.device)
-        self.losses = []
-        self.fit_photos_ = len(rows)
-        self.fit_flops_ = cfg.steps * step_flops(self.start, self.view_w[index, 0])
-        started = time.perf_counter()
         for _ in range(cfg.steps):
-            view = torch.randint(self.view_x.shape[1], (len(rows),), generator=gen).to(self.device)
+            view = torch.randint(self.view_x.shape[1], (len(index),), generator=gen).to(self.device)
             emb = self._embed(self.view_x[index, view], self.view_w[index, view])
             batch = t[torch.randint(len(t), (min(cfg.batch_triplets, len(t)),), generator=gen).to(self.device)]
             loss = loss_fn(emb - emb.mean(0), batch)
@@ -157,16 +168,14 @@ class LastStageTuner:
             opt.step()
             sched.step()
             self.losses.append(loss.item())
-        self.fit_s_ = time.perf_counter() - started
-        self.fit_rows_ = rows
-        self.center_ = self._embedding(self.config.test_views)[rows].mean(0)
-        return self
+        return self.tail
 
     def untuned(self, fit_rows: np.ndarray) -> LastStageTuner:
-        """Keep the starting tail as it is (no training) and centre on the photos ``fit_rows``."""
+        """Keep the starting tail as it is (no training, one member) and centre on the photos ``fit_rows``."""
         self.tail = self.start.to(self.device)
+        self.tails = [self.tail]
         self.fit_rows_ = np.asarray(fit_rows)
-        self.center_ = self._embedding(self.config.test_views)[self.fit_rows_].mean(0)
+        self.center_ = self._embeddings(self.config.test_views)[0][self.fit_rows_].mean(0)
         return self
 
     def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
@@ -200,18 +209,13 @@ class LastStageTuner:
             self.losses.append(loss.item())
         return tail.requires_grad_(False)
 
-    def _eval_embedding(self) -> np.ndarray:
+    def _embeddings(self, test_views: bool) -> list[np.ndarray]:
+        """Every row's tuned embedding by each member: the inference view's, or its mean over the inference view
+        and the cached augmented views (``test_views``)."""
         with torch.no_grad():
-            return self._embed(self.eval_x, self.eval_w).double().cpu().numpy()
-
-    def _embedding(self, test_views: bool) -> np.ndarray:
-        """Every row's tuned embedding: the inference view's, or its mean over the inference view and the cached
-        augmented views (``test_views``)."""
-        if not test_views:
-            return self._eval_embedding()
-        with torch.no_grad():
-            return torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v])
-                                for v in range(self.view_x.shape[1])]).mean(0).double().cpu().numpy()
+            return [(torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v], tail)
+                                  for v in range(self.view_x.shape[1])]).mean(0) if test_views
+                     else self._embed(self.eval_x, self.eval_w, tail)).double().cpu().numpy() for tail in self.tails]
 
     @property
     def embedded_views(self) -> int:
@@ -219,17 +223,20 @@ class LastStageTuner:
         return self.view_x.shape[1] - 1 if self.config.test_views else 0
 
     def transform(self, test_views: bool | None = None) -> np.ndarray:
-        """Every row's embedding (with test-time views unless ``test_views`` — default the config's — is False),
-        centred on the training photos' mean of the same, unit length (after :meth:`fit`)."""
-        emb = self._embedding(self.config.test_views if test_views is None else test_views)
-        return centred_unit(emb, emb[self.fit_rows_].mean(0))
+        """Every row's embedding (with test-time views unless ``test_views`` — default the config's — is False):
+        each member's centred on the training photos' mean of it and unit length, the members' concatenated and
+        scaled by 1/√members (unit length; squared distances are the members' mean) (after :meth:`fit`)."""
+        parts = self._embeddings(self.config.test_views if test_views is None else test_views)
+        return np.hstack([centred_unit(e, e[self.fit_rows_].mean(0)) for e in parts]) / np.sqrt(len(parts))
 
     def save(self, path: Path, backbone: str) -> None:
-        """Write the tuned tail, the centre and the configuration (with :attr:`embedded_views`) to ``path``
-        (``torch.save``, plain tensors)."""
+        """Write the tuned tail (``tail``: member 0; ``members``: the others'), the centre (the members' concatenated)
+        and the configuration (with :attr:`embedded_views`) to ``path`` (``torch.save``, plain tensors)."""
+        config: dict[str, Any] = {**asdict(self.config), "embedded_views": self.embedded_views}
         with atomic_write(path, "wb", suffix=".pt") as fh:
-            torch.save({"backbone": backbone, "tail": self.tail.state_dict(), "center": torch.from_numpy(self.center_),
-                        "config": {**asdict(self.config), "embedded_views": self.embedded_views}}, fh)
+            torch.save({"backbone": backbone, "tail": self.tails[0].state_dict(),
+                        "members": [t.state_dict() for t in self.tails[1:]], "center": torch.from_numpy(self.center_),
+                        "config": config}, fh)
 
 
 def fit_timing(tuner: LastStageTuner) -> dict[str, float]:

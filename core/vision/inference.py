@@ -104,6 +104,7 @@ class SharedTail(nn.Module, PyTorchModelHubMixin, library_name="triderm-studio",
                              "fine-tuned tail is made for")
         self.backbone_name, self.recipe = backbone, recipe
         self.tail = tail_of(load_backbone(backbone, device="cpu", pretrained=False, layer="stage6"))
+        self.members = nn.ModuleList(copy.deepcopy(self.tail) for _ in range(int(recipe.get("members", 1)) - 1))
         self.register_buffer("center", torch.zeros(int(dim)))
 
 
@@ -149,6 +150,8 @@ def export_tail(ws: Workspace, run_id: int, out: str | Path) -> Path:
     model = SharedTail(int(blob["center"].numel()), blob["config"], blob["backbone"], numbers_only(run["metrics"]),
                        data, model_format=TAIL_FORMAT)
     model.tail.load_state_dict(blob["tail"])
+    for member, state in zip(model.members, blob.get("members", [])):
+        member.load_state_dict(state)
     model.center.copy_(blob["center"])
     return write_model_folder(model, out, model_card(run, data, f"{blob['backbone']}@stage6"))
 
@@ -258,7 +261,8 @@ class TrainedHead:
 class TunedModel:
     """A fine-tune run's frozen backbone up to stage 6, its tuned last stage + head and the study's centre; with
     ``views`` > 0 a photo's embedding is averaged over its inference view and its first ``views`` augmented views
-    (drawn like the run's feature cache: from the photo's sha256, the backbone's default augmentation and ``seed``)."""
+    (drawn like the run's feature cache: from the photo's sha256, the backbone's default augmentation and ``seed``);
+    an ensemble's photo is its members' unit embeddings concatenated, scaled by 1/√members."""
 
     run_id: int | None
     backbone: Backbone
@@ -266,6 +270,7 @@ class TunedModel:
     center: np.ndarray
     views: int = 0
     seed: int = 0
+    members: tuple[nn.Module, ...] = ()  # an ensemble's other tails (the centre: every member's, concatenated)
     normalize: str = "center-l2"
 
     @classmethod
@@ -273,9 +278,12 @@ class TunedModel:
         """Load fine-tune run ``run_id``'s tuned weights and its backbone."""
         blob = _tail_blob(ws, run_id)
         backbone = load_backbone(blob["backbone"], device=device, layer="stage6")
-        tail = copy.deepcopy(tail_of(backbone))
-        tail.load_state_dict(blob["tail"])
-        return cls(run_id, backbone, tail.to(backbone.device).eval(), blob["center"].numpy(), *_views(blob["config"]))
+        tails = []
+        for state in [blob["tail"], *blob.get("members", [])]:
+            tails.append(copy.deepcopy(tail_of(backbone)))
+            tails[-1].load_state_dict(state)
+            tails[-1].to(backbone.device).eval()
+        return cls(run_id, backbone, tails[0], blob["center"].numpy(), *_views(blob["config"]), tuple(tails[1:]))
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device | str | None = None,
@@ -285,7 +293,7 @@ class TunedModel:
         assert isinstance(shared, SharedTail)
         backbone = load_backbone(shared.backbone_name, device=device, layer="stage6")
         return cls(None, backbone, shared.tail.to(backbone.device).eval(), shared.center.numpy(),
-                   *_views(shared.recipe))
+                   *_views(shared.recipe), tuple(m.to(backbone.device).eval() for m in shared.members))
 
     def embed(self, image: Image.Image, labels: np.ndarray | None = None, sha256: str | None = None) -> np.ndarray:
         """One photo's embedding as the run embedded its study photos: the tuned tail's tokens averaged
@@ -307,8 +315,10 @@ class TunedModel:
                 feats = torch.cat([feats, torch.where(kept[:, None, None, None], views.float(), feats)])
                 weights = torch.cat([weights, torch.where(kept[:, None, None], view_w, weights)])
             dev = self.backbone.device
-            emb = token_pooled(self.tail, feats.to(dev), weights.to(dev)).mean(0)
-        return centred_unit(emb.double().cpu().numpy(), self.center)
+            tails = [self.tail, *self.members]
+            embs = [token_pooled(t, feats.to(dev), weights.to(dev)).mean(0).double().cpu().numpy() for t in tails]
+        centres = np.split(self.center, len(tails))
+        return np.concatenate([centred_unit(e, c) for e, c in zip(embs, centres)]) / np.sqrt(len(tails))
 
 
 def _views(recipe: dict[str, Any]) -> tuple[int, int]:

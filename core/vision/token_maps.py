@@ -7,7 +7,9 @@ job that made the run and stored beside it (``runs/<id>/token_maps.npz``), so th
   ``w_t ⟨f_t − c, e⟩ / |p − c|`` is its exact share of the embedding's length: the shares sum to 1 over the
   photo's wound tokens (a token pulling the other way has a negative share). A run with test-time views (the
   default) embeds a photo as the mean over its inference view and its augmented views; its map is the inference
-  view's (the photo as shown, on the study's centre), the part of the embedding a clinician can see.
+  view's (the photo as shown, on the study's centre), the part of the embedding a clinician can see. An ensemble's
+  map is the mean of its members' (its embedding is their unit embeddings concatenated over √members: the shares of
+  its length are the members' shares averaged).
 - **TriDerm-V** runs (:mod:`core.vision.triderm`) store each wound token's **attention** weight (summing to 1 per
   wound); a photo's map is their mean over its wounds (its embedding is the mean of its wounds'), summing to 1.
 
@@ -82,7 +84,10 @@ def compute_token_maps(ws: Workspace, run_id: int, progress: bool = False) -> tu
     model = TunedModel.load(ws, run_id)
     cache = FeatureCache(ws, model.backbone, seed=int(run["config"].get("seed") or 0))
     photos = cache.build(emb["image_ids"], 0, progress)
-    maps, _ = contribution_maps(model.tail, [photos[i] for i in emb["image_ids"]], model.center, progress)
+    tails = [model.tail, *model.members]
+    chosen = [photos[i] for i in emb["image_ids"]]
+    maps = np.mean([contribution_maps(t, chosen, c, progress)[0]
+                    for t, c in zip(tails, np.split(model.center, len(tails)))], axis=0)
     return list(emb["image_ids"]), maps, "contribution"
 
 

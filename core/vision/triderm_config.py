@@ -95,6 +95,8 @@ class FineTuneConfig:
     batch_triplets: int = option(256, "expert triplets per step", minimum=1)
     test_views: bool = option(True, "embed each photo as the mean over its inference view and its cached augmented "
                                     "views (test-time views; --no-test-views: the inference view alone)")
+    members: int = option(1, "tails fine-tuned with their own seeds (seed + 1000·m), their unit embeddings "
+                             "concatenated: an ensemble, fit time × members", minimum=1)
     seed: int = option(0, "random seed")
 
     def __post_init__(self) -> None:

@@ -99,18 +99,20 @@ def test_a_model_exported_from_one_workspace_embeds_another_with_the_same_distan
     assert own_ids == ids_a and np.allclose(own, in_a, atol=1e-3)
 
 
-def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_path):
-    """A ``vision-finetune`` run's folder embeds the other centre's photos where the run put them, and
-    holds no id of the source workspace."""
+@pytest.mark.parametrize("members", [1, 2])
+def test_a_fine_tune_run_exports_and_places_photos_as_the_run_does(centres, tmp_path, members):
+    """A ``vision-finetune`` run's folder (one tail, or an ensemble of two) embeds the other centre's photos where
+    the run put them (with the run's test-time views), and holds no id of the source workspace."""
     from core.vision.finetune import FineTuneConfig, train_finetuned
 
     a, b, _ = centres
-    run_id = train_finetuned(a, views=2, cv=0, config=FineTuneConfig(steps=5), progress=False)
+    run_id = train_finetuned(a, views=2, cv=0, config=FineTuneConfig(steps=5, members=members), progress=False)
     out = tmp_path / "tuned"
     assert job.main([str(run_id), str(out), "--workspace", str(a.root)]) == 0
     _card(out, a.store.run(run_id))
     config = json.loads((out / "config.json").read_text())
     assert config["model_format"] == "triderm-v-tail/1" and config["recipe"]["steps"] == 5
+    assert config["recipe"]["members"] == members and config["recipe"]["embedded_views"] == 2
     assert config["data"]["n_images"] == 5 and config["metrics"]["loss"] == a.store.run(run_id)["metrics"]["loss"]
     own_ids, own = _distances(a, run_id)
     ids_b, in_b = _distances(b, _model_run(b, str(out)))

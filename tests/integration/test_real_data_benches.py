@@ -42,8 +42,12 @@ def check_cells(res: dict) -> None:
 def test_real_retrieval_quick_scores_frozen_and_fine_tuned_in_both_galleries(tiny_dataset, tmp_path):
     res = quick_result(real_retrieval.main, "real_retrieval", tiny_dataset, tmp_path, "--label", "body_region")
     rows = res["tables"][0]["rows"]
-    assert {r[0] for r in rows} == {real_retrieval.CHANCE, real_retrieval.FROZEN, real_retrieval.FINETUNE}
+    assert {r[0] for r in rows} == {real_retrieval.CHANCE, real_retrieval.FROZEN, real_retrieval.FINETUNE,
+                                    real_retrieval.INFERENCE_ROW}
     assert {r[1] for r in rows} == set(real_retrieval.GALLERIES)
+    views, inference = ([r for r in rows if r[0] == name and r[1] == "strict"][0]
+                        for name in (real_retrieval.FINETUNE, real_retrieval.INFERENCE_ROW))
+    assert views[-1] > 0 and inference[-1] == 0  # another embedding of the same fits: no fit of its own
 
 
 @pytest.mark.slow

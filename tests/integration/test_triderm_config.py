@@ -87,7 +87,7 @@ def test_help_lists_every_field_a_mode_reads_with_its_defaults():
     assert ("learning rate (default 0.01); fine-tune: AdamW learning rate of the last stage + head "
             "(default 0.0003)") in flat
     assert ("fine-tune: --lr, --views, --seed, --cv, --cv-repeats, --steps, --margin, --batch-triplets, "
-            "--test-views;") in flat
+            "--test-views, --members;") in flat
 
 
 def test_the_options_build_the_recipe(tmp_path, capsys):

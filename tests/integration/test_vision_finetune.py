@@ -12,7 +12,15 @@ from core.eval.protocol import oriented_expert, split_triplets
 from core.vision.backbones import load_backbone
 from core.vision.baseline import mean_pooled
 from core.vision.features import FeatureCache, TokenBank, workspace_wounds
-from core.vision.finetune import RUN_KIND, AdaptConfig, FineTuneConfig, LastStageTuner, pooling_weights, tail_of
+from core.vision.finetune import (
+    RUN_KIND,
+    SEED_STRIDE,
+    AdaptConfig,
+    FineTuneConfig,
+    LastStageTuner,
+    pooling_weights,
+    tail_of,
+)
 from core.vision.token_tail import step_flops, token_pooled
 
 
@@ -115,6 +123,23 @@ def test_test_time_views_average_the_tuned_views_and_centre_on_the_training_phot
     assert np.allclose(inference.transform(), tuner.transform(False)) and inference.embedded_views == 0
     tuner.view_x, tuner.view_w = (t[:, :1].expand(-1, 3, *t.shape[2:]) for t in (tuner.view_x, tuner.view_w))
     assert np.allclose(tuner.transform(), tuner.transform(False), atol=1e-6)
+
+
+def test_an_ensemble_is_its_members_unit_embeddings_side_by_side(tiny):
+    """``members=2``: two tails fitted with seeds s and s + SEED_STRIDE, each embedding centred on the training
+    photos and unit length, concatenated over √2 (unit length; squared distances the members' mean); the
+    single-member fits with those seeds are its halves, and its FLOPs count both fits."""
+    _, image_ids, triplets, full, photos, _ = tiny
+    fit_rows = np.arange(len(image_ids))
+    pair = LastStageTuner(full, photos, FineTuneConfig(steps=4, members=2)).fit(triplets, fit_rows, seed=3)
+    one = LastStageTuner(full, photos, FineTuneConfig(steps=4))
+    halves = [one.fit(triplets, fit_rows, seed=s).transform() for s in (3, 3 + SEED_STRIDE)]
+    flops = one.fit_flops_
+    z = pair.transform()
+    assert len(pair.tails) == 2 and len(pair.losses) == 8 and pair.fit_flops_ == 2 * flops
+    np.testing.assert_allclose(z, np.hstack(halves) / np.sqrt(2), atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0)
+    assert pair.center_.shape == (2 * halves[0].shape[1],)
 
 
 def test_adapting_without_labels_lowers_vicreg_and_leaves_the_backbone_untouched(tiny):
