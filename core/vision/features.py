@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,16 +129,18 @@ def forward_fp16(backbone: Backbone, images: Tensor, batch_size: int = 32) -> Te
     return torch.cat(out).half().cpu()
 
 
-def view_features(backbone: Backbone, augment: WoundAugment, image, labels: np.ndarray, wound_indices: Sequence[int],
-                  sha256: str, views: Sequence[int], seed: int, batch_size: int = 32) -> tuple[Tensor, Tensor]:
+def view_features(augment: WoundAugment, image, labels: np.ndarray, wound_indices: Sequence[int], sha256: str,
+                  views: Sequence[int], seed: int, forward: Callable[[Tensor], Tensor],
+                  device: torch.device) -> tuple[Tensor, Tensor]:
     """(features K×C×H×W fp16, fractions K×E×H×W fp16) of views ``views`` of a photo (view *v* drawn from its
-    ``sha256``, the augmentation and ``seed``): the photo is resized once and its views made as one batch on the
-    backbone's device. A cached photo's views and a new photo's (:class:`~core.vision.inference.TunedModel`)."""
+    ``sha256``, the augmentation and ``seed``): the photo is resized once, its views made as one batch on
+    ``device`` and passed through ``forward`` (views → fp16 CPU features). A cached photo's views and a new
+    photo's (:class:`~core.vision.inference.TunedModel`)."""
     with torch_threads(1):  # small batched ops: threads only add overhead
         img, mask = augment.prepare(image, labels)
         x, m = augment.views(img, mask, [view_generator(sha256, augment.config, v, seed) for v in views],
-                             device=backbone.device)
-    feats = forward_fp16(backbone, x, batch_size)
+                             device=device)
+    feats = forward(x)
     return feats, wound_fractions(m, list(wound_indices), (feats.shape[-2], feats.shape[-1])).half().cpu()
 
 
@@ -232,8 +234,8 @@ class FeatureCache:
                         views: Sequence[int]) -> tuple[Tensor, Tensor]:
         """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices
         (:func:`view_features` with the cache's backbone, augmentation and seed)."""
-        return view_features(self.backbone, self.augment, image, labels, wound_indices, sha256, views, self.seed,
-                             self.batch_size)
+        return view_features(self.augment, image, labels, wound_indices, sha256, views, self.seed, self._forward,
+                             self.backbone.device)
 
     def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
         """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones;

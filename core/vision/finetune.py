@@ -88,9 +88,9 @@ class LastStageTuner:
     """The last stage + head of EfficientNet-Lite0, tuned on stage-6 features.
 
     ``photos`` are the rows' stage-6 features (:class:`~core.vision.features.PhotoFeatures`, in row
-    order); ``fit(triplets, fit_rows)`` trains on the oriented triplets (all rows in ``fit_rows``) and
-    keeps the mean embedding of ``fit_rows`` (``center_``); ``transform()`` embeds every row (inference
-    view), centred on it, unit length.
+    order); ``fit(triplets, fit_rows)`` trains on the oriented triplets (all rows in ``fit_rows``);
+    ``transform()`` embeds every row (test-time views unless the config says not), centred on the mean embedding
+    of ``fit_rows`` (:meth:`centre`), unit length.
     """
 
     def __init__(self, backbone: Backbone, photos: list[PhotoFeatures], config: FineTuneConfig = FineTuneConfig(),
@@ -112,7 +112,6 @@ class LastStageTuner:
         self.tail: nn.Module = self.start
         self.tails: list[nn.Module] = [self.start]  # the ensemble's members (one unless config.members says more)
         self.losses: list[float] = []
-        self.center_ = np.zeros(0)
         self.fit_rows_ = np.zeros(0, np.int64)
         #: wall seconds and counted floating-point operations of the last :meth:`fit`
         self.fit_s_ = 0.0
@@ -147,7 +146,6 @@ class LastStageTuner:
         self.tails = [self._fit_member(t, index, cfg, cfg.seed + SEED_STRIDE * m) for m in range(cfg.members)]
         self.fit_s_ = time.perf_counter() - started
         self.fit_rows_ = rows
-        self.center_ = np.concatenate([e[rows].mean(0) for e in self._embeddings(self.config.test_views)])
         return self
 
     def _fit_member(self, t: Tensor, index: Tensor, cfg: FineTuneConfig, seed: int) -> nn.Module:
@@ -175,7 +173,6 @@ class LastStageTuner:
         self.tail = self.start.to(self.device)
         self.tails = [self.tail]
         self.fit_rows_ = np.asarray(fit_rows)
-        self.center_ = self._embeddings(self.config.test_views)[0][self.fit_rows_].mean(0)
         return self
 
     def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
@@ -217,6 +214,11 @@ class LastStageTuner:
                                   for v in range(self.view_x.shape[1])]).mean(0) if test_views
                      else self._embed(self.eval_x, self.eval_w, tail)).double().cpu().numpy() for tail in self.tails]
 
+    def centre(self) -> np.ndarray:
+        """The study's centre: each member's mean embedding of the training photos (after :meth:`fit`), concatenated
+        (what :meth:`transform` subtracts)."""
+        return np.concatenate([e[self.fit_rows_].mean(0) for e in self._embeddings(self.config.test_views)])
+
     @property
     def embedded_views(self) -> int:
         """The augmented views averaged with the inference view in an embedding (0: the inference view alone)."""
@@ -235,7 +237,7 @@ class LastStageTuner:
         config: dict[str, Any] = {**asdict(self.config), "embedded_views": self.embedded_views}
         with atomic_write(path, "wb", suffix=".pt") as fh:
             torch.save({"backbone": backbone, "tail": self.tails[0].state_dict(),
-                        "members": [t.state_dict() for t in self.tails[1:]], "center": torch.from_numpy(self.center_),
+                        "members": [t.state_dict() for t in self.tails[1:]], "center": torch.from_numpy(self.centre()),
                         "config": config}, fh)
 
 

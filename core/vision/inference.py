@@ -308,8 +308,8 @@ class TunedModel:
             if self.views:
                 sha = sha256 or hashlib.sha256(np.asarray(image).tobytes()).hexdigest()
                 augment = WoundAugment(AugmentConfig(size=self.backbone.input_size))
-                views, frac = view_features(self.backbone, augment, image, labels, wounds, sha, range(self.views),
-                                            self.seed)
+                views, frac = view_features(augment, image, labels, wounds, sha, range(self.views), self.seed,
+                                            lambda v: forward_fp16(self.backbone, v), self.backbone.device)
                 view_w = torch.stack([pooling_weights(f) for f in frac])
                 kept = view_w.flatten(1).sum(1) > 0  # a view where no wound kept a token: the inference view's
                 feats = torch.cat([feats, torch.where(kept[:, None, None, None], views.float(), feats)])

@@ -34,7 +34,7 @@ MODES = {
                  "views, --no-test-views for the inference view alone), scored on patient-disjoint folds first "
                  "(--cv). azh-dev strict 74.5 %: +12.3 pp over frozen (p = 4.5e-09), +6.8 pp over the linear metric "
                  "(p = 0.001), +6.5 pp over the supervised mode (p = 4.6e-06); minutes on a CPU. --members 3 (an "
-                 "ensemble of 3 seeds, fit time × 3) reached 76.2 % (real_vision_directions)",
+                 "ensemble of 3 seeds, fit time × 3) reached 76.0 % (real_vision_directions)",
 }
 #: the training objectives (``--loss``; :data:`core.vision.triderm.LOSSES` maps them to the losses)
 LOSS_NAMES = ("contrastive", "triplet", "vicreg")

@@ -45,7 +45,7 @@ def test_real_retrieval_quick_scores_frozen_and_fine_tuned_in_both_galleries(tin
     assert {r[0] for r in rows} == {real_retrieval.CHANCE, real_retrieval.FROZEN, real_retrieval.FINETUNE,
                                     real_retrieval.INFERENCE_ROW}
     assert {r[1] for r in rows} == set(real_retrieval.GALLERIES)
-    views, inference = ([r for r in rows if r[0] == name and r[1] == "strict"][0]
+    views, inference = (next(r for r in rows if r[0] == name and r[1] == "strict")
                         for name in (real_retrieval.FINETUNE, real_retrieval.INFERENCE_ROW))
     assert views[-1] > 0 and inference[-1] == 0  # another embedding of the same fits: no fit of its own
 

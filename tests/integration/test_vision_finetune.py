@@ -139,7 +139,7 @@ def test_an_ensemble_is_its_members_unit_embeddings_side_by_side(tiny):
     assert len(pair.tails) == 2 and len(pair.losses) == 8 and pair.fit_flops_ == 2 * flops
     np.testing.assert_allclose(z, np.hstack(halves) / np.sqrt(2), atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0)
-    assert pair.center_.shape == (2 * halves[0].shape[1],)
+    assert pair.centre().shape == (2 * halves[0].shape[1],)
 
 
 def test_adapting_without_labels_lowers_vicreg_and_leaves_the_backbone_untouched(tiny):
