@@ -11,6 +11,7 @@ from google.protobuf.message import DecodeError
 from PIL import Image, ImageDraw
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 
@@ -101,8 +102,15 @@ def choose_photo(pg, image_id: str) -> None:
     heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
     if not heading.is_visible():  # choosing the photo shown already reruns nothing
         with settled(pg, f"choosing photo {image_id}"):
-            pg.get_by_role("combobox", name="Photo").click()
-            pg.get_by_role("option", name=image_id, exact=True).click()
+            for attempt in range(3):  # CI, loaded: the open list never showed its options once (a late rerun redrew
+                pg.get_by_role("combobox", name="Photo").click()  # the box); an annotator opens it again, as here
+                try:
+                    pg.get_by_role("option", name=image_id, exact=True).click(timeout=30_000)
+                    break
+                except PlaywrightTimeoutError:
+                    if attempt == 2:
+                        raise
+                    pg.keyboard.press("Escape")
             expect(heading).to_be_visible()
 
 
