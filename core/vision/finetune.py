@@ -113,6 +113,7 @@ class LastStageTuner:
         self.tails: list[nn.Module] = [self.start]  # the ensemble's members (one unless config.members says more)
         self.losses: list[float] = []
         self.fit_rows_ = np.zeros(0, np.int64)
+        self._embedded: dict[bool, list[np.ndarray]] = {}  # the members' embeddings, by test_views, until a refit
         #: wall seconds and counted floating-point operations of the last :meth:`fit`
         self.fit_s_ = 0.0
         self.fit_flops_ = 0
@@ -146,6 +147,7 @@ class LastStageTuner:
         self.tails = [self._fit_member(t, index, cfg, cfg.seed + SEED_STRIDE * m) for m in range(cfg.members)]
         self.fit_s_ = time.perf_counter() - started
         self.fit_rows_ = rows
+        self._embedded = {}
         return self
 
     def _fit_member(self, t: Tensor, index: Tensor, cfg: FineTuneConfig, seed: int) -> nn.Module:
@@ -173,6 +175,7 @@ class LastStageTuner:
         self.tail = self.start.to(self.device)
         self.tails = [self.tail]
         self.fit_rows_ = np.asarray(fit_rows)
+        self._embedded = {}
         return self
 
     def adapt(self, config: AdaptConfig = AdaptConfig(), progress: bool = False) -> nn.Module:
@@ -208,11 +211,16 @@ class LastStageTuner:
 
     def _embeddings(self, test_views: bool) -> list[np.ndarray]:
         """Every row's tuned embedding by each member: the inference view's, or its mean over the inference view
-        and the cached augmented views (``test_views``)."""
+        and the cached augmented views (``test_views``); computed once per fit (:meth:`transform` and :meth:`save`
+        share it)."""
+        if test_views in self._embedded:
+            return self._embedded[test_views]
         with torch.no_grad():
-            return [(torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v], tail)
-                                  for v in range(self.view_x.shape[1])]).mean(0) if test_views
-                     else self._embed(self.eval_x, self.eval_w, tail)).double().cpu().numpy() for tail in self.tails]
+            self._embedded[test_views] = [
+                (torch.stack([self._embed(self.view_x[:, v], self.view_w[:, v], tail)
+                              for v in range(self.view_x.shape[1])]).mean(0) if test_views
+                 else self._embed(self.eval_x, self.eval_w, tail)).double().cpu().numpy() for tail in self.tails]
+        return self._embedded[test_views]
 
     def centre(self) -> np.ndarray:
         """The study's centre: each member's mean embedding of the training photos (after :meth:`fit`), concatenated

@@ -122,7 +122,29 @@ def test_test_time_views_average_the_tuned_views_and_centre_on_the_training_phot
     inference = LastStageTuner(full, photos, FineTuneConfig(steps=5, test_views=False)).fit(train, fit_rows, seed=0)
     assert np.allclose(inference.transform(), tuner.transform(False)) and inference.embedded_views == 0
     tuner.view_x, tuner.view_w = (t[:, :1].expand(-1, 3, *t.shape[2:]) for t in (tuner.view_x, tuner.view_w))
+    tuner.fit(train, fit_rows, seed=0)  # the same tail again (same seed); a fit forgets the embeddings it had
     assert np.allclose(tuner.transform(), tuner.transform(False), atol=1e-6)
+
+
+def test_transform_and_save_embed_the_photos_once_per_fit(tiny, tmp_path, monkeypatch):
+    """``save`` after ``transform`` reuses the fit's embeddings (its centre is the one ``transform`` subtracted);
+    a new fit embeds again."""
+    import core.vision.finetune as finetune
+    _, image_ids, triplets, full, photos, _ = tiny
+    calls: list[int] = []
+    monkeypatch.setattr(finetune, "token_pooled", lambda *a: calls.append(1) or token_pooled(*a))
+    tuner = LastStageTuner(full, photos, FineTuneConfig(steps=2, members=2))
+    tuner.fit(triplets, np.arange(len(image_ids)), seed=0)
+    fitting = len(calls)
+    z = tuner.transform()
+    views = tuner.view_x.shape[1]
+    assert len(calls) - fitting == 2 * views  # every view, each member
+    tuner.save(tmp_path / "tail.pt", "efficientnet-lite0")
+    assert len(calls) - fitting == 2 * views
+    saved = torch.load(tmp_path / "tail.pt")["center"].numpy()
+    assert np.allclose(saved, tuner.centre()) and np.array_equal(z, tuner.transform())
+    tuner.fit(triplets, np.arange(len(image_ids)), seed=1)
+    assert not np.allclose(tuner.transform(), z)
 
 
 def test_an_ensemble_is_its_members_unit_embeddings_side_by_side(tiny):
