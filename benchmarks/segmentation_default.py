@@ -17,7 +17,7 @@ cached once per photo), trained without the photos it is scored on:
 - **Medetec zero-shot**: every fold network (trained on fuseg-dev alone) on all Medetec photos, at its threshold;
   the row is the mean over the networks per photo;
 - **Medetec fine-tuned with 15 photos** (a clinic's first outlines): fold ``F``'s network fine-tuned as a
-  workspace's run does (:data:`~core.segmentation.defaults.EPOCHS` epochs from it, its threshold kept) on 15
+  workspace's run does (:data:`~core.segmentation.defaults.EPOCHS` epochs from it, ``--clinic-epochs``; its threshold kept) on 15
   Medetec photos drawn by series with seed ``F``, scored on the other Medetec photos beside the same network
   before fine-tuning (paired);
 - **click-to-outline on Medetec**: one click at each wound's deepest point, fold 0's network's map (zero-shot);
@@ -179,7 +179,7 @@ def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
             break
         clinic += [i for i, s in enumerate(medetec) if s.group == g]
     rest = [i for i in range(len(medetec)) if i not in set(clinic)]
-    net, _ = fit_network(cache_m, clinic, start, EPOCHS, seed=args.seed + f, progress=not args.quiet)
+    net, _ = fit_network(cache_m, clinic, start, args.clinic_epochs, seed=args.seed + f, progress=not args.quiet)
     at = {"chosen": threshold}
     out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(start, cache_m, medetec, rest, at)["chosen"],
            "fine_tuned": scored(net, cache_m, medetec, rest, at)["chosen"]}
@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_seed(p)
     p.add_argument("--clinic", type=int, default=CLINIC_PHOTOS,
                    help=f"curve: Medetec photos a clinic fine-tunes on (default {CLINIC_PHOTOS})")
+    p.add_argument("--clinic-epochs", type=int, default=EPOCHS,
+                   help=f"curve: epochs of the clinic's fine-tune (default {EPOCHS}, a workspace run's)")
     p.add_argument("--no-inner", action="store_true",
                    help="fold: no inner network, threshold 0.5 (the encoder comparison, half the training)")
     p.add_argument("--no-click", dest="click", action="store_false", help="report: skip clicks and timing")

@@ -13,6 +13,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+from streamlit_page import idle
 
 
 def wound_photo(seed: int, blobs: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -102,10 +103,11 @@ def choose_photo(pg, image_id: str) -> None:
     heading = pg.get_by_role("heading", name=f"Wounds of {image_id}")
     if not heading.is_visible():  # choosing the photo shown already reruns nothing
         with settled(pg, f"choosing photo {image_id}"):
-            for attempt in range(3):  # CI, loaded: the open list never showed its options once (a late rerun redrew
-                pg.get_by_role("combobox", name="Photo").click()  # the box); an annotator opens it again, as here
+            for attempt in range(3):  # a late rerun (the editor's first value) redraws the box and closes an open
+                idle(pg)  # list; an annotator opens it again, as here; an open list shows its options in ms
+                pg.get_by_role("combobox", name="Photo").click()
                 try:
-                    pg.get_by_role("option", name=image_id, exact=True).click(timeout=30_000)
+                    pg.get_by_role("option", name=image_id, exact=True).click(timeout=5_000 if attempt < 2 else 30_000)
                     break
                 except PlaywrightTimeoutError:
                     if attempt == 2:

@@ -325,7 +325,7 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     from benchmarks.segmentation_default import main
     data = tiny_phantom(0, 10, 5, 14, 10)
     common = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--epochs", "1", "--quiet", "--clinic", "4",
-              "--work", str(tmp_path / "work"), "--results", str(tmp_path)]
+              "--clinic-epochs", "1", "--work", str(tmp_path / "work"), "--results", str(tmp_path)]
     assert main([*common, "--part", "features"]) == 0
     assert main([*common, "--part", "fold", "--fold", "0"]) == 0
     assert main([*common, "--section", "seg_default_smoke"]) == 0  # features and fold 0 reused, the rest computed
