@@ -20,8 +20,14 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(PY) -m core.train_triderm
 
+# The suite in two phases on $(TEST_WORKERS) pytest-xdist workers: every test but the browser and Label Studio
+# ones (one torch thread per worker), then those, apart from the torch-heavy tests whose load delays a page past
+# Playwright's timeouts; a failed browser test runs once more, as Playwright's own CI default retries, and the
+# summary counts it ("rerun"). Each phase lists its slowest tests.
+TEST_WORKERS ?= logical
 test: install
-	$(PY) -m pytest --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m "not browser and not labelstudio" --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "browser or labelstudio" --reruns 1 --durations=10
 
 app: install
 	$(VENV)/bin/streamlit run app.py
