@@ -26,7 +26,8 @@ cached once per photo), trained without the photos it is scored on:
 Per photo at the photo's resolution, outlines as suggestions show them (holes filled, components < 25 px dropped):
 Dice, IoU, boundary F (2 px) and the area ratio = predicted / expert wound pixels (median, interquartile, share
 within ±10 % and ±20 %, share over 1.5×); 95 % intervals resample photo series. ``--encoder`` picks the frozen
-encoder (:data:`core.segmentation.model.ENCODERS`) to compare backbones on the same folds. Parts can run as
+encoder (:data:`core.segmentation.model.ENCODERS`) to compare backbones on the same folds, ``--augmented`` the random
+views cached per fuseg-dev photo (1: a strong random view, to compare with the recipe's none). Parts can run as
 separate processes (``--part fold --fold F``, one per fold); ``--work`` keeps their outputs.
 """
 from __future__ import annotations
@@ -58,6 +59,7 @@ from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net
 from core.segmentation.training import (
+    AUGMENTED_VIEWS,
     FeatureCache,
     Sample,
     cache_features,
@@ -79,21 +81,28 @@ def samples_of(args: argparse.Namespace, name: str) -> list[Sample]:
     return folder_samples(args.fuseg if name == "fuseg" else args.medetec)
 
 
+def recipe(args: argparse.Namespace) -> str:
+    """The configuration's name in file names and tables: ``--encoder``, and ``--augmented`` when not the recipe's."""
+    return args.encoder + (f"-a{args.augmented}" if args.augmented != AUGMENTED_VIEWS else "")
+
+
 def cache_file(args: argparse.Namespace, name: str) -> Path:
-    """Where set ``name``'s feature cache for ``--encoder`` lives."""
-    return args.work / f"features-{name}-{args.encoder}.pt"
+    """Where set ``name``'s feature cache for ``--encoder`` (and fuseg-dev's for ``--augmented``) lives."""
+    return args.work / f"features-{name}-{recipe(args) if name == 'fuseg' else args.encoder}.pt"
 
 
 def features(args: argparse.Namespace) -> dict[str, Any]:
-    """Cache the frozen encoder's features of every photo's four flips, once per set."""
+    """Cache the frozen encoder's features of every photo's four flips (and fuseg-dev's ``--augmented`` random views,
+    the networks' training set), once per set."""
     enc = encoder("cpu", args.encoder)
     args.work.mkdir(parents=True, exist_ok=True)
     out = {}
     for name in SETS:
         samples = samples_of(args, name)
         t0 = time.perf_counter()
-        save_cache(cache_file(args, name), cache_features(samples, enc, INPUT_SIZE, augmented=0, seed=args.seed,
-                                                          progress=not args.quiet), samples)
+        augmented = args.augmented if name == "fuseg" else 0  # Medetec: scored on its flips, fine-tuned as a clinic's
+        save_cache(cache_file(args, name), cache_features(samples, enc, INPUT_SIZE, augmented=augmented,
+                                                          seed=args.seed, progress=not args.quiet), samples)
         out[name] = {"photos": len(samples), "seconds": time.perf_counter() - t0}
         print(f"{name}: {len(samples)} photos cached in {out[name]['seconds']:.0f} s", flush=True)
     return out
@@ -117,12 +126,12 @@ def scored(net: SegNet, cache: FeatureCache, samples: list[Sample], idx: list[in
 
 def fold_file(args: argparse.Namespace, part: str, fold: int) -> Path:
     """Where ``part`` (fold, curve) of fold ``fold`` keeps its scores."""
-    return args.work / f"{part}{fold}-of{args.folds}-{args.encoder}-s{args.seed}.json"
+    return args.work / f"{part}{fold}-of{args.folds}-{recipe(args)}-s{args.seed}.json"
 
 
 def net_file(args: argparse.Namespace, fold: int) -> Path:
     """Where fold ``fold``'s network and threshold are kept."""
-    return args.work / f"fold{fold}-of{args.folds}-{args.encoder}-s{args.seed}.pt"
+    return args.work / f"fold{fold}-of{args.folds}-{recipe(args)}-s{args.seed}.pt"
 
 
 def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
@@ -221,6 +230,14 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
     return out
 
 
+def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
+    """The configurations a report compares with its own where their fold files exist: each other encoder (same
+    augmented views), and the other augmented-view count of 0 (the recipe) and 1 (a strong random view per photo)."""
+    out = [(argparse.Namespace(**{**vars(args), "encoder": e}), "encoders") for e in ENCODERS if e != args.encoder]
+    return out + [(argparse.Namespace(**{**vars(args), "augmented": n}), "augmented views per photo")
+                  for n in (AUGMENTED_VIEWS, 1) if n != args.augmented]
+
+
 def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
     """Tables, the fine-tune's paired claim and notes from every fold's and curve's saved scores."""
     folds = [json.loads(fold_file(args, "fold", f).read_text()) for f in range(args.folds)]
@@ -235,7 +252,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
              *area_cells([r for c in curves for r in c["fine_tuned"]])],
             ["Medetec, the same networks before fine-tuning, same photos",
              *area_cells([r for c in curves for r in c["zero_shot"]])]]
-    tables = [{"caption": f"The default's recipe ({args.encoder}) on photos its networks never saw "
+    tables = [{"caption": f"The default's recipe ({recipe(args)}) on photos its networks never saw "
                           f"({args.folds} fuseg-dev folds by photo series, seed {args.seed})",
                "columns": COLUMNS, "rows": rows}]
     tables.append({"caption": "Per fold: the threshold its inner split chose (inner photos trained / held out), "
@@ -251,8 +268,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                                          for r in c["fine_tuned"]],
                                         [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
                                          for r in c["zero_shot"]]))]
-    for other in (e for e in ENCODERS if e != args.encoder):
-        them = argparse.Namespace(**{**vars(args), "encoder": other})
+    for them, what in alternatives(args):
         done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
         if not done:
             continue
@@ -262,17 +278,17 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
         b = [r for o in theirs for r in o["fuseg"]["0.5"]]
         assert [r["photo"] for r in a] == [r["photo"] for r in b]
         timing = {}
-        for name, ns in ((args.encoder, args), (other, them)):
+        for ns in (args, them):
             net, _ = load_fold_net(ns, done[0])
-            timing[name] = inference_seconds(Segmenter(net, encoder("cpu", ns.encoder), INPUT_SIZE), 2)
-        tables.append({"caption": f"Encoders on the same held-out fuseg-dev folds ({', '.join(map(str, done))}), "
-                                  "same recipe and epochs, threshold 0.5 (no inner network for either)",
-                       "columns": ["encoder", *COLUMNS, "training s / fold", "CPU s / 512-px photo (2 threads)"],
-                       "rows": [[name, "fuseg-dev held-out", *area_cells(rows)[0:],
-                                 round(float(np.mean([o["train_seconds"] for o in os_]))), round(timing[name], 3)]
-                                for name, rows, os_ in ((args.encoder, a, ours), (other, b, theirs))]})
-        claims.append(paired_claim(f"{other} adds Dice over {args.encoder} on held-out fuseg-dev photos (paired over "
-                                   "photo series)", *group_means(b, a)))
+            timing[recipe(ns)] = inference_seconds(Segmenter(net, encoder("cpu", ns.encoder), INPUT_SIZE), 2)
+        tables.append({"caption": f"{what.capitalize()} on the same held-out fuseg-dev folds "
+                                  f"({', '.join(map(str, done))}), same epochs, threshold 0.5",
+                       "columns": ["recipe", *COLUMNS, "training s / fold", "CPU s / 512-px photo (2 threads)"],
+                       "rows": [[recipe(ns), "fuseg-dev held-out", *area_cells(rows)[0:],
+                                 round(float(np.mean([o["train_seconds"] for o in os_]))), round(timing[recipe(ns)], 3)]
+                                for ns, rows, os_ in ((args, a, ours), (them, b, theirs))]})
+        claims.append(paired_claim(f"{recipe(them)} adds Dice over {recipe(args)} on held-out fuseg-dev photos (paired "
+                                   "over photo series)", *group_means(b, a)))
     notes = [f"Training per fold (inner network + fold network, {args.epochs} epochs each): "
              f"{np.mean([o['train_seconds'] for o in folds]) / 60:.1f} min on average, 1 torch thread."]
     if args.click:
@@ -300,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/segmentation-default"),
                    help="folder for feature caches, fold networks and scores (outside the repository)")
     p.add_argument("--encoder", default="lite0", help="the frozen encoder (core.segmentation.model.ENCODERS)")
+    p.add_argument("--augmented", type=int, default=AUGMENTED_VIEWS,
+                   help=f"random views cached per fuseg-dev photo besides its 4 flips, the networks' training views "
+                        f"(default {AUGMENTED_VIEWS}, the recipe's; 1: the strong random view of the fuseg-dev ablation)")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--fold", type=int, default=None, help="fold/curve: this fold only (default: every fold)")
     cli.add_epochs(p, PRETRAIN_EPOCHS)
