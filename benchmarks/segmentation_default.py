@@ -17,9 +17,9 @@ cached once per photo), trained without the photos it is scored on:
 - **Medetec zero-shot**: every fold network (trained on fuseg-dev alone) on all Medetec photos, at its threshold;
   the row is the mean over the networks per photo;
 - **Medetec fine-tuned with 15 photos** (a clinic's first outlines): fold ``F``'s network fine-tuned as a
-  workspace's run does (:data:`~core.segmentation.defaults.EPOCHS` epochs from it, ``--clinic-epochs``; its threshold kept) on 15
-  Medetec photos drawn by series with seed ``F``, scored on the other Medetec photos beside the same network
-  before fine-tuning (paired);
+  workspace's run does (``--clinic-epochs``, default :data:`~core.segmentation.defaults.EPOCHS`, from it; its
+  threshold kept) on 15 Medetec photos drawn by series with seed ``F``, scored on the other Medetec photos beside
+  the same network before fine-tuning (paired);
 - **click-to-outline on Medetec**: one click at each wound's deepest point, fold 0's network's map (zero-shot);
 - **CPU inference** of a 512-px photo (2 flips, 1 and 2 threads) with fold 0's network.
 
@@ -268,6 +268,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                                          for r in c["fine_tuned"]],
                                         [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
                                          for r in c["zero_shot"]]))]
+    timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
         done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
         if not done:
@@ -277,14 +278,13 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
         a = [r for o in ours for r in o["fuseg"]["0.5"]]
         b = [r for o in theirs for r in o["fuseg"]["0.5"]]
         assert [r["photo"] for r in a] == [r["photo"] for r in b]
-        timing = {}
-        for ns in (args, them):
+        for ns in (ns for ns in (args, them) if recipe(ns) not in timing):
             net, _ = load_fold_net(ns, done[0])
             timing[recipe(ns)] = inference_seconds(Segmenter(net, encoder("cpu", ns.encoder), INPUT_SIZE), 2)
         tables.append({"caption": f"{what.capitalize()} on the same held-out fuseg-dev folds "
                                   f"({', '.join(map(str, done))}), same epochs, threshold 0.5",
                        "columns": ["recipe", *COLUMNS, "training s / fold", "CPU s / 512-px photo (2 threads)"],
-                       "rows": [[recipe(ns), "fuseg-dev held-out", *area_cells(rows)[0:],
+                       "rows": [[recipe(ns), "fuseg-dev held-out", *area_cells(rows),
                                  round(float(np.mean([o["train_seconds"] for o in os_]))), round(timing[recipe(ns)], 3)]
                                 for ns, rows, os_ in ((args, a, ours), (them, b, theirs))]})
         claims.append(paired_claim(f"{recipe(them)} adds Dice over {recipe(args)} on held-out fuseg-dev photos (paired "

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from scipy import ndimage
 
+from annotations.infra.fileio import atomic_write
 from benchmarks.results import command_line, render_tables
 from benchmarks.segmentation import SHARED, fold_seed, group_folds, predict_mask
 from core import cli
@@ -130,9 +131,11 @@ def cache_path(args: argparse.Namespace, name: str) -> Path:
 
 
 def save_cache(path: Path, cache: FeatureCache, samples: list[Sample]) -> None:
-    """Write a feature cache with the keys of the photos it holds."""
-    torch.save({"levels": cache.levels, "targets": cache.targets, "views": cache.views, "size": cache.size,
-                "keys": [s.key for s in samples]}, path)
+    """Write a feature cache with the keys of the photos it holds (atomically: a process reading it meanwhile, as
+    parallel ``--part`` processes do, sees the old file or the new one)."""
+    with atomic_write(path, "wb", suffix=".pt") as fh:
+        torch.save({"levels": cache.levels, "targets": cache.targets, "views": cache.views, "size": cache.size,
+                    "keys": [s.key for s in samples]}, fh)
 
 
 def load_cache(path: Path, samples: list[Sample]) -> FeatureCache:
