@@ -342,6 +342,8 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert main([*common, "--part", "report", "--no-click", "--section", "seg_aug_smoke"]) == 0
     compared = json.loads((tmp_path / "seg_aug_smoke.json").read_text(encoding="utf-8"))
     table = next(t for t in compared["tables"] if t["caption"].startswith("Augmented views per photo"))
-    assert [r[0] for r in table["rows"]] == ["lite0", "lite0-a1"] and "folds (0)" in table["caption"]
+    assert [r[0] for r in table["rows"]] == ["lite0", "lite0-a1"] * 2 and "folds (0)" in table["caption"]
+    assert [r[1] for r in table["rows"]] == ["fuseg-dev held-out"] * 2 + ["Medetec zero-shot"] * 2
     assert [r[1] for r in compared["tables"][0]["rows"][:2]] == [10, 10]  # the recipe's own rows are unchanged
-    assert any(c["claim"].startswith("lite0-a1 adds Dice over lite0") for c in compared["claims"])
+    assert [c["claim"].split(" (")[0] for c in compared["claims"] if c["claim"].startswith("lite0-a1")] == [
+        "lite0-a1 adds Dice over lite0 on held-out fuseg-dev photos", "lite0-a1 adds Dice over lite0 on Medetec zero-shot"]
