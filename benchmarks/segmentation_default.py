@@ -27,7 +27,8 @@ Per photo at the photo's resolution, outlines as suggestions show them (holes fi
 Dice, IoU, boundary F (2 px) and the area ratio = predicted / expert wound pixels (median, interquartile, share
 within ±10 % and ±20 %, share over 1.5×); 95 % intervals resample photo series. ``--encoder`` picks the frozen
 encoder (:data:`core.segmentation.model.ENCODERS`) to compare backbones on the same folds, ``--augmented`` the random
-views cached per fuseg-dev photo (1: a strong random view, to compare with the recipe's none). Parts can run as
+views cached per fuseg-dev photo (1: a random view, to compare with the recipe's none) and ``--views`` their kind
+(a strong random view, or a close-up of the wound). Parts can run as
 separate processes (``--part fold --fold F``, one per fold); ``--work`` keeps their outputs.
 """
 from __future__ import annotations
@@ -59,6 +60,7 @@ from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net
 from core.segmentation.training import (
+    AUGMENTATIONS,
     AUGMENTED_VIEWS,
     FeatureCache,
     Sample,
@@ -82,8 +84,11 @@ def samples_of(args: argparse.Namespace, name: str) -> list[Sample]:
 
 
 def recipe(args: argparse.Namespace) -> str:
-    """The configuration's name in file names and tables: ``--encoder``, and ``--augmented`` when not the recipe's."""
-    return args.encoder + (f"-a{args.augmented}" if args.augmented != AUGMENTED_VIEWS else "")
+    """The configuration's name in file names and tables: ``--encoder``, and ``--augmented`` when not the recipe's
+    (``-aN`` for N strong views, ``-closeN`` for N close-ups)."""
+    if args.augmented == AUGMENTED_VIEWS:
+        return args.encoder
+    return args.encoder + (f"-a{args.augmented}" if args.views == "strong" else f"-{args.views}{args.augmented}")
 
 
 def cache_file(args: argparse.Namespace, name: str) -> Path:
@@ -102,7 +107,8 @@ def features(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         augmented = args.augmented if name == "fuseg" else 0  # Medetec: scored on its flips, fine-tuned as a clinic's
         save_cache(cache_file(args, name), cache_features(samples, enc, INPUT_SIZE, augmented=augmented,
-                                                          seed=args.seed, progress=not args.quiet), samples)
+                                                          seed=args.seed, progress=not args.quiet,
+                                                          aug=AUGMENTATIONS[args.views]), samples)
         out[name] = {"photos": len(samples), "seconds": time.perf_counter() - t0}
         print(f"{name}: {len(samples)} photos cached in {out[name]['seconds']:.0f} s", flush=True)
     return out
@@ -232,10 +238,12 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
 
 def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
     """The configurations a report compares with its own where their fold files exist: each other encoder (same
-    augmented views), and the other augmented-view count of 0 (the recipe) and 1 (a strong random view per photo)."""
+    augmented views), and the recipe's views (none) or one random view of each kind of
+    :data:`~core.segmentation.training.AUGMENTATIONS` per photo."""
     out = [(argparse.Namespace(**{**vars(args), "encoder": e}), "encoders") for e in ENCODERS if e != args.encoder]
-    return out + [(argparse.Namespace(**{**vars(args), "augmented": n}), "augmented views per photo")
-                  for n in (AUGMENTED_VIEWS, 1) if n != args.augmented]
+    views = [argparse.Namespace(**{**vars(args), "augmented": n, "views": v})
+             for n, v in [(AUGMENTED_VIEWS, args.views), *((1, v) for v in AUGMENTATIONS)]]
+    return out + [(ns, "augmented views per photo") for ns in views if recipe(ns) != recipe(args)]
 
 
 def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
@@ -323,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder", default="lite0", help="the frozen encoder (core.segmentation.model.ENCODERS)")
     p.add_argument("--augmented", type=int, default=AUGMENTED_VIEWS,
                    help=f"random views cached per fuseg-dev photo besides its 4 flips, the networks' training views "
-                        f"(default {AUGMENTED_VIEWS}, the recipe's; 1: the strong random view of the fuseg-dev ablation)")
+                        f"(default {AUGMENTED_VIEWS}, the recipe's; 1: one random view of --views' kind)")
+    p.add_argument("--views", choices=sorted(AUGMENTATIONS), default="strong",
+                   help="the kind of --augmented views: strong (the fuseg-dev ablation's rotated, scaled, "
+                        "colour-jittered crop) or close (a close-up crop holding part of the wound)")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--fold", type=int, default=None, help="fold/curve: this fold only (default: every fold)")
     cli.add_epochs(p, PRETRAIN_EPOCHS)

@@ -33,6 +33,7 @@ from core.segmentation.interactive import SAM_PATCH_KEY, click_outline
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
 from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net
 from core.segmentation.training import (
+    CLOSE_UP,
     STRONG,
     augment,
     cache_features,
@@ -136,6 +137,26 @@ def test_augmented_views_move_the_mask_with_the_photo():
         assert m.shape == out.shape[:2] and ((out[..., 0] > out[..., 2]) == m).mean() > 0.93
         turned += not any(m.shape == s.shape and (m == s).all() for s in (mask, mask[::-1], mask[:, ::-1]))
     assert turned > 10
+
+
+def test_close_up_views_hold_the_wound_and_zoom_in():
+    """A close-up crop always holds part of a small wound (placed anywhere, a crop of a fifth of the side would
+    mostly miss it), zooms out by at most the aspect jitter, and its mask follows the photo."""
+    rng = np.random.default_rng(0)
+    mask = np.zeros((200, 300), bool)
+    mask[150:160, 250:262] = True  # 0.2 % of the photo, in a corner
+    img = np.where(mask[..., None], np.array([255, 0, 0], np.uint8), np.array([0, 0, 255], np.uint8))
+    shares = []
+    for _ in range(40):
+        photo, m = augment(Image.fromarray(img), mask, rng, replace(CLOSE_UP, colour=0.0, hue=0.0, gamma=0.0))
+        out = np.asarray(photo).astype(int)
+        assert m.any() and m.shape == out.shape[:2] and ((out[..., 0] > out[..., 2]) == m).all()
+        assert m.shape[0] <= 200 * 1.06 and m.shape[1] <= 300 * 1.06  # at most the aspect jitter's e^0.05
+        shares.append(m.mean())
+    assert np.median(shares) > 3 * mask.mean()  # the wound fills more of a close-up than of the photo
+    anywhere = sum(augment(Image.fromarray(img), mask, rng, replace(CLOSE_UP, on_wound=False))[1].any()
+                   for _ in range(40))
+    assert anywhere < 20  # the control: the same crops placed anywhere mostly miss the wound
 
 
 def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
