@@ -77,6 +77,36 @@ def token_cells(w: Tensor, dw: nn.Conv2d) -> tuple[Tensor, Tensor, Tensor]:
     return cells, photo[:, None] * (H * W) + rows.clamp(0, H - 1) * W + cols.clamp(0, W - 1), inside
 
 
+class _Taps(torch.autograd.Function):
+    """The depthwise convolution at the token cells, ``Σ_t padded[index[:, t]] · taps[t]``: one row gather per tap
+    (no cells×k²×C temporary). Its backward adds the k² taps' input gradients into one buffer, in the order
+    autograd's own accumulation of k² ``index_select`` backwards adds them (last tap first), so the gradients
+    are equal to the bit (a test holds it); that saves k² − 1 zero-filled buffers and their sums over the read
+    cells, and the k² gathered rows are gathered again instead of kept (docs/profiles/FINETUNE.md, round 5)."""
+
+    @staticmethod
+    def forward(ctx: Any, padded: Tensor, taps: Tensor, index: Tensor) -> Tensor:
+        out = padded.index_select(0, index[:, 0]).mul_(taps[0])
+        for tap in range(1, len(taps)):
+            out.add_(padded.index_select(0, index[:, tap]).mul_(taps[tap]))
+        ctx.save_for_backward(padded, taps, index)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        padded, taps, index = ctx.saved_tensors
+        buffer = torch.empty_like(grad)
+        grad_padded = grad_taps = None
+        if ctx.needs_input_grad[0]:
+            grad_padded = torch.zeros_like(padded)
+            for tap in reversed(range(len(taps))):
+                grad_padded.index_add_(0, index[:, tap], torch.mul(grad, taps[tap], out=buffer))
+        if ctx.needs_input_grad[1]:
+            grad_taps = torch.stack([torch.mul(grad, padded.index_select(0, index[:, tap]), out=buffer).sum(0)
+                                     for tap in range(len(taps))])
+        return grad_padded, grad_taps, None
+
+
 def token_pooled(tail: nn.Module, x: Tensor, w: Tensor) -> Tensor:
     """B×D embeddings ``Σ_cells w · tail(x)`` of the tail (``blocks[6]``, ``conv_head``, ``bn2`` of
     EfficientNet-Lite0: :func:`core.vision.finetune.tail_of`, in eval mode) on stage-6 features ``x``
@@ -91,12 +121,7 @@ def token_pooled(tail: nn.Module, x: Tensor, w: Tensor) -> Tensor:
     index = torch.full_like(reads, len(needed))
     index[inside] = where
     taps = p.conv_dw.weight.flatten(1).t()  # k²×C, in the kernel's row-major order as ``reads``
-    # one row gather per tap: index_select's backward is an index_add (advanced indexing's is an accumulating
-    # index_put, which sorts), and no cells×k²×C temporary; 1.4× less CPU per forward + backward on the profile's
-    # inputs (53 photos, 12 % token cells, one thread), equal to the former k²-tap sum in value and gradient there
-    depthwise = padded.index_select(0, index[:, 0]) * taps[0]
-    for tap in range(1, len(taps)):
-        depthwise = depthwise + padded.index_select(0, index[:, tap]) * taps[tap]
+    depthwise = cast(Tensor, _Taps.apply(padded, taps, index))
     if p.conv_dw.bias is not None:
         depthwise = depthwise + p.conv_dw.bias
     h = _norm(p.bn3, _conv(p.conv_pwl, _norm(p.bn2, depthwise)))

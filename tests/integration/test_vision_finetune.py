@@ -21,7 +21,7 @@ from core.vision.finetune import (
     pooling_weights,
     tail_of,
 )
-from core.vision.token_tail import step_flops, token_pooled
+from core.vision.token_tail import _Taps, step_flops, token_cells, token_pooled
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,34 @@ def test_the_token_restricted_tail_is_the_dense_tail_pooled_in_value_and_gradien
     h, v = x.shape[-2:]
     dense_forward = sum(2 * m.weight.numel() * h * v for m in tail.modules() if isinstance(m, torch.nn.Conv2d))
     assert 0 < flops < 3 * dense_forward * len(x)
+
+
+def test_the_depthwise_taps_backward_is_autograds_to_the_bit(tiny):
+    """Issue 52: the taps' own backward (one gradient buffer for the k² taps) gives the gradients autograd gives the
+    plain sum of k² gathers times taps, equal to the bit, on the tiny workspace's tokens and on a wound in the
+    grid's corner (padding reads); the fine-tune's trajectory and every stored figure are therefore unchanged."""
+    _, _, _, full, photos, _ = tiny
+    tuner = LastStageTuner(full, photos)
+    tail = tail_of(full).eval().requires_grad_(True)
+    dw = tail.get_submodule("0.0").conv_dw
+    corner = torch.zeros_like(tuner.view_w[:1, 1])
+    corner[0, 0, 0] = 1.0
+    for x, w in ((tuner.view_x[:, 1], tuner.view_w[:, 1]), (tuner.view_x[:1, 1], corner)):
+        _, reads, inside = token_cells(w, dw)
+        rows = int(reads.max()) + 1
+        index = torch.where(inside, reads, rows)
+        padded = torch.cat([torch.randn(rows, dw.out_channels), torch.zeros(1, dw.out_channels)]).requires_grad_()
+        taps = dw.weight.flatten(1).t()
+        plain = padded.index_select(0, index[:, 0]) * taps[0]
+        for t in range(1, len(taps)):
+            plain = plain + padded.index_select(0, index[:, t]) * taps[t]
+        ours = _Taps.apply(padded, taps, index)
+        assert torch.equal(ours, plain)
+        probe = torch.randn_like(plain)
+        expected = torch.autograd.grad((plain * probe).sum(), [padded, dw.weight])
+        got = torch.autograd.grad((ours * probe).sum(), [padded, dw.weight])
+        # every row but the padding's (its gradient is dropped: the forward concatenates a constant zero row)
+        assert torch.equal(got[0][:-1], expected[0][:-1]) and torch.equal(got[1], expected[1])
 
 
 def test_fine_tuning_lowers_the_hinge_on_training_photos_only(tiny):
