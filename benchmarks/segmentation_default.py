@@ -6,7 +6,7 @@ zero-shot, Medetec fine-tuned with a clinic's first photos, click-to-outline and
 
 Every network is what ``python -m core.train_segmenter --pretrain`` makes (:func:`core.segmentation.model.new_net`
 with its output bias at the wound prior, :data:`~core.segmentation.defaults.PRETRAIN_EPOCHS` epochs, the 4 flips
-cached once per photo), trained without the photos it is scored on:
+and one close-up cached once per photo), trained without the photos it is scored on:
 
 - **fuseg-dev, ``--folds`` folds by photo** (a file-name series stays in one fold): each fold's network is trained
   on the other folds, and its threshold is chosen as the command chooses the default's — a network trained
@@ -27,8 +27,8 @@ Per photo at the photo's resolution, outlines as suggestions show them (holes fi
 Dice, IoU, boundary F (2 px) and the area ratio = predicted / expert wound pixels (median, interquartile, share
 within ±10 % and ±20 %, share over 1.5×); 95 % intervals resample photo series. ``--encoder`` picks the frozen
 encoder (:data:`core.segmentation.model.ENCODERS`) to compare backbones on the same folds, ``--augmented`` the random
-views cached per fuseg-dev photo (1: a random view, to compare with the recipe's none) and ``--views`` their kind
-(a strong random view, or a close-up of the wound). Parts can run as
+views cached per fuseg-dev photo (0: the flips alone) and ``--views`` their kind (a strong random view, or the
+default's close-up of the wound). Parts can run as
 separate processes (``--part fold --fold F``, one per fold); ``--work`` keeps their outputs.
 """
 from __future__ import annotations
@@ -61,7 +61,8 @@ from core.segmentation.metrics import boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net
 from core.segmentation.training import (
     AUGMENTATIONS,
-    AUGMENTED_VIEWS,
+    PRETRAIN_AUGMENTATION,
+    PRETRAIN_AUGMENTED_VIEWS,
     FeatureCache,
     Sample,
     cache_features,
@@ -84,10 +85,12 @@ def samples_of(args: argparse.Namespace, name: str) -> list[Sample]:
 
 
 def recipe(args: argparse.Namespace) -> str:
-    """The configuration's name in file names and tables: ``--encoder``, and ``--augmented`` when not the recipe's
-    (``-aN`` for N strong views, ``-closeN`` for N close-ups)."""
-    if args.augmented == AUGMENTED_VIEWS:
+    """The configuration's name in file names and tables: ``--encoder``, and the views when not the default's
+    (``-flips`` for none, ``-aN`` for N strong views, ``-closeN`` for N close-ups)."""
+    if (args.augmented, args.views) == (PRETRAIN_AUGMENTED_VIEWS, PRETRAIN_AUGMENTATION):
         return args.encoder
+    if not args.augmented:
+        return args.encoder + "-flips"
     return args.encoder + (f"-a{args.augmented}" if args.views == "strong" else f"-{args.views}{args.augmented}")
 
 
@@ -238,11 +241,11 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
 
 def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
     """The configurations a report compares with its own where their fold files exist: each other encoder (same
-    augmented views), and the recipe's views (none) or one random view of each kind of
+    augmented views), and the flips alone or one random view of each kind of
     :data:`~core.segmentation.training.AUGMENTATIONS` per photo."""
     out = [(argparse.Namespace(**{**vars(args), "encoder": e}), "encoders") for e in ENCODERS if e != args.encoder]
     views = [argparse.Namespace(**{**vars(args), "augmented": n, "views": v})
-             for n, v in [(AUGMENTED_VIEWS, args.views), *((1, v) for v in AUGMENTATIONS)]]
+             for n, v in [(0, args.views), *((1, v) for v in AUGMENTATIONS)]]
     return out + [(ns, "augmented views per photo") for ns in views if recipe(ns) != recipe(args)]
 
 
@@ -329,12 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/segmentation-default"),
                    help="folder for feature caches, fold networks and scores (outside the repository)")
     p.add_argument("--encoder", default="lite0", help="the frozen encoder (core.segmentation.model.ENCODERS)")
-    p.add_argument("--augmented", type=int, default=AUGMENTED_VIEWS,
+    p.add_argument("--augmented", type=int, default=PRETRAIN_AUGMENTED_VIEWS,
                    help=f"random views cached per fuseg-dev photo besides its 4 flips, the networks' training views "
-                        f"(default {AUGMENTED_VIEWS}, the recipe's; 1: one random view of --views' kind)")
-    p.add_argument("--views", choices=sorted(AUGMENTATIONS), default="strong",
-                   help="the kind of --augmented views: strong (the fuseg-dev ablation's rotated, scaled, "
-                        "colour-jittered crop) or close (a close-up crop holding part of the wound)")
+                        f"(default {PRETRAIN_AUGMENTED_VIEWS}, the default's; 0: the flips alone)")
+    p.add_argument("--views", choices=sorted(AUGMENTATIONS), default=PRETRAIN_AUGMENTATION,
+                   help=f"the kind of --augmented views (default {PRETRAIN_AUGMENTATION}, the default's): strong (the "
+                        "fuseg-dev ablation's rotated, scaled, colour-jittered crop) or close (a close-up crop holding "
+                        "part of the wound)")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--fold", type=int, default=None, help="fold/curve: this fold only (default: every fold)")
     cli.add_epochs(p, PRETRAIN_EPOCHS)

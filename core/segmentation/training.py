@@ -6,13 +6,13 @@ The encoder's stem and first stages are frozen, so each photo's features at stri
 computed once per view and reused by every epoch and, in the benchmark, by every fold; the later
 encoder stages and the decoder train on them (:class:`core.segmentation.model.SegNet`). The views
 are the four flips (identity, horizontal, vertical, both — the label-preserving symmetries of a
-skin photo, and the test-time views) and :data:`AUGMENTED_VIEWS` random ones (:func:`augment`,
-:data:`STRONG`): a rotated, scaled crop (zoom in or out, reflect-padded, as albumentations'
-ShiftScaleRotate), an aspect-ratio change, brightness/contrast/saturation/hue/gamma jitter, an
-occasional blur, and a random flip. The recipe caches none: on fuseg-dev folds a strong random view
-added nothing measured, in source or on another source (``benchmarks/segmentation.py --part
-ablation``), so the recipe is the flips alone. One epoch shows every training photo once, in one of
-its views drawn at random. Loss: binary cross-entropy + soft Dice against the mask's area
+skin photo, and the test-time views) and random ones (:func:`augment`): the default (``--pretrain``)
+caches :data:`PRETRAIN_AUGMENTED_VIEWS` close-up (:data:`CLOSE_UP`: a crop holding part of the wound,
+resized as a photo taken nearer), which on fuseg-dev's nested folds kept the in-source Dice and raised
+the transfer to close-up photos (results/segmentation_search.md, stop 65); a workspace's run caches
+:data:`AUGMENTED_VIEWS` (none: the clinic's fine-tune is measured on the flips). :data:`STRONG` (a
+rotated, scaled crop, colour jitter, blur) added nothing measured in source. One epoch shows every
+training photo once, in one of its views drawn at random. Loss: binary cross-entropy + soft Dice against the mask's area
 fractions on the output grid (stride 4); AdamW with a cosine schedule, the encoder stages at a tenth
 of the decoder's rate. A workspace's run starts from the default segmenter (fine-tuning); the
 ``--pretrain`` run that makes the default starts from ImageNet.
@@ -62,8 +62,12 @@ from core.segmentation.model import (
     to_batch,
 )
 
-#: Random augmented views cached per photo, besides the four flips: none, as the fuseg-dev ablation chose.
+#: Random views a workspace's run caches per photo besides the four flips: none (the clinic fine-tune measured).
 AUGMENTED_VIEWS = 0
+#: Random views the default (``--pretrain``) caches per photo besides the four flips, and their kind
+#: (:data:`AUGMENTATIONS`): one close-up (issue 48, chosen by a rule fixed before its nested run).
+PRETRAIN_AUGMENTED_VIEWS = 1
+PRETRAIN_AUGMENTATION = "close"
 #: The tuned encoder stages learn at this share of the decoder's rate.
 ENCODER_LR_FACTOR = 0.1
 _SERIES = re.compile(r"(.*\d)[-_]\d+")
@@ -359,7 +363,9 @@ def run_config(config: SegmenterConfig, data: Sequence[str | Path], device: torc
     trained on (the run's seed is the record's own column)."""
     return {"data": [str(d) for d in data], "epochs": config.train_epochs, "batch_size": config.batch_size,
             "lr": config.lr, "encoder_lr_factor": ENCODER_LR_FACTOR, "device": torch.device(device).type,
-            "val_fraction": config.val_fraction, "input_size": INPUT_SIZE, "augmented_views": AUGMENTED_VIEWS,
+            "val_fraction": config.val_fraction, "input_size": INPUT_SIZE,
+            "augmented_views": PRETRAIN_AUGMENTED_VIEWS if config.pretrain else AUGMENTED_VIEWS,
+            "augmentation": PRETRAIN_AUGMENTATION if config.pretrain else None,
             "head_prior": HEAD_PRIOR if config.pretrain else None,
             "start": "imagenet" if config.pretrain else "default", "n_train": n_train, "n_val": n_val}
 
@@ -392,7 +398,9 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
         else:
             default = load_default(device)
             start, threshold = default.net, default.threshold
-        cache = cache_features(samples, enc, seed=seed, progress=progress)
+        cache = cache_features(samples, enc, seed=seed, progress=progress,
+                               augmented=PRETRAIN_AUGMENTED_VIEWS if pretrain else AUGMENTED_VIEWS,
+                               aug=AUGMENTATIONS[PRETRAIN_AUGMENTATION])
         metrics: dict = {"n_train": len(train), "n_val": len(val)}
         if pretrain:  # the threshold from a network trained without an inner share of the photos, scored on it
             inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)

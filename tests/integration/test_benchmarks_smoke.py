@@ -335,15 +335,16 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert [r[0] for r in per_fold["rows"]] == [0, 1] and all(0.3 <= r[1] <= 0.7 for r in per_fold["rows"])
     assert "fold0-of2-lite0-s0.json" in record["notes"][-1] and "fold1" not in record["notes"][-1]
     assert any(n.startswith("Click-to-outline") for n in record["notes"]) and record["claims"]
-    # a strong random view per photo: its own cache and fold files, compared with the recipe on the folds both have
-    strong = [*common, "--augmented", "1"]
-    assert main([*strong, "--part", "features"]) == 0 and main([*strong, "--part", "fold", "--fold", "0"]) == 0
-    assert (tmp_path / "work" / "features-fuseg-lite0-a1.pt").is_file()
+    # the flips alone (no close-up): its own cache and fold files, compared with the recipe on the folds both have
+    flips = [*common, "--augmented", "0"]
+    assert main([*flips, "--part", "features"]) == 0 and main([*flips, "--part", "fold", "--fold", "0"]) == 0
+    assert (tmp_path / "work" / "features-fuseg-lite0-flips.pt").is_file()
+    assert (tmp_path / "work" / "features-fuseg-lite0.pt").is_file()  # the recipe's: the flips and a close-up
     assert main([*common, "--part", "report", "--no-click", "--section", "seg_aug_smoke"]) == 0
     compared = json.loads((tmp_path / "seg_aug_smoke.json").read_text(encoding="utf-8"))
     table = next(t for t in compared["tables"] if t["caption"].startswith("Augmented views per photo"))
-    assert [r[0] for r in table["rows"]] == ["lite0", "lite0-a1"] * 2 and "folds (0)" in table["caption"]
+    assert [r[0] for r in table["rows"]] == ["lite0", "lite0-flips"] * 2 and "folds (0)" in table["caption"]
     assert [r[1] for r in table["rows"]] == ["fuseg-dev held-out"] * 2 + ["Medetec zero-shot"] * 2
     assert [r[1] for r in compared["tables"][0]["rows"][:2]] == [10, 10]  # the recipe's own rows are unchanged
-    assert [c["claim"].split(" (")[0] for c in compared["claims"] if c["claim"].startswith("lite0-a1")] == [
-        "lite0-a1 adds Dice over lite0 on held-out fuseg-dev photos", "lite0-a1 adds Dice over lite0 on Medetec zero-shot"]
+    assert [c["claim"].split(" (")[0] for c in compared["claims"] if c["claim"].startswith("lite0-flips")] == [
+        "lite0-flips adds Dice over lite0 on held-out fuseg-dev photos", "lite0-flips adds Dice over lite0 on Medetec zero-shot"]
