@@ -92,14 +92,14 @@ def view_generator(image_sha256: str, config: AugmentConfig, view: int, seed: in
 
 
 def to_tensors(image: Image.Image | np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
-    """RGB photo + H×W integer label map → (uint8 3×H×W, int64 H×W)."""
+    """RGB photo + H×W integer label map → (uint8 3×H×W, int32 H×W)."""
     arr = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
     if arr.ndim != 3 or arr.shape[2] != 3:
         raise ValueError(f"expected an RGB image H×W×3, got shape {arr.shape}")
     if labels.shape != arr.shape[:2]:
         raise ValueError(f"mask shape {labels.shape} differs from image shape {arr.shape[:2]}")
     img = torch.from_numpy(np.array(arr, dtype=np.uint8)).permute(2, 0, 1)
-    return img, torch.from_numpy(labels.astype(np.int64))
+    return img, torch.from_numpy(labels.astype(np.int32))
 
 
 @dataclass
@@ -147,7 +147,7 @@ class WoundAugment:
         self._from_out = _to_pixels(c.size)
 
     def prepare(self, image: Image.Image | np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
-        """Convert and resize once (shared by all views of a photo): (uint8 3×R×R, int64 R×R)."""
+        """Convert and resize once (shared by all views of a photo): (uint8 3×R×R, int32 R×R)."""
         img, mask = to_tensors(image, labels)
         if not (mask > 0).any():
             raise ValueError("cannot make a wound-keeping crop: the mask has no wound pixels")
@@ -217,16 +217,18 @@ class WoundAugment:
                           torch.tensor(offsets, dtype=torch.float32), seeds, torch.tensor(sigmas, dtype=torch.float32))
 
     def render(self, img: Tensor, mask: Tensor, p: ViewParams) -> tuple[Tensor, Tensor]:
-        """The views ``p`` of a prepared photo, on ``img``'s device: (K×3×S×S float in [0, 1], K×S×S int64)."""
+        """The views ``p`` of a prepared photo, on ``img``'s device: (K×3×S×S float in [0, 1], K×S×S int32)."""
         c, dev = self.config, img.device
         k, s = p.theta.shape[0], c.size
         x, m = self._warp(img.float().div_(255), mask.float(), p.theta.to(dev))
         grey = torch.tensor(GREY, device=dev)
         shift = (p.offset.to(dev) * (x.mean((2, 3)) @ grey)).view(k, 1, 1, 1)
-        a = p.colour.to(dev)
-        y = torch.addcmul(shift, a[:, :, 0, None, None], x[:, 0:1])  # the colour matrix, one input channel at a time
-        for j in (1, 2):
-            y.addcmul_(a[:, :, j, None, None], x[:, j:j + 1])
+        a = p.colour.to(dev)[..., None, None]
+        y = torch.empty_like(x)
+        for o in range(3):  # the colour matrix: per output channel, one input channel at a time
+            torch.addcmul(shift[:, 0], a[:, o, 0], x[:, 0], out=y[:, o])
+            for j in (1, 2):
+                y[:, o].addcmul_(a[:, o, j], x[:, j])
         x = y.clamp_(0, 1)
         for v, seed in enumerate(p.noise_seed):
             if seed is not None:
@@ -238,7 +240,7 @@ class WoundAugment:
         return x, m
 
     def _warp(self, img: Tensor, mask: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
-        """The image (bilinear, K×3×S×S) and the label map (nearest, K×S×S int64) through each view's ``theta``
+        """The image (bilinear, K×3×S×S) and the label map (nearest, K×S×S int32) through each view's ``theta``
         (the sampling grid of ``F.affine_grid``, built as two broadcast sums)."""
         k, s = theta.shape[0], self.config.size
         t = (torch.arange(s, device=theta.device, dtype=theta.dtype) * 2 + 1) / s - 1  # pixel centres, normalised
@@ -249,25 +251,30 @@ class WoundAugment:
         x = F.grid_sample(img.expand(k, -1, -1, -1), grid,
                           mode="bilinear", padding_mode="zeros", align_corners=False)
         m = F.grid_sample(mask.expand(k, 1, -1, -1), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-        return x, m[:, 0].long()
+        return x, m[:, 0].int()
 
     def _blur(self, x: Tensor, sigma: Tensor) -> Tensor:
-        """Separable Gaussian blur of B×3×S×S with one sigma per image (reflect padding)."""
+        """Separable Gaussian blur of B×3×S×S with one sigma per image (reflect padding): the taps accumulate as
+        shifted multiply-adds, rows then columns (the sums of a depthwise ``conv2d``, without its im2col)."""
         b, ch, h, w = x.shape
         half = self.config.blur_kernel // 2
         t = torch.arange(-half, half + 1, device=x.device, dtype=x.dtype)
         kern = torch.exp(-(t[None] ** 2) / (2 * sigma[:, None] ** 2))
-        kern = (kern / kern.sum(1, keepdim=True)).repeat_interleave(ch, 0)  # (B·3)×k
-        y = F.pad(x.reshape(1, b * ch, h, w), (half, half, half, half), mode="reflect")
-        y = F.conv2d(y, kern[:, None, :, None], groups=b * ch)
-        y = F.conv2d(y, kern[:, None, None, :], groups=b * ch)
+        kern = (kern / kern.sum(1, keepdim=True)).repeat_interleave(ch, 0)[:, :, None, None]  # (B·3)×k×1×1
+        padded = F.pad(x.reshape(b * ch, h, w), (half, half, half, half), mode="reflect")
+        rows = kern[:, 0] * padded[:, :h]
+        for i in range(1, 2 * half + 1):
+            rows.addcmul_(kern[:, i], padded[:, i:i + h])
+        y = kern[:, 0] * rows[:, :, :w]
+        for i in range(1, 2 * half + 1):
+            y.addcmul_(kern[:, i], rows[:, :, i:i + w])
         return y.view(b, ch, h, w)
 
     def views(self, img: Tensor, mask: Tensor, generators: Sequence[torch.Generator],
               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
         """K views of a :meth:`prepare`-d photo, view k drawn from ``generators[k]``, computed on ``device``
         (default: the image's; a CPU photo bound for CUDA goes through pinned memory, non-blocking):
-        (K×3×S×S float in [0, 1], K×S×S int64 labels)."""
+        (K×3×S×S float in [0, 1], K×S×S int32 labels)."""
         dev = torch.device(device) if device is not None else img.device
         params = self.draw(mask, generators)
         if dev.type == "cuda" and img.device.type == "cpu":
@@ -282,7 +289,7 @@ class WoundAugment:
         return x, m
 
     def augment_prepared(self, img: Tensor, mask: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """One random view of a :meth:`prepare`-d photo: (float 3×S×S in [0, 1], int64 S×S)."""
+        """One random view of a :meth:`prepare`-d photo: (float 3×S×S in [0, 1], int32 S×S)."""
         gen = generator if generator is not None else torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
         x, m = self.views(img, mask, [gen])
         return x[0], m[0]

@@ -62,8 +62,9 @@ def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], g
     """…×E×H×W fraction of each grid cell covered by each wound (label value ``wound_indices[e]``) of
     an (…×)Hm×Wm label map (a batch of views at once), on the labels' device.
 
-    Pixel (y, x) of an Hm×Wm mask falls in cell (⌊y·H/Hm⌋, ⌊x·W/Wm⌋); the counts are two matrix products
-    of the wound indicators with the 0/1 row-bin and column-bin matrices.
+    Pixel (y, x) of an Hm×Wm mask falls in cell (⌊y·H/Hm⌋, ⌊x·W/Wm⌋). When the grid divides the mask (an
+    augmented view) the cells are equal blocks and the counts are block sums; otherwise they are two matrix
+    products of the wound indicators with the 0/1 row-bin and column-bin matrices. Both count exactly.
     """
     lab = labels if isinstance(labels, Tensor) else torch.from_numpy(np.ascontiguousarray(labels))
     if lab.ndim < 2:
@@ -72,11 +73,17 @@ def wound_fractions(labels: np.ndarray | Tensor, wound_indices: Sequence[int], g
     lab = lab.reshape(-1, *lab.shape[-2:])
     gh, gw = grid
     hm, wm = lab.shape[-2:]
-    rows = (((torch.arange(hm, device=dev) * gh) // hm)[None] == torch.arange(gh, device=dev)[:, None]).float()
-    cols = (((torch.arange(wm, device=dev) * gw) // wm)[:, None] == torch.arange(gw, device=dev)[None]).float()
-    # pixels of each wound per cell, one wound at a time (memory: one indicator map; exact integers in float32)
-    counts = [rows @ (lab == int(index)).float() @ cols for index in wound_indices]
-    area = rows.sum(1)[:, None] * cols.sum(0)[None]
+    if hm % gh == 0 and wm % gw == 0:  # equal blocks
+        bh, bw = hm // gh, wm // gw
+        counts = [(lab == int(index)).view(torch.uint8).view(-1, hm, gw, bw).sum(-1, dtype=torch.int32)
+                  .view(-1, gh, bh, gw).sum(2).float() for index in wound_indices]  # row blocks, then column blocks
+        area = torch.tensor(float(bh * bw), device=dev)
+    else:
+        rows = (((torch.arange(hm, device=dev) * gh) // hm)[None] == torch.arange(gh, device=dev)[:, None]).float()
+        cols = (((torch.arange(wm, device=dev) * gw) // wm)[:, None] == torch.arange(gw, device=dev)[None]).float()
+        # one wound at a time (memory: one indicator map; exact integers in float32)
+        counts = [rows @ (lab == int(index)).float() @ cols for index in wound_indices]
+        area = rows.sum(1)[:, None] * cols.sum(0)[None]
     frac = torch.stack(counts, 1) / area if counts else lab.new_zeros((lab.shape[0], 0, gh, gw), dtype=torch.float32)
     return frac.reshape(*lead, len(counts), gh, gw)
 

@@ -33,6 +33,20 @@ def test_fractions_equal_area_pooling_and_small_wounds_get_one_token():
     assert token_mask(torch.full((1, 2, 2), 0.5)).all()
 
 
+@pytest.mark.parametrize("shape", [(3, 224, 224), (230, 197)])
+def test_fractions_count_every_pixel_in_its_cell_exactly(shape):
+    """Equal blocks (an augmented view, a batch) and uneven bins (a full-size mask) against a pixel-by-pixel count."""
+    labels = np.random.default_rng(1).integers(0, 4, shape).astype(np.int32)
+    gh, gw = 7, 7
+    hm, wm = shape[-2:]
+    cell = (np.arange(hm)[:, None] * gh // hm) * gw + (np.arange(wm)[None] * gw // wm)
+    flat = labels.reshape(-1, hm, wm)
+    want = np.stack([[np.bincount(cell[lab == i], minlength=gh * gw) for i in (1, 3)] for lab in flat])
+    area = np.bincount(cell.ravel(), minlength=gh * gw)
+    want = torch.from_numpy((want.astype(np.float32) / area.astype(np.float32)).reshape(*shape[:-2], 2, gh, gw))
+    assert torch.equal(wound_fractions(labels, [1, 3], (gh, gw)), want)
+
+
 def test_attention_weights_nonnegative_sum_to_one_per_wound_and_zero_outside():
     g = torch.Generator().manual_seed(0)
     c, h, w = 8, 6, 6

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from core.vision.augment import AugmentConfig, WoundAugment, view_generator
 
@@ -89,6 +90,22 @@ def test_flips_and_rotations_move_the_mask_with_the_image():
     assert float(red.sum()) > 0.9 * float((m == 1).sum())
     centres = [tuple(torch.nonzero(v == 1).float().mean(0).round().tolist()) for v in m]
     assert len(set(centres)) > 8  # the views really moved the wound around
+
+
+def test_the_blur_is_a_reflect_padded_depthwise_gaussian():
+    """The shifted multiply-adds of ``_blur`` against ``conv2d`` with each image's separable kernel."""
+    aug = WoundAugment()
+    x = torch.rand(3, 3, 40, 33, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.1, 0.7, 1.5])
+    half = aug.config.blur_kernel // 2
+    t = torch.arange(-half, half + 1, dtype=torch.float32)
+    blurred = aug._blur(x, sigma)
+    for image, s, got in zip(x, sigma, blurred):
+        k = torch.exp(-t ** 2 / (2 * s ** 2))
+        k = (k / k.sum()).expand(3, -1)
+        y = F.pad(image[None], (half,) * 4, mode="reflect")
+        y = F.conv2d(F.conv2d(y, k[:, None, :, None], groups=3), k[:, None, None, :], groups=3)[0]
+        assert torch.allclose(got, y, atol=1e-6)
 
 
 def test_batched_views_equal_the_same_views_one_at_a_time():
