@@ -1,7 +1,7 @@
 """The default segmenter's recipe on photos it never saw, area first: fuseg-dev k-fold by photo (nested), Medetec
 zero-shot, Medetec fine-tuned with a clinic's first photos, click-to-outline and CPU inference.
 
-    python -m benchmarks.segmentation_default [--part all|features|fold|curve|report] [--fold F] [--folds 5]
+    python -m benchmarks.segmentation_default [--part all|features|fold|score|curve|report] [--fold F] [--folds 5]
                                               [--encoder lite0] [--work DIR] [--seed 0]
 
 Every network is what ``python -m core.train_segmenter --pretrain`` makes (:func:`core.segmentation.model.new_net`
@@ -21,8 +21,11 @@ and one close-up cached once per photo), trained without the photos it is scored
   threshold kept) on 15 Medetec photos drawn by series with seed ``F``, scored on the other Medetec photos beside
   the same network before fine-tuning (paired);
 - **click-to-outline on Medetec**: one click at each wound's deepest point, fold 0's network's map (zero-shot);
-- **CPU inference** of a 512-px photo (2 flips, 1 and 2 threads) with fold 0's network.
+- **CPU inference** of a 512-px photo (2 flips at each test-time size, 1 and 2 threads) with fold 0's network.
 
+Every photo is scored as the product outlines it (:meth:`~core.segmentation.model.Segmenter.probability`: 2 flips
+at each of the :data:`~core.segmentation.model.TEST_SCALES` sizes); the fold networks are also scored at the
+training size alone (a paired comparison of the test-time sizes; ``--part score`` re-scores saved fold networks).
 Per photo at the photo's resolution, outlines as suggestions show them (holes filled, components < 25 px dropped):
 Dice, IoU, boundary F (2 px) and the area ratio = predicted / expert wound pixels (median, interquartile, share
 within ±10 % and ±20 %, share over 1.5×); 95 % intervals resample photo series. ``--encoder`` picks the frozen
@@ -58,15 +61,13 @@ from core.runtime import torch_threads
 from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS, THRESHOLD
 from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import boundary_f, dice, iou
-from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net
+from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net, inference_sizes
 from core.segmentation.training import (
     AUGMENTATIONS,
     PRETRAIN_AUGMENTATION,
     PRETRAIN_AUGMENTED_VIEWS,
-    FeatureCache,
     Sample,
     cache_features,
-    cached_probability,
     choose_threshold,
     fit_network,
     folder_samples,
@@ -126,11 +127,25 @@ def photo_row(sample: Sample, prob: np.ndarray, threshold: float) -> dict[str, A
             "ratio": float(pred.sum() / max(1, int(sample.mask.sum())))}
 
 
-def scored(net: SegNet, cache: FeatureCache, samples: list[Sample], idx: list[int],
+def scored(seg: Segmenter, samples: list[Sample], idx: list[int] | range,
            thresholds: dict[str, float]) -> dict[str, list[dict]]:
-    """Rows of the ``idx`` photos at each named threshold."""
-    probs = {i: cached_probability(net, cache, i, samples[i].mask.shape) for i in idx}
+    """Rows of the ``idx`` photos at each named threshold, from ``seg``'s probability maps."""
+    probs = {i: seg.probability(samples[i].image) for i in idx}
     return {name: [photo_row(samples[i], probs[i], t) for i in idx] for name, t in thresholds.items()}
+
+
+def fold_scores(args: argparse.Namespace, f: int, net: SegNet, threshold: float) -> dict[str, dict[str, list[dict]]]:
+    """Fold ``f``'s network on its held-out fuseg-dev photos and on every Medetec photo: at its threshold and at 0.5
+    with the test-time sizes, and at its threshold with the training size alone (``one size``)."""
+    enc = encoder("cpu", args.encoder)
+    fuseg, medetec = samples_of(args, "fuseg"), samples_of(args, "medetec")
+    out: dict[str, dict[str, list[dict]]] = {}
+    for name, samples, idx in (("fuseg", fuseg, group_folds(fuseg, args.folds, args.seed)[f]),
+                               ("medetec", medetec, list(range(len(medetec))))):
+        out[name] = {**scored(Segmenter(net, enc, INPUT_SIZE), samples, idx, {"chosen": threshold, "0.5": 0.5}),
+                     "one size": scored(Segmenter(net, enc, INPUT_SIZE, scales=(1.0,)), samples, idx,
+                                        {"chosen": threshold})["chosen"]}
+    return out
 
 
 def fold_file(args: argparse.Namespace, part: str, fold: int) -> Path:
@@ -147,8 +162,8 @@ def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
     """Fold ``f``: the inner split's threshold, the network on the other folds, its scores (fuseg-dev fold f and
     Medetec zero-shot)."""
     enc = encoder("cpu", args.encoder)
-    fuseg, medetec = samples_of(args, "fuseg"), samples_of(args, "medetec")
-    cache_f, cache_m = load_cache(cache_file(args, "fuseg"), fuseg), load_cache(cache_file(args, "medetec"), medetec)
+    fuseg = samples_of(args, "fuseg")
+    cache_f = load_cache(cache_file(args, "fuseg"), fuseg)
     test = group_folds(fuseg, args.folds, args.seed)[f]
     train = [i for i in range(len(fuseg)) if i not in set(test)]
     seed = fold_seed(args.seed, 0, f, args.folds)
@@ -164,15 +179,21 @@ def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
     net, loss = fit_network(cache_f, train, start, args.epochs, seed=seed, progress=not args.quiet)
     seconds = time.perf_counter() - t0
     torch.save({"state": net.state_dict(), "threshold": threshold}, net_file(args, f))
-    at = {"chosen": threshold, "0.5": 0.5}
     out = {"fold": f, "threshold": threshold, "dice_by_threshold": by_t, "inner": [len(inner), len(held)],
            "loss": loss, "inner_loss": inner_loss, "train_seconds": seconds, "n_train": len(train),
-           "fuseg": scored(net, cache_f, fuseg, test, at), "medetec": scored(net, cache_m, medetec,
-                                                                              list(range(len(medetec))), at)}
+           **fold_scores(args, f, net.eval(), threshold)}
     fold_file(args, "fold", f).write_text(json.dumps(out))
     print(f"fold {f}: threshold {threshold:g}, {seconds:.0f} s, Dice "
           f"{np.mean([r['dice'] for r in out['fuseg']['chosen']]):.3f}, area ratio "
           f"{np.median([r['ratio'] for r in out['fuseg']['chosen']]):.2f}", flush=True)
+    return out
+
+
+def rescore(args: argparse.Namespace, f: int) -> dict[str, Any]:
+    """Fold ``f``'s saved network scored again (its training record kept): after a change of test-time views."""
+    out = json.loads(fold_file(args, "fold", f).read_text())
+    out.update(fold_scores(args, f, *load_fold_net(args, f)))
+    fold_file(args, "fold", f).write_text(json.dumps(out))
     return out
 
 
@@ -198,9 +219,9 @@ def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
         clinic += [i for i, s in enumerate(medetec) if s.group == g]
     rest = [i for i in range(len(medetec)) if i not in set(clinic)]
     net, _ = fit_network(cache_m, clinic, start, args.clinic_epochs, seed=args.seed + f, progress=not args.quiet)
-    at = {"chosen": threshold}
-    out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(start, cache_m, medetec, rest, at)["chosen"],
-           "fine_tuned": scored(net, cache_m, medetec, rest, at)["chosen"]}
+    enc, at = encoder("cpu", args.encoder), {"chosen": threshold}
+    out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(Segmenter(start, enc), medetec, rest, at)["chosen"],
+           "fine_tuned": scored(Segmenter(net.eval(), enc), medetec, rest, at)["chosen"]}
     fold_file(args, "curve", f).write_text(json.dumps(out))
     return out
 
@@ -279,6 +300,16 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                                          for r in c["fine_tuned"]],
                                         [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
                                          for r in c["zero_shot"]]))]
+    sizes = "+".join(map(str, inference_sizes(INPUT_SIZE)))
+    one = {"fuseg-dev held-out": (fuseg["chosen"], [r for o in folds for r in o["fuseg"]["one size"]]),
+           "Medetec zero-shot": (medetec["chosen"], mean_over_networks([o["medetec"]["one size"] for o in folds]))}
+    tables.append({"caption": f"Test-time sizes: {sizes} px against {INPUT_SIZE} px alone (the same fold networks, 2 "
+                              "flips at each size, each fold's nested threshold)",
+                   "columns": ["test-time sizes", *COLUMNS],
+                   "rows": [[label, where, *area_cells(pair[k])] for where, pair in one.items()
+                            for k, label in ((0, sizes), (1, str(INPUT_SIZE)))]})
+    claims += [paired_claim(f"test-time sizes {sizes} add Dice over {INPUT_SIZE} alone on {where} photos (paired over "
+                            "photo series)", *group_means(*pair)) for where, pair in one.items()]
     timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
         done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
@@ -301,10 +332,10 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                                  round(float(np.mean([o["train_seconds"] for o in os_]))), round(timing[recipe(ns)], 3)]
                                 for where, pair in (("fuseg-dev held-out", (a, b)), ("Medetec zero-shot", (med_a, med_b)))
                                 for ns, rows, os_ in ((args, pair[0], ours), (them, pair[1], theirs))]})
-        claims += [paired_claim(f"{recipe(them)} adds Dice over {recipe(args)} on held-out fuseg-dev photos (paired "
-                                "over photo series)", *group_means(b, a)),
-                   paired_claim(f"{recipe(them)} adds Dice over {recipe(args)} on Medetec zero-shot (paired over "
-                                "photo series)", *group_means(med_b, med_a))]
+        claims += [paired_claim(f"{recipe(args)} adds Dice over {recipe(them)} on held-out fuseg-dev photos (paired "
+                                "over photo series)", *group_means(a, b)),
+                   paired_claim(f"{recipe(args)} adds Dice over {recipe(them)} on Medetec zero-shot (paired over "
+                                "photo series)", *group_means(med_a, med_b))]
     notes = [f"Training per fold (inner network + fold network, {args.epochs} epochs each): "
              f"{np.mean([o['train_seconds'] for o in folds]) / 60:.1f} min on average, 1 torch thread."]
     if args.click:
@@ -318,15 +349,16 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
             rs = [c for c in clicks if c["method"] == method]
             notes.append(f"Click-to-outline on Medetec ({method}, fold 0's network, zero-shot): Dice per wound "
                          f"{np.mean([c['dice'] for c in rs]):.3f} over {len(rs)} wounds.")
-        notes.append(f"CPU inference of a 512-px photo (2 flips): {inference_seconds(seg, 1):.3f} s on 1 thread, "
-                     f"{inference_seconds(seg, 2):.3f} s on 2.")
+        notes.append(f"CPU inference of a 512-px photo (2 flips at {sizes} px): {inference_seconds(seg, 1):.3f} s on 1 "
+                     f"thread, {inference_seconds(seg, 2):.3f} s on 2.")
     return tables, claims, notes
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.segmentation_default`` job; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.segmentation_default", description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("all", "features", "fold", "curve", "report"), default="all")
+    p.add_argument("--part", choices=("all", "features", "fold", "score", "curve", "report"), default="all",
+                   help="score: re-score the saved fold networks in --work (test-time views changed, no training)")
     p.add_argument("--fuseg", type=Path, default=SHARED / "fuseg-dev")
     p.add_argument("--medetec", type=Path, default=SHARED / "medetec")
     p.add_argument("--work", type=Path, default=Path("/tmp/segmentation-default"),
@@ -373,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in folds if args.part in ("all", "fold") else []:
             if needed(fold_file(args, "fold", f)):
                 fold(args, f)
+        for f in folds if args.part == "score" else []:
+            rescore(args, f)
         for f in folds if args.part in ("all", "curve") else []:
             if needed(fold_file(args, "curve", f)):
                 curve(args, f)

@@ -19,6 +19,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +59,13 @@ TTA_FLIPS = ("identity", "hflip", "vflip", "hvflip")
 #: Flips a new segmenter averages: 2 (identity, hflip), which scored as 4 on the fuseg-dev folds and keeps a 512-px
 #: photo under 0.5 s on 2 CPU cores, where 4 did not (``benchmarks/segmentation.py``, model card).
 TEST_FLIPS = 2
+#: Test-time input sizes, as multiples of the training size (512 → 512 and 640 px): the network's logits at each
+#: size (over its flips) are averaged at the photo's resolution. The larger size keeps the edge of a small wound that
+#: the 512-px output's stride-4 cells blur (results/segmentation_search.md, stop 66: adopted by a rule fixed before
+#: the 5-fold run).
+TEST_SCALES = (1.0, 1.25)
+#: The encoder's largest stride: an input side is a multiple of it.
+STRIDE = 32
 DEFAULT_DIR = Path(__file__).resolve().parent / "default"
 
 
@@ -219,12 +227,21 @@ def flip(x: Tensor, view: str) -> Tensor:
     return x.flip(dims) if dims else x
 
 
-def probability_map(logits: Tensor, shape: tuple[int, int], views: Sequence[str] = TTA_FLIPS[:2]) -> np.ndarray:
-    """Logits of a photo under ``views`` (V×1×h×w, view ``k`` flipped by ``views[k]``) → the photo's probability
-    at ``shape``, from the mean of the logits flipped back (flip test-time augmentation)."""
+def photo_logits(logits: Tensor, shape: tuple[int, int], views: Sequence[str] = TTA_FLIPS[:2]) -> Tensor:
+    """Logits of a photo under ``views`` (V×1×h×w, view ``k`` flipped by ``views[k]``) → their mean flipped back,
+    upsampled (bilinear) to ``shape``: 1×1×H×W."""
     mean = torch.stack([flip(logits[k:k + 1], v) for k, v in enumerate(views)]).mean(0)
-    mean = F.interpolate(mean.float(), size=tuple(shape), mode="bilinear", align_corners=False)
-    return torch.sigmoid(mean)[0, 0].cpu().numpy().astype(np.float32)
+    return F.interpolate(mean.float(), size=tuple(shape), mode="bilinear", align_corners=False)
+
+
+def probability_map(logits: Tensor, shape: tuple[int, int], views: Sequence[str] = TTA_FLIPS[:2]) -> np.ndarray:
+    """The photo's probability at ``shape`` from one size's logits under ``views`` (:func:`photo_logits`)."""
+    return torch.sigmoid(photo_logits(logits, shape, views))[0, 0].cpu().numpy().astype(np.float32)
+
+
+def inference_sizes(input_size: int, scales: Sequence[float] = TEST_SCALES) -> list[int]:
+    """The input sides of ``scales`` × ``input_size``, each rounded up to a multiple of :data:`STRIDE` (no repeats)."""
+    return list(dict.fromkeys(int(math.ceil(input_size * s / STRIDE)) * STRIDE for s in scales))
 
 
 def to_batch(images: Sequence[Image.Image], size: int = INPUT_SIZE) -> Tensor:
@@ -238,19 +255,24 @@ class Segmenter:
 
     ``source`` says where it comes from (``default`` for the shipped model, ``run N`` for a workspace's run,
     or a file path); ``tta`` is the number of flips averaged at test time (1, 2 or 4 of :data:`TTA_FLIPS`);
-    ``threshold`` the probability from which a pixel is wound (chosen by the default's inner split).
+    ``scales`` the test-time sizes as multiples of ``input_size`` (:func:`inference_sizes`); ``threshold`` the
+    probability from which a pixel is wound (chosen by the default's inner split).
     """
 
     def __init__(self, net: SegNet, enc: Encoder, input_size: int = INPUT_SIZE, run_id: int | None = None,
-                 source: str | None = None, tta: int = TEST_FLIPS, threshold: float = THRESHOLD) -> None:
+                 source: str | None = None, tta: int = TEST_FLIPS, threshold: float = THRESHOLD,
+                 scales: Sequence[float] = TEST_SCALES) -> None:
         if tta not in (1, 2, 4):
             raise SegmenterError(f"test-time flips must be 1, 2 or 4 (got {tta})")
+        if not scales or min(scales) <= 0:
+            raise SegmenterError(f"test-time scales must be positive multiples of the input size (got {scales!r})")
         if not 0 < threshold < 1:
             raise SegmenterError(f"threshold must lie strictly between 0 and 1 (got {threshold})")
         self.threshold = float(threshold)
         self.encoder = enc
         self.net = net.to(enc.device).eval()
         self.input_size = int(input_size)
+        self.sizes = inference_sizes(self.input_size, scales)
         self.run_id = run_id
         self.source = source or (f"run {run_id}" if run_id is not None else "untrained")
         self.tta = tta
@@ -258,23 +280,23 @@ class Segmenter:
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def __repr__(self) -> str:
-        return (f"Segmenter({self.source}, {self.encoder.identity}, {self.input_size}px, {self.tta} flips, "
+        return (f"Segmenter({self.source}, {self.encoder.identity}, {'+'.join(map(str, self.sizes))}px, {self.tta} flips, "
                 f"threshold {self.threshold:g}, {self.device})")
 
     @torch.no_grad()
     def probability(self, image: Image.Image) -> np.ndarray:
-        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1], the mean over the photo's test-time
-        flips (the last few photos' maps are kept, so repeated clicks on one photo run the network once; treat
-        the result as read-only)."""
+        """Wound probability per pixel of ``image``: (H, W) float32 in [0, 1], the sigmoid of the mean logit over
+        the test-time sizes and flips (the last few photos' maps are kept, so repeated clicks on one photo run the
+        network once; treat the result as read-only)."""
         rgb = image.convert("RGB")
         key = hashlib.sha1(rgb.tobytes()).hexdigest() + repr(rgb.size)
         if key in self._recent:
             self._recent.move_to_end(key)
             return self._recent[key]
-        x = to_batch([rgb], self.input_size)
-        views = TTA_FLIPS[:self.tta]
-        logits = self.net(self.encoder(torch.cat([flip(x, v) for v in views])))
-        prob = probability_map(logits, (rgb.height, rgb.width), views)
+        views, shape = TTA_FLIPS[:self.tta], (rgb.height, rgb.width)
+        mean = torch.stack([photo_logits(self.net(self.encoder(torch.cat([flip(x, v) for v in views]))), shape, views)
+                            for x in (to_batch([rgb], size) for size in self.sizes)]).mean(0)
+        prob = torch.sigmoid(mean)[0, 0].cpu().numpy().astype(np.float32)
         self._recent[key] = prob
         while len(self._recent) > RECENT_MAPS:
             self._recent.popitem(last=False)

@@ -31,7 +31,7 @@ from core.segmentation import (
 from core.segmentation.defaults import SegmenterConfig
 from core.segmentation.interactive import SAM_PATCH_KEY, click_outline
 from core.segmentation.metrics import boundary_f, dice, iou, match_wounds, vertices_to_move
-from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net
+from core.segmentation.model import RUN_KIND, default_path, encoder, load_default, new_net, inference_sizes
 from core.segmentation.training import (
     CLOSE_UP,
     STRONG,
@@ -429,6 +429,22 @@ def test_probability_maps_are_reused_for_the_same_photo():
     first = seg.probability(photo)
     assert first.shape == (20, 30) and seg.probability(photo.copy()) is first
     assert seg.probability(Image.fromarray(np.full((20, 30, 3), 121, np.uint8))) is not first
+
+
+def test_test_time_sizes_average_the_logits_of_each_size():
+    """Two sizes: the sigmoid of the mean of each size's logit map (as one-size segmenters give them)."""
+    enc = encoder("cpu")
+    net = new_net(enc, seed=3, prior=None)
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 70, 3), dtype=np.uint8))
+    assert inference_sizes(512) == [512, 640] and inference_sizes(SIZE, (1.0, 1.25)) == [SIZE, SIZE + 32]
+    both = Segmenter(net, enc, input_size=SIZE, scales=(1.0, 1.25))
+    assert both.sizes == [SIZE, SIZE + 32]
+    logit = [np.log(p / (1 - p)) for p in (Segmenter(net, enc, input_size=s, scales=(1.0,)).probability(photo)
+                                           for s in both.sizes)]
+    assert not np.allclose(logit[0], logit[1], atol=1e-3)  # the sizes see the photo differently
+    assert np.allclose(both.probability(photo), 1 / (1 + np.exp(-(logit[0] + logit[1]) / 2)), atol=1e-5)
+    with pytest.raises(SegmenterError, match="scales"):
+        Segmenter(net, enc, input_size=SIZE, scales=())
 
 
 def test_benchmark_folds_keep_photo_series_together():
