@@ -64,8 +64,10 @@ from core.segmentation.metrics import boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net, inference_sizes
 from core.segmentation.training import (
     AUGMENTATIONS,
+    AUGMENTED_VIEWS,
     PRETRAIN_AUGMENTATION,
     PRETRAIN_AUGMENTED_VIEWS,
+    FeatureCache,
     Sample,
     cache_features,
     choose_threshold,
@@ -205,11 +207,30 @@ def load_fold_net(args: argparse.Namespace, f: int) -> tuple[SegNet, float]:
     return net.eval(), float(saved["threshold"])
 
 
+def clinic_cache(args: argparse.Namespace, medetec: list[Sample]) -> FeatureCache:
+    """Medetec's features for a clinic's fine-tune: the flips, and ``--clinic-views`` close-ups per photo when asked
+    (cached once in ``--work``)."""
+    if not args.clinic_views:
+        return load_cache(cache_file(args, "medetec"), medetec)
+    path = args.work / f"features-medetec-{args.encoder}-close{args.clinic_views}.pt"
+    if not path.is_file():
+        save_cache(path, cache_features(medetec, encoder("cpu", args.encoder), INPUT_SIZE, augmented=args.clinic_views,
+                                        seed=args.seed, progress=not args.quiet, aug=AUGMENTATIONS["close"]), medetec)
+    return load_cache(path, medetec)
+
+
+def curve_file(args: argparse.Namespace, f: int) -> Path:
+    """Where fold ``f``'s clinic curve keeps its scores (``-clinicN`` when the clinic caches N close-ups)."""
+    name = fold_file(args, "curve", f)
+    return name.with_name(name.name.replace(f"-s{args.seed}.json", f"-clinic{args.clinic_views}-s{args.seed}.json")
+                          if args.clinic_views != AUGMENTED_VIEWS else name.name)
+
+
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     """Fold ``f``'s network fine-tuned on ``--clinic`` Medetec photos (series drawn with seed ``f``), scored on the
     rest."""
     medetec = samples_of(args, "medetec")
-    cache_m = load_cache(cache_file(args, "medetec"), medetec)
+    cache_m = clinic_cache(args, medetec)
     start, threshold = load_fold_net(args, f)
     order = np.random.default_rng(args.seed + f).permutation(sorted({s.group for s in medetec}))
     clinic: list[int] = []
@@ -222,7 +243,7 @@ def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     enc, at = encoder("cpu", args.encoder), {"chosen": threshold}
     out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(Segmenter(start, enc), medetec, rest, at)["chosen"],
            "fine_tuned": scored(Segmenter(net.eval(), enc), medetec, rest, at)["chosen"]}
-    fold_file(args, "curve", f).write_text(json.dumps(out))
+    curve_file(args, f).write_text(json.dumps(out))
     return out
 
 
@@ -273,7 +294,7 @@ def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str
 def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
     """Tables, the fine-tune's paired claim and notes from every fold's and curve's saved scores."""
     folds = [json.loads(fold_file(args, "fold", f).read_text()) for f in range(args.folds)]
-    curves = [json.loads(fold_file(args, "curve", f).read_text()) for f in range(args.folds)]
+    curves = [json.loads(curve_file(args, f).read_text()) for f in range(args.folds)]
     fuseg = {k: [r for o in folds for r in o["fuseg"][k]] for k in ("chosen", "0.5")}
     medetec = {k: mean_over_networks([o["medetec"][k] for o in folds]) for k in ("chosen", "0.5")}
     rows = [["fuseg-dev, held-out folds, nested threshold", *area_cells(fuseg["chosen"])],
@@ -377,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_seed(p)
     p.add_argument("--clinic", type=int, default=CLINIC_PHOTOS,
                    help=f"curve: Medetec photos a clinic fine-tunes on (default {CLINIC_PHOTOS})")
+    p.add_argument("--clinic-views", type=int, default=AUGMENTED_VIEWS,
+                   help=f"curve: close-ups cached per clinic photo besides its flips (default {AUGMENTED_VIEWS}, a "
+                        "workspace run's)")
     p.add_argument("--clinic-epochs", type=int, default=EPOCHS,
                    help=f"curve: epochs of the clinic's fine-tune (default {EPOCHS}, a workspace run's)")
     p.add_argument("--no-inner", action="store_true",
@@ -408,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in folds if args.part == "score" else []:
             rescore(args, f)
         for f in folds if args.part in ("all", "curve") else []:
-            if needed(fold_file(args, "curve", f)):
+            if needed(curve_file(args, f)):
                 curve(args, f)
         if args.part not in ("all", "report"):
             return 0
