@@ -331,6 +331,18 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                             for k, label in ((0, sizes), (1, str(INPUT_SIZE)))]})
     claims += [paired_claim(f"test-time sizes {sizes} add Dice over {INPUT_SIZE} alone on {where} photos (paired over "
                             "photo series)", *group_means(*pair)) for where, pair in one.items()]
+    other = argparse.Namespace(**{**vars(args), "clinic_views": 0 if args.clinic_views else 1})
+    if all(curve_file(other, f).is_file() for f in range(args.folds)):
+        theirs_c = [json.loads(curve_file(other, f).read_text()) for f in range(args.folds)]
+        tuned = {n: [{**r, "group": f"{c['fold']}:{r['group']}"} for c in cs for r in c["fine_tuned"]]
+                 for n, cs in ((args.clinic_views, curves), (other.clinic_views, theirs_c))}
+        tables.append({"caption": f"A clinic's {args.clinic} photos' fine-tune: the flips alone against one close-up per "
+                                  "photo besides them (the same fold networks, draws and epochs; on the other Medetec "
+                                  "photos)",
+                       "columns": ["close-ups per clinic photo", *COLUMNS],
+                       "rows": [[n, "Medetec, the rest (all draws)", *area_cells(rows)] for n, rows in sorted(tuned.items())]})
+        claims.append(paired_claim(f"one close-up per clinic photo adds Dice over the flips alone to the {args.clinic} "
+                                   "photos' fine-tune (paired over draw × photo series)", *group_means(tuned[1], tuned[0])))
     timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
         done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
