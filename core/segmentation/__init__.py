@@ -6,8 +6,8 @@ embedded package): strides 4–32 feed a light top-down FPN decoder (Lin et al.,
 gives a wound probability map. The stem and stages up to stride 16 stay frozen (their features are
 cached once per photo and view); the stride-32 stages (three quarters of the encoder's weights) and
 the decoder train, with binary cross-entropy + soft Dice (Milletari et al. 2016), on the four flips
-of each photo (strong random views added nothing measured on fuseg-dev folds); predictions average
-the photo's four flips. A default segmenter trained on public foot-ulcer photos ships with the
+of each photo (the default adds one close-up of the wound per photo); predictions average the logits of
+the photo and its horizontal flip at two input sizes (512 and 640 px). A default segmenter trained on public foot-ulcer photos ships with the
 package (``default/segmenter.safetensors``, model card ``default/MODEL_CARD.md``): a new workspace's
 suggestions and clicks use it, and a workspace's own run fine-tunes it.
 
