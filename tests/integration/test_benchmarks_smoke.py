@@ -330,7 +330,10 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert main([*common, "--part", "fold", "--fold", "0"]) == 0
     assert main([*common, "--section", "seg_default_smoke"]) == 0  # features and fold 0 reused, the rest computed
     record = json.loads((tmp_path / "seg_default_smoke.json").read_text(encoding="utf-8"))
-    main_table, per_fold = record["tables"]
+    main_table, per_fold, sizes = record["tables"]
+    assert [r[:2] for r in sizes["rows"]] == [["512+640", "fuseg-dev held-out"], ["512", "fuseg-dev held-out"],
+                                              ["512+640", "Medetec zero-shot"], ["512", "Medetec zero-shot"]]
+    assert sum(c["claim"].startswith("test-time sizes 512+640 add Dice") for c in record["claims"]) == 2
     assert [r[1] for r in main_table["rows"][:2]] == [10, 10]  # every photo scored once, held out
     assert [r[0] for r in per_fold["rows"]] == [0, 1] and all(0.3 <= r[1] <= 0.7 for r in per_fold["rows"])
     assert "fold0-of2-lite0-s0.json" in record["notes"][-1] and "fold1" not in record["notes"][-1]
@@ -346,5 +349,14 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert [r[0] for r in table["rows"]] == ["lite0", "lite0-flips"] * 2 and "folds (0)" in table["caption"]
     assert [r[1] for r in table["rows"]] == ["fuseg-dev held-out"] * 2 + ["Medetec zero-shot"] * 2
     assert [r[1] for r in compared["tables"][0]["rows"][:2]] == [10, 10]  # the recipe's own rows are unchanged
-    assert [c["claim"].split(" (")[0] for c in compared["claims"] if c["claim"].startswith("lite0-flips")] == [
-        "lite0-flips adds Dice over lite0 on held-out fuseg-dev photos", "lite0-flips adds Dice over lite0 on Medetec zero-shot"]
+    assert [c["claim"].split(" (")[0] for c in compared["claims"] if "lite0-flips" in c["claim"]] == [
+        "lite0 adds Dice over lite0-flips on held-out fuseg-dev photos", "lite0 adds Dice over lite0-flips on Medetec zero-shot"]
+    # a clinic's fine-tune with a close-up per photo: its own Medetec cache and curve files, compared in the report
+    assert main([*common, "--part", "curve", "--clinic-views", "1"]) == 0
+    assert (tmp_path / "work" / "features-medetec-lite0-close1.pt").is_file()
+    assert (tmp_path / "work" / "curve1-of2-lite0-clinic1-s0.json").is_file()
+    assert main([*common, "--part", "report", "--no-click", "--section", "seg_clinic_smoke"]) == 0
+    clinic = json.loads((tmp_path / "seg_clinic_smoke.json").read_text(encoding="utf-8"))
+    table = next(t for t in clinic["tables"] if t["caption"].startswith("A clinic's 4 photos' fine-tune"))
+    assert [r[0] for r in table["rows"]] == [0, 1] and table["rows"][0][2] == table["rows"][1][2]  # the same photos
+    assert any(c["claim"].startswith("one close-up per clinic photo adds Dice") for c in clinic["claims"])
