@@ -221,9 +221,8 @@ def clinic_cache(args: argparse.Namespace, medetec: list[Sample]) -> FeatureCach
 
 def curve_file(args: argparse.Namespace, f: int) -> Path:
     """Where fold ``f``'s clinic curve keeps its scores (``-clinicN`` when the clinic caches N close-ups)."""
-    name = fold_file(args, "curve", f)
-    return name.with_name(name.name.replace(f"-s{args.seed}.json", f"-clinic{args.clinic_views}-s{args.seed}.json")
-                          if args.clinic_views != AUGMENTED_VIEWS else name.name)
+    clinic = f"-clinic{args.clinic_views}" if args.clinic_views != AUGMENTED_VIEWS else ""
+    return args.work / f"curve{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
 
 
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:

@@ -7,9 +7,10 @@ gives a wound probability map. The stem and stages up to stride 16 stay frozen (
 cached once per photo and view); the stride-32 stages (three quarters of the encoder's weights) and
 the decoder train, with binary cross-entropy + soft Dice (Milletari et al. 2016), on the four flips
 of each photo (the default adds one close-up of the wound per photo); predictions average the logits of
-the photo and its horizontal flip at two input sizes (512 and 640 px). A default segmenter trained on public foot-ulcer photos ships with the
-package (``default/segmenter.safetensors``, model card ``default/MODEL_CARD.md``): a new workspace's
-suggestions and clicks use it, and a workspace's own run fine-tunes it.
+the photo and its horizontal flip at two input sizes (512 and 640 px). A default segmenter trained on
+public foot-ulcer photos ships with the package (``default/segmenter.safetensors``, model card
+``default/MODEL_CARD.md``): a new workspace's suggestions and clicks use it, and a workspace's own run
+fine-tunes it.
 
 - :mod:`.model` — :class:`Segmenter` (frozen encoder + tuned stages and decoder), checkpoints, the default.
 - :mod:`.training` — training samples (workspace masks, dataset folders), feature cache, fitting,
