@@ -63,12 +63,14 @@ from core.segmentation.metrics import dice, photo_scores
 from core.segmentation.model import (
     INPUT_SIZE,
     TEST_FLIPS,
+    TEST_SCALES,
     THRESHOLD,
     TTA_FLIPS,
     Encoder,
     Segmenter,
     default_path,
     encoder,
+    inference_sizes,
     load_default,
     new_net,
 )
@@ -396,10 +398,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def inference_grid(default: Segmenter, enc: Encoder) -> dict[tuple[int, int], float]:
-    """Seconds of ``default`` on a new photo for 1 and 2 torch threads × 2 and 4 test-time flips (CPU)."""
-    return {(t, k): inference_seconds(Segmenter(default.net, enc, default.input_size, tta=k), t)
-            for t in (1, 2) for k in (2, 4)}
+def inference_grid(default: Segmenter, enc: Encoder) -> dict[tuple[int, str, int], float]:
+    """Seconds of ``default`` on a new photo for 1 and 2 torch threads × the training size alone and the product's
+    test-time sizes (:data:`~core.segmentation.model.TEST_SCALES`) × 2 and 4 test-time flips (CPU)."""
+    out = {}
+    for scales in dict.fromkeys([(1.0,), tuple(TEST_SCALES)]):
+        sizes = "+".join(map(str, inference_sizes(default.input_size, scales)))
+        for t in (1, 2):
+            for k in (2, 4):
+                seg = Segmenter(default.net, enc, default.input_size, tta=k, scales=scales)
+                out[t, sizes, k] = inference_seconds(seg, t)
+    return out
 
 
 def timing(args: argparse.Namespace) -> dict[str, Any]:
@@ -411,8 +420,8 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
 def timing_table(out: dict[str, Any]) -> dict[str, Any]:
     """The CPU inference table of a run's ``timing`` records."""
     return {"caption": f"CPU inference, one {TIMING_SIDE}-px photo (Segmenter.probability, median of 5)",
-            "columns": ["torch threads", "test-time flips", "seconds"],
-            "rows": [[t, k, sec] for (t, k), sec in out["timing"].items()]}
+            "columns": ["torch threads", "test-time sizes (px)", "test-time flips", "seconds"],
+            "rows": [[*key, sec] for key, sec in out["timing"].items()]}
 
 
 def timing_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], list[dict], list[str]]:

@@ -349,6 +349,8 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert [r[0] for r in table["rows"]] == ["lite0", "lite0-flips"] * 2 and "folds (0)" in table["caption"]
     assert [r[1] for r in table["rows"]] == ["fuseg-dev held-out"] * 2 + ["Medetec zero-shot"] * 2
     assert [r[1] for r in compared["tables"][0]["rows"][:2]] == [10, 10]  # the recipe's own rows are unchanged
+    fold0 = json.loads((tmp_path / "work" / "fold0-of2-lite0-s0.json").read_text(encoding="utf-8"))
+    assert table["rows"][0][3]["mean"] == pytest.approx(np.mean([r["dice"] for r in fold0["fuseg"]["chosen"]]))
     assert [c["claim"].split(" (")[0] for c in compared["claims"] if "lite0-flips" in c["claim"]] == [
         "lite0 adds Dice over lite0-flips on held-out fuseg-dev photos", "lite0 adds Dice over lite0-flips on Medetec zero-shot"]
     # a clinic's fine-tune with a close-up per photo: its own Medetec cache and curve files, compared in the report
