@@ -1,44 +1,39 @@
-"""Wound segmentation: in-source folds, cross-source transfer, the default model and a clinic's learning curve.
+"""Wound segmentation: in-source folds and cross-source transfer of the segmenter's networks, from ImageNet.
 
     python -m benchmarks.segmentation [--fuseg ../shared/data/fuseg-dev] [--medetec ../shared/data/medetec]
-                                      [--folds 2] [--fold-seeds 3] [--epochs 6] [--source-epochs 12] [--curve-epochs 40]
-                                      [--curve-folds 2] [--seed 0] [--section segmentation]
+                                      [--folds 2] [--fold-seeds 3] [--epochs 24] [--source-epochs 12] [--seed 0]
+                                      [--part all|ablation|timing] [--section segmentation]
 
-Every network is the product's recipe (:mod:`core.segmentation`: EfficientNet-Lite0 with its stride-32
-stages fine-tuned + FPN decoder, trained on the 4 flips, scored with the product's test-time flips,
+Every network is :mod:`core.segmentation`'s (EfficientNet-Lite0 with its stride-32 stages fine-tuned + FPN
+decoder, trained on the 4 flips, scored with the product's test-time flips,
 :data:`~core.segmentation.model.TEST_FLIPS`). Rows:
 
 - **fuseg-dev k-fold by photo** (``--folds``; a file-name series stays in one fold), each fold's
-  network trained from ImageNet on the other folds, ``--epochs`` epochs like the default; the same
+  network trained from ImageNet on the other folds, ``--epochs`` epochs; the same
   predictions with 1, 2 and 4 test-time flips say what the flips add; the folds are trained again
   with ``--fold-seeds`` sets of seeds (the decoder's initial weights and the batch order), whose spread
   says how much of a difference between recipes the seed alone makes;
 - **trained on Medetec → fuseg-dev**: from ImageNet on all Medetec photos (``--source-epochs``);
-- **the default model → Medetec** (zero-shot): the segmenter shipped in the package
-  (:func:`core.segmentation.model.default_path`), trained on fuseg-dev only, so this row is
-  fuseg-dev → Medetec as well; on fuseg-dev the default's own training photos cannot score it, and
-  the k-fold row (the same recipe on held-out photos) stands for it;
-- **learning curve of a clinic** (Medetec as the clinic): ``--curve-folds`` folds by photo group;
-  from each fold's training photos 5, 15 and all fine-tune the default as a workspace's own segmenter
-  run does (``python -m core.train_segmenter``: the default as its start, ``--curve-epochs`` epochs,
-  the product's :data:`~core.segmentation.defaults.EPOCHS`), tested on the fold; 0 photos is the default itself;
 - red-channel Otsu (no training) on each set, for reference.
 - ``--part ablation`` (its own section, ``segmentation_ablation``): what three steps add — the fuseg-dev
   fold networks (same folds and seeds) trained with the encoder frozen and at 256-px input (steps the
   recipe has), and with a strong random view per photo (a step it dropped), against the recipe, on
   held-out fuseg-dev photos and zero-shot on Medetec, paired over photo groups.
+- ``--part timing`` (``segmentation_timing``): the shipped default's CPU inference of a 512-px photo.
+
+The shipped default itself, nested on photos its networks never saw (fuseg-dev folds, Medetec zero-shot, a
+clinic's 15-photo fine-tune, click-to-outline), is :mod:`benchmarks.segmentation_default`: since issue 48 the
+default trains on Medetec too, so no Medetec figure of the shipped file is zero-shot, and this benchmark no longer
+scores it.
 
 Predictions are thresholded at 0.5, components below the minimum wound area (25 px) dropped, and
 scored at the photo's resolution: Dice, IoU and boundary F (DAVIS tolerance) per photo, Dice per
 wound, the share of wounds whose suggestion needs no edit (Dice ≥ 0.9); 95 % intervals are
-percentile bootstraps that resample photo groups (patients/series where known), not photos. Also:
-click-to-outline with the default on Medetec (one click at each wound's deepest interior point) and
-CPU inference time of a 512-px photo.
+percentile bootstraps that resample photo groups (patients/series where known), not photos.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -68,7 +63,6 @@ from core.segmentation.model import (
     TTA_FLIPS,
     Encoder,
     Segmenter,
-    default_path,
     encoder,
     inference_sizes,
     load_default,
@@ -77,7 +71,6 @@ from core.segmentation.model import (
 from core.segmentation.training import (
     AUGMENTED_VIEWS,
     ENCODER_LR_FACTOR,
-    EPOCHS,
     PRETRAIN_EPOCHS,
     FeatureCache,
     Sample,
@@ -88,7 +81,6 @@ from core.segmentation.training import (
 )
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-CURVE = (5, 15)
 TIMING_SIDE = 512
 BOOTSTRAP = 2000
 
@@ -371,30 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with torch_threads(1):
         cache_m = cache_features(medetec, enc, seed=args.seed, progress=not args.quiet)
     out: dict[str, Any] = {"n": {"medetec": len(medetec)}}
-    if args.part in ("all", "sources"):
-        out.update(sources(args, enc, medetec, cache_m))
-    if args.part == "sources":
-        return out
-    # the default (fuseg-dev only) → Medetec, and the clinic's learning curve from it
-    default = load_default(args.device)
-    out["default_sha256"] = hashlib.sha256(default_path().read_bytes()).hexdigest()
-    out["default_medetec"] = evaluate(default.net, cache_m, medetec, list(range(len(medetec))), device=args.device)
-    curve: dict[str, list[dict]] = {"0": [], **{str(n): [] for n in CURVE}, "all": []}
-    curve_folds = group_folds(medetec, args.curve_folds, args.seed)
-    for f, test in enumerate(tqdm(curve_folds, desc="learning curve", unit="fold", disable=args.quiet)):
-        held = set(test)
-        pool = [i for i in range(len(medetec)) if i not in held]
-        rng = np.random.default_rng(args.seed + f)
-        curve["0"] += evaluate(default.net, cache_m, medetec, test, device=args.device)
-        for n in (*CURVE, len(pool)):
-            subset = sorted(rng.choice(pool, size=min(n, len(pool)), replace=False).tolist())
-            net = train(cache_m, subset, default.net, args.curve_epochs, args.seed + f, args.device)
-            curve["all" if n == len(pool) else str(n)] += evaluate(net, cache_m, medetec, test, device=args.device)
-    out["curve"], out["curve_pools"] = curve, [len(medetec) - len(t) for t in curve_folds]
-    with torch_threads(1):
-        probs = {i: default.probability(s.image) for i, s in enumerate(medetec)}
-    out["clicks"] = click_scores(medetec, probs)
-    out["timing"] = inference_grid(default, enc)
+    out.update(sources(args, enc, medetec, cache_m))
     return out
 
 
@@ -441,9 +410,6 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
             [f"fuseg-dev {args.folds}-fold by photo (other folds, from ImageNet) → held-out fuseg-dev", n_f,
              *summary(out["kfold"][TEST_FLIPS], seed)],
             [f"Medetec, all {n_m} (from ImageNet) → fuseg-dev", n_f, *summary(out["medetec_to_fuseg"], seed)]]
-    if "default_medetec" in out:
-        main_rows.append([f"default (fuseg-dev, all {n_f or 195}) → Medetec, zero-shot", n_m,
-                          *summary(out["default_medetec"], seed)])
     if "kfold" in out:
         main_rows += [["red-channel Otsu (no training) → fuseg-dev", n_f, *summary(out["otsu_fuseg"], seed)],
                       ["red-channel Otsu (no training) → Medetec", n_m, *summary(out["otsu_medetec"], seed)]]
@@ -451,12 +417,12 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
                "columns": columns, "rows": main_rows}]
     claims: list[dict] = []
     notes = [
-        (f"Recipe: input {load_default('cpu').input_size} px; EfficientNet-Lite0 stem and stages 0–4 frozen (their "
+        (f"Recipe: input {INPUT_SIZE} px; EfficientNet-Lite0 stem and stages 0–4 frozen (their "
          f"features cached), stages 5–6 (stride 32) fine-tuned at {ENCODER_LR_FACTOR}× the decoder's AdamW rate "
          f"1e-3 (cosine), FPN decoder; views: the 4 flips, {AUGMENTED_VIEWS} strong random view(s) per photo "
          f"(the ablation's variant: rotation ±45°, scale ×0.5–2, aspect, colour/hue/gamma jitter, blur); BCE + soft Dice; "
          f"{args.epochs} epochs in-source (the default: {PRETRAIN_EPOCHS}), {args.source_epochs} from Medetec's "
-         f"{n_m} photos; curve fine-tunes {args.curve_epochs} epochs (a workspace run's). {TEST_FLIPS}-flip test-time augmentation.")]
+         f"{n_m} photos. {TEST_FLIPS}-flip test-time augmentation.")]
     if "kfold" in out:
         tables.append({"caption": f"Test-time flips on the fuseg-dev {args.folds}-fold predictions (same networks)",
                        "columns": ["flips averaged", "photos", "Dice/photo [grouped 95 % CI]", "median Dice/photo"],
@@ -475,35 +441,6 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list[dict], l
                                    "median Dice/photo"], "rows": seed_rows})
         notes.append(f"fuseg-dev folds: {', '.join(map(str, out['folds']))} test photos. The first table's k-fold row "
                      "and the flips table are the first seed set's networks.")
-    if "curve" in out:
-        pools = out["curve_pools"]
-        curve_rows = [[{"0": "0 (the default, zero-shot)", "all": f"all ({min(pools)}–{max(pools)})"}.get(k, k),
-                       len(v), *summary(v, seed)] for k, v in out["curve"].items()]
-        clicks = out["clicks"]
-        tables += [
-            {"caption": f"Learning curve of a clinic (Medetec): the default fine-tuned with n of its photos "
-                        f"({args.curve_folds} folds by photo group; tested on the fold's other photos)",
-             "columns": ["clinic photos n", "test photos", *columns[2:]], "rows": curve_rows},
-            {"caption": "Click to outline on Medetec with the default: one click at each wound's deepest interior "
-                        "point", "columns": ["method", "Dice/wound", "seconds/click"],
-             "rows": [[label, grouped_bootstrap([c["dice"] for c in clicks if c["method"] == key],
-                                                [c["group"] for c in clicks if c["method"] == key], seed),
-                       float(np.median([c["seconds"] for c in clicks if c["method"] == key]))]
-                      for key, label in (("grabcut", "GrabCut at the click (no model)"),
-                                         ("segmenter", "default's component, else GrabCut seeded by it"))]},
-            timing_table(out),
-        ]
-        zero = np.mean([r["dice"] for r in out["default_medetec"]])
-        fifteen = np.mean([r["dice"] for r in out["curve"]["15"]])
-        notes.append(f"Targets of issue 31 (means, not tests): the default on Medetec with zero clinic photos ≥ 0.75: "
-                     f"{zero:.3f}, {'met' if zero >= 0.75 else 'not met'}; fine-tuned from it with 15 Medetec photos "
-                     f"≥ 0.80 on the fold's other photos: {fifteen:.3f}, {'met' if fifteen >= 0.80 else 'not met'}.")
-        notes += [
-            (f"The default evaluated here: {default_path().name} sha256 {out['default_sha256'][:16]}…, trained on "
-             "fuseg-dev only (python -m core.train_segmenter --pretrain --data ../shared/data/fuseg-dev "
-             "--val-fraction 0), so its Medetec row and learning curve never saw a Medetec photo."),
-            f"Medetec curve pools: {', '.join(map(str, pools))} photos.",
-            "Inference timed on a machine shared with other jobs (load varies): figures are upper bounds."]
     notes.append(f"Intervals: {BOOTSTRAP} bootstrap resamples of photo groups.")
     return tables, claims, notes
 
@@ -518,15 +455,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="seed sets the fuseg-dev folds are trained with (default: 3; the first gives the main rows)")
     cli.add_epochs(p, PRETRAIN_EPOCHS, help=f"epochs of the fuseg-dev fold networks (default: {PRETRAIN_EPOCHS})")
     p.add_argument("--source-epochs", type=int, default=12, help="epochs of the Medetec → fuseg-dev network")
-    p.add_argument("--curve-epochs", type=int, default=EPOCHS,
-                   help=f"epochs of each learning-curve fine-tuning (default: {EPOCHS}, a workspace run's)")
-    p.add_argument("--curve-folds", type=int, default=2)
     cli.add_seed(p)
     cli.add_device(p)
-    p.add_argument("--part", choices=("all", "sources", "clinic", "ablation", "timing"), default="all",
-                   help="all; sources (fuseg-dev folds, Medetec → fuseg-dev, Otsu); clinic (the default on Medetec, "
-                        "the learning curve, clicks, timing); ablation (what encoder tuning and the strong views "
-                        "add on the fuseg-dev folds; not part of all); timing (the default's CPU inference alone, "
+    p.add_argument("--part", choices=("all", "ablation", "timing"), default="all",
+                   help="all (fuseg-dev folds, Medetec → fuseg-dev, Otsu); ablation (what encoder tuning and the "
+                        "strong views add on the fuseg-dev folds); timing (the shipped default's CPU inference alone, "
                         "for a quiet machine)")
     p.add_argument("--section", default="segmentation")
     p.add_argument("--results", type=Path, default=RESULTS_DIR)
@@ -537,8 +470,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{missing[0]}: no images/ folder")
     if args.folds < 2 or args.fold_seeds < 1:
         p.error(f"need --folds ≥ 2 and --fold-seeds ≥ 1 (got {args.folds} and {args.fold_seeds})")
-    if args.curve_epochs < 1:
-        p.error(f"need --curve-epochs ≥ 1 (got {args.curve_epochs})")
     t0 = time.perf_counter()
     job, make_report = {"ablation": (ablation, ablation_report), "timing": (timing, timing_report)}.get(
         args.part, (run, report))
@@ -548,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(notes))
     title = {"ablation": "Wound segmentation: what each recipe step adds",
              "timing": "Wound segmentation: CPU inference of the default"}.get(
-        args.part, "Wound segmentation: default model, cross-source transfer, a clinic's curve")
+        args.part, "Wound segmentation: in-source folds and cross-source transfer")
     path = write_result(args.section, title,
                         command_line("benchmarks.segmentation", argv), [args.seed], tables, claims, notes,
                         synthetic=False, seconds=time.perf_counter() - t0, results_dir=args.results)

@@ -152,19 +152,17 @@ def test_segmentation_tiny(tmp_path, tiny_phantom):
     from benchmarks.segmentation import main
     data = tiny_phantom(0, 8, 4, 12, 10)
     argv = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--fold-seeds", "2", "--epochs", "1",
-            "--source-epochs", "1", "--curve-epochs", "1", "--curve-folds", "2", "--quiet", "--section",
-            "segmentation_smoke", "--results", str(tmp_path)]
+            "--source-epochs", "1", "--quiet", "--section", "segmentation_smoke", "--results", str(tmp_path)]
     assert main(argv) == 0
     record = json.loads((tmp_path / "segmentation_smoke.json").read_text(encoding="utf-8"))
     tables = {t["caption"].split(" (")[0]: t["rows"] for t in record["tables"]}
     rows = [row[0] for row in tables["In-source folds and cross-source transfer"]]
-    assert any("Otsu" in r for r in rows) and any("zero-shot" in r for r in rows) and len(rows) == 5
+    assert any("Otsu" in r for r in rows) and len(rows) == 4
+    assert not any("zero-shot" in r or "default" in r for r in rows)  # the shipped default: segmentation_default
     first, second, spread = tables["Training seeds of the fuseg-dev 2-fold networks"]
     assert (first[0], second[0]) == ("0, 1 (the rows above)", "2, 3") and spread[3] is None
     assert first[2] == tables["In-source folds and cross-source transfer"][0][2]  # the first set is the main row
     assert spread[2]["n"] == 2 and spread[2]["mean"] == pytest.approx((first[2]["mean"] + second[2]["mean"]) / 2)
-    curve = next(v for k, v in tables.items() if k.startswith("Learning curve"))
-    assert curve[0][0].startswith("0 (the default")
 
 
 @pytest.mark.slow
@@ -176,7 +174,7 @@ def test_segmentation_ablation_tiny(tmp_path, tiny_phantom):
     common = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--fold-seeds", "2", "--epochs", "1",
               "--quiet", "--results", str(tmp_path)]
     assert main([*common, "--part", "ablation", "--section", "ablation_smoke"]) == 0
-    assert main([*common, "--part", "sources", "--source-epochs", "1", "--section", "sources_smoke"]) == 0
+    assert main([*common, "--source-epochs", "1", "--section", "sources_smoke"]) == 0
     record = json.loads((tmp_path / "ablation_smoke.json").read_text(encoding="utf-8"))
     table, other_source = record["tables"]
     assert [r[0] for r in table["rows"]] == [r[0] for r in other_source["rows"]] == list(ABLATION)
