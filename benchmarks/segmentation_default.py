@@ -60,7 +60,7 @@ from core import cli
 from core.runtime import torch_threads
 from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS, THRESHOLD
 from core.segmentation.interactive import wound_components
-from core.segmentation.metrics import boundary_f, dice, iou
+from core.segmentation.metrics import BAND_FRACTION, band_recall, boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net, inference_sizes
 from core.segmentation.training import (
     AUGMENTATIONS,
@@ -124,9 +124,10 @@ def photo_row(sample: Sample, prob: np.ndarray, threshold: float) -> dict[str, A
     """One photo's scores at ``threshold`` (outlines as suggestions show them)."""
     comps = wound_components(prob, DEFAULT_MIN_WOUND_AREA, threshold=threshold)
     pred = np.logical_or.reduce(comps) if comps else np.zeros(sample.mask.shape, bool)
+    band, core = band_recall(pred, sample.mask)
     return {"photo": sample.key, "group": sample.group, "dice": dice(pred, sample.mask), "iou": iou(pred, sample.mask),
             "boundary_f": boundary_f(pred, sample.mask, BOUNDARY_PX),
-            "ratio": float(pred.sum() / max(1, int(sample.mask.sum())))}
+            "ratio": float(pred.sum() / max(1, int(sample.mask.sum()))), "band_recall": band, "core_recall": core}
 
 
 def scored(seg: Segmenter, samples: list[Sample], idx: list[int] | range,
@@ -276,8 +277,30 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
     for rows in zip(*per_fold):
         out.append({"photo": rows[0]["photo"], "group": rows[0]["group"],
                     **{k: float(np.mean([r[k] for r in rows])) for k in ("dice", "iou", "boundary_f")},
-                    "ratio": float(np.median([r["ratio"] for r in rows]))})
+                    "ratio": float(np.median([r["ratio"] for r in rows])),
+                    **{k: None if rows[0][k] is None else float(np.mean([r[k] for r in rows]))
+                       for k in ("band_recall", "core_recall") if k in rows[0]}})
     return out
+
+
+def misses_table(fuseg_label: str, fuseg: list[dict], medetec: list[dict], curves: list[dict]) -> list[dict]:
+    """Where the networks miss the expert's wound (its outer band or its core), for every main-table set; none
+    when some photo was scored before the fields existed."""
+    sets = [(fuseg_label, fuseg), ("Medetec zero-shot (mean of the fold networks), nested threshold", medetec),
+            ("Medetec, the same networks before fine-tuning", [r for c in curves for r in c["zero_shot"]]),
+            ("Medetec, 15 photos' fine-tune", [r for c in curves for r in c["fine_tuned"]])]
+    if not all("band_recall" in r for _, rows in sets for r in rows):
+        return []
+
+    def recall(rows: list[dict], key: str) -> Any:
+        kept = [r for r in rows if r[key] is not None]
+        return grouped_bootstrap([r[key] for r in kept], [r["group"] for r in kept], 0)
+    return [{"caption": f"Where the expert's wound is missed: recall of its pixels in each wound's outer band (within "
+                        f"{BAND_FRACTION:.0%} of its equivalent radius of the outline) and in its core",
+             "columns": ["scored on", "photos", "recall in the outer band", "recall in the core",
+                         "area ratio median"],
+             "rows": [[label, len(rows), recall(rows, "band_recall"), recall(rows, "core_recall"),
+                       round(float(np.median([r["ratio"] for r in rows])), 2)] for label, rows in sets]}]
 
 
 def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
@@ -307,6 +330,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
     tables = [{"caption": f"The default's recipe ({recipe(args)}) on photos its networks never saw "
                           f"({args.folds} fuseg-dev folds by photo series, seed {args.seed})",
                "columns": COLUMNS, "rows": rows}]
+    tables += misses_table(rows[0][0], fuseg["chosen"], medetec["chosen"], curves)
     tables.append({"caption": "Per fold: the threshold its inner split chose (inner photos trained / held out), "
                               "training time, last training loss",
                    "columns": ["fold", "threshold", "inner split", "held-out mean Dice at 0.3 … 0.7", "seconds",

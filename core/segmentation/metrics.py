@@ -5,6 +5,9 @@
   boundary pixels within a tolerance of ``ceil(0.008 × image diagonal)`` pixels.
 - Per-wound scores: each predicted connected component is assigned to the true wound it overlaps
   most; a wound's suggestion is the union of its components (none → Dice 0).
+- Where a suggestion misses the expert's wound: its recall in each wound's outer band (the pixels within
+  :data:`BAND_FRACTION` of the wound's equivalent radius of its outline) and in the core inside it. A
+  suggestion that stops short of a loose outline misses the band; one that misses a kind of tissue, the core.
 - Edit effort: a suggestion with Dice ≥ 0.9 to its wound needs no edit; otherwise the clinician
   moves the vertices of the suggestion's outline (Douglas–Peucker, 1 px) lying farther than the
   boundary tolerance from the true outline, or draws the true outline's vertices when nothing was
@@ -20,6 +23,8 @@ from scipy import ndimage
 
 NO_EDIT_DICE = 0.9
 POLYGON_EPSILON = 1.0
+#: A wound's outer band: its pixels within this share of its equivalent radius √(area/π) of its outline.
+BAND_FRACTION = 0.15
 
 
 def dice(pred: np.ndarray, truth: np.ndarray) -> float:
@@ -64,6 +69,19 @@ def boundary_f(pred: np.ndarray, truth: np.ndarray, tol: float | None = None) ->
     tol = boundary_tolerance(bp.shape) if tol is None else tol
     precision, recall = _near(bp, bt, tol).mean(), _near(bt, bp, tol).mean()
     return 0.0 if precision + recall == 0 else float(2 * precision * recall / (precision + recall))
+
+
+def band_recall(pred: np.ndarray, truth: np.ndarray, fraction: float = BAND_FRACTION) -> tuple[float | None, float | None]:
+    """(recall in the outer band, recall in the core) of the true wound pixels: each connected wound's band holds
+    its pixels within ``fraction`` × √(its area / π) of its outline (Euclidean distance to the nearest non-wound
+    pixel, the image border counting as outside); None where a part is empty."""
+    p, t = np.asarray(pred, bool), np.asarray(truth, bool)
+    labels, n = ndimage.label(t)
+    depth = ndimage.distance_transform_edt(np.pad(t, 1))[1:-1, 1:-1]
+    radius = np.sqrt(np.bincount(labels.ravel(), minlength=n + 1) / math.pi)[labels]
+    band = t & (depth <= fraction * radius)
+    core = t & ~band
+    return tuple(float(p[part].mean()) if part.any() else None for part in (band, core))  # type: ignore[return-value]
 
 
 def match_wounds(pred: np.ndarray, truth_labels: np.ndarray) -> dict[int, np.ndarray]:

@@ -328,7 +328,9 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert main([*common, "--part", "fold", "--fold", "0"]) == 0
     assert main([*common, "--section", "seg_default_smoke"]) == 0  # features and fold 0 reused, the rest computed
     record = json.loads((tmp_path / "seg_default_smoke.json").read_text(encoding="utf-8"))
-    main_table, per_fold, sizes = record["tables"]
+    main_table, misses, per_fold, sizes = record["tables"]
+    assert [r[1] for r in misses["rows"]] == [main_table["rows"][i][1] for i in (0, 2, 5, 4)]
+    assert all(0 <= r[2]["mean"] <= 1 and 0 <= r[3]["mean"] <= 1 for r in misses["rows"])
     assert [r[:2] for r in sizes["rows"]] == [["512+640", "fuseg-dev held-out"], ["512", "fuseg-dev held-out"],
                                               ["512+640", "Medetec zero-shot"], ["512", "Medetec zero-shot"]]
     assert sum(c["claim"].startswith("test-time sizes 512+640 add Dice") for c in record["claims"]) == 2

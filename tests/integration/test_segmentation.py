@@ -521,3 +521,23 @@ def test_segment_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, capsy
         segment.main(argv)
     assert exit_.value.code == 2 and says in capsys.readouterr().err
     assert (sorted(p.name for p in out.iterdir()) == ["keep.txt"]) if case == "full" else not out.exists()
+
+
+def test_band_recall_splits_the_missed_wound_into_its_outline_band_and_its_core():
+    """A suggestion that stops 2 px inside a 20-px square misses its band (within 15 % of the equivalent radius,
+    1.7 px, of the outline) and keeps the core but its outer ring; each wound gets its own band width."""
+    from core.segmentation.metrics import band_recall
+    truth = np.zeros((60, 60), bool)
+    truth[5:25, 5:25] = True
+    assert band_recall(truth, truth) == (1.0, 1.0) and band_recall(~truth, truth) == (0.0, 0.0)
+    inner = np.zeros_like(truth)
+    inner[7:23, 7:23] = True
+    band, core = band_recall(inner, truth)
+    assert band == 0.0 and core == pytest.approx(16 * 16 / (18 * 18))
+    big = truth.copy()
+    big[30:60, 30:60] = True  # touches the border: the border counts as outside, r = 16.9 → band 2.5 px
+    band, core = band_recall(big, big)
+    assert (band, core) == (1.0, 1.0)
+    band_only = big & ~np.pad(np.ones((26, 26), bool), ((32, 2), (32, 2)))  # the big wound's ring of 2 px
+    assert band_recall(band_only, big)[1] < band_recall(band_only, big)[0]
+    assert band_recall(np.zeros_like(truth), np.zeros_like(truth)) == (None, None)
