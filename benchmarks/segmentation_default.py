@@ -296,7 +296,7 @@ def misses_table(fuseg_label: str, fuseg: list[dict], medetec: list[dict], curve
         kept = [r for r in rows if r[key] is not None]
         return grouped_bootstrap([r[key] for r in kept], [r["group"] for r in kept], 0)
     return [{"caption": f"Where the expert's wound is missed: recall of its pixels in each wound's outer band (within "
-                        f"{BAND_FRACTION:.0%} of its equivalent radius of the outline) and in its core",
+                        f"{100 * BAND_FRACTION:.0f} % of its equivalent radius of the outline) and in its core",
              "columns": ["scored on", "photos", "recall in the outer band", "recall in the core",
                          "area ratio median"],
              "rows": [[label, len(rows), recall(rows, "band_recall"), recall(rows, "core_recall"),
