@@ -283,12 +283,13 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
     return out
 
 
-def misses_table(fuseg_label: str, fuseg: list[dict], medetec: list[dict], curves: list[dict]) -> list[dict]:
+def misses_table(fuseg_label: str, fuseg: list[dict], medetec: list[dict], curves: list[dict],
+                 clinic: int) -> list[dict]:
     """Where the networks miss the expert's wound (its outer band or its core), for every main-table set; none
     when some photo was scored before the fields existed."""
     sets = [(fuseg_label, fuseg), ("Medetec zero-shot (mean of the fold networks), nested threshold", medetec),
             ("Medetec, the same networks before fine-tuning", [r for c in curves for r in c["zero_shot"]]),
-            ("Medetec, 15 photos' fine-tune", [r for c in curves for r in c["fine_tuned"]])]
+            (f"Medetec, {clinic} photos' fine-tune", [r for c in curves for r in c["fine_tuned"]])]
     if not all("band_recall" in r for _, rows in sets for r in rows):
         return []
 
@@ -330,7 +331,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
     tables = [{"caption": f"The default's recipe ({recipe(args)}) on photos its networks never saw "
                           f"({args.folds} fuseg-dev folds by photo series, seed {args.seed})",
                "columns": COLUMNS, "rows": rows}]
-    tables += misses_table(rows[0][0], fuseg["chosen"], medetec["chosen"], curves)
+    tables += misses_table(rows[0][0], fuseg["chosen"], medetec["chosen"], curves, args.clinic)
     tables.append({"caption": "Per fold: the threshold its inner split chose (inner photos trained / held out), "
                               "training time, last training loss",
                    "columns": ["fold", "threshold", "inner split", "held-out mean Dice at 0.3 … 0.7", "seconds",
