@@ -228,13 +228,17 @@ def summary(rows: list[dict], seed: int) -> list[Any]:
             grouped_bootstrap([w["dice"] for w, _ in wounds], [g for _, g in wounds], seed), no_edit]
 
 
-def sources(args: argparse.Namespace, enc: torch.nn.Module, medetec: list[Sample],
-            cache_m: FeatureCache) -> dict[str, Any]:
-    """The fuseg-dev k-fold (with the test-time flip ablation), Medetec → fuseg-dev and Otsu on both sets."""
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The fuseg-dev k-fold (with the test-time flip ablation), Medetec → fuseg-dev and Otsu on both sets: the
+    features cached, the networks trained and scored; returns the records."""
+    medetec = folder_samples(args.medetec)
+    enc = encoder(args.device)
+    with torch_threads(1):
+        cache_m = cache_features(medetec, enc, seed=args.seed, progress=not args.quiet)
     fuseg = folder_samples(args.fuseg)
     with torch_threads(1):
         cache_f = cache_features(fuseg, enc, seed=args.seed, progress=not args.quiet)
-    out: dict[str, Any] = {"n_fuseg": len(fuseg)}
+    out: dict[str, Any] = {"n": {"medetec": len(medetec)}, "n_fuseg": len(fuseg)}
     folds = group_folds(fuseg, args.folds, args.seed)
     out["folds"] = [len(f) for f in folds]
     kfold: dict[int, list[dict]] = {1: [], 2: [], 4: []}  # the first seed set, by test-time flips
@@ -354,17 +358,6 @@ def ablation_report(args: argparse.Namespace, out: dict[str, Any]) -> tuple[list
              "Not ablated here: the test-time flips (the main section's flips table). Each network is scored at "
              "its own input size on both sets."]
     return tables, claims, notes
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Cache the features and train and score the segmenters on each split; returns the records."""
-    medetec = folder_samples(args.medetec)
-    enc = encoder(args.device)
-    with torch_threads(1):
-        cache_m = cache_features(medetec, enc, seed=args.seed, progress=not args.quiet)
-    out: dict[str, Any] = {"n": {"medetec": len(medetec)}}
-    out.update(sources(args, enc, medetec, cache_m))
-    return out
 
 
 def inference_grid(default: Segmenter, enc: Encoder) -> dict[tuple[int, str, int], float]:

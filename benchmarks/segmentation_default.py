@@ -283,13 +283,9 @@ def mean_over_networks(per_fold: list[list[dict]]) -> list[dict]:
     return out
 
 
-def misses_table(fuseg_label: str, fuseg: list[dict], medetec: list[dict], curves: list[dict],
-                 clinic: int) -> list[dict]:
-    """Where the networks miss the expert's wound (its outer band or its core), for every main-table set; none
-    when some photo was scored before the fields existed."""
-    sets = [(fuseg_label, fuseg), ("Medetec zero-shot (mean of the fold networks), nested threshold", medetec),
-            ("Medetec, the same networks before fine-tuning", [r for c in curves for r in c["zero_shot"]]),
-            (f"Medetec, {clinic} photos' fine-tune", [r for c in curves for r in c["fine_tuned"]])]
+def misses_table(sets: list[tuple[str, list[dict]]]) -> list[dict]:
+    """Where the networks miss the expert's wound (its outer band or its core), for each (label, photo rows) of the
+    main table given; none when some photo was scored before the fields existed."""
     if not all("band_recall" in r for _, rows in sets for r in rows):
         return []
 
@@ -320,18 +316,18 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
     curves = [json.loads(curve_file(args, f).read_text()) for f in range(args.folds)]
     fuseg = {k: [r for o in folds for r in o["fuseg"][k]] for k in ("chosen", "0.5")}
     medetec = {k: mean_over_networks([o["medetec"][k] for o in folds]) for k in ("chosen", "0.5")}
-    rows = [["fuseg-dev, held-out folds, nested threshold", *area_cells(fuseg["chosen"])],
-            ["fuseg-dev, held-out folds, threshold 0.5", *area_cells(fuseg["0.5"])],
-            ["Medetec zero-shot (mean of the fold networks), nested threshold", *area_cells(medetec["chosen"])],
-            ["Medetec zero-shot, threshold 0.5", *area_cells(medetec["0.5"])],
-            [f"Medetec, {args.clinic} photos' fine-tune, on the rest (all draws)",
-             *area_cells([r for c in curves for r in c["fine_tuned"]])],
-            ["Medetec, the same networks before fine-tuning, same photos",
-             *area_cells([r for c in curves for r in c["zero_shot"]])]]
+    sets = [("fuseg-dev, held-out folds, nested threshold", fuseg["chosen"]),
+            ("fuseg-dev, held-out folds, threshold 0.5", fuseg["0.5"]),
+            ("Medetec zero-shot (mean of the fold networks), nested threshold", medetec["chosen"]),
+            ("Medetec zero-shot, threshold 0.5", medetec["0.5"]),
+            (f"Medetec, {args.clinic} photos' fine-tune, on the rest (all draws)",
+             [r for c in curves for r in c["fine_tuned"]]),
+            ("Medetec, the same networks before fine-tuning, same photos", [r for c in curves for r in c["zero_shot"]])]
+    rows = [[label, *area_cells(scores)] for label, scores in sets]
     tables = [{"caption": f"The default's recipe ({recipe(args)}) on photos its networks never saw "
                           f"({args.folds} fuseg-dev folds by photo series, seed {args.seed})",
                "columns": COLUMNS, "rows": rows}]
-    tables += misses_table(rows[0][0], fuseg["chosen"], medetec["chosen"], curves, args.clinic)
+    tables += misses_table([sets[i] for i in (0, 2, 5, 4)])  # nested thresholds; before, then after the fine-tune
     tables.append({"caption": "Per fold: the threshold its inner split chose (inner photos trained / held out), "
                               "training time, last training loss",
                    "columns": ["fold", "threshold", "inner split", "held-out mean Dice at 0.3 … 0.7", "seconds",
