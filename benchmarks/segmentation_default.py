@@ -58,7 +58,7 @@ from benchmarks.segmentation import (
 from benchmarks.segmentation_diagnosis import load_cache, save_cache
 from core import cli
 from core.runtime import torch_threads
-from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS, THRESHOLD
+from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS, THRESHOLD, SegmenterConfig
 from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import BAND_FRACTION, band_recall, boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net, inference_sizes
@@ -70,16 +70,19 @@ from core.segmentation.training import (
     FeatureCache,
     Sample,
     cache_features,
-    choose_threshold,
     fit_network,
     folder_samples,
-    split_groups,
+    inner_choice,
+    inner_threshold,
 )
 
 SETS = ("fuseg", "medetec")
 #: A clinic's first outlined photos (issue 48: "fine-tuned with 15 Medetec photos").
 CLINIC_PHOTOS = 15
 BOUNDARY_PX = 2
+#: A workspace run's fine-tuning rate (``SegmenterConfig.lr``), and the rates a clinic's curve compares (it, a tenth).
+CLINIC_LR = f"{SegmenterConfig().lr:g}"
+CLINIC_LR_CHOICES = (CLINIC_LR, f"{SegmenterConfig().lr / 10:g}")
 
 
 def samples_of(args: argparse.Namespace, name: str) -> list[Sample]:
@@ -172,18 +175,19 @@ def fold(args: argparse.Namespace, f: int) -> dict[str, Any]:
     seed = fold_seed(args.seed, 0, f, args.folds)
     start = new_net(enc, seed=seed)
     t0 = time.perf_counter()
-    inner, held, inner_loss, threshold, by_t = [], [], [], THRESHOLD, {}
+    threshold = THRESHOLD
+    inner: dict[str, Any] = {"n_train": 0, "n_held_out": 0, "loss": [], "dice_by_threshold": {}}
     if not args.no_inner:
-        inner, held = split_groups([fuseg[i] for i in train], INNER_FRACTION, seed)
-        inner_net, inner_loss = fit_network(cache_f, [train[i] for i in inner], start, args.epochs, seed=seed,
-                                            progress=not args.quiet)
-        threshold, by_t = choose_threshold(inner_net, cache_f, fuseg, [train[i] for i in held],
-                                           DEFAULT_MIN_WOUND_AREA)
+        chosen = inner_threshold(cache_f, fuseg, train, start, args.epochs, DEFAULT_MIN_WOUND_AREA, seed=seed,
+                                 progress=not args.quiet)
+        assert chosen is not None, "fuseg-dev's training folds hold more than one series"
+        threshold, inner = chosen
     net, loss = fit_network(cache_f, train, start, args.epochs, seed=seed, progress=not args.quiet)
     seconds = time.perf_counter() - t0
     torch.save({"state": net.state_dict(), "threshold": threshold}, net_file(args, f))
-    out = {"fold": f, "threshold": threshold, "dice_by_threshold": by_t, "inner": [len(inner), len(held)],
-           "loss": loss, "inner_loss": inner_loss, "train_seconds": seconds, "n_train": len(train),
+    out = {"fold": f, "threshold": threshold, "dice_by_threshold": inner["dice_by_threshold"],
+           "inner": [inner["n_train"], inner["n_held_out"]], "loss": loss, "inner_loss": inner["loss"],
+           "train_seconds": seconds, "n_train": len(train),
            **fold_scores(args, f, net.eval(), threshold)}
     fold_file(args, "fold", f).write_text(json.dumps(out))
     print(f"fold {f}: threshold {threshold:g}, {seconds:.0f} s, Dice "
@@ -208,41 +212,68 @@ def load_fold_net(args: argparse.Namespace, f: int) -> tuple[SegNet, float]:
     return net.eval(), float(saved["threshold"])
 
 
-def clinic_cache(args: argparse.Namespace, medetec: list[Sample]) -> FeatureCache:
-    """Medetec's features for a clinic's fine-tune: the flips, and ``--clinic-views`` close-ups per photo when asked
-    (cached once in ``--work``)."""
+def clinic_cache(args: argparse.Namespace, samples: list[Sample]) -> FeatureCache:
+    """The ``--clinic-set``'s features for a clinic's fine-tune: the flips, and ``--clinic-views`` close-ups per photo
+    when asked (cached once in ``--work``)."""
     if not args.clinic_views:
-        return load_cache(cache_file(args, "medetec"), medetec)
-    path = args.work / f"features-medetec-{args.encoder}-close{args.clinic_views}.pt"
+        flips = argparse.Namespace(**{**vars(args), "augmented": 0})
+        path = cache_file(flips, args.clinic_set)
+        if args.clinic_set == "fuseg" and not path.is_file():
+            save_cache(path, cache_features(samples, encoder("cpu", args.encoder), INPUT_SIZE, seed=args.seed,
+                                            progress=not args.quiet), samples)
+        return load_cache(path, samples)
+    path = args.work / f"features-{args.clinic_set}-{args.encoder}-close{args.clinic_views}.pt"
     if not path.is_file():
-        save_cache(path, cache_features(medetec, encoder("cpu", args.encoder), INPUT_SIZE, augmented=args.clinic_views,
-                                        seed=args.seed, progress=not args.quiet, aug=AUGMENTATIONS["close"]), medetec)
-    return load_cache(path, medetec)
+        save_cache(path, cache_features(samples, encoder("cpu", args.encoder), INPUT_SIZE, augmented=args.clinic_views,
+                                        seed=args.seed, progress=not args.quiet, aug=AUGMENTATIONS["close"]), samples)
+    return load_cache(path, samples)
 
 
 def curve_file(args: argparse.Namespace, f: int) -> Path:
-    """Where fold ``f``'s clinic curve keeps its scores (``-clinicN`` when the clinic caches N close-ups)."""
+    """Where fold ``f``'s clinic curve keeps its scores (``-clinicN`` when the clinic caches N close-ups, ``-fuseg``
+    for fuseg-dev's clinic, ``-inner`` when the clinic's threshold comes from an inner split)."""
     clinic = f"-clinic{args.clinic_views}" if args.clinic_views != AUGMENTED_VIEWS else ""
+    clinic += "-fuseg" if args.clinic_set == "fuseg" else ""
+    clinic += "-inner" if args.clinic_threshold == "inner" else ""
+    clinic += f"-lr{args.clinic_lr}" if args.clinic_lr != CLINIC_LR else ""
     return args.work / f"curve{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
 
 
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
-    """Fold ``f``'s network fine-tuned on ``--clinic`` Medetec photos (series drawn with seed ``f``), scored on the
-    rest."""
-    medetec = samples_of(args, "medetec")
-    cache_m = clinic_cache(args, medetec)
+    """Fold ``f``'s network fine-tuned on ``--clinic`` photos of the ``--clinic-set`` (series drawn with seed ``f``:
+    from every Medetec photo, or from fuseg-dev's fold ``f``, which the network never saw), scored on the rest; with
+    ``--clinic-threshold inner`` also at the threshold an inner split of those photos chooses."""
+    samples = samples_of(args, args.clinic_set)
+    pool = (group_folds(samples, args.folds, args.seed)[f] if args.clinic_set == "fuseg"
+            else list(range(len(samples))))
+    cache = clinic_cache(args, samples)
     start, threshold = load_fold_net(args, f)
-    order = np.random.default_rng(args.seed + f).permutation(sorted({s.group for s in medetec}))
+    order = np.random.default_rng(args.seed + f).permutation(sorted({samples[i].group for i in pool}))
     clinic: list[int] = []
     for g in order:
         if len(clinic) >= args.clinic:
             break
-        clinic += [i for i, s in enumerate(medetec) if s.group == g]
-    rest = [i for i in range(len(medetec)) if i not in set(clinic)]
-    net, _ = fit_network(cache_m, clinic, start, args.clinic_epochs, seed=args.seed + f, progress=not args.quiet)
-    enc, at = encoder("cpu", args.encoder), {"chosen": threshold}
-    out = {"fold": f, "clinic": len(clinic), "zero_shot": scored(Segmenter(start, enc), medetec, rest, at)["chosen"],
-           "fine_tuned": scored(Segmenter(net.eval(), enc), medetec, rest, at)["chosen"]}
+        clinic += [i for i in pool if samples[i].group == g]
+    rest = [i for i in pool if i not in set(clinic)]
+    lr, lr_choice = args.clinic_lr, None
+    if lr == "inner":
+        rates = {rate: float(rate) for rate in CLINIC_LR_CHOICES}
+        lr_choice = inner_choice(cache, samples, clinic, start, args.clinic_epochs, rates, threshold,
+                                 DEFAULT_MIN_WOUND_AREA, seed=args.seed + f, progress=not args.quiet)
+        lr = CLINIC_LR if lr_choice is None else lr_choice[0]
+    at, inner = {"chosen": threshold}, None
+    if args.clinic_threshold == "inner":
+        chosen = inner_threshold(cache, samples, clinic, start, args.clinic_epochs, DEFAULT_MIN_WOUND_AREA,
+                                 seed=args.seed + f, progress=not args.quiet)
+        if chosen is not None:
+            at["inner"], inner = chosen
+    net, _ = fit_network(cache, clinic, start, args.clinic_epochs, lr=float(lr), seed=args.seed + f,
+                         progress=not args.quiet)
+    enc = encoder("cpu", args.encoder)
+    tuned = scored(Segmenter(net.eval(), enc), samples, rest, at)
+    out = {"fold": f, "clinic": len(clinic), "threshold": at, "inner": inner, "lr": lr, "lr_choice": lr_choice,
+           "zero_shot": scored(Segmenter(start, enc), samples, rest, {"chosen": threshold})["chosen"],
+           "fine_tuned": tuned["chosen"], **({"fine_tuned_inner": tuned["inner"]} if "inner" in tuned else {})}
     curve_file(args, f).write_text(json.dumps(out))
     return out
 
@@ -298,6 +329,31 @@ def misses_table(sets: list[tuple[str, list[dict]]]) -> list[dict]:
                          "area ratio median"],
              "rows": [[label, len(rows), recall(rows, "band_recall"), recall(rows, "core_recall"),
                        round(float(np.median([r["ratio"] for r in rows])), 2)] for label, rows in sets]}]
+
+
+def clinic_threshold_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """A clinic's fine-tune at the fold network's threshold against the one an inner split of the clinic's photos
+    chooses (``--clinic-threshold inner`` curves, the same networks), for each clinic set whose curves exist."""
+    rows, claims = [], []
+    for name, label in (("medetec", "Medetec, the rest"), ("fuseg", "fuseg-dev, the rest of the fold")):
+        ns = argparse.Namespace(**{**vars(args), "clinic_set": name, "clinic_threshold": "inner"})
+        if not all(curve_file(ns, f).is_file() for f in range(args.folds)):
+            continue
+        curves = [json.loads(curve_file(ns, f).read_text()) for f in range(args.folds)]
+        pair = {k: [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves for r in c[k]]
+                for k in ("fine_tuned", "fine_tuned_inner")}
+        chosen = " ".join(f"{c['threshold']['chosen']:g}→{c['threshold']['inner']:g}" for c in curves)
+        rows += [[f"{label} (all draws)", "kept (the fold network's)", chosen, *area_cells(pair["fine_tuned"])],
+                 [f"{label} (all draws)", "inner split of the clinic's photos", chosen,
+                  *area_cells(pair["fine_tuned_inner"])]]
+        claims.append(paired_claim(f"a threshold chosen on an inner split of the clinic's {args.clinic} photos adds "
+                                   f"Dice over the fold network's on {label} (paired over draw × photo series)",
+                                   *group_means(pair["fine_tuned_inner"], pair["fine_tuned"])))
+    if not rows:
+        return [], []
+    return [{"caption": f"A clinic's {args.clinic} photos' fine-tune: the fold network's threshold kept against one "
+                        "chosen on an inner split of the clinic's photos (the same fine-tuned networks and draws)",
+             "columns": ["scored on", "threshold", "per fold: kept → inner", *COLUMNS[1:]], "rows": rows}], claims
 
 
 def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
@@ -363,6 +419,8 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                        "rows": [[n, "Medetec, the rest (all draws)", *area_cells(rows)] for n, rows in sorted(tuned.items())]})
         claims.append(paired_claim(f"one close-up per clinic photo adds Dice over the flips alone to the {args.clinic} "
                                    "photos' fine-tune (paired over draw × photo series)", *group_means(tuned[1], tuned[0])))
+    tables_t, claims_t = clinic_threshold_table(args)
+    tables, claims = tables + tables_t, claims + claims_t
     timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
         done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
@@ -434,6 +492,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clinic-views", type=int, default=AUGMENTED_VIEWS,
                    help=f"curve: close-ups cached per clinic photo besides its flips (default {AUGMENTED_VIEWS}, a "
                         "workspace run's)")
+    p.add_argument("--clinic-set", choices=SETS, default="medetec",
+                   help="curve: the clinic's photos, Medetec (default) or fuseg-dev's held-out fold (the default's "
+                        "own outlining convention)")
+    p.add_argument("--clinic-threshold", choices=("kept", "inner"), default="kept",
+                   help="curve: kept (the fold network's, as a workspace run does; default) or also the one an inner "
+                        "split of the clinic's photos chooses")
+    p.add_argument("--clinic-lr", choices=(*CLINIC_LR_CHOICES, "inner"), default=CLINIC_LR,
+                   help=f"curve: the clinic's fine-tune's learning rate (default {CLINIC_LR}, a workspace run's), or "
+                        f"the one of {', '.join(CLINIC_LR_CHOICES)} an inner split of the clinic's photos chooses")
     p.add_argument("--clinic-epochs", type=int, default=EPOCHS,
                    help=f"curve: epochs of the clinic's fine-tune (default {EPOCHS}, a workspace run's)")
     p.add_argument("--no-inner", action="store_true",

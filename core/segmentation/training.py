@@ -41,6 +41,7 @@ from core.segmentation.defaults import (  # noqa: F401 (PRETRAIN_EPOCHS re-expor
     HEAD_PRIOR,
     INNER_FRACTION,
     PRETRAIN_EPOCHS,
+    THRESHOLD,
     THRESHOLD_GRID,
     SegmenterConfig,
 )
@@ -329,6 +330,41 @@ def choose_threshold(net: SegNet, cache: FeatureCache, samples: Sequence[Sample]
     return float(best), scores
 
 
+def inner_threshold(cache: FeatureCache, samples: Sequence[Sample], train: Sequence[int], start: SegNet, epochs: int,
+                    min_area: int, batch_size: int = 8, lr: float = 1e-3, seed: int = 0,
+                    device: torch.device | str = "cpu", progress: bool = True) -> tuple[float, dict[str, Any]] | None:
+    """The threshold an inner split of ``train`` chooses: a network trained from ``start`` without
+    :data:`INNER_FRACTION` of those photos (whole series), :func:`choose_threshold` on that share; with its record
+    (photos trained / held out, loss per epoch, mean Dice per threshold). None when ``train`` has a single series."""
+    inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)
+    if not held:
+        return None
+    net, losses = fit_network(cache, [train[i] for i in inner], start, epochs, batch_size, lr, seed=seed,
+                              device=device, progress=progress)
+    threshold, by_threshold = choose_threshold(net, cache, samples, [train[i] for i in held], min_area, device)
+    return threshold, {"n_train": len(inner), "n_held_out": len(held), "loss": losses,
+                       "dice_by_threshold": by_threshold}
+
+
+def inner_choice(cache: FeatureCache, samples: Sequence[Sample], train: Sequence[int], start: SegNet, epochs: int,
+                 candidates: dict[str, float], threshold: float, min_area: int, seed: int = 0,
+                 device: torch.device | str = "cpu", progress: bool = True) -> tuple[str, dict[str, Any]] | None:
+    """The learning rate of ``candidates`` (name → rate) whose network, trained from ``start`` without
+    :data:`INNER_FRACTION` of ``train`` (whole series), has the best mean Dice per photo on that share at
+    ``threshold`` (ties go to the first); with each candidate's Dice. None when ``train`` has a single series."""
+    inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)
+    if not held:
+        return None
+    scores = {}
+    for name, lr in candidates.items():
+        net, _ = fit_network(cache, [train[i] for i in inner], start, epochs, lr=lr, seed=seed, device=device,
+                             progress=progress)
+        scores[name] = choose_threshold(net, cache, samples, [train[i] for i in held], min_area, device,
+                                        grid=(threshold,))[1][f"{threshold:g}"]
+    best = max(candidates, key=lambda name: round(scores[name], 6))
+    return best, {"n_train": len(inner), "n_held_out": len(held), "dice": scores}
+
+
 def split_groups(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """(train, validation) sample indices; whole groups go to validation until ``fraction`` of the photos."""
     groups = sorted({s.group for s in samples})
@@ -394,7 +430,7 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
         run_id = rec.id
         enc = encoder(str(device))
         if pretrain:
-            start = new_net(enc, seed=seed)
+            start, threshold = new_net(enc, seed=seed), THRESHOLD
         else:
             default = load_default(device)
             start, threshold = default.net, default.threshold
@@ -403,13 +439,11 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
                                aug=AUGMENTATIONS[PRETRAIN_AUGMENTATION])
         metrics: dict = {"n_train": len(train), "n_val": len(val)}
         if pretrain:  # the threshold from a network trained without an inner share of the photos, scored on it
-            inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)
-            inner_net, inner_losses = fit_network(cache, [train[i] for i in inner], start, epochs, batch_size, lr,
-                                                  seed=seed, device=device, progress=progress)
-            threshold, by_threshold = choose_threshold(inner_net, cache, samples, [train[i] for i in held],
-                                                       ws.min_wound_area, device)
-            metrics.update(threshold=threshold, inner={"n_train": len(inner), "n_held_out": len(held),
-                                                       "loss": inner_losses, "dice_by_threshold": by_threshold})
+            chosen = inner_threshold(cache, samples, train, start, epochs, ws.min_wound_area, batch_size, lr,
+                                     seed=seed, device=device, progress=progress)
+            if chosen is not None:
+                threshold, metrics["inner"] = chosen
+                metrics["threshold"] = threshold
         net, losses = fit_network(
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
