@@ -331,29 +331,37 @@ def misses_table(sets: list[tuple[str, list[dict]]]) -> list[dict]:
                        round(float(np.median([r["ratio"] for r in rows])), 2)] for label, rows in sets]}]
 
 
-def clinic_threshold_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
-    """A clinic's fine-tune at the fold network's threshold against the one an inner split of the clinic's photos
-    chooses (``--clinic-threshold inner`` curves, the same networks), for each clinic set whose curves exist."""
+def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """A clinic's fine-tune as a workspace run does it against its variants (a threshold or a learning rate chosen on
+    an inner split of the clinic's photos, a tenth of the rate), on each clinic set whose curves exist: Medetec (another
+    outlining convention) and fuseg-dev's held-out fold (the default's own). Each variant's claim: it adds Dice over
+    the same networks before fine-tuning (paired over draw × photo series)."""
+    variants = [("before fine-tuning", {"clinic_threshold": "inner"}, "zero_shot"),
+                (f"lr {CLINIC_LR}, threshold kept (a workspace run's)", {"clinic_threshold": "inner"}, "fine_tuned"),
+                (f"lr {CLINIC_LR}, threshold from an inner split", {"clinic_threshold": "inner"}, "fine_tuned_inner"),
+                *((f"lr {rate}, threshold kept", {"clinic_lr": rate}, "fine_tuned")
+                  for rate in CLINIC_LR_CHOICES if rate != CLINIC_LR),
+                ("lr from an inner split, threshold kept", {"clinic_lr": "inner"}, "fine_tuned")]
     rows, claims = [], []
-    for name, label in (("medetec", "Medetec, the rest"), ("fuseg", "fuseg-dev, the rest of the fold")):
-        ns = argparse.Namespace(**{**vars(args), "clinic_set": name, "clinic_threshold": "inner"})
-        if not all(curve_file(ns, f).is_file() for f in range(args.folds)):
-            continue
-        curves = [json.loads(curve_file(ns, f).read_text()) for f in range(args.folds)]
-        pair = {k: [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves for r in c[k]]
-                for k in ("fine_tuned", "fine_tuned_inner")}
-        chosen = " ".join(f"{c['threshold']['chosen']:g}→{c['threshold']['inner']:g}" for c in curves)
-        rows += [[f"{label} (all draws)", "kept (the fold network's)", chosen, *area_cells(pair["fine_tuned"])],
-                 [f"{label} (all draws)", "inner split of the clinic's photos", chosen,
-                  *area_cells(pair["fine_tuned_inner"])]]
-        claims.append(paired_claim(f"a threshold chosen on an inner split of the clinic's {args.clinic} photos adds "
-                                   f"Dice over the fold network's on {label} (paired over draw × photo series)",
-                                   *group_means(pair["fine_tuned_inner"], pair["fine_tuned"])))
+    for name, where in (("medetec", "Medetec, the rest"), ("fuseg", "fuseg-dev, the rest of the fold")):
+        scores = {}
+        for label, change, key in variants:
+            ns = argparse.Namespace(**{**vars(args), "clinic_set": name, **change})
+            if all(curve_file(ns, f).is_file() for f in range(args.folds)):
+                curves = [json.loads(curve_file(ns, f).read_text()) for f in range(args.folds)]
+                scores[label] = [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves for r in c[key]]
+                chosen = " ".join(str(c["lr"]) for c in curves) if change.get("clinic_lr") == "inner" else ""
+                rows.append([where, label, chosen, *area_cells(scores[label])])
+        before = scores.pop(variants[0][0], None)
+        claims += [paired_claim(f"a {args.clinic} photos' fine-tune ({label}) adds Dice over the networks before it on "
+                                f"{where} (paired over draw × photo series)", *group_means(rows_, before))
+                   for label, rows_ in scores.items() if before is not None]
     if not rows:
         return [], []
-    return [{"caption": f"A clinic's {args.clinic} photos' fine-tune: the fold network's threshold kept against one "
-                        "chosen on an inner split of the clinic's photos (the same fine-tuned networks and draws)",
-             "columns": ["scored on", "threshold", "per fold: kept → inner", *COLUMNS[1:]], "rows": rows}], claims
+    return [{"caption": f"A clinic's {args.clinic} photos' fine-tune and its variants, on another outlining convention "
+                        "(Medetec) and on the default's own (fuseg-dev's held-out fold): the same fold networks and "
+                        "draws, all draws pooled",
+             "columns": ["scored on", "fine-tune", "rate chosen per fold", *COLUMNS[1:]], "rows": rows}], claims
 
 
 def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
@@ -419,7 +427,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                        "rows": [[n, "Medetec, the rest (all draws)", *area_cells(rows)] for n, rows in sorted(tuned.items())]})
         claims.append(paired_claim(f"one close-up per clinic photo adds Dice over the flips alone to the {args.clinic} "
                                    "photos' fine-tune (paired over draw × photo series)", *group_means(tuned[1], tuned[0])))
-    tables_t, claims_t = clinic_threshold_table(args)
+    tables_t, claims_t = clinic_variants_table(args)
     tables, claims = tables + tables_t, claims + claims_t
     timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
