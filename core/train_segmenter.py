@@ -52,12 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         run_id = train_segmenter(ws, args.data, config, device=torch.device(args.device))
     run = ws.store.run(run_id)
     assert run is not None, run_id  # just recorded
-    dice = run["metrics"].get("dice")
+    dice, before = run["metrics"].get("dice"), run["metrics"].get("dice_start")
     checkpoint = ws.root / run["artifacts"]["checkpoint"]
     print(f"run {run_id}: segmenter trained on {run['metrics']['n_train']} photos, final loss "
           f"{run['metrics']['loss'][-1]:.4f}; held-out Dice "
           + (f"{dice:.3f} on {run['metrics']['n_val']} photos" if dice is not None else "not measured (no hold-out)")
+          + ("" if before is None else f" (the segmenter it started from: {before:.3f} on the same photos)")
           + f" → {checkpoint}")
+    if before is not None and dice is not None and dice < before:
+        print("warning: the fine-tune outlines this workspace's held-out photos worse than the segmenter it started "
+              "from; on few photos a fine-tune can over-fit them (MODEL_CARD.md, failure modes). Suggestions now come "
+              "from this run: check them, outline more photos and retrain.")
     if config.pretrain:
         shutil.copyfile(checkpoint, default_path())
         print(f"installed as the default segmenter: {default_path()} (update MODEL_CARD.md beside it)")

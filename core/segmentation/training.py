@@ -413,7 +413,8 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
     By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter; with ``config.pretrain``
     only the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
     series) making up ``config.val_fraction`` of the photos are held out and the run's ``dice`` is their mean
-    per-photo Dice; with ``val_fraction=0`` every photo trains and no Dice is reported. The checkpoint's threshold:
+    per-photo Dice (and, for a fine-tune, ``dice_start``: its start's on the same photos); with ``val_fraction=0``
+    every photo trains and no Dice is reported. The checkpoint's threshold:
     with ``pretrain``, the one a network trained without :data:`INNER_FRACTION` of the training photos (whole
     series) scores best on them (:func:`choose_threshold`; then the network is trained again on all of them), else
     the start's. Bad input raises before anything is written.
@@ -448,10 +449,11 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
         metrics["loss"] = losses
-        if val:
-            scores = [dice(cached_probability(net, cache, i, samples[i].mask.shape, device) >= threshold,
-                           samples[i].mask) for i in val]
-            metrics["dice"] = float(np.mean(scores))
+        for key, scored_net in (("dice", net), ("dice_start", None if pretrain else start.eval())):
+            if val and scored_net is not None:  # a fine-tune's start on the same photos: did it help this clinic?
+                metrics[key] = float(np.mean([dice(cached_probability(scored_net, cache, i, samples[i].mask.shape,
+                                                                      device) >= threshold, samples[i].mask)
+                                              for i in val]))
         path = Segmenter(net, enc, INPUT_SIZE, run_id, threshold=threshold).save(ws.run_dir(run_id) / CHECKPOINT_NAME)
         rec.metrics, rec.artifacts = metrics, {"checkpoint": str(path.relative_to(ws.root))}
     return run_id

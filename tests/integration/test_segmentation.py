@@ -308,9 +308,13 @@ def test_job_trains_records_and_loads_the_segmenter(tmp_path, capsys):
     ws = _workspace(tmp_path, n=4)
     assert load_segmenter(ws).source == "default"
     assert job.main(["--workspace", str(ws.root), "--epochs", "2", "--device", "cpu", "--val-fraction", "0.25"]) == 0
-    assert "held-out Dice" in capsys.readouterr().out
+    out = capsys.readouterr().out
     run = ws.store.runs(kind=RUN_KIND)[0]
     assert run["status"] == "done" and len(run["metrics"]["loss"]) == 2 and 0 <= run["metrics"]["dice"] <= 1
+    before = run["metrics"]["dice_start"]  # the default it fine-tuned, on the same held-out photos
+    assert 0 <= before <= 1 and f"held-out Dice {run['metrics']['dice']:.3f} on 1 photos (the segmenter it started " \
+        f"from: {before:.3f} on the same photos)" in out
+    assert ("warning: the fine-tune outlines" in out) == (run["metrics"]["dice"] < before)
     assert run["config"]["start"] == "default"
     seg = load_segmenter(ws)
     assert seg.run_id == run["id"] and seg.source == f"run {run['id']}"
