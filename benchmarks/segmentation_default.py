@@ -337,7 +337,7 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
     outlining convention) and fuseg-dev's held-out fold (the default's own). Each variant's claim: it adds Dice over
     the same networks before fine-tuning (paired over draw × photo series)."""
     variants = [("before fine-tuning", {"clinic_threshold": "inner"}, "zero_shot"),
-                (f"lr {CLINIC_LR}, threshold kept (a workspace run's)", {"clinic_threshold": "inner"}, "fine_tuned"),
+                (f"lr {CLINIC_LR}, threshold kept: a workspace run's", {"clinic_threshold": "inner"}, "fine_tuned"),
                 (f"lr {CLINIC_LR}, threshold from an inner split", {"clinic_threshold": "inner"}, "fine_tuned_inner"),
                 *((f"lr {rate}, threshold kept", {"clinic_lr": rate}, "fine_tuned")
                   for rate in CLINIC_LR_CHOICES if rate != CLINIC_LR),

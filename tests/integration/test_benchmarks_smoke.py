@@ -378,7 +378,7 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     variants = json.loads((tmp_path / "seg_variants_smoke.json").read_text(encoding="utf-8"))
     table = next(t for t in variants["tables"] if "and its variants" in t["caption"])
     assert [r[0] for r in table["rows"]] == ["Medetec, the rest"] * 4 + ["fuseg-dev, the rest of the fold"] * 4
-    assert [r[1] for r in table["rows"][:4]] == ["before fine-tuning", "lr 0.001, threshold kept (a workspace run's)",
+    assert [r[1] for r in table["rows"][:4]] == ["before fine-tuning", "lr 0.001, threshold kept: a workspace run's",
                                                  "lr 0.001, threshold from an inner split",
                                                  "lr from an inner split, threshold kept"]
     assert table["rows"][3][2] and table["rows"][3][3] == table["rows"][0][3]  # the rates chosen; the same photos
