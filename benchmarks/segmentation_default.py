@@ -331,24 +331,25 @@ def misses_table(sets: list[tuple[str, list[dict]]]) -> list[dict]:
                        round(float(np.median([r["ratio"] for r in rows])), 2)] for label, rows in sets]}]
 
 
-def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
     """A clinic's fine-tune as a workspace run does it against its variants (a threshold or a learning rate chosen on
     an inner split of the clinic's photos, a tenth of the rate), on each clinic set whose curves exist: Medetec (another
     outlining convention) and fuseg-dev's held-out fold (the default's own). Each variant's claim: it adds Dice over
-    the same networks before fine-tuning (paired over draw × photo series)."""
+    the same networks before fine-tuning (paired over draw × photo series). Also the curve files it read."""
     variants = [("before fine-tuning", {"clinic_threshold": "inner"}, "zero_shot"),
                 (f"lr {CLINIC_LR}, threshold kept: a workspace run's", {"clinic_threshold": "inner"}, "fine_tuned"),
                 (f"lr {CLINIC_LR}, threshold from an inner split", {"clinic_threshold": "inner"}, "fine_tuned_inner"),
                 *((f"lr {rate}, threshold kept", {"clinic_lr": rate}, "fine_tuned")
                   for rate in CLINIC_LR_CHOICES if rate != CLINIC_LR),
                 ("lr from an inner split, threshold kept", {"clinic_lr": "inner"}, "fine_tuned")]
-    rows, claims = [], []
+    rows, claims, read = [], [], set()
     for name, where in (("medetec", "Medetec, the rest"), ("fuseg", "fuseg-dev, the rest of the fold")):
         scores = {}
         for label, change, key in variants:
             ns = argparse.Namespace(**{**vars(args), "clinic_set": name, **change})
             if all(curve_file(ns, f).is_file() for f in range(args.folds)):
                 curves = [json.loads(curve_file(ns, f).read_text()) for f in range(args.folds)]
+                read |= {curve_file(ns, f).name for f in range(args.folds)}
                 scores[label] = [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves for r in c[key]]
                 chosen = " ".join(str(c["lr"]) for c in curves) if change.get("clinic_lr") == "inner" else ""
                 rows.append([where, label, chosen, *area_cells(scores[label])])
@@ -357,11 +358,13 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
                                 f"{where} (paired over draw × photo series)", *group_means(rows_, before))
                    for label, rows_ in scores.items() if before is not None]
     if not rows:
-        return [], []
+        return [], [], []
+    note = (f"The fine-tune variants' table read from {args.work} (`--part curve` with `--clinic-set`, "
+            f"`--clinic-threshold` or `--clinic-lr`): " + ", ".join(sorted(read)) + ".")
     return [{"caption": f"A clinic's {args.clinic} photos' fine-tune and its variants, on another outlining convention "
                         "(Medetec) and on the default's own (fuseg-dev's held-out fold): the same fold networks and "
                         "draws, all draws pooled",
-             "columns": ["scored on", "fine-tune", "rate chosen per fold", *COLUMNS[1:]], "rows": rows}], claims
+             "columns": ["scored on", "fine-tune", "rate chosen per fold", *COLUMNS[1:]], "rows": rows}], claims, [note]
 
 
 def alternatives(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
@@ -427,7 +430,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                        "rows": [[n, "Medetec, the rest (all draws)", *area_cells(rows)] for n, rows in sorted(tuned.items())]})
         claims.append(paired_claim(f"one close-up per clinic photo adds Dice over the flips alone to the {args.clinic} "
                                    "photos' fine-tune (paired over draw × photo series)", *group_means(tuned[1], tuned[0])))
-    tables_t, claims_t = clinic_variants_table(args)
+    tables_t, claims_t, variant_notes = clinic_variants_table(args)
     tables, claims = tables + tables_t, claims + claims_t
     timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
@@ -457,7 +460,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                    paired_claim(f"{recipe(args)} adds Dice over {recipe(them)} on Medetec zero-shot (paired over "
                                 "photo series)", *group_means(med_a, med_b))]
     notes = [f"Training per fold (inner network + fold network, {args.epochs} epochs each): "
-             f"{np.mean([o['train_seconds'] for o in folds]) / 60:.1f} min on average, 1 torch thread."]
+             f"{np.mean([o['train_seconds'] for o in folds]) / 60:.1f} min on average, 1 torch thread.", *variant_notes]
     if args.click:
         net, threshold = load_fold_net(args, 0)
         enc = encoder("cpu", args.encoder)

@@ -383,3 +383,5 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
                                                  "lr from an inner split, threshold kept"]
     assert table["rows"][3][2] and table["rows"][3][3] == table["rows"][0][3]  # the rates chosen; the same photos
     assert sum(c["claim"].startswith("a 4 photos' fine-tune (") for c in variants["claims"]) == 6
+    assert any(n.startswith("The fine-tune variants' table read from") and "curve0-of2-lite0-fuseg-lrinner-s0.json" in n
+               for n in variants["notes"])
