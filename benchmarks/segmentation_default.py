@@ -58,7 +58,7 @@ from benchmarks.segmentation import (
 from benchmarks.segmentation_diagnosis import load_cache, save_cache
 from core import cli
 from core.runtime import torch_threads
-from core.segmentation.defaults import EPOCHS, PRETRAIN_EPOCHS, THRESHOLD, SegmenterConfig
+from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS, THRESHOLD, SegmenterConfig
 from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import BAND_FRACTION, band_recall, boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net, inference_sizes
@@ -72,8 +72,9 @@ from core.segmentation.training import (
     cache_features,
     fit_network,
     folder_samples,
-    inner_choice,
+    choose_threshold,
     inner_threshold,
+    split_groups,
 )
 
 SETS = ("fuseg", "medetec")
@@ -239,6 +240,24 @@ def curve_file(args: argparse.Namespace, f: int) -> Path:
     return args.work / f"curve{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
 
 
+def inner_choice(cache: FeatureCache, samples: list[Sample], train: list[int], start: SegNet, epochs: int,
+                 candidates: dict[str, float], threshold: float, seed: int,
+                 quiet: bool) -> tuple[str, dict[str, Any]] | None:
+    """The learning rate of ``candidates`` (name → rate) whose network, fine-tuned from ``start`` without
+    :data:`~core.segmentation.defaults.INNER_FRACTION` of ``train`` (whole series), has the best mean Dice per photo on
+    that share at ``threshold`` (ties go to the first); with each candidate's Dice. None for a single series."""
+    inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)
+    if not held:
+        return None
+    scores = {}
+    for name, lr in candidates.items():
+        net, _ = fit_network(cache, [train[i] for i in inner], start, epochs, lr=lr, seed=seed, progress=not quiet)
+        scores[name] = choose_threshold(net, cache, samples, [train[i] for i in held], DEFAULT_MIN_WOUND_AREA,
+                                        grid=(threshold,))[1][f"{threshold:g}"]
+    best = max(candidates, key=lambda name: round(scores[name], 6))
+    return best, {"n_train": len(inner), "n_held_out": len(held), "dice": scores}
+
+
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     """Fold ``f``'s network fine-tuned on ``--clinic`` photos of the ``--clinic-set`` (series drawn with seed ``f``:
     from every Medetec photo, or from fuseg-dev's fold ``f``, which the network never saw), scored on the rest; with
@@ -258,8 +277,8 @@ def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     lr, lr_choice = args.clinic_lr, None
     if lr == "inner":
         rates = {rate: float(rate) for rate in CLINIC_LR_CHOICES}
-        lr_choice = inner_choice(cache, samples, clinic, start, args.clinic_epochs, rates, threshold,
-                                 DEFAULT_MIN_WOUND_AREA, seed=args.seed + f, progress=not args.quiet)
+        lr_choice = inner_choice(cache, samples, clinic, start, args.clinic_epochs, rates, threshold, args.seed + f,
+                                 args.quiet)
         lr = CLINIC_LR if lr_choice is None else lr_choice[0]
     at, inner = {"chosen": threshold}, None
     if args.clinic_threshold == "inner":

@@ -346,25 +346,6 @@ def inner_threshold(cache: FeatureCache, samples: Sequence[Sample], train: Seque
                        "dice_by_threshold": by_threshold}
 
 
-def inner_choice(cache: FeatureCache, samples: Sequence[Sample], train: Sequence[int], start: SegNet, epochs: int,
-                 candidates: dict[str, float], threshold: float, min_area: int, seed: int = 0,
-                 device: torch.device | str = "cpu", progress: bool = True) -> tuple[str, dict[str, Any]] | None:
-    """The learning rate of ``candidates`` (name → rate) whose network, trained from ``start`` without
-    :data:`INNER_FRACTION` of ``train`` (whole series), has the best mean Dice per photo on that share at
-    ``threshold`` (ties go to the first); with each candidate's Dice. None when ``train`` has a single series."""
-    inner, held = split_groups([samples[i] for i in train], INNER_FRACTION, seed)
-    if not held:
-        return None
-    scores = {}
-    for name, lr in candidates.items():
-        net, _ = fit_network(cache, [train[i] for i in inner], start, epochs, lr=lr, seed=seed, device=device,
-                             progress=progress)
-        scores[name] = choose_threshold(net, cache, samples, [train[i] for i in held], min_area, device,
-                                        grid=(threshold,))[1][f"{threshold:g}"]
-    best = max(candidates, key=lambda name: round(scores[name], 6))
-    return best, {"n_train": len(inner), "n_held_out": len(held), "dice": scores}
-
-
 def split_groups(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """(train, validation) sample indices; whole groups go to validation until ``fraction`` of the photos."""
     groups = sorted({s.group for s in samples})
@@ -449,8 +430,8 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
         metrics["loss"] = losses
-        for key, scored_net in (("dice", net), ("dice_start", None if pretrain else start.eval())):
-            if val and scored_net is not None:  # a fine-tune's start on the same photos: did it help this clinic?
+        if val:  # a fine-tune's start is scored on the same photos too: did the fine-tune help this clinic?
+            for key, scored_net in ({"dice": net} if pretrain else {"dice": net, "dice_start": start.eval()}).items():
                 metrics[key] = float(np.mean([dice(cached_probability(scored_net, cache, i, samples[i].mask.shape,
                                                                       device) >= threshold, samples[i].mask)
                                               for i in val]))
