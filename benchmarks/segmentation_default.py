@@ -67,6 +67,7 @@ from core.segmentation.training import (
     AUGMENTED_VIEWS,
     PRETRAIN_AUGMENTATION,
     PRETRAIN_AUGMENTED_VIEWS,
+    TUNED_PARTS,
     FeatureCache,
     Sample,
     cache_features,
@@ -237,6 +238,7 @@ def curve_file(args: argparse.Namespace, f: int) -> Path:
     clinic += "-fuseg" if args.clinic_set == "fuseg" else ""
     clinic += "-inner" if args.clinic_threshold == "inner" else ""
     clinic += f"-lr{args.clinic_lr}" if args.clinic_lr != CLINIC_LR else ""
+    clinic += f"-{args.clinic_tune}" if args.clinic_tune != "all" else ""
     return args.work / f"curve{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
 
 
@@ -261,7 +263,8 @@ def inner_choice(cache: FeatureCache, samples: list[Sample], train: list[int], s
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     """Fold ``f``'s network fine-tuned on ``--clinic`` photos of the ``--clinic-set`` (series drawn with seed ``f``:
     from every Medetec photo, or from fuseg-dev's fold ``f``, which the network never saw), scored on the rest; with
-    ``--clinic-threshold inner`` also at the threshold an inner split of those photos chooses."""
+    ``--clinic-threshold inner`` also at the threshold an inner split of those photos chooses; ``--clinic-tune head``
+    trains the decoder's head alone."""
     samples = samples_of(args, args.clinic_set)
     pool = (group_folds(samples, args.folds, args.seed)[f] if args.clinic_set == "fuseg"
             else list(range(len(samples))))
@@ -287,10 +290,11 @@ def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
         if chosen is not None:
             at["inner"], inner = chosen
     net, _ = fit_network(cache, clinic, start, args.clinic_epochs, lr=float(lr), seed=args.seed + f,
-                         progress=not args.quiet)
+                         progress=not args.quiet, tune=args.clinic_tune)
     enc = encoder("cpu", args.encoder)
     tuned = scored(Segmenter(net.eval(), enc), samples, rest, at)
     out = {"fold": f, "clinic": len(clinic), "threshold": at, "inner": inner, "lr": lr, "lr_choice": lr_choice,
+           "tune": args.clinic_tune,
            "zero_shot": scored(Segmenter(start, enc), samples, rest, {"chosen": threshold})["chosen"],
            "fine_tuned": tuned["chosen"], **({"fine_tuned_inner": tuned["inner"]} if "inner" in tuned else {})}
     curve_file(args, f).write_text(json.dumps(out))
@@ -360,7 +364,8 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
                 (f"lr {CLINIC_LR}, threshold from an inner split", {"clinic_threshold": "inner"}, "fine_tuned_inner"),
                 *((f"lr {rate}, threshold kept", {"clinic_lr": rate}, "fine_tuned")
                   for rate in CLINIC_LR_CHOICES if rate != CLINIC_LR),
-                ("lr from an inner split, threshold kept", {"clinic_lr": "inner"}, "fine_tuned")]
+                ("lr from an inner split, threshold kept", {"clinic_lr": "inner"}, "fine_tuned"),
+                (f"the decoder's head alone, lr {CLINIC_LR}, threshold kept", {"clinic_tune": "head"}, "fine_tuned")]
     rows, claims, read = [], [], set()
     for name, where in (("medetec", "Medetec, the rest"), ("fuseg", "fuseg-dev, the rest of the fold")):
         scores = {}
@@ -379,7 +384,7 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
     if not rows:
         return [], [], []
     note = (f"The fine-tune variants' table read from {args.work} (`--part curve` with `--clinic-set`, "
-            f"`--clinic-threshold` or `--clinic-lr`): " + ", ".join(sorted(read)) + ".")
+            f"`--clinic-threshold`, `--clinic-lr` or `--clinic-tune`): " + ", ".join(sorted(read)) + ".")
     return [{"caption": f"A clinic's {args.clinic} photos' fine-tune and its variants, on another outlining convention "
                         "(Medetec) and on the default's own (fuseg-dev's held-out fold): the same fold networks and "
                         "draws, all draws pooled",
@@ -531,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clinic-lr", choices=(*CLINIC_LR_CHOICES, "inner"), default=CLINIC_LR,
                    help=f"curve: the clinic's fine-tune's learning rate (default {CLINIC_LR}, a workspace run's), or "
                         f"the one of {', '.join(CLINIC_LR_CHOICES)} an inner split of the clinic's photos chooses")
+    p.add_argument("--clinic-tune", choices=TUNED_PARTS, default="all",
+                   help="curve: what the clinic's fine-tune trains: the tuned stages and the decoder (all; default, a "
+                        "workspace run's) or the decoder's head alone")
     p.add_argument("--clinic-epochs", type=int, default=EPOCHS,
                    help=f"curve: epochs of the clinic's fine-tune (default {EPOCHS}, a workspace run's)")
     p.add_argument("--no-inner", action="store_true",

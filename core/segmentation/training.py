@@ -247,24 +247,37 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
     return (1 - (2 * (p * t).sum(1) + eps) / (p.sum(1) + t.sum(1) + eps)).mean()
 
 
+#: What :func:`fit_network` trains: the tuned stages and the whole decoder ("all", the recipe) or the decoder's head
+#: alone ("head": its last 3×3 convolution with its batch norm, and the logit convolution).
+TUNED_PARTS = ("all", "head")
+
+
 def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epochs: int = EPOCHS,
                 batch_size: int = 8, lr: float = 1e-3, encoder_lr_factor: float = ENCODER_LR_FACTOR, seed: int = 0,
                 device: torch.device | str = "cpu", progress: bool = True,
                 on_epoch: Callable[[int, list[float]], None] | None = None,
-                dice_weight: float = 1.0) -> tuple[SegNet, list[float]]:
+                dice_weight: float = 1.0, tune: str = "all") -> tuple[SegNet, list[float]]:
     """Train a copy of ``start`` on the cached views of ``samples`` (each photo once per epoch, in a random view;
-    ``encoder_lr_factor=0`` keeps the encoder stages frozen); returns it (eval mode) and the loss per epoch. The
-    loss is cross-entropy + ``dice_weight`` × soft Dice (1, the recipe; 0, cross-entropy alone: a diagnosis)."""
+    ``encoder_lr_factor=0`` keeps the encoder stages frozen; ``tune="head"`` trains the decoder's head alone, the
+    rest frozen with its batch-norm statistics); returns it (eval mode) and the loss per epoch. The loss is
+    cross-entropy + ``dice_weight`` × soft Dice (1, the recipe; 0, cross-entropy alone: a diagnosis)."""
     if not samples:
         raise ValueError("no training photos")
+    if tune not in TUNED_PARTS:
+        raise ValueError(f"tune must be one of {TUNED_PARTS}, got {tune!r}")
     device = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     net = copy.deepcopy(start).to(device).to(memory_format=torch.channels_last)  # 1.5× faster CPU convolutions
+    head = tune == "head"
+    for p in net.parameters():
+        p.requires_grad_(False)
+    for p in (net.decoder.head if head else net.decoder).parameters():
+        p.requires_grad_(True)
     for p in net.stages.parameters():
-        p.requires_grad_(encoder_lr_factor > 0)
-    groups = [{"params": list(net.decoder.parameters()), "lr": lr}]
-    if encoder_lr_factor > 0:
+        p.requires_grad_(not head and encoder_lr_factor > 0)
+    groups = [{"params": [p for p in net.decoder.parameters() if p.requires_grad], "lr": lr}]
+    if not head and encoder_lr_factor > 0:
         groups.append({"params": list(net.stages.parameters()), "lr": lr * encoder_lr_factor})
     photos = torch.tensor(list(samples))
     steps_per_epoch = -(-len(photos) // batch_size)
@@ -275,6 +288,9 @@ def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epoc
     bar = tqdm(range(epochs), desc="segmenter", unit="epoch", disable=not progress, leave=False)
     for epoch in bar:
         net.train()
+        if head:  # the frozen decoder keeps its batch-norm statistics
+            net.decoder.lateral.eval()
+            net.decoder.smooth.eval()
         total = 0.0
         views = torch.randint(cache.views, (len(photos),), generator=gen)
         rows = photos * cache.views + views

@@ -176,6 +176,20 @@ def test_training_loss_decreases_and_the_model_finds_the_wounds(tmp_path):
     assert dice(prob >= 0.5, samples[0].mask) > 0.5
 
 
+def test_a_head_only_fine_tune_changes_the_decoders_head_and_nothing_else(tmp_path):
+    samples = folder_samples(_dataset(tmp_path / "ds", 3))
+    enc = encoder("cpu")
+    cache = cache_features(samples, enc, size=SIZE, progress=False)
+    start = new_net(enc)
+    net, _ = fit_network(cache, list(range(len(samples))), start, epochs=3, batch_size=2, lr=3e-3, progress=False,
+                         tune="head")
+    before, after = start.state_dict(), net.state_dict()
+    changed = {k for k, v in after.items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith("decoder.head.") for k in changed)  # batch-norm statistics included
+    with pytest.raises(ValueError, match="tune must be one of"):
+        fit_network(cache, [0], start, epochs=1, progress=False, tune="encoder")
+
+
 def test_suggestions_respect_min_area_and_never_cover_existing_outlines(tmp_path):
     ws = _workspace(tmp_path)
     existing = ws.load_mask("p0") > 0
