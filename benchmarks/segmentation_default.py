@@ -66,6 +66,7 @@ from core.segmentation.training import (
     AUGMENTATIONS,
     AUGMENTED_VIEWS,
     PRETRAIN_AUGMENTATION,
+    FINE_TUNE,
     PRETRAIN_AUGMENTED_VIEWS,
     TUNED_PARTS,
     FeatureCache,
@@ -238,7 +239,7 @@ def curve_file(args: argparse.Namespace, f: int) -> Path:
     clinic += "-fuseg" if args.clinic_set == "fuseg" else ""
     clinic += "-inner" if args.clinic_threshold == "inner" else ""
     clinic += f"-lr{args.clinic_lr}" if args.clinic_lr != CLINIC_LR else ""
-    clinic += f"-{args.clinic_tune}" if args.clinic_tune != "all" else ""
+    clinic += f"-{args.clinic_tune}" if args.clinic_tune != FINE_TUNE else ""
     return args.work / f"curve{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
 
 
@@ -355,18 +356,23 @@ def misses_table(sets: list[tuple[str, list[dict]]]) -> list[dict]:
 
 
 def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]:
-    """A clinic's fine-tune as a workspace run does it against its variants (a threshold or a learning rate chosen on
-    an inner split of the clinic's photos, a tenth of the rate), on each clinic set whose curves exist: Medetec (another
-    outlining convention) and fuseg-dev's held-out fold (the default's own). Each variant's claim: it adds Dice over
+    """A clinic's fine-tune as a workspace run does it (the decoder's head alone) against its variants (every trained
+    part, at the same rate, at a tenth of it, or with a threshold or a rate chosen on an inner split of the clinic's
+    photos), on each clinic set whose curves exist: Medetec (another outlining convention) and fuseg-dev's held-out
+    fold (the default's own). Each variant's claim: it adds Dice over
     the same networks before fine-tuning (paired over draw × photo series). Also the curve files it read."""
-    variants = [("before fine-tuning", {"clinic_threshold": "inner"}, "zero_shot"),
-                (f"lr {CLINIC_LR}, threshold kept: a workspace run's", {"clinic_threshold": "inner"}, "fine_tuned"),
-                (f"lr {CLINIC_LR}, threshold from an inner split", {"clinic_threshold": "inner"}, "fine_tuned_inner"),
-                *((f"lr {rate}, threshold kept", {"clinic_lr": rate}, "fine_tuned")
+    every = {"clinic_tune": "all"}
+    variants = [("before fine-tuning", {}, "zero_shot"),
+                (f"the decoder's head alone, lr {CLINIC_LR}, threshold kept: a workspace run's", {}, "fine_tuned"),
+                (f"every trained part, lr {CLINIC_LR}, threshold kept (a workspace run's before stop 69)",
+                 {**every, "clinic_threshold": "inner"}, "fine_tuned"),
+                (f"every trained part, lr {CLINIC_LR}, threshold from an inner split",
+                 {**every, "clinic_threshold": "inner"}, "fine_tuned_inner"),
+                *((f"every trained part, lr {rate}, threshold kept", {**every, "clinic_lr": rate}, "fine_tuned")
                   for rate in CLINIC_LR_CHOICES if rate != CLINIC_LR),
-                ("lr from an inner split, threshold kept", {"clinic_lr": "inner"}, "fine_tuned"),
-                (f"the decoder's head alone, lr {CLINIC_LR}, threshold kept", {"clinic_tune": "head"}, "fine_tuned")]
-    rows, claims, read = [], [], set()
+                ("every trained part, lr from an inner split, threshold kept", {**every, "clinic_lr": "inner"},
+                 "fine_tuned")]
+    rows, claims, read, found = [], [], set(), set()
     for name, where in (("medetec", "Medetec, the rest"), ("fuseg", "fuseg-dev, the rest of the fold")):
         scores = {}
         for label, change, key in variants:
@@ -377,11 +383,12 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
                 scores[label] = [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves for r in c[key]]
                 chosen = " ".join(str(c["lr"]) for c in curves) if change.get("clinic_lr") == "inner" else ""
                 rows.append([where, label, chosen, *area_cells(scores[label])])
+                found.add(label)
         before = scores.pop(variants[0][0], None)
         claims += [paired_claim(f"a {args.clinic} photos' fine-tune ({label}) adds Dice over the networks before it on "
                                 f"{where} (paired over draw × photo series)", *group_means(rows_, before))
                    for label, rows_ in scores.items() if before is not None]
-    if not rows:
+    if not found - {label for label, _, _ in variants[:2]}:  # the main table has those two
         return [], [], []
     note = (f"The fine-tune variants' table read from {args.work} (`--part curve` with `--clinic-set`, "
             f"`--clinic-threshold`, `--clinic-lr` or `--clinic-tune`): " + ", ".join(sorted(read)) + ".")
@@ -536,9 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clinic-lr", choices=(*CLINIC_LR_CHOICES, "inner"), default=CLINIC_LR,
                    help=f"curve: the clinic's fine-tune's learning rate (default {CLINIC_LR}, a workspace run's), or "
                         f"the one of {', '.join(CLINIC_LR_CHOICES)} an inner split of the clinic's photos chooses")
-    p.add_argument("--clinic-tune", choices=TUNED_PARTS, default="all",
-                   help="curve: what the clinic's fine-tune trains: the tuned stages and the decoder (all; default, a "
-                        "workspace run's) or the decoder's head alone")
+    p.add_argument("--clinic-tune", choices=TUNED_PARTS, default=FINE_TUNE,
+                   help=f"curve: what the clinic's fine-tune trains: the decoder's head alone or the tuned stages and "
+                        f"the whole decoder (all) (default {FINE_TUNE}, a workspace run's)")
     p.add_argument("--clinic-epochs", type=int, default=EPOCHS,
                    help=f"curve: epochs of the clinic's fine-tune (default {EPOCHS}, a workspace run's)")
     p.add_argument("--no-inner", action="store_true",

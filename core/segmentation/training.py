@@ -250,6 +250,10 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
 #: What :func:`fit_network` trains: the tuned stages and the whole decoder ("all", the recipe) or the decoder's head
 #: alone ("head": its last 3×3 convolution with its batch norm, and the logit convolution).
 TUNED_PARTS = ("all", "head")
+#: What a workspace's run (a fine-tune of the default on a clinic's outlines) trains: the head alone, which learns
+#: another outlining convention without harming a clinic whose outlines match the default's (issue 48, stop 69:
+#: results/segmentation_search.md); ``--pretrain`` trains every part.
+FINE_TUNE = "head"
 
 
 def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epochs: int = EPOCHS,
@@ -395,7 +399,9 @@ def run_config(config: SegmenterConfig, data: Sequence[str | Path], device: torc
     """The ``segmenter`` run record's config: ``config``'s settings (its epochs resolved) and what the run was
     trained on (the run's seed is the record's own column)."""
     return {"data": [str(d) for d in data], "epochs": config.train_epochs, "batch_size": config.batch_size,
-            "lr": config.lr, "encoder_lr_factor": ENCODER_LR_FACTOR, "device": torch.device(device).type,
+            "lr": config.lr, "tune": "all" if config.pretrain else FINE_TUNE,
+            "encoder_lr_factor": ENCODER_LR_FACTOR if config.pretrain or FINE_TUNE == "all" else None,
+            "device": torch.device(device).type,
             "val_fraction": config.val_fraction, "input_size": INPUT_SIZE,
             "augmented_views": PRETRAIN_AUGMENTED_VIEWS if config.pretrain else AUGMENTED_VIEWS,
             "augmentation": PRETRAIN_AUGMENTATION if config.pretrain else None,
@@ -407,7 +413,8 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
                     device: torch.device | str = "cpu", progress: bool = True) -> int:
     """Train the segmenter and record a ``segmenter`` run in the workspace.
 
-    By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter; with ``config.pretrain``
+    By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter's head
+    (:data:`FINE_TUNE`); with ``config.pretrain``
     only the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
     series) making up ``config.val_fraction`` of the photos are held out and the run's ``dice`` is their mean
     per-photo Dice (and, for a fine-tune, ``dice_start``: its start's on the same photos); with ``val_fraction=0``
@@ -444,7 +451,8 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
                 metrics["threshold"] = threshold
         net, losses = fit_network(
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
-            on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}))
+            on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}),
+            tune="all" if pretrain else FINE_TUNE)
         metrics["loss"] = losses
         if val:  # a fine-tune's start is scored on the same photos too: did the fine-tune help this clinic?
             for key, scored_net in ({"dice": net} if pretrain else {"dice": net, "dice_start": start.eval()}).items():

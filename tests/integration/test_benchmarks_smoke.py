@@ -364,24 +364,32 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     table = next(t for t in clinic["tables"] if t["caption"].startswith("A clinic's 4 photos' fine-tune"))
     assert [r[0] for r in table["rows"]] == [0, 1] and table["rows"][0][2] == table["rows"][1][2]  # the same photos
     assert any(c["claim"].startswith("one close-up per clinic photo adds Dice") for c in clinic["claims"])
-    # a clinic's fine-tune and its variants (a threshold or a rate from an inner split of its photos), on Medetec and on
-    # fuseg-dev's held-out fold: the same draws, compared in the report with the networks before fine-tuning
+    # a clinic's fine-tune (the decoder's head) and its variants (every trained part, with a threshold or a rate from an
+    # inner split of its photos), on Medetec and on fuseg-dev's held-out fold: the same draws, compared in the report
+    # with the networks before fine-tuning
+    every = ["--clinic-tune", "all"]
+    assert main([*common, "--part", "curve", "--clinic-set", "fuseg"]) == 0
     for clinic_set in ("medetec", "fuseg"):
-        assert main([*common, "--part", "curve", "--clinic-set", clinic_set, "--clinic-threshold", "inner"]) == 0
-        assert main([*common, "--part", "curve", "--clinic-set", clinic_set, "--clinic-lr", "inner"]) == 0
-    inner = json.loads((tmp_path / "work" / "curve0-of2-lite0-fuseg-inner-s0.json").read_text(encoding="utf-8"))
+        assert main([*common, *every, "--part", "curve", "--clinic-set", clinic_set, "--clinic-threshold", "inner"]) == 0
+        assert main([*common, *every, "--part", "curve", "--clinic-set", clinic_set, "--clinic-lr", "inner"]) == 0
+    inner = json.loads((tmp_path / "work" / "curve0-of2-lite0-fuseg-inner-all-s0.json").read_text(encoding="utf-8"))
     assert 0.3 <= inner["threshold"]["inner"] <= 0.7 and inner["inner"]["n_held_out"] >= 1
     assert [r["photo"] for r in inner["fine_tuned"]] == [r["photo"] for r in inner["fine_tuned_inner"]]
-    rate = json.loads((tmp_path / "work" / "curve1-of2-lite0-lrinner-s0.json").read_text(encoding="utf-8"))
+    rate = json.loads((tmp_path / "work" / "curve1-of2-lite0-lrinner-all-s0.json").read_text(encoding="utf-8"))
     assert rate["lr"] in ("0.001", "0.0001") and set(rate["lr_choice"][1]["dice"]) == {"0.001", "0.0001"}
+    head = json.loads((tmp_path / "work" / "curve1-of2-lite0-s0.json").read_text(encoding="utf-8"))
+    assert head["tune"] == "head" and rate["tune"] == "all"
+    assert [r["photo"] for r in head["fine_tuned"]] == [r["photo"] for r in rate["fine_tuned"]]  # the same draws
     assert main([*common, "--part", "report", "--no-click", "--section", "seg_variants_smoke"]) == 0
     variants = json.loads((tmp_path / "seg_variants_smoke.json").read_text(encoding="utf-8"))
     table = next(t for t in variants["tables"] if "and its variants" in t["caption"])
-    assert [r[0] for r in table["rows"]] == ["Medetec, the rest"] * 4 + ["fuseg-dev, the rest of the fold"] * 4
-    assert [r[1] for r in table["rows"][:4]] == ["before fine-tuning", "lr 0.001, threshold kept: a workspace run's",
-                                                 "lr 0.001, threshold from an inner split",
-                                                 "lr from an inner split, threshold kept"]
-    assert table["rows"][3][2] and table["rows"][3][3] == table["rows"][0][3]  # the rates chosen; the same photos
-    assert sum(c["claim"].startswith("a 4 photos' fine-tune (") for c in variants["claims"]) == 6
-    assert any(n.startswith("The fine-tune variants' table read from") and "curve0-of2-lite0-fuseg-lrinner-s0.json" in n
+    assert [r[0] for r in table["rows"]] == ["Medetec, the rest"] * 5 + ["fuseg-dev, the rest of the fold"] * 5
+    assert [r[1] for r in table["rows"][:5]] == [
+        "before fine-tuning", "the decoder's head alone, lr 0.001, threshold kept: a workspace run's",
+        "every trained part, lr 0.001, threshold kept (a workspace run's before stop 69)",
+        "every trained part, lr 0.001, threshold from an inner split",
+        "every trained part, lr from an inner split, threshold kept"]
+    assert table["rows"][4][2] and table["rows"][4][3] == table["rows"][0][3]  # the rates chosen; the same photos
+    assert sum(c["claim"].startswith("a 4 photos' fine-tune (") for c in variants["claims"]) == 8
+    assert any(n.startswith("The fine-tune variants' table read from") and "curve0-of2-lite0-fuseg-lrinner-all-s0.json" in n
                for n in variants["notes"])

@@ -329,8 +329,11 @@ def test_job_trains_records_and_loads_the_segmenter(tmp_path, capsys):
     assert 0 <= before <= 1 and f"held-out Dice {run['metrics']['dice']:.3f} on 1 photos (the segmenter it started " \
         f"from: {before:.3f} on the same photos)" in out
     assert ("warning: the fine-tune outlines" in out) == (run["metrics"]["dice"] < before)
-    assert run["config"]["start"] == "default"
+    assert run["config"]["start"] == "default" and run["config"]["tune"] == "head"  # the head alone (issue 48)
     seg = load_segmenter(ws)
+    start, tuned = load_default("cpu").net.state_dict(), seg.net.state_dict()
+    changed = {k for k in start if not torch.equal(start[k], tuned[k])}
+    assert changed and all(k.startswith("decoder.head.") for k in changed)
     assert seg.run_id == run["id"] and seg.source == f"run {run['id']}"
     assert len(outline_from_click(ws, "p0", 0, 0, segmenter=seg).shape) == 2
 
