@@ -364,7 +364,7 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
     every = {"clinic_tune": "all"}
     variants = [("before fine-tuning", {}, "zero_shot"),
                 (f"the decoder's head alone, lr {CLINIC_LR}, threshold kept: a workspace run's", {}, "fine_tuned"),
-                (f"every trained part, lr {CLINIC_LR}, threshold kept (a workspace run's before stop 69)",
+                (f"every trained part, lr {CLINIC_LR}, threshold kept: a workspace run's before stop 69",
                  {**every, "clinic_threshold": "inner"}, "fine_tuned"),
                 (f"every trained part, lr {CLINIC_LR}, threshold from an inner split",
                  {**every, "clinic_threshold": "inner"}, "fine_tuned_inner"),

@@ -386,7 +386,7 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert [r[0] for r in table["rows"]] == ["Medetec, the rest"] * 5 + ["fuseg-dev, the rest of the fold"] * 5
     assert [r[1] for r in table["rows"][:5]] == [
         "before fine-tuning", "the decoder's head alone, lr 0.001, threshold kept: a workspace run's",
-        "every trained part, lr 0.001, threshold kept (a workspace run's before stop 69)",
+        "every trained part, lr 0.001, threshold kept: a workspace run's before stop 69",
         "every trained part, lr 0.001, threshold from an inner split",
         "every trained part, lr from an inner split, threshold kept"]
     assert table["rows"][4][2] and table["rows"][4][3] == table["rows"][0][3]  # the rates chosen; the same photos
