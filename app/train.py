@@ -165,9 +165,11 @@ def panels(ws: Workspace, tabs: list, args: dict[str, list[str]], shared_model: 
         with segmenter_tab:
             st.markdown("Fine-tune the wound segmenter that suggests outlines on the Wound masks page (until then, the "
                         "default model shipped with TriDerm) on every outline drawn or imported so far "
-                        "(`python -m core.train_segmenter --workspace W`). The run ends with its Dice on held-out photos "
-                        "beside the Dice of the segmenter it started from: on a few outlines a fine-tune can fit them "
-                        "too closely and outline new photos worse (the model card's failure modes).")
+                        "(`python -m core.train_segmenter --workspace W`). It retrains the last layers that decide "
+                        "where an outline's edge falls, so it learns how this clinic outlines without forgetting "
+                        "the rest. The run ends with its Dice on held-out photos beside the Dice of the segmenter it "
+                        "started from: if the fine-tune is worse there, keep outlining and retrain (the model card's "
+                        "failure modes).")
             jobs.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining", blocked=hint)
     loss_curves(ws)
 

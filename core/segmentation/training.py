@@ -14,8 +14,8 @@ the transfer to close-up photos (results/segmentation_search.md, stop 65); a wor
 rotated, scaled crop, colour jitter, blur) added nothing measured in source. One epoch shows every
 training photo once, in one of its views drawn at random. Loss: binary cross-entropy + soft Dice against the mask's area
 fractions on the output grid (stride 4); AdamW with a cosine schedule, the encoder stages at a tenth
-of the decoder's rate. A workspace's run starts from the default segmenter (fine-tuning); the
-``--pretrain`` run that makes the default starts from ImageNet.
+of the decoder's rate. A workspace's run starts from the default segmenter and fine-tunes its decoder's head alone
+(:data:`FINE_TUNE`); the ``--pretrain`` run that makes the default starts from ImageNet and trains every part.
 """
 from __future__ import annotations
 
