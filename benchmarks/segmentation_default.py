@@ -1,8 +1,8 @@
 """The default segmenter's recipe on photos it never saw, area first: fuseg-dev k-fold by photo (nested), Medetec
 zero-shot, Medetec fine-tuned with a clinic's first photos, click-to-outline and CPU inference.
 
-    python -m benchmarks.segmentation_default [--part all|features|fold|score|curve|report] [--fold F] [--folds 5]
-                                              [--encoder lite0] [--work DIR] [--seed 0]
+    python -m benchmarks.segmentation_default [--part all|features|fold|score|curve|learning|report] [--fold F]
+                                              [--folds 5] [--encoder lite0] [--work DIR] [--seed 0]
 
 Every network is what ``python -m core.train_segmenter --pretrain`` makes (:func:`core.segmentation.model.new_net`
 with its output bias at the wound prior, :data:`~core.segmentation.defaults.PRETRAIN_EPOCHS` epochs, the 4 flips
@@ -19,7 +19,8 @@ and one close-up cached once per photo), trained without the photos it is scored
 - **Medetec fine-tuned with 15 photos** (a clinic's first outlines): fold ``F``'s network fine-tuned as a
   workspace's run does (``--clinic-epochs``, default :data:`~core.segmentation.defaults.EPOCHS`, from it; its
   threshold kept) on 15 Medetec photos drawn by series with seed ``F``, scored on the other Medetec photos beside
-  the same network before fine-tuning (paired);
+  the same network before fine-tuning (paired); ``--part learning``: the same at 5, 10, 15 and 20 photos (nested
+  draws), every size scored on the same photos, a clinic's learning curve;
 - **click-to-outline on Medetec**: one click at each wound's deepest point, fold 0's network's map (zero-shot);
 - **CPU inference** of a 512-px photo (2 flips at each test-time size, 1 and 2 threads) with fold 0's network.
 
@@ -86,6 +87,10 @@ BOUNDARY_PX = 2
 #: A workspace run's fine-tuning rate (``SegmenterConfig.lr``), and the rates a clinic's curve compares (it, a tenth).
 CLINIC_LR = f"{SegmenterConfig().lr:g}"
 CLINIC_LR_CHOICES = (CLINIC_LR, f"{SegmenterConfig().lr / 10:g}")
+#: A clinic's learning curve: the numbers of its first outlined photos a fine-tune is scored at (issue 48 §6).
+LEARNING_SIZES = (5, 10, 15, 20)
+#: What each ``--clinic-tune`` trains, in words.
+TUNE_LABELS = {"head": "the decoder's head alone", "all": "every trained part"}
 
 
 def samples_of(args: argparse.Namespace, name: str) -> list[Sample]:
@@ -232,15 +237,15 @@ def clinic_cache(args: argparse.Namespace, samples: list[Sample]) -> FeatureCach
     return load_cache(path, samples)
 
 
-def curve_file(args: argparse.Namespace, f: int) -> Path:
-    """Where fold ``f``'s clinic curve keeps its scores (``-clinicN`` when the clinic caches N close-ups, ``-fuseg``
+def curve_file(args: argparse.Namespace, f: int, kind: str = "curve") -> Path:
+    """Where fold ``f``'s clinic curve (``kind="learning"``: its learning curve) keeps its scores (``-clinicN`` when the clinic caches N close-ups, ``-fuseg``
     for fuseg-dev's clinic, ``-inner`` when the clinic's threshold comes from an inner split)."""
     clinic = f"-clinic{args.clinic_views}" if args.clinic_views != AUGMENTED_VIEWS else ""
     clinic += "-fuseg" if args.clinic_set == "fuseg" else ""
     clinic += "-inner" if args.clinic_threshold == "inner" else ""
     clinic += f"-lr{args.clinic_lr}" if args.clinic_lr != CLINIC_LR else ""
     clinic += f"-{args.clinic_tune}" if args.clinic_tune != FINE_TUNE else ""
-    return args.work / f"curve{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
+    return args.work / f"{kind}{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
 
 
 def inner_choice(cache: FeatureCache, samples: list[Sample], train: list[int], start: SegNet, epochs: int,
@@ -261,22 +266,87 @@ def inner_choice(cache: FeatureCache, samples: list[Sample], train: list[int], s
     return best, {"n_train": len(inner), "n_held_out": len(held), "dice": scores}
 
 
+def clinic_pool(args: argparse.Namespace, samples: list[Sample], f: int) -> list[int]:
+    """The photos fold ``f``'s clinic draws from: every Medetec photo, or fuseg-dev's fold ``f`` (which the fold's
+    network never saw)."""
+    return group_folds(samples, args.folds, args.seed)[f] if args.clinic_set == "fuseg" else list(range(len(samples)))
+
+
+def clinic_photos(args: argparse.Namespace, samples: list[Sample], pool: list[int], f: int, n: int) -> list[int]:
+    """A clinic's first ``n`` outlined photos for fold ``f``: whole series of ``pool`` in an order drawn with seed
+    ``--seed`` + ``f``, until they hold at least ``n`` photos (so a larger ``n`` adds series to a smaller one's)."""
+    order = np.random.default_rng(args.seed + f).permutation(sorted({samples[i].group for i in pool}))
+    clinic: list[int] = []
+    for g in order:
+        if len(clinic) >= n:
+            break
+        clinic += [i for i in pool if samples[i].group == g]
+    return clinic
+
+
+def learning(args: argparse.Namespace, f: int) -> dict[str, Any]:
+    """Fold ``f``'s learning curve: its network fine-tuned as a workspace run does on a clinic's first ``n`` photos for
+    each ``n`` of :data:`LEARNING_SIZES` (nested draws, :func:`clinic_photos`), every fine-tune and the network before
+    it scored on the same photos, the pool's photos outside the largest draw."""
+    samples = samples_of(args, args.clinic_set)
+    pool = clinic_pool(args, samples, f)
+    cache = clinic_cache(args, samples)
+    start, threshold = load_fold_net(args, f)
+    enc = encoder("cpu", args.encoder)
+    draws = {n: clinic_photos(args, samples, pool, f, n) for n in LEARNING_SIZES}
+    largest = set(draws[max(LEARNING_SIZES)])
+    rest = [i for i in pool if i not in largest]
+    at = {"chosen": threshold}
+    out: dict[str, Any] = {"fold": f, "tune": args.clinic_tune, "lr": args.clinic_lr, "scored": len(rest),
+                           "clinic": {str(n): len(c) for n, c in draws.items()},
+                           "start": scored(Segmenter(start, enc), samples, rest, at)["chosen"], "tuned": {}}
+    for n, clinic in draws.items():
+        net, _ = fit_network(cache, clinic, start, args.clinic_epochs, lr=float(args.clinic_lr), seed=args.seed + f,
+                             progress=not args.quiet, tune=args.clinic_tune)
+        out["tuned"][str(n)] = scored(Segmenter(net.eval(), enc), samples, rest, at)["chosen"]
+    curve_file(args, f, "learning").write_text(json.dumps(out))
+    return out
+
+
+def learning_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """The learning curve of a clinic's fine-tune on each clinic set whose files exist, with each size's claim that
+    it adds Dice over the networks before it (paired over draw × photo series)."""
+    rows, claims = [], []
+    for name, where in (("medetec", "Medetec"), ("fuseg", "fuseg-dev, held-out fold")):
+        ns = argparse.Namespace(**{**vars(args), "clinic_set": name})
+        if not all(curve_file(ns, f, "learning").is_file() for f in range(args.folds)):
+            continue
+        files = [json.loads(curve_file(ns, f, "learning").read_text()) for f in range(args.folds)]
+
+        def pooled(key: str, n: str | None = None) -> list[dict]:
+            return [{**r, "group": f"{o['fold']}:{r['group']}"} for o in files
+                    for r in (o[key] if n is None else o[key][n])]
+        before = pooled("start")
+        rows.append([where, 0, 0, *area_cells(before)])
+        for n in map(str, LEARNING_SIZES):
+            tuned = pooled("tuned", n)
+            rows.append([where, int(n), round(float(np.mean([o["clinic"][n] for o in files])), 1), *area_cells(tuned)])
+            claims.append(paired_claim(f"a fine-tune on a clinic's first {n} photos adds Dice over the networks before "
+                                       f"it on {where} (paired over draw × photo series)", *group_means(tuned, before)))
+    if not rows:
+        return [], []
+    return [{"caption": f"A clinic's learning curve: a fine-tune of {TUNE_LABELS[args.clinic_tune]} at lr "
+                        f"{args.clinic_lr} on its first n outlined photos (whole series, nested draws, {args.folds} draws), all scored "
+                        "on the same photos: those outside the largest draw (on Medetec, another outlining convention; "
+                        "on fuseg-dev's held-out fold, the default's own)",
+             "columns": ["clinic set", "n", "photos outlined (mean)", *COLUMNS[1:]], "rows": rows}], claims
+
+
 def curve(args: argparse.Namespace, f: int) -> dict[str, Any]:
     """Fold ``f``'s network fine-tuned on ``--clinic`` photos of the ``--clinic-set`` (series drawn with seed ``f``:
     from every Medetec photo, or from fuseg-dev's fold ``f``, which the network never saw), scored on the rest; with
     ``--clinic-threshold inner`` also at the threshold an inner split of those photos chooses; ``--clinic-tune head``
     trains the decoder's head alone."""
     samples = samples_of(args, args.clinic_set)
-    pool = (group_folds(samples, args.folds, args.seed)[f] if args.clinic_set == "fuseg"
-            else list(range(len(samples))))
+    pool = clinic_pool(args, samples, f)
     cache = clinic_cache(args, samples)
     start, threshold = load_fold_net(args, f)
-    order = np.random.default_rng(args.seed + f).permutation(sorted({samples[i].group for i in pool}))
-    clinic: list[int] = []
-    for g in order:
-        if len(clinic) >= args.clinic:
-            break
-        clinic += [i for i in pool if samples[i].group == g]
+    clinic = clinic_photos(args, samples, pool, f, args.clinic)
     rest = [i for i in pool if i not in set(clinic)]
     lr, lr_choice = args.clinic_lr, None
     if lr == "inner":
@@ -462,7 +532,8 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
         claims.append(paired_claim(f"one close-up per clinic photo adds Dice over the flips alone to the {args.clinic} "
                                    "photos' fine-tune (paired over draw × photo series)", *group_means(tuned[1], tuned[0])))
     tables_t, claims_t, variant_notes = clinic_variants_table(args)
-    tables, claims = tables + tables_t, claims + claims_t
+    tables_l, claims_l = learning_table(args)
+    tables, claims = tables + tables_t + tables_l, claims + claims_t + claims_l
     timing: dict[str, float] = {}  # CPU s of a 512-px photo per recipe (fold networks differ, not their cost)
     for them, what in alternatives(args):
         done = [f for f in range(args.folds) if fold_file(them, "fold", f).is_file()]
@@ -511,8 +582,10 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.segmentation_default`` job; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.segmentation_default", description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("all", "features", "fold", "score", "curve", "report"), default="all",
-                   help="score: re-score the saved fold networks in --work (test-time views changed, no training)")
+    p.add_argument("--part", choices=("all", "features", "fold", "score", "curve", "learning", "report"),
+                   default="all",
+                   help="score: re-score the saved fold networks in --work (test-time views changed, no training); "
+                        f"learning: a clinic's learning curve at {', '.join(map(str, LEARNING_SIZES))} photos")
     p.add_argument("--fuseg", type=Path, default=SHARED / "fuseg-dev")
     p.add_argument("--medetec", type=Path, default=SHARED / "medetec")
     p.add_argument("--work", type=Path, default=Path("/tmp/segmentation-default"),
@@ -558,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     for d in (args.fuseg, args.medetec):
         if not (d / "images").is_dir():
             p.error(f"{d}: no images/ folder")
+    if args.part == "learning" and "inner" in (args.clinic_lr, args.clinic_threshold):
+        p.error("--part learning fine-tunes at a fixed rate and the kept threshold: leave --clinic-lr and "
+                "--clinic-threshold at their defaults")
     folds = [args.fold] if args.fold is not None else list(range(args.folds))
     t0 = time.perf_counter()
     reused: list[str] = []
@@ -579,6 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         for f in folds if args.part in ("all", "curve") else []:
             if needed(curve_file(args, f)):
                 curve(args, f)
+        fixed = "inner" not in (args.clinic_lr, args.clinic_threshold)  # the learning curve's own setting
+        for f in folds if args.part == "learning" or (args.part == "all" and fixed) else []:
+            if needed(curve_file(args, f, "learning")):
+                learning(args, f)
         if args.part not in ("all", "report"):
             return 0
         tables, claims, notes = report(args)
