@@ -286,19 +286,22 @@ def clinic_photos(args: argparse.Namespace, samples: list[Sample], pool: list[in
 
 def learning(args: argparse.Namespace, f: int) -> dict[str, Any]:
     """Fold ``f``'s learning curve: its network fine-tuned as a workspace run does on a clinic's first ``n`` photos for
-    each ``n`` of :data:`LEARNING_SIZES` (nested draws, :func:`clinic_photos`), every fine-tune and the network before
-    it scored on the same photos, the pool's photos outside the largest draw."""
+    each ``n`` of ``--learning-sizes`` (default :data:`LEARNING_SIZES`; nested draws, :func:`clinic_photos`), every
+    fine-tune and the network before it scored on the same photos, the pool's photos outside the largest draw."""
     samples = samples_of(args, args.clinic_set)
     pool = clinic_pool(args, samples, f)
     cache = clinic_cache(args, samples)
     start, threshold = load_fold_net(args, f)
     enc = encoder("cpu", args.encoder)
-    draws = {n: clinic_photos(args, samples, pool, f, n) for n in LEARNING_SIZES}
-    largest = set(draws[max(LEARNING_SIZES)])
+    draws = {n: clinic_photos(args, samples, pool, f, n) for n in args.learning_sizes}
+    largest = set(draws[max(args.learning_sizes)])
     rest = [i for i in pool if i not in largest]
+    if not rest:
+        raise ValueError(f"fold {f}: a clinic's first {max(args.learning_sizes)} photos take every photo of the "
+                         f"{args.clinic_set} pool ({len(pool)}); nothing is left to score (--learning-sizes)")
     at = {"chosen": threshold}
     out: dict[str, Any] = {"fold": f, "tune": args.clinic_tune, "lr": args.clinic_lr, "scored": len(rest),
-                           "clinic": {str(n): len(c) for n, c in draws.items()},
+                           "clinic": {str(n): [samples[i].key for i in c] for n, c in draws.items()},
                            "start": scored(Segmenter(start, enc), samples, rest, at)["chosen"], "tuned": {}}
     for n, clinic in draws.items():
         net, _ = fit_network(cache, clinic, start, args.clinic_epochs, lr=float(args.clinic_lr), seed=args.seed + f,
@@ -321,11 +324,15 @@ def learning_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
         def pooled(key: str, n: str | None = None) -> list[dict]:
             return [{**r, "group": f"{o['fold']}:{r['group']}"} for o in files
                     for r in (o[key] if n is None else o[key][n])]
+        sizes = list(files[0]["tuned"])
+        if any(list(o["tuned"]) != sizes for o in files):
+            raise ValueError(f"the {name} learning files in {args.work} were made with different --learning-sizes")
         before = pooled("start")
         rows.append([where, 0, 0, *area_cells(before)])
-        for n in map(str, LEARNING_SIZES):
+        for n in sizes:
             tuned = pooled("tuned", n)
-            rows.append([where, int(n), round(float(np.mean([o["clinic"][n] for o in files])), 1), *area_cells(tuned)])
+            rows.append([where, int(n), round(float(np.mean([len(o["clinic"][n]) for o in files])), 1),
+                         *area_cells(tuned)])
             claims.append(paired_claim(f"a fine-tune on a clinic's first {n} photos adds Dice over the networks before "
                                        f"it on {where} (paired over draw × photo series)", *group_means(tuned, before)))
     if not rows:
@@ -585,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=("all", "features", "fold", "score", "curve", "learning", "report"),
                    default="all",
                    help="score: re-score the saved fold networks in --work (test-time views changed, no training); "
-                        f"learning: a clinic's learning curve at {', '.join(map(str, LEARNING_SIZES))} photos")
+                        "learning: a clinic's learning curve (--learning-sizes)")
     p.add_argument("--fuseg", type=Path, default=SHARED / "fuseg-dev")
     p.add_argument("--medetec", type=Path, default=SHARED / "medetec")
     p.add_argument("--work", type=Path, default=Path("/tmp/segmentation-default"),
@@ -619,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clinic-tune", choices=TUNED_PARTS, default=FINE_TUNE,
                    help=f"curve: what the clinic's fine-tune trains: the decoder's head alone or the tuned stages and "
                         f"the whole decoder (all) (default {FINE_TUNE}, a workspace run's)")
+    p.add_argument("--learning-sizes", type=int, nargs="+", default=list(LEARNING_SIZES),
+                   help=f"learning: a clinic's numbers of photos (default {' '.join(map(str, LEARNING_SIZES))})")
     p.add_argument("--clinic-epochs", type=int, default=EPOCHS,
                    help=f"curve: epochs of the clinic's fine-tune (default {EPOCHS}, a workspace run's)")
     p.add_argument("--no-inner", action="store_true",

@@ -323,12 +323,14 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     from benchmarks.segmentation_default import main
     data = tiny_phantom(0, 10, 5, 14, 10)
     common = ["--fuseg", str(data), "--medetec", str(data), "--folds", "2", "--epochs", "1", "--quiet", "--clinic", "4",
-              "--clinic-epochs", "1", "--work", str(tmp_path / "work"), "--results", str(tmp_path)]
+              "--clinic-epochs", "1", "--learning-sizes", "2", "4", "--work", str(tmp_path / "work"),
+              "--results", str(tmp_path)]
     assert main([*common, "--part", "features"]) == 0
     assert main([*common, "--part", "fold", "--fold", "0"]) == 0
     assert main([*common, "--section", "seg_default_smoke"]) == 0  # features and fold 0 reused, the rest computed
     record = json.loads((tmp_path / "seg_default_smoke.json").read_text(encoding="utf-8"))
-    main_table, misses, per_fold, sizes = record["tables"]
+    main_table, misses, per_fold, sizes, *more = record["tables"]
+    assert [t["caption"].split(":")[0] for t in more] == ["A clinic's learning curve"]  # `all` ran it on Medetec
     assert [r[1] for r in misses["rows"]] == [main_table["rows"][i][1] for i in (0, 2, 5, 4)]
     assert all(0 <= r[2]["mean"] <= 1 and 0 <= r[3]["mean"] <= 1 for r in misses["rows"])
     assert [r[0] for r in misses["rows"]] == [main_table["rows"][i][0] for i in (0, 2, 5, 4)]
@@ -393,3 +395,21 @@ def test_segmentation_default_tiny(tmp_path, tiny_phantom):
     assert sum(c["claim"].startswith("a 4 photos' fine-tune (") for c in variants["claims"]) == 8
     assert any(n.startswith("The fine-tune variants' table read from") and "curve0-of2-lite0-fuseg-lrinner-all-s0.json" in n
                for n in variants["notes"])
+    # a clinic's learning curve: nested draws, every size and the networks before them scored on the same photos
+    with pytest.raises(SystemExit):
+        main([*common, "--part", "learning", "--clinic-lr", "inner"])
+    with pytest.raises(ValueError, match="nothing is left to score"):
+        main([*common, "--part", "learning", "--learning-sizes", "2", "40"])
+    assert main([*common, "--part", "learning", "--clinic-set", "fuseg"]) == 0
+    learnt = json.loads((tmp_path / "work" / "learning0-of2-lite0-s0.json").read_text(encoding="utf-8"))
+    assert list(learnt["tuned"]) == ["2", "4"] and learnt["tune"] == "head"
+    photos = [r["photo"] for r in learnt["start"]]
+    assert photos and all([r["photo"] for r in rows] == photos for rows in learnt["tuned"].values())
+    small, large = learnt["clinic"]["2"], learnt["clinic"]["4"]
+    assert 2 <= len(small) and set(small) < set(large) and not set(photos) & set(large)  # nested; scored outside
+    assert main([*common, "--part", "report", "--no-click", "--section", "seg_learning_smoke"]) == 0
+    learning = json.loads((tmp_path / "seg_learning_smoke.json").read_text(encoding="utf-8"))
+    table = next(t for t in learning["tables"] if t["caption"].startswith("A clinic's learning curve"))
+    assert [(r[0], r[1]) for r in table["rows"]] == [(where, n) for where in ("Medetec", "fuseg-dev, held-out fold")
+                                                     for n in (0, 2, 4)]
+    assert sum(c["claim"].startswith("a fine-tune on a clinic's first") for c in learning["claims"]) == 4
