@@ -168,8 +168,8 @@ def panels(ws: Workspace, tabs: list, args: dict[str, list[str]], shared_model: 
                         "(`python -m core.train_segmenter --workspace W`). It retrains the last layers that decide "
                         "where an outline's edge falls, so it learns how this clinic outlines without forgetting "
                         "the rest. The run ends with its Dice on held-out photos beside the Dice of the segmenter it "
-                        "started from: if the fine-tune is worse there, keep outlining and retrain (the model card's "
-                        "failure modes).")
+                        "started from: if the fine-tune is worse there, keep outlining and retrain. Measured on other "
+                        "clinics' photos, 5 outlined photos changed nothing and 15–20 helped (the model card).")
             jobs.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining", blocked=hint)
     loss_curves(ws)
 
