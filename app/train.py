@@ -12,6 +12,7 @@ import streamlit as st
 from annotations.infra.workspace import Workspace
 from app import extras, jobs, markup
 from core import cli
+from core.segmentation.defaults import ADVISED_OUTLINES
 from core.vision.recipe import LITE0_LAYERS, LOSS_NAMES, MODES, SUPERVISED_CV
 from core.vision.triderm_config import (
     DEFAULT,
@@ -168,8 +169,12 @@ def panels(ws: Workspace, tabs: list, args: dict[str, list[str]], shared_model: 
                         "(`python -m core.train_segmenter --workspace W`). It retrains the last layers that decide "
                         "where an outline's edge falls, so it learns how this clinic outlines without forgetting "
                         "the rest. The run ends with its Dice on held-out photos beside the Dice of the segmenter it "
-                        "started from: if the fine-tune is worse there, keep outlining and retrain. Measured on other "
-                        "clinics' photos, 5 outlined photos changed nothing and 15–20 helped (the model card).")
+                        "started from: if the fine-tune is worse there, keep outlining and retrain.")
+            outlined = ws.store.counts()["images_with_wounds"]
+            if outlined < ADVISED_OUTLINES:
+                st.info(f"This workspace has {outlined} outlined photo{'' if outlined == 1 else 's'}. On other "
+                        f"clinics' photos a fine-tune on 5 changed nothing and one on 15–20 helped (the model card's "
+                        f"learning curve): outline at least {ADVISED_OUTLINES} before retraining.")
             jobs.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining", blocked=hint)
     loss_curves(ws)
 

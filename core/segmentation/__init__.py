@@ -10,7 +10,7 @@ of each photo (the default adds one close-up of the wound per photo); prediction
 the photo and its horizontal flip at two input sizes (512 and 640 px). A default segmenter trained on
 public foot-ulcer photos ships with the package (``default/segmenter.safetensors``, model card
 ``default/MODEL_CARD.md``): a new workspace's suggestions and clicks use it, and a workspace's own run
-fine-tunes it.
+fine-tunes its decoder's head.
 
 - :mod:`.model` — :class:`Segmenter` (frozen encoder + tuned stages and decoder), checkpoints, the default.
 - :mod:`.training` — training samples (workspace masks, dataset folders), feature cache, fitting,

@@ -27,6 +27,10 @@ EPOCHS = 40
 PRETRAIN_EPOCHS = 24
 #: Share of the default's photos (whole file-name series) its inner split holds out to choose the threshold.
 INNER_FRACTION = 0.2
+#: Outlined photos a workspace should have before it retrains its segmenter: on other clinics' photos a fine-tune on
+#: 5 changed nothing, on 10 a little, on 15 and 20 clearly (results/segmentation_default.json, "A clinic's learning
+#: curve"; the Train page says so below it).
+ADVISED_OUTLINES = 15
 
 
 @dataclass(frozen=True)

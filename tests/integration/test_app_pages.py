@@ -411,6 +411,16 @@ def test_train_page_shows_loss_curves(ws):
     assert {"Start training", "Start evaluation", "Start benchmark"} <= set(labels)
 
 
+def test_train_page_advises_outlining_more_photos_before_retraining_the_segmenter(ws, monkeypatch):
+    from app import jobs
+    if not jobs.module_available("train_segmenter"):
+        pytest.skip("the segmenter's tab needs the [ml] extra")
+    outlined = ws.store.counts()["images_with_wounds"]
+    assert "outlined photos. On other clinics'" not in texts(app("train"))  # the demo has enough
+    monkeypatch.setattr("app.train.ADVISED_OUTLINES", outlined + 1)
+    assert f"This workspace has {outlined} outlined photos." in texts(app("train"))
+
+
 def test_train_page_embeds_with_a_shared_model_named_by_folder_or_hub(ws, tmp_path):
     """Issue 33 §4: the app loads an exported model by folder or hf-hub name (``core.embed --model``)."""
     from annotations.infra import jobs
