@@ -238,14 +238,22 @@ def clinic_cache(args: argparse.Namespace, samples: list[Sample]) -> FeatureCach
 
 
 def curve_file(args: argparse.Namespace, f: int, kind: str = "curve") -> Path:
-    """Where fold ``f``'s clinic curve (``kind="learning"``: its learning curve) keeps its scores (``-clinicN`` when the clinic caches N close-ups, ``-fuseg``
-    for fuseg-dev's clinic, ``-inner`` when the clinic's threshold comes from an inner split)."""
+    """Where fold ``f``'s clinic curve (``kind="learning"``: its learning curve) keeps its scores (``-clinicN`` when
+    the clinic caches N close-ups, ``-fuseg`` for fuseg-dev's clinic, ``-inner`` when the clinic's threshold comes from
+    an inner split, ``-lrR`` for another rate, ``-all`` when every trained part is fine-tuned)."""
     clinic = f"-clinic{args.clinic_views}" if args.clinic_views != AUGMENTED_VIEWS else ""
     clinic += "-fuseg" if args.clinic_set == "fuseg" else ""
     clinic += "-inner" if args.clinic_threshold == "inner" else ""
     clinic += f"-lr{args.clinic_lr}" if args.clinic_lr != CLINIC_LR else ""
     clinic += f"-{args.clinic_tune}" if args.clinic_tune != FINE_TUNE else ""
     return args.work / f"{kind}{f}-of{args.folds}-{recipe(args)}{clinic}-s{args.seed}.json"
+
+
+def pooled_draws(files: list[dict], key: str, size: str | None = None) -> list[dict]:
+    """The photo rows under ``key`` (under ``key`` and ``size`` in a learning file) of every fold's curve file,
+    pooled, each photo series labelled by its draw (the fold) so that a paired test or a bootstrap keeps draws apart."""
+    return [{**r, "group": f"{o['fold']}:{r['group']}"} for o in files
+            for r in (o[key] if size is None else o[key][size])]
 
 
 def inner_choice(cache: FeatureCache, samples: list[Sample], train: list[int], start: SegNet, epochs: int,
@@ -321,16 +329,13 @@ def learning_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             continue
         files = [json.loads(curve_file(ns, f, "learning").read_text()) for f in range(args.folds)]
 
-        def pooled(key: str, n: str | None = None) -> list[dict]:
-            return [{**r, "group": f"{o['fold']}:{r['group']}"} for o in files
-                    for r in (o[key] if n is None else o[key][n])]
         sizes = list(files[0]["tuned"])
         if any(list(o["tuned"]) != sizes for o in files):
             raise ValueError(f"the {name} learning files in {args.work} were made with different --learning-sizes")
-        before = pooled("start")
+        before = pooled_draws(files, "start")
         rows.append([where, 0, 0, *area_cells(before)])
         for n in sizes:
-            tuned = pooled("tuned", n)
+            tuned = pooled_draws(files, "tuned", n)
             rows.append([where, int(n), round(float(np.mean([len(o["clinic"][n]) for o in files])), 1),
                          *area_cells(tuned)])
             claims.append(paired_claim(f"a fine-tune on a clinic's first {n} photos adds Dice over the networks before "
@@ -338,8 +343,8 @@ def learning_table(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     if not rows:
         return [], []
     return [{"caption": f"A clinic's learning curve: a fine-tune of {TUNE_LABELS[args.clinic_tune]} at lr "
-                        f"{args.clinic_lr} on its first n outlined photos (whole series, nested draws, {args.folds} draws), all scored "
-                        "on the same photos: those outside the largest draw (on Medetec, another outlining convention; "
+                        f"{args.clinic_lr} on its first n outlined photos (whole series, nested draws, {args.folds} "
+                        "draws), all scored on the same photos: those outside the largest draw (on Medetec, another outlining convention; "
                         "on fuseg-dev's held-out fold, the default's own)",
              "columns": ["clinic set", "n", "photos outlined (mean)", *COLUMNS[1:]], "rows": rows}], claims
 
@@ -436,8 +441,8 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
     """A clinic's fine-tune as a workspace run does it (the decoder's head alone) against its variants (every trained
     part, at the same rate, at a tenth of it, or with a threshold or a rate chosen on an inner split of the clinic's
     photos), on each clinic set whose curves exist: Medetec (another outlining convention) and fuseg-dev's held-out
-    fold (the default's own). Each variant's claim: it adds Dice over
-    the same networks before fine-tuning (paired over draw × photo series). Also the curve files it read."""
+    fold (the default's own). Each variant's claim: it adds Dice over the same networks before fine-tuning (paired
+    over draw × photo series). Also the curve files it read."""
     every = {"clinic_tune": "all"}
     variants = [("before fine-tuning", {}, "zero_shot"),
                 (f"the decoder's head alone, lr {CLINIC_LR}, threshold kept: a workspace run's", {}, "fine_tuned"),
@@ -457,7 +462,7 @@ def clinic_variants_table(args: argparse.Namespace) -> tuple[list[dict], list[di
             if all(curve_file(ns, f).is_file() for f in range(args.folds)):
                 curves = [json.loads(curve_file(ns, f).read_text()) for f in range(args.folds)]
                 read |= {curve_file(ns, f).name for f in range(args.folds)}
-                scores[label] = [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves for r in c[key]]
+                scores[label] = pooled_draws(curves, key)
                 chosen = " ".join(str(c["lr"]) for c in curves) if change.get("clinic_lr") == "inner" else ""
                 rows.append([where, label, chosen, *area_cells(scores[label])])
                 found.add(label)
@@ -512,10 +517,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
                              round(o["train_seconds"]), round(o["loss"][-1], 4)] for o in folds]})
     claims = [paired_claim(f"{args.clinic} Medetec photos' fine-tune adds Dice on the other Medetec photos (paired "
                            "over draw × photo series)",
-                           *group_means([{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
-                                         for r in c["fine_tuned"]],
-                                        [{**r, "group": f"{c['fold']}:{r['group']}"} for c in curves
-                                         for r in c["zero_shot"]]))]
+                           *group_means(pooled_draws(curves, "fine_tuned"), pooled_draws(curves, "zero_shot")))]
     sizes = "+".join(map(str, inference_sizes(INPUT_SIZE)))
     one = {"fuseg-dev held-out": (fuseg["chosen"], [r for o in folds for r in o["fuseg"]["one size"]]),
            "Medetec zero-shot": (medetec["chosen"], mean_over_networks([o["medetec"]["one size"] for o in folds]))}
@@ -529,7 +531,7 @@ def report(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[str]]
     other = argparse.Namespace(**{**vars(args), "clinic_views": 0 if args.clinic_views else 1})
     if all(curve_file(other, f).is_file() for f in range(args.folds)):
         theirs_c = [json.loads(curve_file(other, f).read_text()) for f in range(args.folds)]
-        tuned = {n: [{**r, "group": f"{c['fold']}:{r['group']}"} for c in cs for r in c["fine_tuned"]]
+        tuned = {n: pooled_draws(cs, "fine_tuned")
                  for n, cs in ((args.clinic_views, curves), (other.clinic_views, theirs_c))}
         tables.append({"caption": f"A clinic's {args.clinic} photos' fine-tune: the flips alone against one close-up per "
                                   "photo besides them (the same fold networks, draws and epochs; on the other Medetec "
@@ -640,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     for d in (args.fuseg, args.medetec):
         if not (d / "images").is_dir():
             p.error(f"{d}: no images/ folder")
-    if args.part == "learning" and "inner" in (args.clinic_lr, args.clinic_threshold):
+    fixed = "inner" not in (args.clinic_lr, args.clinic_threshold)  # the learning curve's own setting
+    if args.part == "learning" and not fixed:
         p.error("--part learning fine-tunes at a fixed rate and the kept threshold: leave --clinic-lr and "
                 "--clinic-threshold at their defaults")
     folds = [args.fold] if args.fold is not None else list(range(args.folds))
@@ -664,7 +667,6 @@ def main(argv: list[str] | None = None) -> int:
         for f in folds if args.part in ("all", "curve") else []:
             if needed(curve_file(args, f)):
                 curve(args, f)
-        fixed = "inner" not in (args.clinic_lr, args.clinic_threshold)  # the learning curve's own setting
         for f in folds if args.part == "learning" or (args.part == "all" and fixed) else []:
             if needed(curve_file(args, f, "learning")):
                 learning(args, f)

@@ -256,6 +256,11 @@ TUNED_PARTS = ("all", "head")
 FINE_TUNE = "head"
 
 
+def tuned_parts(config: SegmenterConfig) -> str:
+    """What a run with ``config`` trains (:data:`TUNED_PARTS`): every part with ``--pretrain``, else :data:`FINE_TUNE`."""
+    return "all" if config.pretrain else FINE_TUNE
+
+
 def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epochs: int = EPOCHS,
                 batch_size: int = 8, lr: float = 1e-3, encoder_lr_factor: float = ENCODER_LR_FACTOR, seed: int = 0,
                 device: torch.device | str = "cpu", progress: bool = True,
@@ -399,8 +404,8 @@ def run_config(config: SegmenterConfig, data: Sequence[str | Path], device: torc
     """The ``segmenter`` run record's config: ``config``'s settings (its epochs resolved) and what the run was
     trained on (the run's seed is the record's own column)."""
     return {"data": [str(d) for d in data], "epochs": config.train_epochs, "batch_size": config.batch_size,
-            "lr": config.lr, "tune": "all" if config.pretrain else FINE_TUNE,
-            "encoder_lr_factor": ENCODER_LR_FACTOR if config.pretrain or FINE_TUNE == "all" else None,
+            "lr": config.lr, "tune": tuned_parts(config),
+            "encoder_lr_factor": ENCODER_LR_FACTOR if tuned_parts(config) == "all" else None,
             "device": torch.device(device).type,
             "val_fraction": config.val_fraction, "input_size": INPUT_SIZE,
             "augmented_views": PRETRAIN_AUGMENTED_VIEWS if config.pretrain else AUGMENTED_VIEWS,
@@ -452,7 +457,7 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
         net, losses = fit_network(
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}),
-            tune="all" if pretrain else FINE_TUNE)
+            tune=tuned_parts(config))
         metrics["loss"] = losses
         if val:  # a fine-tune's start is scored on the same photos too: did the fine-tune help this clinic?
             for key, scored_net in ({"dice": net} if pretrain else {"dice": net, "dice_start": start.eval()}).items():
