@@ -25,6 +25,10 @@ from core.vision.triderm_config import (
 )
 
 
+#: the segmenter tab's choices of what a retraining run trains (``--tune``)
+TUNE_LABELS = {"head": "the last layers (default)", "all": "every trained layer"}
+
+
 def mode_text(mode: str) -> str:
     """What ``mode`` does, in the job's own words (:data:`core.vision.recipe.MODES`, its ``--mode`` help)."""
     return f"**{mode}**: {markup.escape_md(MODES[mode])}."
@@ -175,7 +179,16 @@ def panels(ws: Workspace, tabs: list, args: dict[str, list[str]], shared_model: 
                 st.info(f"This workspace has {outlined} outlined photo{'' if outlined == 1 else 's'}. On other "
                         f"clinics' photos a fine-tune on 5 changed nothing and one on 15–20 helped (the model card's "
                         f"learning curve): outline at least {ADVISED_OUTLINES} before retraining.")
-            jobs.job_panel(ws, "train-segmenter", "train_segmenter", [], "segmenter retraining", blocked=hint)
+            tune = st.radio("What retraining changes", tuple(TUNE_LABELS), horizontal=True, disabled=hint is not None,
+                            format_func=lambda t: TUNE_LABELS[t],
+                            help="The last layers (the default) learn where and how large this clinic's outlines "
+                                 "are, and did no harm where a clinic outlines as the default's data does. Every "
+                                 "trained layer also learns a looser or tighter edge than the default's, but made "
+                                 "a clinic whose outlines already matched it worse (MODEL_CARD.md, failure modes): "
+                                 "choose it when this clinic outlines differently, and compare the run's held-out "
+                                 "Dice with its start's.")
+            jobs.job_panel(ws, "train-segmenter", "train_segmenter", ["--tune", tune], "segmenter retraining",
+                           blocked=hint)
     loss_curves(ws)
 
 

@@ -59,7 +59,15 @@ from benchmarks.segmentation import (
 from benchmarks.segmentation_diagnosis import load_cache, save_cache
 from core import cli
 from core.runtime import torch_threads
-from core.segmentation.defaults import EPOCHS, INNER_FRACTION, PRETRAIN_EPOCHS, THRESHOLD, SegmenterConfig
+from core.segmentation.defaults import (
+    EPOCHS,
+    FINE_TUNE,
+    INNER_FRACTION,
+    PRETRAIN_EPOCHS,
+    THRESHOLD,
+    TUNED_PARTS,
+    SegmenterConfig,
+)
 from core.segmentation.interactive import wound_components
 from core.segmentation.metrics import BAND_FRACTION, band_recall, boundary_f, dice, iou
 from core.segmentation.model import ENCODERS, INPUT_SIZE, Segmenter, SegNet, encoder, new_net, inference_sizes
@@ -67,9 +75,7 @@ from core.segmentation.training import (
     AUGMENTATIONS,
     AUGMENTED_VIEWS,
     PRETRAIN_AUGMENTATION,
-    FINE_TUNE,
     PRETRAIN_AUGMENTED_VIEWS,
-    TUNED_PARTS,
     FeatureCache,
     Sample,
     cache_features,

@@ -1,7 +1,8 @@
 """Train the wound segmenter (EfficientNet-Lite0, stride-32 stages fine-tuned, + FPN decoder) on wound masks.
 
 By default a workspace's outlined photos, plus every ``--data`` dataset folder's photos that have a
-mask, fine-tune the default segmenter's decoder head (:data:`core.segmentation.training.FINE_TUNE`; an epoch
+mask, fine-tune the default segmenter's decoder head (:data:`core.segmentation.defaults.FINE_TUNE`; ``--tune all``
+trains the whole decoder and the encoder's tuned stages too; an epoch
 shows each training photo once, as itself, a flip or a random rotated/scaled/colour-jittered view);
 whole patients / file-name series making up ``--val-fraction`` of the photos are held out and their
 mean per-photo Dice is the run's ``dice``. The run (kind ``segmenter``) records the loss per epoch

@@ -31,6 +31,14 @@ INNER_FRACTION = 0.2
 #: 5 changed nothing, on 10 a little, on 15 and 20 clearly (results/segmentation_default.json, "A clinic's learning
 #: curve"; the Train page says so below it).
 ADVISED_OUTLINES = 15
+#: What a run can train (:func:`core.segmentation.training.fit_network`): the tuned encoder stages and the whole
+#: decoder ("all", the recipe) or the decoder's head alone ("head": its last 3×3 convolution with its batch norm,
+#: and the logit convolution).
+TUNED_PARTS = ("all", "head")
+#: What a workspace's run (a fine-tune of the default on a clinic's outlines) trains unless told: the head alone,
+#: which learns another outlining convention's area without harming a clinic whose outlines match the default's
+#: (issue 48, stop 69: results/segmentation_search.md); ``--pretrain`` trains every part.
+FINE_TUNE = "head"
 
 
 @dataclass(frozen=True)
@@ -46,11 +54,25 @@ class SegmenterConfig:
     seed: int = option(0, "random seed")
     val_fraction: float = option(0.2, "share of photos (whole patients/series) held out for the run's Dice; 0 = "
                                       "train on all", minimum=0)
+    tune: str | None = option(None, f"what a workspace's fine-tune trains (default {FINE_TUNE}): head = the decoder's "
+                                    "head, which learns where a clinic's outlines fall without harming one that "
+                                    "outlines as the default's data does; all = the decoder and the encoder's tuned "
+                                    "stages too, which also learns a looser or tighter edge but made a clinic whose "
+                                    "outlines already match worse (MODEL_CARD.md); --pretrain trains all",
+                              choices=TUNED_PARTS)
 
     def __post_init__(self) -> None:
         check_options(self)
         if self.val_fraction >= 1:
             raise ValueError(f"val_fraction must be < 1, got {self.val_fraction!r}")
+        if self.pretrain and self.tune == "head":
+            raise ValueError("tune 'head' fine-tunes a trained segmenter: --pretrain trains every part from ImageNet")
+
+    @property
+    def tuned(self) -> str:
+        """What the run trains (:data:`TUNED_PARTS`): every part with ``pretrain``, else ``tune`` or
+        :data:`FINE_TUNE`."""
+        return "all" if self.pretrain else self.tune or FINE_TUNE
 
     @property
     def train_epochs(self) -> int:

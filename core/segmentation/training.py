@@ -15,7 +15,8 @@ rotated, scaled crop, colour jitter, blur) added nothing measured in source. One
 training photo once, in one of its views drawn at random. Loss: binary cross-entropy + soft Dice against the mask's area
 fractions on the output grid (stride 4); AdamW with a cosine schedule, the encoder stages at a tenth
 of the decoder's rate. A workspace's run starts from the default segmenter and fine-tunes its decoder's head alone
-(:data:`FINE_TUNE`); the ``--pretrain`` run that makes the default starts from ImageNet and trains every part.
+(:data:`~core.segmentation.defaults.FINE_TUNE`; ``--tune all``: every part); the ``--pretrain`` run that makes the
+default starts from ImageNet and trains every part.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from core.segmentation.defaults import (  # noqa: F401 (PRETRAIN_EPOCHS re-expor
     PRETRAIN_EPOCHS,
     THRESHOLD,
     THRESHOLD_GRID,
+    TUNED_PARTS,
     SegmenterConfig,
 )
 from core.segmentation.metrics import dice
@@ -247,20 +249,6 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0) -> t
     return (1 - (2 * (p * t).sum(1) + eps) / (p.sum(1) + t.sum(1) + eps)).mean()
 
 
-#: What :func:`fit_network` trains: the tuned stages and the whole decoder ("all", the recipe) or the decoder's head
-#: alone ("head": its last 3×3 convolution with its batch norm, and the logit convolution).
-TUNED_PARTS = ("all", "head")
-#: What a workspace's run (a fine-tune of the default on a clinic's outlines) trains: the head alone, which learns
-#: another outlining convention without harming a clinic whose outlines match the default's (issue 48, stop 69:
-#: results/segmentation_search.md); ``--pretrain`` trains every part.
-FINE_TUNE = "head"
-
-
-def tuned_parts(config: SegmenterConfig) -> str:
-    """What a run with ``config`` trains (:data:`TUNED_PARTS`): every part with ``--pretrain``, else :data:`FINE_TUNE`."""
-    return "all" if config.pretrain else FINE_TUNE
-
-
 def fit_network(cache: FeatureCache, samples: Sequence[int], start: SegNet, epochs: int = EPOCHS,
                 batch_size: int = 8, lr: float = 1e-3, encoder_lr_factor: float = ENCODER_LR_FACTOR, seed: int = 0,
                 device: torch.device | str = "cpu", progress: bool = True,
@@ -404,8 +392,8 @@ def run_config(config: SegmenterConfig, data: Sequence[str | Path], device: torc
     """The ``segmenter`` run record's config: ``config``'s settings (its epochs resolved) and what the run was
     trained on (the run's seed is the record's own column)."""
     return {"data": [str(d) for d in data], "epochs": config.train_epochs, "batch_size": config.batch_size,
-            "lr": config.lr, "tune": tuned_parts(config),
-            "encoder_lr_factor": ENCODER_LR_FACTOR if tuned_parts(config) == "all" else None,
+            "lr": config.lr, "tune": config.tuned,
+            "encoder_lr_factor": ENCODER_LR_FACTOR if config.tuned == "all" else None,
             "device": torch.device(device).type,
             "val_fraction": config.val_fraction, "input_size": INPUT_SIZE,
             "augmented_views": PRETRAIN_AUGMENTED_VIEWS if config.pretrain else AUGMENTED_VIEWS,
@@ -419,7 +407,7 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
     """Train the segmenter and record a ``segmenter`` run in the workspace.
 
     By default the workspace's masks (+ ``data`` folders) fine-tune the default segmenter's head
-    (:data:`FINE_TUNE`); with ``config.pretrain``
+    (:data:`~core.segmentation.defaults.FINE_TUNE`; ``config.tune``: what it trains); with ``config.pretrain``
     only the ``data`` folders train it, from ImageNet (how the default is made). Whole groups (patients, file-name
     series) making up ``config.val_fraction`` of the photos are held out and the run's ``dice`` is their mean
     per-photo Dice (and, for a fine-tune, ``dice_start``: its start's on the same photos); with ``val_fraction=0``
@@ -457,7 +445,7 @@ def train_segmenter(ws: Workspace, data: Sequence[str | Path] = (), config: Segm
         net, losses = fit_network(
             cache, train, start, epochs, batch_size, lr, seed=seed, device=device, progress=progress,
             on_epoch=lambda ep, ls: ws.store.update_run(run_id, progress=(ep + 1) / epochs, metrics={"loss": ls}),
-            tune=tuned_parts(config))
+            tune=config.tuned)
         metrics["loss"] = losses
         if val:  # a fine-tune's start is scored on the same photos too: did the fine-tune help this clinic?
             for key, scored_net in ({"dice": net} if pretrain else {"dice": net, "dice_start": start.eval()}).items():

@@ -421,6 +421,30 @@ def test_train_page_advises_outlining_more_photos_before_retraining_the_segmente
     assert f"This workspace has {outlined} outlined photos." in texts(app("train"))
 
 
+def test_train_page_retrains_the_segmenter_with_the_parts_chosen(ws):
+    """Issue 48: the segmenter tab starts ``core.train_segmenter`` with ``--tune`` as chosen (the head by default,
+    every trained part on request); its choices are the job's."""
+    from annotations.infra import jobs as records
+    from app import jobs
+    from app.train import TUNE_LABELS
+    from core.segmentation.defaults import FINE_TUNE, TUNED_PARTS
+
+    if not jobs.module_available("train_segmenter"):
+        pytest.skip("the segmenter's tab needs the [ml] extra")
+    assert set(TUNE_LABELS) == set(TUNED_PARTS) and next(iter(TUNE_LABELS)) == FINE_TUNE
+    at = app("train")
+    radio = next(r for r in at.radio if r.label == "What retraining changes")
+    assert radio.value == FINE_TUNE
+    radio.set_value("all").run()
+    next(b for b in at.button if b.label == "Start segmenter retraining").click().run()
+    assert not at.exception, at.exception
+    record = records.job(ws, "train-segmenter")
+    try:
+        assert record["module"] == "train_segmenter" and record["args"] == ["--tune", "all"]
+    finally:
+        records.stop_job(ws, "train-segmenter")
+
+
 def test_train_page_embeds_with_a_shared_model_named_by_folder_or_hub(ws, tmp_path):
     """Issue 33 §4: the app loads an exported model by folder or hf-hub name (``core.embed --model``)."""
     from annotations.infra import jobs

@@ -159,6 +159,8 @@ def test_segmenter_every_option_changes_the_recorded_config():
     (["--lr", "0"], "--lr must be > 0, got 0"),
     (["--val-fraction", "1"], "--val-fraction must be < 1, got 1.0"),
     (["--batch-size", "0"], "--batch-size must be ≥ 1, got 0"),
+    (["--tune", "encoder"], "argument --tune: invalid choice: 'encoder'"),
+    (["--pretrain", "--tune", "head"], "--pretrain trains every part"),
 ])
 def test_segmenter_a_bad_value_names_its_option(argv, message, capsys):
     from core.segmentation.defaults import SegmenterConfig
